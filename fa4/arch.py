@@ -1,0 +1,125 @@
+"""Which kernel family serves a call, on which code-generation target, and why.
+
+The device's compute capability gives the target arch (``sm_80``, ``sm_90a``, ``sm_100a``...) and
+its natural family. ``KernelOptions(arch=...)`` or ``FA4_ARCH`` force a family (the sm80 family
+runs on every arch from sm_80 on, so the Ampere path is testable on a Hopper GPU). A family that is
+not implemented yet for a direction (forward/backward) falls back to the newest implemented family
+the device can run, with a one-time warning; :func:`fa4.explain` reports the same decision.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from dataclasses import dataclass
+from typing import Optional
+
+from fa4.config import KernelOptions, env_options, normalize_family
+
+# Families with a working kernel, per direction, newest first. Only these are dispatched to.
+IMPLEMENTED = {"fwd": ("sm80",), "bwd": ("sm80",)}
+FAMILY_MODULES = {
+    ("fwd", "sm80"): "fa4.fwd.sm80",
+    ("bwd", "sm80"): "fa4.bwd.sm80",
+}
+_FAMILY_MIN_CC = {"sm80": (8, 0), "sm90": (9, 0), "sm100": (10, 0)}
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """The decision for one direction of one call."""
+
+    direction: str  # "fwd" | "bwd"
+    family: str  # kernel family that runs
+    target: str  # code-generation arch, e.g. "sm_90a"
+    reason: str  # one line: why this family
+    fallback: bool = False  # True when the preferred family is not implemented
+
+    @property
+    def module(self) -> str:
+        return FAMILY_MODULES[(self.direction, self.family)]
+
+
+def target_arch(cc: tuple[int, int]) -> str:
+    """Code-generation arch for a compute capability: (9, 0) -> 'sm_90a'."""
+    major, minor = cc
+    return f"sm_{major}{minor}{'a' if major >= 9 else ''}"
+
+
+def natural_family(cc: tuple[int, int]) -> str:
+    major, _ = cc
+    if major == 9:
+        return "sm90"
+    if major == 10:
+        return "sm100"
+    return "sm80"  # Ampere, Ada, and consumer Blackwell (sm_120) run the mma.sync path
+
+
+@functools.lru_cache(maxsize=None)
+def device_capability(index: int) -> tuple[int, int]:
+    import torch
+
+    return torch.cuda.get_device_capability(index)
+
+
+_warned: set = set()
+
+
+def _warn_once(msg: str) -> None:
+    if msg not in _warned:
+        _warned.add(msg)
+        warnings.warn(msg, stacklevel=4)
+
+
+def resolve(direction: str, cc: tuple[int, int], options: Optional[KernelOptions], warn: bool = True) -> Dispatch:
+    """Pick the family for ``direction`` on a device of compute capability ``cc``.
+
+    Order: ``options.arch`` > ``FA4_ARCH`` > the device's natural family. A forced family must be
+    implemented and runnable on the device (ValueError otherwise); the natural family falls back
+    to the newest implemented family the device can run, visibly.
+    """
+    target = target_arch(cc)
+    forced = (options.arch if options is not None else None) or env_options().arch
+    if forced is not None:
+        fam = normalize_family(forced)
+        source = "KernelOptions.arch" if options is not None and options.arch else "FA4_ARCH"
+        if fam is None:
+            raise ValueError(f"{source}={forced!r} is not a kernel family; expected one of sm80, sm90, sm100")
+        if cc < _FAMILY_MIN_CC[fam]:
+            raise ValueError(
+                f"{source}={forced!r}: the {fam} kernels need compute capability >= "
+                f"{_FAMILY_MIN_CC[fam][0]}.{_FAMILY_MIN_CC[fam][1]}, this GPU is {cc[0]}.{cc[1]}"
+            )
+        if fam not in IMPLEMENTED[direction]:
+            raise NotImplementedError(
+                f"{source}={forced!r}: fa4 has no {fam} {direction} kernel yet "
+                f"(implemented: {', '.join(IMPLEMENTED[direction])})"
+            )
+        return Dispatch(direction, fam, target, f"forced by {source}={forced!r}")
+    natural = natural_family(cc)
+    if natural in IMPLEMENTED[direction]:
+        return Dispatch(direction, natural, target, f"native family of compute capability {cc[0]}.{cc[1]}")
+    for fam in IMPLEMENTED[direction]:
+        if cc >= _FAMILY_MIN_CC[fam]:
+            msg = (
+                f"fa4: no {natural} {direction} kernel yet; compute capability {cc[0]}.{cc[1]} runs the "
+                f"{fam} {direction} kernel instead (slower than a native one). fa4.explain() shows the dispatch."
+            )
+            if warn:
+                _warn_once(msg)
+            return Dispatch(direction, fam, target, f"fallback: {natural} {direction} not implemented", fallback=True)
+    raise NotImplementedError(f"fa4 has no {direction} kernel for compute capability {cc[0]}.{cc[1]} (needs >= 8.0)")
+
+
+# Every module that defines kernels, for `python -m fa4 compile` and the compile tests. Each has
+# `variants(arch) -> list[KernelConfig]` (empty for an arch it does not claim).
+KERNEL_MODULES = ("fa4.bwd.preprocess", "fa4.bwd.postprocess", "fa4.fwd.sm80", "fa4.bwd.sm80")
+
+
+def all_variants(arch: str, modules=KERNEL_MODULES) -> list:
+    import importlib
+
+    out = []
+    for name in modules:
+        out.extend(importlib.import_module(name).variants(arch))
+    return out

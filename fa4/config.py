@@ -1,0 +1,191 @@
+"""Host-side configuration: what the user asks for and what a kernel is compiled for.
+
+Three kinds of object live here:
+
+* :class:`KernelOptions` -- the researcher-facing knobs (tile sizes, stages, the exp2-emulation
+  fraction, the rescale threshold, a forced kernel family). Every field defaults to ``None``,
+  meaning "let fa4 choose"; :func:`fa4.explain` shows what was chosen and why.
+* :class:`AttnProblem` -- one attention call, normalized and validated: sizes, masking, varlen
+  flags. Built by :mod:`fa4.validate` from the user's tensors; kernels never see user arguments.
+* :class:`KernelConfig` -- the base of every kernel family's frozen compile key. A family defines
+  a subclass (``FwdSm80Config`` ...) holding everything that changes the generated code; the JIT
+  cache key is derived from the dataclass itself (class name + every field), so it cannot drift
+  from what the kernel reads.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Any, ClassVar, Optional
+
+ARCHS = ("sm_80", "sm_90a", "sm_100a")
+"""Code-generation targets fa4 compiles for."""
+
+FAMILIES = ("sm80", "sm90", "sm100")
+"""Kernel families: which instruction set a kernel is written for. A family runs on its own arch
+and newer ones (the sm80 family runs on sm_90a), so family and target arch are separate."""
+
+DTYPES = ("bf16", "fp16")
+
+
+def _check_fraction(name: str, value: Optional[float]) -> None:
+    if value is not None and not (0.0 <= value <= 1.0):
+        raise ValueError(f"KernelOptions.{name} must be in [0, 1], got {value!r}")
+
+
+@dataclass(frozen=True)
+class KernelOptions:
+    """Kernel knobs a researcher may set; ``None`` means the tuned default.
+
+    Forward: ``tile_m``, ``tile_n`` (rows of Q / K per CTA tile), ``num_threads``,
+    ``num_stages`` (shared-memory stages of K/V), ``exp2_emu_frac`` (fraction of the softmax
+    exponentials computed by a polynomial on the FMA pipe instead of MUFU ``ex2``; 0 = all MUFU),
+    ``rescale_threshold`` (tau, in log2 units: O is rescaled only when a row max grows by more than
+    tau; 0 = rescale whenever the max grows).
+    Backward: ``bwd_tile_m``, ``bwd_tile_n``, ``bwd_num_threads``.
+    ``arch``: force a kernel family ("sm80", "sm90", "sm100") instead of the device's own, e.g. to
+    run the Ampere path on a Hopper GPU. The environment variable ``FA4_ARCH`` does the same.
+    """
+
+    arch: Optional[str] = None
+    tile_m: Optional[int] = None
+    tile_n: Optional[int] = None
+    num_threads: Optional[int] = None
+    num_stages: Optional[int] = None
+    exp2_emu_frac: Optional[float] = None
+    rescale_threshold: Optional[float] = None
+    bwd_tile_m: Optional[int] = None
+    bwd_tile_n: Optional[int] = None
+    bwd_num_threads: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if self.arch is not None and normalize_family(self.arch) is None:
+            raise ValueError(
+                f"KernelOptions.arch must be one of {FAMILIES} (or sm_80/sm_90a/sm_100a), got {self.arch!r}"
+            )
+        for name in ("tile_m", "tile_n", "num_threads", "num_stages", "bwd_tile_m", "bwd_tile_n", "bwd_num_threads"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
+                raise ValueError(f"KernelOptions.{name} must be a positive int, got {v!r}")
+        _check_fraction("exp2_emu_frac", self.exp2_emu_frac)
+        if self.rescale_threshold is not None and not (0.0 <= float(self.rescale_threshold) <= 64.0):
+            raise ValueError(
+                f"KernelOptions.rescale_threshold must be in [0, 64] (log2 units), got {self.rescale_threshold!r}"
+            )
+
+    # Options travel through torch.library custom ops as a canonical string "name=repr;...", built
+    # from plain attribute reads and f-strings so torch.compile can trace it.
+    def to_str(self) -> str:
+        parts = []
+        for name in _OPTION_FIELDS:
+            v = getattr(self, name)
+            if v is not None:
+                parts.append(f"{name}={v!r}")
+        return ";".join(parts)
+
+    @staticmethod
+    def from_str(s: str) -> "KernelOptions":
+        if not s:
+            return KernelOptions()
+        kv = (item.split("=", 1) for item in s.split(";"))
+        return KernelOptions(**{k: ast.literal_eval(v) for k, v in kv})
+
+    def merged(self, other: Optional["KernelOptions"]) -> "KernelOptions":
+        """``other``'s set fields override ours."""
+        if other is None:
+            return self
+        upd = {k: v for k, v in dataclasses.asdict(other).items() if v is not None}
+        return dataclasses.replace(self, **upd)
+
+
+_OPTION_FIELDS = tuple(f.name for f in dataclasses.fields(KernelOptions))
+
+
+def normalize_family(name: Optional[str]) -> Optional[str]:
+    """'sm80' / 'sm_80' / 'sm80a' -> 'sm80'; unknown -> None."""
+    if name is None:
+        return None
+    s = str(name).lower().replace("_", "").rstrip("a")
+    return s if s in FAMILIES else None
+
+
+def family_arch(family: str) -> str:
+    """The code-generation arch a family is written for ('sm90' -> 'sm_90a')."""
+    return {"sm80": "sm_80", "sm90": "sm_90a", "sm100": "sm_100a"}[family]
+
+
+def env_options() -> KernelOptions:
+    """Options set through the environment (``FA4_ARCH``)."""
+    arch = os.environ.get("FA4_ARCH") or None
+    return KernelOptions(arch=arch)
+
+
+@dataclass(frozen=True)
+class AttnProblem:
+    """One attention call after validation; the contract between the interface and the launchers.
+
+    Sizes: ``batch`` (number of sequences), ``seqlen_q`` / ``seqlen_k`` (per-sequence length for the
+    fixed-length case, the max over sequences for varlen), ``heads`` / ``heads_k``, ``head_dim`` /
+    ``head_dim_v``. Masking: ``causal`` (right = 0), ``local`` (a finite window on some side;
+    ``window_left`` / ``window_right`` are then finite ints, an unbounded side being stored as
+    ``max(seqlen_q, seqlen_k)``, which no index difference can exceed). ``softcap`` 0 means off.
+    Varlen: ``varlen_q`` / ``varlen_k`` (cu_seqlens given), ``has_seqused_k``.
+    """
+
+    dtype: str
+    batch: int
+    seqlen_q: int
+    seqlen_k: int
+    heads: int
+    heads_k: int
+    head_dim: int
+    head_dim_v: int
+    softmax_scale: float
+    causal: bool = False
+    local: bool = False
+    window_left: int = 0
+    window_right: int = 0
+    softcap: float = 0.0
+    varlen_q: bool = False
+    varlen_k: bool = False
+    has_seqused_k: bool = False
+    total_q: int = 0
+    total_k: int = 0
+
+    @property
+    def qhead_per_kvhead(self) -> int:
+        return self.heads // self.heads_k
+
+    @property
+    def has_softcap(self) -> bool:
+        return self.softcap > 0.0
+
+    @property
+    def is_varlen(self) -> bool:
+        return self.varlen_q or self.varlen_k or self.has_seqused_k
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Base of every family's compile key. Subclasses add the fields their code depends on.
+
+    ``kernel`` names the family module entry (set by subclasses as a class-level default),
+    ``arch`` is the code-generation target (sm_80 / sm_90a / sm_100a), ``dtype`` 'bf16'/'fp16'.
+    """
+
+    arch: str
+    dtype: str
+
+    # "module:Class" of the kernel this config compiles; subclasses override.
+    KERNEL: ClassVar[str] = ""
+
+    def key(self) -> str:
+        """Stable text key: class name and every field (order fixed by the dataclass)."""
+        items = ",".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self))
+        return f"{type(self).__name__}({items})"
+
+    def describe(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

@@ -1,0 +1,341 @@
+"""JIT compilation and the two-level kernel cache (process memory, then disk).
+
+A kernel is named by its config (a frozen :class:`fa4.config.KernelConfig` subclass): the config's
+``KERNEL`` attribute says which class to build ("fa4.fwd.sm80:FlashFwdSm80"), its fields are
+everything the generated code depends on, and its ``arch`` is the code-generation target.
+
+Kernel classes follow one protocol:
+
+* ``Kernel(cfg)`` builds the host object (a ``@cute.jit`` ``__call__``);
+* ``Kernel.fake_args(cfg)`` returns the arguments to compile with: fake tensors with symbolic
+  sizes (:func:`cute.runtime.make_fake_tensor`), scalars, and a fake TVM-FFI environment stream,
+  so compiling needs no GPU and the compiled function takes torch tensors directly.
+
+Compiled kernels are exported as object files (``export_to_c``) into
+``$FA4_CACHE_DIR/<fa4 version>-dsl<DSL version>-src<hash of fa4's sources>/`` and loaded with
+``cute.runtime.load_module`` by later processes. Writes are atomic (temp file + rename); a
+per-entry file lock makes concurrent processes compile one key once while the others wait and load
+it. ``FA4_DISABLE_DISK_CACHE=1`` keeps everything in memory. An object built on a CPU-only machine
+for arch X is used by a GPU machine of arch X (the DSL's CUDA 12 and CUDA 13 flavors of one version
+produce interchangeable objects; the key holds the DSL version).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import importlib
+import json
+import os
+import struct
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from fa4 import __version__
+from fa4.config import KernelConfig
+
+EXPORT_SYMBOL = "fa4_kernel"
+
+_lock = threading.RLock()
+_memory: dict[str, Callable] = {}
+_modules: list[Any] = []  # keep loaded modules alive
+
+
+@dataclass
+class CacheStats:
+    memory_hits: int = 0
+    disk_hits: int = 0
+    compiles: int = 0
+    compile_seconds: float = 0.0
+    load_seconds: float = 0.0
+    last: dict[str, Any] = field(default_factory=dict)
+
+
+_stats = CacheStats()
+
+
+# --------------------------------------------------------------------------------------------
+# Cache location and identity
+# --------------------------------------------------------------------------------------------
+
+
+def disk_cache_enabled() -> bool:
+    return os.environ.get("FA4_DISABLE_DISK_CACHE", "0") not in ("1", "true", "yes")
+
+
+def dsl_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("nvidia-cutlass-dsl")
+    except Exception:  # pragma: no cover - metadata missing in odd installs
+        import cutlass
+
+        return getattr(cutlass, "__version__", "unknown")
+
+
+_src_hash: Optional[str] = None
+
+
+def source_hash() -> str:
+    """Hash of every Python source of the fa4 package (kernels and the code they import)."""
+    global _src_hash
+    if _src_hash is None:
+        root = Path(__file__).resolve().parent
+        h = hashlib.sha256()
+        for p in sorted(root.rglob("*.py")):
+            h.update(str(p.relative_to(root)).encode())
+            h.update(p.read_bytes())
+        _src_hash = h.hexdigest()[:16]
+    return _src_hash
+
+
+def cache_root() -> Path:
+    base = os.environ.get("FA4_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fa4"
+    )
+    return Path(base)
+
+
+def cache_dir() -> Path:
+    return cache_root() / f"{__version__}-dsl{dsl_version()}-src{source_hash()}"
+
+
+def entry_name(cfg: KernelConfig) -> str:
+    return hashlib.sha256(cfg.key().encode()).hexdigest()[:32]
+
+
+# --------------------------------------------------------------------------------------------
+# Compile, export, load
+# --------------------------------------------------------------------------------------------
+
+
+def kernel_class(cfg: KernelConfig):
+    mod_name, _, cls_name = type(cfg).KERNEL.partition(":")
+    return getattr(importlib.import_module(mod_name), cls_name)
+
+
+@contextlib.contextmanager
+def _target_arch(arch: str):
+    """Make the DSL build ops for ``arch`` (it checks some ops against its notion of the arch)."""
+    from cutlass.base_dsl.dsl import BaseDSL
+
+    envar = BaseDSL._get_dsl().envar
+    old = envar.arch
+    envar.arch = arch
+    try:
+        yield
+    finally:
+        envar.arch = old
+
+
+def compile_uncached(cfg: KernelConfig, extra_options: str = ""):
+    """Compile ``cfg`` now (no cache lookup); returns the TVM-FFI callable."""
+    import cutlass.cute as cute
+
+    cls = kernel_class(cfg)
+    if hasattr(cls, "can_implement"):
+        cls.can_implement(cfg)
+    obj = cls(cfg)
+    args = cls.fake_args(cfg)
+    options = f"--gpu-arch {cfg.arch} --enable-tvm-ffi {extra_options}".strip()
+    with _lock, _target_arch(cfg.arch):
+        return cute.compile(obj, *args, options=options)
+
+
+_EIATTR_REGCOUNT, _EIATTR_FRAME_SIZE = 0x2F, 0x11
+
+
+def _nv_info_attrs(data: bytes, off: int, size: int) -> list[tuple[int, bytes]]:
+    """(attribute, value) entries of a ``.nv.info`` section: 4-byte headers (format, attribute, and
+    for sized values a 16-bit length), every entry 4-byte aligned."""
+    out, p, end = [], off, off + size
+    while p + 4 <= end:
+        fmt, attr = data[p], data[p + 1]
+        if fmt == 4:  # EIFMT_SVAL: u16 size, then the value
+            n = struct.unpack_from("<H", data, p + 2)[0]
+            out.append((attr, data[p + 4 : p + 4 + n]))
+            p += 4 + n
+        else:  # no value / byte / half: fits in the header word
+            out.append((attr, data[p + 2 : p + 4]))
+            p += 4
+    return out
+
+
+def cubin_info(obj_path: os.PathLike) -> list[dict[str, Any]]:
+    """Per CUDA ELF (cubin) inside an object: SM version, registers and stack frame bytes.
+
+    SM version from ``e_flags`` (bits 0-7 for ELF ABI version 7: sm_80/sm_90a; bits 8-15 for ABI
+    version 8: sm_100a). Registers (EIATTR_REGCOUNT) and frame size (EIATTR_FRAME_SIZE; > 0 means
+    local memory, usually spills) from the ``.nv.info`` section, as (symbol, value) pairs; the
+    maximum over the kernels of the cubin is reported.
+    """
+    data = Path(obj_path).read_bytes()
+    out: list[dict[str, Any]] = []
+    i = data.find(b"\x7fELF", 1)
+    while i != -1:
+        try:
+            if data[i + 4] == 2 and struct.unpack_from("<H", data, i + 18)[0] == 190:  # 64-bit, EM_CUDA
+                e_flags = struct.unpack_from("<I", data, i + 48)[0]
+                sm = (e_flags >> 8) & 0xFF if data[i + 8] >= 8 else e_flags & 0xFF
+                shoff = struct.unpack_from("<Q", data, i + 40)[0]
+                shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, i + 58)
+                sh = [struct.unpack_from("<IIQQQQIIQQ", data, i + shoff + k * shentsize) for k in range(shnum)]
+                strtab = i + sh[shstrndx][4]
+                regs, frame = 0, 0
+                for s in sh:
+                    name = data[strtab + s[0] : data.index(b"\0", strtab + s[0])]
+                    if name == b".nv.info":
+                        for attr, val in _nv_info_attrs(data, i + s[4], s[5]):
+                            if attr == _EIATTR_REGCOUNT and len(val) == 8:
+                                regs = max(regs, struct.unpack_from("<I", val, 4)[0])
+                            elif attr == _EIATTR_FRAME_SIZE and len(val) == 8:
+                                frame = max(frame, struct.unpack_from("<I", val, 4)[0])
+                out.append({"sm": sm, "registers": regs, "frame_bytes": frame})
+        except (struct.error, ValueError, IndexError):
+            pass
+        i = data.find(b"\x7fELF", i + 1)
+    return out
+
+
+def _atomic_write_json(path: Path, obj: dict) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(obj, f, indent=1, default=str)
+    os.replace(tmp, path)
+
+
+def _load(path: Path) -> Callable:
+    import cutlass.cute as cute
+
+    t0 = time.perf_counter()
+    module = cute.runtime.load_module(str(path), enable_tvm_ffi=True)
+    fn = getattr(module, EXPORT_SYMBOL)
+    _modules.append(module)
+    dt = time.perf_counter() - t0
+    _stats.load_seconds += dt
+    _stats.last = {"event": "disk_hit", "seconds": dt, "path": str(path)}
+    return fn
+
+
+def _compile_to_disk(cfg: KernelConfig, path: Path) -> Callable:
+    t0 = time.perf_counter()
+    fn = compile_uncached(cfg)
+    dt = time.perf_counter() - t0
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".o")
+    os.close(fd)
+    try:
+        fn.export_to_c(tmp, function_name=EXPORT_SYMBOL)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    info = {"key": cfg.key(), "config": cfg.describe(), "kernel": type(cfg).KERNEL, "compile_seconds": dt,
+            "cubins": cubin_info(path), "created": time.time(), "fa4": __version__, "dsl": dsl_version()}
+    _atomic_write_json(path.with_suffix(".json"), info)
+    _stats.compiles += 1
+    _stats.compile_seconds += dt
+    _stats.last = {"event": "compile", "seconds": dt, "path": str(path)}
+    return fn
+
+
+def get_kernel(cfg: KernelConfig) -> Callable:
+    """The compiled kernel for ``cfg``: from memory, else disk, else compiled (and stored)."""
+    key = cfg.key()
+    fn = _memory.get(key)
+    if fn is not None:
+        _stats.memory_hits += 1
+        return fn
+    with _lock:
+        fn = _memory.get(key)
+        if fn is not None:
+            _stats.memory_hits += 1
+            return fn
+        if not disk_cache_enabled():
+            t0 = time.perf_counter()
+            fn = compile_uncached(cfg)
+            dt = time.perf_counter() - t0
+            _stats.compiles += 1
+            _stats.compile_seconds += dt
+            _stats.last = {"event": "compile", "seconds": dt, "path": None}
+        else:
+            fn = _get_from_disk(cfg)
+        _memory[key] = fn
+        return fn
+
+
+def _get_from_disk(cfg: KernelConfig) -> Callable:
+    d = cache_dir()
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"{entry_name(cfg)}.o"
+    if path.exists():
+        try:
+            fn = _load(path)
+            _stats.disk_hits += 1
+            return fn
+        except Exception:  # a corrupt entry: rebuild it below under the lock
+            pass
+    with open(d / f"{entry_name(cfg)}.lock", "a+") as lockf:
+        fcntl.flock(lockf.fileno(), fcntl.LOCK_EX)
+        try:
+            if path.exists():
+                try:
+                    fn = _load(path)
+                    _stats.disk_hits += 1
+                    return fn
+                except Exception:
+                    path.unlink(missing_ok=True)
+            return _compile_to_disk(cfg, path)
+        finally:
+            fcntl.flock(lockf.fileno(), fcntl.LOCK_UN)
+
+
+def precompile(cfg: KernelConfig) -> dict[str, Any]:
+    """Compile ``cfg`` into the disk cache if absent (no loading, so it works for any arch on
+    any machine). Returns a row for the CLI table."""
+    d = cache_dir()
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"{entry_name(cfg)}.o"
+    row = {"kernel": type(cfg).__name__, "arch": cfg.arch, "key": cfg.key(), "path": str(path)}
+    with open(d / f"{entry_name(cfg)}.lock", "a+") as lockf:
+        fcntl.flock(lockf.fileno(), fcntl.LOCK_EX)
+        try:
+            if path.exists() and path.with_suffix(".json").exists():
+                row["cached"] = True
+            else:
+                _compile_to_disk(cfg, path)
+                row["cached"] = False
+        finally:
+            fcntl.flock(lockf.fileno(), fcntl.LOCK_UN)
+    meta = json.loads(path.with_suffix(".json").read_text())
+    row["compile_seconds"] = meta["compile_seconds"]
+    row["registers"] = max((c["registers"] for c in meta["cubins"]), default=None)
+    row["frame_bytes"] = max((c["frame_bytes"] for c in meta["cubins"]), default=None)
+    row["sm"] = sorted({c["sm"] for c in meta["cubins"]})
+    return row
+
+
+def cache_info() -> dict[str, Any]:
+    """Counters of this process's kernel cache, and where the disk cache lives."""
+    return {
+        "memory_hits": _stats.memory_hits,
+        "disk_hits": _stats.disk_hits,
+        "misses": _stats.compiles,
+        "compile_seconds": round(_stats.compile_seconds, 4),
+        "load_seconds": round(_stats.load_seconds, 4),
+        "in_memory": len(_memory),
+        "disk_cache": disk_cache_enabled(),
+        "cache_dir": str(cache_dir()),
+        "last": dict(_stats.last),
+    }
+
+
+def clear_memory_cache() -> None:
+    """Forget in-process kernels (tests use it to force a disk load)."""
+    with _lock:
+        _memory.clear()

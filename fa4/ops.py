@@ -1,0 +1,225 @@
+"""Forward/backward drivers, the torch.library custom ops and autograd.
+
+Two entry paths share the same drivers (:func:`forward`, :func:`backward`):
+
+* eager calls go straight to the drivers through a small ``torch.autograd.Function``: a custom op
+  costs tens of microseconds of dispatcher time per call, more than the whole kernel of a decode
+  step;
+* under ``torch.compile`` the calls are the custom ops ``fa4::fwd`` / ``fa4::bwd``, with fake
+  (meta) implementations and registered autograd, so graphs trace with no graph break.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Optional
+
+import torch
+
+from fa4 import arch as _arch
+from fa4 import validate
+from fa4.config import AttnProblem, KernelOptions
+
+_nan_fill = os.environ.get("FA4_DEBUG_NAN_FILL", "0") == "1"
+
+
+def set_nan_fill(enabled: bool) -> None:
+    """Allocate every output NaN-filled (tests: an element a kernel forgets to write then fails)."""
+    global _nan_fill
+    _nan_fill = bool(enabled)
+
+
+def _empty(shape, dtype, device) -> torch.Tensor:
+    if _nan_fill:
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _dispatch(direction: str, device: torch.device, options: KernelOptions) -> _arch.Dispatch:
+    cc = _arch.device_capability(device.index if device.index is not None else torch.cuda.current_device())
+    return _arch.resolve(direction, cc, options)
+
+
+def _family_module(d: _arch.Dispatch):
+    import importlib
+
+    return importlib.import_module(d.module)
+
+
+def forward(problem: AttnProblem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+            cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_k: Optional[torch.Tensor],
+            seqused_k: Optional[torch.Tensor], options: KernelOptions, need_lse: bool):
+    """Run the forward. q/k/v are (b, s, h, d) (varlen: (1, total, h, d)). Returns (out, lse);
+    lse is (b, h, s_q) float32, or None when not needed."""
+    b, sq, h, _ = q.shape
+    out = _empty(q.shape[:-1] + (problem.head_dim_v,), q.dtype, q.device)
+    lse = _empty((b, h, sq), torch.float32, q.device) if need_lse else None
+    if out.numel() == 0:
+        return out, lse
+    if problem.seqlen_k == 0 or k.shape[1] == 0:
+        out.zero_()
+        if lse is not None:
+            lse.fill_(-math.inf)
+        return out, lse
+    d = _dispatch("fwd", q.device, options)
+    mod = _family_module(d)
+    cfg = mod.make_config(problem, options, d.target, need_lse)
+    mod.run(cfg, problem, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k)
+    return out, lse
+
+
+def backward(problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_k,
+             options: KernelOptions, deterministic: bool):
+    """Gradients (dq, dk, dv) of the attention forward; all tensors 4D as in :func:`forward`."""
+    dq = _empty(q.shape, q.dtype, q.device)
+    dk = _empty(k.shape, k.dtype, k.device)
+    dv = _empty(v.shape, v.dtype, v.device)
+    if q.numel() == 0 or k.numel() == 0:
+        dq.zero_()
+        dk.zero_()
+        dv.zero_()
+        return dq, dk, dv
+    d = _dispatch("bwd", q.device, options)
+    mod = _family_module(d)
+    mod.run_backward(problem, options, d.target, dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k,
+                     seqused_k, dq, dk, dv, deterministic)
+    return dq, dk, dv
+
+
+# --------------------------------------------------------------------------------------------
+# Eager autograd
+# --------------------------------------------------------------------------------------------
+
+
+def _as4d(t: Optional[torch.Tensor], varlen: bool) -> Optional[torch.Tensor]:
+    return t.unsqueeze(0) if (varlen and t is not None) else t
+
+
+class FlashAttnFunction(torch.autograd.Function):
+    """Eager path: q/k/v as the user gave them (4D dense or 3D varlen)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, problem: AttnProblem,
+                options: KernelOptions, deterministic: bool, return_lse: bool, need_lse: bool):
+        varlen = problem.varlen_q
+        out, lse = forward(problem, _as4d(q, varlen), _as4d(k, varlen), _as4d(v, varlen),
+                           cu_seqlens_q, cu_seqlens_k, seqused_k, options, need_lse)
+        if varlen:
+            out = out.squeeze(0)
+            lse = lse.squeeze(0) if lse is not None else None
+        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k)
+        ctx.problem, ctx.options, ctx.deterministic, ctx.return_lse = problem, options, deterministic, return_lse
+        ctx.set_materialize_grads(False)
+        return out, (lse if return_lse else None)
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse, cu_q, cu_k, seqused_k = ctx.saved_tensors
+        p = ctx.problem
+        if dout is None:
+            dout = torch.zeros_like(out)
+        if not ctx.return_lse:
+            dlse = None
+        varlen = p.varlen_q
+        dq, dk, dv = backward(p, _as4d(dout.contiguous() if dout.stride(-1) != 1 else dout, varlen),
+                              _as4d(q, varlen), _as4d(k, varlen), _as4d(v, varlen), _as4d(out, varlen),
+                              _as4d(lse, varlen), _as4d(dlse, varlen), cu_q, cu_k, seqused_k,
+                              ctx.options, ctx.deterministic)
+        if varlen:
+            dq, dk, dv = dq.squeeze(0), dk.squeeze(0), dv.squeeze(0)
+        return dq, dk, dv, None, None, None, None, None, None, None, None
+
+
+# --------------------------------------------------------------------------------------------
+# Custom ops for torch.compile
+# --------------------------------------------------------------------------------------------
+
+
+def _problem_from_op_args(q, k, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                          local, window_left, window_right, softcap) -> AttnProblem:
+    varlen = cu_seqlens_q is not None
+    if varlen:
+        batch, (total_q, hq, d), (total_k, hk, _) = cu_seqlens_q.shape[0] - 1, q.shape, k.shape
+        sq, sk = max_seqlen_q, max_seqlen_k
+    else:
+        (batch, sq, hq, d), (_, sk, hk, _) = q.shape, k.shape
+        total_q, total_k = batch * sq, batch * sk
+    dtype = "bf16" if q.dtype == torch.bfloat16 else "fp16"
+    return AttnProblem(dtype, batch, sq, sk, hq, hk, d, d, softmax_scale, causal, local, window_left, window_right,
+                       softcap, varlen_q=varlen, varlen_k=varlen, has_seqused_k=seqused_k is not None,
+                       total_q=total_q, total_k=total_k)
+
+
+@torch.library.custom_op("fa4::fwd", mutates_args=(), device_types="cuda")
+def fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor],
+           cu_seqlens_k: Optional[torch.Tensor], seqused_k: Optional[torch.Tensor], max_seqlen_q: int,
+           max_seqlen_k: int, softmax_scale: float, causal: bool, local: bool, window_left: int, window_right: int,
+           softcap: float, need_lse: bool, deterministic: bool, options: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Custom-op form of the forward; lse is an empty tensor when ``need_lse`` is False."""
+    for name, t in (("q", q), ("k", k), ("v", v)):  # the only check a traced graph could not do
+        validate.check_aligned(name, t)
+    p = _problem_from_op_args(q, k, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                              local, window_left, window_right, softcap)
+    varlen = p.varlen_q
+    out, lse = forward(p, _as4d(q, varlen), _as4d(k, varlen), _as4d(v, varlen), cu_seqlens_q, cu_seqlens_k,
+                       seqused_k, KernelOptions.from_str(options), need_lse)
+    if varlen:
+        out = out.squeeze(0)
+        lse = lse.squeeze(0) if lse is not None else None
+    return out, (lse if lse is not None else q.new_empty((0,), dtype=torch.float32))
+
+
+@fwd_op.register_fake
+def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+              local, window_left, window_right, softcap, need_lse, deterministic, options):
+    out = q.new_empty(q.shape)
+    if not need_lse:
+        return out, q.new_empty((0,), dtype=torch.float32)
+    if cu_seqlens_q is not None:
+        return out, q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+    return out, q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+
+
+@torch.library.custom_op("fa4::bwd", mutates_args=(), device_types="cuda")
+def bwd_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+           lse: torch.Tensor, dlse: Optional[torch.Tensor], cu_seqlens_q: Optional[torch.Tensor],
+           cu_seqlens_k: Optional[torch.Tensor], seqused_k: Optional[torch.Tensor], max_seqlen_q: int,
+           max_seqlen_k: int, softmax_scale: float, causal: bool, local: bool, window_left: int, window_right: int,
+           softcap: float, deterministic: bool, options: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    p = _problem_from_op_args(q, k, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                              local, window_left, window_right, softcap)
+    varlen = p.varlen_q
+    dout = dout if dout.stride(-1) == 1 else dout.contiguous()
+    dq, dk, dv = backward(p, _as4d(dout, varlen), _as4d(q, varlen), _as4d(k, varlen), _as4d(v, varlen),
+                          _as4d(out, varlen), _as4d(lse, varlen), _as4d(dlse, varlen), cu_seqlens_q, cu_seqlens_k,
+                          seqused_k, KernelOptions.from_str(options), deterministic)
+    if varlen:
+        dq, dk, dv = dq.squeeze(0), dk.squeeze(0), dv.squeeze(0)
+    return dq, dk, dv
+
+
+@bwd_op.register_fake
+def _bwd_fake(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+              softmax_scale, causal, local, window_left, window_right, softcap, deterministic, options):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _fwd_setup_context(ctx, inputs, output):
+    (q, k, v, cu_q, cu_k, seqused_k, max_sq, max_sk, scale, causal, local, wl, wr, softcap, need_lse,
+     deterministic, options) = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, seqused_k)
+    ctx.scalars = (max_sq, max_sk, scale, causal, local, wl, wr, softcap, deterministic, options)
+    ctx.return_lse = need_lse
+
+
+def _fwd_backward(ctx, dout, dlse):
+    q, k, v, out, lse, cu_q, cu_k, seqused_k = ctx.saved_tensors
+    max_sq, max_sk, scale, causal, local, wl, wr, softcap, deterministic, options = ctx.scalars
+    dq, dk, dv = bwd_op(dout, q, k, v, out, lse, dlse, cu_q, cu_k, seqused_k, max_sq, max_sk, scale, causal, local,
+                        wl, wr, softcap, deterministic, options)
+    return (dq, dk, dv) + (None,) * 14
+
+
+fwd_op.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)

@@ -1,0 +1,237 @@
+"""Input validation: every bad argument is rejected here, before any kernel launch.
+
+Each failure is a ``TypeError`` (wrong kind of thing: dtype, Python type) or ``ValueError`` (wrong
+value: shape, device, layout, range) whose message names the argument and says what was expected.
+Arguments no kernel supports yet raise ``NotImplementedError`` naming the argument.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Optional
+
+import torch
+
+from fa4.config import AttnProblem
+
+def is_fake(t: torch.Tensor) -> bool:
+    """FakeTensors (torch.compile tracing) have no storage to check."""
+    return type(t) is not torch.Tensor and t.__class__.__name__ == "FakeTensor"
+
+
+_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+MAX_HEAD_DIM = 256
+HEAD_DIM_MULTIPLE = 8  # 16 bytes of fp16/bf16: the vector width of every load
+
+
+def _check_tensor(name: str, t, rank: int, what: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in _DTYPES:
+        raise TypeError(f"{name} must be torch.float16 or torch.bfloat16, got {t.dtype}")
+    if t.dim() != rank:
+        raise ValueError(f"{name} must have {rank} dimensions {what}, got shape {tuple(t.shape)}")
+
+
+def _check_layout(name: str, t: torch.Tensor) -> None:
+    if t.stride(-1) != 1 and t.shape[-1] > 1:
+        raise ValueError(f"{name} must be contiguous in its last dimension (stride 1), got strides {t.stride()}")
+    for dim, s in enumerate(t.stride()[:-1]):
+        if s % HEAD_DIM_MULTIPLE and t.shape[dim] > 1:
+            raise ValueError(
+                f"{name} stride {s} of dimension {dim} must be a multiple of {HEAD_DIM_MULTIPLE} elements "
+                f"(16 bytes), got strides {t.stride()}"
+            )
+    if not torch.compiler.is_compiling():  # traced graphs check pointers in the op (check_aligned)
+        check_aligned(name, t)
+
+
+def check_aligned(name: str, t: torch.Tensor) -> None:
+    if t.device.type != "meta" and not is_fake(t) and t.data_ptr() % 16:
+        raise ValueError(f"{name} must be 16-byte aligned, its data pointer is {t.data_ptr():#x}")
+
+
+def _check_same(name: str, t: torch.Tensor, ref: torch.Tensor) -> None:
+    if t.dtype != ref.dtype:
+        raise TypeError(f"{name} must have the same dtype as q ({ref.dtype}), got {t.dtype}")
+    if t.device != ref.device:
+        raise ValueError(f"{name} must be on the same device as q ({ref.device}), got {t.device}")
+
+
+def _check_window(window_size) -> tuple[Optional[int], Optional[int]]:
+    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
+        raise TypeError(f"window_size must be a pair (left, right) of int or None, got {window_size!r}")
+    out = []
+    for side, w in zip(("left", "right"), window_size):
+        if w is None:
+            out.append(None)
+            continue
+        if isinstance(w, bool) or not isinstance(w, int):
+            raise TypeError(f"window_size {side} must be an int or None, got {w!r}")
+        if w == -1:  # FlashAttention-2's spelling of "unbounded"
+            out.append(None)
+        elif w < 0:
+            raise ValueError(f"window_size {side} must be >= 0 (or None / -1 for unbounded), got {w}")
+        else:
+            out.append(w)
+    return out[0], out[1]
+
+
+def _check_cu_seqlens(name: str, t, batch: Optional[int], device: torch.device) -> int:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of int32, got {type(t).__name__}")
+    if t.dtype != torch.int32:
+        raise TypeError(f"{name} must be torch.int32, got {t.dtype}")
+    if t.dim() != 1:
+        raise ValueError(f"{name} must be 1-dimensional, got shape {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name} must be on the same device as q ({device}), got {t.device}")
+    if t.stride(0) != 1:
+        raise ValueError(f"{name} must be contiguous")
+    expected = None if batch is None else batch + 1
+    if t.numel() < 2 or (expected is not None and t.numel() != expected):
+        want = "batch + 1 (>= 2)" if expected is None else f"batch + 1 = {expected}"
+        raise ValueError(f"{name} must have length {want}, got {t.numel()}")
+    return t.numel() - 1
+
+
+def _check_max_seqlen(name: str, v) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"{name} must be an int (the longest sequence of the batch), got {v!r}")
+    if v < 0:
+        raise ValueError(f"{name} must be >= 0, got {v}")
+    return v
+
+
+def _check_scalars(softmax_scale, softcap, head_dim: int) -> tuple[float, float]:
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(head_dim)
+    elif isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
+        raise TypeError(f"softmax_scale must be a float or None, got {softmax_scale!r}")
+    elif not (math.isfinite(softmax_scale) and softmax_scale > 0):
+        raise ValueError(f"softmax_scale must be a finite positive number, got {softmax_scale}")
+    if softcap is None:
+        softcap = 0.0
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
+        raise TypeError(f"softcap must be a float, got {softcap!r}")
+    if not (math.isfinite(softcap) and softcap >= 0):
+        raise ValueError(f"softcap must be a finite number >= 0 (0 disables it), got {softcap}")
+    return float(softmax_scale), float(softcap)
+
+
+def _masking(causal, window, seqlen_q: int, seqlen_k: int) -> tuple[bool, bool, int, int]:
+    """(causal, local, window_left, window_right) as the kernels take them (see DESIGN.md)."""
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {causal!r}")
+    left, right = window
+    if causal:
+        right = 0
+    unbounded = max(seqlen_q, seqlen_k, 1)
+    if left is not None and left >= unbounded:
+        left = None
+    if right is not None and right >= unbounded:
+        right = None
+    if left is None and right == 0:  # a causal mask, however it was spelled
+        return True, False, unbounded, 0
+    if left is None and right is None:
+        return False, False, unbounded, unbounded
+    return False, True, unbounded if left is None else left, unbounded if right is None else right
+
+
+_any_device = False
+
+
+@contextlib.contextmanager
+def allow_any_device():
+    """Validate shapes and dtypes of CPU / meta tensors too (for :func:`fa4.explain`)."""
+    global _any_device
+    old, _any_device = _any_device, True
+    try:
+        yield
+    finally:
+        _any_device = old
+
+
+def _check_qkv(q, k, v, rank: int, what: str) -> None:
+    _check_tensor("q", q, rank, what)
+    _check_tensor("k", k, rank, what)
+    _check_tensor("v", v, rank, what)
+    _check_same("k", k, q)
+    _check_same("v", v, q)
+    if q.device.type != "cuda" and not _any_device:
+        raise ValueError(f"q, k, v must be CUDA tensors, got device {q.device}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}")
+    d = q.shape[-1]
+    if k.shape[-1] != d:
+        raise ValueError(f"k head_dim ({k.shape[-1]}) must equal q head_dim ({d})")
+    if not (HEAD_DIM_MULTIPLE <= d <= MAX_HEAD_DIM) or d % HEAD_DIM_MULTIPLE:
+        raise ValueError(f"head_dim must be a multiple of {HEAD_DIM_MULTIPLE} in [8, {MAX_HEAD_DIM}], got {d}")
+    hq, hk = q.shape[-2], k.shape[-2]
+    if hk == 0 or hq % hk:
+        raise ValueError(f"the number of heads of q ({hq}) must be divisible by that of k and v ({hk})")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_layout(name, t)
+
+
+def reject_unsupported(**kwargs) -> None:
+    """Arguments of flash-attn-4's API that no fa4 kernel implements yet raise, never pass silently."""
+    for name, value in kwargs.items():
+        if value is not None and value is not False:
+            raise NotImplementedError(f"fa4 does not support the argument {name!r} yet (got {value!r})")
+
+
+def check_dense(q, k, v, softmax_scale, causal, window_size, softcap) -> AttnProblem:
+    """Validate a ``flash_attn_func`` call and describe it as an :class:`AttnProblem`."""
+    _check_qkv(q, k, v, 4, "(batch, seqlen, heads, head_dim)")
+    b, sq, hq, d = q.shape
+    if k.shape[0] != b:
+        raise ValueError(f"k and v batch ({k.shape[0]}) must equal q batch ({b})")
+    sk, hk = k.shape[1], k.shape[2]
+    scale, softcap = _check_scalars(softmax_scale, softcap, d)
+    causal_, local, wl, wr = _masking(causal, _check_window(window_size), sq, sk)
+    return AttnProblem(_DTYPES[q.dtype], b, sq, sk, hq, hk, d, d, scale, causal_, local, wl, wr, softcap,
+                       total_q=b * sq, total_k=b * sk)
+
+
+def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
+                 softmax_scale, causal, window_size, softcap) -> AttnProblem:
+    """Validate a ``flash_attn_varlen_func`` call (packed (total, heads, head_dim) tensors)."""
+    _check_qkv(q, k, v, 3, "(total_tokens, heads, head_dim)")
+    if cu_seqlens_q is None:
+        raise NotImplementedError("flash_attn_varlen_func needs cu_seqlens_q (seqused_q alone is not supported yet)")
+    if cu_seqlens_k is None:
+        raise NotImplementedError("flash_attn_varlen_func needs cu_seqlens_k (paged / seqused_k-only KV is not supported yet)")
+    batch = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, None, q.device)
+    _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, batch, q.device)
+    if max_seqlen_q is None or max_seqlen_k is None:
+        raise ValueError("max_seqlen_q and max_seqlen_k are required with cu_seqlens (the longest sequence lengths)")
+    sq = _check_max_seqlen("max_seqlen_q", max_seqlen_q)
+    sk = _check_max_seqlen("max_seqlen_k", max_seqlen_k)
+    if seqused_k is not None:
+        if not isinstance(seqused_k, torch.Tensor) or seqused_k.dtype != torch.int32:
+            raise TypeError(f"seqused_k must be an int32 torch.Tensor, got {getattr(seqused_k, 'dtype', type(seqused_k))}")
+        if seqused_k.shape != (batch,) or seqused_k.device != q.device:
+            raise ValueError(f"seqused_k must have shape (batch,) = ({batch},) on {q.device}, got "
+                             f"{tuple(seqused_k.shape)} on {seqused_k.device}")
+    _, hq, d = q.shape
+    hk = k.shape[1]
+    scale, softcap = _check_scalars(softmax_scale, softcap, d)
+    causal_, local, wl, wr = _masking(causal, _check_window(window_size), sq, sk)
+    return AttnProblem(_DTYPES[q.dtype], batch, sq, sk, hq, hk, d, d, scale, causal_, local, wl, wr, softcap,
+                       varlen_q=True, varlen_k=True, has_seqused_k=seqused_k is not None,
+                       total_q=q.shape[0], total_k=k.shape[0])
+
+
+def check_options(options) -> None:
+    from fa4.config import KernelOptions
+
+    if options is not None and not isinstance(options, KernelOptions):
+        raise TypeError(f"kernel_options must be a fa4.KernelOptions or None, got {type(options).__name__}")
+
+
+def as_bool(name: str, v) -> bool:
+    if not isinstance(v, bool):
+        raise TypeError(f"{name} must be a bool, got {v!r}")
+    return v

@@ -1,0 +1,96 @@
+"""Public API surface, options and dispatch decisions (CPU only)."""
+
+import inspect
+import warnings
+
+import pytest
+import torch
+
+import fa4
+from fa4 import arch
+from fa4.config import KernelOptions
+
+
+def test_version_and_exports():
+    assert isinstance(fa4.__version__, str) and fa4.__version__.count(".") == 2
+    for name in ("flash_attn_func", "flash_attn_varlen_func", "explain", "cache_info", "KernelOptions"):
+        assert hasattr(fa4, name)
+
+
+def test_import_does_not_load_the_dsl():
+    import subprocess
+    import sys
+
+    code = "import sys, fa4; print('cutlass' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+
+
+def test_signature_matches_flash_attn_cute():
+    """Same positional order and names as flash-attn-4's flash_attn.cute (4.0.0b36)."""
+    params = list(inspect.signature(fa4.flash_attn_func).parameters)
+    assert params[:21] == ["q", "k", "v", "qv", "gather_kv_indices", "softmax_scale", "causal", "window_size",
+                           "learnable_sink", "softcap", "num_splits", "pack_gqa", "deterministic", "score_mod",
+                           "score_mod_bwd", "mask_mod", "aux_tensors", "aux_scalars", "block_sparse_tensors",
+                           "block_sparse_tensors_bwd", "return_lse"]
+    params = list(inspect.signature(fa4.flash_attn_varlen_func).parameters)
+    assert params[:11] == ["q", "k", "v", "qv", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k",
+                           "min_seqlen_k", "seqused_q", "seqused_k"]
+
+
+@pytest.mark.parametrize("opts", [
+    KernelOptions(),
+    KernelOptions(arch="sm80", tile_m=64, exp2_emu_frac=0.25, rescale_threshold=0.0),
+    KernelOptions(tile_n=32, num_stages=2, bwd_tile_m=64, bwd_num_threads=256),
+])
+def test_options_string_roundtrip(opts):
+    assert KernelOptions.from_str(opts.to_str()) == opts
+
+
+def test_options_merge():
+    a = KernelOptions(tile_m=64, exp2_emu_frac=0.5)
+    b = KernelOptions(exp2_emu_frac=0.0)
+    assert a.merged(b) == KernelOptions(tile_m=64, exp2_emu_frac=0.0)
+
+
+@pytest.mark.parametrize("cc,family,target,fallback", [
+    ((8, 0), "sm80", "sm_80", False),
+    ((8, 6), "sm80", "sm_86", False),
+    ((9, 0), "sm80", "sm_90a", True),   # no sm90 kernel yet: visible fallback to the sm80 family
+    ((10, 0), "sm80", "sm_100a", True),
+])
+def test_natural_dispatch(monkeypatch, cc, family, target, fallback):
+    monkeypatch.delenv("FA4_ARCH", raising=False)
+    arch._warned.clear()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        d = arch.resolve("fwd", cc, KernelOptions())
+        arch.resolve("fwd", cc, KernelOptions())
+    assert (d.family, d.target, d.fallback) == (family, target, fallback)
+    assert len([x for x in w if "fa4.explain" in str(x.message)]) == (1 if fallback else 0)  # once
+
+
+def test_forced_family(monkeypatch):
+    monkeypatch.delenv("FA4_ARCH", raising=False)
+    d = arch.resolve("bwd", (9, 0), KernelOptions(arch="sm80"))
+    assert d.family == "sm80" and not d.fallback and "KernelOptions.arch" in d.reason
+    monkeypatch.setenv("FA4_ARCH", "sm_80")
+    assert "FA4_ARCH" in arch.resolve("fwd", (9, 0), None).reason
+    with pytest.raises(ValueError, match="compute capability >= 9.0"):
+        arch.resolve("fwd", (8, 0), KernelOptions(arch="sm90"))
+    with pytest.raises(NotImplementedError, match="no sm90 fwd kernel"):
+        arch.resolve("fwd", (9, 0), KernelOptions(arch="sm90"))
+
+
+def test_explain_on_cpu_shapes():
+    q = torch.empty(2, 100, 8, 128, dtype=torch.bfloat16)
+    k = torch.empty(2, 300, 2, 128, dtype=torch.bfloat16)
+    ex = fa4.explain(q, k, k, causal=True, capability=(9, 0), kernel_options=KernelOptions(arch="sm80"))
+    text = str(ex)
+    assert "family=sm80" in text and "forced by KernelOptions.arch" in text
+    assert ex.problem.causal and ex.problem.heads_k == 2 and ex.problem.seqlen_k == 300
+
+
+def test_explain_validates():
+    q = torch.empty(2, 100, 8, 100, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="head_dim"):
+        fa4.explain(q, q, q, capability=(9, 0))

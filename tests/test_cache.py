@@ -1,0 +1,122 @@
+"""The JIT cache: memory and disk levels, a second process loads instead of compiling, atomic
+writes, and one compile for a key that several processes want at once. CPU only: kernels compile
+with fake tensors, and loading an exported object needs no GPU."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from fa4 import jit
+from kernels_for_tests import ScaleAddConfig
+
+HERE = os.path.dirname(__file__)
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("FA4_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("FA4_DISABLE_DISK_CACHE", raising=False)
+    jit.clear_memory_cache()
+    yield tmp_path
+    jit.clear_memory_cache()
+
+
+def _run_child(code: str, cache: str, extra_env=None) -> dict:
+    env = dict(os.environ, FA4_CACHE_DIR=cache, PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.update(extra_env or {})
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+CHILD = """
+import json, time
+from fa4 import jit
+from kernels_for_tests import ScaleAddConfig
+t = time.perf_counter()
+fn = jit.get_kernel(ScaleAddConfig(arch="sm_90a", dtype="fp32", bias={bias}))
+info = jit.cache_info(); info["get_seconds"] = time.perf_counter() - t
+print(json.dumps(info))
+"""
+
+
+def test_memory_then_disk_then_second_process(cache_dir):
+    cfg = ScaleAddConfig(arch="sm_90a", dtype="fp32", bias=2.0)
+    before = jit.cache_info()
+    fn = jit.get_kernel(cfg)
+    assert jit.cache_info()["misses"] == before["misses"] + 1
+    assert jit.get_kernel(cfg) is fn
+    assert jit.cache_info()["memory_hits"] == before["memory_hits"] + 1
+    files = sorted(p.name for p in (cache_dir).rglob("*") if p.is_file())
+    assert any(f.endswith(".o") for f in files) and any(f.endswith(".json") for f in files)
+    assert not any(f.startswith(".tmp-") for f in files), files  # temp files renamed into place
+    child = _run_child(CHILD.format(bias=2.0), str(cache_dir))
+    assert child["misses"] == 0 and child["disk_hits"] == 1, child
+    assert child["get_seconds"] < 5.0
+
+
+def test_configs_with_different_fields_are_different_entries(cache_dir):
+    a = ScaleAddConfig(arch="sm_90a", dtype="fp32", bias=1.0)
+    b = ScaleAddConfig(arch="sm_90a", dtype="fp32", bias=5.0)
+    c = ScaleAddConfig(arch="sm_80", dtype="fp32", bias=1.0)
+    assert len({jit.entry_name(x) for x in (a, b, c)}) == 3
+    assert "bias=5.0" in b.key() and "arch='sm_80'" in c.key()
+
+
+def test_cache_dir_is_versioned(cache_dir):
+    d = jit.cache_dir()
+    assert d.parent == cache_dir
+    assert d.name.startswith(jit.__version__) and jit.dsl_version() in d.name and jit.source_hash() in d.name
+
+
+def test_corrupt_entry_is_rebuilt(cache_dir):
+    cfg = ScaleAddConfig(arch="sm_90a", dtype="fp32", bias=3.0)
+    jit.get_kernel(cfg)
+    path = jit.cache_dir() / f"{jit.entry_name(cfg)}.o"
+    path.write_bytes(b"not an object file")
+    jit.clear_memory_cache()
+    n = jit.cache_info()["misses"]
+    jit.get_kernel(cfg)
+    assert jit.cache_info()["misses"] == n + 1
+    assert path.read_bytes()[:4] == b"\x7fELF"
+
+
+def test_disable_disk_cache(cache_dir, monkeypatch):
+    monkeypatch.setenv("FA4_DISABLE_DISK_CACHE", "1")
+    jit.get_kernel(ScaleAddConfig(arch="sm_90a", dtype="fp32", bias=4.0))
+    assert not any(p.suffix == ".o" for p in cache_dir.rglob("*"))
+
+
+def test_concurrent_processes_compile_once(cache_dir):
+    """Four processes ask for one key at the same moment: exactly one compiles, three load."""
+    code = CHILD.format(bias=7.0)
+    env = dict(os.environ, FA4_CACHE_DIR=str(cache_dir), PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    infos = []
+    for p in procs:
+        out, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-3000:]
+        infos.append(json.loads(out.strip().splitlines()[-1]))
+    assert sum(i["misses"] for i in infos) == 1, infos
+    assert sum(i["disk_hits"] for i in infos) == 3, infos
+
+
+def test_precompile_reports_registers_and_arch(cache_dir):
+    for arch, sm in (("sm_80", 80), ("sm_90a", 90), ("sm_100a", 100)):
+        row = jit.precompile(ScaleAddConfig(arch=arch, dtype="fp32", bias=1.5))
+        assert row["sm"] == [sm], row  # the cubin inside the object is for the arch asked for
+        assert row["registers"] and row["registers"] > 0
+        assert row["cached"] is False
+        assert jit.precompile(ScaleAddConfig(arch=arch, dtype="fp32", bias=1.5))["cached"] is True
+
+
+def test_cubin_info_reads_nothing_from_garbage(tmp_path):
+    p = tmp_path / "x.o"
+    p.write_bytes(b"\x7fELF" + b"\0" * 10 + b"\x7fELF" + b"\x02" * 100)
+    assert jit.cubin_info(p) == []

@@ -1,0 +1,225 @@
+"""Every bad input is rejected before any launch with a TypeError/ValueError naming the argument.
+
+Runs on the CPU: CUDA tensors are FakeTensors (shapes, dtypes, devices, strides; no storage), and
+the kernel drivers are replaced by a function that fails the test if anything gets that far.
+"""
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import fa4
+from fa4 import ops, validate
+
+BF16, FP16 = torch.bfloat16, torch.float16
+
+
+@pytest.fixture(autouse=True)
+def no_launch(monkeypatch):
+    def boom(*a, **k):
+        raise AssertionError("a kernel driver was reached: validation let a bad input through")
+
+    monkeypatch.setattr(ops, "forward", boom)
+    monkeypatch.setattr(ops, "backward", boom)
+
+
+@pytest.fixture
+def fake():
+    with FakeTensorMode(allow_non_fake_inputs=True) as m:
+        yield m
+
+
+def cuda(*shape, dtype=BF16):
+    return torch.empty(*shape, dtype=dtype, device="cuda")
+
+
+def qkv(b=2, sq=33, sk=65, h=8, hk=2, d=64, dtype=BF16):
+    return cuda(b, sq, h, d, dtype=dtype), cuda(b, sk, hk, d, dtype=dtype), cuda(b, sk, hk, d, dtype=dtype)
+
+
+def raises(exc, match, fn, *a, **k):
+    with pytest.raises(exc, match=match):
+        fn(*a, **k)
+
+
+def test_valid_call_reaches_the_driver(fake):
+    q, k, v = qkv()
+    with pytest.raises(AssertionError, match="driver was reached"):
+        fa4.flash_attn_func(q, k, v, causal=True)
+
+
+@pytest.mark.parametrize("bad", [torch.float32, torch.float64, torch.int8])
+def test_dtype_must_be_half(fake, bad):
+    q, k, v = qkv()
+    raises(TypeError, "q must be torch.float16 or torch.bfloat16", fa4.flash_attn_func, q.to(bad), k, v)
+    raises(TypeError, "k must be torch.float16 or torch.bfloat16", fa4.flash_attn_func, q, k.to(bad), v)
+
+
+def test_dtypes_must_match(fake):
+    q, k, v = qkv()
+    raises(TypeError, "v must have the same dtype as q", fa4.flash_attn_func, q, k, v.to(FP16))
+    raises(TypeError, "k must have the same dtype as q", fa4.flash_attn_func, q, k.to(FP16), v)
+
+
+def test_not_a_tensor(fake):
+    q, k, v = qkv()
+    raises(TypeError, "k must be a torch.Tensor", fa4.flash_attn_func, q, 3, v)
+
+
+def test_device_must_be_cuda_and_same(fake):
+    q, k, v = qkv()
+    raises(ValueError, "must be CUDA tensors", fa4.flash_attn_func, q.to("cpu"), k.to("cpu"), v.to("cpu"))
+    raises(ValueError, "k must be on the same device as q", fa4.flash_attn_func, q, k.to("cpu"), v)
+
+
+@pytest.mark.parametrize("shape_q,shape_k,match", [
+    ((2, 33, 8), (2, 65, 2, 64), "q must have 4 dimensions"),
+    ((2, 33, 8, 64), (2, 65, 64), "k must have 4 dimensions"),
+    ((2, 33, 8, 64), (3, 65, 2, 64), "batch"),
+    ((2, 33, 8, 64), (2, 65, 3, 64), "divisible"),
+    ((2, 33, 8, 64), (2, 65, 2, 32), "k head_dim"),
+])
+def test_rank_and_shapes(fake, shape_q, shape_k, match):
+    raises(ValueError, match, fa4.flash_attn_func, cuda(*shape_q), cuda(*shape_k), cuda(*shape_k))
+
+
+def test_k_v_shapes_equal(fake):
+    q, k, _ = qkv()
+    raises(ValueError, "k and v must have the same shape", fa4.flash_attn_func, q, k, cuda(2, 64, 2, 64))
+
+
+@pytest.mark.parametrize("d", [4, 12, 100, 264, 512])
+def test_head_dim_limits(fake, d):
+    q, k, v = qkv(d=d)
+    raises(ValueError, "head_dim must be a multiple of 8", fa4.flash_attn_func, q, k, v)
+
+
+def test_last_dim_contiguous(fake):
+    q, k, v = qkv()
+    qt = cuda(2, 33, 64, 8).transpose(-1, -2)  # (2, 33, 8, 64) with last stride 8
+    raises(ValueError, "q must be contiguous in its last dimension", fa4.flash_attn_func, qt, k, v)
+
+
+def test_strides_multiple_of_16_bytes(fake):
+    q, _, _ = qkv()
+    ok = torch.empty_strided((2, 65, 2, 64), (65 * 2 * 72, 2 * 72, 72, 1), dtype=BF16, device="cuda")
+    with pytest.raises(AssertionError, match="driver was reached"):  # padded rows of 72 elements are fine
+        fa4.flash_attn_func(q, ok, ok)
+    odd = torch.empty_strided((2, 65, 2, 64), (65 * 2 * 68, 2 * 68, 68, 1), dtype=BF16, device="cuda")
+    raises(ValueError, "stride 68 of dimension 2 must be a multiple of 8", fa4.flash_attn_func, q, odd, odd)
+
+
+def test_pointer_alignment_on_real_tensors():
+    # Real (CPU) storage so the pointer exists; device checks are lifted as fa4.explain does.
+    buf = torch.empty(2 * 65 * 2 * 64 + 8, dtype=BF16)
+    t = buf[1:1 + 2 * 65 * 2 * 64].view(2, 65, 2, 64)  # 2-byte offset
+    q = torch.empty(2, 33, 8, 64, dtype=BF16)
+    with validate.allow_any_device():
+        raises(ValueError, "k must be 16-byte aligned", validate.check_dense, q, t, t, None, False, (None, None), 0.0)
+
+
+@pytest.mark.parametrize("window,exc,match", [
+    ((-2, None), ValueError, "window_size left must be >= 0"),
+    ((None, -5), ValueError, "window_size right must be >= 0"),
+    ((1.5, None), TypeError, "window_size left must be an int"),
+    ((3,), TypeError, "window_size must be a pair"),
+    (5, TypeError, "window_size must be a pair"),
+])
+def test_window_sizes(fake, window, exc, match):
+    q, k, v = qkv()
+    raises(exc, match, fa4.flash_attn_func, q, k, v, window_size=window)
+
+
+@pytest.mark.parametrize("softcap,exc", [(-1.0, ValueError), (float("nan"), ValueError), ("1", TypeError)])
+def test_softcap(fake, softcap, exc):
+    q, k, v = qkv()
+    raises(exc, "softcap", fa4.flash_attn_func, q, k, v, softcap=softcap)
+
+
+@pytest.mark.parametrize("scale,exc", [(0.0, ValueError), (-1.0, ValueError), (float("inf"), ValueError), ("a", TypeError)])
+def test_softmax_scale(fake, scale, exc):
+    q, k, v = qkv()
+    raises(exc, "softmax_scale", fa4.flash_attn_func, q, k, v, softmax_scale=scale)
+
+
+def test_flags_must_be_bool(fake):
+    q, k, v = qkv()
+    raises(TypeError, "causal must be a bool", fa4.flash_attn_func, q, k, v, causal=1)
+    raises(TypeError, "deterministic must be a bool", fa4.flash_attn_func, q, k, v, deterministic="yes")
+
+
+@pytest.mark.parametrize("arg", ["qv", "learnable_sink", "score_mod", "mask_mod", "block_sparse_tensors"])
+def test_unsupported_arguments_raise(fake, arg):
+    q, k, v = qkv()
+    raises(NotImplementedError, repr(arg), fa4.flash_attn_func, q, k, v, **{arg: q if arg != "score_mod" else (lambda *a: a)})
+
+
+def test_kernel_options_type_and_values(fake):
+    q, k, v = qkv()
+    raises(TypeError, "kernel_options must be a fa4.KernelOptions", fa4.flash_attn_func, q, k, v, kernel_options={"tile_m": 64})
+    raises(ValueError, "exp2_emu_frac", fa4.KernelOptions, exp2_emu_frac=1.5)
+    raises(ValueError, "tile_m", fa4.KernelOptions, tile_m=0)
+    raises(ValueError, "arch", fa4.KernelOptions, arch="sm70")
+
+
+# ---------------------------------------------------------------------------------------------
+# varlen
+# ---------------------------------------------------------------------------------------------
+
+
+def varlen_inputs(lens_q=(3, 17, 1), lens_k=(5, 9, 30), h=4, hk=2, d=64):
+    cu_q = torch.empty(len(lens_q) + 1, dtype=torch.int32, device="cuda")  # values are not read by validation
+    cu_k = torch.empty(len(lens_k) + 1, dtype=torch.int32, device="cuda")
+    q = cuda(sum(lens_q), h, d)
+    k, v = cuda(sum(lens_k), hk, d), cuda(sum(lens_k), hk, d)
+    return q, k, v, cu_q, cu_k, max(lens_q), max(lens_k)
+
+
+def test_varlen_valid_reaches_driver(fake):
+    q, k, v, cu_q, cu_k, mq, mk = varlen_inputs()
+    with pytest.raises(AssertionError, match="driver was reached"):
+        fa4.flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=mq, max_seqlen_k=mk)
+
+
+def test_varlen_cu_seqlens_checks(fake):
+    q, k, v, cu_q, cu_k, mq, mk = varlen_inputs()
+    f = fa4.flash_attn_varlen_func
+    raises(TypeError, "cu_seqlens_q must be torch.int32", f, q, k, v, cu_seqlens_q=torch.empty(4, dtype=torch.int64, device="cuda"), cu_seqlens_k=cu_k,
+           max_seqlen_q=mq, max_seqlen_k=mk)
+    raises(ValueError, "cu_seqlens_k must have length batch \\+ 1 = 4", f, q, k, v, cu_seqlens_q=cu_q,
+           cu_seqlens_k=torch.empty(3, dtype=torch.int32, device="cuda"), max_seqlen_q=mq, max_seqlen_k=mk)
+    raises(ValueError, "cu_seqlens_k must be on the same device", f, q, k, v, cu_seqlens_q=cu_q,
+           cu_seqlens_k=torch.empty(4, dtype=torch.int32), max_seqlen_q=mq, max_seqlen_k=mk)
+    raises(ValueError, "max_seqlen_q and max_seqlen_k are required", f, q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    raises(TypeError, "max_seqlen_k must be an int", f, q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+           max_seqlen_q=mq, max_seqlen_k=3.0)
+    raises(ValueError, "q must have 3 dimensions", f, cuda(1, 21, 4, 64), k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+           max_seqlen_q=mq, max_seqlen_k=mk)
+    raises(NotImplementedError, "seqused_q", f, q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=mq,
+           max_seqlen_k=mk, seqused_q=torch.empty(3, dtype=torch.int32, device="cuda"))
+    raises(TypeError, "seqused_k must be an int32", f, q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+           max_seqlen_q=mq, max_seqlen_k=mk, seqused_k=torch.empty(3, dtype=torch.int64, device="cuda"))
+    raises(ValueError, "seqused_k must have shape", f, q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+           max_seqlen_q=mq, max_seqlen_k=mk, seqused_k=cu_k)
+
+
+def test_performance_hints_warn_once(fake):
+    from fa4 import interface
+
+    interface._hint_warned.clear()
+    q, k, v = qkv()
+    with pytest.warns(UserWarning, match="num_splits"):
+        with pytest.raises(AssertionError, match="driver was reached"):
+            fa4.flash_attn_func(q, k, v, num_splits=4)
+
+
+@pytest.mark.parametrize("causal,window,sq,sk,expect", [
+    (False, (None, None), 10, 20, (False, False, 20, 20)),
+    (True, (None, None), 10, 20, (True, False, 20, 0)),
+    (False, (None, 0), 10, 20, (True, False, 20, 0)),   # window (None, 0) is the causal mask
+    (True, (4, None), 10, 20, (False, True, 4, 0)),     # causal + left window -> local, right = 0
+    (False, (3, 2), 10, 20, (False, True, 3, 2)),
+    (False, (100, 100), 10, 20, (False, False, 20, 20)),  # windows wider than the problem are no mask
+])
+def test_masking_normalization(causal, window, sq, sk, expect):
+    assert validate._masking(causal, window, sq, sk) == expect
