@@ -1,0 +1,1277 @@
+"""Ampere-family attention backward (``mma.sync`` m16n8k16, ``cp.async``, ``ldmatrix``) and its launcher.
+
+FlashAttention-2's algorithm. One CTA per (n_block, kv head, batch) keeps the dK and dV tiles of
+its ``tile_n`` keys in registers and walks every (q head of its group, m_block) that sees those
+keys, so dK/dV are summed over the GQA group inside the CTA (no atomics, deterministic). Per step:
+
+    S  = Q K^T                          (Q, dO: cp.async, double-buffered; K, V: loaded once)
+    P  = exp2(S * scale_log2 - lse_log2)   (masks; softcap: S <- tanh(S * scale / cap) first)
+    dP = dO V^T
+    dS = P * (dP - D)                    (softcap: * (1 - tanh^2))
+    dV += P^T dO,  dK += dS^T Q          (P, dS staged in smem for the transposed operands)
+    dQ_accum[m_block] += dS K            (float32 red.add, or in a fixed order: deterministic)
+
+then dK *= softmax_scale and dK/dV go out through smem with 128-bit stores. The preprocess
+(:mod:`fa4.bwd.preprocess`) makes ``D = rowsum(dO * O) - dLSE`` and ``lse_log2`` and zeroes the
+workspaces; the postprocess (:mod:`fa4.bwd.postprocess`) scales ``dq_accum`` into dq.
+
+Note [Out-of-bounds tiles]
+    Q/dO rows past ``seqlen_q`` and K/V rows past ``seqlen_k`` are never read: their smem rows are
+    zero-filled, as are head-dim columns past ``d`` (the kernel is compiled for ``d`` rounded up
+    to 32). An out-of-range row gets ``lse_log2 = +inf`` and ``D = 0``, so its P and dS are exactly
+    0; out-of-range keys are masked to -inf. Nothing out of bounds is stored; dq_accum rows are
+    predicated too. Hence no NaN can leak from padding, whatever the memory beyond holds.
+
+Note [Deterministic dQ]
+    With ``deterministic``, the additions into the dQ accumulator of each (batch, q head, m_block)
+    happen in a fixed order, serialized by an int32 semaphore per slot (:mod:`fa4.sched.semaphore`).
+    CTAs are launched shortest-first (SPT): block x of a (kv head, batch) takes
+    ``n_block = num_n_blocks - 1 - x``. In a slot, the contributors are the K blocks
+    ``[n_min, n_max)`` of ``mask.n_block_range(m_block)``; K block ``n`` has rank
+    ``n_max - 1 - n``, i.e. contributors add in launch order, so a CTA only waits for CTAs launched
+    before it and the schedule cannot deadlock (Note [No deadlock] in fa4/sched/semaphore.py).
+    With a causal mask, block ``n`` starts at its diagonal m_block, where it is first in line, and
+    block ``n + 1`` (launched earlier, starting ``tile_n / tile_m`` m_blocks later) has always just
+    finished the m_block that ``n`` reaches next: in steady state no CTA waits. Without a mask all
+    contributors start at m_block 0 and the first wave pays a one-step skew per rank.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import ClassVar, Optional
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Boolean, Float32, Int32, const_expr
+from cutlass.cute.nvgpu import cpasync, warp
+
+from fa4.bwd import postprocess, preprocess
+from fa4.bwd.preprocess import _DTYPES, dq_accum_view, head_dim_padded
+from fa4.config import ARCHS, AttnProblem, KernelConfig, KernelOptions
+from fa4.cute_utils import make_acc_mn_view
+from fa4.mask import AttentionMask
+from fa4.sched import semaphore
+from fa4.seqlen import SeqlenInfo
+from fa4.softmax import apply_softcap, exp2_rows, score_scales, softcap_grad
+
+# Dynamic shared memory per CTA (bytes) by code-generation target.
+SMEM_CAPACITY = {"sm_80": 166912, "sm_90a": 232448, "sm_100a": 232448}
+
+
+@dataclass(frozen=True)
+class BwdSm80Config(KernelConfig):
+    """Compile key of :class:`FlashBwdSm80`.
+
+    ``head_dim``: the head dim rounded up to 32 (:func:`fa4.bwd.preprocess.head_dim_padded`), the
+    real one is a runtime size. ``tile_m`` x ``tile_n``: the Q rows per step x the K rows per CTA.
+    ``num_stages``: smem buffers of Q/LSE and dO/D (2 = the next step's loads overlap this one).
+    ``atom_m_sdp`` (warps along tile_m for S and dP), ``atom_n_dkv`` (warps along tile_n for dK,
+    dV), ``atom_m_dq`` (warps along tile_m for dQ): the warp layouts of the three MMA shapes, the
+    other direction taking the remaining warps.
+    """
+
+    head_dim: int = 128
+    tile_m: int = 64
+    tile_n: int = 128
+    num_threads: int = 256
+    num_stages: int = 2
+    atom_m_sdp: int = 2
+    atom_n_dkv: int = 4
+    atom_m_dq: int = 2
+    causal: bool = False
+    local: bool = False
+    has_softcap: bool = False
+    varlen_q: bool = False
+    varlen_k: bool = False
+    has_seqused_k: bool = False
+    deterministic: bool = False
+
+    KERNEL: ClassVar[str] = "fa4.bwd.sm80:FlashBwdSm80"
+
+    @property
+    def num_warps(self) -> int:
+        return self.num_threads // 32
+
+    def smem_bytes(self) -> int:
+        """Shared memory the kernel allocates (alignment padding included)."""
+
+        def r1k(n: int) -> int:
+            return (n + 1023) // 1024 * 1024
+
+        q = r1k(self.tile_m * self.head_dim * self.num_stages * 2)
+        kv = r1k(self.tile_n * self.head_dim * 2)
+        pds = r1k(self.tile_m * self.tile_n * 2)
+        rows = (self.tile_m * self.num_stages * 4 + 15) // 16 * 16
+        return 2 * q + 2 * kv + 2 * pds + 2 * rows
+
+
+def mma_shape_error(cfg: BwdSm80Config) -> Optional[str]:
+    """Why the tiles and warp layouts do not fit the m16n8k16 MMAs (None when they do)."""
+    w = cfg.num_warps
+    # (name, warps along the first dim, first extent, second extent, reduction extent)
+    shapes = (
+        ("S/dP", cfg.atom_m_sdp, cfg.tile_m, cfg.tile_n, cfg.head_dim),
+        ("dK/dV", cfg.atom_n_dkv, cfg.tile_n, cfg.head_dim, cfg.tile_m),
+        ("dQ", cfg.atom_m_dq, cfg.tile_m, cfg.head_dim, cfg.tile_n),
+    )
+    for name, a, first, second, red in shapes:
+        if a <= 0 or w % a:
+            return f"{name}: {a} warps along dim 0 do not divide {w} warps"
+        if first % (16 * a) or second % (16 * (w // a)) or red % 16:
+            return (
+                f"{name}: a {first}x{second} tile (reduction {red}) does not tile into {a}x{w // a} warps "
+                f"of 16x16 (x16) MMA steps"
+            )
+    return None
+
+
+class FlashBwdSm80:
+    """The backward kernel; see the module docstring.
+
+    Shared memory: sQ (tile_m, d, stages), sdO (tile_m, d, stages), sK, sV (tile_n, d),
+    sP, sdS (tile_m, tile_n), sLSE, sD (tile_m, stages) float32. All 16-bit tiles use
+    128-byte (or 64-byte) swizzled rows so ldmatrix and the 16-byte cp.async are conflict free.
+    One cp.async group per step: {Q, LSE, dO, D} of the next step (K and V join the first one).
+    """
+
+    def __init__(self, cfg: BwdSm80Config):
+        self.cfg = cfg
+        self.dtype = _DTYPES[cfg.dtype]
+        self.tile_m, self.tile_n, self.head_dim = cfg.tile_m, cfg.tile_n, cfg.head_dim
+        self.num_threads = cfg.num_threads
+        self.num_stages = cfg.num_stages
+
+    # ----------------------------------------------------------------------------------------
+    # Protocol
+    # ----------------------------------------------------------------------------------------
+
+    @staticmethod
+    def can_implement(cfg: BwdSm80Config) -> None:
+        if cfg.arch not in ARCHS:
+            raise ValueError(f"BwdSm80Config.arch must be one of {ARCHS}, got {cfg.arch!r}")
+        if cfg.dtype not in _DTYPES:
+            raise ValueError(f"BwdSm80Config.dtype must be one of {tuple(_DTYPES)}, got {cfg.dtype!r}")
+        if cfg.head_dim % 32 or not 32 <= cfg.head_dim <= 256:
+            raise ValueError(f"BwdSm80Config.head_dim must be a multiple of 32 in [32, 256], got {cfg.head_dim}")
+        if cfg.num_threads not in (128, 256):
+            raise ValueError(f"BwdSm80Config.num_threads must be 128 or 256, got {cfg.num_threads}")
+        if cfg.tile_m not in (32, 64, 128) or cfg.tile_n not in (32, 64, 128):
+            raise ValueError(f"BwdSm80Config.tile_m/tile_n must be 32, 64 or 128, got {cfg.tile_m}/{cfg.tile_n}")
+        if cfg.tile_m > cfg.num_threads:
+            raise ValueError("BwdSm80Config.tile_m must be <= num_threads (one thread per LSE row)")
+        if cfg.num_stages not in (1, 2):
+            raise ValueError(f"BwdSm80Config.num_stages must be 1 or 2, got {cfg.num_stages}")
+        if cfg.causal and cfg.local:
+            raise ValueError("BwdSm80Config: causal and local are exclusive (local with window_right=0 is causal)")
+        err = mma_shape_error(cfg)
+        if err:
+            raise ValueError(f"BwdSm80Config: {err}")
+        if cfg.smem_bytes() > SMEM_CAPACITY[cfg.arch]:
+            raise ValueError(
+                f"BwdSm80Config: {cfg.smem_bytes()} bytes of shared memory exceed "
+                f"{cfg.arch}'s {SMEM_CAPACITY[cfg.arch]}"
+            )
+
+    @staticmethod
+    def fake_args(cfg: BwdSm80Config) -> tuple:
+        dtype = _DTYPES[cfg.dtype]
+        b, sq, sk, h, hk = (cute.sym_int() for _ in range(5))
+        d = cute.sym_int(divisibility=8)
+
+        def bshd(s, heads):
+            strides = tuple(cute.sym_int64(divisibility=8) for _ in range(3)) + (1,)
+            return cute.runtime.make_fake_tensor(dtype, (b, s, heads, d), strides, assumed_align=16)
+
+        def compact(dt, shape, align=4):
+            order = tuple(range(len(shape) - 1, -1, -1))
+            return cute.runtime.make_fake_compact_tensor(dt, shape, stride_order=order, assumed_align=align)
+
+        q, k, v, do = bshd(sq, h), bshd(sk, hk), bshd(sk, hk), bshd(sq, h)
+        lse_log2, dpsum = compact(Float32, (b, h, sq)), compact(Float32, (b, h, sq))
+        dq_accum = compact(Float32, (b, h, sq, cfg.head_dim), 16)
+        dk, dv = bshd(sk, hk), bshd(sk, hk)
+        nb = cute.sym_int()
+        cu_q = compact(Int32, (cute.sym_int(),)) if cfg.varlen_q else None
+        cu_k = compact(Int32, (cute.sym_int(),)) if cfg.varlen_k else None
+        used_k = compact(Int32, (nb,)) if cfg.has_seqused_k else None
+        sem = compact(Int32, (cute.sym_int(), h, cute.sym_int())) if cfg.deterministic else None
+        stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+        return (
+            q,
+            k,
+            v,
+            do,
+            lse_log2,
+            dpsum,
+            dq_accum,
+            dk,
+            dv,
+            cu_q,
+            cu_k,
+            used_k,
+            sem,
+            Float32(1.0),
+            Float32(0.0),
+            Int32(0),
+            Int32(0),
+            Int32(1),
+            stream,
+        )
+
+    # ----------------------------------------------------------------------------------------
+    # Host side: layouts, copies, MMAs, launch
+    # ----------------------------------------------------------------------------------------
+
+    def _smem_atom(self, cols: int):
+        """Swizzled (8, 64) or (8, 32) atom of 16-bit elements: 16-byte chunks permuted by row."""
+        width = 64 if cols % 64 == 0 else 32
+        bits = 3 if width == 64 else 2
+        return cute.make_composed_layout(
+            cute.make_swizzle(bits, 3, 3), 0, cute.make_ordered_layout((8, width), order=(1, 0))
+        )
+
+    def _tiled_mma(self, warps_dim0: int):
+        warps = self.cfg.num_warps
+        return cute.make_tiled_mma(
+            warp.MmaF16BF16Op(self.dtype, Float32, (16, 8, 16)),
+            (warps_dim0, warps // warps_dim0, 1),
+            permutation_mnk=(warps_dim0 * 16, (warps // warps_dim0) * 16, 16),
+        )
+
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,  # (b, s_q, h, d)
+        mK: cute.Tensor,  # (b, s_k, h_k, d)
+        mV: cute.Tensor,  # (b, s_k, h_k, d)
+        mdO: cute.Tensor,  # (b, s_q, h, d)
+        mLSElog2: cute.Tensor,  # (b, h, s_q) float32
+        mDpsum: cute.Tensor,  # (b, h, s_q) float32
+        mdQaccum: cute.Tensor,  # (b, h, s_q, head_dim_padded) float32
+        mdK: cute.Tensor,  # (b, s_k, h_k, d)
+        mdV: cute.Tensor,  # (b, s_k, h_k, d)
+        mCuSeqlensQ: Optional[cute.Tensor],  # (b + 1,) int32
+        mCuSeqlensK: Optional[cute.Tensor],  # (b + 1,) int32
+        mSeqUsedK: Optional[cute.Tensor],  # (b,) int32
+        mSemaphore: Optional[cute.Tensor],  # (b, h, ceil(max_seqlen_q / tile_m)) int32
+        softmax_scale: Float32,
+        softcap: Float32,
+        window_left: Int32,
+        window_right: Int32,
+        max_seqlen_k: Int32,  # longest key sequence (varlen grid); ignored for fixed length
+        stream,
+    ):
+        for t in (mQ, mK, mV, mdO, mdK, mdV):
+            if const_expr(t.element_type != self.dtype):
+                raise TypeError("q, k, v, dout, dk, dv must have the configured dtype")
+        d, hd = self.head_dim, self.head_dim
+        atom = self._smem_atom(d)
+        sQ_layout = cute.tile_to_shape(atom, (self.tile_m, hd, self.num_stages), (0, 1, 2))
+        sK_layout = cute.tile_to_shape(atom, (self.tile_n, hd), (0, 1))
+        sPdS_layout = cute.tile_to_shape(self._smem_atom(self.tile_n), (self.tile_m, self.tile_n), (0, 1))
+        sRow_layout = cute.make_layout((self.tile_m, self.num_stages))
+
+        @cute.struct
+        class SharedStorage:
+            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
+            sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
+            sP: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sPdS_layout)], 1024]
+            sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sPdS_layout)], 1024]
+            sLSE: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sRow_layout)], 16]
+            sD: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sRow_layout)], 16]
+
+        # gmem <-> smem copies of 16-bit tiles: 16 bytes per lane, lanes along a swizzle row.
+        elems = 128 // self.dtype.width
+        lanes = atom.outer.shape[1] // elems
+        thr_layout = cute.make_ordered_layout((self.num_threads // lanes, lanes), order=(1, 0))
+        val_layout = cute.make_layout((1, elems))
+        copy_g2s = cute.make_tiled_copy_tv(
+            cute.make_copy_atom(
+                cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), self.dtype, num_bits_per_copy=128
+            ),
+            thr_layout,
+            val_layout,
+        )
+        copy_s2g = cute.make_tiled_copy_tv(
+            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128), thr_layout, val_layout
+        )
+        # One 4-byte cp.async per row statistic (LSE, D), by threads 0 .. tile_m - 1.
+        copy_row = cute.make_tiled_copy_tv(
+            cute.make_copy_atom(cpasync.CopyG2SOp(), Float32, num_bits_per_copy=32),
+            cute.make_layout(self.tile_m),
+            cute.make_layout(1),
+        )
+        mma_sdp = self._tiled_mma(self.cfg.atom_m_sdp)
+        mma_dkv = self._tiled_mma(self.cfg.atom_n_dkv)
+        mma_dq = self._tiled_mma(self.cfg.atom_m_dq)
+
+        if const_expr(self.cfg.varlen_k):
+            num_batch = mCuSeqlensK.shape[0] - 1
+            seqlen_k = max_seqlen_k
+        else:
+            num_batch = mK.shape[0]
+            seqlen_k = mK.shape[1]
+        grid = (cute.ceil_div(seqlen_k, self.tile_n), mK.shape[2], num_batch)
+        prescale, scale_log2 = score_scales(softmax_scale, softcap, self.cfg.has_softcap)
+        if const_expr(not self.cfg.has_softcap):
+            prescale = Float32(1.0)
+        self.kernel(
+            mQ,
+            mK,
+            mV,
+            mdO,
+            mLSElog2,
+            mDpsum,
+            mdQaccum,
+            mdK,
+            mdV,
+            mCuSeqlensQ,
+            mCuSeqlensK,
+            mSeqUsedK,
+            mSemaphore,
+            softmax_scale,
+            prescale,
+            scale_log2,
+            window_left,
+            window_right,
+            sQ_layout,
+            sK_layout,
+            sPdS_layout,
+            sRow_layout,
+            copy_g2s,
+            copy_s2g,
+            copy_row,
+            mma_sdp,
+            mma_dkv,
+            mma_dq,
+            SharedStorage,
+        ).launch(grid=grid, block=[self.num_threads, 1, 1], smem=SharedStorage.size_in_bytes(), stream=stream)
+
+    # ----------------------------------------------------------------------------------------
+    # Device side
+    # ----------------------------------------------------------------------------------------
+
+    @cute.kernel
+    def kernel(
+        self,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        mdO: cute.Tensor,
+        mLSElog2: cute.Tensor,
+        mDpsum: cute.Tensor,
+        mdQaccum: cute.Tensor,
+        mdK: cute.Tensor,
+        mdV: cute.Tensor,
+        mCuSeqlensQ: Optional[cute.Tensor],
+        mCuSeqlensK: Optional[cute.Tensor],
+        mSeqUsedK: Optional[cute.Tensor],
+        mSemaphore: Optional[cute.Tensor],
+        softmax_scale: Float32,
+        prescale: Float32,
+        scale_log2: Float32,
+        window_left: Int32,
+        window_right: Int32,
+        sQ_layout: cute.ComposedLayout,
+        sK_layout: cute.ComposedLayout,
+        sPdS_layout: cute.ComposedLayout,
+        sRow_layout: cute.Layout,
+        copy_g2s: cute.TiledCopy,
+        copy_s2g: cute.TiledCopy,
+        copy_row: cute.TiledCopy,
+        mma_sdp: cute.TiledMma,
+        mma_dkv: cute.TiledMma,
+        mma_dq: cute.TiledMma,
+        SharedStorage: cutlass.Constexpr,
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        x_block, head_kv, batch = cute.arch.block_idx()
+        seq = SeqlenInfo.create(batch, mQ.shape[1], mK.shape[1], mCuSeqlensQ, mCuSeqlensK, mSeqUsedK)
+        # Keys this sequence owns (dK/dV rows to write) vs keys it uses (seqused_k <= that).
+        seqlen_k_rows = seq.seqlen_k
+        if const_expr(self.cfg.has_seqused_k):
+            if const_expr(self.cfg.varlen_k):
+                seqlen_k_rows = mCuSeqlensK[batch + 1] - seq.offset_k
+            else:
+                seqlen_k_rows = mK.shape[1]
+        num_n_used = cute.ceil_div(seq.seqlen_k, self.tile_n)
+        n_block = x_block
+        if const_expr(self.cfg.deterministic):
+            # Shortest-first launch order; see Note [Deterministic dQ].
+            if x_block < num_n_used:
+                n_block = num_n_used - 1 - x_block
+        if n_block * self.tile_n < seqlen_k_rows:
+            mask = AttentionMask(
+                self.tile_m,
+                self.tile_n,
+                self.cfg.causal,
+                self.cfg.local,
+                seq.seqlen_q,
+                seq.seqlen_k,
+                window_left,
+                window_right,
+            )
+            m_min, m_max = mask.m_block_range(n_block)
+            num_m = cutlass.max(m_max - m_min, 0)
+            if n_block >= num_n_used:
+                num_m = Int32(0)  # keys past seqused_k: dK = dV = 0
+            group = mQ.shape[2] // mK.shape[2]
+            num_steps = num_m * group
+
+            smem = cutlass.memory.SmemAllocator()
+            storage = smem.allocate(SharedStorage)
+            sQ = storage.sQ.get_tensor(sQ_layout)
+            sdO = storage.sdO.get_tensor(sQ_layout)
+            sK = storage.sK.get_tensor(sK_layout)
+            sV = storage.sV.get_tensor(sK_layout)
+            sP = storage.sP.get_tensor(sPdS_layout)
+            sdS = storage.sdS.get_tensor(sPdS_layout)
+            sLSE = storage.sLSE.get_tensor(sRow_layout)
+            sD = storage.sD.get_tensor(sRow_layout)
+
+            acc_dK = cute.make_rmem_tensor(
+                mma_dkv.get_slice(tidx).partition_shape_C((self.tile_n, self.head_dim)), Float32
+            )
+            acc_dV = cute.make_rmem_tensor(
+                mma_dkv.get_slice(tidx).partition_shape_C((self.tile_n, self.head_dim)), Float32
+            )
+            acc_dK.fill(0.0)
+            acc_dV.fill(0.0)
+
+            if num_steps > 0:
+                gK = cute.local_tile(seq.k_view(mK, batch, head_kv), (self.tile_n, self.head_dim), (n_block, 0))
+                gV = cute.local_tile(seq.k_view(mV, batch, head_kv), (self.tile_n, self.head_dim), (n_block, 0))
+                rows_k = seq.seqlen_k - n_block * self.tile_n
+                d = mQ.shape[3]
+                self.load_tile(copy_g2s, gK, sK, rows_k, d, tidx)
+                self.load_tile(copy_g2s, gV, sV, rows_k, d, tidx)
+                self.mainloop(
+                    mQ,
+                    mdO,
+                    mLSElog2,
+                    mDpsum,
+                    mdQaccum,
+                    mSemaphore,
+                    seq,
+                    mask,
+                    batch,
+                    head_kv,
+                    n_block,
+                    m_min,
+                    num_m,
+                    group,
+                    num_steps,
+                    prescale,
+                    scale_log2,
+                    sQ,
+                    sdO,
+                    sK,
+                    sV,
+                    sP,
+                    sdS,
+                    sLSE,
+                    sD,
+                    acc_dK,
+                    acc_dV,
+                    copy_g2s,
+                    copy_row,
+                    mma_sdp,
+                    mma_dkv,
+                    mma_dq,
+                    tidx,
+                )
+            # No cp.async may still target sK/sV, and every warp is done reading them.
+            cute.arch.cp_async_wait_group(0)
+            cute.arch.barrier()
+            self.epilogue(
+                acc_dK,
+                acc_dV,
+                mdK,
+                mdV,
+                sK,
+                sV,
+                seq,
+                batch,
+                head_kv,
+                n_block,
+                seqlen_k_rows - n_block * self.tile_n,
+                softmax_scale,
+                copy_s2g,
+                mma_dkv,
+                tidx,
+            )
+
+    @cute.jit
+    def load_tile(self, copy: cute.TiledCopy, gT: cute.Tensor, sT: cute.Tensor, rows: Int32, d: Int32, tidx: Int32):
+        """cp.async a (tile, head_dim) tile into smem; rows >= ``rows`` and columns >= ``d`` are
+        zero-filled instead (Note [Out-of-bounds tiles])."""
+        thr = copy.get_slice(tidx)
+        tTgT = thr.partition_S(gT)
+        tTsT = thr.partition_D(sT)
+        tTcT = thr.partition_S(cute.make_identity_tensor((cute.size(sT, mode=[0]), self.head_dim)))
+        for m in cutlass.range_constexpr(cute.size(tTsT, mode=[1])):
+            row_ok = tTcT[0, m, 0][0] < rows
+            for k in cutlass.range_constexpr(cute.size(tTsT, mode=[2])):
+                if row_ok and tTcT[0, m, k][1] < d:
+                    cute.copy(copy, tTgT[None, m, k], tTsT[None, m, k])
+                else:
+                    tTsT[None, m, k].fill(0.0)
+
+    @cute.jit
+    def load_rows(
+        self, copy_row: cute.TiledCopy, gR: cute.Tensor, sR: cute.Tensor, rows: Int32, fill: Float32, tidx: Int32
+    ):
+        """cp.async tile_m float32 row statistics; rows >= ``rows`` get ``fill``."""
+        if tidx < self.tile_m:
+            thr = copy_row.get_slice(tidx)
+            tRgR = thr.partition_S(gR)
+            tRsR = thr.partition_D(sR)
+            if tidx < rows:
+                cute.copy(copy_row, tRgR, tRsR)
+            else:
+                tRsR.fill(fill)
+
+    @cute.jit
+    def gemm(
+        self,
+        tiled_mma: cute.TiledMma,
+        acc: cute.Tensor,
+        tCrA: cute.Tensor,
+        tCrB: cute.Tensor,
+        tCsA: cute.Tensor,
+        tCsB: cute.Tensor,
+        copy_A: cute.TiledCopy,
+        copy_B: cute.TiledCopy,
+    ):
+        """acc += A @ B with both operands in smem: ldmatrix of k-slice k+1 overlaps the MMA of k."""
+        tCrA_view = copy_A.retile(tCrA)
+        tCrB_view = copy_B.retile(tCrB)
+        cute.copy(copy_A, tCsA[None, None, 0], tCrA_view[None, None, 0])
+        cute.copy(copy_B, tCsB[None, None, 0], tCrB_view[None, None, 0])
+        num_k = cute.size(tCsA, mode=[2])
+        for k in cutlass.range_constexpr(num_k):
+            if const_expr(k + 1 < num_k):
+                cute.copy(copy_A, tCsA[None, None, k + 1], tCrA_view[None, None, k + 1])
+                cute.copy(copy_B, tCsB[None, None, k + 1], tCrB_view[None, None, k + 1])
+            cute.gemm(tiled_mma, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
+
+    @cute.jit
+    def mainloop(
+        self,
+        mQ: cute.Tensor,
+        mdO: cute.Tensor,
+        mLSElog2: cute.Tensor,
+        mDpsum: cute.Tensor,
+        mdQaccum: cute.Tensor,
+        mSemaphore: Optional[cute.Tensor],
+        seq: SeqlenInfo,
+        mask: AttentionMask,
+        batch: Int32,
+        head_kv: Int32,
+        n_block: Int32,
+        m_min: Int32,
+        num_m: Int32,
+        group: Int32,
+        num_steps: Int32,
+        prescale: Float32,
+        scale_log2: Float32,
+        sQ: cute.Tensor,
+        sdO: cute.Tensor,
+        sK: cute.Tensor,
+        sV: cute.Tensor,
+        sP: cute.Tensor,
+        sdS: cute.Tensor,
+        sLSE: cute.Tensor,
+        sD: cute.Tensor,
+        acc_dK: cute.Tensor,
+        acc_dV: cute.Tensor,
+        copy_g2s: cute.TiledCopy,
+        copy_row: cute.TiledCopy,
+        mma_sdp: cute.TiledMma,
+        mma_dkv: cute.TiledMma,
+        mma_dq: cute.TiledMma,
+        tidx: Int32,
+    ):
+        """Steps t = 0 .. num_steps - 1 over (q head g = t // num_m, m_block = m_min + t % num_m)."""
+        hd = self.head_dim
+        d = mQ.shape[3]
+        # Transposed smem views for the MMAs whose reduction runs over the strided dim.
+        sQt = cute.composition(
+            sQ, cute.make_layout((hd, self.tile_m, self.num_stages), stride=(self.tile_m, 1, self.tile_m * hd))
+        )
+        sdOt = cute.composition(
+            sdO, cute.make_layout((hd, self.tile_m, self.num_stages), stride=(self.tile_m, 1, self.tile_m * hd))
+        )
+        sKt = cute.composition(sK, cute.make_layout((hd, self.tile_n), stride=(self.tile_n, 1)))
+        sPt = cute.composition(sP, cute.make_layout((self.tile_n, self.tile_m), stride=(self.tile_m, 1)))
+        sdSt = cute.composition(sdS, cute.make_layout((self.tile_n, self.tile_m), stride=(self.tile_m, 1)))
+
+        thr_sdp = mma_sdp.get_slice(tidx)
+        thr_dkv = mma_dkv.get_slice(tidx)
+        thr_dq = mma_dq.get_slice(tidx)
+        # Register fragments of the MMA operands.
+        tSrQ = thr_sdp.make_fragment_A(thr_sdp.partition_A(sQ[None, None, 0]))
+        tSrK = thr_sdp.make_fragment_B(thr_sdp.partition_B(sK))
+        tdPrdO = thr_sdp.make_fragment_A(thr_sdp.partition_A(sdO[None, None, 0]))
+        tdPrV = thr_sdp.make_fragment_B(thr_sdp.partition_B(sV))
+        tdVrPt = thr_dkv.make_fragment_A(thr_dkv.partition_A(sPt))
+        tdVrdOt = thr_dkv.make_fragment_B(thr_dkv.partition_B(sdOt[None, None, 0]))
+        tdKrdSt = thr_dkv.make_fragment_A(thr_dkv.partition_A(sdSt))
+        tdKrQt = thr_dkv.make_fragment_B(thr_dkv.partition_B(sQt[None, None, 0]))
+        tdQrdS = thr_dq.make_fragment_A(thr_dq.partition_A(sdS))
+        tdQrKt = thr_dq.make_fragment_B(thr_dq.partition_B(sKt))
+        # ldmatrix copies (.trans for the transposed views) and their smem partitions.
+        ldsm = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
+        ldsm_t = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype)
+        cp_A_sdp = cute.make_tiled_copy_A(ldsm, mma_sdp).get_slice(tidx)
+        cp_B_sdp = cute.make_tiled_copy_B(ldsm, mma_sdp).get_slice(tidx)
+        cp_A_dkv = cute.make_tiled_copy_A(ldsm_t, mma_dkv).get_slice(tidx)
+        cp_B_dkv = cute.make_tiled_copy_B(ldsm_t, mma_dkv).get_slice(tidx)
+        cp_A_dq = cute.make_tiled_copy_A(ldsm, mma_dq).get_slice(tidx)
+        cp_B_dq = cute.make_tiled_copy_B(ldsm_t, mma_dq).get_slice(tidx)
+        tSsQ = cp_A_sdp.partition_S(sQ)
+        tSsK = cp_B_sdp.partition_S(sK)
+        tdPsdO = cp_A_sdp.partition_S(sdO)
+        tdPsV = cp_B_sdp.partition_S(sV)
+        tdVsPt = cp_A_dkv.partition_S(sPt)
+        tdVsdOt = cp_B_dkv.partition_S(sdOt)
+        tdKsdSt = cp_A_dkv.partition_S(sdSt)
+        tdKsQt = cp_B_dkv.partition_S(sQt)
+        tdQsdS = cp_A_dq.partition_S(sdS)
+        tdQsKt = cp_B_dq.partition_S(sKt)
+        # Register -> smem copies of P and dS (pairs of 16-bit values).
+        r2s = cute.make_tiled_copy_C(
+            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=2 * self.dtype.width),
+            mma_sdp,
+        ).get_slice(tidx)
+        tPsP = r2s.partition_D(sP)
+        tdSsdS = r2s.partition_D(sdS)
+        # This thread's accumulator rows in the S tile (for LSE / D).
+        tScS_mn = make_acc_mn_view(thr_sdp.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n))))
+        num_rows = cute.size(tScS_mn, mode=[0])
+
+        acc_shape_S = thr_sdp.partition_shape_C((self.tile_m, self.tile_n))
+        acc_shape_dQ = thr_dq.partition_shape_C((self.tile_m, hd))
+        # m_blocks that need the causal/local mask, and whether keys pass seqlen_k (last block).
+        seqlen_k_partial = (n_block + 1) * self.tile_n > seq.seqlen_k
+        m_no_mask = mask.m_block_max_no_window_mask(n_block)
+
+        self.load_step(
+            mQ,
+            mdO,
+            mLSElog2,
+            mDpsum,
+            seq,
+            batch,
+            head_kv,
+            group,
+            m_min,
+            num_m,
+            Int32(0),
+            Int32(0),
+            sQ,
+            sdO,
+            sLSE,
+            sD,
+            copy_g2s,
+            copy_row,
+            d,
+            tidx,
+        )
+        cute.arch.cp_async_commit_group()
+
+        for t in cutlass.range(num_steps, unroll=1):
+            g = t // num_m
+            m_block = m_min + (t - g * num_m)
+            head = head_kv * group + g
+            stage = t % self.num_stages if const_expr(self.num_stages == 2) else 0
+            cute.arch.cp_async_wait_group(0)
+            cute.arch.barrier()
+            if const_expr(self.num_stages == 2):
+                if t + 1 < num_steps:
+                    self.load_step(
+                        mQ,
+                        mdO,
+                        mLSElog2,
+                        mDpsum,
+                        seq,
+                        batch,
+                        head_kv,
+                        group,
+                        m_min,
+                        num_m,
+                        t + 1,
+                        1 - stage,
+                        sQ,
+                        sdO,
+                        sLSE,
+                        sD,
+                        copy_g2s,
+                        copy_row,
+                        d,
+                        tidx,
+                    )
+                cute.arch.cp_async_commit_group()
+
+            # S = Q K^T, then P in place.
+            acc_S = cute.make_rmem_tensor(acc_shape_S, Float32)
+            acc_S.fill(0.0)
+            self.gemm(mma_sdp, acc_S, tSrQ, tSrK, tSsQ[None, None, None, stage], tSsK, cp_A_sdp, cp_B_sdp)
+            tanh_S = None
+            if const_expr(self.cfg.has_softcap):
+                apply_softcap(acc_S, prescale)
+                tanh_S = cute.make_rmem_tensor(acc_shape_S, Float32)
+                tanh_S.store(acc_S.load())
+            need_mask = seqlen_k_partial
+            if const_expr(self.cfg.local):
+                need_mask = Boolean(True)
+            elif const_expr(self.cfg.causal):
+                need_mask = need_mask or m_block < m_no_mask
+            if need_mask:
+                mask.apply(acc_S, thr_sdp, m_block, n_block, mask_seqlen=True, mask_window=True)
+            acc_S_mn = make_acc_mn_view(acc_S)
+            lse = cute.make_rmem_tensor(num_rows, Float32)
+            for r in cutlass.range_constexpr(num_rows):
+                lse[r] = sLSE[tScS_mn[r, 0][0], stage]
+            exp2_rows(acc_S_mn, lse, scale_log2, 0.0)
+
+            # dP = dO V^T, then dS = P (dP - D) in place.
+            acc_dP = cute.make_rmem_tensor(acc_shape_S, Float32)
+            acc_dP.fill(0.0)
+            self.gemm(mma_sdp, acc_dP, tdPrdO, tdPrV, tdPsdO[None, None, None, stage], tdPsV, cp_A_sdp, cp_B_sdp)
+            acc_dP_mn = make_acc_mn_view(acc_dP)
+            for r in cutlass.range_constexpr(num_rows):
+                dpsum = sD[tScS_mn[r, 0][0], stage]
+                for c in cutlass.range_constexpr(cute.size(acc_dP_mn, mode=[1])):
+                    acc_dP_mn[r, c] = acc_S_mn[r, c] * (acc_dP_mn[r, c] - dpsum)
+            if const_expr(self.cfg.has_softcap):
+                softcap_grad(acc_dP, tanh_S)
+
+            # P and dS to smem (16-bit) for the transposed operands.
+            rP = cute.make_rmem_tensor(acc_shape_S, self.dtype)
+            rP.store(acc_S.load().to(self.dtype))
+            cute.copy(r2s, r2s.retile(rP), tPsP)
+            rdS = cute.make_rmem_tensor(acc_shape_S, self.dtype)
+            rdS.store(acc_dP.load().to(self.dtype))
+            cute.copy(r2s, r2s.retile(rdS), tdSsdS)
+            cute.arch.barrier()
+
+            # dV += P^T dO, dK += dS^T Q.
+            self.gemm(mma_dkv, acc_dV, tdVrPt, tdVrdOt, tdVsPt, tdVsdOt[None, None, None, stage], cp_A_dkv, cp_B_dkv)
+            self.gemm(mma_dkv, acc_dK, tdKrdSt, tdKrQt, tdKsdSt, tdKsQt[None, None, None, stage], cp_A_dkv, cp_B_dkv)
+            if const_expr(self.num_stages == 1):
+                # Q and dO of this step are consumed: fetch the next step's while dQ runs.
+                cute.arch.barrier()
+                if t + 1 < num_steps:
+                    self.load_step(
+                        mQ,
+                        mdO,
+                        mLSElog2,
+                        mDpsum,
+                        seq,
+                        batch,
+                        head_kv,
+                        group,
+                        m_min,
+                        num_m,
+                        t + 1,
+                        Int32(0),
+                        sQ,
+                        sdO,
+                        sLSE,
+                        sD,
+                        copy_g2s,
+                        copy_row,
+                        d,
+                        tidx,
+                    )
+                cute.arch.cp_async_commit_group()
+
+            # dQ_accum += dS K.
+            acc_dQ = cute.make_rmem_tensor(acc_shape_dQ, Float32)
+            acc_dQ.fill(0.0)
+            self.gemm(mma_dq, acc_dQ, tdQrdS, tdQrKt, tdQsdS, tdQsKt, cp_A_dq, cp_B_dq)
+            self.store_dq(acc_dQ, mdQaccum, mSemaphore, seq, mask, batch, head, m_block, n_block, thr_dq, tidx)
+
+    @cute.jit
+    def load_step(
+        self,
+        mQ: cute.Tensor,
+        mdO: cute.Tensor,
+        mLSElog2: cute.Tensor,
+        mDpsum: cute.Tensor,
+        seq: SeqlenInfo,
+        batch: Int32,
+        head_kv: Int32,
+        group: Int32,
+        m_min: Int32,
+        num_m: Int32,
+        t: Int32,
+        stage: Int32,
+        sQ: cute.Tensor,
+        sdO: cute.Tensor,
+        sLSE: cute.Tensor,
+        sD: cute.Tensor,
+        copy_g2s: cute.TiledCopy,
+        copy_row: cute.TiledCopy,
+        d: Int32,
+        tidx: Int32,
+    ):
+        """Issue the loads of step ``t`` (Q, dO, lse_log2, D of one (q head, m_block)) into ``stage``."""
+        g = t // num_m
+        m_block = m_min + (t - g * num_m)
+        head = head_kv * group + g
+        rows = seq.seqlen_q - m_block * self.tile_m
+        tile = (self.tile_m, self.head_dim)
+        gQ = cute.local_tile(seq.q_view(mQ, batch, head), tile, (m_block, 0))
+        gdO = cute.local_tile(seq.q_view(mdO, batch, head), tile, (m_block, 0))
+        self.load_tile(copy_g2s, gQ, sQ[None, None, stage], rows, d, tidx)
+        self.load_tile(copy_g2s, gdO, sdO[None, None, stage], rows, d, tidx)
+        gLSE = cute.local_tile(seq.lse_view(mLSElog2, batch, head), (self.tile_m,), (m_block,))
+        gD = cute.local_tile(seq.lse_view(mDpsum, batch, head), (self.tile_m,), (m_block,))
+        self.load_rows(copy_row, gLSE, sLSE[None, stage], rows, Float32.inf, tidx)
+        self.load_rows(copy_row, gD, sD[None, stage], rows, Float32(0.0), tidx)
+
+    @cute.jit
+    def store_dq(
+        self,
+        acc_dQ: cute.Tensor,
+        mdQaccum: cute.Tensor,
+        mSemaphore: Optional[cute.Tensor],
+        seq: SeqlenInfo,
+        mask: AttentionMask,
+        batch: Int32,
+        head: Int32,
+        m_block: Int32,
+        n_block: Int32,
+        thr_dq: cute.ThrMma,
+        tidx: Int32,
+    ):
+        """Add this K block's dQ tile into dq_accum (rows < seqlen_q); in deterministic mode after
+        the K blocks ranked before it (Note [Deterministic dQ])."""
+        gdQ = cute.local_tile(dq_accum_view(mdQaccum, seq, batch, head), (self.tile_m, self.head_dim), (m_block, 0))
+        tdQgdQ_mn = make_acc_mn_view(thr_dq.partition_C(gdQ))
+        tdQcdQ_mn = make_acc_mn_view(thr_dq.partition_C(cute.make_identity_tensor((self.tile_m, self.head_dim))))
+        acc_mn = make_acc_mn_view(acc_dQ)
+        rows = seq.seqlen_q - m_block * self.tile_m
+        sem_ptr = None
+        if const_expr(self.cfg.deterministic):
+            _, n_max = mask.n_block_range(m_block)
+            sem_ptr = mSemaphore.iterator + cute.crd2idx((batch, head, m_block), mSemaphore.layout)
+            semaphore.wait(sem_ptr, n_max - 1 - n_block, tidx)
+        # Columns 2j, 2j+1 of a row are adjacent in gmem: one red.v2 on sm90+, two scalar ones on sm80.
+        vec = 1 if const_expr(self.cfg.arch == "sm_80") else 2
+        for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
+            if tdQcdQ_mn[r, 0][0] < rows:
+                for c in cutlass.range_constexpr(0, cute.size(acc_mn, mode=[1]), vec):
+                    ptr = tdQgdQ_mn.iterator + cute.crd2idx((r, c), tdQgdQ_mn.layout)
+                    if const_expr(vec == 1):
+                        val = acc_mn[r, c]
+                    else:
+                        pair = cute.make_rmem_tensor((2,), Float32)
+                        pair[0] = acc_mn[r, c]
+                        pair[1] = acc_mn[r, c + 1]
+                        val = pair.load()
+                    cute.arch.red(ptr, val, op="add", dtype=Float32, sem="relaxed", scope="gpu")
+        if const_expr(self.cfg.deterministic):
+            semaphore.signal(sem_ptr, tidx)
+
+    @cute.jit
+    def epilogue(
+        self,
+        acc_dK: cute.Tensor,
+        acc_dV: cute.Tensor,
+        mdK: cute.Tensor,
+        mdV: cute.Tensor,
+        sK: cute.Tensor,
+        sV: cute.Tensor,
+        seq: SeqlenInfo,
+        batch: Int32,
+        head_kv: Int32,
+        n_block: Int32,
+        rows: Int32,
+        softmax_scale: Float32,
+        copy_s2g: cute.TiledCopy,
+        mma_dkv: cute.TiledMma,
+        tidx: Int32,
+    ):
+        """dK *= softmax_scale; dK, dV -> dtype -> smem (over sK, sV) -> gmem, 128-bit, predicated."""
+        acc_dK.store(acc_dK.load() * softmax_scale)
+        r2s = cute.make_tiled_copy_C(
+            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=2 * self.dtype.width),
+            mma_dkv,
+        ).get_slice(tidx)
+        for acc, sT in ((acc_dK, sK), (acc_dV, sV)):
+            rT = cute.make_rmem_tensor(acc.shape, self.dtype)
+            rT.store(acc.load().to(self.dtype))
+            cute.copy(r2s, r2s.retile(rT), r2s.partition_D(sT))
+        cute.arch.barrier()
+        tile = (self.tile_n, self.head_dim)
+        thr = copy_s2g.get_slice(tidx)
+        tcT = thr.partition_S(cute.make_identity_tensor(tile))
+        d = mdK.shape[3]
+        for mT, sT in ((mdK, sK), (mdV, sV)):
+            gT = cute.local_tile(seq.k_view(mT, batch, head_kv), tile, (n_block, 0))
+            tsT = thr.partition_S(sT)
+            tgT = thr.partition_D(gT)
+            rT = cute.make_rmem_tensor_like(tgT)
+            cute.autovec_copy(tsT, rT)
+            for m in cutlass.range_constexpr(cute.size(tgT, mode=[1])):
+                if tcT[0, m, 0][0] < rows:
+                    for k in cutlass.range_constexpr(cute.size(tgT, mode=[2])):
+                        if tcT[0, m, k][1] < d:
+                            cute.copy(copy_s2g, rT[None, m, k], tgT[None, m, k])
+
+
+FlashBwdSm80.kernel.set_name_prefix("fa4_bwd_sm80", remove_cutlass_symbol=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Tuning table and launcher (host)
+# --------------------------------------------------------------------------------------------
+
+# Padded head dim -> (tile_m, tile_n, num_threads, atom_m_sdp, atom_n_dkv, atom_m_dq): FlashAttention-2's
+# sm80 backward choices (A100, 8 warps), adjusted so every warp layout divides the padded head dim.
+TUNING = {
+    32: (128, 128, 256, 2, 4, 4),
+    64: (128, 128, 256, 2, 4, 4),
+    96: (64, 128, 256, 2, 4, 4),
+    128: (64, 128, 256, 2, 4, 2),
+    160: (64, 64, 256, 4, 4, 4),
+    192: (64, 64, 256, 4, 4, 4),
+    224: (64, 64, 256, 4, 4, 4),
+    256: (64, 64, 256, 4, 4, 4),
+}
+
+
+def _pick_atoms(
+    tile_m: int, tile_n: int, head_dim: int, num_threads: int, preferred: tuple[int, int, int]
+) -> Optional[tuple[int, int, int]]:
+    """Warp layouts for (S/dP, dK/dV, dQ) that tile the given shapes: the preferred ones when they
+    fit, else the first fitting choice (fewest warps along dim 0 first)."""
+    warps = num_threads // 32
+    options = [a for a in (1, 2, 4, 8) if warps % a == 0]
+    picked = []
+    for pref, dim0, dim1, red in (
+        (preferred[0], tile_m, tile_n, head_dim),
+        (preferred[1], tile_n, head_dim, tile_m),
+        (preferred[2], tile_m, head_dim, tile_n),
+    ):
+        fits = [a for a in options if dim0 % (16 * a) == 0 and dim1 % (16 * (warps // a)) == 0 and red % 16 == 0]
+        if not fits:
+            return None
+        picked.append(pref if pref in fits else fits[0])
+    return tuple(picked)
+
+
+def make_config(
+    problem: AttnProblem, options: Optional[KernelOptions], arch: str, deterministic: bool = False
+) -> BwdSm80Config:
+    """The kernel config for ``problem`` on ``arch`` (a code-generation target, e.g. "sm_90a").
+
+    Tiles come from :data:`TUNING` for the padded head dim; ``options.bwd_tile_m``,
+    ``bwd_tile_n`` and ``bwd_num_threads`` override them (ValueError naming the option when the
+    kernel cannot run them). Two smem stages when they fit the arch's shared memory, else one.
+    """
+    if arch not in ARCHS:
+        raise ValueError(f"arch must be one of {ARCHS} (a code-generation target), got {arch!r}")
+    if problem.head_dim != problem.head_dim_v:
+        raise NotImplementedError(
+            f"the sm80 backward needs head_dim_v == head_dim, got {problem.head_dim_v} != {problem.head_dim}"
+        )
+    hd = head_dim_padded(problem.head_dim)
+    tile_m, tile_n, threads, *atoms = TUNING[hd]
+    opts = options or KernelOptions()
+    for name, value, allowed in (
+        ("bwd_tile_m", opts.bwd_tile_m, (32, 64, 128)),
+        ("bwd_tile_n", opts.bwd_tile_n, (32, 64, 128)),
+        ("bwd_num_threads", opts.bwd_num_threads, (128, 256)),
+    ):
+        if value is not None and value not in allowed:
+            raise ValueError(f"KernelOptions.{name}={value} is not supported by the sm80 backward (allowed: {allowed})")
+    tile_m = opts.bwd_tile_m or tile_m
+    tile_n = opts.bwd_tile_n or tile_n
+    threads = opts.bwd_num_threads or threads
+    if tile_m > threads:
+        raise ValueError(
+            f"KernelOptions.bwd_tile_m={tile_m} must be <= bwd_num_threads ({threads}) in the sm80 backward"
+        )
+    picked = _pick_atoms(tile_m, tile_n, hd, threads, tuple(atoms))
+    if picked is None:
+        raise ValueError(
+            f"KernelOptions.bwd_tile_m/bwd_tile_n/bwd_num_threads = {tile_m}/{tile_n}/{threads}: "
+            f"no warp layout of the sm80 backward tiles them for head_dim {problem.head_dim}"
+        )
+    cfg = BwdSm80Config(
+        arch=arch,
+        dtype=problem.dtype,
+        head_dim=hd,
+        tile_m=tile_m,
+        tile_n=tile_n,
+        num_threads=threads,
+        num_stages=2,
+        atom_m_sdp=picked[0],
+        atom_n_dkv=picked[1],
+        atom_m_dq=picked[2],
+        causal=problem.causal,
+        local=problem.local,
+        has_softcap=problem.has_softcap,
+        varlen_q=problem.varlen_q,
+        varlen_k=problem.varlen_k,
+        has_seqused_k=problem.has_seqused_k,
+        deterministic=bool(deterministic),
+    )
+    if cfg.smem_bytes() > SMEM_CAPACITY[arch]:
+        cfg = replace(cfg, num_stages=1)
+    if cfg.smem_bytes() > SMEM_CAPACITY[arch]:
+        raise ValueError(
+            f"KernelOptions.bwd_tile_m/bwd_tile_n = {tile_m}/{tile_n}: the sm80 backward needs "
+            f"{cfg.smem_bytes()} bytes of shared memory for head_dim {problem.head_dim}, "
+            f"more than {arch}'s {SMEM_CAPACITY[arch]}"
+        )
+    return cfg
+
+
+def _kernel_ready(t):
+    """``t`` with a unit last stride, other strides multiples of 8 elements and a 16-byte aligned
+    base, as the kernels are compiled for (a compact copy only when needed; every stride is checked,
+    size-1 dims included, since the compiled code checks them all)."""
+    if t is None:
+        return None
+    if t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(s % 8 == 0 for s in t.stride()[:-1]):
+        return t
+    import torch
+
+    return torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t)
+
+
+def workspace_shapes(problem: AttnProblem, cfg: BwdSm80Config, q_shape) -> dict:
+    """Shapes of the backward's float32/int32 workspaces for a (b, s_q, h, d) (varlen (1, total_q, h, d)) q."""
+    b, s, h, _ = q_shape
+    shapes = {"lse_log2": (b, h, s), "dpsum": (b, h, s), "dq_accum": (b, h, s, cfg.head_dim)}
+    if cfg.deterministic:
+        shapes["semaphore"] = (problem.batch, h, max(1, math.ceil(problem.seqlen_q / cfg.tile_m)))
+    return shapes
+
+
+def run_backward(
+    problem: AttnProblem,
+    options: Optional[KernelOptions],
+    arch: str,
+    dout,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    dlse,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    seqused_k,
+    dq,
+    dk,
+    dv,
+    deterministic: bool,
+) -> None:
+    """dq, dk, dv of attention (written in place): preprocess -> main kernel -> postprocess.
+
+    Tensors are 4D ``(b, s, h, d)`` (varlen ``(1, total, h, d)``); ``lse``/``dlse`` float32
+    ``(b, h, s_q)`` (varlen ``(1, h, total_q)``), ``dlse`` None when the LSE has no gradient.
+    Workspaces (:func:`workspace_shapes`) are allocated here from torch's caching allocator.
+    """
+    import torch
+
+    from fa4.jit import get_kernel
+
+    cfg = make_config(problem, options, arch, deterministic)
+    dout, q, k, v, out = (_kernel_ready(t) for t in (dout, q, k, v, out))
+    shapes = workspace_shapes(problem, cfg, q.shape)
+    dev = q.device
+    lse_log2 = torch.empty(shapes["lse_log2"], dtype=torch.float32, device=dev)
+    dpsum = torch.empty(shapes["dpsum"], dtype=torch.float32, device=dev)
+    dq_accum = torch.empty(shapes["dq_accum"], dtype=torch.float32, device=dev)
+    sem = torch.empty(shapes["semaphore"], dtype=torch.int32, device=dev) if deterministic else None
+    varlen_q = cu_seqlens_q is not None
+    preprocess.run_preprocess(
+        out,
+        dout,
+        lse,
+        lse_log2,
+        dpsum,
+        dq_accum,
+        dlse=dlse,
+        cu_seqlens_q=cu_seqlens_q,
+        max_seqlen_q=problem.seqlen_q if varlen_q else None,
+        semaphore=sem,
+        arch=arch,
+    )
+    dk_k, dv_k = _kernel_ready(dk), _kernel_ready(dv)
+    max_seqlen_k = problem.seqlen_k if cu_seqlens_k is not None else k.shape[1]
+    if max_seqlen_k > 0:
+        get_kernel(cfg)(
+            q,
+            k,
+            v,
+            dout,
+            lse_log2,
+            dpsum,
+            dq_accum,
+            dk_k,
+            dv_k,
+            cu_seqlens_q,
+            cu_seqlens_k,
+            seqused_k,
+            sem,
+            float(problem.softmax_scale),
+            float(problem.softcap),
+            int(problem.window_left),
+            int(problem.window_right),
+            int(max_seqlen_k),
+        )
+    else:
+        dk_k.zero_()
+        dv_k.zero_()
+    if dk_k is not dk:
+        dk.copy_(dk_k)
+    if dv_k is not dv:
+        dv.copy_(dv_k)
+    dq_k = _kernel_ready(dq)
+    postprocess.run_postprocess(
+        dq_accum,
+        dq_k,
+        problem.softmax_scale,
+        cu_seqlens_q=cu_seqlens_q,
+        max_seqlen_q=problem.seqlen_q if varlen_q else None,
+        arch=arch,
+    )
+    if dq_k is not dq:
+        dq.copy_(dq_k)
+
+
+# --------------------------------------------------------------------------------------------
+# Host model of the deterministic dQ schedule (pure Python; the CPU tests check it)
+# --------------------------------------------------------------------------------------------
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def host_n_block_range(
+    m_block: int, sq: int, sk: int, tile_m: int, tile_n: int, causal: bool, local: bool, wl: int, wr: int
+) -> tuple[int, int]:
+    """Python twin of ``AttentionMask.n_block_range`` (fa4/mask.py): same formulas."""
+    wr = wr if local else 0
+    n_min, n_max = 0, _cdiv(sk, tile_n)
+    if causal or local:
+        row_last = min((m_block + 1) * tile_m, sq) - 1
+        n_max = min(n_max, _cdiv(max(row_last + sk - sq + wr + 1, 0), tile_n))
+    if local:
+        n_min = max(m_block * tile_m + sk - sq - wl, 0) // tile_n
+    return n_min, n_max
+
+
+def host_m_block_range(
+    n_block: int, sq: int, sk: int, tile_m: int, tile_n: int, causal: bool, local: bool, wl: int, wr: int
+) -> tuple[int, int]:
+    """Python twin of ``AttentionMask.m_block_range`` (fa4/mask.py): same formulas."""
+    wr = wr if local else 0
+    m_min, m_max = 0, _cdiv(sq, tile_m)
+    if causal or local:
+        m_min = max(n_block * tile_n - sk + sq - wr, 0) // tile_m
+    if local:
+        col_last = min((n_block + 1) * tile_n, sk) - 1
+        m_max = min(m_max, _cdiv(max(col_last - sk + sq + wl + 1, 0), tile_m))
+    return m_min, m_max
+
+
+def deterministic_schedule(
+    seqlens_q: list[int],
+    seqlens_k: list[int],
+    heads_k: int,
+    group: int,
+    tile_m: int,
+    tile_n: int,
+    causal: bool = False,
+    local: bool = False,
+    wl: int = 0,
+    wr: int = 0,
+):
+    """The dQ accumulation schedule of the deterministic kernel, as the device runs it.
+
+    Returns ``(visits, rank)`` for :func:`fa4.sched.semaphore.check_schedule`: CTAs in launch
+    order (grid ``(x, kv head, batch)``, x fastest), each with its (batch, q head, m_block) slots in
+    visiting order, and ``rank(cta, slot)``, the count it waits for: ``n_max - 1 - n_block``.
+    ``seqlens_k`` are the keys used (seqused_k when given).
+    """
+    grid_x = _cdiv(max(seqlens_k), tile_n)
+    visits, n_of = [], []
+    for b, (sq, sk) in enumerate(zip(seqlens_q, seqlens_k)):
+        num_n = _cdiv(sk, tile_n)
+        for hk in range(heads_k):
+            for x in range(grid_x):
+                n = num_n - 1 - x if x < num_n else x
+                slots = []
+                if n < num_n:
+                    m_min, m_max = host_m_block_range(n, sq, sk, tile_m, tile_n, causal, local, wl, wr)
+                    slots = [(b, hk * group + g, m) for g in range(group) for m in range(m_min, m_max)]
+                visits.append(slots)
+                n_of.append(n)
+
+    def rank(cta: int, slot) -> int:
+        b, _, m = slot
+        _, n_max = host_n_block_range(m, seqlens_q[b], seqlens_k[b], tile_m, tile_n, causal, local, wl, wr)
+        return n_max - 1 - n_of[cta]
+
+    return visits, rank
+
+
+def _problem(
+    head_dim: int, dtype: str = "bf16", *, causal=False, local=False, softcap=0.0, varlen=False, seqused_k=False
+) -> AttnProblem:
+    """A representative problem (sizes are irrelevant to the compile key)."""
+    return AttnProblem(
+        dtype,
+        2,
+        1024,
+        1024,
+        8,
+        2,
+        head_dim,
+        head_dim,
+        head_dim**-0.5,
+        causal=causal,
+        local=local,
+        window_left=128 if local else 1024,
+        window_right=0 if local else 1024,
+        softcap=softcap,
+        varlen_q=varlen,
+        varlen_k=varlen,
+        has_seqused_k=seqused_k,
+    )
+
+
+def variants(arch: str) -> list[BwdSm80Config]:
+    """A covering set of make_config's outputs: every padded head dim (32 .. 256), both dtypes, and
+    each of causal / local / softcap / varlen / seqused_k / deterministic / one smem stage at
+    least once."""
+    cases = [
+        (_problem(32), False),
+        (_problem(64, "fp16", causal=True), False),
+        (_problem(96, local=True), False),
+        (_problem(128), False),
+        (_problem(128, "fp16", causal=True), True),
+        (_problem(160, softcap=30.0), False),
+        (_problem(192, "fp16", causal=True, varlen=True), False),
+        (_problem(224, local=True, varlen=True, seqused_k=True), False),
+        (_problem(256, causal=True), False),
+        (_problem(128, softcap=30.0, varlen=True, seqused_k=True), True),
+    ]
+    out = [make_config(p, None, arch, det) for p, det in cases]
+    if all(c.num_stages == 2 for c in out):
+        out.append(replace(out[3], num_stages=1))
+    return out

@@ -1,0 +1,258 @@
+"""Small device helpers shared by every kernel family.
+
+* Reductions across the threads that share a row of an MMA accumulator (``quad_allreduce_*``:
+  the 4 lanes of a quad on sm80 ``mma.sync``), across a warp (``warp_allreduce``), and inside one
+  thread's registers (``fmax_reduce`` / ``fadd_reduce``, written as balanced trees for ILP).
+* Fragment views of ``mma.sync`` m16n8k16 tensors: ``make_acc_mn_view`` turns an accumulator
+  ``((2, 2), MMA_M, MMA_N)`` into a ``(rows, cols)`` view; ``make_acc_as_A`` reinterprets a
+  (converted) accumulator of S as the A operand of the next ``P @ V`` MMA.
+* Conversions: ``convert_f32_to_half`` packs pairs of fp32 with ``cvt.rn.{bf16x2,f16x2}.f32``.
+* Predicates for copies: ``predicate_cols`` (head-dim bound, one flag per 16-byte column chunk).
+* Bit helpers used by the exp2 emulation: ``add_round_down``.
+
+Note [MMA accumulator layout (sm80 m16n8k16)]
+    Thread ``lane`` of a warp owns, in every 16x8 C tile, rows ``lane // 4`` and ``lane // 4 + 8``
+    and columns ``2 * (lane % 4) + {0, 1}``. The CuTe fragment is ``((2, 2), MMA_M, MMA_N)``:
+    mode ``(0, 0)`` walks the 2 columns, ``(0, 1)`` the 2 rows (+8), then the tiles. So the 4 lanes
+    of a quad hold one row together: row reductions are a thread-local reduction followed by two
+    butterfly shuffles (``quad_allreduce_*``).
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Callable, Type
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Boolean, Float32, Int32
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+# --------------------------------------------------------------------------------------------
+# Reductions
+# --------------------------------------------------------------------------------------------
+
+
+def warp_allreduce(val, op: Callable, width: int = 32):
+    """All-reduce ``val`` over groups of ``width`` consecutive lanes (butterfly shuffles)."""
+    offset = width // 2
+    while offset > 0:
+        val = op(val, cute.arch.shuffle_sync_bfly(val, offset=offset))
+        offset //= 2
+    return val
+
+
+def quad_allreduce_max(val: Float32) -> Float32:
+    """Max over the 4 lanes of a quad (the lanes sharing an accumulator row)."""
+    val = cute.arch.fmax(val, cute.arch.shuffle_sync_bfly(val, offset=2))
+    return cute.arch.fmax(val, cute.arch.shuffle_sync_bfly(val, offset=1))
+
+
+def quad_allreduce_sum(val: Float32) -> Float32:
+    """Sum over the 4 lanes of a quad."""
+    val = val + cute.arch.shuffle_sync_bfly(val, offset=2)
+    return val + cute.arch.shuffle_sync_bfly(val, offset=1)
+
+
+def _tree_reduce(t: cute.Tensor, op: Callable, lanes: int):
+    # Plain Python (traced inline): ``lanes`` independent chains, then a balanced tree.
+    n = cute.size(t)
+    acc = [t[i] for i in range(min(lanes, n))]
+    for i in range(lanes, n):
+        acc[i % lanes] = op(acc[i % lanes], t[i])
+    while len(acc) > 1:
+        acc = [op(acc[2 * j], acc[2 * j + 1]) if 2 * j + 1 < len(acc) else acc[2 * j]
+               for j in range((len(acc) + 1) // 2)]
+    return acc[0]
+
+
+def fmax_reduce(t: cute.Tensor, init: Float32 | None = None) -> Float32:
+    """Max of the elements of the register tensor ``t`` (4 independent chains, then a tree)."""
+    res = _tree_reduce(t, cute.arch.fmax, 4)
+    if init is not None:
+        res = cute.arch.fmax(res, init)
+    return res
+
+
+def fadd_reduce(t: cute.Tensor, init: Float32 | None = None) -> Float32:
+    """Sum of the elements of the register tensor ``t`` (4 independent chains, then a tree)."""
+    res = _tree_reduce(t, operator.add, 4)
+    if init is not None:
+        res = res + init
+    return res
+
+
+# --------------------------------------------------------------------------------------------
+# Fragment views
+# --------------------------------------------------------------------------------------------
+
+
+def _acc_mn_layout(layout: cute.Layout, transpose: bool = False) -> cute.Layout:
+    # ((2 cols, 2 rows), MMA_M, MMA_N) -> ((2 rows, MMA_M), (2 cols, MMA_N))
+    lc = cute.make_layout(layout.shape)
+    rows = ((lc.shape[0][1], lc.shape[1]), (lc.stride[0][1], lc.stride[1]))
+    cols = ((lc.shape[0][0], lc.shape[2]), (lc.stride[0][0], lc.stride[2]))
+    first, second = (cols, rows) if transpose else (rows, cols)
+    mn = cute.make_layout((first[0], second[0]), stride=(first[1], second[1]))
+    return cute.composition(layout, mn)
+
+
+def make_acc_mn_view(acc: cute.Tensor, transpose: bool = False) -> cute.Tensor:
+    """``(rows, cols)`` view of an sm80 MMA accumulator (or of its ``partition_C`` of an identity
+    tensor). ``transpose=True`` gives ``(cols, rows)``, for kernels that compute S^T.
+    Row ``r`` of the view is this thread's ``r``-th row; its columns are contiguous pairs."""
+    return cute.make_tensor(acc.iterator, _acc_mn_layout(acc.layout, transpose))
+
+
+def make_acc_as_A(acc: cute.Tensor) -> cute.Tensor:
+    """Reinterpret an accumulator fragment ``((2, 2), MMA_M, MMA_N)`` (already converted to 16-bit)
+    as the A-operand fragment ``((2, 2, 2), MMA_M, MMA_N / 2)`` of an m16n8k16 MMA: two adjacent
+    8-column accumulator tiles form one 16-deep k slice. Used to feed P to ``P @ V`` from registers."""
+    div = cute.logical_divide(acc.layout, (None, None, 2))
+    layout = cute.make_layout(
+        ((div.shape[0], div.shape[2][0]), div.shape[1], div.shape[2][1]),
+        stride=((div.stride[0], div.stride[2][0]), div.stride[1], div.stride[2][1]),
+    )
+    return cute.make_tensor(acc.iterator, layout)
+
+
+# --------------------------------------------------------------------------------------------
+# Conversions
+# --------------------------------------------------------------------------------------------
+
+
+@dsl_user_op
+def cvt_f32x2_to_half2(a: Float32, b: Float32, dtype: Type[cutlass.Numeric], *, loc=None, ip=None) -> Int32:
+    """Two fp32 -> one packed bf16x2/f16x2 register (``a`` in the low half), round to nearest."""
+    kind = "bf16x2" if dtype is cutlass.BFloat16 else "f16x2"
+    return Int32(
+        llvm.inline_asm(
+            T.i32(),
+            [Float32(a).ir_value(loc=loc, ip=ip), Float32(b).ir_value(loc=loc, ip=ip)],
+            f"cvt.rn.{kind}.f32 $0, $2, $1;",
+            "=r,f,f",
+            has_side_effects=False,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+    )
+
+
+@cute.jit
+def convert_f32_to_half(src: cute.Tensor, dst: cute.Tensor) -> None:
+    """``dst[i] = dtype(src[i])`` for a register fragment, two elements per instruction.
+    ``dst`` is bf16/fp16 with the same (even) size as the fp32 ``src``."""
+    dst_i32 = cute.recast_tensor(dst, Int32)
+    for i in cutlass.range_constexpr(cute.size(dst_i32)):
+        dst_i32[i] = cvt_f32x2_to_half2(src[2 * i], src[2 * i + 1], dst.element_type)
+
+
+# --------------------------------------------------------------------------------------------
+# Predicates
+# --------------------------------------------------------------------------------------------
+
+
+@cute.jit
+def predicate_cols(tAcA: cute.Tensor, limit: Int32, col_mode: cutlass.Constexpr[int] = 1) -> cute.Tensor:
+    """Column (head-dim) predicates for a thread's copy partition ``(CPY_ATOM, CPY_ROWS, CPY_COLS)``
+    of an identity tensor: flag ``[v, 0, k]`` says whether that 16-byte chunk's column is
+    ``< limit``. The rows mode has stride 0 (rows are bounded separately with an ``if``)."""
+    tApA = cute.make_rmem_tensor(
+        cute.make_layout(
+            (cute.size(tAcA, mode=[0, 1]), cute.size(tAcA, mode=[1]), cute.size(tAcA, mode=[2])),
+            stride=(cute.size(tAcA, mode=[2]), 0, 1),
+        ),
+        Boolean,
+    )
+    for v in cutlass.range_constexpr(tApA.shape[0]):
+        for k in cutlass.range_constexpr(tApA.shape[2]):
+            tApA[v, 0, k] = cute.elem_less(tAcA[(0, v), 0, k][col_mode], limit)
+    return tApA
+
+
+# --------------------------------------------------------------------------------------------
+# Bits and rounding
+# --------------------------------------------------------------------------------------------
+
+
+@dsl_user_op
+def add_round_down(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
+    """``a + b`` rounded toward -inf (``add.rm.f32``): with ``b = 1.5 * 2**23`` the low bits of the
+    result hold ``floor(a)`` (FMA pipe, unlike ``cvt.rmi``)."""
+    return Float32(
+        llvm.inline_asm(
+            T.f32(),
+            [Float32(a).ir_value(loc=loc, ip=ip), Float32(b).ir_value(loc=loc, ip=ip)],
+            "add.rm.f32 $0, $1, $2;",
+            "=f,f,f",
+            has_side_effects=False,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# sm80 shared memory and MMA helpers
+# --------------------------------------------------------------------------------------------
+
+
+def smem_layout_atom_sm80(dtype: Type[cutlass.Numeric], k_dim: int) -> cute.ComposedLayout:
+    """Swizzled (8, 64) or (8, 32) atom for a 16-bit tile of row width ``k_dim`` (a multiple of 32):
+    rows of 128 (64) bytes, 16-byte chunks XOR-ed with the row index, so ``cp.async`` 16-byte
+    stores and ``ldmatrix`` reads of 8 rows hit 8 distinct bank groups."""
+    assert dtype.width == 16 and k_dim % 32 == 0
+    atom_k = 64 if k_dim % 64 == 0 else 32
+    bits = 3 if atom_k == 64 else 2
+    return cute.make_composed_layout(
+        cute.make_swizzle(bits, 3, 3), 0, cute.make_layout((8, atom_k), stride=(atom_k, 1))
+    )
+
+
+def gemm_sm80(
+    tiled_mma: cute.TiledMma,
+    acc: cute.Tensor,
+    tCrA: cute.Tensor,
+    tCrB: cute.Tensor,
+    tCsA: cute.Tensor,
+    tCsB: cute.Tensor,
+    smem_thr_copy_A,
+    smem_thr_copy_B,
+    A_in_regs: bool = False,
+    B_in_regs: bool = False,
+) -> None:
+    """``acc += A @ B^T`` over the k mode: ``ldmatrix`` of k-slice ``k + 1`` is issued before the
+    MMAs of slice ``k``. Operands already in registers (``*_in_regs``) are not reloaded."""
+    tCrA_v = smem_thr_copy_A.retile(tCrA)
+    tCrB_v = smem_thr_copy_B.retile(tCrB)
+    num_k = cute.size(tCsA.shape[2]) if not A_in_regs else cute.size(tCrA.shape[2])
+    if not A_in_regs:
+        cute.copy(smem_thr_copy_A, tCsA[None, None, 0], tCrA_v[None, None, 0])
+    if not B_in_regs:
+        cute.copy(smem_thr_copy_B, tCsB[None, None, 0], tCrB_v[None, None, 0])
+    for k in range(num_k):
+        if k + 1 < num_k:
+            if not A_in_regs:
+                cute.copy(smem_thr_copy_A, tCsA[None, None, k + 1], tCrA_v[None, None, k + 1])
+            if not B_in_regs:
+                cute.copy(smem_thr_copy_B, tCsB[None, None, k + 1], tCrB_v[None, None, k + 1])
+        cute.gemm(tiled_mma, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
+
+
+def gemm_sm80_rs(
+    tiled_mma: cute.TiledMma,
+    acc: cute.Tensor,
+    tCrA: cute.Tensor,
+    tCrB: cute.Tensor,
+    tCsB: cute.Tensor,
+    smem_thr_copy_B,
+) -> None:
+    """``acc += A @ B^T`` with A in registers (e.g. P from :func:`make_acc_as_A`), B from smem."""
+    tCrB_v = smem_thr_copy_B.retile(tCrB)
+    num_k = cute.size(tCrA.shape[2])
+    cute.copy(smem_thr_copy_B, tCsB[None, None, 0], tCrB_v[None, None, 0])
+    for k in range(num_k):
+        if k + 1 < num_k:
+            cute.copy(smem_thr_copy_B, tCsB[None, None, k + 1], tCrB_v[None, None, k + 1])
+        cute.gemm(tiled_mma, acc, tCrA[None, None, k], tCrB[None, None, k], acc)

@@ -1,0 +1,695 @@
+"""Ampere (sm80 family) attention forward: cp.async + ldmatrix + mma.sync m16n8k16.
+
+The sm80 family runs on every arch from sm_80 on (``cfg.arch`` is the code-generation target), so
+this is also the reference path on Hopper / Blackwell GPUs (``KernelOptions(arch="sm80")``).
+
+Structure of :class:`FlashFwdSm80` (one CTA = one ``tile_m`` block of queries of one (batch, head);
+every warp owns ``tile_m / num_warps`` query rows and all ``tile_n`` keys of a block):
+
+* ``kernel``: tile from the scheduler (LPT order for causal/local/varlen, :mod:`fa4.sched.tile`),
+  sequence info, then ``mainloop`` and ``epilogue``.
+* ``load_Q`` / ``load_K`` / ``load_V``: 16-byte ``cp.async`` into swizzled smem; rows past the
+  sequence and head-dim columns past ``head_dim`` are never read from global memory and are zero in
+  smem (pad columns are zeroed once at the start and never written by ``cp.async``).
+* ``mainloop``: K blocks from the last to the first; the first one is masked (``seqlen_k`` and
+  causal/local), then the blocks that touch the right edge of the window (masked), the interior
+  (no mask code at all), and the blocks that touch the left edge of a local window (masked).
+* ``compute_one_n_block``: ``S = Q K^T`` (ldmatrix one k-slice ahead of the MMAs), softcap, mask,
+  online softmax (:class:`fa4.softmax.OnlineSoftmax`: conditional rescale, exp2 emulation), P
+  converted to 16 bits in registers and ``O += P V`` (V read with transposing ldmatrix).
+* ``epilogue``: O normalized, staged through smem (reusing sQ), written with 16-byte stores; LSE.
+
+Note [K/V pipeline]
+    ``num_stages`` smem buffers each for K and V, one ``cp.async`` group per K or V block. Prologue:
+    Q, then K/V of the first ``num_stages`` blocks (the last V only from the loop). Iteration ``i``
+    (block ``n``, stage ``i % num_stages``): wait until at most ``2 * num_stages - 2`` groups are in
+    flight (K[n] landed) + barrier; issue V of block ``n - num_stages + 1``; ``S = Q K[n]^T``;
+    (with one stage: wait V[n] + barrier now, issue K[n - 1] into the buffer K[n] just freed);
+    softmax; (with more stages: wait V[n] + barrier, issue K[n - num_stages]); ``O += P V[n]``.
+    Empty groups are committed when a block does not exist, so the counts stay uniform. With one
+    stage this is FlashAttention-2's schedule: V loads under ``Q K^T``, the next K under softmax
+    and ``P V``.
+
+Note [no ``from __future__ import annotations``]
+    ``cute.struct`` reads the field annotations of ``SharedStorage`` as objects, so this module
+    keeps annotations evaluated.
+"""
+
+from dataclasses import dataclass, replace
+from functools import partial
+from types import SimpleNamespace
+from typing import Optional
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, const_expr
+from cutlass.cute.nvgpu import cpasync, warp
+
+from fa4.config import AttnProblem, KernelConfig, KernelOptions
+from fa4.cute_utils import (
+    convert_f32_to_half,
+    gemm_sm80,
+    gemm_sm80_rs,
+    make_acc_as_A,
+    make_acc_mn_view,
+    predicate_cols,
+    smem_layout_atom_sm80,
+)
+from fa4.mask import AttentionMask
+from fa4.sched.tile import SectionTileScheduler, l2_section_size
+from fa4.seqlen import SeqlenInfo
+from fa4.softmax import OnlineSoftmax, apply_softcap, score_scales
+
+# Max dynamic shared memory per CTA (bytes) by code-generation target.
+SMEM_CAPACITY = {"sm_80": 166912, "sm_87": 166912, "sm_90a": 232448, "sm_90": 232448, "sm_100a": 232448,
+                 "sm_100": 232448, "sm_103a": 232448}
+SMEM_CAPACITY_DEFAULT = 101376  # sm_86 / sm_89 / sm_120: 99 KB
+
+_DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
+
+
+def _pad32(d: int) -> int:
+    return (d + 31) // 32 * 32
+
+
+@dataclass(frozen=True)
+class FwdSm80Config(KernelConfig):
+    """Compile key of the sm80 forward. ``q_in_regs``: Q fragments are loaded from smem once and
+    kept in registers (saves ldmatrix traffic, costs registers)."""
+
+    head_dim: int = 128
+    head_dim_v: int = 128
+    tile_m: int = 128
+    tile_n: int = 64
+    num_threads: int = 128
+    num_stages: int = 1
+    q_in_regs: bool = False
+    causal: bool = False
+    local: bool = False
+    has_softcap: bool = False
+    varlen_q: bool = False
+    varlen_k: bool = False
+    has_seqused_k: bool = False
+    has_lse: bool = True
+    exp2_emu_frac: float = 0.0
+    rescale_threshold: float = 8.0
+
+    KERNEL = "fa4.fwd.sm80:FlashFwdSm80"
+
+    @property
+    def lpt(self) -> bool:
+        """Longest-first tile order: causal / local / varlen grids have uneven tiles."""
+        return self.causal or self.local or self.varlen_q or self.varlen_k or self.has_seqused_k
+
+
+def smem_bytes(cfg: FwdSm80Config) -> int:
+    d, dv = _pad32(cfg.head_dim), _pad32(cfg.head_dim_v)
+    return 2 * (cfg.tile_m * max(d, dv) + cfg.num_stages * cfg.tile_n * (d + dv))
+
+
+def acc_registers(cfg: FwdSm80Config) -> int:
+    """fp32 accumulator registers per thread (O and S)."""
+    return (cfg.tile_m * _pad32(cfg.head_dim_v) + cfg.tile_m * cfg.tile_n) // cfg.num_threads
+
+
+class FlashFwdSm80:
+    """See the module docstring."""
+
+    def __init__(self, cfg: FwdSm80Config):
+        self.cfg = cfg
+        self.dtype = _DTYPES[cfg.dtype]
+        self.tile_m, self.tile_n = cfg.tile_m, cfg.tile_n
+        self.num_threads, self.num_stages = cfg.num_threads, cfg.num_stages
+        self.tile_hdim, self.tile_hdimv = _pad32(cfg.head_dim), _pad32(cfg.head_dim_v)
+        self.check_hdim = cfg.head_dim != self.tile_hdim
+        self.check_hdim_v = cfg.head_dim_v != self.tile_hdimv
+
+    # ----------------------------------------------------------------------------------------
+    # Host side
+    # ----------------------------------------------------------------------------------------
+
+    @staticmethod
+    def can_implement(cfg: FwdSm80Config) -> None:
+        if cfg.dtype not in _DTYPES:
+            raise ValueError(f"FwdSm80Config.dtype must be one of {tuple(_DTYPES)}, got {cfg.dtype!r}")
+        for name in ("head_dim", "head_dim_v"):
+            d = getattr(cfg, name)
+            if d % 8 or not 8 <= d <= 256:
+                raise ValueError(f"FwdSm80Config.{name} must be a multiple of 8 in [8, 256], got {d}")
+        if cfg.num_threads not in (64, 128, 256):
+            raise ValueError(f"FwdSm80Config.num_threads (KernelOptions.num_threads) must be 64, 128 or 256, "
+                             f"got {cfg.num_threads}")
+        rows_per_warp = 16 * (cfg.num_threads // 32)
+        if cfg.tile_m % rows_per_warp:
+            raise ValueError(f"FwdSm80Config.tile_m (KernelOptions.tile_m) must be a multiple of 16 * warps = "
+                             f"{rows_per_warp}, got {cfg.tile_m}")
+        if cfg.tile_m > 256:
+            raise ValueError(f"FwdSm80Config.tile_m (KernelOptions.tile_m) must be <= 256, got {cfg.tile_m}")
+        # Each gmem copy pass covers num_threads / (threads per row) rows (8 threads per 64-wide row).
+        rows_per_pass = cfg.num_threads // 8 if min(_pad32(cfg.head_dim), _pad32(cfg.head_dim_v)) % 64 == 0 \
+            else cfg.num_threads // 4
+        if cfg.tile_n % 16 or cfg.tile_n % rows_per_pass or not 16 <= cfg.tile_n <= 256:
+            raise ValueError(f"FwdSm80Config.tile_n (KernelOptions.tile_n) must be a multiple of 16 and of "
+                             f"{rows_per_pass} in [16, 256], got {cfg.tile_n}")
+        if cfg.tile_m % rows_per_pass:
+            raise ValueError(f"FwdSm80Config.tile_m (KernelOptions.tile_m) must be a multiple of {rows_per_pass}")
+        if cfg.num_stages not in (1, 2, 3):
+            raise ValueError(f"FwdSm80Config.num_stages (KernelOptions.num_stages) must be 1, 2 or 3, "
+                             f"got {cfg.num_stages}")
+        cap = SMEM_CAPACITY.get(cfg.arch, SMEM_CAPACITY_DEFAULT)
+        if smem_bytes(cfg) > cap:
+            raise ValueError(f"shared memory of tile_m={cfg.tile_m}, tile_n={cfg.tile_n}, num_stages={cfg.num_stages} "
+                             f"(KernelOptions) at head_dim {cfg.head_dim}/{cfg.head_dim_v} is {smem_bytes(cfg)} bytes, "
+                             f"over the {cap} of {cfg.arch}")
+        if acc_registers(cfg) > 224:
+            raise ValueError(f"tile_m={cfg.tile_m}, tile_n={cfg.tile_n}, num_threads={cfg.num_threads} (KernelOptions) "
+                             f"need {acc_registers(cfg)} accumulator registers per thread at head_dim_v "
+                             f"{cfg.head_dim_v} (max 224): use more threads or smaller tiles")
+        if not 0.0 <= cfg.exp2_emu_frac <= 1.0:
+            raise ValueError(f"FwdSm80Config.exp2_emu_frac must be in [0, 1], got {cfg.exp2_emu_frac}")
+        if not 0.0 <= cfg.rescale_threshold <= 64.0:
+            raise ValueError(f"FwdSm80Config.rescale_threshold must be in [0, 64], got {cfg.rescale_threshold}")
+
+    @staticmethod
+    def fake_args(cfg: FwdSm80Config) -> tuple:
+        dt = _DTYPES[cfg.dtype]
+
+        def strides():
+            return tuple(cute.sym_int64(divisibility=8) for _ in range(3)) + (1,)
+
+        b_q, b_k, s_q, s_k, h, h_k = (cute.sym_int() for _ in range(6))
+        mQ = cute.runtime.make_fake_tensor(dt, (b_q, s_q, h, cfg.head_dim), strides(), assumed_align=16)
+        mK = cute.runtime.make_fake_tensor(dt, (b_k, s_k, h_k, cfg.head_dim), strides(), assumed_align=16)
+        mV = cute.runtime.make_fake_tensor(dt, (b_k, s_k, h_k, cfg.head_dim_v), strides(), assumed_align=16)
+        mO = cute.runtime.make_fake_tensor(dt, (b_q, s_q, h, cfg.head_dim_v), strides(), assumed_align=16)
+        mLSE = None
+        if cfg.has_lse:
+            mLSE = cute.runtime.make_fake_tensor(Float32, (b_q, h, s_q), (cute.sym_int64(), cute.sym_int64(), 1),
+                                                 assumed_align=4)
+
+        def vec(flag):
+            return cute.runtime.make_fake_compact_tensor(Int32, (cute.sym_int(),), assumed_align=4) if flag else None
+
+        stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+        return (mQ, mK, mV, mO, mLSE, vec(cfg.varlen_q), vec(cfg.varlen_k), vec(cfg.has_seqused_k),
+                Float32(1.0), Float32(0.0), Int32(0), Int32(0), Int32(1), stream)
+
+    def _setup(self):
+        """Layouts, copy atoms and the tiled MMA (trace-time constants)."""
+        dt = self.dtype
+        atom_q = smem_layout_atom_sm80(dt, self.tile_hdim)
+        atom_v = smem_layout_atom_sm80(dt, self.tile_hdimv)
+        self.sQ_layout = cute.tile_to_shape(atom_q, (self.tile_m, self.tile_hdim), (0, 1))
+        self.sK_layout = cute.tile_to_shape(atom_q, (self.tile_n, self.tile_hdim, self.num_stages), (0, 1, 2))
+        self.sV_layout = cute.tile_to_shape(atom_v, (self.tile_n, self.tile_hdimv, self.num_stages), (0, 1, 2))
+        self.sO_layout = cute.tile_to_shape(atom_v, (self.tile_m, self.tile_hdimv), (0, 1))
+
+        copy_bits = 128
+        elems = copy_bits // dt.width
+        g2s = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), dt,
+                                  num_bits_per_copy=copy_bits)
+        r2g = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dt, num_bits_per_copy=copy_bits)
+
+        def thr_layout(atom):
+            per_row = atom.outer.shape[1] // elems
+            return cute.make_ordered_layout((self.num_threads // per_row, per_row), order=(1, 0))
+
+        val_layout = cute.make_layout((1, elems))
+        self.gmem_copy_QK = cute.make_tiled_copy_tv(g2s, thr_layout(atom_q), val_layout)
+        self.gmem_copy_V = cute.make_tiled_copy_tv(g2s, thr_layout(atom_v), val_layout)
+        self.gmem_copy_O = cute.make_tiled_copy_tv(r2g, thr_layout(atom_v), val_layout)
+
+        warps = self.num_threads // 32
+        self.tiled_mma = cute.make_tiled_mma(
+            warp.MmaF16BF16Op(dt, Float32, (16, 8, 16)), (warps, 1, 1), permutation_mnk=(warps * 16, 16, 16)
+        )
+
+        q_elems = max(cute.cosize(self.sQ_layout), cute.cosize(self.sO_layout))
+        k_elems, v_elems = cute.cosize(self.sK_layout), cute.cosize(self.sV_layout)
+
+        @cute.struct
+        class SharedStorage:
+            sQ: cute.struct.Align[cute.struct.MemRange[dt, q_elems], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[dt, k_elems], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[dt, v_elems], 1024]
+
+        self.SharedStorage = SharedStorage
+
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,  # (b, s_q, h, d); varlen (1, total_q, h, d)
+        mK: cute.Tensor,  # (b, s_k, h_k, d); varlen (1, total_k, h_k, d)
+        mV: cute.Tensor,  # (b, s_k, h_k, dv)
+        mO: cute.Tensor,  # (b, s_q, h, dv)
+        mLSE: Optional[cute.Tensor],  # (b, h, s_q) float32; varlen (1, h, total_q)
+        mCuSeqlensQ: Optional[cute.Tensor],  # (b + 1,) int32
+        mCuSeqlensK: Optional[cute.Tensor],  # (b + 1,) int32
+        mSeqUsedK: Optional[cute.Tensor],  # (b,) int32
+        softmax_scale: Float32,
+        softcap: Float32,
+        window_left: Int32,
+        window_right: Int32,
+        max_seqlen_q: Int32,  # longest query sequence (= s_q when not varlen): sizes the grid
+        stream,
+    ):
+        self._setup()
+        cfg = self.cfg
+        num_heads = mQ.shape[2]
+        if const_expr(mCuSeqlensQ is not None):
+            num_batch = mCuSeqlensQ.shape[0] - 1
+        elif const_expr(mCuSeqlensK is not None):
+            num_batch = mCuSeqlensK.shape[0] - 1
+        else:
+            num_batch = mQ.shape[0]
+        num_m_blocks = cute.ceil_div(max_seqlen_q, self.tile_m)
+        qhead_per_kvhead = num_heads // mK.shape[2]
+        # K/V rows of one sequence (for varlen: the average length).
+        seqlen_k_avg = mK.shape[1] if const_expr(mCuSeqlensK is None) else mK.shape[1] // num_batch
+        section = l2_section_size(seqlen_k_avg, 2 * (self.tile_hdim + self.tile_hdimv), qhead_per_kvhead,
+                                  num_heads * num_batch)
+        prescale, scale_log2 = score_scales(softmax_scale, softcap, cfg.has_softcap)
+        self.kernel(
+            mQ, mK, mV, mO, mLSE, mCuSeqlensQ, mCuSeqlensK, mSeqUsedK,
+            scale_log2, prescale, window_left, window_right, num_m_blocks, num_batch, section,
+            self.sQ_layout, self.sK_layout, self.sV_layout, self.sO_layout,
+            self.gmem_copy_QK, self.gmem_copy_V, self.gmem_copy_O, self.tiled_mma,
+        ).launch(
+            grid=SectionTileScheduler.grid(num_m_blocks, num_heads, num_batch),
+            block=[self.num_threads, 1, 1],
+            smem=self.SharedStorage.size_in_bytes(),
+            stream=stream,
+        )
+
+    # ----------------------------------------------------------------------------------------
+    # Device side
+    # ----------------------------------------------------------------------------------------
+
+    @cute.kernel
+    def kernel(
+        self,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        mO: cute.Tensor,
+        mLSE: Optional[cute.Tensor],
+        mCuSeqlensQ: Optional[cute.Tensor],
+        mCuSeqlensK: Optional[cute.Tensor],
+        mSeqUsedK: Optional[cute.Tensor],
+        scale_log2: Float32,
+        prescale: Optional[Float32],
+        window_left: Int32,
+        window_right: Int32,
+        num_m_blocks: Int32,
+        num_batch: Int32,
+        section: Int32,
+        sQ_layout: cute.ComposedLayout,
+        sK_layout: cute.ComposedLayout,
+        sV_layout: cute.ComposedLayout,
+        sO_layout: cute.ComposedLayout,
+        gmem_copy_QK: cute.TiledCopy,
+        gmem_copy_V: cute.TiledCopy,
+        gmem_copy_O: cute.TiledCopy,
+        tiled_mma: cute.TiledMma,
+    ):
+        cfg = self.cfg
+        sched = SectionTileScheduler(num_m_blocks, mQ.shape[2], num_batch, section, reverse=cfg.lpt)
+        m_block, head, batch = sched.tile()
+        seqlen = SeqlenInfo.create(batch, mQ.shape[1], mK.shape[1], mCuSeqlensQ, mCuSeqlensK, mSeqUsedK)
+        # Varlen grids are sized by the longest sequence: shorter ones skip their extra tiles.
+        if m_block * self.tile_m < seqlen.seqlen_q:
+            head_kv = head // (mQ.shape[2] // mK.shape[2])
+            mask = AttentionMask(self.tile_m, self.tile_n, cfg.causal, cfg.local, seqlen.seqlen_q,
+                                 seqlen.seqlen_k, window_left, window_right)
+            smem = cutlass.memory.SmemAllocator()
+            storage = smem.allocate(self.SharedStorage)
+            sQ = storage.sQ.get_tensor(sQ_layout)
+            sK = storage.sK.get_tensor(sK_layout)
+            sV = storage.sV.get_tensor(sV_layout)
+            p = self.partition(seqlen.q_view(mQ, batch, head), seqlen.k_view(mK, batch, head_kv),
+                               seqlen.k_view(mV, batch, head_kv), sQ, sK, sV, m_block,
+                               gmem_copy_QK, gmem_copy_V, tiled_mma)
+            acc_O = cute.make_rmem_tensor(p.thr_mma.partition_shape_C((self.tile_m, self.tile_hdimv)), Float32)
+            acc_O.fill(0.0)
+            softmax = OnlineSoftmax(scale_log2, cute.size(make_acc_mn_view(acc_O).shape[0]),
+                                    cfg.exp2_emu_frac, cfg.rescale_threshold)
+            softmax.reset()
+            self.mainloop(p, acc_O, softmax, mask, seqlen, m_block, prescale, tiled_mma)
+            lse = softmax.finalize(acc_O)
+            sO = cute.make_tensor(sQ.iterator, sO_layout)
+            mLSE_cur = seqlen.lse_view(mLSE, batch, head) if const_expr(mLSE is not None) else None
+            self.epilogue(acc_O, lse, seqlen.q_view(mO, batch, head), mLSE_cur, sO, seqlen, m_block,
+                          gmem_copy_O, tiled_mma)
+
+    @cute.jit
+    def partition(self, mQ_cur, mK_cur, mV_cur, sQ, sK, sV, m_block: Int32, gmem_copy_QK, gmem_copy_V,
+                  tiled_mma) -> SimpleNamespace:
+        """Thread partitions of Q/K/V (global, smem, registers), identity tensors for predicates."""
+        tidx, _, _ = cute.arch.thread_idx()
+        # (tile_m, d), (tile_n, d, n_blocks), (tile_n, dv, n_blocks)
+        gQ = cute.local_tile(mQ_cur, (self.tile_m, self.tile_hdim), (m_block, 0))
+        gK = cute.local_tile(mK_cur, (self.tile_n, self.tile_hdim), (None, 0))
+        gV = cute.local_tile(mV_cur, (self.tile_n, self.tile_hdimv), (None, 0))
+        # V^T view of the V stages for the P @ V MMA: (dv, tile_n, stages)
+        sVt = cute.composition(
+            sV, cute.make_layout((self.tile_hdimv, self.tile_n, self.num_stages),
+                                 stride=(self.tile_n, 1, self.tile_n * self.tile_hdimv))
+        )
+        thr_copy_QK = gmem_copy_QK.get_slice(tidx)
+        thr_copy_V = gmem_copy_V.get_slice(tidx)
+        cQ = cute.make_identity_tensor((self.tile_m, self.tile_hdim))
+        cK = cute.make_identity_tensor((self.tile_n, self.tile_hdim))
+        cV = cute.make_identity_tensor((self.tile_n, self.tile_hdimv))
+        tQcQ = thr_copy_QK.partition_S(cQ)
+        tKcK = thr_copy_QK.partition_S(cK)
+        tVcV = thr_copy_V.partition_S(cV)
+        thr_mma = tiled_mma.get_slice(tidx)
+        ldm = warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4)
+        ldm_t = warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4)
+        smem_copy_Q = cute.make_tiled_copy_A(cute.make_copy_atom(ldm, self.dtype), tiled_mma).get_slice(tidx)
+        smem_copy_K = cute.make_tiled_copy_B(cute.make_copy_atom(ldm, self.dtype), tiled_mma).get_slice(tidx)
+        smem_copy_V = cute.make_tiled_copy_B(cute.make_copy_atom(ldm_t, self.dtype), tiled_mma).get_slice(tidx)
+        return SimpleNamespace(
+            gmem_copy_QK=gmem_copy_QK, gmem_copy_V=gmem_copy_V, thr_mma=thr_mma,
+            tQgQ=thr_copy_QK.partition_S(gQ), tQsQ=thr_copy_QK.partition_D(sQ), tQcQ=tQcQ,
+            t0QcQ=gmem_copy_QK.get_slice(0).partition_S(cQ),
+            tKgK=thr_copy_QK.partition_S(gK), tKsK=thr_copy_QK.partition_D(sK), tKcK=tKcK,
+            t0KcK=gmem_copy_QK.get_slice(0).partition_S(cK),
+            tVgV=thr_copy_V.partition_S(gV), tVsV=thr_copy_V.partition_D(sV), tVcV=tVcV,
+            t0VcV=gmem_copy_V.get_slice(0).partition_S(cV),
+            # Head-dim predicates (None when the head dim fills the padded tile).
+            tQpQ=predicate_cols(tQcQ, self.cfg.head_dim) if const_expr(self.check_hdim) else None,
+            tKpK=predicate_cols(tKcK, self.cfg.head_dim) if const_expr(self.check_hdim) else None,
+            tVpV=predicate_cols(tVcV, self.cfg.head_dim_v) if const_expr(self.check_hdim_v) else None,
+            tSrQ=thr_mma.make_fragment_A(thr_mma.partition_A(sQ)),
+            tSrK=thr_mma.make_fragment_B(thr_mma.partition_B(sK[None, None, 0])),
+            tOrVt=thr_mma.make_fragment_B(thr_mma.partition_B(sVt[None, None, 0])),
+            smem_copy_Q=smem_copy_Q, smem_copy_K=smem_copy_K, smem_copy_V=smem_copy_V,
+            tSsQ=smem_copy_Q.partition_S(sQ), tSsK=smem_copy_K.partition_S(sK), tOsVt=smem_copy_V.partition_S(sVt),
+        )
+
+    # --- loads ------------------------------------------------------------------------------
+
+    @cute.jit
+    def zero_pad_columns(self, p: SimpleNamespace) -> None:
+        """Zero the smem chunks of head-dim columns >= head_dim (Q and every K stage): cp.async never
+        writes them, so the padded k-slices of ``Q K^T`` add exact zeros."""
+        if const_expr(self.check_hdim):
+            for k in cutlass.range_constexpr(cute.size(p.tQsQ.shape[2])):
+                if not p.tQpQ[0, 0, k]:
+                    p.tQsQ[None, None, k].fill(0)
+            for s in cutlass.range_constexpr(self.num_stages):
+                for k in cutlass.range_constexpr(cute.size(p.tKsK.shape[2])):
+                    if not p.tKpK[0, 0, k]:
+                        p.tKsK[None, None, k, s].fill(0)
+
+    @cute.jit
+    def load_Q(self, p: SimpleNamespace, m_block: Int32, seqlen_q: Int32) -> None:
+        limit = seqlen_q - m_block * self.tile_m - p.tQcQ[0][0]
+        for m in cutlass.range_constexpr(cute.size(p.tQsQ.shape[1])):
+            if p.t0QcQ[0, m, 0][0] < limit:
+                cute.copy(p.gmem_copy_QK, p.tQgQ[None, m, None], p.tQsQ[None, m, None],
+                          pred=p.tQpQ[None, m, None] if const_expr(self.check_hdim) else None)
+            else:
+                p.tQsQ[None, m, None].fill(0)
+
+    @cute.jit
+    def load_KV(self, gmem_copy, tXgX, tXsX, tXcX, t0XcX, tXpX, n_block: Int32, stage, seqlen_k: Int32,
+                need_predicates: cutlass.Constexpr[bool]) -> None:
+        """One K or V block into smem stage ``stage``; rows past ``seqlen_k`` are zero-filled when
+        ``need_predicates`` (only the first block processed can be partial)."""
+        src = tXgX[None, None, None, n_block]
+        dst = tXsX[None, None, None, stage]
+        if const_expr(need_predicates):
+            limit = seqlen_k - n_block * self.tile_n - tXcX[0][0]
+            for m in cutlass.range_constexpr(cute.size(dst.shape[1])):
+                if t0XcX[0, m, 0][0] < limit:
+                    cute.copy(gmem_copy, src[None, m, None], dst[None, m, None],
+                              pred=tXpX[None, m, None] if const_expr(tXpX is not None) else None)
+                else:
+                    dst[None, m, None].fill(0)
+        else:
+            cute.copy(gmem_copy, src, dst, pred=tXpX)
+
+    def load_K(self, p, n_block, stage, seqlen_k, need_predicates: bool):
+        self.load_KV(p.gmem_copy_QK, p.tKgK, p.tKsK, p.tKcK, p.t0KcK, p.tKpK, n_block, stage, seqlen_k,
+                     need_predicates)
+
+    def load_V(self, p, n_block, stage, seqlen_k, need_predicates: bool):
+        self.load_KV(p.gmem_copy_V, p.tVgV, p.tVsV, p.tVcV, p.t0VcV, p.tVpV, n_block, stage, seqlen_k,
+                     need_predicates)
+
+    # --- main loop --------------------------------------------------------------------------
+
+    @cute.jit
+    def mainloop(self, p: SimpleNamespace, acc_O: cute.Tensor, softmax: OnlineSoftmax, mask: AttentionMask,
+                 seqlen: SeqlenInfo, m_block: Int32, prescale, tiled_mma) -> None:
+        """Prologue loads and the K-block loop (see Note [K/V pipeline]); no-op for an empty range."""
+        S = self.num_stages
+        n_min, n_max = mask.n_block_range(m_block)
+        if n_min < n_max:
+            self.zero_pad_columns(p)
+            self.load_Q(p, m_block, seqlen.seqlen_q)
+            cute.arch.cp_async_commit_group()
+            for s in cutlass.range_constexpr(S):
+                if s == 0 or n_max - 1 - s >= n_min:
+                    self.load_K(p, n_max - 1 - s, s, seqlen.seqlen_k, need_predicates=s == 0)
+                cute.arch.cp_async_commit_group()
+                if const_expr(s < S - 1):
+                    if s == 0 or n_max - 1 - s >= n_min:
+                        self.load_V(p, n_max - 1 - s, s, seqlen.seqlen_k, need_predicates=s == 0)
+                    cute.arch.cp_async_commit_group()
+            if const_expr(self.cfg.q_in_regs):
+                cute.arch.cp_async_wait_group(2 * S - 1)
+                cute.arch.barrier()
+                cute.copy(p.smem_copy_Q, p.tSsQ, p.smem_copy_Q.retile(p.tSrQ))
+
+            step = partial(self.compute_one_n_block, p, acc_O, softmax, mask, seqlen, m_block,
+                           n_min=n_min, n_max=n_max, prescale=prescale, tiled_mma=tiled_mma)
+            # 1) The last block: partial in seqlen_k and/or on the causal/local diagonal.
+            step(n_max - 1, is_first=True, mask_seqlen=True, mask_window=True)
+            if const_expr(mask.has_window):
+                # 2) Blocks n >= n_a touch the right edge of the window.
+                n_a = cutlass.max(cutlass.min(mask.n_block_min_no_right_mask(m_block), n_max - 1), n_min)
+                for i in cutlass.range(n_max - 1 - n_a, unroll=1):
+                    step(n_max - 2 - i, is_first=False, mask_seqlen=False, mask_window=True)
+                # 3) Interior blocks, then 4) blocks n < n_b touching the left edge of a local window.
+                n_b = cutlass.max(cutlass.min(mask.n_block_max_left_mask(m_block), n_a), n_min)
+                for i in cutlass.range(n_a - n_b, unroll=1):
+                    step(n_a - 1 - i, is_first=False, mask_seqlen=False, mask_window=False)
+                if const_expr(mask.local):
+                    for i in cutlass.range(n_b - n_min, unroll=1):
+                        step(n_b - 1 - i, is_first=False, mask_seqlen=False, mask_window=True)
+            else:
+                for i in cutlass.range(n_max - 1 - n_min, unroll=1):
+                    step(n_max - 2 - i, is_first=False, mask_seqlen=False, mask_window=False)
+
+    @cute.jit
+    def compute_one_n_block(
+        self,
+        p: SimpleNamespace,
+        acc_O: cute.Tensor,
+        softmax: OnlineSoftmax,
+        mask: AttentionMask,
+        seqlen: SeqlenInfo,
+        m_block: Int32,
+        n_block: Int32,
+        n_min: Int32,
+        n_max: Int32,
+        prescale,
+        tiled_mma: cute.TiledMma,
+        is_first: cutlass.Constexpr[bool],
+        mask_seqlen: cutlass.Constexpr[bool],
+        mask_window: cutlass.Constexpr[bool],
+    ) -> None:
+        S = self.num_stages
+        # Blocks are visited n_max-1, n_max-2, ...: the stage of block n is (n_max - 1 - n) % S.
+        stage = 0
+        stage_v_next = 0
+        if const_expr(S > 1):
+            stage = (n_max - 1 - n_block) % S
+            stage_v_next = (n_max - 1 - n_block + S - 1) % S
+
+        def sync():
+            cute.arch.cp_async_wait_group(2 * S - 2)
+            cute.arch.barrier()
+
+        acc_S = cute.make_rmem_tensor(p.thr_mma.partition_shape_C((self.tile_m, self.tile_n)), Float32)
+        acc_S.fill(0.0)
+        sync()  # K[n] landed, and every warp is done with the buffers refilled below
+        if const_expr(S == 1):
+            self.load_V(p, n_block, 0, seqlen.seqlen_k, need_predicates=is_first)
+        else:
+            if n_block - (S - 1) >= n_min:
+                self.load_V(p, n_block - (S - 1), stage_v_next, seqlen.seqlen_k, need_predicates=False)
+        cute.arch.cp_async_commit_group()
+        gemm_sm80(tiled_mma, acc_S, p.tSrQ, p.tSrK, p.tSsQ, p.tSsK[None, None, None, stage],
+                  p.smem_copy_Q, p.smem_copy_K, A_in_regs=self.cfg.q_in_regs)
+        if const_expr(S == 1):
+            sync()  # V[n] landed; every warp is done reading K[n]
+            if n_block - 1 >= n_min:
+                self.load_K(p, n_block - 1, 0, seqlen.seqlen_k, need_predicates=False)
+            cute.arch.cp_async_commit_group()
+        if const_expr(self.cfg.has_softcap):
+            apply_softcap(acc_S, prescale)
+        if const_expr(mask_seqlen or mask_window):
+            mask.apply(acc_S, p.thr_mma, m_block, n_block, mask_seqlen=mask_seqlen, mask_window=mask_window)
+        softmax.online_softmax(acc_S, acc_O, is_first=is_first)
+        rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
+        convert_f32_to_half(acc_S, rP)
+        if const_expr(S > 1):
+            sync()  # V[n] landed; every warp is done reading K[n]
+            if n_block - S >= n_min:
+                self.load_K(p, n_block - S, stage, seqlen.seqlen_k, need_predicates=False)
+            cute.arch.cp_async_commit_group()
+        gemm_sm80_rs(tiled_mma, acc_O, make_acc_as_A(rP), p.tOrVt, p.tOsVt[None, None, None, stage],
+                     p.smem_copy_V)
+
+    # --- epilogue ---------------------------------------------------------------------------
+
+    @cute.jit
+    def epilogue(self, acc_O: cute.Tensor, lse: cute.Tensor, mO_cur: cute.Tensor, mLSE_cur: Optional[cute.Tensor],
+                 sO: cute.Tensor, seqlen: SeqlenInfo, m_block: Int32, gmem_copy_O: cute.TiledCopy,
+                 tiled_mma: cute.TiledMma) -> None:
+        """O (already normalized) -> 16 bits -> smem (sQ's space) -> 16-byte global stores; LSE."""
+        tidx, _, _ = cute.arch.thread_idx()
+        rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
+        convert_f32_to_half(acc_O, rO)
+        cute.arch.barrier()  # every warp is done reading sQ / sV
+        smem_copy_O = cute.make_tiled_copy_C(
+            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=32), tiled_mma
+        ).get_slice(tidx)
+        cute.copy(smem_copy_O, smem_copy_O.retile(rO), smem_copy_O.partition_D(sO))
+
+        thr_mma = tiled_mma.get_slice(tidx)
+        cO = cute.make_identity_tensor((self.tile_m, self.tile_hdimv))
+        rows_left = seqlen.seqlen_q - m_block * self.tile_m
+        if const_expr(mLSE_cur is not None):
+            tOcO = make_acc_mn_view(thr_mma.partition_C(cO))
+            gLSE = cute.local_tile(mLSE_cur, (self.tile_m,), (m_block,))
+            if tOcO[0][1] == 0:  # one lane per quad holds the row's LSE
+                for r in cutlass.range_constexpr(cute.size(lse)):
+                    row = tOcO[r, 0][0]
+                    if row < rows_left:
+                        gLSE[row] = lse[r]
+
+        cute.arch.barrier()  # sO complete
+        thr_copy_O = gmem_copy_O.get_slice(tidx)
+        tOsO = thr_copy_O.partition_S(sO)
+        tOrO = cute.make_fragment_like(tOsO, self.dtype)
+        cute.autovec_copy(tOsO, tOrO)
+        gO = cute.local_tile(mO_cur, (self.tile_m, self.tile_hdimv), (m_block, 0))
+        tOgO = thr_copy_O.partition_D(gO)
+        tOcO_g = thr_copy_O.partition_S(cO)
+        t0OcO = gmem_copy_O.get_slice(0).partition_S(cO)
+        tOpO = predicate_cols(tOcO_g, self.cfg.head_dim_v) if const_expr(self.check_hdim_v) else None
+        limit = rows_left - tOcO_g[0][0]
+        for m in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
+            if t0OcO[0, m, 0][0] < limit:
+                cute.copy(gmem_copy_O, tOrO[None, m, None], tOgO[None, m, None],
+                          pred=tOpO[None, m, None] if const_expr(self.check_hdim_v) else None)
+
+
+# --------------------------------------------------------------------------------------------
+# Tuning table, variants, launcher
+# --------------------------------------------------------------------------------------------
+
+# Per head-dim bucket: (tile_m, tile_n, num_threads, num_stages). FlashAttention-2's sm80 choices
+# (flash_fwd_launch_template.h, A100/H100 rows), which FA2 measured as its best non-dropout configs:
+#  * d <= 64: 128 x 128, 4 warps (O 64 + S 128 fp32 registers/thread; 8 warps was 18% slower there).
+#  * d <= 128: 128 x 64, 4 warps (O 128 + S 64 registers).
+#  * d <= 256: 128 x 64, 8 warps (O 128 + S 32 registers; smem Q 64 KB + K/V 64 KB per stage).
+# One K/V stage: V loads under Q K^T and the next K under softmax + P V already (FA2's schedule);
+# more stages are a KernelOptions knob until measured.
+# Not measured on a GPU yet. ptxas (CUDA 13.0, sm_90a) puts the d <= 64 and d <= 128 rows at 255
+# registers with 130-170 bytes of spills (softmax state and a few addresses, once per K block);
+# spill-free neighbours to try first: d <= 64 at 128 x 64, d <= 128 at 128 x 32 or 64 x 64. Per
+# FLOP they read 5-20% more shared memory (K/V are read once per warp), which a spill may or may not
+# outweigh: measure (python -m fa4.bench) before changing a row.
+TUNING = {
+    64: (128, 128, 128, 1),
+    96: (128, 64, 128, 1),
+    128: (128, 64, 128, 1),
+    192: (128, 64, 256, 1),
+    256: (128, 64, 256, 1),
+}
+DEFAULT_EXP2_EMU_FRAC = 0.0  # MUFU only until a GPU run shows the FMA pipe has room on sm80
+DEFAULT_RESCALE_THRESHOLD = 8.0
+
+
+def _bucket(d: int) -> int:
+    for b in sorted(TUNING):
+        if d <= b:
+            return b
+    raise ValueError(f"head_dim {d} > 256 is not supported by the sm80 forward")
+
+
+def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: str, need_lse: bool) -> FwdSm80Config:
+    """The tuning table (by max(head_dim, head_dim_v)) with the user's options on top; raises
+    ValueError naming the option when a user choice cannot be compiled."""
+    options = options or KernelOptions()
+    tile_m, tile_n, threads, stages = TUNING[_bucket(max(problem.head_dim, problem.head_dim_v))]
+    if problem.seqlen_q <= 64 and options.tile_m is None and options.num_threads is None:
+        # Decode-like shapes: a 64-row tile (4 warps x 16 rows) wastes less of the MMA.
+        tile_m, threads = 64, 128
+    cfg = FwdSm80Config(
+        arch=arch,
+        dtype=problem.dtype,
+        head_dim=problem.head_dim,
+        head_dim_v=problem.head_dim_v,
+        tile_m=options.tile_m if options.tile_m is not None else tile_m,
+        tile_n=options.tile_n if options.tile_n is not None else tile_n,
+        num_threads=options.num_threads if options.num_threads is not None else threads,
+        num_stages=options.num_stages if options.num_stages is not None else stages,
+        causal=problem.causal and not problem.local,
+        local=problem.local,
+        has_softcap=problem.has_softcap,
+        varlen_q=problem.varlen_q,
+        varlen_k=problem.varlen_k,
+        has_seqused_k=problem.has_seqused_k,
+        has_lse=need_lse,
+        exp2_emu_frac=float(options.exp2_emu_frac) if options.exp2_emu_frac is not None else DEFAULT_EXP2_EMU_FRAC,
+        rescale_threshold=(float(options.rescale_threshold) if options.rescale_threshold is not None
+                           else DEFAULT_RESCALE_THRESHOLD),
+    )
+    FlashFwdSm80.can_implement(cfg)
+    return cfg
+
+
+def variants(arch: str) -> list[FwdSm80Config]:
+    """A covering set of compile variants: every head-dim bucket (32/64/96/128/192/256, plus an
+    unpadded 40 and a d != dv pair), every flag value, both dtypes, 1 and 2 stages, tile_m 64."""
+    base = FwdSm80Config(arch=arch, dtype="bf16")
+
+    def cfg(d, dv=None, **kw):
+        tile_m, tile_n, threads, stages = TUNING[_bucket(max(d, dv or d))]
+        kw = {"tile_m": tile_m, "tile_n": tile_n, "num_threads": threads, "num_stages": stages, **kw}
+        return replace(base, head_dim=d, head_dim_v=dv or d, **kw)
+
+    return [
+        cfg(128),
+        cfg(128, causal=True),
+        cfg(64, dtype="fp16", has_lse=False),
+        cfg(96, local=True, has_softcap=True),
+        cfg(192, causal=True, varlen_q=True, varlen_k=True),
+        cfg(256, local=True, varlen_q=True, varlen_k=True, has_seqused_k=True),
+        cfg(32, q_in_regs=True, tile_m=64),
+        cfg(40, causal=True, exp2_emu_frac=0.25, rescale_threshold=0.0),
+        cfg(128, num_stages=2, exp2_emu_frac=1.0),
+        cfg(192, 128, has_softcap=True),
+    ]
+
+
+def run(cfg: FwdSm80Config, problem: AttnProblem, q, k, v, out, lse, cu_seqlens_q=None, cu_seqlens_k=None,
+        seqused_k=None) -> None:
+    """Launch: q/k/v/out 4D (varlen: (1, total, h, d)), lse (b, h, s_q) / (1, h, total_q) or None;
+    outputs preallocated by the caller."""
+    from fa4.jit import get_kernel
+
+    fn = get_kernel(cfg)
+    window_left, window_right = (problem.window_left, problem.window_right) if cfg.local else (0, 0)
+    fn(q, k, v, out, lse if cfg.has_lse else None,
+       cu_seqlens_q if cfg.varlen_q else None, cu_seqlens_k if cfg.varlen_k else None,
+       seqused_k if cfg.has_seqused_k else None,
+       float(problem.softmax_scale), float(problem.softcap) if cfg.has_softcap else 1.0,
+       int(window_left), int(window_right), int(max(problem.seqlen_q, 1)))

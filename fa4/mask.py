@@ -1,0 +1,207 @@
+"""Causal / sliding-window / sequence-length masks and the block ranges they imply (device).
+
+Convention (DESIGN.md, FlashAttention's): query row ``i`` may see key ``j`` iff
+
+    i + s_k - s_q - window_left  <=  j  <=  i + s_k - s_q + window_right
+
+(bottom-right aligned when ``s_q != s_k``) and ``j < s_k``. Causal is ``window_right = 0`` with no
+left bound. ``causal`` / ``local`` are compile-time; the window sizes are runtime ``Int32`` (an
+unbounded side of a local window is passed as ``max(s_q, s_k)``). If both flags are set, ``local``
+wins and the caller passes ``window_right = 0``.
+
+:class:`AttentionMask` gives:
+
+* ``n_block_range(m_block)`` -> ``[n_min, n_max)``: the K blocks a Q block visits (may be empty);
+* ``m_block_range(n_block)`` -> ``[m_min, m_max)``: the Q blocks that see a K block (backward);
+* ``n_block_min_no_right_mask(m_block)`` / ``n_block_max_left_mask(m_block)``: the boundaries that
+  split a forward loop (walking n from high to low) into masked / unmasked / masked iterations:
+  blocks ``>= n_block_min_no_right_mask`` may hold keys right of the window (or the causal
+  diagonal), blocks ``< n_block_max_left_mask`` keys left of the window, the rest need no
+  window mask (the ``s_k`` bound only matters for the last block, ``ceil(s_k / tile_n) - 1``);
+* ``apply(acc_S, thr_mma, m_block, n_block, ...)``: sets masked elements of an ``mma.sync``
+  accumulator of the (tile_m x tile_n) S tile to -inf (or of the (tile_n x tile_m) S^T tile with
+  ``transpose=True``), for the forward's and the backward's S alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, const_expr
+
+from fa4.cute_utils import make_acc_mn_view
+
+
+@dataclass(frozen=True)
+class AttentionMask:
+    tile_m: cutlass.Constexpr[int]
+    tile_n: cutlass.Constexpr[int]
+    causal: cutlass.Constexpr[bool]
+    local: cutlass.Constexpr[bool]
+    seqlen_q: Int32
+    seqlen_k: Int32
+    window_left: Int32 = 0
+    window_right: Int32 = 0
+
+    @property
+    def has_window(self) -> bool:
+        return self.causal or self.local
+
+    def _wr(self):
+        # Right window: 0 for causal, runtime for local.
+        return self.window_right if const_expr(self.local) else 0
+
+    # ----------------------------------------------------------------------------------------
+    # Block ranges
+    # ----------------------------------------------------------------------------------------
+
+    # Plain Python (no dynamic control flow): the same code runs traced with Int32 sizes and on
+    # Python ints (the CPU tests check it against brute force).
+
+    def n_block_range(self, m_block):
+        """``(n_min, n_max)``: K blocks with at least one key visible to some row of ``m_block``
+        (rows clipped to ``seqlen_q``). Empty (``n_min >= n_max``) when no row sees any key."""
+        n_max = cute.ceil_div(self.seqlen_k, self.tile_n)
+        n_min = 0
+        if self.has_window:
+            row_last = cutlass.min((m_block + 1) * self.tile_m, self.seqlen_q) - 1
+            # Exclusive bound of the keys the last row sees.
+            col_end = row_last + self.seqlen_k - self.seqlen_q + self._wr() + 1
+            n_max = cutlass.min(n_max, cute.ceil_div(cutlass.max(col_end, 0), self.tile_n))
+        if self.local:
+            col_start = m_block * self.tile_m + self.seqlen_k - self.seqlen_q - self.window_left
+            n_min = cutlass.max(col_start, 0) // self.tile_n
+        return n_min, n_max
+
+    def m_block_range(self, n_block):
+        """``(m_min, m_max)``: Q blocks with at least one row that sees a key of ``n_block``
+        (keys clipped to ``seqlen_k``). May be empty."""
+        m_max = cute.ceil_div(self.seqlen_q, self.tile_m)
+        m_min = 0
+        if self.has_window:
+            # First row that sees the block's first key: i >= j - s_k + s_q - wr.
+            row_start = n_block * self.tile_n - self.seqlen_k + self.seqlen_q - self._wr()
+            m_min = cutlass.max(row_start, 0) // self.tile_m
+        if self.local:
+            col_last = cutlass.min((n_block + 1) * self.tile_n, self.seqlen_k) - 1
+            # Last row that sees the block's last key: i <= j - s_k + s_q + wl.
+            row_end = col_last - self.seqlen_k + self.seqlen_q + self.window_left + 1
+            m_max = cutlass.min(m_max, cute.ceil_div(cutlass.max(row_end, 0), self.tile_m))
+        return m_min, m_max
+
+    def n_block_min_no_right_mask(self, m_block):
+        """Blocks ``n < this`` have no key right of the window for any row of ``m_block`` (the
+        causal/local diagonal). Without causal/local: a large value (no block needs it)."""
+        if not self.has_window:
+            return 2**30
+        # Block n is free iff (n + 1) * tile_n - 1 <= first_row + s_k - s_q + wr.
+        col_end = m_block * self.tile_m + self.seqlen_k - self.seqlen_q + self._wr() + 1
+        return cutlass.max(col_end, 0) // self.tile_n
+
+    def n_block_max_left_mask(self, m_block):
+        """Blocks ``n < this`` may hold keys left of the local window for some row of ``m_block``
+        (0 without ``local``)."""
+        if not self.local:
+            return 0
+        # Block n is free iff n * tile_n >= last_row + s_k - s_q - wl.
+        col_start = (m_block + 1) * self.tile_m - 1 + self.seqlen_k - self.seqlen_q - self.window_left
+        return cute.ceil_div(cutlass.max(col_start, 0), self.tile_n)
+
+    def m_block_max_no_window_mask(self, n_block):
+        """Backward helper: Q blocks ``m >= this`` see every key of ``n_block`` that the window
+        allows from the right (no causal/right masking needed); without causal/local: 0."""
+        if not self.has_window:
+            return 0
+        # Row block m is free iff its first row i0 = m * tile_m satisfies
+        # (n + 1) * tile_n - 1 <= i0 + s_k - s_q + wr.
+        row = (n_block + 1) * self.tile_n - 1 - self.seqlen_k + self.seqlen_q - self._wr()
+        return cute.ceil_div(cutlass.max(row, 0), self.tile_m)
+
+    # ----------------------------------------------------------------------------------------
+    # Element mask
+    # ----------------------------------------------------------------------------------------
+
+    @cute.jit
+    def apply(
+        self,
+        acc_S: cute.Tensor,
+        thr_mma,
+        m_block: Int32,
+        n_block: Int32,
+        mask_seqlen: cutlass.Constexpr[bool] = True,
+        mask_window: cutlass.Constexpr[bool] = True,
+        transpose: cutlass.Constexpr[bool] = False,
+    ) -> None:
+        """Set masked elements of the accumulator ``acc_S`` (partitioned by ``thr_mma``) to -inf.
+
+        ``mask_seqlen``: keys ``>= seqlen_k``; ``mask_window``: the causal/local bounds (ignored
+        without causal/local). ``transpose``: ``acc_S`` holds S^T, a ``(tile_n, tile_m)`` tile of
+        keys x queries. Rows past ``seqlen_q`` are left alone (their outputs are never stored).
+
+        Column bounds are compared against the compile-time coordinates of thread 0
+        (``t0ScS``), the thread's own offset being folded into the runtime limit.
+        """
+        mask_window_ = mask_window and self.has_window
+        if const_expr(mask_seqlen or mask_window_):
+            shape = (self.tile_m, self.tile_n) if const_expr(not transpose) else (self.tile_n, self.tile_m)
+            cS = cute.make_identity_tensor(shape)
+            acc_mn = make_acc_mn_view(acc_S)
+            tScS = make_acc_mn_view(thr_mma.partition_C(cS))
+            t0ScS = make_acc_mn_view(thr_mma.get_slice(0).partition_C(cS))
+            # q (row of S) and k (column of S) coordinate of a view element.
+            Q, K = (0, 1) if const_expr(not transpose) else (1, 0)
+            # Offsets of this thread's first element (runtime) in the S tile.
+            thr_q = tScS[0][Q]
+            thr_k = tScS[0][K]
+            # Key j is out of bounds iff its local index (thread 0 coordinates) >= k_limit.
+            k_limit = self.seqlen_k - n_block * self.tile_n - thr_k
+            if const_expr(not mask_window_):
+                if const_expr(not transpose):
+                    for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
+                        oob = t0ScS[0, c][K] >= k_limit
+                        for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
+                            acc_mn[r, c] = -Float32.inf if oob else acc_mn[r, c]
+                else:
+                    for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
+                        oob = t0ScS[r, 0][K] >= k_limit
+                        for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
+                            acc_mn[r, c] = -Float32.inf if oob else acc_mn[r, c]
+            else:
+                # Visible iff  q_loc + diag - wl <= k_loc <= q_loc + diag + wr, in thread-0-local
+                # units: q_loc is the row's local index and k_loc the column's thread-0 index.
+                diag = m_block * self.tile_m + thr_q + self.seqlen_k - self.seqlen_q - n_block * self.tile_n - thr_k
+                if const_expr(not transpose):
+                    for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
+                        q_loc = t0ScS[r, 0][Q]
+                        right = q_loc + diag + self._wr() + 1  # exclusive
+                        if const_expr(mask_seqlen):
+                            right = cutlass.min(right, k_limit)
+                        if const_expr(self.local):
+                            left = q_loc + diag - self.window_left
+                            for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
+                                k_loc = t0ScS[0, c][K]
+                                masked = k_loc >= right or k_loc < left
+                                acc_mn[r, c] = -Float32.inf if masked else acc_mn[r, c]
+                        else:
+                            for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
+                                acc_mn[r, c] = -Float32.inf if t0ScS[0, c][K] >= right else acc_mn[r, c]
+                else:
+                    # Rows are keys: key k_loc sees queries q_loc with
+                    # k_loc - diag - wr <= q_loc <= k_loc - diag + wl.
+                    for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
+                        k_loc = t0ScS[r, 0][K]
+                        q_first = k_loc - diag - self._wr()
+                        if const_expr(mask_seqlen):
+                            # A key past seqlen_k: every query is masked.
+                            q_first = q_first if k_loc < k_limit else Int32(2**30)
+                        if const_expr(self.local):
+                            q_last = k_loc - diag + self.window_left
+                            for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
+                                q_loc = t0ScS[0, c][Q]
+                                masked = q_loc < q_first or q_loc > q_last
+                                acc_mn[r, c] = -Float32.inf if masked else acc_mn[r, c]
+                        else:
+                            for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
+                                acc_mn[r, c] = -Float32.inf if t0ScS[0, c][Q] < q_first else acc_mn[r, c]

@@ -1,0 +1,79 @@
+"""Tile order for non-persistent grids: ``blockIdx.x -> (m_block, head, batch)``.
+
+Kernels ask a scheduler for their tile and never know the order (:class:`TileScheduler`).
+
+:class:`SectionTileScheduler` launches a 1-D grid of ``num_m_blocks * heads * batch`` CTAs. The
+(head, batch) pairs are cut into *sections* of ``section`` pairs whose K/V fit in about half the L2
+(:func:`l2_section_size`); inside a section CTAs walk m-blocks slowest and pairs fastest, so the
+CTAs resident at once share the K/V of a few heads. With ``reverse`` (LPT: causal, local, varlen)
+the m-blocks are walked from the last to the first: the longest tiles start first and the short
+ones fill the tail of the grid. Heads are the fastest index of a pair, so the q heads of one kv head
+(GQA) are neighbours.
+
+For varlen, ``num_m_blocks`` is ``ceil(max_seqlen_q / tile_m)``; tiles past a sequence's own
+length are empty and the kernel skips them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Tuple
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32
+
+L2_BUDGET_BYTES = 24 * 1024 * 1024
+"""K/V bytes a section may touch: about half an A100 / H100 / H200 L2 (40-50 MB)."""
+
+
+class TileScheduler(Protocol):
+    def tile(self) -> Tuple[Int32, Int32, Int32]:
+        """(m_block, head, batch) of this CTA."""
+        ...
+
+
+def l2_section_size(seqlen_k, kv_row_bytes: int, qhead_per_kvhead, num_pairs):
+    """Pairs per section: as many (head, batch) pairs as share ``L2_BUDGET_BYTES`` of K/V
+    (``seqlen_k * kv_row_bytes`` per kv head, shared by ``qhead_per_kvhead`` q heads), at least
+    one, at most ``num_pairs``. Works on Python ints and on DSL Int32 (host side of a jit)."""
+    # budget // (row_bytes * seqlen_k), dividing twice to stay in 32 bits.
+    per_section = (L2_BUDGET_BYTES // kv_row_bytes) // cutlass.max(seqlen_k, 1)
+    return cutlass.min(cutlass.max(per_section * qhead_per_kvhead, 1), num_pairs)
+
+
+def section_tile(tile_idx, num_m_blocks, num_heads, num_batch, section, reverse: bool):
+    """``tile_idx -> (m_block, head, batch)`` (see the module docstring). Plain arithmetic: runs
+    traced on Int32 and on Python ints (the CPU tests check it is a bijection)."""
+    num_pairs = num_heads * num_batch
+    section_tiles = num_m_blocks * section
+    sec = tile_idx // section_tiles
+    rest = tile_idx - sec * section_tiles
+    first_pair = sec * section
+    # The last section may hold fewer pairs.
+    pairs_here = cutlass.min(section, num_pairs - first_pair)
+    m_idx = rest // pairs_here
+    pair = first_pair + (rest - m_idx * pairs_here)
+    m_block = num_m_blocks - 1 - m_idx if reverse else m_idx
+    batch = pair // num_heads
+    head = pair - batch * num_heads
+    return m_block, head, batch
+
+
+@dataclass(frozen=True)
+class SectionTileScheduler:
+    """See the module docstring. Sizes are runtime ``Int32``; ``reverse`` is compile-time."""
+
+    num_m_blocks: Int32
+    num_heads: Int32
+    num_batch: Int32
+    section: Int32
+    reverse: cutlass.Constexpr[bool] = False
+
+    @staticmethod
+    def grid(num_m_blocks, num_heads, num_batch):
+        return (num_m_blocks * num_heads * num_batch, 1, 1)
+
+    def tile(self) -> Tuple[Int32, Int32, Int32]:
+        return section_tile(cute.arch.block_idx()[0], self.num_m_blocks, self.num_heads, self.num_batch,
+                            self.section, self.reverse)

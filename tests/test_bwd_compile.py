@@ -1,0 +1,270 @@
+"""Backward kernels on the CPU: every compile variant builds, the tuning table and option checks,
+and the deterministic dQ schedule (a pure-Python model of the device order).
+
+Compiles use fake tensors, so no GPU is needed. Which variants compile where:
+* preprocess / postprocess: all of ``variants(arch)`` for sm_80, sm_90a and sm_100a;
+* the sm80 backward: all of ``variants("sm_80")``, and a subset (the hdim-128 default, the
+  deterministic one, one smem stage) for sm_90a and sm_100a, where the family also runs.
+"""
+
+import dataclasses
+import os
+import tempfile
+
+import pytest
+
+from fa4 import jit
+from fa4.bwd import postprocess, preprocess, sm80
+from fa4.config import ARCHS, AttnProblem, KernelOptions
+from fa4.sched.semaphore import check_schedule
+
+
+def _ids(cfgs):
+    return [c.key().split("(", 1)[1][:-1].replace("'", "") for c in cfgs]
+
+
+# --------------------------------------------------------------------------------------------
+# Compiles
+# --------------------------------------------------------------------------------------------
+
+PRE = [c for a in ARCHS for c in preprocess.variants(a)]
+POST = [c for a in ARCHS for c in postprocess.variants(a)]
+
+
+@pytest.mark.parametrize("cfg", PRE, ids=_ids(PRE))
+def test_preprocess_compiles(cfg):
+    assert jit.compile_uncached(cfg) is not None
+
+
+@pytest.mark.parametrize("cfg", POST, ids=_ids(POST))
+def test_postprocess_compiles(cfg):
+    assert jit.compile_uncached(cfg) is not None
+
+
+def _bwd_compile_set():
+    out = list(sm80.variants("sm_80"))
+    for arch in ("sm_90a", "sm_100a"):
+        vs = sm80.variants(arch)
+        out += [vs[3], vs[4]]  # hdim 128 default; causal + deterministic
+        out += [v for v in vs if v.num_stages == 1][:1]
+    return out
+
+
+BWD = _bwd_compile_set()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cfg", BWD, ids=_ids(BWD))
+def test_bwd_sm80_compiles(cfg):
+    fn = jit.compile_uncached(cfg)
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.o")
+        fn.export_to_c(path, function_name="k")
+        info = jit.cubin_info(path)
+    assert len(info) == 1, info
+    assert info[0]["sm"] == int(cfg.arch[3:].rstrip("a")), info
+    assert info[0]["registers"] <= 255
+    # A few spilled words at most (the hdim-128 deterministic variant spills 8 bytes on sm_80).
+    assert info[0]["frame_bytes"] <= 64, info
+
+
+def test_variants_cover_every_bucket_and_flag():
+    for arch in ARCHS:
+        vs = sm80.variants(arch)
+        assert {v.head_dim for v in vs} == set(range(32, 257, 32))
+        assert {v.dtype for v in vs} == {"bf16", "fp16"}
+        for flag in ("causal", "local", "has_softcap", "varlen_q", "varlen_k", "has_seqused_k", "deterministic"):
+            assert {getattr(v, flag) for v in vs} == {False, True}, (arch, flag)
+        assert {v.num_stages for v in vs} == {1, 2}
+        for v in vs:
+            sm80.FlashBwdSm80.can_implement(v)
+        for mod in (preprocess, postprocess):
+            cfgs = mod.variants(arch)
+            assert {c.head_dim for c in cfgs} == set(range(32, 257, 32))
+            for c in cfgs:
+                jit.kernel_class(c).can_implement(c)
+        pre = preprocess.variants(arch)
+        for flag in ("varlen", "has_dlse", "has_semaphore"):
+            assert {getattr(c, flag) for c in pre} == {False, True}
+
+
+# --------------------------------------------------------------------------------------------
+# make_config and option validation
+# --------------------------------------------------------------------------------------------
+
+
+def _problem(d=128, **kw):
+    base = dict(
+        dtype="bf16",
+        batch=2,
+        seqlen_q=1000,
+        seqlen_k=1000,
+        heads=8,
+        heads_k=2,
+        head_dim=d,
+        head_dim_v=d,
+        softmax_scale=d**-0.5,
+    )
+    base.update(kw)
+    return AttnProblem(**base)
+
+
+@pytest.mark.parametrize("d", list(range(32, 257, 8)))
+@pytest.mark.parametrize("arch", ARCHS)
+def test_make_config_every_head_dim(d, arch):
+    cfg = sm80.make_config(_problem(d), None, arch)
+    assert cfg.head_dim == (d + 31) // 32 * 32
+    assert cfg.arch == arch
+    sm80.FlashBwdSm80.can_implement(cfg)
+    assert cfg.smem_bytes() <= sm80.SMEM_CAPACITY[arch]
+
+
+def test_make_config_defaults_and_flags():
+    cfg = sm80.make_config(_problem(128), None, "sm_80")
+    assert (cfg.tile_m, cfg.tile_n, cfg.num_threads, cfg.num_stages) == (64, 128, 256, 2)
+    # hdim 256 needs one smem stage on sm_80 (163 KB) but fits two on sm_90a (227 KB).
+    assert sm80.make_config(_problem(256), None, "sm_80").num_stages == 1
+    assert sm80.make_config(_problem(256), None, "sm_90a").num_stages == 2
+    p = _problem(64, causal=True, varlen_q=True, varlen_k=True, has_seqused_k=True, softcap=5.0)
+    cfg = sm80.make_config(p, None, "sm_90a", deterministic=True)
+    assert cfg.causal and cfg.varlen_q and cfg.varlen_k and cfg.has_seqused_k and cfg.has_softcap
+    assert cfg.deterministic and not cfg.local
+    assert sm80.make_config(_problem(64, local=True, window_left=10, window_right=3), None, "sm_80").local
+
+
+def test_make_config_options_override():
+    opts = KernelOptions(bwd_tile_m=128, bwd_tile_n=64, bwd_num_threads=128)
+    cfg = sm80.make_config(_problem(64), opts, "sm_90a")
+    assert (cfg.tile_m, cfg.tile_n, cfg.num_threads) == (128, 64, 128)
+    sm80.FlashBwdSm80.can_implement(cfg)
+    assert sm80.mma_shape_error(cfg) is None
+
+
+@pytest.mark.parametrize(
+    "opts, d, name",
+    [
+        (KernelOptions(bwd_tile_m=48), 128, "bwd_tile_m"),
+        (KernelOptions(bwd_tile_n=256), 128, "bwd_tile_n"),
+        (KernelOptions(bwd_num_threads=512), 128, "bwd_num_threads"),
+        (KernelOptions(bwd_tile_m=128, bwd_num_threads=64), 128, "bwd_num_threads"),
+        (KernelOptions(bwd_tile_n=32), 96, "bwd_tile_m/bwd_tile_n/bwd_num_threads"),  # no dK/dV warp layout fits
+        (KernelOptions(bwd_tile_m=128, bwd_tile_n=128), 256, "bwd_tile_m/bwd_tile_n"),  # shared memory
+    ],
+)
+def test_make_config_rejects_bad_options(opts, d, name):
+    with pytest.raises(ValueError, match=name):
+        sm80.make_config(_problem(d), opts, "sm_80")
+
+
+def test_make_config_rejects_bad_arch_and_hdim_v():
+    with pytest.raises(ValueError, match="arch"):
+        sm80.make_config(_problem(), None, "sm80")
+    with pytest.raises(NotImplementedError, match="head_dim_v"):
+        sm80.make_config(_problem(128, head_dim_v=64), None, "sm_80")
+
+
+def test_can_implement_names_the_field():
+    good = sm80.make_config(_problem(128), None, "sm_80")
+    for field, value, match in (
+        ("num_stages", 3, "num_stages"),
+        ("head_dim", 100, "head_dim"),
+        ("atom_m_dq", 8, "dQ"),
+        ("tile_m", 48, "tile_m"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            sm80.FlashBwdSm80.can_implement(dataclasses.replace(good, **{field: value}))
+    with pytest.raises(ValueError, match="shared memory"):
+        sm80.FlashBwdSm80.can_implement(dataclasses.replace(good, tile_m=128))
+    with pytest.raises(ValueError, match="exclusive"):
+        sm80.FlashBwdSm80.can_implement(dataclasses.replace(good, causal=True, local=True))
+    with pytest.raises(ValueError, match="tile_m"):
+        preprocess.BwdPreprocess.can_implement(preprocess.BwdPreprocessConfig("sm_80", "bf16", tile_m=256))
+    with pytest.raises(ValueError, match="head_dim"):
+        postprocess.BwdPostprocess.can_implement(postprocess.BwdPostprocessConfig("sm_80", "bf16", head_dim=40))
+
+
+def test_workspace_shapes():
+    p = _problem(72, seqlen_q=1000)
+    cfg = sm80.make_config(p, None, "sm_80", deterministic=True)
+    shapes = sm80.workspace_shapes(p, cfg, (2, 1000, 8, 72))
+    assert shapes["dq_accum"] == (2, 8, 1000, 96)
+    assert shapes["lse_log2"] == shapes["dpsum"] == (2, 8, 1000)
+    assert shapes["semaphore"] == (2, 8, -(-1000 // cfg.tile_m))
+
+
+# --------------------------------------------------------------------------------------------
+# Deterministic schedule
+# --------------------------------------------------------------------------------------------
+
+# Sizes: the GPU test grid's seqlens plus block-boundary cases; windows: none, small, one-sided.
+_SIZES = [(1, 1), (113, 203), (1000, 1000), (1024, 4096), (4096, 1024), (64, 64), (65, 129), (300, 17)]
+_TILES = [(64, 128), (128, 128), (64, 64), (32, 64), (128, 64)]
+
+
+def _masks(sq, sk):
+    big = max(sq, sk)
+    yield False, False, big, big
+    yield True, False, big, 0
+    for wl in (0, 5, 100, big):
+        for wr in (0, 7, 300, big):
+            if (wl, wr) != (big, big):
+                yield False, True, wl, wr
+
+
+@pytest.mark.parametrize("sq, sk", _SIZES)
+def test_deterministic_schedule_follows_launch_order(sq, sk):
+    """Every slot's contributors have ranks 0, 1, ... in launch order: no CTA waits on one launched
+    after it (no deadlock), every awaited count is reached, nothing is added twice."""
+    for tm, tn in _TILES:
+        for causal, local, wl, wr in _masks(sq, sk):
+            # Two sequences of different lengths (varlen), 2 kv heads, GQA group of 2.
+            visits, rank = sm80.deterministic_schedule(
+                [sq, max(1, sq // 3)], [sk, max(1, sk // 2)], 2, 2, tm, tn, causal, local, wl, wr
+            )
+            check_schedule(visits, rank)
+
+
+def test_check_schedule_catches_bad_orders():
+    visits, _ = sm80.deterministic_schedule([256], [512], 1, 1, 64, 128)
+    assert len(visits) == 4
+    with pytest.raises(AssertionError):  # ranks against launch order: the first CTA waits on the last
+        check_schedule(visits, lambda c, slot: len(visits) - 1 - c)
+    with pytest.raises(AssertionError):
+        check_schedule([[("a", 0)], [("a", 0)]], lambda c, slot: 0)
+
+
+def test_causal_schedule_has_no_steady_state_wait():
+    """Causal, SPT order, all CTAs start together at one step per m_block: the contributor ranked
+    just before a CTA in a slot reaches that slot strictly earlier (so, in lockstep, never waits)."""
+    tm, tn, sq = 64, 128, 2048
+    visits, rank = sm80.deterministic_schedule([sq], [sq], 1, 1, tm, tn, causal=True)
+    when = {}
+    for c, slots in enumerate(visits):
+        for step, slot in enumerate(slots):
+            when[(c, slot)] = step
+    by_slot = {}
+    for (c, slot), step in when.items():
+        by_slot.setdefault(slot, {})[rank(c, slot)] = step
+    for slot, steps in by_slot.items():
+        for r in range(1, len(steps)):
+            assert steps[r - 1] < steps[r], (slot, steps)
+
+
+def test_block_ranges_cover_the_mask():
+    """The host twins of the mask's block ranges (which the schedule uses) include every tile that
+    holds an allowed (query, key) pair, for tile sizes as small as 16."""
+    from fa4.testing import attention_mask
+
+    for sq, sk in [(1, 1), (13, 29), (100, 100), (70, 300), (300, 70)]:
+        for tm, tn in [(64, 128), (16, 16)]:
+            for causal, local, wl, wr in _masks(sq, sk):
+                big = max(sq, sk)
+                win = ((None if wl >= big else wl), (None if wr >= big else wr)) if local else (None, None)
+                allowed = attention_mask(sq, sk, causal=causal, window_size=win)
+                for n in range(-(-sk // tn)):
+                    lo, hi = sm80.host_m_block_range(n, sq, sk, tm, tn, causal, local, wl, wr)
+                    for m in range(-(-sq // tm)):
+                        if allowed[m * tm : (m + 1) * tm, n * tn : (n + 1) * tn].any():
+                            assert lo <= m < hi, (sq, sk, tm, tn, causal, local, wl, wr, m, n)
+                            nlo, nhi = sm80.host_n_block_range(m, sq, sk, tm, tn, causal, local, wl, wr)
+                            assert nlo <= n < nhi

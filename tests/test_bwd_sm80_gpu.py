@@ -1,0 +1,263 @@
+"""Gradients of the sm80-family backward through the public API, against the float32 reference.
+
+``fa4.flash_attn_func`` / ``flash_attn_varlen_func`` with ``KernelOptions(arch="sm80")`` (so on an
+H100/H200 the Ampere path runs), gradients by autograd, compared with :func:`fa4.testing.check_close`
+(at most twice the error of naive low-precision PyTorch, plus rounding noise). Outputs are
+NaN-filled (conftest), so an element the kernels forget to write fails.
+
+Note [Why the grid is pruned]
+    The full grid -- head dims {64, 96, 128, 192, 256} x mask {none, causal, local} x softcap
+    {off, on} x heads {MHA, GQA, MQA} x seqlens {(1,1), (113,203), (1000,1000), (1024,4096),
+    (4096,1024)} x {dense, varlen, varlen + seqused_k} x {bf16, fp16} -- is 2700 cases, each
+    with a float32 reference and often a fresh compile: hours on one GPU. Bugs in attention kernels
+    come from one feature or from the interaction of two (a head dim with a ragged seqlen tile, GQA
+    with varlen, a window with s_q != s_k), so the cases form a pairwise covering array
+    (:func:`pairwise`): every value pair of any two factors appears in some case, in about 30
+    cases. The gradient through the LSE and determinism have their own tests.
+"""
+
+import pytest
+import torch
+
+import fa4
+from fa4.testing import attention_ref, check_close, random_qkv, random_varlen
+
+SM80 = fa4.KernelOptions(arch="sm80")
+
+FACTORS = {
+    "d": [64, 96, 128, 192, 256],
+    "seqlens": [(1, 1), (113, 203), (1000, 1000), (1024, 4096), (4096, 1024)],
+    "mask": ["none", "causal", "local"],
+    "heads": ["mha", "gqa", "mqa"],
+    "layout": ["dense", "varlen", "seqused"],
+    "softcap": [0.0, 2.0],
+    "dtype": [torch.bfloat16, torch.float16],
+}
+HEADS = {"mha": (4, 4), "gqa": (6, 2), "mqa": (4, 1)}
+
+
+def pairwise(factors: dict) -> list[dict]:
+    """A small covering array: every value pair of every two factors appears in some row.
+
+    In-parameter-order construction (deterministic): all pairs of the two largest factors, then
+    each next factor is added to the existing rows greedily (the value covering most uncovered
+    pairs), and rows are appended for pairs still uncovered (other values: first uncovered, else
+    cycling)."""
+    names = sorted(factors, key=lambda n: -len(factors[n]))
+    a, b = names[0], names[1]
+    rows = [{a: i, b: j} for i in range(len(factors[a])) for j in range(len(factors[b]))]
+    for k, name in enumerate(names[2:], start=2):
+        prev = names[:k]
+        todo = {(p, pv, v) for p in prev for pv in range(len(factors[p])) for v in range(len(factors[name]))}
+        for row in rows:
+            best = max(range(len(factors[name])), key=lambda v: (sum((p, row[p], v) in todo for p in prev), -v))
+            row[name] = best
+            todo -= {(p, row[p], best) for p in prev}
+        while todo:
+            p, pv, v = min(todo)
+            row = {p: pv, name: v}
+            for q in prev:
+                if q != p:
+                    free = [x for x in range(len(factors[q])) if (q, x, v) in todo]
+                    row[q] = free[0] if free else len(rows) % len(factors[q])
+            todo -= {(q, row[q], v) for q in prev}
+            rows.append(row)
+    return [{n: factors[n][row[n]] for n in names} for row in rows]
+
+
+CASES = pairwise(FACTORS)
+
+
+def _case_id(c) -> str:
+    sc = "sc" if c["softcap"] else "nosc"
+    dt = "bf16" if c["dtype"] is torch.bfloat16 else "fp16"
+    return f"d{c['d']}-{c['seqlens'][0]}x{c['seqlens'][1]}-{c['mask']}-{c['heads']}-{c['layout']}-{sc}-{dt}"
+
+
+def _window(mask: str, sq: int, sk: int):
+    if mask == "local":
+        return (max(sk // 3, 1) + 5, sq // 5 + 1)
+    return (None, None)
+
+
+def _leaf32(ts):
+    return [t.detach().float().requires_grad_() for t in ts]
+
+
+def _grads(outs, inputs, grad_outs):
+    return torch.autograd.grad(outs, inputs, grad_outs)
+
+
+def _check_grads(names, got, ref, pt):
+    for name, g, r, p in zip(names, got, ref, pt):
+        check_close(name, g, r, p)
+
+
+def _run_dense(case, seed=0, deterministic=False, with_lse=False):
+    sq, sk = case["seqlens"]
+    h, hk = HEADS[case["heads"]]
+    kw = dict(causal=case["mask"] == "causal", window_size=_window(case["mask"], sq, sk), softcap=case["softcap"])
+    q, k, v = random_qkv(2, sq, sk, h, hk, case["d"], case["dtype"], "cuda", requires_grad=True, seed=seed)
+    out, lse = fa4.flash_attn_func(q, k, v, return_lse=True, deterministic=deterministic, kernel_options=SM80, **kw)
+    g = torch.randn_like(out)
+    glse = torch.randn_like(lse) if with_lse else None
+    outs, gouts = ((out, lse), (g, glse)) if with_lse else ((out,), (g,))
+    grads = _grads(outs, (q, k, v), gouts)
+    return (q, k, v), kw, g, glse, grads
+
+
+def _reference_dense(qkv, kw, g, glse):
+    q32 = _leaf32(qkv)
+    out_ref, lse_ref = attention_ref(*q32, upcast=True, **kw)
+    ref = _grads(
+        (out_ref, lse_ref) if glse is not None else (out_ref,),
+        q32,
+        (g.float(), glse) if glse is not None else (g.float(),),
+    )
+    qlp = [t.detach().requires_grad_() for t in qkv]
+    out_pt, lse_pt = attention_ref(*qlp, upcast=False, **kw)
+    # The low-precision baseline's lse path is float32 already; its out path is in the input dtype.
+    pt = _grads((out_pt, lse_pt) if glse is not None else (out_pt,), qlp, (g, glse) if glse is not None else (g,))
+    return ref, pt
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=[_case_id(c) for c in CASES])
+def test_bwd_sm80(case):
+    sq, sk = case["seqlens"]
+    h, hk = HEADS[case["heads"]]
+    d, dtype = case["d"], case["dtype"]
+    kw = dict(causal=case["mask"] == "causal", window_size=_window(case["mask"], sq, sk), softcap=case["softcap"])
+    if case["layout"] == "dense":
+        qkv, kw, g, _, grads = _run_dense(case)
+        ref, pt = _reference_dense(qkv, kw, g, None)
+    else:
+        vb = random_varlen(
+            3,
+            sq,
+            h,
+            hk,
+            d,
+            dtype,
+            "cuda",
+            max_seqlen_k=sk,
+            with_seqused_k=case["layout"] == "seqused",
+            requires_grad=True,
+            seed=1,
+        )
+        var = dict(cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k, seqused_k=vb.seqused_k)
+        out, _ = fa4.flash_attn_varlen_func(
+            vb.q,
+            vb.k,
+            vb.v,
+            max_seqlen_q=vb.max_seqlen_q,
+            max_seqlen_k=vb.max_seqlen_k,
+            kernel_options=SM80,
+            **var,
+            **kw,
+        )
+        g = torch.randn_like(out)
+        grads = _grads((out,), (vb.q, vb.k, vb.v), (g,))
+        q32 = _leaf32((vb.q, vb.k, vb.v))
+        out_ref, _ = attention_ref(*q32, upcast=True, **var, **kw)
+        ref = _grads((out_ref,), q32, (g.float(),))
+        qlp = [t.detach().requires_grad_() for t in (vb.q, vb.k, vb.v)]
+        out_pt, _ = attention_ref(*qlp, upcast=False, **var, **kw)
+        pt = _grads((out_pt,), qlp, (g,))
+    _check_grads(("dq", "dk", "dv"), grads, ref, pt)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mask", ["none", "causal", "local"])
+@pytest.mark.parametrize("seqlens", [(113, 203), (1000, 1000)])
+def test_bwd_sm80_grad_through_lse(mask, seqlens):
+    """loss uses out and lse (return_lse=True): D - dLSE in the preprocess. With a local window
+    some rows see no key (lse = -inf): their gradients must be 0, not NaN."""
+    case = dict(d=128, seqlens=seqlens, mask=mask, heads="gqa", softcap=0.0, dtype=torch.bfloat16)
+    qkv, kw, g, glse, grads = _run_dense(case, with_lse=True)
+    ref, pt = _reference_dense(qkv, kw, g, glse)
+    _check_grads(("dq", "dk", "dv"), grads, ref, pt)
+
+
+@pytest.mark.gpu
+def test_bwd_sm80_fully_masked_rows_give_zero_grads():
+    """s_q > s_k with causal: the first s_q - s_k rows see no key (out 0, lse -inf, dq exactly 0)."""
+    q, k, v = random_qkv(1, 300, 100, 2, 1, 64, torch.bfloat16, "cuda", requires_grad=True, seed=5)
+    out, lse = fa4.flash_attn_func(q, k, v, causal=True, return_lse=True, kernel_options=SM80)
+    dq, dk, dv = torch.autograd.grad((out, lse), (q, k, v), (torch.randn_like(out), torch.randn_like(lse)))
+    assert torch.equal(dq[:, :200], torch.zeros_like(dq[:, :200]))
+    assert not any(t.isnan().any() for t in (dq, dk, dv))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mask", ["none", "causal", "local"])
+@pytest.mark.parametrize("heads", ["mha", "gqa"])
+def test_bwd_sm80_deterministic(mask, heads):
+    """deterministic=True: 10 backward runs give bit-identical dq, dk, dv (many K blocks add into
+    each dQ tile: s_k = 4096), and the result is correct."""
+    case = dict(d=128, seqlens=(1024, 4096), mask=mask, heads=heads, softcap=0.0, dtype=torch.bfloat16)
+    sq, sk = case["seqlens"]
+    h, hk = HEADS[heads]
+    kw = dict(causal=mask == "causal", window_size=_window(mask, sq, sk))
+    q, k, v = random_qkv(2, sq, sk, h, hk, 128, torch.bfloat16, "cuda", requires_grad=True, seed=7)
+    g = torch.randn(2, sq, h, 128, device="cuda", dtype=torch.bfloat16)
+    first = None
+    for _ in range(10):
+        out, _ = fa4.flash_attn_func(q, k, v, deterministic=True, kernel_options=SM80, **kw)
+        grads = torch.autograd.grad(out, (q, k, v), g)
+        if first is None:
+            first = grads
+        else:
+            for name, a, b in zip(("dq", "dk", "dv"), first, grads):
+                assert torch.equal(a, b), f"{name} differs between deterministic runs"
+    ref, pt = _reference_dense((q, k, v), dict(kw, softcap=0.0), g, None)
+    _check_grads(("dq", "dk", "dv"), first, ref, pt)
+
+
+@pytest.mark.gpu
+def test_bwd_sm80_deterministic_varlen():
+    vb = random_varlen(
+        4, 700, 4, 2, 64, torch.bfloat16, "cuda", max_seqlen_k=1500, with_seqused_k=True, requires_grad=True, seed=11
+    )
+    var = dict(
+        cu_seqlens_q=vb.cu_seqlens_q,
+        cu_seqlens_k=vb.cu_seqlens_k,
+        seqused_k=vb.seqused_k,
+        max_seqlen_q=vb.max_seqlen_q,
+        max_seqlen_k=vb.max_seqlen_k,
+    )
+    g = torch.randn(vb.q.shape, device="cuda", dtype=vb.q.dtype)
+    first = None
+    for _ in range(5):
+        out, _ = fa4.flash_attn_varlen_func(
+            vb.q, vb.k, vb.v, causal=True, deterministic=True, kernel_options=SM80, **var
+        )
+        grads = torch.autograd.grad(out, (vb.q, vb.k, vb.v), g)
+        if first is None:
+            first = grads
+        else:
+            for a, b in zip(first, grads):
+                assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("opts", [dict(bwd_tile_m=128, bwd_tile_n=64, bwd_num_threads=128), dict(bwd_tile_n=64)])
+def test_bwd_sm80_tile_options(opts):
+    """Non-default tiles through KernelOptions still give correct gradients."""
+    q, k, v = random_qkv(2, 333, 517, 4, 2, 64, torch.float16, "cuda", requires_grad=True, seed=3)
+    out, _ = fa4.flash_attn_func(q, k, v, causal=True, kernel_options=fa4.KernelOptions(arch="sm80", **opts))
+    g = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), g)
+    ref, pt = _reference_dense((q, k, v), dict(causal=True, window_size=(None, None), softcap=0.0), g, None)
+    _check_grads(("dq", "dk", "dv"), grads, ref, pt)
+
+
+def test_pairwise_covers_all_pairs():
+    """(CPU) The pruned grid really covers every pair of factor values."""
+    names = list(FACTORS)
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            for va in FACTORS[a]:
+                for vb in FACTORS[b]:
+                    assert any(c[a] == va and c[b] == vb for c in CASES), (a, va, b, vb)
+    assert len(CASES) <= 40, len(CASES)
