@@ -238,6 +238,34 @@ def _fmt_index(flat: int, shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(reversed(coords))
 
 
+def grad_noise_floor(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor,
+                     softmax_scale: Optional[float] = None) -> dict[str, float]:
+    """Absolute rounding floors for ``dq`` / ``dk`` / ``dv`` where the exact gradient cancels to 0.
+
+    Note [gradient cancellation floor]
+    ``dS = P * (dP - D)`` with ``dP_ij = dO_i . V_j`` and ``D_i = dO_i . O_i``: when a row sees one
+    key (or all its probability sits on one), ``dP - D`` is exactly 0 in real arithmetic, and the
+    reference (float32 and low-precision alike) returns exact zeros, so the pass rule's bound is 0.
+    A kernel forms ``dP`` (an MMA over the head dim) and ``D`` (a row sum) in float32 in different
+    orders, so it lands a few float32 roundings of ``|dP| ~ sqrt(d) * rms(dO) * rms(V)`` away from
+    0. ``dq = scale * dS K`` and ``dk = scale * dS^T Q`` carry that times ``|K|`` / ``|Q|`` (and for
+    ``dk``, summed over up to ``seqlen_q`` rows, ``sqrt(seqlen_q)``). ``dv = P^T dO`` does not cancel.
+    The floor is 16 float32 epsilons of that size: far below any indexing or masking bug, which
+    shows at the scale of the gradients themselves (1e-2 and up).
+    """
+    d = q.shape[-1]
+    scale = softmax_scale if softmax_scale is not None else d**-0.5
+    rms = lambda t: float(t.detach().float().pow(2).mean().sqrt())  # noqa: E731
+    dp = math.sqrt(d) * rms(dout) * rms(v)
+    eps = 16 * 2.0**-23
+    seqlen_q = q.shape[-3]
+    return {
+        "dq": eps * dp * scale * float(k.detach().abs().max()),
+        "dk": eps * dp * scale * float(q.detach().abs().max()) * math.sqrt(seqlen_q),
+        "dv": 0.0,
+    }
+
+
 def check_close(
     name: str,
     out: torch.Tensor,
