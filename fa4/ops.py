@@ -92,6 +92,14 @@ def backward(problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_seqlens_q, 
 # --------------------------------------------------------------------------------------------
 
 
+def _kernel_ready(t: torch.Tensor) -> torch.Tensor:
+    """Gradients from autograd can be any layout (expanded, transposed): the kernels need a unit
+    last stride, other strides in multiples of 16 bytes and an aligned pointer; else copy."""
+    if t.stride(-1) == 1 and all(s % 8 == 0 for s in t.stride()[:-1]) and t.data_ptr() % 16 == 0:
+        return t
+    return t.contiguous()
+
+
 def _as4d(t: Optional[torch.Tensor], varlen: bool) -> Optional[torch.Tensor]:
     return t.unsqueeze(0) if (varlen and t is not None) else t
 
@@ -122,7 +130,7 @@ class FlashAttnFunction(torch.autograd.Function):
         if not ctx.return_lse:
             dlse = None
         varlen = p.varlen_q
-        dq, dk, dv = backward(p, _as4d(dout.contiguous() if dout.stride(-1) != 1 else dout, varlen),
+        dq, dk, dv = backward(p, _as4d(_kernel_ready(dout), varlen),
                               _as4d(q, varlen), _as4d(k, varlen), _as4d(v, varlen), _as4d(out, varlen),
                               _as4d(lse, varlen), _as4d(dlse, varlen), cu_q, cu_k, seqused_k,
                               ctx.options, ctx.deterministic)
@@ -190,7 +198,7 @@ def bwd_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     p = _problem_from_op_args(q, k, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                               local, window_left, window_right, softcap)
     varlen = p.varlen_q
-    dout = dout if dout.stride(-1) == 1 else dout.contiguous()
+    dout = _kernel_ready(dout)
     dq, dk, dv = backward(p, _as4d(dout, varlen), _as4d(q, varlen), _as4d(k, varlen), _as4d(v, varlen),
                           _as4d(out, varlen), _as4d(lse, varlen), _as4d(dlse, varlen), cu_seqlens_q, cu_seqlens_k,
                           seqused_k, KernelOptions.from_str(options), deterministic)

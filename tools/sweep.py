@@ -62,6 +62,13 @@ PLANS = {
         + _exp(S64, "fwd", [{}, dict(tile_n=64), dict(num_stages=2), dict(exp2_emu_frac=0.25)])
         + _exp(S256, "fwd", [{}, dict(tile_m=64, num_threads=128), dict(tile_n=32), dict(num_stages=2)])
     ),
+    "bwd2": (
+        _exp(S256, "bwd", [{}, dict(atom_m_sdp=4, atom_n_dkv=2, atom_m_dq=2), dict(atom_m_sdp=2, atom_n_dkv=4, atom_m_dq=2),
+                           dict(atom_m_sdp=2, atom_n_dkv=2, atom_m_dq=2), dict(atom_m_sdp=2, atom_n_dkv=2, atom_m_dq=2,
+                                                                               num_stages=1)])
+        + _exp(S128[:2], "bwd", [dict(atom_m_sdp=2, atom_n_dkv=2, atom_m_dq=2), dict(atom_m_sdp=4, atom_n_dkv=4, atom_m_dq=2)])
+        + _exp(S64, "bwd", [dict(atom_m_sdp=4, atom_n_dkv=4, atom_m_dq=2), dict(atom_m_sdp=2, atom_n_dkv=4, atom_m_dq=4)])
+    ),
     "grid": _exp(GRID, "fwd", [{}]) + _exp(GRID, "bwd", [{}]),
     "emu": _exp(GRID, "fwd", [dict(exp2_emu_frac=0.25), dict(rescale_threshold=0.0),
                               dict(exp2_emu_frac=0.25, rescale_threshold=0.0)]),

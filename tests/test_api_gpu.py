@@ -1,0 +1,103 @@
+"""The public API end to end on a GPU: torch.compile training steps, autograd corner cases, the
+visible fallback on GPUs without a native kernel family, empty problems, odd gradient layouts."""
+
+import warnings
+
+import pytest
+import torch
+
+import fa4
+from fa4.testing import attention_ref, check_close, random_qkv
+
+SM80 = fa4.KernelOptions(arch="sm80")
+pytestmark = pytest.mark.gpu
+
+
+def _step(q, k, v, g, **kw):
+    out, lse = fa4.flash_attn_func(q, k, v, return_lse=True, **kw)
+    loss = (out.float() * g.float()).sum() + lse.sum()
+    return torch.autograd.grad(loss, (q, k, v)) + (out, lse)
+
+
+def test_torch_compile_fullgraph_matches_eager():
+    """fullgraph compile of forward + backward (custom ops, registered autograd) gives bit-identical
+    results to eager (same kernels; deterministic backward)."""
+    q, k, v = random_qkv(2, 300, 300, 8, 2, 128, torch.bfloat16, "cuda", requires_grad=True, seed=1)
+    g = torch.randn(2, 300, 8, 128, device="cuda", dtype=torch.bfloat16)
+    kw = dict(causal=True, deterministic=True, kernel_options=SM80)
+    eager = _step(q, k, v, g, **kw)
+    torch._dynamo.reset()
+    compiled = torch.compile(_step, fullgraph=True)(q, k, v, g, **kw)
+    for a, b in zip(eager, compiled):
+        assert torch.equal(a, b)
+
+
+def test_torch_compile_module_training_step():
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = torch.nn.Linear(256, 3 * 256, dtype=torch.bfloat16, device="cuda")
+
+        def forward(self, x):
+            b, s, _ = x.shape
+            q, k, v = self.qkv(x).view(b, s, 3, 4, 64).unbind(2)  # strided views, no copies
+            return fa4.flash_attn_func(q, k, v, causal=True, kernel_options=SM80)[0].sum()
+
+    m = Block()
+    x = torch.randn(2, 129, 256, device="cuda", dtype=torch.bfloat16)
+    torch._dynamo.reset()
+    loss = torch.compile(m, fullgraph=True)(x)
+    loss.backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in m.parameters())
+
+
+def test_expanded_output_gradient():
+    """out.sum() hands the backward an expanded (stride 0) gradient: copied, not rejected."""
+    q, k, v = random_qkv(1, 77, 77, 2, 2, 64, torch.float16, "cuda", requires_grad=True, seed=2)
+    out, _ = fa4.flash_attn_func(q, k, v, kernel_options=SM80)
+    out.sum().backward()
+    q32 = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    attention_ref(*q32)[0].sum().backward()
+    qlp = [t.detach().requires_grad_() for t in (q, k, v)]
+    attention_ref(*qlp, upcast=False)[0].float().sum().backward()
+    for name, t, r, p in zip(("dq", "dk", "dv"), (q, k, v), q32, qlp):
+        check_close(name, t.grad, r.grad, p.grad, extra_atol=1e-3)
+
+
+def test_natural_dispatch_on_this_gpu_falls_back_visibly(monkeypatch):
+    monkeypatch.delenv("FA4_ARCH", raising=False)
+    from fa4 import arch
+
+    arch._warned.clear()
+    q, k, v = random_qkv(1, 64, 64, 2, 2, 64, torch.bfloat16, "cuda", seed=3)
+    cc = torch.cuda.get_device_capability()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        out, _ = fa4.flash_attn_func(q, k, v)
+    if cc[0] in (9, 10):  # no sm90/sm100 kernels yet: the sm80 family runs, with a warning
+        assert any("fa4.explain" in str(x.message) for x in w)
+        assert "fallback" in str(fa4.explain(q, k, v))
+    ref = attention_ref(q, k, v)[0]
+    check_close("out", out, ref, attention_ref(q, k, v, upcast=False)[0])
+
+
+@pytest.mark.parametrize("shape_q,shape_k", [((0, 5, 2, 64), (0, 5, 2, 64)), ((2, 0, 2, 64), (2, 7, 2, 64)),
+                                              ((2, 9, 2, 64), (2, 0, 2, 64))])
+def test_empty_problems(shape_q, shape_k):
+    q = torch.randn(shape_q, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(shape_k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(shape_k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    out, lse = fa4.flash_attn_func(q, k, v, return_lse=True, kernel_options=SM80)
+    assert out.shape == q.shape and lse.shape == (shape_q[0], shape_q[2], shape_q[1])
+    assert torch.equal(out, torch.zeros_like(out)) and bool((lse == float("-inf")).all())
+    out.sum().backward()
+    assert q.grad.shape == q.shape and k.grad.shape == k.shape
+
+
+def test_cache_info_counts_this_process():
+    info0 = fa4.cache_info()
+    q, k, v = random_qkv(1, 64, 64, 2, 2, 64, torch.bfloat16, "cuda", seed=4)
+    fa4.flash_attn_func(q, k, v, kernel_options=SM80)
+    fa4.flash_attn_func(q, k, v, kernel_options=SM80)
+    info1 = fa4.cache_info()
+    assert info1["memory_hits"] >= info0["memory_hits"] + 1

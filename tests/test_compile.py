@@ -1,0 +1,44 @@
+"""Every kernel variant fa4 has compiles, with fake tensors and no GPU, for every arch it claims.
+
+The variants are each kernel module's covering set (`variants(arch)`: every head-dim bucket, every
+flag value at least once; `fa4.arch.KERNEL_MODULES` lists the modules). Each compiled kernel is
+exported to an object file, and the cubin inside must be for the arch asked for, within the
+register file, without large spills. sm_100a objects are checked the same way; no Blackwell GPU
+ran them.
+"""
+
+import pytest
+
+from fa4 import arch, jit
+from fa4.config import ARCHS
+
+CASES = [(a, cfg) for a in ARCHS for cfg in arch.all_variants(a)]
+
+
+def _id(case):
+    a, cfg = case
+    d = cfg.describe()
+    flags = "-".join(k for k, v in d.items() if v is True)
+    return f"{a}-{type(cfg).__name__}-d{d.get('head_dim', '')}-{d.get('dtype')}{('-' + flags) if flags else ''}"
+
+
+def test_every_arch_has_variants():
+    for a in ARCHS:
+        kinds = {type(c).__name__ for c in arch.all_variants(a)}
+        assert {"FwdSm80Config", "BwdSm80Config", "BwdPreprocessConfig", "BwdPostprocessConfig"} <= kinds, (a, kinds)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])
+def test_variant_compiles_for_its_arch(case, tmp_path):
+    a, cfg = case
+    fn = jit.compile_uncached(cfg)
+    path = tmp_path / "k.o"
+    fn.export_to_c(str(path), function_name=jit.EXPORT_SYMBOL)
+    cubins = jit.cubin_info(path)
+    assert cubins, "no cubin in the exported object"
+    want = int(a[3:].rstrip("a"))
+    assert {c["sm"] for c in cubins} == {want}, cubins
+    for c in cubins:
+        assert 0 < c["registers"] <= 255, c
+        assert c["frame_bytes"] <= 1024, f"{c['frame_bytes']} bytes of stack (spills): {cfg.key()}"
