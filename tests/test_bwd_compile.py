@@ -16,7 +16,7 @@ import pytest
 from fa4 import jit
 from fa4.bwd import postprocess, preprocess, sm80
 from fa4.config import ARCHS, AttnProblem, KernelOptions
-from fa4.sched.semaphore import check_schedule
+from fa4.sched.semaphore import check_schedule, simulate
 
 
 def _ids(cfgs):
@@ -64,7 +64,7 @@ def test_bwd_sm80_compiles(cfg):
     assert len(info) == 1, info
     assert info[0]["sm"] == int(cfg.arch[3:].rstrip("a")), info
     assert info[0]["registers"] <= 255
-    # A few spilled words at most (the hdim-128 deterministic variant spills 8 bytes on sm_80).
+    # A few spilled words at most (the one-stage hdim-128 variant spills 16 bytes on sm_90a).
     assert info[0]["frame_bytes"] <= 64, info
 
 
@@ -211,21 +211,88 @@ def _masks(sq, sk):
                 yield False, True, wl, wr
 
 
+# Section sizes of the launch order: the default (all pairs without a causal mask, one with), one
+# pair, and 3 of the 4 pairs (a ragged last section).
+_SECTIONS = [None, 1, 3]
+
+
 @pytest.mark.parametrize("sq, sk", _SIZES)
 def test_deterministic_schedule_follows_launch_order(sq, sk):
     """Every slot's contributors have ranks 0, 1, ... in launch order: no CTA waits on one launched
-    after it (no deadlock), every awaited count is reached, nothing is added twice."""
+    after it (no deadlock), every awaited count is reached, nothing is added twice; and one CTA
+    resident at a time runs through without waiting."""
     for tm, tn in _TILES:
         for causal, local, wl, wr in _masks(sq, sk):
-            # Two sequences of different lengths (varlen), 2 kv heads, GQA group of 2.
-            visits, rank = sm80.deterministic_schedule(
-                [sq, max(1, sq // 3)], [sk, max(1, sk // 2)], 2, 2, tm, tn, causal, local, wl, wr
-            )
-            check_schedule(visits, rank)
+            for section in _SECTIONS:
+                # Two sequences of different lengths (varlen), 2 kv heads, GQA group of 2.
+                visits, rank, _ = sm80.deterministic_schedule(
+                    [sq, max(1, sq // 3)], [sk, max(1, sk // 2)], 2, 2, tm, tn, causal, local, wl, wr, section
+                )
+                check_schedule(visits, rank)
+
+
+@pytest.mark.parametrize("sq, sk", [(1, 1), (113, 203), (1000, 1000), (300, 17), (65, 129)])
+@pytest.mark.parametrize("resident", [1, 3, 7])
+def test_deterministic_schedule_few_resident(sq, sk, resident):
+    """With only ``resident`` CTAs on the machine (dispatched in launch order as others finish), the
+    schedule never gets stuck, whether the resident CTAs advance in lockstep or in a random
+    interleaving, and every slot ends with one add per contributor."""
+    for tm, tn in [(64, 128), (32, 64)]:
+        for causal, local, wl, wr in list(_masks(sq, sk))[:6]:
+            for section in _SECTIONS:
+                visits, rank, _ = sm80.deterministic_schedule(
+                    [sq, max(1, sq // 3)], [sk, max(1, sk // 2)], 2, 2, tm, tn, causal, local, wl, wr, section
+                )
+                check_schedule(visits, rank, resident=(resident,))
+                final = simulate(visits, rank, resident, seed=resident)
+                contributors = {}
+                for slots in visits:
+                    for s in slots:
+                        contributors[s] = contributors.get(s, 0) + 1
+                assert final == contributors
+
+
+def test_launch_order_is_rank_major():
+    """The deterministic grid: with one section of all pairs the n_block rank x is slowest (every
+    pair's x-th K block is launched before any pair's (x+1)-th), kv heads fastest; with sections of
+    one pair, x is fastest (the non-deterministic order). Either way a bijection onto the grid."""
+    b, hk, sq, sk, tn = 3, 2, 500, 1000, 128
+    num_x, pairs = -(-sk // tn), b * hk
+    for section in (None, 1, 4, 100):
+        _, _, ctas = sm80.deterministic_schedule([sq] * b, [sk] * b, hk, 2, 64, tn, section=section)
+        assert len(ctas) == num_x * pairs
+        assert len({(x, h, bb) for x, h, bb, _ in ctas}) == len(ctas)
+        assert sorted(n for *_, n in ctas) == sorted(list(range(num_x)) * pairs)
+        for h in range(hk):  # within a pair, x grows with the launch index
+            for bb in range(b):
+                xs = [x for x, hh, b2, _ in ctas if (hh, b2) == (h, bb)]
+                assert xs == list(range(num_x))
+        if section in (None, 100):
+            assert [x for x, *_ in ctas] == [i // pairs for i in range(len(ctas))]
+            assert [(h, bb) for _, h, bb, _ in ctas[:pairs]] == [(i % hk, i // hk) for i in range(pairs)]
+        if section == 1:
+            assert [x for x, *_ in ctas] == [i % num_x for i in range(len(ctas))]
+    # SPT: x = 0 takes the last K block (the shortest one with a causal mask).
+    _, _, ctas = sm80.deterministic_schedule([sq], [sk], 1, 1, 64, tn, causal=True)
+    assert [n for *_, n in ctas] == list(range(num_x - 1, -1, -1))
+
+
+def test_det_section_pairs():
+    assert sm80.det_section_pairs(32, causal=False) == 32
+    assert sm80.det_section_pairs(32, causal=True) == 1
+    old = sm80.DET_SECTION_PAIRS
+    try:
+        sm80.DET_SECTION_PAIRS = 8
+        assert sm80.det_section_pairs(32, False) == sm80.det_section_pairs(32, True) == 8
+        assert sm80.det_section_pairs(5, False) == 5
+        sm80.DET_SECTION_PAIRS = 0
+        assert sm80.det_section_pairs(5, False) == 1
+    finally:
+        sm80.DET_SECTION_PAIRS = old
 
 
 def test_check_schedule_catches_bad_orders():
-    visits, _ = sm80.deterministic_schedule([256], [512], 1, 1, 64, 128)
+    visits, _, _ = sm80.deterministic_schedule([256], [512], 1, 1, 64, 128)
     assert len(visits) == 4
     with pytest.raises(AssertionError):  # ranks against launch order: the first CTA waits on the last
         check_schedule(visits, lambda c, slot: len(visits) - 1 - c)
@@ -233,21 +300,56 @@ def test_check_schedule_catches_bad_orders():
         check_schedule([[("a", 0)], [("a", 0)]], lambda c, slot: 0)
 
 
+def test_simulate_detects_deadlock_and_disorder():
+    """The residency simulation itself: CTA 0 waits for CTA 1 in one slot. With both resident it
+    completes (CTA 1 adds first), with one at a time it is stuck; check_schedule rejects it anyway."""
+    visits = [[("a",)], [("a",)]]
+
+    def rank(c, slot):
+        return 1 - c
+
+    assert simulate(visits, rank, 2) == {("a",): 2}
+    with pytest.raises(AssertionError, match="deadlock"):
+        simulate(visits, rank, 1)
+    with pytest.raises(AssertionError):
+        check_schedule(visits, rank, resident=(2,))
+    # Crossed waits: each CTA's first slot needs the other's second add: stuck at any residency.
+    visits = [[("a",), ("b",)], [("b",), ("a",)]]
+
+    def crossed(c, slot):
+        return 1 if slot == (("a",) if c == 0 else ("b",)) else 0
+
+    with pytest.raises(AssertionError, match="deadlock"):
+        simulate(visits, crossed, 2)
+
+
 def test_causal_schedule_has_no_steady_state_wait():
-    """Causal, SPT order, all CTAs start together at one step per m_block: the contributor ranked
-    just before a CTA in a slot reaches that slot strictly earlier (so, in lockstep, never waits)."""
+    """Causal, SPT order, all CTAs of a pair starting together at one step per slot: the contributor
+    ranked just before a CTA in a slot reaches that slot at least two steps earlier, so its deferred
+    publish (at the top of its next step) precedes this CTA's peek (at the top of this step): in
+    lockstep no CTA waits. Later CTAs of a pair are launched later, only widening the gap."""
     tm, tn, sq = 64, 128, 2048
-    visits, rank = sm80.deterministic_schedule([sq], [sq], 1, 1, tm, tn, causal=True)
-    when = {}
-    for c, slots in enumerate(visits):
-        for step, slot in enumerate(slots):
-            when[(c, slot)] = step
-    by_slot = {}
-    for (c, slot), step in when.items():
-        by_slot.setdefault(slot, {})[rank(c, slot)] = step
-    for slot, steps in by_slot.items():
-        for r in range(1, len(steps)):
-            assert steps[r - 1] < steps[r], (slot, steps)
+    for heads_k, group in ((1, 1), (2, 2)):
+        visits, rank, _ = sm80.deterministic_schedule([sq], [sq], heads_k, group, tm, tn, causal=True)
+        by_slot = {}
+        for c, slots in enumerate(visits):
+            for step, slot in enumerate(slots):
+                by_slot.setdefault(slot, {})[rank(c, slot)] = step
+        for slot, steps in by_slot.items():
+            for r in range(1, len(steps)):
+                assert steps[r - 1] + 2 <= steps[r], (slot, steps)
+
+
+def test_launch_grid_limits():
+    cfg = sm80.make_config(_problem(128), None, "sm_90a")
+    det = dataclasses.replace(cfg, deterministic=True)
+    assert sm80.launch_grid(cfg, 2, 16, 8192) == (64, 16, 2)
+    assert sm80.launch_grid(det, 2, 16, 8192) == (64 * 16 * 2, 1, 1)
+    assert sm80.launch_grid(det, 70000, 1, 128) == (70000, 1, 1)  # 1-D: batch is not capped at 65535
+    with pytest.raises(ValueError, match="limits"):
+        sm80.launch_grid(cfg, 70000, 1, 128)
+    with pytest.raises(ValueError, match="limits"):
+        sm80.launch_grid(det, 2**16, 2**8, 2**7 * 128)  # 2^31 CTAs
 
 
 def test_block_ranges_cover_the_mask():

@@ -244,6 +244,40 @@ def test_bwd_sm80_deterministic_varlen():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("mask", ["none", "causal", "local"])
+def test_bwd_sm80_deterministic_launch_orders(mask):
+    """The deterministic gradients do not depend on the launch order (sections of 1, 3 or all the
+    (batch, kv head) pairs, Note [Deterministic dQ] in fa4/bwd/sm80.py: the adds into a dQ slot
+    follow the ranks, whatever the order), on a grid of 512 CTAs, several times what the GPU holds
+    at once (later CTAs wait on CTAs that have finished or are still running), and are correct."""
+    from fa4.bwd import sm80
+
+    sq = sk = 2048
+    kw = dict(causal=mask == "causal", window_size=_window(mask, sq, sk))
+    q, k, v = random_qkv(4, sq, sk, 16, 8, 128, torch.bfloat16, "cuda", requires_grad=True, seed=13)
+    g = torch.randn(4, sq, 16, 128, device="cuda", dtype=torch.bfloat16)
+    results = {}
+    old = sm80.DET_SECTION_PAIRS
+    try:
+        for section in (None, 1, 3, 10**6):
+            sm80.DET_SECTION_PAIRS = section
+            for _ in range(2):
+                out, _ = fa4.flash_attn_func(q, k, v, deterministic=True, kernel_options=SM80, **kw)
+                grads = torch.autograd.grad(out, (q, k, v), g)
+                first = results.setdefault(section, grads)
+                for name, a, b in zip(("dq", "dk", "dv"), first, grads):
+                    assert torch.equal(a, b), f"{name} differs between runs (section {section})"
+    finally:
+        sm80.DET_SECTION_PAIRS = old
+    base = results[None]
+    for section, grads in results.items():
+        for name, a, b in zip(("dq", "dk", "dv"), base, grads):
+            assert torch.equal(a, b), f"{name} differs between the default order and sections of {section}"
+    ref, pt = _reference_dense((q, k, v), dict(kw, softcap=0.0), g, None)
+    _check_grads(("dq", "dk", "dv"), base, ref, pt, (q, k, v), g)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("opts", [dict(bwd_tile_m=128, bwd_tile_n=64, bwd_num_threads=128), dict(bwd_tile_n=64)])
 def test_bwd_sm80_tile_options(opts):
     """Non-default tiles through KernelOptions still give correct gradients."""

@@ -69,6 +69,13 @@ PLANS = {
         + _exp(S128[:2], "bwd", [dict(atom_m_sdp=2, atom_n_dkv=2, atom_m_dq=2), dict(atom_m_sdp=4, atom_n_dkv=4, atom_m_dq=2)])
         + _exp(S64, "bwd", [dict(atom_m_sdp=4, atom_n_dkv=4, atom_m_dq=2), dict(atom_m_sdp=2, atom_n_dkv=4, atom_m_dq=4)])
     ),
+    "det2": (
+        _exp(S128[:2] + S64 + S256, "bwd", [{}, {"_det_section": 1}, {"_det_section": 16}, {"_det_section": 10**6}],
+             deterministic=True)
+        + _exp([(1, 8192, 2, 128, False), (1, 8192, 2, 128, True)], "bwd", [{}], deterministic=False)
+        + _exp([(1, 8192, 2, 128, False), (1, 8192, 2, 128, True)], "bwd", [{}, {"_det_section": 1}],
+               deterministic=True)
+    ),
     "grid": _exp(GRID, "fwd", [{}]) + _exp(GRID, "bwd", [{}]),
     "emu": _exp(GRID, "fwd", [dict(exp2_emu_frac=0.25), dict(rescale_threshold=0.0),
                               dict(exp2_emu_frac=0.25, rescale_threshold=0.0)]),
@@ -86,6 +93,7 @@ def _problem(shape):
 
 
 def _configs(shape, direction, over, deterministic):
+    over = {k: v for k, v in over.items() if not k.startswith("_")}
     p = _problem(shape)
     if direction == "fwd":
         return [dataclasses.replace(fwd_mod.make_config(p, SM80, "sm_90a", False), **over)]
@@ -109,6 +117,10 @@ def run_experiment(shape, direction, over, deterministic):
     b, s, h, d, causal = shape
     orig = fwd_mod.make_config if direction == "fwd" else bwd_mod.make_config
     mod = fwd_mod if direction == "fwd" else bwd_mod
+    section = over.get("_det_section")
+    over = {k: v for k, v in over.items() if not k.startswith("_")}
+    old_section = bwd_mod.DET_SECTION_PAIRS
+    bwd_mod.DET_SECTION_PAIRS = section
 
     def patched(*a, **k):
         return dataclasses.replace(orig(*a, **k), **over)
@@ -137,6 +149,7 @@ def run_experiment(shape, direction, over, deterministic):
         return ms, flops / ms / 1e9, diff
     finally:
         mod.make_config = orig
+        bwd_mod.DET_SECTION_PAIRS = old_section
 
 
 def main():

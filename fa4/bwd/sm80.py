@@ -24,16 +24,43 @@ Note [Out-of-bounds tiles]
 
 Note [Deterministic dQ]
     With ``deterministic``, the additions into the dQ accumulator of each (batch, q head, m_block)
-    happen in a fixed order, serialized by an int32 semaphore per slot (:mod:`fa4.sched.semaphore`).
-    CTAs are launched shortest-first (SPT): block x of a (kv head, batch) takes
-    ``n_block = num_n_blocks - 1 - x``. In a slot, the contributors are the K blocks
-    ``[n_min, n_max)`` of ``mask.n_block_range(m_block)``; K block ``n`` has rank
-    ``n_max - 1 - n``, i.e. contributors add in launch order, so a CTA only waits for CTAs launched
-    before it and the schedule cannot deadlock (Note [No deadlock] in fa4/sched/semaphore.py).
-    With a causal mask, block ``n`` starts at its diagonal m_block, where it is first in line, and
-    block ``n + 1`` (launched earlier, starting ``tile_n / tile_m`` m_blocks later) has always just
-    finished the m_block that ``n`` reaches next: in steady state no CTA waits. Without a mask all
-    contributors start at m_block 0 and the first wave pays a one-step skew per rank.
+    slot happen in a fixed order, serialized by an int32 counter per slot (:mod:`fa4.sched.semaphore`).
+
+    Ranks. In a slot, the contributors are the K blocks ``[n_min, n_max)`` of
+    ``mask.n_block_range(m_block)``; K block ``n`` has rank ``n_max - 1 - n`` (the last block adds
+    first). Grid index ``x`` of a (batch, kv head) takes ``n_block = num_n_blocks - 1 - x``
+    (shortest first with a causal mask), so within a pair a larger rank always has a larger ``x``.
+
+    Launch order. The grid is 1-D: tile index ``i`` -> (x, kv head, batch) by
+    :func:`fa4.sched.tile.section_tile`: the (batch, kv head) pairs are cut into sections of
+    ``det_section`` pairs (:func:`det_section_pairs`); sections run one after the other, and inside
+    one ``x`` is slowest and the pairs fastest. Within a pair, ``x`` -- hence every rank -- grows
+    with the launch index, whatever the section size: a CTA only waits for CTAs launched before it,
+    and the schedule cannot deadlock with any number of CTAs resident (Note [No deadlock] in
+    fa4/sched/semaphore.py; :func:`deterministic_schedule` models it, the CPU tests simulate it with
+    1 to 7 resident CTAs). With one section of all pairs (the default without a causal mask), only
+    about ``num_SMs / pairs`` K blocks of a pair are in flight at once; they start together at
+    m_block 0 and chain, each one step behind the previous, and the later waves find their
+    predecessors far ahead: nothing waits in steady state. The x-fastest order (sections of one
+    pair, the non-deterministic grid's) would put all K blocks of a pair in flight, a chain of up
+    to ``num_n_blocks`` CTAs. With a causal mask, block ``n`` starts at its diagonal m_block, where
+    it is first in line, and block ``n + 1`` (launched earlier, starting ``tile_n / tile_m``
+    m_blocks later) is always two steps ahead in the m_blocks that ``n`` reaches next: no K block
+    waits even when all of a pair's are in flight, so causal keeps sections of one pair, whose few
+    pairs in flight keep Q, dO and dQ in L2.
+
+    Per step (Note [Split-phase] in fa4/sched/semaphore.py). Right after the barrier at the top of
+    step ``t`` (every thread's dQ adds of step ``t - 1`` are issued), thread 0 reads this step's
+    counter (relaxed), fences once -- the release of step ``t - 1``'s adds and the acquire of the
+    value just read --, bumps step ``t - 1``'s counter, and records in shared memory whether the
+    value already equals its rank. The barrier after the P/dS stores makes the flag and the
+    acquire cover the CTA: in the usual case the step adds its dQ tile with no further wait and no
+    extra barrier, like the non-deterministic kernel. Otherwise (a predecessor less than a step
+    ahead) thread 0 spins with ``ld.acquire`` just before the dQ MMA (where the dQ accumulator is
+    not yet live, so the spin costs no registers) and a barrier releases the CTA. The last step's
+    counter is bumped after the loop. Only warp 0 waits for the fence's round trip, while the
+    other warps start the step's MMAs; the fence precedes the step's cp.async so it waits for
+    nothing else.
 """
 
 from __future__ import annotations
@@ -53,6 +80,7 @@ from fa4.config import ARCHS, AttnProblem, KernelConfig, KernelOptions
 from fa4.cute_utils import make_acc_mn_view
 from fa4.mask import AttentionMask
 from fa4.sched import semaphore
+from fa4.sched.tile import section_tile
 from fa4.seqlen import SeqlenInfo
 from fa4.softmax import apply_softcap, exp2_rows, score_scales, softcap_grad
 
@@ -104,7 +132,8 @@ class BwdSm80Config(KernelConfig):
         kv = r1k(self.tile_n * self.head_dim * 2)
         pds = r1k(self.tile_m * self.tile_n * 2)
         rows = (self.tile_m * self.num_stages * 4 + 15) // 16 * 16
-        return 2 * q + 2 * kv + 2 * pds + 2 * rows
+        ready = 16 if self.deterministic else 0
+        return 2 * q + 2 * kv + 2 * pds + 2 * rows + ready
 
 
 def mma_shape_error(cfg: BwdSm80Config) -> Optional[str]:
@@ -217,6 +246,7 @@ class FlashBwdSm80:
             Int32(0),
             Int32(0),
             Int32(1),
+            Int32(1),
             stream,
         )
 
@@ -261,6 +291,7 @@ class FlashBwdSm80:
         window_left: Int32,
         window_right: Int32,
         max_seqlen_k: Int32,  # longest key sequence (varlen grid); ignored for fixed length
+        det_section: Int32,  # deterministic launch order: (batch, kv head) pairs per section
         stream,
     ):
         for t in (mQ, mK, mV, mdO, mdK, mdV):
@@ -272,6 +303,7 @@ class FlashBwdSm80:
         sK_layout = cute.tile_to_shape(atom, (self.tile_n, hd), (0, 1))
         sPdS_layout = cute.tile_to_shape(self._smem_atom(self.tile_n), (self.tile_m, self.tile_n), (0, 1))
         sRow_layout = cute.make_layout((self.tile_m, self.num_stages))
+        deterministic = self.cfg.deterministic
 
         @cute.struct
         class SharedStorage:
@@ -283,6 +315,9 @@ class FlashBwdSm80:
             sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sPdS_layout)], 1024]
             sLSE: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sRow_layout)], 16]
             sD: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sRow_layout)], 16]
+            if const_expr(deterministic):
+                # Note [Deterministic dQ]: "this step's dQ slot is ready", set by thread 0.
+                sReady: cute.struct.Align[cute.struct.MemRange[Int32, 4], 16]
 
         # gmem <-> smem copies of 16-bit tiles: 16 bytes per lane, lanes along a swizzle row.
         elems = 128 // self.dtype.width
@@ -315,7 +350,14 @@ class FlashBwdSm80:
         else:
             num_batch = mK.shape[0]
             seqlen_k = mK.shape[1]
-        grid = (cute.ceil_div(seqlen_k, self.tile_n), mK.shape[2], num_batch)
+        num_x = cute.ceil_div(seqlen_k, self.tile_n)
+        section = Int32(1)
+        if const_expr(self.cfg.deterministic):
+            # 1-D, in sections of `section` pairs: see Note [Deterministic dQ].
+            section = cutlass.max(cutlass.min(det_section, mK.shape[2] * num_batch), 1)
+            grid = (num_x * mK.shape[2] * num_batch, 1, 1)
+        else:
+            grid = (num_x, mK.shape[2], num_batch)
         prescale, scale_log2 = score_scales(softmax_scale, softcap, self.cfg.has_softcap)
         if const_expr(not self.cfg.has_softcap):
             prescale = Float32(1.0)
@@ -338,6 +380,9 @@ class FlashBwdSm80:
             scale_log2,
             window_left,
             window_right,
+            num_x,
+            num_batch,
+            section,
             sQ_layout,
             sK_layout,
             sPdS_layout,
@@ -376,6 +421,9 @@ class FlashBwdSm80:
         scale_log2: Float32,
         window_left: Int32,
         window_right: Int32,
+        num_x: Int32,
+        num_batch: Int32,
+        det_section: Int32,
         sQ_layout: cute.ComposedLayout,
         sK_layout: cute.ComposedLayout,
         sPdS_layout: cute.ComposedLayout,
@@ -389,7 +437,14 @@ class FlashBwdSm80:
         SharedStorage: cutlass.Constexpr,
     ):
         tidx, _, _ = cute.arch.thread_idx()
-        x_block, head_kv, batch = cute.arch.block_idx()
+        if const_expr(self.cfg.deterministic):
+            # Sections of det_section (batch, kv head) pairs, one after the other; inside one, x
+            # slowest, pairs fastest (kv heads fastest). Note [Deterministic dQ].
+            x_block, head_kv, batch = section_tile(
+                cute.arch.block_idx()[0], num_x, mK.shape[2], num_batch, det_section, False
+            )
+        else:
+            x_block, head_kv, batch = cute.arch.block_idx()
         seq = SeqlenInfo.create(batch, mQ.shape[1], mK.shape[1], mCuSeqlensQ, mCuSeqlensK, mSeqUsedK)
         # Keys this sequence owns (dK/dV rows to write) vs keys it uses (seqused_k <= that).
         seqlen_k_rows = seq.seqlen_k
@@ -432,6 +487,9 @@ class FlashBwdSm80:
             sdS = storage.sdS.get_tensor(sPdS_layout)
             sLSE = storage.sLSE.get_tensor(sRow_layout)
             sD = storage.sD.get_tensor(sRow_layout)
+            sReady = None
+            if const_expr(self.cfg.deterministic):
+                sReady = storage.sReady.get_tensor(cute.make_layout(4))
 
             acc_dK = cute.make_rmem_tensor(
                 mma_dkv.get_slice(tidx).partition_shape_C((self.tile_n, self.head_dim)), Float32
@@ -475,6 +533,7 @@ class FlashBwdSm80:
                     sdS,
                     sLSE,
                     sD,
+                    sReady,
                     acc_dK,
                     acc_dV,
                     copy_g2s,
@@ -587,6 +646,7 @@ class FlashBwdSm80:
         sdS: cute.Tensor,
         sLSE: cute.Tensor,
         sD: cute.Tensor,
+        sReady: Optional[cute.Tensor],
         acc_dK: cute.Tensor,
         acc_dV: cute.Tensor,
         copy_g2s: cute.TiledCopy,
@@ -691,6 +751,13 @@ class FlashBwdSm80:
             stage = t % self.num_stages if const_expr(self.num_stages == 2) else 0
             cute.arch.cp_async_wait_group(0)
             cute.arch.barrier()
+            if const_expr(self.cfg.deterministic):
+                # Every thread's dQ adds of step t - 1 are issued (barrier above): publish them, and
+                # peek at this step's slot (Note [Deterministic dQ]). Before this step's cp.async,
+                # so that the fence waits for nothing but the adds and the peek.
+                if tidx == 0:
+                    m_idx = t - g * num_m
+                    self.det_step_begin(mSemaphore, mask, batch, head, m_block, n_block, t, m_idx, num_m, sReady)
             if const_expr(self.num_stages == 2):
                 if t + 1 < num_steps:
                     self.load_step(
@@ -791,11 +858,26 @@ class FlashBwdSm80:
                     )
                 cute.arch.cp_async_commit_group()
 
+            if const_expr(self.cfg.deterministic):
+                # Slow path: the peek at the top of the step saw an earlier count (CTA-uniform).
+                # Before the dQ MMA, where its accumulator does not hold registers yet.
+                if sReady[0] == 0:
+                    if tidx == 0:
+                        _, n_max = mask.n_block_range(m_block)
+                        semaphore.spin(self.sem_ptr(mSemaphore, batch, head, m_block), n_max - 1 - n_block)
+                    cute.arch.barrier()
             # dQ_accum += dS K.
             acc_dQ = cute.make_rmem_tensor(acc_shape_dQ, Float32)
             acc_dQ.fill(0.0)
             self.gemm(mma_dq, acc_dQ, tdQrdS, tdQrKt, tdQsdS, tdQsKt, cp_A_dq, cp_B_dq)
-            self.store_dq(acc_dQ, mdQaccum, mSemaphore, seq, mask, batch, head, m_block, n_block, thr_dq, tidx)
+            self.store_dq(acc_dQ, mdQaccum, seq, batch, head, m_block, thr_dq, tidx)
+
+        if const_expr(self.cfg.deterministic):
+            # Publish the last step's adds (every thread's are issued after the barrier).
+            cute.arch.barrier()
+            if tidx == 0:
+                last_head = head_kv * group + group - 1
+                semaphore.publish(self.sem_ptr(mSemaphore, batch, last_head, m_min + num_m - 1), True)
 
     @cute.jit
     def load_step(
@@ -836,33 +918,55 @@ class FlashBwdSm80:
         self.load_rows(copy_row, gLSE, sLSE[None, stage], rows, Float32.inf, tidx)
         self.load_rows(copy_row, gD, sD[None, stage], rows, Float32(0.0), tidx)
 
+    def sem_ptr(self, mSemaphore: cute.Tensor, batch: Int32, head: Int32, m_block: Int32):
+        """The counter of the dQ slot (batch, q head, m_block) (plain arithmetic, traced inline)."""
+        return mSemaphore.iterator + cute.crd2idx((batch, head, m_block), mSemaphore.layout)
+
     @cute.jit
-    def store_dq(
+    def det_step_begin(
         self,
-        acc_dQ: cute.Tensor,
-        mdQaccum: cute.Tensor,
-        mSemaphore: Optional[cute.Tensor],
-        seq: SeqlenInfo,
+        mSemaphore: cute.Tensor,
         mask: AttentionMask,
         batch: Int32,
         head: Int32,
         m_block: Int32,
         n_block: Int32,
+        t: Int32,
+        m_idx: Int32,
+        num_m: Int32,
+        sReady: cute.Tensor,
+    ):
+        """Thread 0, top of step ``t`` (after the CTA barrier): peek at this step's counter, fence,
+        add 1 to the previous step's counter (``t > 0``), and record in ``sReady`` whether the peek
+        already saw this CTA's rank (Note [Deterministic dQ], Note [Split-phase] in
+        fa4/sched/semaphore.py). ``m_idx = m_block - m_min``; step t - 1 is the previous m_block
+        of the same q head, or the last m_block of the previous q head."""
+        seen = semaphore.peek(self.sem_ptr(mSemaphore, batch, head, m_block))
+        wrap = Int32(m_idx == 0)
+        prev = self.sem_ptr(mSemaphore, batch, head - wrap, m_block - 1 + wrap * num_m)
+        semaphore.publish(prev, t > 0)
+        _, n_max = mask.n_block_range(m_block)
+        sReady[0] = Int32(seen == n_max - 1 - n_block)
+
+    @cute.jit
+    def store_dq(
+        self,
+        acc_dQ: cute.Tensor,
+        mdQaccum: cute.Tensor,
+        seq: SeqlenInfo,
+        batch: Int32,
+        head: Int32,
+        m_block: Int32,
         thr_dq: cute.ThrMma,
         tidx: Int32,
     ):
-        """Add this K block's dQ tile into dq_accum (rows < seqlen_q); in deterministic mode after
-        the K blocks ranked before it (Note [Deterministic dQ])."""
+        """Add this K block's dQ tile into dq_accum (rows < seqlen_q), red.add.f32 (in deterministic
+        mode the caller has waited for the K blocks ranked before it: Note [Deterministic dQ])."""
         gdQ = cute.local_tile(dq_accum_view(mdQaccum, seq, batch, head), (self.tile_m, self.head_dim), (m_block, 0))
         tdQgdQ_mn = make_acc_mn_view(thr_dq.partition_C(gdQ))
         tdQcdQ_mn = make_acc_mn_view(thr_dq.partition_C(cute.make_identity_tensor((self.tile_m, self.head_dim))))
         acc_mn = make_acc_mn_view(acc_dQ)
         rows = seq.seqlen_q - m_block * self.tile_m
-        sem_ptr = None
-        if const_expr(self.cfg.deterministic):
-            _, n_max = mask.n_block_range(m_block)
-            sem_ptr = mSemaphore.iterator + cute.crd2idx((batch, head, m_block), mSemaphore.layout)
-            semaphore.wait(sem_ptr, n_max - 1 - n_block, tidx)
         # Columns 2j, 2j+1 of a row are adjacent in gmem: one red.v2 on sm90+, two scalar ones on sm80.
         vec = 1 if const_expr(self.cfg.arch == "sm_80") else 2
         for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
@@ -877,8 +981,6 @@ class FlashBwdSm80:
                         pair[1] = acc_mn[r, c + 1]
                         val = pair.load()
                     cute.arch.red(ptr, val, op="add", dtype=Float32, sem="relaxed", scope="gpu")
-        if const_expr(self.cfg.deterministic):
-            semaphore.signal(sem_ptr, tidx)
 
     @cute.jit
     def epilogue(
@@ -1049,6 +1151,40 @@ def _kernel_ready(t):
     return torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t)
 
 
+DET_SECTION_PAIRS: Optional[int] = None
+"""(batch, kv head) pairs per section of the deterministic launch order (Note [Deterministic dQ]):
+a large value (>= the number of pairs) gives one section, the n_block ranks slowest over the whole
+grid; 1 gives the pairs one after the other, ranks fastest (the order of the non-deterministic
+grid). None: the default of :func:`det_section_pairs`. A runtime argument of the kernel, so a tuning
+sweep may set it without recompiling."""
+
+MAX_GRID_X, MAX_GRID_YZ = 2**31 - 1, 65535
+
+
+def det_section_pairs(num_pairs: int, causal: bool) -> int:
+    """Pairs per section of the deterministic launch order, in [1, num_pairs]:
+    :data:`DET_SECTION_PAIRS` when set, else 1 for a causal mask (its K blocks never wait on each
+    other, and few pairs in flight keep Q, dO and dQ in L2) and all pairs otherwise (the K blocks
+    of a pair in flight at once chain on each other). Note [Deterministic dQ]."""
+    want = DET_SECTION_PAIRS if DET_SECTION_PAIRS is not None else (1 if causal else num_pairs)
+    return max(1, min(want, num_pairs))
+
+
+def launch_grid(cfg: BwdSm80Config, num_batch: int, heads_k: int, max_seqlen_k: int) -> tuple[int, int, int]:
+    """The main kernel's grid, as ``FlashBwdSm80.__call__`` builds it: ``(n_blocks, kv heads,
+    batch)``, or 1-D with the n_block ranks slowest when deterministic. ValueError when CUDA cannot
+    launch it (x < 2^31, y and z <= 65535)."""
+    num_x = _cdiv(max_seqlen_k, cfg.tile_n)
+    grid = (num_x * heads_k * num_batch, 1, 1) if cfg.deterministic else (num_x, heads_k, num_batch)
+    if grid[0] > MAX_GRID_X or max(grid[1:]) > MAX_GRID_YZ:
+        what = "n_blocks * kv heads * batch" if cfg.deterministic else "kv heads or batch"
+        raise ValueError(
+            f"the sm80 backward grid {grid} exceeds CUDA's limits ({what}; x < 2^31, y, z <= 65535): "
+            f"batch {num_batch}, kv heads {heads_k}, seqlen_k {max_seqlen_k}, tile_n {cfg.tile_n}"
+        )
+    return grid
+
+
 def workspace_shapes(problem: AttnProblem, cfg: BwdSm80Config, q_shape) -> dict:
     """Shapes of the backward's float32/int32 workspaces for a (b, s_q, h, d) (varlen (1, total_q, h, d)) q."""
     b, s, h, _ = q_shape
@@ -1111,6 +1247,8 @@ def run_backward(
     )
     dk_k, dv_k = _kernel_ready(dk), _kernel_ready(dv)
     max_seqlen_k = problem.seqlen_k if cu_seqlens_k is not None else k.shape[1]
+    num_batch = cu_seqlens_k.shape[0] - 1 if cu_seqlens_k is not None else k.shape[0]
+    launch_grid(cfg, num_batch, k.shape[2], max_seqlen_k)
     if max_seqlen_k > 0:
         get_kernel(cfg)(
             q,
@@ -1131,6 +1269,7 @@ def run_backward(
             int(problem.window_left),
             int(problem.window_right),
             int(max_seqlen_k),
+            det_section_pairs(num_batch * k.shape[2], cfg.causal),
         )
     else:
         dk_k.zero_()
@@ -1200,34 +1339,40 @@ def deterministic_schedule(
     local: bool = False,
     wl: int = 0,
     wr: int = 0,
+    section: Optional[int] = None,
 ):
     """The dQ accumulation schedule of the deterministic kernel, as the device runs it.
 
-    Returns ``(visits, rank)`` for :func:`fa4.sched.semaphore.check_schedule`: CTAs in launch
-    order (grid ``(x, kv head, batch)``, x fastest), each with its (batch, q head, m_block) slots in
-    visiting order, and ``rank(cta, slot)``, the count it waits for: ``n_max - 1 - n_block``.
-    ``seqlens_k`` are the keys used (seqused_k when given).
+    Returns ``(visits, rank, ctas)`` for :func:`fa4.sched.semaphore.check_schedule`: CTAs in launch
+    order (the 1-D grid of Note [Deterministic dQ], sections of ``section`` (batch, kv head) pairs,
+    None: :func:`det_section_pairs`), each with its (batch, q head, m_block) slots in visiting
+    order; ``rank(cta, slot)``, the count it waits for: ``n_max - 1 - n_block``; and ``ctas[c] =
+    (x, kv head, batch, n_block)``. ``seqlens_k`` are the keys used (seqused_k when given).
     """
-    grid_x = _cdiv(max(seqlens_k), tile_n)
-    visits, n_of = [], []
-    for b, (sq, sk) in enumerate(zip(seqlens_q, seqlens_k)):
+    num_x = _cdiv(max(seqlens_k), tile_n)
+    num_batch = len(seqlens_q)
+    pairs = heads_k * num_batch
+    sec = det_section_pairs(pairs, causal) if section is None else max(1, min(section, pairs))
+    visits, n_of, ctas = [], [], []
+    for i in range(num_x * pairs):
+        x, hk, b = section_tile(i, num_x, heads_k, num_batch, sec, False)
+        sq, sk = seqlens_q[b], seqlens_k[b]
         num_n = _cdiv(sk, tile_n)
-        for hk in range(heads_k):
-            for x in range(grid_x):
-                n = num_n - 1 - x if x < num_n else x
-                slots = []
-                if n < num_n:
-                    m_min, m_max = host_m_block_range(n, sq, sk, tile_m, tile_n, causal, local, wl, wr)
-                    slots = [(b, hk * group + g, m) for g in range(group) for m in range(m_min, m_max)]
-                visits.append(slots)
-                n_of.append(n)
+        n = num_n - 1 - x if x < num_n else x
+        slots = []
+        if n < num_n:
+            m_min, m_max = host_m_block_range(n, sq, sk, tile_m, tile_n, causal, local, wl, wr)
+            slots = [(b, hk * group + g, m) for g in range(group) for m in range(m_min, m_max)]
+        visits.append(slots)
+        n_of.append(n)
+        ctas.append((x, hk, b, n))
 
     def rank(cta: int, slot) -> int:
         b, _, m = slot
         _, n_max = host_n_block_range(m, seqlens_q[b], seqlens_k[b], tile_m, tile_n, causal, local, wl, wr)
         return n_max - 1 - n_of[cta]
 
-    return visits, rank
+    return visits, rank, ctas
 
 
 def _problem(
