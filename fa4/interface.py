@@ -27,14 +27,13 @@ def _ignored_hint(name: str, value) -> None:
                       f"(results are unaffected)", stacklevel=3)
 
 
-def _needs_grad(*ts) -> bool:
-    return torch.is_grad_enabled() and any(t.requires_grad for t in ts)
+_DEFAULT_OPTIONS = KernelOptions()
 
 
 def _run(problem: AttnProblem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options: Optional[KernelOptions],
          deterministic: bool, return_lse: bool):
-    options = options if options is not None else KernelOptions()
-    grad = _needs_grad(q, k, v)
+    options = options if options is not None else _DEFAULT_OPTIONS
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     need_lse = return_lse or grad
     if torch.compiler.is_compiling():
         out, lse = ops.fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, problem.seqlen_q, problem.seqlen_k,
@@ -44,13 +43,20 @@ def _run(problem: AttnProblem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, o
     if grad:
         return ops.FlashAttnFunction.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, problem, options,
                                            deterministic, return_lse, need_lse)
-    varlen = problem.varlen_q
-    out, lse = ops.forward(problem, q.unsqueeze(0) if varlen else q, k.unsqueeze(0) if varlen else k,
-                           v.unsqueeze(0) if varlen else v, cu_seqlens_q, cu_seqlens_k, seqused_k, options, need_lse)
-    if varlen:
-        out = out.squeeze(0)
-        lse = lse.squeeze(0) if lse is not None else None
-    return out, lse
+    if problem.varlen_q:
+        out, lse = ops.forward(problem, q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), cu_seqlens_q, cu_seqlens_k,
+                               seqused_k, options, need_lse)
+        return out.squeeze(0), (lse.squeeze(0) if lse is not None else None)
+    return ops.forward(problem, q, k, v, None, None, None, options, need_lse)
+
+
+def _check_flags(kernel_options, deterministic, return_lse) -> None:
+    if kernel_options is not None and kernel_options.__class__ is not KernelOptions:
+        validate.check_options(kernel_options)
+    if deterministic.__class__ is not bool:
+        validate.as_bool("deterministic", deterministic)
+    if return_lse.__class__ is not bool:
+        validate.as_bool("return_lse", return_lse)
 
 
 def flash_attn_func(
@@ -88,18 +94,19 @@ def flash_attn_func(
     across runs. ``kernel_options`` (fa4 only): tile sizes, stages, exp2 emulation, rescale threshold,
     forced kernel family.
     """
-    validate.reject_unsupported(qv=qv, gather_kv_indices=gather_kv_indices, learnable_sink=learnable_sink,
-                                score_mod=score_mod, score_mod_bwd=score_mod_bwd, mask_mod=mask_mod,
-                                aux_tensors=aux_tensors, aux_scalars=aux_scalars,
-                                block_sparse_tensors=block_sparse_tensors,
-                                block_sparse_tensors_bwd=block_sparse_tensors_bwd)
+    if (qv is not None or gather_kv_indices is not None or learnable_sink is not None or score_mod is not None
+            or score_mod_bwd is not None or mask_mod is not None or aux_tensors is not None or aux_scalars is not None
+            or block_sparse_tensors is not None or block_sparse_tensors_bwd is not None):
+        validate.reject_unsupported(qv=qv, gather_kv_indices=gather_kv_indices, learnable_sink=learnable_sink,
+                                    score_mod=score_mod, score_mod_bwd=score_mod_bwd, mask_mod=mask_mod,
+                                    aux_tensors=aux_tensors, aux_scalars=aux_scalars,
+                                    block_sparse_tensors=block_sparse_tensors,
+                                    block_sparse_tensors_bwd=block_sparse_tensors_bwd)
     if num_splits != 1:
         _ignored_hint("num_splits", num_splits)
     if pack_gqa is not None:
         _ignored_hint("pack_gqa", pack_gqa)
-    validate.check_options(kernel_options)
-    validate.as_bool("deterministic", deterministic)
-    validate.as_bool("return_lse", return_lse)
+    _check_flags(kernel_options, deterministic, return_lse)
     problem = validate.check_dense(q, k, v, softmax_scale, causal, window_size, softcap)
     return _run(problem, q, k, v, None, None, None, kernel_options, deterministic, return_lse)
 
@@ -159,9 +166,7 @@ def flash_attn_varlen_func(
         _ignored_hint("pack_gqa", pack_gqa)
     if min_seqlen_k is not None:
         _ignored_hint("min_seqlen_k", min_seqlen_k)
-    validate.check_options(kernel_options)
-    validate.as_bool("deterministic", deterministic)
-    validate.as_bool("return_lse", return_lse)
+    _check_flags(kernel_options, deterministic, return_lse)
     problem = validate.check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
                                     softmax_scale, causal, window_size, softcap)
     return _run(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, kernel_options, deterministic, return_lse)
@@ -204,7 +209,7 @@ class Explanation:
 def _cache_state(cfg) -> str:
     from fa4 import jit
 
-    if cfg.key() in jit._memory:
+    if cfg in jit._memory:
         return "compiled in this process"
     if jit.disk_cache_enabled() and (jit.cache_dir() / f"{jit.entry_name(cfg)}.o").exists():
         return f"on disk ({jit.cache_dir()})"

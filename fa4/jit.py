@@ -42,7 +42,7 @@ from fa4.config import KernelConfig
 EXPORT_SYMBOL = "fa4_kernel"
 
 _lock = threading.RLock()
-_memory: dict[str, Callable] = {}
+_memory: dict[KernelConfig, Callable] = {}  # keyed by the frozen config itself: no string per call
 _modules: list[Any] = []  # keep loaded modules alive
 
 
@@ -246,13 +246,12 @@ def _compile_to_disk(cfg: KernelConfig, path: Path) -> Callable:
 
 def get_kernel(cfg: KernelConfig) -> Callable:
     """The compiled kernel for ``cfg``: from memory, else disk, else compiled (and stored)."""
-    key = cfg.key()
-    fn = _memory.get(key)
+    fn = _memory.get(cfg)
     if fn is not None:
         _stats.memory_hits += 1
         return fn
     with _lock:
-        fn = _memory.get(key)
+        fn = _memory.get(cfg)
         if fn is not None:
             _stats.memory_hits += 1
             return fn
@@ -265,7 +264,7 @@ def get_kernel(cfg: KernelConfig) -> Callable:
             _stats.last = {"event": "compile", "seconds": dt, "path": None}
         else:
             fn = _get_from_disk(cfg)
-        _memory[key] = fn
+        _memory[cfg] = fn
         return fn
 
 

@@ -36,6 +36,10 @@ def _empty(shape, dtype, device) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, device=device)
 
 
+def _empty_like(t: torch.Tensor) -> torch.Tensor:
+    return torch.full_like(t, float("nan")) if _nan_fill else torch.empty_like(t)
+
+
 def _dispatch(direction: str, device: torch.device, options: KernelOptions) -> _arch.Dispatch:
     cc = _arch.device_capability(device.index if device.index is not None else torch.cuda.current_device())
     return _arch.resolve(direction, cc, options)
@@ -47,13 +51,31 @@ def _family_module(d: _arch.Dispatch):
     return importlib.import_module(d.module)
 
 
+# (direction, problem, options, device, flag) -> (family module, config): the dispatch and tuning
+# decisions of a call signature, made once (host overhead is part of the product). FA4_ARCH is read
+# when a signature is first seen.
+_plans: dict = {}
+
+
+def _plan(direction: str, problem: AttnProblem, options: KernelOptions, device: torch.device, flag: bool):
+    key = (direction, problem, options, device, flag)
+    plan = _plans.get(key)
+    if plan is None:
+        d = _dispatch(direction, device, options)
+        mod = _family_module(d)
+        cfg = mod.make_config(problem, options, d.target, flag)
+        plan = _plans[key] = (mod, cfg)
+    return plan
+
+
 def forward(problem: AttnProblem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_k: Optional[torch.Tensor],
             seqused_k: Optional[torch.Tensor], options: KernelOptions, need_lse: bool):
     """Run the forward. q/k/v are (b, s, h, d) (varlen: (1, total, h, d)). Returns (out, lse);
     lse is (b, h, s_q) float32, or None when not needed."""
     b, sq, h, _ = q.shape
-    out = _empty(q.shape[:-1] + (problem.head_dim_v,), q.dtype, q.device)
+    out = _empty_like(q) if problem.head_dim_v == problem.head_dim else _empty(
+        q.shape[:-1] + (problem.head_dim_v,), q.dtype, q.device)
     lse = _empty((b, h, sq), torch.float32, q.device) if need_lse else None
     if out.numel() == 0:
         return out, lse
@@ -62,9 +84,7 @@ def forward(problem: AttnProblem, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
         if lse is not None:
             lse.fill_(-math.inf)
         return out, lse
-    d = _dispatch("fwd", q.device, options)
-    mod = _family_module(d)
-    cfg = mod.make_config(problem, options, d.target, need_lse)
+    mod, cfg = _plan("fwd", problem, options, q.device, need_lse)
     mod.run(cfg, problem, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k)
     return out, lse
 
@@ -72,18 +92,15 @@ def forward(problem: AttnProblem, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
 def backward(problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_k,
              options: KernelOptions, deterministic: bool):
     """Gradients (dq, dk, dv) of the attention forward; all tensors 4D as in :func:`forward`."""
-    dq = _empty(q.shape, q.dtype, q.device)
-    dk = _empty(k.shape, k.dtype, k.device)
-    dv = _empty(v.shape, v.dtype, v.device)
+    dq, dk, dv = _empty_like(q), _empty_like(k), _empty_like(v)
     if q.numel() == 0 or k.numel() == 0:
         dq.zero_()
         dk.zero_()
         dv.zero_()
         return dq, dk, dv
     d = _dispatch("bwd", q.device, options)
-    mod = _family_module(d)
-    mod.run_backward(problem, options, d.target, dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k,
-                     seqused_k, dq, dk, dv, deterministic)
+    _family_module(d).run_backward(problem, options, d.target, dout, q, k, v, out, lse, dlse, cu_seqlens_q,
+                                   cu_seqlens_k, seqused_k, dq, dk, dv, deterministic)
     return dq, dk, dv
 
 

@@ -600,20 +600,20 @@ class FlashFwdSm80:
 #  * d <= 128: 128 x 64, 4 warps (O 128 + S 64 registers).
 #  * d <= 256: 128 x 64, 8 warps (O 128 + S 32 registers; smem Q 64 KB + K/V 64 KB per stage).
 # One K/V stage: V loads under Q K^T and the next K under softmax + P V already (FA2's schedule);
-# more stages are a KernelOptions knob until measured.
-# Not measured on a GPU yet. ptxas (CUDA 13.0, sm_90a) puts the d <= 64 and d <= 128 rows at 255
-# registers with 130-170 bytes of spills (softmax state and a few addresses, once per K block);
-# spill-free neighbours to try first: d <= 64 at 128 x 64, d <= 128 at 128 x 32 or 64 x 64. Per
-# FLOP they read 5-20% more shared memory (K/V are read once per warp), which a spill may or may not
-# outweigh: measure (python -m fa4.bench) before changing a row.
+# two stages for d <= 64, where K/V tiles are small and the loop is shortest.
+# Measured on an H200 (docs/RESULTS.md, v0.1 sweep, b*s = 16k tokens, h*d = 2048): d128 128x64 371
+# TFLOP/s vs 128x32 363, 64x64 320, 2 stages 368, 128x128/8 warps 344, Q in registers 320;
+# d64 2 stages +1% (non-causal) / +3% (causal); d256 64-row tiles +1% causal, -8% non-causal.
+# The d <= 64 and d <= 128 rows sit at 255 registers with 100-200 bytes of spills (softmax state,
+# once per K block); their spill-free neighbours measured slower.
 TUNING = {
-    64: (128, 128, 128, 1),
+    64: (128, 128, 128, 2),
     96: (128, 64, 128, 1),
     128: (128, 64, 128, 1),
     192: (128, 64, 256, 1),
     256: (128, 64, 256, 1),
 }
-DEFAULT_EXP2_EMU_FRAC = 0.0  # MUFU only until a GPU run shows the FMA pipe has room on sm80
+DEFAULT_EXP2_EMU_FRAC = 0.0  # measured: 0.25 costs 0-10% on the sm80 path (docs/RESULTS.md)
 DEFAULT_RESCALE_THRESHOLD = 8.0
 
 
