@@ -21,7 +21,7 @@ def is_fake(t: torch.Tensor) -> bool:
 
 
 _DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
-MAX_HEAD_DIM = 256
+MIN_HEAD_DIM, MAX_HEAD_DIM = 32, 256  # what the kernels are built and tested for
 HEAD_DIM_MULTIPLE = 8  # 16 bytes of fp16/bf16: the vector width of every load
 
 
@@ -166,8 +166,9 @@ def _check_qkv(q, k, v, rank: int, what: str) -> None:
     d = q.shape[-1]
     if k.shape[-1] != d:
         raise ValueError(f"k head_dim ({k.shape[-1]}) must equal q head_dim ({d})")
-    if not (HEAD_DIM_MULTIPLE <= d <= MAX_HEAD_DIM) or d % HEAD_DIM_MULTIPLE:
-        raise ValueError(f"head_dim must be a multiple of {HEAD_DIM_MULTIPLE} in [8, {MAX_HEAD_DIM}], got {d}")
+    if not (MIN_HEAD_DIM <= d <= MAX_HEAD_DIM) or d % HEAD_DIM_MULTIPLE:
+        raise ValueError(
+            f"head_dim must be a multiple of {HEAD_DIM_MULTIPLE} in [{MIN_HEAD_DIM}, {MAX_HEAD_DIM}], got {d}")
     hq, hk = q.shape[-2], k.shape[-2]
     if hk == 0 or hq % hk:
         raise ValueError(f"the number of heads of q ({hq}) must be divisible by that of k and v ({hk})")

@@ -88,7 +88,7 @@ def test_k_v_shapes_equal(fake):
     raises(ValueError, "k and v must have the same shape", fa4.flash_attn_func, q, k, cuda(2, 64, 2, 64))
 
 
-@pytest.mark.parametrize("d", [4, 12, 100, 264, 512])
+@pytest.mark.parametrize("d", [4, 8, 16, 24, 12, 100, 264, 512])
 def test_head_dim_limits(fake, d):
     q, k, v = qkv(d=d)
     raises(ValueError, "head_dim must be a multiple of 8", fa4.flash_attn_func, q, k, v)
