@@ -79,6 +79,8 @@ def forward(problem: AttnProblem, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     lse = _empty((b, h, sq), torch.float32, q.device) if need_lse else None
     if out.numel() == 0:
         return out, lse
+    if 1 in q.shape or 1 in k.shape:  # size-1 dims may carry any stride: see validate.kernel_ready
+        q, k, v = validate.kernel_ready(q), validate.kernel_ready(k), validate.kernel_ready(v)
     if problem.seqlen_k == 0 or k.shape[1] == 0:
         out.zero_()
         if lse is not None:
@@ -107,14 +109,6 @@ def backward(problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_seqlens_q, 
 # --------------------------------------------------------------------------------------------
 # Eager autograd
 # --------------------------------------------------------------------------------------------
-
-
-def _kernel_ready(t: torch.Tensor) -> torch.Tensor:
-    """Gradients from autograd can be any layout (expanded, transposed): the kernels need a unit
-    last stride, other strides in multiples of 16 bytes and an aligned pointer; else copy."""
-    if t.stride(-1) == 1 and all(s % 8 == 0 for s in t.stride()[:-1]) and t.data_ptr() % 16 == 0:
-        return t
-    return t.contiguous()
 
 
 def _as4d(t: Optional[torch.Tensor], varlen: bool) -> Optional[torch.Tensor]:
@@ -147,7 +141,7 @@ class FlashAttnFunction(torch.autograd.Function):
         if not ctx.return_lse:
             dlse = None
         varlen = p.varlen_q
-        dq, dk, dv = backward(p, _as4d(_kernel_ready(dout), varlen),
+        dq, dk, dv = backward(p, _as4d(validate.kernel_ready(dout), varlen),
                               _as4d(q, varlen), _as4d(k, varlen), _as4d(v, varlen), _as4d(out, varlen),
                               _as4d(lse, varlen), _as4d(dlse, varlen), cu_q, cu_k, seqused_k,
                               ctx.options, ctx.deterministic)
@@ -215,7 +209,7 @@ def bwd_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     p = _problem_from_op_args(q, k, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                               local, window_left, window_right, softcap)
     varlen = p.varlen_q
-    dout = _kernel_ready(dout)
+    dout = validate.kernel_ready(dout)
     dq, dk, dv = backward(p, _as4d(dout, varlen), _as4d(q, varlen), _as4d(k, varlen), _as4d(v, varlen),
                           _as4d(out, varlen), _as4d(lse, varlen), _as4d(dlse, varlen), cu_seqlens_q, cu_seqlens_k,
                           seqused_k, KernelOptions.from_str(options), deterministic)

@@ -47,6 +47,23 @@ def _check_layout(name: str, t: torch.Tensor) -> None:
         check_aligned(name, t)
 
 
+def kernel_ready(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """``t`` as the compiled kernels take it: unit last stride, every other stride a multiple of 8
+    elements (the compiled code checks all of them, size-1 dims included) and a 16-byte aligned
+    base. Size-1 dims with odd strides get a zero-copy view with stride 0 there (their stride is
+    never used); anything else that does not fit (an expanded or transposed autograd gradient, a
+    misaligned base) is copied into a fresh compact tensor."""
+    if t is None:
+        return None
+    shape, stride = t.shape, t.stride()
+    if stride[-1] == 1 and t.data_ptr() % 16 == 0:
+        if all(s % 8 == 0 for s in stride[:-1]):
+            return t
+        if all(s % 8 == 0 or n == 1 for n, s in zip(shape[:-1], stride[:-1])):
+            return t.as_strided(shape, tuple(0 if n == 1 else s for n, s in zip(shape, stride)))
+    return torch.empty(shape, dtype=t.dtype, device=t.device).copy_(t)
+
+
 def check_aligned(name: str, t: torch.Tensor) -> None:
     if t.device.type != "meta" and not is_fake(t) and t.data_ptr() % 16:
         raise ValueError(f"{name} must be 16-byte aligned, its data pointer is {t.data_ptr():#x}")

@@ -223,3 +223,19 @@ def test_performance_hints_warn_once(fake):
 ])
 def test_masking_normalization(causal, window, sq, sk, expect):
     assert validate._masking(causal, window, sq, sk) == expect
+
+
+def test_kernel_ready_layouts():
+    """What the kernels are handed: unchanged when fit, a zero-copy view when only size-1 dims have
+    odd strides, a compact copy otherwise (transposed, expanded, misaligned)."""
+    base = torch.randn(1, 5, 2, 64).to(BF16)
+    assert validate.kernel_ready(base) is base
+    odd = base.as_strided((1, 5, 2, 64), (77, 128, 64, 1))
+    fixed = validate.kernel_ready(odd)
+    assert fixed.data_ptr() == odd.data_ptr() and fixed.stride() == (0, 128, 64, 1) and torch.equal(fixed, odd)
+    for t in (torch.randn(3, 2, 5, 64).to(BF16).transpose(1, 2)[..., 4:],  # base 8 bytes off 16
+              torch.randn(1, 1, 1, 64).to(BF16).expand(2, 3, 4, 64),
+              torch.zeros(1289, dtype=BF16)[1:1281].view(2, 5, 2, 64)):
+        r = validate.kernel_ready(t)
+        assert r.stride(-1) == 1 and all(s % 8 == 0 for s in r.stride()[:-1]) and r.data_ptr() % 16 == 0
+        assert torch.equal(r, t)

@@ -77,12 +77,13 @@ from cutlass.cute.nvgpu import cpasync, warp
 from fa4.bwd import postprocess, preprocess
 from fa4.bwd.preprocess import _DTYPES, dq_accum_view, head_dim_padded
 from fa4.config import ARCHS, AttnProblem, KernelConfig, KernelOptions
-from fa4.cute_utils import make_acc_mn_view
+from fa4.cute_utils import gemm_sm80, make_acc_mn_view
 from fa4.mask import AttentionMask
 from fa4.sched import semaphore
 from fa4.sched.tile import section_tile
 from fa4.seqlen import SeqlenInfo
 from fa4.softmax import apply_softcap, exp2_rows, score_scales, softcap_grad
+from fa4.validate import kernel_ready
 
 # Dynamic shared memory per CTA (bytes) by code-generation target.
 SMEM_CAPACITY = {"sm_80": 166912, "sm_90a": 232448, "sm_100a": 232448}
@@ -595,30 +596,6 @@ class FlashBwdSm80:
                 tRsR.fill(fill)
 
     @cute.jit
-    def gemm(
-        self,
-        tiled_mma: cute.TiledMma,
-        acc: cute.Tensor,
-        tCrA: cute.Tensor,
-        tCrB: cute.Tensor,
-        tCsA: cute.Tensor,
-        tCsB: cute.Tensor,
-        copy_A: cute.TiledCopy,
-        copy_B: cute.TiledCopy,
-    ):
-        """acc += A @ B with both operands in smem: ldmatrix of k-slice k+1 overlaps the MMA of k."""
-        tCrA_view = copy_A.retile(tCrA)
-        tCrB_view = copy_B.retile(tCrB)
-        cute.copy(copy_A, tCsA[None, None, 0], tCrA_view[None, None, 0])
-        cute.copy(copy_B, tCsB[None, None, 0], tCrB_view[None, None, 0])
-        num_k = cute.size(tCsA, mode=[2])
-        for k in cutlass.range_constexpr(num_k):
-            if const_expr(k + 1 < num_k):
-                cute.copy(copy_A, tCsA[None, None, k + 1], tCrA_view[None, None, k + 1])
-                cute.copy(copy_B, tCsB[None, None, k + 1], tCrB_view[None, None, k + 1])
-            cute.gemm(tiled_mma, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
-
-    @cute.jit
     def mainloop(
         self,
         mQ: cute.Tensor,
@@ -787,7 +764,7 @@ class FlashBwdSm80:
             # S = Q K^T, then P in place.
             acc_S = cute.make_rmem_tensor(acc_shape_S, Float32)
             acc_S.fill(0.0)
-            self.gemm(mma_sdp, acc_S, tSrQ, tSrK, tSsQ[None, None, None, stage], tSsK, cp_A_sdp, cp_B_sdp)
+            gemm_sm80(mma_sdp, acc_S, tSrQ, tSrK, tSsQ[None, None, None, stage], tSsK, cp_A_sdp, cp_B_sdp)
             tanh_S = None
             if const_expr(self.cfg.has_softcap):
                 apply_softcap(acc_S, prescale)
@@ -809,7 +786,7 @@ class FlashBwdSm80:
             # dP = dO V^T, then dS = P (dP - D) in place.
             acc_dP = cute.make_rmem_tensor(acc_shape_S, Float32)
             acc_dP.fill(0.0)
-            self.gemm(mma_sdp, acc_dP, tdPrdO, tdPrV, tdPsdO[None, None, None, stage], tdPsV, cp_A_sdp, cp_B_sdp)
+            gemm_sm80(mma_sdp, acc_dP, tdPrdO, tdPrV, tdPsdO[None, None, None, stage], tdPsV, cp_A_sdp, cp_B_sdp)
             acc_dP_mn = make_acc_mn_view(acc_dP)
             for r in cutlass.range_constexpr(num_rows):
                 dpsum = sD[tScS_mn[r, 0][0], stage]
@@ -828,8 +805,8 @@ class FlashBwdSm80:
             cute.arch.barrier()
 
             # dV += P^T dO, dK += dS^T Q.
-            self.gemm(mma_dkv, acc_dV, tdVrPt, tdVrdOt, tdVsPt, tdVsdOt[None, None, None, stage], cp_A_dkv, cp_B_dkv)
-            self.gemm(mma_dkv, acc_dK, tdKrdSt, tdKrQt, tdKsdSt, tdKsQt[None, None, None, stage], cp_A_dkv, cp_B_dkv)
+            gemm_sm80(mma_dkv, acc_dV, tdVrPt, tdVrdOt, tdVsPt, tdVsdOt[None, None, None, stage], cp_A_dkv, cp_B_dkv)
+            gemm_sm80(mma_dkv, acc_dK, tdKrdSt, tdKrQt, tdKsdSt, tdKsQt[None, None, None, stage], cp_A_dkv, cp_B_dkv)
             if const_expr(self.num_stages == 1):
                 # Q and dO of this step are consumed: fetch the next step's while dQ runs.
                 cute.arch.barrier()
@@ -869,7 +846,7 @@ class FlashBwdSm80:
             # dQ_accum += dS K.
             acc_dQ = cute.make_rmem_tensor(acc_shape_dQ, Float32)
             acc_dQ.fill(0.0)
-            self.gemm(mma_dq, acc_dQ, tdQrdS, tdQrKt, tdQsdS, tdQsKt, cp_A_dq, cp_B_dq)
+            gemm_sm80(mma_dq, acc_dQ, tdQrdS, tdQrKt, tdQsdS, tdQsKt, cp_A_dq, cp_B_dq)
             self.store_dq(acc_dQ, mdQaccum, seq, batch, head, m_block, thr_dq, tidx)
 
         if const_expr(self.cfg.deterministic):
@@ -1141,19 +1118,6 @@ def make_config(
     return cfg
 
 
-def _kernel_ready(t):
-    """``t`` with a unit last stride, other strides multiples of 8 elements and a 16-byte aligned
-    base, as the kernels are compiled for (a compact copy only when needed; every stride is checked,
-    size-1 dims included, since the compiled code checks them all)."""
-    if t is None:
-        return None
-    if t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(s % 8 == 0 for s in t.stride()[:-1]):
-        return t
-    import torch
-
-    return torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t)
-
-
 DET_SECTION_PAIRS: Optional[int] = None
 """(batch, kv head) pairs per section of the deterministic launch order (Note [Deterministic dQ]):
 a large value (>= the number of pairs) gives one section, the n_block ranks slowest over the whole
@@ -1227,7 +1191,7 @@ def run_backward(
     from fa4.jit import get_kernel
 
     cfg = make_config(problem, options, arch, deterministic)
-    dout, q, k, v, out = (_kernel_ready(t) for t in (dout, q, k, v, out))
+    dout, q, k, v, out = (kernel_ready(t) for t in (dout, q, k, v, out))
     shapes = workspace_shapes(problem, cfg, q.shape)
     dev = q.device
     lse_log2 = torch.empty(shapes["lse_log2"], dtype=torch.float32, device=dev)
@@ -1248,7 +1212,7 @@ def run_backward(
         semaphore=sem,
         arch=arch,
     )
-    dk_k, dv_k = _kernel_ready(dk), _kernel_ready(dv)
+    dk_k, dv_k = kernel_ready(dk), kernel_ready(dv)
     max_seqlen_k = problem.seqlen_k if cu_seqlens_k is not None else k.shape[1]
     num_batch = cu_seqlens_k.shape[0] - 1 if cu_seqlens_k is not None else k.shape[0]
     launch_grid(cfg, num_batch, k.shape[2], max_seqlen_k)
@@ -1281,7 +1245,7 @@ def run_backward(
         dk.copy_(dk_k)
     if dv_k is not dv:
         dv.copy_(dv_k)
-    dq_k = _kernel_ready(dq)
+    dq_k = kernel_ready(dq)
     postprocess.run_postprocess(
         dq_accum,
         dq_k,
