@@ -233,7 +233,7 @@ def test_kernel_ready_layouts():
     odd = base.as_strided((1, 5, 2, 64), (77, 128, 64, 1))
     fixed = validate.kernel_ready(odd)
     assert fixed.data_ptr() == odd.data_ptr() and fixed.stride() == (0, 128, 64, 1) and torch.equal(fixed, odd)
-    for t in (torch.randn(3, 2, 5, 64).to(BF16).transpose(1, 2)[..., 4:],  # base 8 bytes off 16
+    for t in (torch.randn(3, 2, 5, 72).to(BF16).transpose(1, 2)[..., 4:68],  # transposed, base 8 bytes off
               torch.randn(1, 1, 1, 64).to(BF16).expand(2, 3, 4, 64),
               torch.zeros(1289, dtype=BF16)[1:1281].view(2, 5, 2, 64)):
         r = validate.kernel_ready(t)
