@@ -79,8 +79,10 @@ def forward(problem: AttnProblem, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     lse = _empty((b, h, sq), torch.float32, q.device) if need_lse else None
     if out.numel() == 0:
         return out, lse
-    if 1 in q.shape or 1 in k.shape:  # size-1 dims may carry any stride: see validate.kernel_ready
-        q, k, v = validate.kernel_ready(q), validate.kernel_ready(k), validate.kernel_ready(v)
+    if 1 in q.shape:  # size-1 dims may carry any stride: see validate.kernel_ready
+        q = validate.kernel_ready(q)
+    if 1 in k.shape:
+        k, v = validate.kernel_ready(k), validate.kernel_ready(v)
     if problem.seqlen_k == 0 or k.shape[1] == 0:
         out.zero_()
         if lse is not None:
