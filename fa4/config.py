@@ -189,3 +189,17 @@ class KernelConfig:
 
     def describe(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def check_target(self, dtypes, head_dim_multiple: Optional[int] = None) -> None:
+        """The checks every kernel's ``can_implement`` starts with: a known arch, a supported dtype
+        and (for kernels on padded head dims) a head dim that is a multiple of ``head_dim_multiple``
+        in [32, 256]. ValueError naming the field."""
+        name = type(self).__name__
+        if self.arch not in ARCHS:
+            raise ValueError(f"{name}.arch must be one of {ARCHS}, got {self.arch!r}")
+        if self.dtype not in dtypes:
+            raise ValueError(f"{name}.dtype must be one of {tuple(dtypes)}, got {self.dtype!r}")
+        if head_dim_multiple is not None:
+            d = getattr(self, "head_dim")
+            if d % head_dim_multiple or not 32 <= d <= 256:
+                raise ValueError(f"{name}.head_dim must be a multiple of {head_dim_multiple} in [32, 256], got {d}")

@@ -20,7 +20,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
 from fa4.bwd.preprocess import _DTYPES, _target, dq_accum_view, head_dim_padded
-from fa4.config import ARCHS, KernelConfig
+from fa4.config import KernelConfig
 from fa4.seqlen import SeqlenInfo
 
 _COLS_PER_LANE = 4
@@ -56,12 +56,7 @@ class BwdPostprocess:
 
     @staticmethod
     def can_implement(cfg: BwdPostprocessConfig) -> None:
-        if cfg.arch not in ARCHS:
-            raise ValueError(f"BwdPostprocessConfig.arch must be one of {ARCHS}, got {cfg.arch!r}")
-        if cfg.dtype not in _DTYPES:
-            raise ValueError(f"BwdPostprocessConfig.dtype must be one of {tuple(_DTYPES)}, got {cfg.dtype!r}")
-        if cfg.head_dim % 32 or not 32 <= cfg.head_dim <= 256:
-            raise ValueError(f"BwdPostprocessConfig.head_dim must be a multiple of 32 in [32, 256], got {cfg.head_dim}")
+        cfg.check_target(_DTYPES, head_dim_multiple=32)
         if cfg.num_threads % 32 or not 32 <= cfg.num_threads <= 1024:
             raise ValueError(
                 f"BwdPostprocessConfig.num_threads must be a multiple of 32 in [32, 1024], got {cfg.num_threads}"

@@ -34,7 +34,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
-from fa4.config import ARCHS, KernelConfig
+from fa4.config import KernelConfig
 from fa4.seqlen import SeqlenInfo
 
 LOG2_E = math.log2(math.e)
@@ -97,12 +97,7 @@ class BwdPreprocess:
 
     @staticmethod
     def can_implement(cfg: BwdPreprocessConfig) -> None:
-        if cfg.arch not in ARCHS:
-            raise ValueError(f"BwdPreprocessConfig.arch must be one of {ARCHS}, got {cfg.arch!r}")
-        if cfg.dtype not in _DTYPES:
-            raise ValueError(f"BwdPreprocessConfig.dtype must be one of {tuple(_DTYPES)}, got {cfg.dtype!r}")
-        if cfg.head_dim % 32 or not 32 <= cfg.head_dim <= 256:
-            raise ValueError(f"BwdPreprocessConfig.head_dim must be a multiple of 32 in [32, 256], got {cfg.head_dim}")
+        cfg.check_target(_DTYPES, head_dim_multiple=32)
         if cfg.num_threads % 32 or not 32 <= cfg.num_threads <= 1024:
             raise ValueError(
                 f"BwdPreprocessConfig.num_threads must be a multiple of 32 in [32, 1024], got {cfg.num_threads}"

@@ -179,12 +179,7 @@ class FlashBwdSm80:
 
     @staticmethod
     def can_implement(cfg: BwdSm80Config) -> None:
-        if cfg.arch not in ARCHS:
-            raise ValueError(f"BwdSm80Config.arch must be one of {ARCHS}, got {cfg.arch!r}")
-        if cfg.dtype not in _DTYPES:
-            raise ValueError(f"BwdSm80Config.dtype must be one of {tuple(_DTYPES)}, got {cfg.dtype!r}")
-        if cfg.head_dim % 32 or not 32 <= cfg.head_dim <= 256:
-            raise ValueError(f"BwdSm80Config.head_dim must be a multiple of 32 in [32, 256], got {cfg.head_dim}")
+        cfg.check_target(_DTYPES, head_dim_multiple=32)
         if cfg.num_threads not in (128, 256):
             raise ValueError(f"BwdSm80Config.num_threads must be 128 or 256, got {cfg.num_threads}")
         if cfg.tile_m not in (32, 64, 128) or cfg.tile_n not in (32, 64, 128):
