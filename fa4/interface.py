@@ -43,11 +43,7 @@ def _run(problem: AttnProblem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, o
     if grad:
         return ops.FlashAttnFunction.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, problem, options,
                                            deterministic, return_lse, need_lse)
-    if problem.varlen_q:
-        out, lse = ops.forward(problem, q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), cu_seqlens_q, cu_seqlens_k,
-                               seqused_k, options, need_lse)
-        return out.squeeze(0), (lse.squeeze(0) if lse is not None else None)
-    return ops.forward(problem, q, k, v, None, None, None, options, need_lse)
+    return ops.forward(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options, need_lse)
 
 
 def _check_flags(kernel_options, deterministic, return_lse) -> None:

@@ -68,34 +68,47 @@ def _plan(direction: str, problem: AttnProblem, options: KernelOptions, device: 
     return plan
 
 
+def _as4d(t: Optional[torch.Tensor], varlen: bool) -> Optional[torch.Tensor]:
+    return t.unsqueeze(0) if (varlen and t is not None) else t
+
+
+def _as_user(t: Optional[torch.Tensor], varlen: bool) -> Optional[torch.Tensor]:
+    return t.squeeze(0) if (varlen and t is not None) else t
+
+
 def forward(problem: AttnProblem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_k: Optional[torch.Tensor],
             seqused_k: Optional[torch.Tensor], options: KernelOptions, need_lse: bool):
-    """Run the forward. q/k/v are (b, s, h, d) (varlen: (1, total, h, d)). Returns (out, lse);
-    lse is (b, h, s_q) float32, or None when not needed."""
+    """Run the forward on the tensors as the user passed them ((b, s, h, d), or (total, h, d) for
+    varlen, which the kernels see as (1, total, h, d)). Returns (out, lse); lse is (b, h, s_q)
+    (varlen: (h, total_q)) float32, or None when not needed."""
+    varlen = problem.varlen_q
+    q, k, v = _as4d(q, varlen), _as4d(k, varlen), _as4d(v, varlen)
+    if 1 in q.shape:  # size-1 dims may carry any stride: see validate.kernel_ready (before out copies q's)
+        q = validate.kernel_ready(q)
+    if 1 in k.shape:
+        k, v = validate.kernel_ready(k), validate.kernel_ready(v)
     b, sq, h, _ = q.shape
     out = _empty_like(q) if problem.head_dim_v == problem.head_dim else _empty(
         q.shape[:-1] + (problem.head_dim_v,), q.dtype, q.device)
     lse = _empty((b, h, sq), torch.float32, q.device) if need_lse else None
     if out.numel() == 0:
-        return out, lse
-    if 1 in q.shape:  # size-1 dims may carry any stride: see validate.kernel_ready
-        q = validate.kernel_ready(q)
-    if 1 in k.shape:
-        k, v = validate.kernel_ready(k), validate.kernel_ready(v)
-    if problem.seqlen_k == 0 or k.shape[1] == 0:
+        pass
+    elif problem.seqlen_k == 0 or k.shape[1] == 0:
         out.zero_()
         if lse is not None:
             lse.fill_(-math.inf)
-        return out, lse
-    mod, cfg = _plan("fwd", problem, options, q.device, need_lse)
-    mod.run(cfg, problem, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k)
-    return out, lse
+    else:
+        mod, cfg = _plan("fwd", problem, options, q.device, need_lse)
+        mod.run(cfg, problem, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k)
+    return _as_user(out, varlen), _as_user(lse, varlen)
 
 
 def backward(problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_k,
              options: KernelOptions, deterministic: bool):
-    """Gradients (dq, dk, dv) of the attention forward; all tensors 4D as in :func:`forward`."""
+    """Gradients (dq, dk, dv) of the attention forward, tensors in the user's layout as in
+    :func:`forward`. Layout fix-ups of the inputs (an expanded ``dout``...) are the launcher's."""
+    varlen = problem.varlen_q
     dq, dk, dv = _empty_like(q), _empty_like(k), _empty_like(v)
     if q.numel() == 0 or k.numel() == 0:
         dq.zero_()
@@ -103,8 +116,9 @@ def backward(problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_seqlens_q, 
         dv.zero_()
         return dq, dk, dv
     d = _dispatch("bwd", q.device, options)
-    _family_module(d).run_backward(problem, options, d.target, dout, q, k, v, out, lse, dlse, cu_seqlens_q,
-                                   cu_seqlens_k, seqused_k, dq, dk, dv, deterministic)
+    _family_module(d).run_backward(
+        problem, options, d.target, *(_as4d(t, varlen) for t in (dout, q, k, v, out, lse, dlse)),
+        cu_seqlens_q, cu_seqlens_k, seqused_k, *(_as4d(t, varlen) for t in (dq, dk, dv)), deterministic)
     return dq, dk, dv
 
 
@@ -113,22 +127,13 @@ def backward(problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_seqlens_q, 
 # --------------------------------------------------------------------------------------------
 
 
-def _as4d(t: Optional[torch.Tensor], varlen: bool) -> Optional[torch.Tensor]:
-    return t.unsqueeze(0) if (varlen and t is not None) else t
-
-
 class FlashAttnFunction(torch.autograd.Function):
     """Eager path: q/k/v as the user gave them (4D dense or 3D varlen)."""
 
     @staticmethod
     def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, problem: AttnProblem,
                 options: KernelOptions, deterministic: bool, return_lse: bool, need_lse: bool):
-        varlen = problem.varlen_q
-        out, lse = forward(problem, _as4d(q, varlen), _as4d(k, varlen), _as4d(v, varlen),
-                           cu_seqlens_q, cu_seqlens_k, seqused_k, options, need_lse)
-        if varlen:
-            out = out.squeeze(0)
-            lse = lse.squeeze(0) if lse is not None else None
+        out, lse = forward(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options, need_lse)
         ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k)
         ctx.problem, ctx.options, ctx.deterministic, ctx.return_lse = problem, options, deterministic, return_lse
         ctx.set_materialize_grads(False)
@@ -142,13 +147,8 @@ class FlashAttnFunction(torch.autograd.Function):
             dout = torch.zeros_like(out)
         if not ctx.return_lse:
             dlse = None
-        varlen = p.varlen_q
-        dq, dk, dv = backward(p, _as4d(validate.kernel_ready(dout), varlen),
-                              _as4d(q, varlen), _as4d(k, varlen), _as4d(v, varlen), _as4d(out, varlen),
-                              _as4d(lse, varlen), _as4d(dlse, varlen), cu_q, cu_k, seqused_k,
-                              ctx.options, ctx.deterministic)
-        if varlen:
-            dq, dk, dv = dq.squeeze(0), dk.squeeze(0), dv.squeeze(0)
+        dq, dk, dv = backward(p, dout, q, k, v, out, lse, dlse, cu_q, cu_k, seqused_k, ctx.options,
+                              ctx.deterministic)
         return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
@@ -182,12 +182,7 @@ def fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: Opti
         validate.check_aligned(name, t)
     p = _problem_from_op_args(q, k, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                               local, window_left, window_right, softcap)
-    varlen = p.varlen_q
-    out, lse = forward(p, _as4d(q, varlen), _as4d(k, varlen), _as4d(v, varlen), cu_seqlens_q, cu_seqlens_k,
-                       seqused_k, KernelOptions.from_str(options), need_lse)
-    if varlen:
-        out = out.squeeze(0)
-        lse = lse.squeeze(0) if lse is not None else None
+    out, lse = forward(p, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, KernelOptions.from_str(options), need_lse)
     return out, (lse if lse is not None else q.new_empty((0,), dtype=torch.float32))
 
 
@@ -210,14 +205,8 @@ def bwd_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
            softcap: float, deterministic: bool, options: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     p = _problem_from_op_args(q, k, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                               local, window_left, window_right, softcap)
-    varlen = p.varlen_q
-    dout = validate.kernel_ready(dout)
-    dq, dk, dv = backward(p, _as4d(dout, varlen), _as4d(q, varlen), _as4d(k, varlen), _as4d(v, varlen),
-                          _as4d(out, varlen), _as4d(lse, varlen), _as4d(dlse, varlen), cu_seqlens_q, cu_seqlens_k,
-                          seqused_k, KernelOptions.from_str(options), deterministic)
-    if varlen:
-        dq, dk, dv = dq.squeeze(0), dk.squeeze(0), dv.squeeze(0)
-    return dq, dk, dv
+    return backward(p, dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                    KernelOptions.from_str(options), deterministic)
 
 
 @bwd_op.register_fake

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import sys
 from concurrent.futures import ProcessPoolExecutor
 
