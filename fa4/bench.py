@@ -53,6 +53,7 @@ GRID: tuple[tuple[int, int], ...] = ((64, 8192), (128, 1024), (128, 4096), (128,
 """(head_dim, seqlen) rows of the targets table; each is run non-causal and causal."""
 LATENCY_CALLS = 2000
 FA4 = "fa4"
+FA4_NONDET = "fa4-nondet"  # with --deterministic: fa4's own non-deterministic backward, same row
 EXIT_NO_GPU = 2
 NO_GPU_MESSAGE = (
     "fa4.bench: no CUDA GPU is visible (torch.cuda.is_available() is False); run the benchmark on the GPU machine."
@@ -160,7 +161,7 @@ def _to_bshd(t: torch.Tensor, bhsd: bool) -> torch.Tensor:
     return t.transpose(1, 2) if bhsd else t
 
 
-def fa4_impl(option_kwargs: dict[str, Any], deterministic: bool) -> Impl:
+def fa4_impl(option_kwargs: dict[str, Any], deterministic: bool, name: str = FA4) -> Impl:
     """fa4's ``flash_attn_func``, with ``fa4.KernelOptions(**option_kwargs)`` when any option is set."""
 
     def setup(q, k, v, causal, requires_grad):
@@ -179,7 +180,7 @@ def fa4_impl(option_kwargs: dict[str, Any], deterministic: bool) -> Impl:
 
         return Prepared(run, (q, k, v), bhsd=False)
 
-    return Impl(FA4, setup)
+    return Impl(name, setup)
 
 
 def sdpa_impl(name: str, backend: str) -> Impl:
@@ -446,7 +447,7 @@ def _speed_ratio(row: dict[str, Record]) -> Optional[float]:
 
     Both run the same shape, so the TFLOP/s ratio is the inverse ratio of the times.
     """
-    ok = {name: rec for name, rec in row.items() if rec.status == "ok"}
+    ok = {name: rec for name, rec in row.items() if rec.status == "ok" and name != FA4_NONDET}
     if FA4 not in ok or len(ok) < 2:
         return None
     fa4_ms = ok.pop(FA4).ms
@@ -635,7 +636,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         default="auto",
         help="fa4 kernel family (KernelOptions.arch); auto = the device's own",
     )
-    p.add_argument("--deterministic", action="store_true", help="deterministic backward (fa4 and flash-attn-4)")
+    p.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="deterministic backward (fa4 and flash-attn-4); fa4's non-deterministic one runs too (fa4-nondet)",
+    )
     p.add_argument("--exp2-emu-frac", type=float, help="fa4 KernelOptions.exp2_emu_frac")
     p.add_argument("--rescale-threshold", type=float, help="fa4 KernelOptions.rescale_threshold (log2 units)")
     p.add_argument("--out", type=Path, default=Path("bench_results"), help="directory for CSV/JSON/PNG")
@@ -688,6 +693,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     peers = peer_impls(args.deterministic)
     # fa4 runs last in each row, so a fault that poisons the CUDA context still leaves the peers measured.
     impls = peers + [fa4_impl(kernel_option_kwargs(args), args.deterministic)]
+    if args.deterministic:  # the det / non-det ratio from one row (not counted as a peer in fa4/best)
+        impls.insert(len(peers), fa4_impl(kernel_option_kwargs(args), False, name=FA4_NONDET))
     records = run_grid(shapes, impls, timer=repeated(timer, args.repeats), directions=directions, reference=peers[0])
     columns, rows = summarize(records, args.latency)
     print(format_table(columns, rows))

@@ -210,6 +210,57 @@ def smem_layout_atom_sm80(dtype: Type[cutlass.Numeric], k_dim: int) -> cute.Comp
     )
 
 
+def tiled_mma_sm80(dtype: Type[cutlass.Numeric], num_threads: int, warps_m: int) -> cute.TiledMma:
+    """An m16n8k16 (bf16/fp16 in, fp32 accumulate) tiled MMA over ``num_threads // 32`` warps,
+    ``warps_m`` of them along M and the rest along N, each warp one 16x16 step per atom."""
+    warps = num_threads // 32
+    return cute.make_tiled_mma(
+        cute.nvgpu.warp.MmaF16BF16Op(dtype, Float32, (16, 8, 16)),
+        (warps_m, warps // warps_m, 1),
+        permutation_mnk=(warps_m * 16, (warps // warps_m) * 16, 16),
+    )
+
+
+def tiled_copy_rows_16B(copy_atom: cute.CopyAtom, num_threads: int, atom: cute.ComposedLayout) -> cute.TiledCopy:
+    """A tiled copy of 16-bit tiles laid out with the swizzle ``atom`` (:func:`smem_layout_atom_sm80`):
+    16 bytes per lane (``copy_atom`` must move 128 bits), the lanes of a thread row along one swizzle
+    row (64 or 32 elements), so gmem accesses are whole 128 / 64-byte runs and smem ones conflict free."""
+    elems = 128 // copy_atom.value_type.width
+    per_row = atom.outer.shape[1] // elems
+    thr_layout = cute.make_ordered_layout((num_threads // per_row, per_row), order=(1, 0))
+    return cute.make_tiled_copy_tv(copy_atom, thr_layout, cute.make_layout((1, elems)))
+
+
+@cute.jit
+def acc_to_smem(acc: cute.Tensor, tiled_mma: cute.TiledMma, sT: cute.Tensor, tidx: Int32) -> None:
+    """Round an fp32 MMA accumulator to ``sT``'s dtype and store it to ``sT`` (pairs of columns per
+    store). The caller puts a barrier before the tile is read back."""
+    r2s = cute.make_tiled_copy_C(
+        cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), sT.element_type, num_bits_per_copy=2 * sT.element_type.width),
+        tiled_mma,
+    ).get_slice(tidx)
+    rT = cute.make_rmem_tensor(acc.shape, sT.element_type)
+    rT.store(acc.load().to(sT.element_type))
+    cute.copy(r2s, r2s.retile(rT), r2s.partition_D(sT))
+
+
+@cute.jit
+def smem_to_gmem_pred(copy: cute.TiledCopy, sT: cute.Tensor, gT: cute.Tensor, rows: Int32, cols: Int32, tidx: Int32):
+    """Copy a ``(tile_rows, tile_cols)`` smem tile to gmem with ``copy`` (16-byte chunks); only rows
+    ``< rows`` and column chunks ``< cols`` are written."""
+    thr = copy.get_slice(tidx)
+    tcT = thr.partition_S(cute.make_identity_tensor((cute.size(sT, mode=[0]), cute.size(sT, mode=[1]))))
+    tsT = thr.partition_S(sT)
+    tgT = thr.partition_D(gT)
+    rT = cute.make_rmem_tensor_like(tgT)
+    cute.autovec_copy(tsT, rT)
+    for m in cutlass.range_constexpr(cute.size(tgT, mode=[1])):
+        if tcT[0, m, 0][0] < rows:
+            for k in cutlass.range_constexpr(cute.size(tgT, mode=[2])):
+                if tcT[0, m, k][1] < cols:
+                    cute.copy(copy, rT[None, m, k], tgT[None, m, k])
+
+
 def gemm_sm80(
     tiled_mma: cute.TiledMma,
     acc: cute.Tensor,

@@ -388,6 +388,20 @@ def test_summary_table():
     assert "1.50x" in lines[2]
 
 
+def test_nondet_column_is_not_a_peer():
+    """With --deterministic, fa4's own non-deterministic run shares the row but fa4/best compares
+    the deterministic fa4 with the peers only."""
+    shape = SMALL
+    records = [
+        Record("sdpa-flash", "bwd", shape, "ok", ms=2.0, maxdiff=0.0),
+        Record(bench.FA4_NONDET, "bwd", shape, "ok", ms=0.5, maxdiff=0.0),
+        Record("fa4", "bwd", shape, "ok", ms=1.0, maxdiff=0.0),
+    ]
+    columns, rows = bench.summarize(records, latency=False)
+    assert f"{bench.FA4_NONDET} TFLOP/s" in columns
+    assert rows[0]["fa4/best"] == "2.00x"
+
+
 def test_latency_table_in_microseconds():
     columns, rows = bench.summarize(_records(latency=True), latency=True)
     assert "fa4 us" in columns

@@ -187,7 +187,10 @@ def test_workspace_shapes():
     p = _problem(72, seqlen_q=1000)
     cfg = sm80.make_config(p, None, "sm_80", deterministic=True)
     shapes = sm80.workspace_shapes(p, cfg, (2, 1000, 8, 72))
-    assert shapes["dq_accum"] == (2, 8, 1000, 96)
+    assert shapes["dq_accum"] == (2, 8, -(-1000 // cfg.tile_m) * cfg.tile_m, 96)  # whole tiles
+    pv = dataclasses.replace(p, varlen_q=True, varlen_k=True, total_q=3000, total_k=3000)
+    cfg_v = sm80.make_config(pv, None, "sm_80")
+    assert sm80.workspace_shapes(pv, cfg_v, (1, 3000, 8, 72))["dq_accum"] == (1, 8, 3000 + 2 * cfg_v.tile_m, 96)
     assert shapes["lse_log2"] == shapes["dpsum"] == (2, 8, 1000)
     assert shapes["semaphore"] == (2, 8, -(-1000 // cfg.tile_m))
 
@@ -211,8 +214,8 @@ def _masks(sq, sk):
                 yield False, True, wl, wr
 
 
-# Section sizes of the launch order: the default (all pairs without a causal mask, one with), one
-# pair, and 3 of the 4 pairs (a ragged last section).
+# Section sizes of the launch order: the default, one pair, and 3 of the 4 pairs (a ragged last
+# section).
 _SECTIONS = [None, 1, 3]
 
 
@@ -272,23 +275,40 @@ def test_launch_order_is_rank_major():
             assert [(h, bb) for _, h, bb, _ in ctas[:pairs]] == [(i % hk, i // hk) for i in range(pairs)]
         if section == 1:
             assert [x for x, *_ in ctas] == [i % num_x for i in range(len(ctas))]
-    # SPT: x = 0 takes the last K block (the shortest one with a causal mask).
+    # LPT: x = 0 takes the first K block (the longest one with a causal mask).
     _, _, ctas = sm80.deterministic_schedule([sq], [sk], 1, 1, 64, tn, causal=True)
-    assert [n for *_, n in ctas] == list(range(num_x - 1, -1, -1))
+    assert [n for *_, n in ctas] == list(range(num_x))
 
 
-def test_det_section_pairs():
-    assert sm80.det_section_pairs(32, causal=False) == 32
-    assert sm80.det_section_pairs(32, causal=True) == 1
-    old = sm80.DET_SECTION_PAIRS
+def test_deterministic_slots_are_visited_downwards_heads_fastest():
+    """Every CTA walks its m_blocks from the last one down, the q heads of its GQA group fastest
+    (Note [Deterministic dQ]); and the first K block adds first (rank = n - n_min)."""
+    visits, rank, ctas = sm80.deterministic_schedule([1000], [1000], 1, 3, 64, 128, causal=True)
+    for c, (_, _, _, n) in enumerate(ctas):
+        m_first = n * 128 // 64
+        want = [(0, g, m) for m in range(-(-1000 // 64) - 1, m_first - 1, -1) for g in range(3)]
+        assert visits[c] == want
+        assert all(rank(c, s) == n for s in visits[c])  # causal: n_min = 0
+
+
+def test_section_pairs():
+    assert sm80.section_pairs(64, causal=False, deterministic=True) == sm80.DET_SECTION_PAIRS_NO_MASK
+    assert sm80.section_pairs(100, causal=True, deterministic=True) == sm80.DET_SECTION_PAIRS_CAUSAL
+    assert sm80.section_pairs(64, causal=False, deterministic=False) == 1
+    assert sm80.section_pairs(64, causal=True, deterministic=False) == sm80.CAUSAL_SECTION_PAIRS
+    assert sm80.section_pairs(3, causal=True, deterministic=False) == 3
+    old, old_nd = sm80.DET_SECTION_PAIRS, sm80.SECTION_PAIRS
     try:
         sm80.DET_SECTION_PAIRS = 8
-        assert sm80.det_section_pairs(32, False) == sm80.det_section_pairs(32, True) == 8
-        assert sm80.det_section_pairs(5, False) == 5
+        assert sm80.section_pairs(32, False, True) == sm80.section_pairs(32, True, True) == 8
+        assert sm80.section_pairs(5, False, True) == 5
+        assert sm80.section_pairs(64, True, False) == sm80.CAUSAL_SECTION_PAIRS  # the other mode's knob
         sm80.DET_SECTION_PAIRS = 0
-        assert sm80.det_section_pairs(5, False) == 1
+        assert sm80.section_pairs(5, False, True) == 1
+        sm80.SECTION_PAIRS = 4
+        assert sm80.section_pairs(32, True, False) == sm80.section_pairs(32, False, False) == 4
     finally:
-        sm80.DET_SECTION_PAIRS = old
+        sm80.DET_SECTION_PAIRS, sm80.SECTION_PAIRS = old, old_nd
 
 
 def test_check_schedule_catches_bad_orders():
@@ -323,33 +343,37 @@ def test_simulate_detects_deadlock_and_disorder():
         simulate(visits, crossed, 2)
 
 
-def test_causal_schedule_has_no_steady_state_wait():
-    """Causal, SPT order, all CTAs of a pair starting together at one step per slot: the contributor
-    ranked just before a CTA in a slot reaches that slot at least two steps earlier, so its deferred
-    publish (at the top of its next step) precedes this CTA's peek (at the top of this step): in
-    lockstep no CTA waits. Later CTAs of a pair are launched later, only widening the gap."""
+def test_causal_schedule_never_overtakes():
+    """Causal (and sliding window), LPT order, m_blocks walked downwards: in every slot, the
+    contributor ranked just before a CTA (launched before it) reaches the slot at the same step
+    index of its own loop or an earlier one. So a CTA never has to wait for a predecessor that is
+    behind in its own work: with both started together it trails by the predecessor's publish,
+    launched later it finds the slot ready (Note [Deterministic dQ]). Walking upwards, the block
+    ranked last in a slot would reach it first (its diagonal is its first step) and wait for all."""
     tm, tn, sq = 64, 128, 2048
-    for heads_k, group in ((1, 1), (2, 2)):
-        visits, rank, _ = sm80.deterministic_schedule([sq], [sq], heads_k, group, tm, tn, causal=True)
-        by_slot = {}
-        for c, slots in enumerate(visits):
-            for step, slot in enumerate(slots):
-                by_slot.setdefault(slot, {})[rank(c, slot)] = step
-        for slot, steps in by_slot.items():
-            for r in range(1, len(steps)):
-                assert steps[r - 1] + 2 <= steps[r], (slot, steps)
+    for causal, local, wl in ((True, False, 0), (False, True, 300)):
+        for heads_k, group in ((1, 1), (2, 2), (1, 3)):
+            visits, rank, _ = sm80.deterministic_schedule(
+                [sq], [sq], heads_k, group, tm, tn, causal, local, wl, 0
+            )
+            by_slot = {}
+            for c, slots in enumerate(visits):
+                for step, slot in enumerate(slots):
+                    by_slot.setdefault(slot, {})[rank(c, slot)] = step
+            for slot, steps in by_slot.items():
+                for r in range(1, len(steps)):
+                    assert steps[r - 1] <= steps[r], (causal, heads_k, group, slot, steps)
 
 
 def test_launch_grid_limits():
     cfg = sm80.make_config(_problem(128), None, "sm_90a")
     det = dataclasses.replace(cfg, deterministic=True)
-    assert sm80.launch_grid(cfg, 2, 16, 8192) == (64, 16, 2)
+    assert sm80.launch_grid(cfg, 2, 16, 8192) == (64 * 16 * 2, 1, 1)
     assert sm80.launch_grid(det, 2, 16, 8192) == (64 * 16 * 2, 1, 1)
-    assert sm80.launch_grid(det, 70000, 1, 128) == (70000, 1, 1)  # 1-D: batch is not capped at 65535
-    with pytest.raises(ValueError, match="limits"):
-        sm80.launch_grid(cfg, 70000, 1, 128)
-    with pytest.raises(ValueError, match="limits"):
-        sm80.launch_grid(det, 2**16, 2**8, 2**7 * 128)  # 2^31 CTAs
+    assert sm80.launch_grid(cfg, 70000, 1, 128) == (70000, 1, 1)  # 1-D: batch is not capped at 65535
+    for c in (cfg, det):
+        with pytest.raises(ValueError, match="limit"):
+            sm80.launch_grid(c, 2**16, 2**8, 2**7 * 128)  # 2^31 CTAs
 
 
 def test_block_ranges_cover_the_mask():

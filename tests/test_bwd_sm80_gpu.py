@@ -245,7 +245,7 @@ def test_bwd_sm80_deterministic_varlen():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mask", ["none", "causal", "local"])
-def test_bwd_sm80_deterministic_launch_orders(mask):
+def test_bwd_sm80_deterministic_launch_orders(mask, monkeypatch):
     """The deterministic gradients do not depend on the launch order (sections of 1, 3 or all the
     (batch, kv head) pairs, Note [Deterministic dQ] in fa4/bwd/sm80.py: the adds into a dQ slot
     follow the ranks, whatever the order), on a grid of 512 CTAs, several times what the GPU holds
@@ -257,18 +257,14 @@ def test_bwd_sm80_deterministic_launch_orders(mask):
     q, k, v = random_qkv(4, sq, sk, 16, 8, 128, torch.bfloat16, "cuda", requires_grad=True, seed=13)
     g = torch.randn(4, sq, 16, 128, device="cuda", dtype=torch.bfloat16)
     results = {}
-    old = sm80.DET_SECTION_PAIRS
-    try:
-        for section in (None, 1, 3, 10**6):
-            sm80.DET_SECTION_PAIRS = section
-            for _ in range(2):
-                out, _ = fa4.flash_attn_func(q, k, v, deterministic=True, kernel_options=SM80, **kw)
-                grads = torch.autograd.grad(out, (q, k, v), g)
-                first = results.setdefault(section, grads)
-                for name, a, b in zip(("dq", "dk", "dv"), first, grads):
-                    assert torch.equal(a, b), f"{name} differs between runs (section {section})"
-    finally:
-        sm80.DET_SECTION_PAIRS = old
+    for section in (None, 1, 3, 10**6):
+        monkeypatch.setattr(sm80, "DET_SECTION_PAIRS", section)
+        for _ in range(2):
+            out, _ = fa4.flash_attn_func(q, k, v, deterministic=True, kernel_options=SM80, **kw)
+            grads = torch.autograd.grad(out, (q, k, v), g)
+            first = results.setdefault(section, grads)
+            for name, a, b in zip(("dq", "dk", "dv"), first, grads):
+                assert torch.equal(a, b), f"{name} differs between runs (section {section})"
     base = results[None]
     for section, grads in results.items():
         for name, a, b in zip(("dq", "dk", "dv"), base, grads):

@@ -1,7 +1,8 @@
 """The backward preprocess kernel against torch, through its launcher ``run_preprocess``.
 
 Workspaces are views of NaN-filled buffers one guard region longer than needed: the test checks
-every element the kernel must write and that the guard is untouched. Inputs cover odd lengths
+every element the kernel must write (dq_accum: whole tiles of the main kernel's tile_m rows, for
+several tile_m) and that the guard is untouched. Inputs cover odd lengths
 (1, 113, 1000), head dims that are not multiples of 32 (column predicates), rows with lse = -inf,
 varlen with uneven lengths, with and without dLSE, and the semaphore zeroing.
 """
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 from fa4.bwd import preprocess
+from fa4.bwd.dq_accum import dq_accum_shape
 
 pytestmark = pytest.mark.gpu
 
@@ -38,13 +40,28 @@ def _reference(out, dout, lse, dlse):
     return d, lse_log2
 
 
-def _run_and_check(out, dout, lse, dlse, cu_seqlens_q=None, max_seqlen_q=None, sem_shape=None):
+def _tiled_rows(cu_seqlens_q, s, tile_m):
+    """Rows of one head of dq_accum that the preprocess must zero (Note [dQ accumulator layout]):
+    whole tiles of tile_m rows from each sequence's base row."""
+    if cu_seqlens_q is None:
+        return torch.arange(-(-s // tile_m) * tile_m)
+    cu = cu_seqlens_q.tolist()
+    rows = []
+    for b in range(len(cu) - 1):
+        base = cu[b] + b * tile_m
+        rows += range(base, base + -(-(cu[b + 1] - cu[b]) // tile_m) * tile_m)
+    return torch.tensor(rows, dtype=torch.long)
+
+
+def _run_and_check(out, dout, lse, dlse, cu_seqlens_q=None, max_seqlen_q=None, sem_shape=None, dq_tile_m=64):
     b, s, h, d = out.shape
     dpad = preprocess.head_dim_padded(d)
     nan = float("nan")
     buf_d, dpsum = _guarded((b, h, s), torch.float32, nan)
     buf_l, lse_log2 = _guarded((b, h, s), torch.float32, nan)
-    buf_a, dq_accum = _guarded((b, h, s, dpad), torch.float32, nan)
+    nseq = b if cu_seqlens_q is None else cu_seqlens_q.numel() - 1
+    acc_shape = dq_accum_shape(nseq, h, s, dpad, dq_tile_m, cu_seqlens_q is not None)
+    buf_a, dq_accum = _guarded(acc_shape, torch.float32, nan)
     sem = None
     if sem_shape is not None:
         buf_s, sem = _guarded(sem_shape, torch.int32, -7)
@@ -59,6 +76,7 @@ def _run_and_check(out, dout, lse, dlse, cu_seqlens_q=None, max_seqlen_q=None, s
         cu_seqlens_q=cu_seqlens_q,
         max_seqlen_q=max_seqlen_q,
         semaphore=sem,
+        dq_tile_m=dq_tile_m,
     )
     torch.cuda.synchronize()
     ref_d, ref_l = _reference(out, dout, lse, dlse)
@@ -69,7 +87,8 @@ def _run_and_check(out, dout, lse, dlse, cu_seqlens_q=None, max_seqlen_q=None, s
     assert not lse_log2.isnan().any(), "lse_log2 has unwritten rows"
     assert torch.equal(lse_log2 == math.inf, lse == -math.inf)
     torch.testing.assert_close(lse_log2, ref_l, atol=0, rtol=2e-7)
-    assert torch.equal(dq_accum, torch.zeros_like(dq_accum)), "dq_accum not zeroed (NaN-filled before)"
+    tiles = dq_accum[:, :, _tiled_rows(cu_seqlens_q, s, dq_tile_m).to(dq_accum.device)]
+    assert torch.equal(tiles, torch.zeros_like(tiles)), "dq_accum tiles not zeroed (NaN-filled before)"
     for buf in (buf_d, buf_l, buf_a):
         _check_guard(buf, nan)
     if sem is not None:
@@ -94,7 +113,7 @@ def _inputs(b, s, h, d, dtype, seed, dlse: bool, neg_inf_rows: bool = True):
 @pytest.mark.parametrize("dlse", [False, True])
 def test_preprocess_dense(dtype, d, s, dlse):
     out, dout, lse, dl = _inputs(2, s, 3, d, dtype, seed=s * 1000 + d, dlse=dlse)
-    _run_and_check(out, dout, lse, dl)
+    _run_and_check(out, dout, lse, dl, dq_tile_m=(32, 64, 128)[d % 3])
 
 
 def test_preprocess_strided_inputs_and_expanded_dlse():
@@ -122,6 +141,7 @@ def test_preprocess_varlen(dlse, d):
         cu_seqlens_q=cu,
         max_seqlen_q=max(lengths),
         sem_shape=(len(lengths), h, -(-max(lengths) // 64)),
+        dq_tile_m=128 if d == 96 else 64,
     )
 
 

@@ -19,6 +19,7 @@ def run_once() -> dict:
 
     t_import = time.perf_counter()
     from fa4 import jit
+    from fa4.bwd.dq_accum import dq_accum_shape
     from fa4.bwd.preprocess import head_dim_padded, make_config, run_preprocess
 
     b, s, h, d = 2, 1000, 8, 128
@@ -28,7 +29,7 @@ def run_once() -> dict:
     lse = torch.randn(b, h, s, device="cuda")
     lse_log2 = torch.full_like(lse, float("nan"))
     dpsum = torch.full_like(lse, float("nan"))
-    dq_accum = torch.full((b, h, s, head_dim_padded(d)), float("nan"), device="cuda")
+    dq_accum = torch.full(dq_accum_shape(b, h, s, head_dim_padded(d), 64, False), float("nan"), device="cuda")
     cfg = make_config("bf16", d, "sm_90a", varlen=False, has_dlse=False, has_semaphore=False)
     t0 = time.perf_counter()
     jit.get_kernel(cfg)  # compile or load, timed alone

@@ -75,6 +75,17 @@ PLANS = {
         + _exp([(1, 8192, 2, 128, False), (1, 8192, 2, 128, True)], "bwd", [{}, {"_det_section": 1}],
                deterministic=True)
     ),
+    "v2": (  # dq_accum in fragment order (all rows) + causal launch sections
+        _exp(GRID, "bwd", [{}])
+        + _exp([g for g in GRID if g[4]], "bwd", [{"_section": 1}, {"_section": 4}, {"_section": 16}, {"_section": 10**6}])
+    ),
+    "det3": _exp(GRID, "bwd", [{"_det_section": n} for n in (2, 4, 8, 16, 32)], deterministic=True),
+    "det4": (  # LPT + downward m_blocks: defaults side by side, then section sizes
+        _exp(GRID, "bwd", [{}]) + _exp(GRID, "bwd", [{}], deterministic=True)
+        + _exp([g for g in GRID if g[4]], "bwd", [{"_det_section": 4}, {"_det_section": 64}], deterministic=True)
+        + _exp([g for g in GRID if not g[4]], "bwd", [{"_det_section": 16}, {"_det_section": 10**6}],
+               deterministic=True)
+    ),
     "grid": _exp(GRID, "fwd", [{}]) + _exp(GRID, "bwd", [{}]),
     "emu": _exp(GRID, "fwd", [dict(exp2_emu_frac=0.25), dict(rescale_threshold=0.0),
                               dict(exp2_emu_frac=0.25, rescale_threshold=0.0)]),
@@ -116,10 +127,10 @@ def run_experiment(shape, direction, over, deterministic):
     b, s, h, d, causal = shape
     orig = fwd_mod.make_config if direction == "fwd" else bwd_mod.make_config
     mod = fwd_mod if direction == "fwd" else bwd_mod
-    section = over.get("_det_section")
+    det_section, section = over.get("_det_section"), over.get("_section")
     over = {k: v for k, v in over.items() if not k.startswith("_")}
-    old_section = bwd_mod.DET_SECTION_PAIRS
-    bwd_mod.DET_SECTION_PAIRS = section
+    old_sections = bwd_mod.DET_SECTION_PAIRS, bwd_mod.SECTION_PAIRS
+    bwd_mod.DET_SECTION_PAIRS, bwd_mod.SECTION_PAIRS = det_section, section
 
     def patched(*a, **k):
         return dataclasses.replace(orig(*a, **k), **over)
@@ -148,7 +159,7 @@ def run_experiment(shape, direction, over, deterministic):
         return ms, flops / ms / 1e9, diff
     finally:
         mod.make_config = orig
-        bwd_mod.DET_SECTION_PAIRS = old_section
+        bwd_mod.DET_SECTION_PAIRS, bwd_mod.SECTION_PAIRS = old_sections
 
 
 def main():

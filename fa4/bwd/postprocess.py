@@ -1,16 +1,20 @@
 """Backward postprocess: ``dq = dq_accum * softmax_scale`` in the input dtype.
 
-The main backward kernels accumulate ``dS @ K`` (without the softmax scale) into the float32
-workspace ``dq_accum``; this SIMT kernel scales, rounds once, and writes ``dq`` in the layout of q.
-One CTA per (m_block, head, batch); each lane moves 4 columns (a 128-bit float32 load, a 64-bit
-store). Rows at or past the sequence's length are not touched. Layouts (varlen: ``b = 1``,
+The main backward kernel accumulates ``dS @ K`` (without the softmax scale) into the float32
+workspace ``dq_accum``, in the fragment order of its dQ MMA (Note [dQ accumulator layout] in
+fa4/bwd/dq_accum.py). This kernel runs one CTA per (m_block, head, batch) with the same threads and
+the same tiled MMA, so each thread reads back exactly the accumulator fragment that the main
+kernel's threads added into (``vec`` floats per load, whole cache lines per warp), scales it,
+rounds it once, puts it through shared memory at its (row, column), and writes dq with 128-bit
+stores. Rows at or past the sequence's length are not written. Layouts (varlen: ``b = 1``,
 ``s = total_q``, with ``cu_seqlens_q``):
 
-    dq_accum  (b, h, s, head_dim_padded)  float32
+    dq_accum  see fa4/bwd/dq_accum.py     float32
     dq        (b, s, h, d)                fp16/bf16, last dim contiguous, written
 """
 
-from __future__ import annotations
+# No ``from __future__ import annotations``: see Note [no ``from __future__ import annotations``] in
+# fa4/fwd/sm80.py (``cute.struct`` reads its field annotations as objects).
 
 from dataclasses import dataclass
 from typing import ClassVar, Optional
@@ -19,31 +23,27 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
-from fa4.bwd.preprocess import _DTYPES, _target, dq_accum_view, head_dim_padded
+from fa4.bwd.dq_accum import dq_accum_view, red_vec, thread_fragment
+from fa4.bwd.preprocess import _DTYPES
 from fa4.config import KernelConfig
+from fa4.cute_utils import acc_to_smem, smem_layout_atom_sm80, smem_to_gmem_pred, tiled_copy_rows_16B, tiled_mma_sm80
 from fa4.seqlen import SeqlenInfo
-
-_COLS_PER_LANE = 4
 
 
 @dataclass(frozen=True)
 class BwdPostprocessConfig(KernelConfig):
     """Compile key of :class:`BwdPostprocess`. ``head_dim``: the padded head dim of ``dq_accum``
-    (a multiple of 32); the real one comes from ``dq`` at run time."""
+    (a multiple of 32); the real one comes from ``dq`` at run time. ``tile_m``, ``num_threads``
+    and ``atom_m`` (warps along the rows of the dQ MMA) are the main kernel's: they define the
+    dq_accum tiles and their fragment order."""
 
     head_dim: int = 128
     tile_m: int = 64
-    num_threads: int = 128
+    num_threads: int = 256
+    atom_m: int = 2
     varlen: bool = False
 
     KERNEL: ClassVar[str] = "fa4.bwd.postprocess:BwdPostprocess"
-
-
-def _lanes_per_row(head_dim: int) -> int:
-    for lanes in (32, 16, 8):
-        if head_dim % (lanes * _COLS_PER_LANE) == 0:
-            return lanes
-    raise ValueError(f"head_dim {head_dim} must be a multiple of 32")
 
 
 class BwdPostprocess:
@@ -53,19 +53,21 @@ class BwdPostprocess:
         self.tile_m = cfg.tile_m
         self.head_dim = cfg.head_dim
         self.num_threads = cfg.num_threads
+        self.vec = red_vec(cfg.arch)
 
     @staticmethod
     def can_implement(cfg: BwdPostprocessConfig) -> None:
         cfg.check_target(_DTYPES, head_dim_multiple=32)
-        if cfg.num_threads % 32 or not 32 <= cfg.num_threads <= 1024:
+        warps = cfg.num_threads // 32
+        if cfg.num_threads not in (128, 256) or cfg.atom_m <= 0 or warps % cfg.atom_m:
             raise ValueError(
-                f"BwdPostprocessConfig.num_threads must be a multiple of 32 in [32, 1024], got {cfg.num_threads}"
+                f"BwdPostprocessConfig: num_threads must be 128 or 256 and atom_m divide its warps, "
+                f"got {cfg.num_threads}/{cfg.atom_m}"
             )
-        rows_per_pass = cfg.num_threads // _lanes_per_row(cfg.head_dim)
-        if cfg.tile_m % rows_per_pass:
+        if cfg.tile_m % (16 * cfg.atom_m) or cfg.head_dim % (16 * (warps // cfg.atom_m)):
             raise ValueError(
-                f"BwdPostprocessConfig.tile_m ({cfg.tile_m}) must be a multiple of the {rows_per_pass} rows "
-                f"{cfg.num_threads} threads cover per pass"
+                f"BwdPostprocessConfig: a {cfg.tile_m}x{cfg.head_dim} dQ tile does not tile into "
+                f"{cfg.atom_m}x{warps // cfg.atom_m} warps of 16x16 MMA steps"
             )
 
     @staticmethod
@@ -73,7 +75,7 @@ class BwdPostprocess:
         b, s, h = (cute.sym_int() for _ in range(3))
         d = cute.sym_int(divisibility=8)
         dq_accum = cute.runtime.make_fake_compact_tensor(
-            Float32, (b, h, s, cfg.head_dim), stride_order=(3, 2, 1, 0), assumed_align=16
+            Float32, (b, h, cute.sym_int(), cfg.head_dim), stride_order=(3, 2, 1, 0), assumed_align=16
         )
         strides = tuple(cute.sym_int64(divisibility=8) for _ in range(3)) + (1,)
         dq = cute.runtime.make_fake_tensor(_DTYPES[cfg.dtype], (b, s, h, d), strides, assumed_align=16)
@@ -86,7 +88,7 @@ class BwdPostprocess:
     @cute.jit
     def __call__(
         self,
-        mdQaccum: cute.Tensor,  # (b, h, s, head_dim_padded) float32
+        mdQaccum: cute.Tensor,  # fa4/bwd/dq_accum.py
         mdQ: cute.Tensor,  # (b, s, h, d)
         mCuSeqlensQ: Optional[cute.Tensor],  # (b + 1,) int32
         softmax_scale: Float32,
@@ -95,29 +97,27 @@ class BwdPostprocess:
     ):
         if const_expr(mdQ.element_type != self.dtype):
             raise TypeError("dq must have the configured dtype")
-        lanes = _lanes_per_row(self.head_dim)
-        thr_layout = cute.make_ordered_layout((self.num_threads // lanes, lanes), order=(1, 0))
-        val_layout = cute.make_layout((1, _COLS_PER_LANE))
-        copy_acc = cute.make_tiled_copy_tv(
-            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=128), thr_layout, val_layout
+        atom = smem_layout_atom_sm80(self.dtype, self.head_dim)
+        sdQ_layout = cute.tile_to_shape(atom, (self.tile_m, self.head_dim), (0, 1))
+        copy_out = tiled_copy_rows_16B(
+            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128), self.num_threads, atom
         )
-        copy_out = cute.make_tiled_copy_tv(
-            cute.make_copy_atom(
-                cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=_COLS_PER_LANE * self.dtype.width
-            ),
-            thr_layout,
-            val_layout,
-        )
+        tiled_mma = tiled_mma_sm80(self.dtype, self.num_threads, self.cfg.atom_m)
         if const_expr(self.cfg.varlen):
             num_batch = mCuSeqlensQ.shape[0] - 1
             seqlen = max_seqlen_q
         else:
             num_batch = mdQ.shape[0]
             seqlen = mdQ.shape[1]
+
+        @cute.struct
+        class SharedStorage:
+            sdQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sdQ_layout)], 1024]
+
         grid = (cute.ceil_div(seqlen, self.tile_m), mdQ.shape[2], num_batch)
-        self.kernel(mdQaccum, mdQ, mCuSeqlensQ, softmax_scale, copy_acc, copy_out).launch(
-            grid=grid, block=[self.num_threads, 1, 1], stream=stream
-        )
+        self.kernel(
+            mdQaccum, mdQ, mCuSeqlensQ, softmax_scale, sdQ_layout, copy_out, tiled_mma, SharedStorage
+        ).launch(grid=grid, block=[self.num_threads, 1, 1], smem=SharedStorage.size_in_bytes(), stream=stream)
 
     @cute.kernel
     def kernel(
@@ -126,8 +126,10 @@ class BwdPostprocess:
         mdQ: cute.Tensor,
         mCuSeqlensQ: Optional[cute.Tensor],
         softmax_scale: Float32,
-        copy_acc: cute.TiledCopy,
+        sdQ_layout: cute.ComposedLayout,
         copy_out: cute.TiledCopy,
+        tiled_mma: cute.TiledMma,
+        SharedStorage: cutlass.Constexpr,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
@@ -135,62 +137,60 @@ class BwdPostprocess:
         rows_left = seq.seqlen_q - m_block * self.tile_m
         if rows_left > 0:
             tile = (self.tile_m, self.head_dim)
-            mdQ_bh = seq.q_view(mdQ, batch, head)
-            mAcc_bh = dq_accum_view(mdQaccum, seq, batch, head)
-            thr_acc = copy_acc.get_slice(tidx)
-            thr_out = copy_out.get_slice(tidx)
-            tAgA = thr_acc.partition_S(cute.local_tile(mAcc_bh, tile, (m_block, 0)))
-            tDgD = thr_out.partition_D(cute.local_tile(mdQ_bh, tile, (m_block, 0)))
-            tDcD = thr_out.partition_D(cute.make_identity_tensor(tile))
-            tArA = cute.make_rmem_tensor_like(tAgA)
-            tDrD = cute.make_rmem_tensor_like(tDgD)
-            d = mdQ.shape[3]
-            for m in cutlass.range_constexpr(cute.size(tAgA, mode=[1])):
-                if tDcD[0, m, 0][0] < rows_left:
-                    cute.copy(copy_acc, tAgA[None, m, None], tArA[None, m, None])
-            tDrD.store((tArA.load() * softmax_scale).to(self.dtype))
-            for m in cutlass.range_constexpr(cute.size(tDgD, mode=[1])):
-                if tDcD[0, m, 0][0] < rows_left:
-                    for k in cutlass.range_constexpr(cute.size(tDgD, mode=[2])):
-                        if tDcD[0, m, k][1] < d:
-                            cute.copy(copy_out, tDrD[None, m, k], tDgD[None, m, k])
+            storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
+            sdQ = storage.sdQ.get_tensor(sdQ_layout)
+            acc = cute.make_rmem_tensor(tiled_mma.get_slice(tidx).partition_shape_C(tile), Float32)
+            gAcc = cute.local_tile(dq_accum_view(mdQaccum, seq, batch, head, self.tile_m), tile, (m_block, 0))
+            gFrag = thread_fragment(gAcc, self.num_threads, cute.size(acc), self.vec, tidx)
+            acc_v = cute.make_tensor(acc.iterator, cute.make_layout(gFrag.shape))
+            for v in cutlass.range_constexpr(cute.size(gFrag, mode=[1])):
+                acc_v[None, v].store(gFrag[None, v].load())
+            acc.store(acc.load() * softmax_scale)
+            acc_to_smem(acc, tiled_mma, sdQ, tidx)
+            cute.arch.barrier()
+            gdQ = cute.local_tile(seq.q_view(mdQ, batch, head), tile, (m_block, 0))
+            smem_to_gmem_pred(copy_out, sdQ, gdQ, rows_left, mdQ.shape[3], tidx)
 
 
-def make_config(dtype: str, head_dim: int, arch: str, *, varlen: bool = False) -> BwdPostprocessConfig:
-    return BwdPostprocessConfig(arch=arch, dtype=dtype, head_dim=head_dim_padded(head_dim), varlen=varlen)
+def config_for(bwd_cfg) -> BwdPostprocessConfig:
+    """The postprocess that reads back the dq_accum of the main kernel config ``bwd_cfg`` (its
+    tile_m, threads and dQ warp layout define the tiles: Note [dQ accumulator layout])."""
+    return BwdPostprocessConfig(
+        arch=bwd_cfg.arch,
+        dtype=bwd_cfg.dtype,
+        head_dim=bwd_cfg.head_dim,
+        tile_m=bwd_cfg.tile_m,
+        num_threads=bwd_cfg.num_threads,
+        atom_m=bwd_cfg.atom_m_dq,
+        varlen=bwd_cfg.varlen_q,
+    )
 
 
 def run_postprocess(
+    cfg: BwdPostprocessConfig,
     dq_accum,
     dq,
     softmax_scale: float,
     *,
     cu_seqlens_q=None,
     max_seqlen_q: Optional[int] = None,
-    arch: Optional[str] = None,
 ) -> None:
-    """Launch the postprocess on torch tensors (layouts in the module docstring)."""
-    import torch
-
+    """Launch the postprocess ``cfg`` (:func:`config_for` the main kernel that filled ``dq_accum``)
+    on torch tensors (layouts in the module docstring)."""
     from fa4.jit import get_kernel
 
-    dtype = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dq.dtype]
-    varlen = cu_seqlens_q is not None
-    if varlen and max_seqlen_q is None:
+    if (cu_seqlens_q is not None) != cfg.varlen:
+        raise ValueError("cu_seqlens_q must be given exactly when the postprocess config is varlen")
+    if cfg.varlen and max_seqlen_q is None:
         raise ValueError("max_seqlen_q is required with cu_seqlens_q")
-    seqlen = max_seqlen_q if varlen else dq.shape[1]
+    seqlen = max_seqlen_q if cfg.varlen else dq.shape[1]
     if seqlen == 0 or dq.numel() == 0:
         return
-    cfg = make_config(dtype, dq.shape[-1], _target(arch, dq.device), varlen=varlen)
     get_kernel(cfg)(dq_accum, dq, cu_seqlens_q, float(softmax_scale), seqlen)
 
 
 def variants(arch: str) -> list[BwdPostprocessConfig]:
-    """Every padded head dim, both dtypes, varlen on and off."""
-    out = [
-        BwdPostprocessConfig(arch=arch, dtype=("bf16", "fp16")[i % 2], head_dim=hd)
-        for i, hd in enumerate(range(32, 257, 32))
-    ]
-    out.append(BwdPostprocessConfig(arch=arch, dtype="bf16", head_dim=128, varlen=True))
-    out.append(BwdPostprocessConfig(arch=arch, dtype="fp16", head_dim=96, varlen=True))
-    return out
+    """The postprocess of every main-kernel variant (:func:`fa4.bwd.sm80.variants`), once each."""
+    from fa4.bwd import sm80
+
+    return list(dict.fromkeys(config_for(c) for c in sm80.variants(arch)))

@@ -9,7 +9,8 @@ For every query row ``i`` of every (batch, head) it writes
   lse_log2)`` with one FMA. A row with no allowed key has ``lse = -inf``; it gets ``lse_log2 =
   +inf``, which makes every ``P`` of the row exactly 0 whatever its scores are (masked ``-inf`` or
   not), so its gradients are 0 and never NaN;
-* zeros into its rows of the float32 ``dq_accum`` (all ``head_dim_padded`` columns);
+* zeros into the float32 ``dq_accum`` tiles of its rows (Note [dQ accumulator layout] in
+  fa4/bwd/dq_accum.py: whole tiles of the main kernel's ``tile_m`` rows, so the last one is padded);
 * zeros into the deterministic-mode semaphores when given (a flat int32 array, grid-strided).
 
 One CTA per (m_block, head, batch); each row is read by ``threads_per_row`` adjacent lanes with
@@ -20,7 +21,7 @@ neither read nor written. Layouts (``s`` = seqlen_q; varlen: ``b = 1``, ``s = to
     lse, dlse   (b, h, s)                  float32
     lse_log2    (b, h, s)                  float32, written
     dpsum       (b, h, s)                  float32, written
-    dq_accum    (b, h, s, head_dim_padded) float32, zeroed
+    dq_accum    see fa4/bwd/dq_accum.py      float32, zeroed (tiles of the sequences' rows)
     semaphore   (n,)                       int32, zeroed
 """
 
@@ -34,6 +35,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
+from fa4.bwd.dq_accum import dq_accum_shape, dq_accum_view
 from fa4.config import KernelConfig
 from fa4.seqlen import SeqlenInfo
 
@@ -74,14 +76,6 @@ def _vector_cols(width_bits: int, head_dim: int) -> int:
         if head_dim % (lanes * elems) == 0:
             return lanes * elems
     raise ValueError(f"head_dim {head_dim} must be a multiple of {4 * elems}")
-
-
-def dq_accum_view(mdQaccum: cute.Tensor, seq: SeqlenInfo, batch: Int32, head: Int32) -> cute.Tensor:
-    """(seqlen_q, head_dim_padded) view of ``dq_accum`` ``(b, h, s, head_dim_padded)`` for one
-    (batch, head), starting at the sequence's first row (varlen: ``b = 1``, rows packed)."""
-    if const_expr(not seq.varlen_q):
-        return mdQaccum[batch, head, None, None]
-    return cute.domain_offset((seq.offset_q, 0), mdQaccum[0, head, None, None])
 
 
 class BwdPreprocess:
@@ -132,8 +126,9 @@ class BwdPreprocess:
             cute.runtime.make_fake_compact_tensor(Int32, (batch_plus_1,), assumed_align=4) if cfg.varlen else None
         )
         lse_log2, dpsum = rows_f32(), rows_f32()
+        # Its own row count: whole tiles (Note [dQ accumulator layout]).
         dq_accum = cute.runtime.make_fake_compact_tensor(
-            Float32, (b, h, s, cfg.head_dim), stride_order=(3, 2, 1, 0), assumed_align=16
+            Float32, (b, h, cute.sym_int(), cfg.head_dim), stride_order=(3, 2, 1, 0), assumed_align=16
         )
         semaphore = (
             cute.runtime.make_fake_compact_tensor(Int32, (cute.sym_int(),), assumed_align=4)
@@ -141,7 +136,7 @@ class BwdPreprocess:
             else None
         )
         stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-        return (o, do, lse, dlse, cu_seqlens_q, lse_log2, dpsum, dq_accum, semaphore, Int32(1), stream)
+        return (o, do, lse, dlse, cu_seqlens_q, lse_log2, dpsum, dq_accum, semaphore, Int32(1), Int32(64), stream)
 
     def _tiled_copies(self):
         """128-bit vector copies: (rows, lanes) thread layouts, 8 halves / 4 floats per lane."""
@@ -175,6 +170,7 @@ class BwdPreprocess:
         mdQaccum: cute.Tensor,  # (b, h, s, head_dim_padded) float32
         mSemaphore: Optional[cute.Tensor],  # (n,) int32
         max_seqlen_q: Int32,  # longest sequence (varlen grid); ignored for fixed length
+        dq_tile_m: Int32,  # the main kernel's tile_m: dq_accum's tiles (Note [dQ accumulator layout])
         stream,
     ):
         if const_expr(mO.element_type != self.dtype or mdO.element_type != self.dtype):
@@ -187,7 +183,9 @@ class BwdPreprocess:
             num_batch = mO.shape[0]
             seqlen = mO.shape[1]
         grid = (cute.ceil_div(seqlen, self.tile_m), mO.shape[2], num_batch)
-        self.kernel(mO, mdO, mLSE, mdLSE, mCuSeqlensQ, mLSElog2, mDpsum, mdQaccum, mSemaphore, copy_o, copy_acc).launch(
+        self.kernel(
+            mO, mdO, mLSE, mdLSE, mCuSeqlensQ, mLSElog2, mDpsum, mdQaccum, mSemaphore, dq_tile_m, copy_o, copy_acc
+        ).launch(
             grid=grid, block=[self.num_threads, 1, 1], stream=stream
         )
 
@@ -203,6 +201,7 @@ class BwdPreprocess:
         mDpsum: cute.Tensor,
         mdQaccum: cute.Tensor,
         mSemaphore: Optional[cute.Tensor],
+        dq_tile_m: Int32,
         copy_o: cute.TiledCopy,
         copy_acc: cute.TiledCopy,
     ):
@@ -218,12 +217,14 @@ class BwdPreprocess:
         if rows_left > 0:
             # (s, d) / (s,) views of this (batch, head), starting at the sequence's first row.
             mO_bh, mdO_bh = seq.q_view(mO, batch, head), seq.q_view(mdO, batch, head)
-            mdQ_bh = dq_accum_view(mdQaccum, seq, batch, head)
+            mdQ_bh = dq_accum_view(mdQaccum, seq, batch, head, dq_tile_m)
             mLSE_bh, mLSElog2_bh, mDpsum_bh = [seq.lse_view(t, batch, head) for t in (mLSE, mLSElog2, mDpsum)]
             mdLSE_bh = seq.lse_view(mdLSE, batch, head) if const_expr(mdLSE is not None) else None
             self.row_dot(mO_bh, mdO_bh, mDpsum_bh, mdLSE_bh, m_block, rows_left, copy_o, tidx)
             self.lse_to_log2(mLSE_bh, mLSElog2_bh, row0, rows_left, tidx)
-            self.zero_dq_accum(mdQ_bh, m_block, rows_left, copy_acc, tidx)
+            # Whole dq_accum tiles: rows up to seqlen_q rounded up to the main kernel's tile_m.
+            rows_tiled = cute.ceil_div(seq.seqlen_q, dq_tile_m) * dq_tile_m - row0
+            self.zero_dq_accum(mdQ_bh, m_block, rows_tiled, copy_acc, tidx)
 
     @cute.jit
     def row_dot(
@@ -352,6 +353,7 @@ def run_preprocess(
     cu_seqlens_q=None,
     max_seqlen_q: Optional[int] = None,
     semaphore=None,
+    dq_tile_m: int = 64,
     arch: Optional[str] = None,
 ) -> None:
     """Launch the preprocess on torch tensors (layouts in the module docstring).
@@ -359,8 +361,10 @@ def run_preprocess(
     ``out``/``dout`` ``(b, s, h, d)`` (varlen: ``(1, total_q, h, d)`` with ``cu_seqlens_q`` and
     ``max_seqlen_q``); ``lse``/``dlse`` float32 ``(b, h, s)``, made contiguous here if they are not
     (an autograd ``dlse`` is often an expanded view); ``lse_log2``, ``dpsum`` float32 ``(b, h, s)``
-    and ``dq_accum`` float32 ``(b, h, s, head_dim_padded(d))``, contiguous, written; ``semaphore``
-    int32, any shape, contiguous, zeroed. ``arch``: code-generation target, default the device's.
+    and ``dq_accum`` float32 :func:`fa4.bwd.dq_accum.dq_accum_shape` for ``dq_tile_m`` (the main
+    kernel's tile_m, a divisor of this kernel's 128-row tile), contiguous, its tiles zeroed;
+    ``semaphore`` int32, any shape, contiguous, zeroed. ``arch``: code-generation target, default
+    the device's.
     """
     import torch
 
@@ -368,13 +372,15 @@ def run_preprocess(
 
     dtype = {torch.bfloat16: "bf16", torch.float16: "fp16"}[out.dtype]
     d = out.shape[-1]
-    if dq_accum.shape[-1] != head_dim_padded(d):
-        raise ValueError(
-            f"dq_accum's last dim must be head_dim_padded({d}) = {head_dim_padded(d)}, got {dq_accum.shape[-1]}"
-        )
     varlen = cu_seqlens_q is not None
     if varlen and max_seqlen_q is None:
         raise ValueError("max_seqlen_q is required with cu_seqlens_q")
+    if dq_tile_m not in (16, 32, 64, 128):
+        raise ValueError(f"dq_tile_m must divide the preprocess tile of 128 rows, got {dq_tile_m}")
+    batch = cu_seqlens_q.shape[0] - 1 if varlen else out.shape[0]
+    want = dq_accum_shape(batch, out.shape[2], out.shape[1], head_dim_padded(d), dq_tile_m, varlen)
+    if tuple(dq_accum.shape) != want or not dq_accum.is_contiguous():
+        raise ValueError(f"dq_accum must be a contiguous float32 tensor of shape {want}, got {tuple(dq_accum.shape)}")
     if out.shape[1] == 0 or (varlen and max_seqlen_q == 0):
         if semaphore is not None:
             semaphore.zero_()
@@ -401,6 +407,7 @@ def run_preprocess(
         dq_accum,
         sem_flat,
         max_seqlen_q if varlen else out.shape[1],
+        dq_tile_m,
     )
 
 

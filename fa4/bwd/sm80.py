@@ -22,32 +22,44 @@ Note [Out-of-bounds tiles]
     0; out-of-range keys are masked to -inf. Nothing out of bounds is stored; dq_accum rows are
     predicated too. Hence no NaN can leak from padding, whatever the memory beyond holds.
 
+Note [Launch order]
+    The grid is 1-D: CTA ``i`` -> (x, kv head, batch) by :func:`fa4.sched.tile.section_tile`. The
+    (batch, kv head) pairs are cut into sections of ``section`` pairs (:func:`section_pairs`),
+    launched one after the other; inside a section ``x`` is slowest and the pairs fastest. Without
+    determinism K block ``n = x``. With a causal mask block ``n`` walks the m_blocks from its
+    diagonal on, so its work decreases with ``n``: sections of several pairs launch their longest
+    blocks first (LPT) and the short ones fill in after them, instead of every pair's long blocks
+    starting behind the previous pair's short ones (one pair per section), which leaves a tail of
+    long blocks at the end of the grid. Sections of 8 pairs measured best on the H200, ahead of
+    one section of all pairs, whose blocks in flight each stream a different pair's Q and dO.
+    Without a causal mask the blocks of a pair are equal, and sections of one pair (x fastest)
+    let the blocks running together share the pair's Q and dO in L2.
+
 Note [Deterministic dQ]
     With ``deterministic``, the additions into the dQ accumulator of each (batch, q head, m_block)
     slot happen in a fixed order, serialized by an int32 counter per slot (:mod:`fa4.sched.semaphore`).
 
     Ranks. In a slot, the contributors are the K blocks ``[n_min, n_max)`` of
-    ``mask.n_block_range(m_block)``; K block ``n`` has rank ``n_max - 1 - n`` (the last block adds
-    first). Grid index ``x`` of a (batch, kv head) takes ``n_block = num_n_blocks - 1 - x``
-    (shortest first with a causal mask), so within a pair a larger rank always has a larger ``x``.
+    ``mask.n_block_range(m_block)``; K block ``n`` has rank ``n - n_min`` (the first block adds
+    first). K block ``n`` is grid index ``x = n`` of its (batch, kv head), as without determinism,
+    and Note [Launch order] launches a pair's blocks in increasing ``x``: a CTA only waits for
+    CTAs launched before it, whatever the section size, and the schedule cannot deadlock with any
+    number of CTAs resident (Note [No deadlock] in fa4/sched/semaphore.py;
+    :func:`deterministic_schedule` models it, the CPU tests simulate it with 1 to 7 resident CTAs).
 
-    Launch order. The grid is 1-D: tile index ``i`` -> (x, kv head, batch) by
-    :func:`fa4.sched.tile.section_tile`: the (batch, kv head) pairs are cut into sections of
-    ``det_section`` pairs (:func:`det_section_pairs`); sections run one after the other, and inside
-    one ``x`` is slowest and the pairs fastest. Within a pair, ``x`` -- hence every rank -- grows
-    with the launch index, whatever the section size: a CTA only waits for CTAs launched before it,
-    and the schedule cannot deadlock with any number of CTAs resident (Note [No deadlock] in
-    fa4/sched/semaphore.py; :func:`deterministic_schedule` models it, the CPU tests simulate it with
-    1 to 7 resident CTAs). With one section of all pairs (the default without a causal mask), only
-    about ``num_SMs / pairs`` K blocks of a pair are in flight at once; they start together at
-    m_block 0 and chain, each one step behind the previous, and the later waves find their
-    predecessors far ahead: nothing waits in steady state. The x-fastest order (sections of one
-    pair, the non-deterministic grid's) would put all K blocks of a pair in flight, a chain of up
-    to ``num_n_blocks`` CTAs. With a causal mask, block ``n`` starts at its diagonal m_block, where
-    it is first in line, and block ``n + 1`` (launched earlier, starting ``tile_n / tile_m``
-    m_blocks later) is always two steps ahead in the m_blocks that ``n`` reaches next: no K block
-    waits even when all of a pair's are in flight, so causal keeps sections of one pair, whose few
-    pairs in flight keep Q, dO and dQ in L2.
+    Order of the m_blocks. A CTA walks its m_blocks downwards, from the last one. Every K block of
+    a pair then starts at the same (last) m_block -- with a causal mask too, where block ``n``
+    ends at its diagonal instead of starting there -- and block ``n + 1``, launched after block
+    ``n``, trails it by at least one step in every slot: it only ever waits when the two start
+    at the same moment, and then for one step. (Walking upwards, a causal block would start at
+    its diagonal, where every block before it still has to add, and wait for all of them.) The q
+    heads of a GQA group are the fastest index of the steps (:meth:`FlashBwdSm80.step_slot`), so
+    a block that covers fewer m_blocks cannot overtake a longer one at a head boundary either. The
+    launch order is thus free to serve the load balance: with a causal mask the longest blocks go
+    first (LPT), as without determinism. With one section of many pairs, the blocks in flight
+    at once are few per pair and far apart in launch order, so they rarely wait; with sections of
+    one pair (x fastest) all blocks of a pair start together and chain, each one step behind the
+    previous (:func:`section_pairs` picks the size).
 
     Per step (Note [Split-phase] in fa4/sched/semaphore.py). Right after the barrier at the top of
     step ``t`` (every thread's dQ adds of step ``t - 1`` are issued), thread 0 reads this step's
@@ -61,9 +73,14 @@ Note [Deterministic dQ]
     counter is bumped after the loop. Only warp 0 waits for the fence's round trip, while the
     other warps start the step's MMAs; the fence precedes the step's cp.async so it waits for
     nothing else.
+
+    Publishing every 2 or 4 steps behind one fence (an acquiring peek each step instead) was
+    measured in v0.2 (docs/RESULTS.md): 0-5% slower at hdim 64/128, up to 22% at 256, so the
+    fence is not what the deterministic mode pays for.
 """
 
-from __future__ import annotations
+# No ``from __future__ import annotations``: see Note [no ``from __future__ import annotations``] in
+# fa4/fwd/sm80.py (``cute.struct`` reads its field annotations as objects).
 
 import math
 from dataclasses import dataclass, replace
@@ -75,9 +92,18 @@ from cutlass import Boolean, Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warp
 
 from fa4.bwd import postprocess, preprocess
-from fa4.bwd.preprocess import _DTYPES, dq_accum_view, head_dim_padded
+from fa4.bwd.dq_accum import dq_accum_shape, dq_accum_view, red_add_fragment, red_vec, thread_fragment
+from fa4.bwd.preprocess import _DTYPES, head_dim_padded
 from fa4.config import ARCHS, AttnProblem, KernelConfig, KernelOptions
-from fa4.cute_utils import gemm_sm80, make_acc_mn_view
+from fa4.cute_utils import (
+    acc_to_smem,
+    gemm_sm80,
+    make_acc_mn_view,
+    smem_layout_atom_sm80,
+    smem_to_gmem_pred,
+    tiled_copy_rows_16B,
+    tiled_mma_sm80,
+)
 from fa4.mask import AttentionMask
 from fa4.sched import semaphore
 from fa4.sched.tile import section_tile
@@ -215,7 +241,7 @@ class FlashBwdSm80:
 
         q, k, v, do = bshd(sq, h), bshd(sk, hk), bshd(sk, hk), bshd(sq, h)
         lse_log2, dpsum = compact(Float32, (b, h, sq)), compact(Float32, (b, h, sq))
-        dq_accum = compact(Float32, (b, h, sq, cfg.head_dim), 16)
+        dq_accum = compact(Float32, (b, h, cute.sym_int(), cfg.head_dim), 16)  # whole tiles of rows
         dk, dv = bshd(sk, hk), bshd(sk, hk)
         nb = cute.sym_int()
         cu_q = compact(Int32, (cute.sym_int(),)) if cfg.varlen_q else None
@@ -250,22 +276,6 @@ class FlashBwdSm80:
     # Host side: layouts, copies, MMAs, launch
     # ----------------------------------------------------------------------------------------
 
-    def _smem_atom(self, cols: int):
-        """Swizzled (8, 64) or (8, 32) atom of 16-bit elements: 16-byte chunks permuted by row."""
-        width = 64 if cols % 64 == 0 else 32
-        bits = 3 if width == 64 else 2
-        return cute.make_composed_layout(
-            cute.make_swizzle(bits, 3, 3), 0, cute.make_ordered_layout((8, width), order=(1, 0))
-        )
-
-    def _tiled_mma(self, warps_dim0: int):
-        warps = self.cfg.num_warps
-        return cute.make_tiled_mma(
-            warp.MmaF16BF16Op(self.dtype, Float32, (16, 8, 16)),
-            (warps_dim0, warps // warps_dim0, 1),
-            permutation_mnk=(warps_dim0 * 16, (warps // warps_dim0) * 16, 16),
-        )
-
     @cute.jit
     def __call__(
         self,
@@ -287,17 +297,17 @@ class FlashBwdSm80:
         window_left: Int32,
         window_right: Int32,
         max_seqlen_k: Int32,  # longest key sequence (varlen grid); ignored for fixed length
-        det_section: Int32,  # deterministic launch order: (batch, kv head) pairs per section
+        section_pairs: Int32,  # launch order: (batch, kv head) pairs per section (Note [Launch order])
         stream,
     ):
         for t in (mQ, mK, mV, mdO, mdK, mdV):
             if const_expr(t.element_type != self.dtype):
                 raise TypeError("q, k, v, dout, dk, dv must have the configured dtype")
         d, hd = self.head_dim, self.head_dim
-        atom = self._smem_atom(d)
+        atom = smem_layout_atom_sm80(self.dtype, d)
         sQ_layout = cute.tile_to_shape(atom, (self.tile_m, hd, self.num_stages), (0, 1, 2))
         sK_layout = cute.tile_to_shape(atom, (self.tile_n, hd), (0, 1))
-        sPdS_layout = cute.tile_to_shape(self._smem_atom(self.tile_n), (self.tile_m, self.tile_n), (0, 1))
+        sPdS_layout = cute.tile_to_shape(smem_layout_atom_sm80(self.dtype, self.tile_n), (self.tile_m, self.tile_n), (0, 1))
         sRow_layout = cute.make_layout((self.tile_m, self.num_stages))
         deterministic = self.cfg.deterministic
 
@@ -316,19 +326,15 @@ class FlashBwdSm80:
                 sReady: cute.struct.Align[cute.struct.MemRange[Int32, 4], 16]
 
         # gmem <-> smem copies of 16-bit tiles: 16 bytes per lane, lanes along a swizzle row.
-        elems = 128 // self.dtype.width
-        lanes = atom.outer.shape[1] // elems
-        thr_layout = cute.make_ordered_layout((self.num_threads // lanes, lanes), order=(1, 0))
-        val_layout = cute.make_layout((1, elems))
-        copy_g2s = cute.make_tiled_copy_tv(
+        copy_g2s = tiled_copy_rows_16B(
             cute.make_copy_atom(
                 cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), self.dtype, num_bits_per_copy=128
             ),
-            thr_layout,
-            val_layout,
+            self.num_threads,
+            atom,
         )
-        copy_s2g = cute.make_tiled_copy_tv(
-            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128), thr_layout, val_layout
+        copy_s2g = tiled_copy_rows_16B(
+            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128), self.num_threads, atom
         )
         # One 4-byte cp.async per row statistic (LSE, D), by threads 0 .. tile_m - 1.
         copy_row = cute.make_tiled_copy_tv(
@@ -336,9 +342,9 @@ class FlashBwdSm80:
             cute.make_layout(self.tile_m),
             cute.make_layout(1),
         )
-        mma_sdp = self._tiled_mma(self.cfg.atom_m_sdp)
-        mma_dkv = self._tiled_mma(self.cfg.atom_n_dkv)
-        mma_dq = self._tiled_mma(self.cfg.atom_m_dq)
+        mma_sdp = tiled_mma_sm80(self.dtype, self.num_threads, self.cfg.atom_m_sdp)
+        mma_dkv = tiled_mma_sm80(self.dtype, self.num_threads, self.cfg.atom_n_dkv)
+        mma_dq = tiled_mma_sm80(self.dtype, self.num_threads, self.cfg.atom_m_dq)  # the dq_accum fragment order
 
         if const_expr(self.cfg.varlen_k):
             num_batch = mCuSeqlensK.shape[0] - 1
@@ -347,13 +353,9 @@ class FlashBwdSm80:
             num_batch = mK.shape[0]
             seqlen_k = mK.shape[1]
         num_x = cute.ceil_div(seqlen_k, self.tile_n)
-        section = Int32(1)
-        if const_expr(self.cfg.deterministic):
-            # 1-D, in sections of `section` pairs: see Note [Deterministic dQ].
-            section = cutlass.max(cutlass.min(det_section, mK.shape[2] * num_batch), 1)
-            grid = (num_x * mK.shape[2] * num_batch, 1, 1)
-        else:
-            grid = (num_x, mK.shape[2], num_batch)
+        # 1-D, in sections of `section` (batch, kv head) pairs: Note [Launch order].
+        section = cutlass.max(cutlass.min(section_pairs, mK.shape[2] * num_batch), 1)
+        grid = (num_x * mK.shape[2] * num_batch, 1, 1)
         prescale, scale_log2 = score_scales(softmax_scale, softcap, self.cfg.has_softcap)
         if const_expr(not self.cfg.has_softcap):
             prescale = Float32(1.0)
@@ -419,7 +421,7 @@ class FlashBwdSm80:
         window_right: Int32,
         num_x: Int32,
         num_batch: Int32,
-        det_section: Int32,
+        section: Int32,
         sQ_layout: cute.ComposedLayout,
         sK_layout: cute.ComposedLayout,
         sPdS_layout: cute.ComposedLayout,
@@ -433,14 +435,9 @@ class FlashBwdSm80:
         SharedStorage: cutlass.Constexpr,
     ):
         tidx, _, _ = cute.arch.thread_idx()
-        if const_expr(self.cfg.deterministic):
-            # Sections of det_section (batch, kv head) pairs, one after the other; inside one, x
-            # slowest, pairs fastest (kv heads fastest). Note [Deterministic dQ].
-            x_block, head_kv, batch = section_tile(
-                cute.arch.block_idx()[0], num_x, mK.shape[2], num_batch, det_section, False
-            )
-        else:
-            x_block, head_kv, batch = cute.arch.block_idx()
+        # Sections of `section` (batch, kv head) pairs, one after the other; inside one, x slowest,
+        # pairs fastest (kv heads fastest). Note [Launch order].
+        x_block, head_kv, batch = section_tile(cute.arch.block_idx()[0], num_x, mK.shape[2], num_batch, section, False)
         seq = SeqlenInfo.create(batch, mQ.shape[1], mK.shape[1], mCuSeqlensQ, mCuSeqlensK, mSeqUsedK)
         # Keys this sequence owns (dK/dV rows to write) vs keys it uses (seqused_k <= that).
         seqlen_k_rows = seq.seqlen_k
@@ -451,10 +448,6 @@ class FlashBwdSm80:
                 seqlen_k_rows = mK.shape[1]
         num_n_used = cute.ceil_div(seq.seqlen_k, self.tile_n)
         n_block = x_block
-        if const_expr(self.cfg.deterministic):
-            # Shortest-first launch order; see Note [Deterministic dQ].
-            if x_block < num_n_used:
-                n_block = num_n_used - 1 - x_block
         if n_block * self.tile_n < seqlen_k_rows:
             mask = AttentionMask(
                 self.tile_m,
@@ -628,7 +621,7 @@ class FlashBwdSm80:
         mma_dq: cute.TiledMma,
         tidx: Int32,
     ):
-        """Steps t = 0 .. num_steps - 1 over (q head g = t // num_m, m_block = m_min + t % num_m)."""
+        """Steps t = 0 .. num_steps - 1 over the (q head, m_block) slots of :meth:`step_slot`."""
         hd = self.head_dim
         d = mQ.shape[3]
         # Transposed smem views for the MMAs whose reduction runs over the strided dim.
@@ -717,9 +710,7 @@ class FlashBwdSm80:
         cute.arch.cp_async_commit_group()
 
         for t in cutlass.range(num_steps, unroll=1):
-            g = t // num_m
-            m_block = m_min + (t - g * num_m)
-            head = head_kv * group + g
+            head, m_block = self.step_slot(t, head_kv, group, m_min, num_m)
             stage = t % self.num_stages if const_expr(self.num_stages == 2) else 0
             cute.arch.cp_async_wait_group(0)
             cute.arch.barrier()
@@ -728,8 +719,7 @@ class FlashBwdSm80:
                 # peek at this step's slot (Note [Deterministic dQ]). Before this step's cp.async,
                 # so that the fence waits for nothing but the adds and the peek.
                 if tidx == 0:
-                    m_idx = t - g * num_m
-                    self.det_step_begin(mSemaphore, mask, batch, head, m_block, n_block, t, m_idx, num_m, sReady)
+                    self.det_step_begin(mSemaphore, mask, batch, head_kv, group, m_min, num_m, n_block, t, sReady)
             if const_expr(self.num_stages == 2):
                 if t + 1 < num_steps:
                     self.load_step(
@@ -835,21 +825,21 @@ class FlashBwdSm80:
                 # Before the dQ MMA, where its accumulator does not hold registers yet.
                 if sReady[0] == 0:
                     if tidx == 0:
-                        _, n_max = mask.n_block_range(m_block)
-                        semaphore.spin(self.sem_ptr(mSemaphore, batch, head, m_block), n_max - 1 - n_block)
+                        n_min, _ = mask.n_block_range(m_block)
+                        semaphore.spin(self.sem_ptr(mSemaphore, batch, head, m_block), n_block - n_min)
                     cute.arch.barrier()
             # dQ_accum += dS K.
             acc_dQ = cute.make_rmem_tensor(acc_shape_dQ, Float32)
             acc_dQ.fill(0.0)
             gemm_sm80(mma_dq, acc_dQ, tdQrdS, tdQrKt, tdQsdS, tdQsKt, cp_A_dq, cp_B_dq)
-            self.store_dq(acc_dQ, mdQaccum, seq, batch, head, m_block, thr_dq, tidx)
+            self.store_dq(acc_dQ, mdQaccum, seq, batch, head, m_block, tidx)
 
         if const_expr(self.cfg.deterministic):
             # Publish the last step's adds (every thread's are issued after the barrier).
             cute.arch.barrier()
             if tidx == 0:
-                last_head = head_kv * group + group - 1
-                semaphore.publish(self.sem_ptr(mSemaphore, batch, last_head, m_min + num_m - 1), True)
+                last_head, last_m = self.step_slot(num_steps - 1, head_kv, group, m_min, num_m)
+                semaphore.publish(self.sem_ptr(mSemaphore, batch, last_head, last_m), True)
 
     @cute.jit
     def load_step(
@@ -876,9 +866,7 @@ class FlashBwdSm80:
         tidx: Int32,
     ):
         """Issue the loads of step ``t`` (Q, dO, lse_log2, D of one (q head, m_block)) into ``stage``."""
-        g = t // num_m
-        m_block = m_min + (t - g * num_m)
-        head = head_kv * group + g
+        head, m_block = self.step_slot(t, head_kv, group, m_min, num_m)
         rows = seq.seqlen_q - m_block * self.tile_m
         tile = (self.tile_m, self.head_dim)
         gQ = cute.local_tile(seq.q_view(mQ, batch, head), tile, (m_block, 0))
@@ -890,6 +878,16 @@ class FlashBwdSm80:
         self.load_rows(copy_row, gLSE, sLSE[None, stage], rows, Float32.inf, tidx)
         self.load_rows(copy_row, gD, sD[None, stage], rows, Float32(0.0), tidx)
 
+    def step_slot(self, t: Int32, head_kv: Int32, group: Int32, m_min: Int32, num_m: Int32):
+        """(q head, m_block) of step ``t`` of a CTA: m_blocks slowest, the ``group`` q heads of its
+        kv head fastest; the m_blocks go up from ``m_min``, or down from the last one when
+        deterministic (Note [Deterministic dQ]). Plain arithmetic, traced inline."""
+        m_idx = t // group
+        head = head_kv * group + (t - m_idx * group)
+        if const_expr(self.cfg.deterministic):
+            return head, m_min + num_m - 1 - m_idx
+        return head, m_min + m_idx
+
     def sem_ptr(self, mSemaphore: cute.Tensor, batch: Int32, head: Int32, m_block: Int32):
         """The counter of the dQ slot (batch, q head, m_block) (plain arithmetic, traced inline)."""
         return mSemaphore.iterator + cute.crd2idx((batch, head, m_block), mSemaphore.layout)
@@ -900,25 +898,25 @@ class FlashBwdSm80:
         mSemaphore: cute.Tensor,
         mask: AttentionMask,
         batch: Int32,
-        head: Int32,
-        m_block: Int32,
+        head_kv: Int32,
+        group: Int32,
+        m_min: Int32,
+        num_m: Int32,
         n_block: Int32,
         t: Int32,
-        m_idx: Int32,
-        num_m: Int32,
         sReady: cute.Tensor,
     ):
-        """Thread 0, top of step ``t`` (after the CTA barrier): peek at this step's counter, fence,
-        add 1 to the previous step's counter (``t > 0``), and record in ``sReady`` whether the peek
+        """Thread 0, top of step ``t`` (after the CTA barrier): peek at this step's counter (relaxed),
+        fence once -- the release of step ``t - 1``'s adds and the acquire of the peeked value --,
+        add 1 to step ``t - 1``'s counter (``t > 0``), and record in ``sReady[0]`` whether the peek
         already saw this CTA's rank (Note [Deterministic dQ], Note [Split-phase] in
-        fa4/sched/semaphore.py). ``m_idx = m_block - m_min``; step t - 1 is the previous m_block
-        of the same q head, or the last m_block of the previous q head."""
+        fa4/sched/semaphore.py)."""
+        head, m_block = self.step_slot(t, head_kv, group, m_min, num_m)
         seen = semaphore.peek(self.sem_ptr(mSemaphore, batch, head, m_block))
-        wrap = Int32(m_idx == 0)
-        prev = self.sem_ptr(mSemaphore, batch, head - wrap, m_block - 1 + wrap * num_m)
-        semaphore.publish(prev, t > 0)
-        _, n_max = mask.n_block_range(m_block)
-        sReady[0] = Int32(seen == n_max - 1 - n_block)
+        prev_head, prev_m = self.step_slot(cutlass.max(t - 1, 0), head_kv, group, m_min, num_m)
+        semaphore.publish(self.sem_ptr(mSemaphore, batch, prev_head, prev_m), t > 0)
+        n_min, _ = mask.n_block_range(m_block)
+        sReady[0] = Int32(seen == n_block - n_min)
 
     @cute.jit
     def store_dq(
@@ -929,30 +927,15 @@ class FlashBwdSm80:
         batch: Int32,
         head: Int32,
         m_block: Int32,
-        thr_dq: cute.ThrMma,
         tidx: Int32,
     ):
-        """Add this K block's dQ tile into dq_accum (rows < seqlen_q), red.add.f32 (in deterministic
-        mode the caller has waited for the K blocks ranked before it: Note [Deterministic dQ])."""
-        gdQ = cute.local_tile(dq_accum_view(mdQaccum, seq, batch, head), (self.tile_m, self.head_dim), (m_block, 0))
-        tdQgdQ_mn = make_acc_mn_view(thr_dq.partition_C(gdQ))
-        tdQcdQ_mn = make_acc_mn_view(thr_dq.partition_C(cute.make_identity_tensor((self.tile_m, self.head_dim))))
-        acc_mn = make_acc_mn_view(acc_dQ)
-        rows = seq.seqlen_q - m_block * self.tile_m
-        # Columns 2j, 2j+1 of a row are adjacent in gmem: one red.v2 on sm90+, two scalar ones on sm80.
-        vec = 1 if const_expr(self.cfg.arch == "sm_80") else 2
-        for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
-            if tdQcdQ_mn[r, 0][0] < rows:
-                for c in cutlass.range_constexpr(0, cute.size(acc_mn, mode=[1]), vec):
-                    ptr = tdQgdQ_mn.iterator + cute.crd2idx((r, c), tdQgdQ_mn.layout)
-                    if const_expr(vec == 1):
-                        val = acc_mn[r, c]
-                    else:
-                        pair = cute.make_rmem_tensor((2,), Float32)
-                        pair[0] = acc_mn[r, c]
-                        pair[1] = acc_mn[r, c + 1]
-                        val = pair.load()
-                    cute.arch.red(ptr, val, op="add", dtype=Float32, sem="relaxed", scope="gpu")
+        """Add this K block's dQ tile into its dq_accum tile, in fragment order (Note [dQ
+        accumulator layout] in fa4/bwd/dq_accum.py: full cache lines, no row predicate). In
+        deterministic mode the caller has waited for the K blocks ranked before it."""
+        tile = (self.tile_m, self.head_dim)
+        gdQ = cute.local_tile(dq_accum_view(mdQaccum, seq, batch, head, self.tile_m), tile, (m_block, 0))
+        vec = red_vec(self.cfg.arch)
+        red_add_fragment(acc_dQ, thread_fragment(gdQ, self.num_threads, cute.size(acc_dQ), vec, tidx), vec)
 
     @cute.jit
     def epilogue(
@@ -975,30 +958,13 @@ class FlashBwdSm80:
     ):
         """dK *= softmax_scale; dK, dV -> dtype -> smem (over sK, sV) -> gmem, 128-bit, predicated."""
         acc_dK.store(acc_dK.load() * softmax_scale)
-        r2s = cute.make_tiled_copy_C(
-            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=2 * self.dtype.width),
-            mma_dkv,
-        ).get_slice(tidx)
-        for acc, sT in ((acc_dK, sK), (acc_dV, sV)):
-            rT = cute.make_rmem_tensor(acc.shape, self.dtype)
-            rT.store(acc.load().to(self.dtype))
-            cute.copy(r2s, r2s.retile(rT), r2s.partition_D(sT))
+        acc_to_smem(acc_dK, mma_dkv, sK, tidx)
+        acc_to_smem(acc_dV, mma_dkv, sV, tidx)
         cute.arch.barrier()
         tile = (self.tile_n, self.head_dim)
-        thr = copy_s2g.get_slice(tidx)
-        tcT = thr.partition_S(cute.make_identity_tensor(tile))
-        d = mdK.shape[3]
         for mT, sT in ((mdK, sK), (mdV, sV)):
             gT = cute.local_tile(seq.k_view(mT, batch, head_kv), tile, (n_block, 0))
-            tsT = thr.partition_S(sT)
-            tgT = thr.partition_D(gT)
-            rT = cute.make_rmem_tensor_like(tgT)
-            cute.autovec_copy(tsT, rT)
-            for m in cutlass.range_constexpr(cute.size(tgT, mode=[1])):
-                if tcT[0, m, 0][0] < rows:
-                    for k in cutlass.range_constexpr(cute.size(tgT, mode=[2])):
-                        if tcT[0, m, k][1] < d:
-                            cute.copy(copy_s2g, rT[None, m, k], tgT[None, m, k])
+            smem_to_gmem_pred(copy_s2g, sT, gT, rows, mdK.shape[3], tidx)
 
 
 FlashBwdSm80.kernel.set_name_prefix("fa4_bwd_sm80", remove_cutlass_symbol=True)
@@ -1113,35 +1079,57 @@ def make_config(
     return cfg
 
 
+SECTION_PAIRS: Optional[int] = None
+"""(batch, kv head) pairs per launch section of the non-deterministic kernel (Note [Launch order]);
+None: the default of :func:`section_pairs`. A runtime argument of the kernel, so a tuning sweep
+may set it without recompiling."""
+
 DET_SECTION_PAIRS: Optional[int] = None
-"""(batch, kv head) pairs per section of the deterministic launch order (Note [Deterministic dQ]):
-a large value (>= the number of pairs) gives one section, the n_block ranks slowest over the whole
-grid; 1 gives the pairs one after the other, ranks fastest (the order of the non-deterministic
-grid). None: the default of :func:`det_section_pairs`. A runtime argument of the kernel, so a tuning
-sweep may set it without recompiling."""
+"""The same for the deterministic kernel (Note [Deterministic dQ]): a large value (>= the number of
+pairs) gives one section, the n_block ranks slowest over the whole grid; 1 gives the pairs one
+after the other, ranks fastest."""
 
-MAX_GRID_X, MAX_GRID_YZ = 2**31 - 1, 65535
+CAUSAL_SECTION_PAIRS = 16
+"""Default pairs per section with a causal mask (measured on the H200, v0.2 in docs/RESULTS.md: 16
+pairs beat one section of all pairs by 0-3% and sections of one pair by 1-7%)."""
+
+DET_SECTION_PAIRS_NO_MASK = 32
+"""Default pairs per section of the deterministic kernel without a causal mask (v0.2: 32 beat one
+section of all pairs by up to 7% at seqlen 1024 and sections of 2 by 1-13%)."""
+
+DET_SECTION_PAIRS_CAUSAL = 64
+"""The same with a causal mask (v0.2: 64 beat 16 by 0-5% and 4 by 1-13%)."""
+
+MAX_GRID_X = 2**31 - 1
 
 
-def det_section_pairs(num_pairs: int, causal: bool) -> int:
-    """Pairs per section of the deterministic launch order, in [1, num_pairs]:
-    :data:`DET_SECTION_PAIRS` when set, else 1 for a causal mask (its K blocks never wait on each
-    other, and few pairs in flight keep Q, dO and dQ in L2) and all pairs otherwise (the K blocks
-    of a pair in flight at once chain on each other). Note [Deterministic dQ]."""
-    want = DET_SECTION_PAIRS if DET_SECTION_PAIRS is not None else (1 if causal else num_pairs)
+def section_pairs(num_pairs: int, causal: bool, deterministic: bool) -> int:
+    """Pairs per launch section, in [1, num_pairs].
+
+    Non-deterministic (Note [Launch order]): :data:`SECTION_PAIRS` when set, else
+    :data:`CAUSAL_SECTION_PAIRS` with a causal mask (the K blocks of several pairs by decreasing
+    length: LPT) and 1 otherwise (the K blocks of a pair run together and share its Q and dO in L2).
+    Deterministic (Note [Deterministic dQ]): :data:`DET_SECTION_PAIRS` when set, else
+    :data:`DET_SECTION_PAIRS_CAUSAL` with a causal mask (LPT as above) and
+    :data:`DET_SECTION_PAIRS_NO_MASK` otherwise (few K blocks of a pair in flight at once, which
+    would chain on each other)."""
+    if deterministic:
+        want = DET_SECTION_PAIRS if DET_SECTION_PAIRS is not None else (
+            DET_SECTION_PAIRS_CAUSAL if causal else DET_SECTION_PAIRS_NO_MASK
+        )
+    else:
+        want = SECTION_PAIRS if SECTION_PAIRS is not None else (CAUSAL_SECTION_PAIRS if causal else 1)
     return max(1, min(want, num_pairs))
 
 
 def launch_grid(cfg: BwdSm80Config, num_batch: int, heads_k: int, max_seqlen_k: int) -> tuple[int, int, int]:
-    """The main kernel's grid, as ``FlashBwdSm80.__call__`` builds it: ``(n_blocks, kv heads,
-    batch)``, or 1-D with the n_block ranks slowest when deterministic. ValueError when CUDA cannot
-    launch it (x < 2^31, y and z <= 65535)."""
+    """The main kernel's grid, as ``FlashBwdSm80.__call__`` builds it: 1-D, ``n_blocks * kv heads *
+    batch`` CTAs (Note [Launch order]). ValueError when CUDA cannot launch it (x < 2^31)."""
     num_x = _cdiv(max_seqlen_k, cfg.tile_n)
-    grid = (num_x * heads_k * num_batch, 1, 1) if cfg.deterministic else (num_x, heads_k, num_batch)
-    if grid[0] > MAX_GRID_X or max(grid[1:]) > MAX_GRID_YZ:
-        what = "n_blocks * kv heads * batch" if cfg.deterministic else "kv heads or batch"
+    grid = (num_x * heads_k * num_batch, 1, 1)
+    if grid[0] > MAX_GRID_X:
         raise ValueError(
-            f"the sm80 backward grid {grid} exceeds CUDA's limits ({what}; x < 2^31, y, z <= 65535): "
+            f"the sm80 backward grid {grid} exceeds CUDA's limit (n_blocks * kv heads * batch < 2^31): "
             f"batch {num_batch}, kv heads {heads_k}, seqlen_k {max_seqlen_k}, tile_n {cfg.tile_n}"
         )
     return grid
@@ -1150,7 +1138,9 @@ def launch_grid(cfg: BwdSm80Config, num_batch: int, heads_k: int, max_seqlen_k: 
 def workspace_shapes(problem: AttnProblem, cfg: BwdSm80Config, q_shape) -> dict:
     """Shapes of the backward's float32/int32 workspaces for a (b, s_q, h, d) (varlen (1, total_q, h, d)) q."""
     b, s, h, _ = q_shape
-    shapes = {"lse_log2": (b, h, s), "dpsum": (b, h, s), "dq_accum": (b, h, s, cfg.head_dim)}
+    varlen = cfg.varlen_q
+    dq_shape = dq_accum_shape(problem.batch if varlen else b, h, s, cfg.head_dim, cfg.tile_m, varlen)
+    shapes = {"lse_log2": (b, h, s), "dpsum": (b, h, s), "dq_accum": dq_shape}
     if cfg.deterministic:
         shapes["semaphore"] = (problem.batch, h, max(1, math.ceil(problem.seqlen_q / cfg.tile_m)))
     return shapes
@@ -1205,6 +1195,7 @@ def run_backward(
         cu_seqlens_q=cu_seqlens_q,
         max_seqlen_q=problem.seqlen_q if varlen_q else None,
         semaphore=sem,
+        dq_tile_m=cfg.tile_m,
         arch=arch,
     )
     dk_k, dv_k = kernel_ready(dk), kernel_ready(dv)
@@ -1231,7 +1222,7 @@ def run_backward(
             int(problem.window_left),
             int(problem.window_right),
             int(max_seqlen_k),
-            det_section_pairs(num_batch * k.shape[2], cfg.causal),
+            section_pairs(num_batch * k.shape[2], cfg.causal, cfg.deterministic),
         )
     else:
         dk_k.zero_()
@@ -1242,12 +1233,12 @@ def run_backward(
         dv.copy_(dv_k)
     dq_k = kernel_ready(dq)
     postprocess.run_postprocess(
+        postprocess.config_for(cfg),
         dq_accum,
         dq_k,
         problem.softmax_scale,
         cu_seqlens_q=cu_seqlens_q,
         max_seqlen_q=problem.seqlen_q if varlen_q else None,
-        arch=arch,
     )
     if dq_k is not dq:
         dq.copy_(dq_k)
@@ -1307,32 +1298,32 @@ def deterministic_schedule(
 
     Returns ``(visits, rank, ctas)`` for :func:`fa4.sched.semaphore.check_schedule`: CTAs in launch
     order (the 1-D grid of Note [Deterministic dQ], sections of ``section`` (batch, kv head) pairs,
-    None: :func:`det_section_pairs`), each with its (batch, q head, m_block) slots in visiting
-    order; ``rank(cta, slot)``, the count it waits for: ``n_max - 1 - n_block``; and ``ctas[c] =
+    None: :func:`section_pairs`), each with its (batch, q head, m_block) slots in visiting
+    order; ``rank(cta, slot)``, the count it waits for: ``n_block - n_min``; and ``ctas[c] =
     (x, kv head, batch, n_block)``. ``seqlens_k`` are the keys used (seqused_k when given).
     """
     num_x = _cdiv(max(seqlens_k), tile_n)
     num_batch = len(seqlens_q)
     pairs = heads_k * num_batch
-    sec = det_section_pairs(pairs, causal) if section is None else max(1, min(section, pairs))
+    sec = section_pairs(pairs, causal, True) if section is None else max(1, min(section, pairs))
     visits, n_of, ctas = [], [], []
     for i in range(num_x * pairs):
         x, hk, b = section_tile(i, num_x, heads_k, num_batch, sec, False)
         sq, sk = seqlens_q[b], seqlens_k[b]
         num_n = _cdiv(sk, tile_n)
-        n = num_n - 1 - x if x < num_n else x
+        n = x
         slots = []
         if n < num_n:
             m_min, m_max = host_m_block_range(n, sq, sk, tile_m, tile_n, causal, local, wl, wr)
-            slots = [(b, hk * group + g, m) for g in range(group) for m in range(m_min, m_max)]
+            slots = [(b, hk * group + g, m) for m in reversed(range(m_min, m_max)) for g in range(group)]
         visits.append(slots)
         n_of.append(n)
         ctas.append((x, hk, b, n))
 
     def rank(cta: int, slot) -> int:
         b, _, m = slot
-        _, n_max = host_n_block_range(m, seqlens_q[b], seqlens_k[b], tile_m, tile_n, causal, local, wl, wr)
-        return n_max - 1 - n_of[cta]
+        n_min, _ = host_n_block_range(m, seqlens_q[b], seqlens_k[b], tile_m, tile_n, causal, local, wl, wr)
+        return n_of[cta] - n_min
 
     return visits, rank, ctas
 

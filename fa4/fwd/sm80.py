@@ -54,6 +54,8 @@ from fa4.cute_utils import (
     make_acc_mn_view,
     predicate_cols,
     smem_layout_atom_sm80,
+    tiled_copy_rows_16B,
+    tiled_mma_sm80,
 )
 from fa4.mask import AttentionMask
 from fa4.sched.tile import SectionTileScheduler, l2_section_size
@@ -204,25 +206,12 @@ class FlashFwdSm80:
         self.sV_layout = cute.tile_to_shape(atom_v, (self.tile_n, self.tile_hdimv, self.num_stages), (0, 1, 2))
         self.sO_layout = cute.tile_to_shape(atom_v, (self.tile_m, self.tile_hdimv), (0, 1))
 
-        copy_bits = 128
-        elems = copy_bits // dt.width
-        g2s = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), dt,
-                                  num_bits_per_copy=copy_bits)
-        r2g = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dt, num_bits_per_copy=copy_bits)
-
-        def thr_layout(atom):
-            per_row = atom.outer.shape[1] // elems
-            return cute.make_ordered_layout((self.num_threads // per_row, per_row), order=(1, 0))
-
-        val_layout = cute.make_layout((1, elems))
-        self.gmem_copy_QK = cute.make_tiled_copy_tv(g2s, thr_layout(atom_q), val_layout)
-        self.gmem_copy_V = cute.make_tiled_copy_tv(g2s, thr_layout(atom_v), val_layout)
-        self.gmem_copy_O = cute.make_tiled_copy_tv(r2g, thr_layout(atom_v), val_layout)
-
-        warps = self.num_threads // 32
-        self.tiled_mma = cute.make_tiled_mma(
-            warp.MmaF16BF16Op(dt, Float32, (16, 8, 16)), (warps, 1, 1), permutation_mnk=(warps * 16, 16, 16)
-        )
+        g2s = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), dt, num_bits_per_copy=128)
+        r2g = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dt, num_bits_per_copy=128)
+        self.gmem_copy_QK = tiled_copy_rows_16B(g2s, self.num_threads, atom_q)
+        self.gmem_copy_V = tiled_copy_rows_16B(g2s, self.num_threads, atom_v)
+        self.gmem_copy_O = tiled_copy_rows_16B(r2g, self.num_threads, atom_v)
+        self.tiled_mma = tiled_mma_sm80(dt, self.num_threads, self.num_threads // 32)
 
         q_elems = max(cute.cosize(self.sQ_layout), cute.cosize(self.sO_layout))
         k_elems, v_elems = cute.cosize(self.sK_layout), cute.cosize(self.sV_layout)
