@@ -86,6 +86,12 @@ PLANS = {
         + _exp([g for g in GRID if not g[4]], "bwd", [{"_det_section": 16}, {"_det_section": 10**6}],
                deterministic=True)
     ),
+    "v2b": (  # hdim 256 warp layouts with the fragment-order dq_accum; deterministic causal sections
+        _exp(S256, "bwd", [{}, dict(atom_m_sdp=2, atom_n_dkv=2, atom_m_dq=2), dict(atom_m_sdp=4, atom_n_dkv=4, atom_m_dq=4),
+                           dict(atom_m_sdp=2, atom_n_dkv=4, atom_m_dq=2), dict(atom_m_sdp=4, atom_n_dkv=2, atom_m_dq=4),
+                           dict(num_stages=1)])
+        + _exp([g for g in GRID if g[4]], "bwd", [{}, {"_det_section": 16}, {"_det_section": 256}], deterministic=True)
+    ),
     "grid": _exp(GRID, "fwd", [{}]) + _exp(GRID, "bwd", [{}]),
     "emu": _exp(GRID, "fwd", [dict(exp2_emu_frac=0.25), dict(rescale_threshold=0.0),
                               dict(exp2_emu_frac=0.25, rescale_threshold=0.0)]),
