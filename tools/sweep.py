@@ -92,6 +92,8 @@ PLANS = {
                            dict(num_stages=1)])
         + _exp([g for g in GRID if g[4]], "bwd", [{}, {"_det_section": 16}, {"_det_section": 256}], deterministic=True)
     ),
+    "d192": _exp([(2, 8192, 8, 192, False), (2, 8192, 8, 192, True)], "bwd",
+                 [{}, dict(atom_m_sdp=4, atom_n_dkv=2, atom_m_dq=2)]),
     "grid": _exp(GRID, "fwd", [{}]) + _exp(GRID, "bwd", [{}]),
     "emu": _exp(GRID, "fwd", [dict(exp2_emu_frac=0.25), dict(rescale_threshold=0.0),
                               dict(exp2_emu_frac=0.25, rescale_threshold=0.0)]),
