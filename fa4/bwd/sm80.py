@@ -979,15 +979,15 @@ FlashBwdSm80.kernel.set_name_prefix("fa4_bwd_sm80", remove_cutlass_symbol=True)
 # Measured on an H200 (docs/RESULTS.md, v0.1 sweeps): d128 64x128 atoms 2/4/2 300 TFLOP/s (s8192)
 # vs 2/4/4 290, 4/2/2 282, 2/2/2 297, 128x128 269, 64x64/4 warps 252; d64 128x128 best; d256 64x64
 # atoms 4/2/2 213 vs 4/4/4 200 and 2/2/2 213. v0.2 (dq_accum in fragment order), d256: 2/2/2 265
-# (non-causal) / 263 (causal) vs 4/2/2 254 / 255, 4/4/4 234 / 243, one stage 244 / 249; so 192 and
-# 256 use 2/2/2 (192 by analogy, not measured); 160 and 224 keep 4/2/2 (2/2/2 does not tile them).
+# (non-causal) / 263 (causal) vs 4/2/2 254 / 255, 4/4/4 234 / 243, one stage 244 / 249, so 256 uses
+# 2/2/2; d192 (h8 s8192): 4/2/2 243.7 / 243.9 vs 2/2/2 241.4 / 242.8, so 160-224 keep 4/2/2.
 TUNING = {
     32: (128, 128, 256, 2, 4, 4),
     64: (128, 128, 256, 2, 4, 4),
     96: (64, 128, 256, 2, 4, 4),
     128: (64, 128, 256, 2, 4, 2),
     160: (64, 64, 256, 4, 2, 2),
-    192: (64, 64, 256, 2, 2, 2),
+    192: (64, 64, 256, 4, 2, 2),
     224: (64, 64, 256, 4, 2, 2),
     256: (64, 64, 256, 2, 2, 2),
 }
