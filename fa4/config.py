@@ -203,3 +203,29 @@ class KernelConfig:
             d = getattr(self, "head_dim")
             if d % head_dim_multiple or not 32 <= d <= 256:
                 raise ValueError(f"{name}.head_dim must be a multiple of {head_dim_multiple} in [32, 256], got {d}")
+
+
+@dataclass(frozen=True)
+class AttnKernelConfig(KernelConfig):
+    """Base of the attention kernels' compile keys (forward and backward, every arch): the masking
+    and varlen flags of an :class:`AttnProblem` that the kernels compile in."""
+
+    causal: bool = False
+    local: bool = False
+    has_softcap: bool = False
+    varlen_q: bool = False
+    varlen_k: bool = False
+    has_seqused_k: bool = False
+
+    @staticmethod
+    def problem_flags(problem: AttnProblem) -> dict[str, bool]:
+        """The flag fields for ``problem`` (``causal`` and ``local`` are exclusive there)."""
+        return dict(
+            causal=problem.causal,
+            local=problem.local,
+            has_softcap=problem.has_softcap,
+            varlen_q=problem.varlen_q,
+            varlen_k=problem.varlen_k,
+            has_seqused_k=problem.has_seqused_k,
+        )
+

@@ -52,8 +52,8 @@ def _family_module(d: _arch.Dispatch):
 
 
 # (direction, problem, options, device, flag) -> (family module, config): the dispatch and tuning
-# decisions of a call signature, made once (host overhead is part of the product). FA4_ARCH is read
-# when a signature is first seen.
+# decisions of a call signature, made once (host overhead is part of the product). ``flag``: need_lse
+# for the forward, deterministic for the backward. FA4_ARCH is read when a signature is first seen.
 _plans: dict = {}
 
 
@@ -115,10 +115,10 @@ def backward(problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_seqlens_q, 
         dk.zero_()
         dv.zero_()
         return dq, dk, dv
-    d = _dispatch("bwd", q.device, options)
-    _family_module(d).run_backward(
-        problem, options, d.target, *(_as4d(t, varlen) for t in (dout, q, k, v, out, lse, dlse)),
-        cu_seqlens_q, cu_seqlens_k, seqused_k, *(_as4d(t, varlen) for t in (dq, dk, dv)), deterministic)
+    mod, cfg = _plan("bwd", problem, options, q.device, deterministic)
+    mod.run_backward(
+        cfg, problem, *(_as4d(t, varlen) for t in (dout, q, k, v, out, lse, dlse)),
+        cu_seqlens_q, cu_seqlens_k, seqused_k, *(_as4d(t, varlen) for t in (dq, dk, dv)))
     return dq, dk, dv
 
 

@@ -84,6 +84,15 @@ class SeqlenInfo:
         return cute.domain_offset((self.offset_q,), mLSE[0, head, None])
 
 
+def grid_extent(mT: cute.Tensor, mCuSeqlens: Optional[cute.Tensor], max_seqlen: Int32):
+    """(sequences, longest sequence) to size a grid over ``mT`` ``(b, s, ...)``: ``(b, s)``, or with
+    ``mCuSeqlens`` (varlen, ``mT`` packed as ``(1, total, ...)``) its ``len - 1`` and ``max_seqlen``.
+    Host side of a jit function (traced inline)."""
+    if const_expr(mCuSeqlens is not None):
+        return mCuSeqlens.shape[0] - 1, max_seqlen
+    return mT.shape[0], mT.shape[1]
+
+
 def _seq_view(mT: cute.Tensor, batch: Int32, head: Int32, offset: Int32, varlen: bool) -> cute.Tensor:
     if const_expr(not varlen):
         return mT[batch, None, head, None]

@@ -21,6 +21,7 @@ import torch
 
 import fa4
 import fa4.bwd.sm80 as bwd_mod
+import fa4.ops
 import fa4.fwd.sm80 as fwd_mod
 from fa4 import jit
 from fa4.validate import check_dense
@@ -144,6 +145,7 @@ def run_experiment(shape, direction, over, deterministic):
         return dataclasses.replace(orig(*a, **k), **over)
 
     mod.make_config = patched
+    fa4.ops._plans.clear()  # configs are planned once per call signature: re-plan with the overrides
     try:
         torch.manual_seed(0)
         q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
@@ -167,6 +169,7 @@ def run_experiment(shape, direction, over, deterministic):
         return ms, flops / ms / 1e9, diff
     finally:
         mod.make_config = orig
+        fa4.ops._plans.clear()
         bwd_mod.DET_SECTION_PAIRS, bwd_mod.SECTION_PAIRS = old_sections
 
 

@@ -16,6 +16,7 @@ stores. Rows at or past the sequence's length are not written. Layouts (varlen: 
 # No ``from __future__ import annotations``: see Note [no ``from __future__ import annotations``] in
 # fa4/fwd/sm80.py (``cute.struct`` reads its field annotations as objects).
 
+import functools
 from dataclasses import dataclass
 from typing import ClassVar, Optional
 
@@ -27,7 +28,7 @@ from fa4.bwd.dq_accum import dq_accum_view, red_vec, thread_fragment
 from fa4.bwd.preprocess import _DTYPES
 from fa4.config import KernelConfig
 from fa4.cute_utils import acc_to_smem, smem_layout_atom_sm80, smem_to_gmem_pred, tiled_copy_rows_16B, tiled_mma_sm80
-from fa4.seqlen import SeqlenInfo
+from fa4.seqlen import SeqlenInfo, grid_extent
 
 
 @dataclass(frozen=True)
@@ -103,12 +104,7 @@ class BwdPostprocess:
             cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128), self.num_threads, atom
         )
         tiled_mma = tiled_mma_sm80(self.dtype, self.num_threads, self.cfg.atom_m)
-        if const_expr(self.cfg.varlen):
-            num_batch = mCuSeqlensQ.shape[0] - 1
-            seqlen = max_seqlen_q
-        else:
-            num_batch = mdQ.shape[0]
-            seqlen = mdQ.shape[1]
+        num_batch, seqlen = grid_extent(mdQ, mCuSeqlensQ, max_seqlen_q)
 
         @cute.struct
         class SharedStorage:
@@ -152,6 +148,7 @@ class BwdPostprocess:
             smem_to_gmem_pred(copy_out, sdQ, gdQ, rows_left, mdQ.shape[3], tidx)
 
 
+@functools.lru_cache(maxsize=256)
 def config_for(bwd_cfg) -> BwdPostprocessConfig:
     """The postprocess that reads back the dq_accum of the main kernel config ``bwd_cfg`` (its
     tile_m, threads and dQ warp layout define the tiles: Note [dQ accumulator layout])."""

@@ -27,6 +27,7 @@ neither read nor written. Layouts (``s`` = seqlen_q; varlen: ``b = 1``, ``s = to
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import ClassVar, Optional
@@ -37,7 +38,7 @@ from cutlass import Float32, Int32, const_expr
 
 from fa4.bwd.dq_accum import dq_accum_shape, dq_accum_view
 from fa4.config import KernelConfig
-from fa4.seqlen import SeqlenInfo
+from fa4.seqlen import SeqlenInfo, grid_extent
 
 LOG2_E = math.log2(math.e)
 _DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
@@ -176,12 +177,7 @@ class BwdPreprocess:
         if const_expr(mO.element_type != self.dtype or mdO.element_type != self.dtype):
             raise TypeError("O and dO must have the configured dtype")
         copy_o, copy_acc = self._tiled_copies()
-        if const_expr(self.cfg.varlen):
-            num_batch = mCuSeqlensQ.shape[0] - 1
-            seqlen = max_seqlen_q
-        else:
-            num_batch = mO.shape[0]
-            seqlen = mO.shape[1]
+        num_batch, seqlen = grid_extent(mO, mCuSeqlensQ, max_seqlen_q)
         grid = (cute.ceil_div(seqlen, self.tile_m), mO.shape[2], num_batch)
         self.kernel(
             mO, mdO, mLSE, mdLSE, mCuSeqlensQ, mLSElog2, mDpsum, mdQaccum, mSemaphore, dq_tile_m, copy_o, copy_acc
@@ -328,6 +324,7 @@ def _target(arch: Optional[str], device) -> str:
     return target_arch(device_capability(device.index if device.index is not None else 0))
 
 
+@functools.lru_cache(maxsize=256)  # once per call signature: it is on every backward call's host path
 def make_config(
     dtype: str, head_dim: int, arch: str, *, varlen: bool = False, has_dlse: bool = False, has_semaphore: bool = False
 ) -> BwdPreprocessConfig:

@@ -84,6 +84,7 @@ Note [Deterministic dQ]
 
 import math
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import ClassVar, Optional
 
 import cutlass
@@ -94,7 +95,7 @@ from cutlass.cute.nvgpu import cpasync, warp
 from fa4.bwd import postprocess, preprocess
 from fa4.bwd.dq_accum import dq_accum_shape, dq_accum_view, red_add_fragment, red_vec, thread_fragment
 from fa4.bwd.preprocess import _DTYPES, head_dim_padded
-from fa4.config import ARCHS, AttnProblem, KernelConfig, KernelOptions
+from fa4.config import ARCHS, AttnKernelConfig, AttnProblem, KernelOptions
 from fa4.cute_utils import (
     acc_to_smem,
     gemm_sm80,
@@ -107,7 +108,7 @@ from fa4.cute_utils import (
 from fa4.mask import AttentionMask
 from fa4.sched import semaphore
 from fa4.sched.tile import section_tile
-from fa4.seqlen import SeqlenInfo
+from fa4.seqlen import SeqlenInfo, grid_extent
 from fa4.softmax import apply_softcap, exp2_rows, score_scales, softcap_grad
 from fa4.validate import kernel_ready
 
@@ -116,7 +117,7 @@ SMEM_CAPACITY = {"sm_80": 166912, "sm_90a": 232448, "sm_100a": 232448}
 
 
 @dataclass(frozen=True)
-class BwdSm80Config(KernelConfig):
+class BwdSm80Config(AttnKernelConfig):
     """Compile key of :class:`FlashBwdSm80`.
 
     ``head_dim``: the head dim rounded up to 32 (:func:`fa4.bwd.preprocess.head_dim_padded`), the
@@ -135,12 +136,6 @@ class BwdSm80Config(KernelConfig):
     atom_m_sdp: int = 2
     atom_n_dkv: int = 4
     atom_m_dq: int = 2
-    causal: bool = False
-    local: bool = False
-    has_softcap: bool = False
-    varlen_q: bool = False
-    varlen_k: bool = False
-    has_seqused_k: bool = False
     deterministic: bool = False
 
     KERNEL: ClassVar[str] = "fa4.bwd.sm80:FlashBwdSm80"
@@ -346,12 +341,7 @@ class FlashBwdSm80:
         mma_dkv = tiled_mma_sm80(self.dtype, self.num_threads, self.cfg.atom_n_dkv)
         mma_dq = tiled_mma_sm80(self.dtype, self.num_threads, self.cfg.atom_m_dq)  # the dq_accum fragment order
 
-        if const_expr(self.cfg.varlen_k):
-            num_batch = mCuSeqlensK.shape[0] - 1
-            seqlen_k = max_seqlen_k
-        else:
-            num_batch = mK.shape[0]
-            seqlen_k = mK.shape[1]
+        num_batch, seqlen_k = grid_extent(mK, mCuSeqlensK, max_seqlen_k)
         num_x = cute.ceil_div(seqlen_k, self.tile_n)
         # 1-D, in sections of `section` (batch, kv head) pairs: Note [Launch order].
         section = cutlass.max(cutlass.min(section_pairs, mK.shape[2] * num_batch), 1)
@@ -685,28 +675,12 @@ class FlashBwdSm80:
         seqlen_k_partial = (n_block + 1) * self.tile_n > seq.seqlen_k
         m_no_mask = mask.m_block_max_no_window_mask(n_block)
 
-        self.load_step(
-            mQ,
-            mdO,
-            mLSElog2,
-            mDpsum,
-            seq,
-            batch,
-            head_kv,
-            group,
-            m_min,
-            num_m,
-            Int32(0),
-            Int32(0),
-            sQ,
-            sdO,
-            sLSE,
-            sD,
-            copy_g2s,
-            copy_row,
-            d,
-            tidx,
+        # The loads of one step (Q, dO, LSE, D of its slot) into an smem stage: (t, stage) -> None.
+        load_step = partial(
+            self.load_step, mQ, mdO, mLSElog2, mDpsum, seq, batch, head_kv, group, m_min, num_m,
+            sQ, sdO, sLSE, sD, copy_g2s, copy_row, d, tidx,
         )
+        load_step(Int32(0), Int32(0))
         cute.arch.cp_async_commit_group()
 
         for t in cutlass.range(num_steps, unroll=1):
@@ -719,31 +693,12 @@ class FlashBwdSm80:
                 # peek at this step's slot (Note [Deterministic dQ]). Before this step's cp.async,
                 # so that the fence waits for nothing but the adds and the peek.
                 if tidx == 0:
-                    self.det_step_begin(mSemaphore, mask, batch, head_kv, group, m_min, num_m, n_block, t, sReady)
+                    self.det_step_begin(
+                        mSemaphore, mask, batch, head, m_block, head_kv, group, m_min, num_m, n_block, t, sReady
+                    )
             if const_expr(self.num_stages == 2):
                 if t + 1 < num_steps:
-                    self.load_step(
-                        mQ,
-                        mdO,
-                        mLSElog2,
-                        mDpsum,
-                        seq,
-                        batch,
-                        head_kv,
-                        group,
-                        m_min,
-                        num_m,
-                        t + 1,
-                        1 - stage,
-                        sQ,
-                        sdO,
-                        sLSE,
-                        sD,
-                        copy_g2s,
-                        copy_row,
-                        d,
-                        tidx,
-                    )
+                    load_step(t + 1, 1 - stage)
                 cute.arch.cp_async_commit_group()
 
             # S = Q K^T, then P in place.
@@ -796,28 +751,7 @@ class FlashBwdSm80:
                 # Q and dO of this step are consumed: fetch the next step's while dQ runs.
                 cute.arch.barrier()
                 if t + 1 < num_steps:
-                    self.load_step(
-                        mQ,
-                        mdO,
-                        mLSElog2,
-                        mDpsum,
-                        seq,
-                        batch,
-                        head_kv,
-                        group,
-                        m_min,
-                        num_m,
-                        t + 1,
-                        Int32(0),
-                        sQ,
-                        sdO,
-                        sLSE,
-                        sD,
-                        copy_g2s,
-                        copy_row,
-                        d,
-                        tidx,
-                    )
+                    load_step(t + 1, Int32(0))
                 cute.arch.cp_async_commit_group()
 
             if const_expr(self.cfg.deterministic):
@@ -854,8 +788,6 @@ class FlashBwdSm80:
         group: Int32,
         m_min: Int32,
         num_m: Int32,
-        t: Int32,
-        stage: Int32,
         sQ: cute.Tensor,
         sdO: cute.Tensor,
         sLSE: cute.Tensor,
@@ -864,6 +796,8 @@ class FlashBwdSm80:
         copy_row: cute.TiledCopy,
         d: Int32,
         tidx: Int32,
+        t: Int32,
+        stage: Int32,
     ):
         """Issue the loads of step ``t`` (Q, dO, lse_log2, D of one (q head, m_block)) into ``stage``."""
         head, m_block = self.step_slot(t, head_kv, group, m_min, num_m)
@@ -898,6 +832,8 @@ class FlashBwdSm80:
         mSemaphore: cute.Tensor,
         mask: AttentionMask,
         batch: Int32,
+        head: Int32,
+        m_block: Int32,
         head_kv: Int32,
         group: Int32,
         m_min: Int32,
@@ -910,8 +846,7 @@ class FlashBwdSm80:
         fence once -- the release of step ``t - 1``'s adds and the acquire of the peeked value --,
         add 1 to step ``t - 1``'s counter (``t > 0``), and record in ``sReady[0]`` whether the peek
         already saw this CTA's rank (Note [Deterministic dQ], Note [Split-phase] in
-        fa4/sched/semaphore.py)."""
-        head, m_block = self.step_slot(t, head_kv, group, m_min, num_m)
+        fa4/sched/semaphore.py). ``(head, m_block)`` is step ``t``'s slot."""
         seen = semaphore.peek(self.sem_ptr(mSemaphore, batch, head, m_block))
         prev_head, prev_m = self.step_slot(cutlass.max(t - 1, 0), head_kv, group, m_min, num_m)
         semaphore.publish(self.sem_ptr(mSemaphore, batch, prev_head, prev_m), t > 0)
@@ -1062,13 +997,8 @@ def make_config(
         atom_m_sdp=picked[0],
         atom_n_dkv=picked[1],
         atom_m_dq=picked[2],
-        causal=problem.causal,
-        local=problem.local,
-        has_softcap=problem.has_softcap,
-        varlen_q=problem.varlen_q,
-        varlen_k=problem.varlen_k,
-        has_seqused_k=problem.has_seqused_k,
         deterministic=bool(deterministic),
+        **BwdSm80Config.problem_flags(problem),
     )
     if cfg.smem_bytes() > SMEM_CAPACITY[arch]:
         cfg = replace(cfg, num_stages=1)
@@ -1149,9 +1079,8 @@ def workspace_shapes(problem: AttnProblem, cfg: BwdSm80Config, q_shape) -> dict:
 
 
 def run_backward(
+    cfg: BwdSm80Config,
     problem: AttnProblem,
-    options: Optional[KernelOptions],
-    arch: str,
     dout,
     q,
     k,
@@ -1165,9 +1094,9 @@ def run_backward(
     dq,
     dk,
     dv,
-    deterministic: bool,
 ) -> None:
-    """dq, dk, dv of attention (written in place): preprocess -> main kernel -> postprocess.
+    """dq, dk, dv of attention (written in place) with the kernel config ``cfg`` (:func:`make_config`
+    of ``problem``): preprocess -> main kernel -> postprocess.
 
     Tensors are 4D ``(b, s, h, d)`` (varlen ``(1, total, h, d)``); ``lse``/``dlse`` float32
     ``(b, h, s_q)`` (varlen ``(1, h, total_q)``), ``dlse`` None when the LSE has no gradient.
@@ -1177,14 +1106,13 @@ def run_backward(
 
     from fa4.jit import get_kernel
 
-    cfg = make_config(problem, options, arch, deterministic)
     dout, q, k, v, out = (kernel_ready(t) for t in (dout, q, k, v, out))
     shapes = workspace_shapes(problem, cfg, q.shape)
     dev = q.device
     lse_log2 = torch.empty(shapes["lse_log2"], dtype=torch.float32, device=dev)
     dpsum = torch.empty(shapes["dpsum"], dtype=torch.float32, device=dev)
     dq_accum = torch.empty(shapes["dq_accum"], dtype=torch.float32, device=dev)
-    sem = torch.empty(shapes["semaphore"], dtype=torch.int32, device=dev) if deterministic else None
+    sem = torch.empty(shapes["semaphore"], dtype=torch.int32, device=dev) if cfg.deterministic else None
     varlen_q = cu_seqlens_q is not None
     preprocess.run_preprocess(
         out,
@@ -1198,7 +1126,7 @@ def run_backward(
         max_seqlen_q=problem.seqlen_q if varlen_q else None,
         semaphore=sem,
         dq_tile_m=cfg.tile_m,
-        arch=arch,
+        arch=cfg.arch,
     )
     dk_k, dv_k = kernel_ready(dk), kernel_ready(dv)
     max_seqlen_k = problem.seqlen_k if cu_seqlens_k is not None else k.shape[1]

@@ -45,7 +45,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warp
 
-from fa4.config import AttnProblem, KernelConfig, KernelOptions
+from fa4.config import AttnKernelConfig, AttnProblem, KernelOptions
 from fa4.cute_utils import (
     convert_f32_to_half,
     gemm_sm80,
@@ -75,7 +75,7 @@ def _pad32(d: int) -> int:
 
 
 @dataclass(frozen=True)
-class FwdSm80Config(KernelConfig):
+class FwdSm80Config(AttnKernelConfig):
     """Compile key of the sm80 forward. ``q_in_regs``: Q fragments are loaded from smem once and
     kept in registers (saves ldmatrix traffic, costs registers)."""
 
@@ -86,12 +86,6 @@ class FwdSm80Config(KernelConfig):
     num_threads: int = 128
     num_stages: int = 1
     q_in_regs: bool = False
-    causal: bool = False
-    local: bool = False
-    has_softcap: bool = False
-    varlen_q: bool = False
-    varlen_k: bool = False
-    has_seqused_k: bool = False
     has_lse: bool = True
     exp2_emu_frac: float = 0.0
     rescale_threshold: float = 8.0
@@ -630,16 +624,11 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         tile_n=options.tile_n if options.tile_n is not None else tile_n,
         num_threads=options.num_threads if options.num_threads is not None else threads,
         num_stages=options.num_stages if options.num_stages is not None else stages,
-        causal=problem.causal and not problem.local,
-        local=problem.local,
-        has_softcap=problem.has_softcap,
-        varlen_q=problem.varlen_q,
-        varlen_k=problem.varlen_k,
-        has_seqused_k=problem.has_seqused_k,
         has_lse=need_lse,
         exp2_emu_frac=float(options.exp2_emu_frac) if options.exp2_emu_frac is not None else DEFAULT_EXP2_EMU_FRAC,
         rescale_threshold=(float(options.rescale_threshold) if options.rescale_threshold is not None
                            else DEFAULT_RESCALE_THRESHOLD),
+        **FwdSm80Config.problem_flags(problem),
     )
     FlashFwdSm80.can_implement(cfg)
     return cfg
