@@ -17,12 +17,22 @@ from typing import Optional
 from fa4.config import KernelOptions, env_options, normalize_family
 
 # Families with a working kernel, per direction, newest first. Only these are dispatched to.
-IMPLEMENTED = {"fwd": ("sm80",), "bwd": ("sm80",)}
+IMPLEMENTED = {"fwd": ("sm90", "sm80"), "bwd": ("sm80",)}
 FAMILY_MODULES = {
+    ("fwd", "sm90"): "fa4.fwd.sm90",
     ("fwd", "sm80"): "fa4.fwd.sm80",
     ("bwd", "sm80"): "fa4.bwd.sm80",
 }
 _FAMILY_MIN_CC = {"sm80": (8, 0), "sm90": (9, 0), "sm100": (10, 0)}
+# Families built on arch-specific ("a") instructions run on that major version only: wgmma and
+# setmaxnreg (sm_90a) do not exist on Blackwell, tcgen05 (sm_100a) not on consumer Blackwell.
+_FAMILY_ONLY_MAJOR = {"sm90": 9, "sm100": 10}
+
+
+def can_run(family: str, cc: tuple[int, int]) -> bool:
+    """Whether kernels of ``family`` run on a device of compute capability ``cc``."""
+    major = _FAMILY_ONLY_MAJOR.get(family)
+    return cc >= _FAMILY_MIN_CC[family] and (major is None or cc[0] == major)
 
 
 @dataclass(frozen=True)
@@ -85,11 +95,10 @@ def resolve(direction: str, cc: tuple[int, int], options: Optional[KernelOptions
         source = "KernelOptions.arch" if options is not None and options.arch else "FA4_ARCH"
         if fam is None:
             raise ValueError(f"{source}={forced!r} is not a kernel family; expected one of sm80, sm90, sm100")
-        if cc < _FAMILY_MIN_CC[fam]:
-            raise ValueError(
-                f"{source}={forced!r}: the {fam} kernels need compute capability >= "
-                f"{_FAMILY_MIN_CC[fam][0]}.{_FAMILY_MIN_CC[fam][1]}, this GPU is {cc[0]}.{cc[1]}"
-            )
+        if not can_run(fam, cc):
+            need = (f"compute capability {_FAMILY_ONLY_MAJOR[fam]}.x" if fam in _FAMILY_ONLY_MAJOR
+                    else f"compute capability >= {_FAMILY_MIN_CC[fam][0]}.{_FAMILY_MIN_CC[fam][1]}")
+            raise ValueError(f"{source}={forced!r}: the {fam} kernels need {need}, this GPU is {cc[0]}.{cc[1]}")
         if fam not in IMPLEMENTED[direction]:
             raise NotImplementedError(
                 f"{source}={forced!r}: fa4 has no {fam} {direction} kernel yet "
@@ -100,7 +109,7 @@ def resolve(direction: str, cc: tuple[int, int], options: Optional[KernelOptions
     if natural in IMPLEMENTED[direction]:
         return Dispatch(direction, natural, target, f"native family of compute capability {cc[0]}.{cc[1]}")
     for fam in IMPLEMENTED[direction]:
-        if cc >= _FAMILY_MIN_CC[fam]:
+        if can_run(fam, cc):
             msg = (
                 f"fa4: no {natural} {direction} kernel yet; compute capability {cc[0]}.{cc[1]} runs the "
                 f"{fam} {direction} kernel instead (slower than a native one). fa4.explain() shows the dispatch."
@@ -113,7 +122,7 @@ def resolve(direction: str, cc: tuple[int, int], options: Optional[KernelOptions
 
 # Every module that defines kernels, for `python -m fa4 compile` and the compile tests. Each has
 # `variants(arch) -> list[KernelConfig]` (empty for an arch it does not claim).
-KERNEL_MODULES = ("fa4.bwd.preprocess", "fa4.bwd.postprocess", "fa4.fwd.sm80", "fa4.bwd.sm80")
+KERNEL_MODULES = ("fa4.bwd.preprocess", "fa4.bwd.postprocess", "fa4.fwd.sm80", "fa4.fwd.sm90", "fa4.bwd.sm80")
 
 
 def all_variants(arch: str, modules=KERNEL_MODULES) -> list:

@@ -10,16 +10,21 @@
 * Predicates for copies: ``predicate_cols`` (head-dim bound, one flag per 16-byte column chunk).
 * Bit helpers used by the exp2 emulation: ``add_round_down``.
 
-Note [MMA accumulator layout (sm80 m16n8k16)]
-    Thread ``lane`` of a warp owns, in every 16x8 C tile, rows ``lane // 4`` and ``lane // 4 + 8``
-    and columns ``2 * (lane % 4) + {0, 1}``. The CuTe fragment is ``((2, 2), MMA_M, MMA_N)``:
-    mode ``(0, 0)`` walks the 2 columns, ``(0, 1)`` the 2 rows (+8), then the tiles. So the 4 lanes
-    of a quad hold one row together: row reductions are a thread-local reduction followed by two
-    butterfly shuffles (``quad_allreduce_*``).
+Note [MMA accumulator layout]
+    sm80 m16n8k16: thread ``lane`` of a warp owns, in every 16x8 C tile, rows ``lane // 4`` and
+    ``lane // 4 + 8`` and columns ``2 * (lane % 4) + {0, 1}``. The CuTe fragment is
+    ``((2, 2), MMA_M, MMA_N)``: mode ``(0, 0)`` walks the 2 columns, ``(0, 1)`` the 2 rows (+8),
+    then the tiles.
+    sm90 wgmma m64nNk16: warp ``w`` of the warpgroup owns rows ``16 w + lane // 4 (+8)``, and the
+    thread holds columns ``8 j + 2 * (lane % 4) + {0, 1}`` for ``j < N / 8``: the fragment is
+    ``((2, 2, N / 8), MMA_M, MMA_N)``, the same pattern with the 8-column groups as a third
+    sub-mode. In both, the 4 lanes of a quad hold one row together: row reductions are a
+    thread-local reduction followed by two butterfly shuffles (``quad_allreduce_*``).
 """
 
 from __future__ import annotations
 
+import copy
 import operator
 from typing import Callable, Type
 
@@ -89,26 +94,45 @@ def fadd_reduce(t: cute.Tensor, init: Float32 | None = None) -> Float32:
 
 
 def _acc_mn_layout(layout: cute.Layout, transpose: bool = False) -> cute.Layout:
-    # ((2 cols, 2 rows), MMA_M, MMA_N) -> ((2 rows, MMA_M), (2 cols, MMA_N))
+    # sm80:  ((2 cols, 2 rows), MMA_M, MMA_N)        -> ((2 rows, MMA_M), (2 cols, MMA_N))
+    # sm90:  ((2 cols, 2 rows, V), MMA_M, MMA_N)     -> ((2 rows, MMA_M), (2 cols, V, MMA_N))
+    # (V: the 8-column groups of one wgmma atom; see Note [MMA accumulator layout]).
     lc = cute.make_layout(layout.shape)
-    rows = ((lc.shape[0][1], lc.shape[1]), (lc.stride[0][1], lc.stride[1]))
-    cols = ((lc.shape[0][0], lc.shape[2]), (lc.stride[0][0], lc.stride[2]))
+    s0, d0 = lc.shape[0], lc.stride[0]
+    rows = ((s0[1], lc.shape[1]), (d0[1], lc.stride[1]))
+    if cute.rank(s0) == 3:
+        cols = ((s0[0], s0[2], lc.shape[2]), (d0[0], d0[2], lc.stride[2]))
+    else:
+        cols = ((s0[0], lc.shape[2]), (d0[0], lc.stride[2]))
     first, second = (cols, rows) if transpose else (rows, cols)
     mn = cute.make_layout((first[0], second[0]), stride=(first[1], second[1]))
     return cute.composition(layout, mn)
 
 
 def make_acc_mn_view(acc: cute.Tensor, transpose: bool = False) -> cute.Tensor:
-    """``(rows, cols)`` view of an sm80 MMA accumulator (or of its ``partition_C`` of an identity
-    tensor). ``transpose=True`` gives ``(cols, rows)``, for kernels that compute S^T.
-    Row ``r`` of the view is this thread's ``r``-th row; its columns are contiguous pairs."""
+    """``(rows, cols)`` view of an sm80 ``mma.sync`` or sm90 ``wgmma`` accumulator (or of its
+    ``partition_C`` of an identity tensor). ``transpose=True`` gives ``(cols, rows)``, for kernels
+    that compute S^T. Row ``r`` of the view is this thread's ``r``-th row; its columns are
+    contiguous pairs, in increasing column order."""
     return cute.make_tensor(acc.iterator, _acc_mn_layout(acc.layout, transpose))
 
 
 def make_acc_as_A(acc: cute.Tensor) -> cute.Tensor:
-    """Reinterpret an accumulator fragment ``((2, 2), MMA_M, MMA_N)`` (already converted to 16-bit)
-    as the A-operand fragment ``((2, 2, 2), MMA_M, MMA_N / 2)`` of an m16n8k16 MMA: two adjacent
-    8-column accumulator tiles form one 16-deep k slice. Used to feed P to ``P @ V`` from registers."""
+    """Reinterpret an accumulator fragment (already converted to 16-bit) as the A-operand fragment
+    of the next MMA, to feed P to ``P @ V`` from registers.
+
+    sm80 ``((2, 2), MMA_M, MMA_N)`` -> ``((2, 2, 2), MMA_M, MMA_N / 2)``: two adjacent 8-column
+    accumulator tiles form one 16-deep k slice of m16n8k16.
+    sm90 ``((2, 2, V), MMA_M, 1)`` -> ``((2, 2, 2), MMA_M, V / 2)``: the 8-column groups ``2k`` and
+    ``2k + 1`` of a wgmma accumulator are the k slice ``k`` of a register-A wgmma (k16)."""
+    if cute.rank(acc.layout.shape[0]) == 3:
+        s0, d0 = acc.layout.shape[0], acc.layout.stride[0]
+        assert cute.size(acc.layout.shape[2]) == 1 and s0[2] % 2 == 0
+        layout = cute.make_layout(
+            ((s0[0], s0[1], 2), acc.layout.shape[1], s0[2] // 2),
+            stride=((d0[0], d0[1], d0[2]), acc.layout.stride[1], 2 * d0[2]),
+        )
+        return cute.make_tensor(acc.iterator, layout)
     div = cute.logical_divide(acc.layout, (None, None, 2))
     layout = cute.make_layout(
         ((div.shape[0], div.shape[2][0]), div.shape[1], div.shape[2][1]),
@@ -307,3 +331,38 @@ def gemm_sm80_rs(
         if k + 1 < num_k:
             cute.copy(smem_thr_copy_B, tCsB[None, None, k + 1], tCrB_v[None, None, k + 1])
         cute.gemm(tiled_mma, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
+
+
+# --------------------------------------------------------------------------------------------
+# sm90 (wgmma) helpers
+# --------------------------------------------------------------------------------------------
+
+
+def gemm_sm90(tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor, tCrB: cute.Tensor,
+              zero_init: bool = False) -> None:
+    """Issue ``acc (+)= A @ B^T`` as one wgmma group over the k mode and commit it (asynchronous:
+    the caller waits with ``warpgroup.wait_group``). ``tCrA``: smem descriptors or registers
+    ``(MMA, MMA_M, MMA_K)``; ``tCrB``: smem descriptors ``(MMA, MMA_N, MMA_K)``. ``zero_init``
+    (compile-time): the first k slice overwrites ``acc``."""
+    warpgroup = cute.nvgpu.warpgroup
+    # ``set`` rebinds the MMA's IR value: on a copy, so the caller's object (also used for
+    # partitioning after this, possibly outside the branch issuing the GEMM) is untouched.
+    tiled_mma = copy.copy(tiled_mma)
+    tiled_mma._trait = copy.copy(tiled_mma._trait)
+    warpgroup.fence()
+    for k in range(cute.size(tCrA.shape[2])):
+        tiled_mma.set(warpgroup.Field.ACCUMULATE, not (zero_init and k == 0))
+        cute.gemm(tiled_mma, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
+    warpgroup.commit_group()
+
+
+def smem_layout_sm90(dtype: Type[cutlass.Numeric], rows: int, cols: int, stages: int | None = None):
+    """Row-major (``cols`` contiguous) swizzled smem layout of a ``(rows, cols[, stages])`` 16-bit
+    tile for TMA and wgmma: the widest swizzle (128 / 64 / 32 bytes) whose atom divides ``cols``."""
+    import cutlass.utils.hopper_helpers as sm90_utils
+    from cutlass.utils import LayoutEnum
+
+    atom = cute.nvgpu.warpgroup.make_smem_layout_atom(
+        sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, cols), dtype)
+    shape = (rows, cols) if stages is None else (rows, cols, stages)
+    return cute.tile_to_shape(atom, shape, (0, 1) if stages is None else (0, 1, 2))

@@ -77,6 +77,17 @@ class SeqlenInfo:
         """(seqlen_k, d) view of K (or V, dK, dV) for (batch, kv head)."""
         return _seq_view(mK, batch, head_kv, self.offset_k, self.varlen_k)
 
+    # Views of tensors in the TMA order ``(s, d, h, b)`` (:func:`to_sdhb`): TMA coordinate tensors
+    # of the sm90 kernels, whose tiles must lead with the (rows, head dim) modes.
+
+    def q_view_sd(self, mT: cute.Tensor, batch: Int32, head: Int32) -> cute.Tensor:
+        """(seqlen_q, d) view of an ``(s, d, h, b)`` Q/O tensor for (batch, head)."""
+        return _seq_view_sd(mT, batch, head, self.offset_q, self.varlen_q)
+
+    def k_view_sd(self, mT: cute.Tensor, batch: Int32, head_kv: Int32) -> cute.Tensor:
+        """(seqlen_k, d) view of an ``(s, d, h_k, b)`` K/V tensor for (batch, kv head)."""
+        return _seq_view_sd(mT, batch, head_kv, self.offset_k, self.varlen_k)
+
     def lse_view(self, mLSE: cute.Tensor, batch: Int32, head: Int32) -> cute.Tensor:
         """(seqlen_q,) view of a ``(b, h, s_q)`` / varlen ``(1, h, total_q)`` row statistic (LSE)."""
         if const_expr(not self.varlen_q):
@@ -91,6 +102,18 @@ def grid_extent(mT: cute.Tensor, mCuSeqlens: Optional[cute.Tensor], max_seqlen: 
     if const_expr(mCuSeqlens is not None):
         return mCuSeqlens.shape[0] - 1, max_seqlen
     return mT.shape[0], mT.shape[1]
+
+
+def to_sdhb(mT: cute.Tensor) -> cute.Tensor:
+    """The kernel-boundary ``(b, s, h, d)`` tensor as ``(s, d, h, b)`` (same memory): the order
+    TMA atoms tile in (rows and head dim first)."""
+    return cute.make_tensor(mT.iterator, cute.select(mT.layout, mode=[1, 3, 2, 0]))
+
+
+def _seq_view_sd(mT: cute.Tensor, batch: Int32, head: Int32, offset: Int32, varlen: bool) -> cute.Tensor:
+    if const_expr(not varlen):
+        return mT[None, None, head, batch]
+    return cute.domain_offset((offset, 0), mT[None, None, head, 0])
 
 
 def _seq_view(mT: cute.Tensor, batch: Int32, head: Int32, offset: Int32, varlen: bool) -> cute.Tensor:

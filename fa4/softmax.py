@@ -21,6 +21,15 @@ Note [Conditional rescale]
     ``m = -inf``, ``l = 0``: it gets ``out = 0`` and ``lse = -inf`` (exponentials use a "safe" max
     of 0 for such rows, so no ``-inf - -inf`` NaN appears).
 
+Note [Normalizing by the rounded P]
+    ``O += P V`` multiplies P rounded to 16 bits; ``l`` summed from the fp32 P then differs from
+    the weights actually applied by the rounding of every P. With ``sum_rounded`` ``l`` is the sum
+    of the rounded P, so ``out = sum(p^ v) / sum(p^)`` is an exact convex combination of the rounded
+    weights, and the rounding of a dominant weight cancels to first order between numerator and
+    denominator. This matters with a rescale threshold: a row that keeps a stale max has its largest
+    P in (1, 2**tau] instead of exactly 1 (exact in bf16), so without it the dominant weight carries
+    a rounding error the classic rule does not have.
+
 Note [exp2 emulation]
     ``2**x = 2**n * 2**f`` with ``n = floor(x)``, ``f = x - n`` in [0, 1). ``floor`` comes from one
     round-toward-minus-infinity add of ``1.5 * 2**23`` (the integer lands in the low mantissa bits);
@@ -49,6 +58,7 @@ from cutlass import Float32, Int32, const_expr
 
 from fa4.cute_utils import (
     add_round_down,
+    convert_f32_to_half,
     fadd_reduce,
     fmax_reduce,
     make_acc_mn_view,
@@ -172,13 +182,30 @@ class OnlineSoftmax:
     """
 
     def __init__(self, scale_log2: Float32, num_rows: int, exp2_emu_frac: float = 0.0,
-                 rescale_threshold: float = 0.0):
+                 rescale_threshold: float = 0.0, sum_rounded: bool = False):
         self.scale_log2 = scale_log2
+        self.sum_rounded = bool(sum_rounded)
         self.num_rows = num_rows
         self.exp2_emu_frac = float(exp2_emu_frac)
         self.rescale_threshold = float(rescale_threshold)
         self.row_max = cute.make_rmem_tensor(num_rows, Float32)
         self.row_sum = cute.make_rmem_tensor(num_rows, Float32)
+
+    # Carried through dynamic control flow (a persistent kernel's tile loop) as its three runtime
+    # values; the compile-time knobs are copied.
+    _DYNAMIC = ("scale_log2", "row_max", "row_sum")
+
+    def __extract_mlir_values__(self):
+        return [v for name in self._DYNAMIC for v in cutlass.extract_mlir_values(getattr(self, name))]
+
+    def __new_from_mlir_values__(self, values):
+        new = object.__new__(OnlineSoftmax)
+        new.__dict__.update(self.__dict__)
+        for name in self._DYNAMIC:
+            n = len(cutlass.extract_mlir_values(getattr(self, name)))
+            setattr(new, name, cutlass.new_from_mlir_values(getattr(self, name), values[:n]))
+            values = values[n:]
+        return new
 
     def reset(self) -> None:
         self.row_max.fill(-Float32.inf)
@@ -190,17 +217,32 @@ class OnlineSoftmax:
         """One K block: ``acc_S`` (scores of the block, fp32 accumulator, masked entries -inf)
         becomes P in place; ``acc_O`` rows and ``l`` are rescaled when the max moves (see
         Note [Conditional rescale]); ``l`` gains the block's (thread-partial) row sums."""
+        row_scale, do_rescale = self.update(acc_S, is_first=is_first)
+        if const_expr(not is_first):
+            self.rescale_O(acc_O, row_scale, do_rescale)
+
+    @cute.jit
+    def update(self, acc_S: cute.Tensor, is_first: cutlass.Constexpr[bool] = False):
+        """The softmax of one K block without touching O: ``acc_S`` becomes P in place, the row
+        maxes and ``l`` are updated, and ``(row_scale, do_rescale)`` is returned for
+        :meth:`rescale_O`, which the caller applies to O when O is free (a kernel whose previous
+        ``P @ V`` is still in flight rescales after it completes). ``do_rescale`` is warp-uniform
+        (always true without a rescale threshold); ``row_scale`` is 1 for rows that keep their max.
+        With ``is_first`` there is nothing to rescale (the scales are not meaningful).
+        The caller then rounds P with :meth:`convert_P` (with ``sum_rounded`` that is where ``l``
+        gains the block's sums: Note [Normalizing by the rounded P])."""
         acc_S_mn = make_acc_mn_view(acc_S)
-        acc_O_mn = make_acc_mn_view(acc_O)
         blk_max = cute.make_rmem_tensor(self.num_rows, Float32)
         for r in cutlass.range_constexpr(self.num_rows):
             blk_max[r] = quad_allreduce_max(fmax_reduce(acc_S_mn[r, None]))
+        scale = cute.make_rmem_tensor(self.num_rows, Float32)
+        take_new = cutlass.Boolean(True)
         if const_expr(is_first):
             for r in cutlass.range_constexpr(self.num_rows):
                 self.row_max[r] = blk_max[r]
+                scale[r] = 1.0
         else:
             conditional = self.rescale_threshold > 0.0
-            take_new = True
             if const_expr(conditional):
                 need = cutlass.Boolean(False)
                 for r in cutlass.range_constexpr(self.num_rows):
@@ -208,7 +250,6 @@ class OnlineSoftmax:
                 take_new = cute.arch.vote_any_sync(need)
             # Row scales (1 for rows that keep their max), computed branch-free; only the
             # multiplication of O is skipped when the whole warp keeps its maxes.
-            scale = cute.make_rmem_tensor(self.num_rows, Float32)
             for r in cutlass.range_constexpr(self.num_rows):
                 old = self.row_max[r]
                 new = cute.arch.fmax(old, blk_max[r])
@@ -218,19 +259,39 @@ class OnlineSoftmax:
                 scale[r] = cute.math.exp2((old - new_safe) * self.scale_log2, fastmath=True)
                 self.row_max[r] = new
                 self.row_sum[r] = self.row_sum[r] * scale[r]
-            if const_expr(conditional):
-                if take_new:
-                    rescale_rows(acc_O_mn, scale)
-            else:
-                rescale_rows(acc_O_mn, scale)
         # P = 2**(s * scale_log2 - m * scale_log2), with m = 0 for rows that have seen nothing.
         bias = cute.make_rmem_tensor(self.num_rows, Float32)
         for r in cutlass.range_constexpr(self.num_rows):
             m = self.row_max[r]
             bias[r] = (0.0 if m == -Float32.inf else m) * self.scale_log2
         exp2_rows(acc_S_mn, bias, self.scale_log2, self.exp2_emu_frac)
-        for r in cutlass.range_constexpr(self.num_rows):
-            self.row_sum[r] = fadd_reduce(acc_S_mn[r, None], init=self.row_sum[r])
+        if const_expr(not self.sum_rounded):
+            for r in cutlass.range_constexpr(self.num_rows):
+                self.row_sum[r] = fadd_reduce(acc_S_mn[r, None], init=self.row_sum[r])
+        return scale, take_new
+
+    @cute.jit
+    def convert_P(self, acc_S: cute.Tensor, rP: cute.Tensor) -> None:
+        """P (fp32, after :meth:`update`) rounded into the 16-bit ``rP`` (same layout) for ``P @ V``;
+        with ``sum_rounded`` ``l`` gains the row sums of the rounded values. A kernel whose previous
+        ``P @ V`` still reads ``rP`` calls this once that MMA has completed."""
+        convert_f32_to_half(acc_S, rP)
+        if const_expr(self.sum_rounded):
+            rP_mn = make_acc_mn_view(rP)
+            for r in cutlass.range_constexpr(self.num_rows):
+                row = cute.make_rmem_tensor(cute.size(rP_mn.shape[1]), Float32)
+                row.store(rP_mn[r, None].load().to(Float32))
+                self.row_sum[r] = fadd_reduce(row, init=self.row_sum[r])
+
+    @cute.jit
+    def rescale_O(self, acc_O: cute.Tensor, row_scale: cute.Tensor, do_rescale) -> None:
+        """``acc_O[r, :] *= row_scale[r]`` (skipped when the warp-uniform ``do_rescale`` is false)."""
+        acc_O_mn = make_acc_mn_view(acc_O)
+        if const_expr(self.rescale_threshold > 0.0):
+            if do_rescale:
+                rescale_rows(acc_O_mn, row_scale)
+        else:
+            rescale_rows(acc_O_mn, row_scale)
 
     @cute.jit
     def finalize(self, acc_O: cute.Tensor) -> cute.Tensor:

@@ -52,19 +52,21 @@ def test_options_merge():
     assert a.merged(b) == KernelOptions(tile_m=64, exp2_emu_frac=0.0)
 
 
-@pytest.mark.parametrize("cc,family,target,fallback", [
-    ((8, 0), "sm80", "sm_80", False),
-    ((8, 6), "sm80", "sm_86", False),
-    ((9, 0), "sm80", "sm_90a", True),   # no sm90 kernel yet: visible fallback to the sm80 family
-    ((10, 0), "sm80", "sm_100a", True),
+@pytest.mark.parametrize("direction,cc,family,target,fallback", [
+    ("fwd", (8, 0), "sm80", "sm_80", False),
+    ("fwd", (8, 6), "sm80", "sm_86", False),
+    ("fwd", (9, 0), "sm90", "sm_90a", False),   # the Hopper forward: native, no warning
+    ("bwd", (9, 0), "sm80", "sm_90a", True),    # no sm90 backward yet: visible fallback to sm80
+    ("fwd", (10, 0), "sm80", "sm_100a", True),  # sm_90a kernels do not run on Blackwell
+    ("bwd", (10, 0), "sm80", "sm_100a", True),
 ])
-def test_natural_dispatch(monkeypatch, cc, family, target, fallback):
+def test_natural_dispatch(monkeypatch, direction, cc, family, target, fallback):
     monkeypatch.delenv("FA4_ARCH", raising=False)
     arch._warned.clear()
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
-        d = arch.resolve("fwd", cc, KernelOptions())
-        arch.resolve("fwd", cc, KernelOptions())
+        d = arch.resolve(direction, cc, KernelOptions())
+        arch.resolve(direction, cc, KernelOptions())
     assert (d.family, d.target, d.fallback) == (family, target, fallback)
     assert len([x for x in w if "fa4.explain" in str(x.message)]) == (1 if fallback else 0)  # once
 
@@ -75,10 +77,13 @@ def test_forced_family(monkeypatch):
     assert d.family == "sm80" and not d.fallback and "KernelOptions.arch" in d.reason
     monkeypatch.setenv("FA4_ARCH", "sm_80")
     assert "FA4_ARCH" in arch.resolve("fwd", (9, 0), None).reason
-    with pytest.raises(ValueError, match="compute capability >= 9.0"):
+    with pytest.raises(ValueError, match="compute capability 9.x"):
         arch.resolve("fwd", (8, 0), KernelOptions(arch="sm90"))
-    with pytest.raises(NotImplementedError, match="no sm90 fwd kernel"):
-        arch.resolve("fwd", (9, 0), KernelOptions(arch="sm90"))
+    with pytest.raises(ValueError, match="compute capability 9.x"):
+        arch.resolve("fwd", (10, 0), KernelOptions(arch="sm90"))
+    assert arch.resolve("fwd", (9, 0), KernelOptions(arch="sm90")).family == "sm90"
+    with pytest.raises(NotImplementedError, match="no sm90 bwd kernel"):
+        arch.resolve("bwd", (9, 0), KernelOptions(arch="sm90"))
 
 
 def test_explain_on_cpu_shapes():
@@ -88,6 +93,12 @@ def test_explain_on_cpu_shapes():
     text = str(ex)
     assert "family=sm80" in text and "forced by KernelOptions.arch" in text
     assert ex.problem.causal and ex.problem.heads_k == 2 and ex.problem.seqlen_k == 300
+
+
+def test_explain_hopper_forward_is_native():
+    q = torch.empty(2, 1000, 8, 128, dtype=torch.bfloat16)
+    text = str(fa4.explain(q, q, q, causal=True, capability=(9, 0)))
+    assert "[fwd] family=sm90 target=sm_90a: native" in text and "'intra_wg_overlap': True" in text
 
 
 def test_explain_validates():

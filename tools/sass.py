@@ -24,32 +24,9 @@ import sys
 import tempfile
 
 
-def _cubins(data: bytes):
-    i = data.find(b"\x7fELF", 1)
-    while i != -1:
-        if data[i + 4] == 2 and struct.unpack_from("<H", data, i + 18)[0] == 190:
-            phoff, shoff = struct.unpack_from("<QQ", data, i + 32)
-            phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", data, i + 54)
-            yield data[i : i + max(shoff + shentsize * shnum, phoff + phentsize * phnum)]
-        i = data.find(b"\x7fELF", i + 1)
-
-
-def _nvdisasm() -> str:
-    found = shutil.which("nvdisasm")
-    if found:
-        return found
-    import nvidia
-
-    for root in nvidia.__path__:
-        for sub in ("cu13/bin/nvdisasm", "cuda_nvdisasm/bin/nvdisasm"):
-            if os.path.exists(os.path.join(root, sub)):
-                return os.path.join(root, sub)
-    sys.exit("nvdisasm not found (pip install nvidia-cuda-nvdisasm)")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("kind", choices=("bwd", "fwd", "post"))
+    ap.add_argument("kind", choices=("bwd", "fwd", "fwd90", "post"))
     ap.add_argument("--hd", type=int, default=128)
     ap.add_argument("--arch", default="sm_90a")
     ap.add_argument("--causal", action="store_true")
@@ -64,37 +41,27 @@ def main() -> None:
     from fa4.bwd import sm80 as bwd
     from fa4.config import AttnProblem
     from fa4.fwd import sm80 as fwd
+    from fa4.fwd import sm90 as fwd90
+    from fa4.sass import count, disassemble, opcode_counts
 
     p = AttnProblem("bf16", 2, 1024, 1024, 8, 8, args.hd, args.hd, args.hd**-0.5, causal=args.causal)
     if args.kind == "fwd":
         cfg = fwd.make_config(p, None, args.arch, True)
+    elif args.kind == "fwd90":
+        cfg = fwd90.make_config(p, None, args.arch, True)
     else:
         cfg = bwd.make_config(p, None, args.arch, args.deterministic)
     cfg = dataclasses.replace(cfg, **{k: ast.literal_eval(v) for k, v in (s.split("=", 1) for s in args.set)})
     if args.kind == "post":
         cfg = postprocess.config_for(cfg)
     print(cfg.key())
-    fn = jit.compile_uncached(cfg)
-    with tempfile.TemporaryDirectory() as d:
-        obj = os.path.join(d, "k.o")
-        fn.export_to_c(obj, function_name="k")
-        print(jit.cubin_info(obj))
-        data = open(obj, "rb").read()
-        texts = []
-        for n, cubin in enumerate(_cubins(data)):
-            path = os.path.join(d, f"{n}.cubin")
-            open(path, "wb").write(cubin)
-            texts.append(subprocess.run([_nvdisasm(), "-c", path], capture_output=True, text=True, check=True).stdout)
-    sass = "\n".join(texts)
+    sass = disassemble(cfg)
     if args.out:
         open(args.out, "w").write(sass)
-    ops = collections.Counter()
-    for line in sass.splitlines():
-        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", line)
-        if m:
-            ops[m.group(1)] += 1
-    keys = ("HMMA", "LDSM", "LDS", "STS", "LDG", "STG", "LDGSTS", "RED", "ATOM", "LDL", "STL", "BAR", "MUFU", "SHFL")
-    summary = {k: sum(v for op, v in ops.items() if op == k or op.startswith(k + ".")) for k in keys}
+    ops = opcode_counts(sass)
+    keys = ("HMMA", "HGMMA", "UTMALDG", "UTMASTG", "LDSM", "STSM", "LDS", "STS", "LDG", "STG", "LDGSTS", "RED",
+            "ATOM", "LDL", "STL", "BAR", "SYNCS", "MUFU", "SHFL", "USETMAXREG")
+    summary = {k: count(ops, k) for k in keys}
     print("instructions:", sum(ops.values()), summary)
 
 

@@ -89,6 +89,7 @@ class FwdSm80Config(AttnKernelConfig):
     has_lse: bool = True
     exp2_emu_frac: float = 0.0
     rescale_threshold: float = 8.0
+    sum_rounded: bool = False
 
     KERNEL = "fa4.fwd.sm80:FlashFwdSm80"
 
@@ -315,7 +316,7 @@ class FlashFwdSm80:
             acc_O = cute.make_rmem_tensor(p.thr_mma.partition_shape_C((self.tile_m, self.tile_hdimv)), Float32)
             acc_O.fill(0.0)
             softmax = OnlineSoftmax(scale_log2, cute.size(make_acc_mn_view(acc_O).shape[0]),
-                                    cfg.exp2_emu_frac, cfg.rescale_threshold)
+                                    cfg.exp2_emu_frac, cfg.rescale_threshold, cfg.sum_rounded)
             softmax.reset()
             self.mainloop(p, acc_O, softmax, mask, seqlen, m_block, prescale, tiled_mma)
             lse = softmax.finalize(acc_O)
@@ -519,7 +520,7 @@ class FlashFwdSm80:
             mask.apply(acc_S, p.thr_mma, m_block, n_block, mask_seqlen=mask_seqlen, mask_window=mask_window)
         softmax.online_softmax(acc_S, acc_O, is_first=is_first)
         rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
-        convert_f32_to_half(acc_S, rP)
+        softmax.convert_P(acc_S, rP)
         if const_expr(S > 1):
             sync()  # V[n] landed; every warp is done reading K[n]
             if n_block - S >= n_min:
@@ -598,6 +599,7 @@ TUNING = {
 }
 DEFAULT_EXP2_EMU_FRAC = 0.0  # measured: 0.25 costs 0-10% on the sm80 path (docs/RESULTS.md)
 DEFAULT_RESCALE_THRESHOLD = 8.0
+DEFAULT_SUM_ROUNDED = False  # Note [Normalizing by the rounded P] in fa4/softmax.py
 
 
 def _bucket(d: int) -> int:
@@ -628,6 +630,7 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         exp2_emu_frac=float(options.exp2_emu_frac) if options.exp2_emu_frac is not None else DEFAULT_EXP2_EMU_FRAC,
         rescale_threshold=(float(options.rescale_threshold) if options.rescale_threshold is not None
                            else DEFAULT_RESCALE_THRESHOLD),
+        sum_rounded=DEFAULT_SUM_ROUNDED,
         **FwdSm80Config.problem_flags(problem),
     )
     FlashFwdSm80.can_implement(cfg)

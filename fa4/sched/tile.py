@@ -77,3 +77,41 @@ class SectionTileScheduler:
     def tile(self) -> Tuple[Int32, Int32, Int32]:
         return section_tile(cute.arch.block_idx()[0], self.num_m_blocks, self.num_heads, self.num_batch,
                             self.section, self.reverse)
+
+
+@dataclass(frozen=True)
+class PersistentTileScheduler:
+    """Static persistent order over the same tiles as :class:`SectionTileScheduler`: a grid of
+    ``min(tiles, max_ctas)`` CTAs, CTA ``c`` taking tiles ``c, c + grid, c + 2 grid, ...`` of the
+    section order (so with ``reverse`` the longest tiles still go first, LPT, and the CTAs resident
+    at once share the K/V of a section). With ``max_ctas >= tiles`` it is one tile per CTA: the
+    plain grid, kept for comparison. Kernels loop::
+
+        idx = sched.first()
+        while sched.valid(idx):
+            m_block, head, batch = sched.tile(idx)
+            ...
+            idx = sched.next(idx)
+    """
+
+    num_m_blocks: Int32
+    num_heads: Int32
+    num_batch: Int32
+    section: Int32
+    reverse: cutlass.Constexpr[bool] = False
+
+    @staticmethod
+    def grid(num_m_blocks, num_heads, num_batch, max_ctas):
+        return (cutlass.min(num_m_blocks * num_heads * num_batch, max_ctas), 1, 1)
+
+    def first(self) -> Int32:
+        return Int32(cute.arch.block_idx()[0])
+
+    def valid(self, idx: Int32):
+        return idx < self.num_m_blocks * self.num_heads * self.num_batch
+
+    def next(self, idx: Int32) -> Int32:
+        return idx + Int32(cute.arch.grid_dim()[0])
+
+    def tile(self, idx: Int32) -> Tuple[Int32, Int32, Int32]:
+        return section_tile(idx, self.num_m_blocks, self.num_heads, self.num_batch, self.section, self.reverse)

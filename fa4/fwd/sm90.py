@@ -1,0 +1,760 @@
+"""Hopper (sm90 family) attention forward: TMA + wgmma, warp-specialized, persistent.
+
+One CTA tile = ``tile_m`` query rows of one (batch, head); ``tile_m / 64`` consumer warpgroups each
+own 64 of the rows and every key of a K/V block. :class:`FlashFwdSm90`:
+
+Warp roles (``kernel`` dispatches; ``128 * (num_wg + 1)`` threads)
+    * warpgroup 0, the **producer** (``setmaxnreg`` down to ``producer_regs``): warp 0 runs
+      :meth:`load` (TMA loads of Q once per tile and of K and V per block, completing on the
+      pipelines' mbarriers); warps 1-3 exit.
+    * warpgroups 1..num_wg, the **consumers** (``setmaxnreg`` up to ``consumer_regs``): run
+      :meth:`mma_softmax` (``S = Q K^T`` by wgmma from smem, mask, online softmax, P kept in
+      registers as the A operand of ``O += P V``) and :meth:`epilogue` (O through smem and a TMA
+      store, or predicated 16-byte stores for varlen Q; LSE from registers).
+
+Pipelines (``cutlass.pipeline.PipelineTmaAsync``; producer = the TMA warp, arriving once with the
+expected transaction bytes; a consumer arrive is one per warp, from lane 0)
+    * ``pipeline_q``: 1 stage. Consumers: every consumer warp (``num_wg * 4`` arrives) after its
+      last ``Q K^T`` of the tile; when sO reuses sQ's memory (``o_in_q``, large head dims) only the
+      storing warp arrives (1), once the TMA store of O has finished reading smem.
+    * ``pipeline_k``, ``pipeline_v``: ``num_stages`` stages each, one shared stage counter (block
+      ``i`` of a tile uses stage ``i % num_stages`` for both). Consumers: ``num_wg * 4`` arrives.
+      Producer order per tile: K[last], Q, then K[n] before V[n + 1], then V[first]; the
+      consumers use K one block ahead of V (Note [intra-warpgroup overlap]).
+
+Named barriers: 1 = epilogue (all consumer threads); 2, 3 = the ping-pong of two consumer
+warpgroups (Note [ping-pong]).
+
+Note [intra-warpgroup overlap]
+    A K-block step issues ``S_next = Q K[n]^T`` and then ``O += P V[n + 1]`` (P of the previous
+    block) as two wgmma groups, waits for the first only (``wait_group(1)``), runs mask and softmax
+    on ``S_next`` while the second runs on the tensor cores, then waits for it, rescales O (the
+    softmax's row scales, :meth:`fa4.softmax.OnlineSoftmax.update` / ``rescale_O``) and converts
+    ``S_next`` into the next P. The first block has only its ``Q K^T``, the tile ends with the last
+    ``P V``.
+
+Note [ping-pong]
+    With two consumer warpgroups (``pingpong``), each brackets its wgmma issues by a sync on its
+    own named barrier and an arrive on the other's, so the two alternate on the tensor cores: one
+    issues GEMMs while the other runs its softmax. Warpgroup 1 arrives on warpgroup 0's barrier
+    once at the start. Both warpgroups of a tile issue the same number of groups (the first
+    ``Q K^T``, one per further K block, the last ``P V``), so the pairing never drifts.
+
+Note [TMA and varlen / padding]
+    The TMA atoms see the kernel-boundary tensors as ``(s, d, h, b)`` (:func:`fa4.seqlen.to_sdhb`);
+    a varlen sequence is a coordinate offset into the packed ``(total, d, h, 1)`` tensor. Boxes
+    past the tensor's end read zeros; rows past a varlen sequence's end read the next sequence:
+    keys there are masked (``-inf``, P = 0), query rows there are never stored. Head dims are padded
+    to the tile's (a multiple of 32): the padded columns read as zeros and are never stored.
+
+Note [no ``from __future__ import annotations``]
+    ``cute.struct`` reads the field annotations of ``SharedStorage`` as objects.
+"""
+
+from dataclasses import dataclass, replace
+from functools import partial
+from types import SimpleNamespace
+from typing import Optional
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, const_expr, pipeline
+from cutlass.cute.nvgpu import cpasync, warpgroup
+import cutlass.utils.hopper_helpers as sm90_utils
+
+from fa4.config import AttnKernelConfig, AttnProblem, KernelOptions
+from fa4.cute_utils import (
+    convert_f32_to_half,
+    gemm_sm90,
+    make_acc_as_A,
+    make_acc_mn_view,
+    predicate_cols,
+    smem_layout_sm90,
+)
+from fa4.mask import AttentionMask
+from fa4.sched.tile import PersistentTileScheduler, l2_section_size
+from fa4.seqlen import SeqlenInfo, to_sdhb
+from fa4.softmax import OnlineSoftmax, apply_softcap, score_scales
+
+SMEM_CAPACITY = 232448  # sm_90a: 227 KB of dynamic shared memory per CTA
+SMEM_RESERVED = 1024  # mbarriers and alignment
+_DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
+# (consumer, producer) registers per thread after setmaxnreg, by consumer warpgroups: the
+# 64K-register file split as 128 * (producer + num_wg * consumer) <= 65536.
+_REGS = {1: (256, 56), 2: (240, 24), 3: (160, 32)}
+_BAR_EPI, _BAR_PP0 = 1, 2
+
+
+def _pad32(d: int) -> int:
+    return (d + 31) // 32 * 32
+
+
+@dataclass(frozen=True)
+class FwdSm90Config(AttnKernelConfig):
+    """Compile key of the sm90 forward. ``tile_m`` = 64 x consumer warpgroups; ``persistent``: a
+    grid of at most one CTA per SM looping over tiles (else one tile per CTA); ``pingpong``: two
+    consumer warpgroups alternate on the tensor cores (Note [ping-pong]); ``intra_wg_overlap``:
+    the next ``Q K^T`` overlaps the softmax (Note [intra-warpgroup overlap])."""
+
+    head_dim: int = 128
+    head_dim_v: int = 128
+    tile_m: int = 128
+    tile_n: int = 128
+    num_stages: int = 2
+    intra_wg_overlap: bool = True
+    pingpong: bool = True
+    persistent: bool = True
+    has_lse: bool = True
+    exp2_emu_frac: float = 0.0
+    rescale_threshold: float = 8.0
+    sum_rounded: bool = False
+
+    KERNEL = "fa4.fwd.sm90:FlashFwdSm90"
+
+    @property
+    def num_wg(self) -> int:
+        return self.tile_m // 64
+
+    @property
+    def lpt(self) -> bool:
+        return self.causal or self.local or self.varlen_q or self.varlen_k or self.has_seqused_k
+
+    def smem_qkv_bytes(self) -> int:
+        d, dv = _pad32(self.head_dim), _pad32(self.head_dim_v)
+        return 2 * (self.tile_m * d + self.num_stages * self.tile_n * (d + dv))
+
+    @property
+    def o_in_q(self) -> bool:
+        """sO reuses sQ's memory when a separate O tile does not fit (Note in the class docstring)."""
+        so = 2 * self.tile_m * _pad32(self.head_dim_v)
+        return self.smem_qkv_bytes() + so + SMEM_RESERVED > SMEM_CAPACITY
+
+    def smem_bytes(self) -> int:
+        so = 0 if self.o_in_q else 2 * self.tile_m * _pad32(self.head_dim_v)
+        return self.smem_qkv_bytes() + so + SMEM_RESERVED
+
+
+class FlashFwdSm90:
+    """See the module docstring."""
+
+    def __init__(self, cfg: FwdSm90Config):
+        self.cfg = cfg
+        self.dtype = _DTYPES[cfg.dtype]
+        self.tile_m, self.tile_n, self.num_stages = cfg.tile_m, cfg.tile_n, cfg.num_stages
+        self.tile_hdim, self.tile_hdimv = _pad32(cfg.head_dim), _pad32(cfg.head_dim_v)
+        self.num_wg = cfg.num_wg
+        self.num_consumer_threads = 128 * self.num_wg
+        self.num_threads = 128 * (self.num_wg + 1)
+        self.consumer_regs, self.producer_regs = _REGS[self.num_wg]
+        self.pingpong = cfg.pingpong and self.num_wg == 2
+        self.o_in_q = cfg.o_in_q
+        self.tma_o = not cfg.varlen_q
+
+    # ----------------------------------------------------------------------------------------
+    # Host side
+    # ----------------------------------------------------------------------------------------
+
+    @staticmethod
+    def can_implement(cfg: FwdSm90Config) -> None:
+        cfg.check_target(_DTYPES)
+        if cfg.arch != "sm_90a":
+            raise ValueError(f"FwdSm90Config.arch must be sm_90a (wgmma, setmaxnreg), got {cfg.arch!r}")
+        for name in ("head_dim", "head_dim_v"):
+            d = getattr(cfg, name)
+            if d % 8 or not 8 <= d <= 256:
+                raise ValueError(f"FwdSm90Config.{name} must be a multiple of 8 in [8, 256], got {d}")
+        if cfg.tile_m not in (64, 128, 192):
+            raise ValueError(f"FwdSm90Config.tile_m (KernelOptions.tile_m) must be 64, 128 or 192 (64 rows per "
+                             f"consumer warpgroup), got {cfg.tile_m}")
+        if cfg.tile_n % 16 or not 16 <= cfg.tile_n <= 256:
+            raise ValueError(f"FwdSm90Config.tile_n (KernelOptions.tile_n) must be a multiple of 16 in [16, 256], "
+                             f"got {cfg.tile_n}")
+        if cfg.num_stages not in (1, 2, 3, 4):
+            raise ValueError(f"FwdSm90Config.num_stages (KernelOptions.num_stages) must be 1-4, got {cfg.num_stages}")
+        if cfg.smem_bytes() > SMEM_CAPACITY:
+            raise ValueError(f"shared memory of tile_m={cfg.tile_m}, tile_n={cfg.tile_n}, num_stages={cfg.num_stages} "
+                             f"(KernelOptions) at head_dim {cfg.head_dim}/{cfg.head_dim_v} is {cfg.smem_bytes()} "
+                             f"bytes, over the {SMEM_CAPACITY} of sm_90a")
+        # fp32 accumulators per consumer thread: O, S, and (overlapped) the 16-bit P of the previous block.
+        acc = _pad32(cfg.head_dim_v) // 2 + cfg.tile_n // 2 + (cfg.tile_n // 4 if cfg.intra_wg_overlap else 0)
+        budget = _REGS[cfg.num_wg][0] - 32
+        if acc > budget:
+            raise ValueError(f"tile_n={cfg.tile_n} (KernelOptions) at head_dim_v {cfg.head_dim_v} needs {acc} "
+                             f"accumulator registers per thread, over the {budget} left with {cfg.num_wg} consumer "
+                             f"warpgroups: use a smaller tile_n or tile_m")
+        if not 0.0 <= cfg.exp2_emu_frac <= 1.0:
+            raise ValueError(f"FwdSm90Config.exp2_emu_frac must be in [0, 1], got {cfg.exp2_emu_frac}")
+        if not 0.0 <= cfg.rescale_threshold <= 64.0:
+            raise ValueError(f"FwdSm90Config.rescale_threshold must be in [0, 64], got {cfg.rescale_threshold}")
+
+    @staticmethod
+    def fake_args(cfg: FwdSm90Config) -> tuple:
+        dt = _DTYPES[cfg.dtype]
+
+        def strides():
+            return tuple(cute.sym_int64(divisibility=8) for _ in range(3)) + (1,)
+
+        b_q, b_k, s_q, s_k, h, h_k = (cute.sym_int() for _ in range(6))
+        mQ = cute.runtime.make_fake_tensor(dt, (b_q, s_q, h, cfg.head_dim), strides(), assumed_align=16)
+        mK = cute.runtime.make_fake_tensor(dt, (b_k, s_k, h_k, cfg.head_dim), strides(), assumed_align=16)
+        mV = cute.runtime.make_fake_tensor(dt, (b_k, s_k, h_k, cfg.head_dim_v), strides(), assumed_align=16)
+        mO = cute.runtime.make_fake_tensor(dt, (b_q, s_q, h, cfg.head_dim_v), strides(), assumed_align=16)
+        mLSE = None
+        if cfg.has_lse:
+            mLSE = cute.runtime.make_fake_tensor(Float32, (b_q, h, s_q), (cute.sym_int64(), cute.sym_int64(), 1),
+                                                 assumed_align=4)
+
+        def vec(flag):
+            return cute.runtime.make_fake_compact_tensor(Int32, (cute.sym_int(),), assumed_align=4) if flag else None
+
+        stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+        return (mQ, mK, mV, mO, mLSE, vec(cfg.varlen_q), vec(cfg.varlen_k), vec(cfg.has_seqused_k),
+                Float32(1.0), Float32(0.0), Int32(0), Int32(0), Int32(1), Int32(1), stream)
+
+    def _setup(self):
+        """Smem layouts, tiled MMAs and the shared storage struct (trace-time constants)."""
+        dt = self.dtype
+        self.sQ_layout = smem_layout_sm90(dt, self.tile_m, self.tile_hdim)
+        self.sK_layout = smem_layout_sm90(dt, self.tile_n, self.tile_hdim, self.num_stages)
+        self.sV_layout = smem_layout_sm90(dt, self.tile_n, self.tile_hdimv, self.num_stages)
+        self.sO_layout = smem_layout_sm90(dt, self.tile_m, self.tile_hdimv)
+        K, MN = warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN
+        self.tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
+            dt, dt, K, K, Float32, (self.num_wg, 1, 1), (64, self.tile_n))
+        self.tiled_mma_pv = sm90_utils.make_trivial_tiled_mma(
+            dt, dt, K, MN, Float32, (self.num_wg, 1, 1), (64, self.tile_hdimv), warpgroup.OperandSource.RMEM)
+        self.tma_bytes_q = cute.size_in_bytes(dt, self.sQ_layout)
+        self.tma_bytes_k = cute.size_in_bytes(dt, cute.select(self.sK_layout, mode=[0, 1]))
+        self.tma_bytes_v = cute.size_in_bytes(dt, cute.select(self.sV_layout, mode=[0, 1]))
+
+        q_elems = cute.cosize(self.sQ_layout)
+        if const_expr(self.o_in_q):
+            q_elems = max(q_elems, cute.cosize(self.sO_layout))
+        o_elems = 0 if const_expr(self.o_in_q) else cute.cosize(self.sO_layout)
+        stages = self.num_stages
+
+        @cute.struct
+        class SharedStorage:
+            mbar_q: cute.struct.MemRange[cutlass.Int64, 2]
+            mbar_k: cute.struct.MemRange[cutlass.Int64, 2 * stages]
+            mbar_v: cute.struct.MemRange[cutlass.Int64, 2 * stages]
+            sQ: cute.struct.Align[cute.struct.MemRange[dt, q_elems], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sV_layout)], 1024]
+            sO: cute.struct.Align[cute.struct.MemRange[dt, max(o_elems, 1)], 1024]
+
+        self.SharedStorage = SharedStorage
+
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,  # (b, s_q, h, d); varlen (1, total_q, h, d)
+        mK: cute.Tensor,  # (b, s_k, h_k, d); varlen (1, total_k, h_k, d)
+        mV: cute.Tensor,  # (b, s_k, h_k, dv)
+        mO: cute.Tensor,  # (b, s_q, h, dv)
+        mLSE: Optional[cute.Tensor],  # (b, h, s_q) float32; varlen (1, h, total_q)
+        mCuSeqlensQ: Optional[cute.Tensor],  # (b + 1,) int32
+        mCuSeqlensK: Optional[cute.Tensor],  # (b + 1,) int32
+        mSeqUsedK: Optional[cute.Tensor],  # (b,) int32
+        softmax_scale: Float32,
+        softcap: Float32,
+        window_left: Int32,
+        window_right: Int32,
+        max_seqlen_q: Int32,  # longest query sequence (= s_q when not varlen): sizes the grid
+        max_ctas: Int32,  # persistent grid size (the SM count); ignored unless cfg.persistent
+        stream,
+    ):
+        self._setup()
+        cfg = self.cfg
+        num_heads = mQ.shape[2]
+        if const_expr(mCuSeqlensQ is not None):
+            num_batch = mCuSeqlensQ.shape[0] - 1
+        elif const_expr(mCuSeqlensK is not None):
+            num_batch = mCuSeqlensK.shape[0] - 1
+        else:
+            num_batch = mQ.shape[0]
+        num_m_blocks = cute.ceil_div(max_seqlen_q, self.tile_m)
+        qhead_per_kvhead = num_heads // mK.shape[2]
+        seqlen_k_avg = mK.shape[1] if const_expr(mCuSeqlensK is None) else mK.shape[1] // num_batch
+        section = l2_section_size(seqlen_k_avg, 2 * (self.tile_hdim + self.tile_hdimv), qhead_per_kvhead,
+                                  num_heads * num_batch)
+        prescale, scale_log2 = score_scales(softmax_scale, softcap, cfg.has_softcap)
+
+        # TMA atoms over (s, d, h, b) views (Note [TMA and varlen / padding]).
+        mQ_t, mK_t, mV_t, mO_t = (to_sdhb(t) for t in (mQ, mK, mV, mO))
+        g2s = cpasync.CopyBulkTensorTileG2SOp()
+        tma_q, mQ_tma = cpasync.make_tiled_tma_atom(g2s, mQ_t, self.sQ_layout, (self.tile_m, self.tile_hdim))
+        tma_k, mK_tma = cpasync.make_tiled_tma_atom(g2s, mK_t, cute.select(self.sK_layout, mode=[0, 1]),
+                                                    (self.tile_n, self.tile_hdim))
+        tma_v, mV_tma = cpasync.make_tiled_tma_atom(g2s, mV_t, cute.select(self.sV_layout, mode=[0, 1]),
+                                                    (self.tile_n, self.tile_hdimv))
+        tma_o, mO_tma = None, None
+        if const_expr(self.tma_o):
+            tma_o, mO_tma = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mO_t, self.sO_layout,
+                                                        (self.tile_m, self.tile_hdimv))
+        max_grid = max_ctas if const_expr(cfg.persistent) else num_m_blocks * num_heads * num_batch
+        self.kernel(
+            mQ_tma, mK_tma, mV_tma, mO_tma if const_expr(self.tma_o) else mO, mLSE,
+            mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, tma_q, tma_k, tma_v, tma_o,
+            scale_log2, prescale, window_left, window_right, num_m_blocks, num_batch, section,
+            mQ.shape[1], mK.shape[1],
+            self.sQ_layout, self.sK_layout, self.sV_layout, self.sO_layout, self.tiled_mma_qk, self.tiled_mma_pv,
+        ).launch(
+            grid=PersistentTileScheduler.grid(num_m_blocks, num_heads, num_batch, max_grid),
+            block=[self.num_threads, 1, 1],
+            smem=self.SharedStorage.size_in_bytes(),
+            stream=stream,
+            min_blocks_per_mp=1,
+        )
+
+    # ----------------------------------------------------------------------------------------
+    # Device side
+    # ----------------------------------------------------------------------------------------
+
+    @cute.kernel
+    def kernel(
+        self,
+        mQ: cute.Tensor,  # TMA coordinates (s_q, d, h, b)
+        mK: cute.Tensor,  # TMA coordinates (s_k, d, h_k, b)
+        mV: cute.Tensor,  # TMA coordinates (s_k, dv, h_k, b)
+        mO: cute.Tensor,  # TMA coordinates (s_q, dv, h, b); varlen Q: the (1, total_q, h, dv) tensor
+        mLSE: Optional[cute.Tensor],
+        mCuSeqlensQ: Optional[cute.Tensor],
+        mCuSeqlensK: Optional[cute.Tensor],
+        mSeqUsedK: Optional[cute.Tensor],
+        tma_q: cute.CopyAtom,
+        tma_k: cute.CopyAtom,
+        tma_v: cute.CopyAtom,
+        tma_o: Optional[cute.CopyAtom],
+        scale_log2: Float32,
+        prescale: Optional[Float32],
+        window_left: Int32,
+        window_right: Int32,
+        num_m_blocks: Int32,
+        num_batch: Int32,
+        section: Int32,
+        seqlen_q_static: Int32,
+        seqlen_k_static: Int32,
+        sQ_layout: cute.ComposedLayout,
+        sK_layout: cute.ComposedLayout,
+        sV_layout: cute.ComposedLayout,
+        sO_layout: cute.ComposedLayout,
+        tiled_mma_qk: cute.TiledMma,
+        tiled_mma_pv: cute.TiledMma,
+    ):
+        # Layouts and MMAs arrive as kernel arguments (values of the host function cannot be used
+        # in the kernel's region); the role methods read them from self.
+        self.tiled_mma_qk, self.tiled_mma_pv = tiled_mma_qk, tiled_mma_pv
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp_idx == 0:
+            for atom in (tma_q, tma_k, tma_v, tma_o):
+                if const_expr(atom is not None):
+                    cpasync.prefetch_descriptor(atom)
+        storage = cutlass.utils.SmemAllocator().allocate(self.SharedStorage)
+        pipes = self.make_pipelines(storage)
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+
+        sched = PersistentTileScheduler(num_m_blocks, mQ.shape[2], num_batch, section, reverse=self.cfg.lpt)
+        tile_info = partial(self.tile_info, sched=sched, mCuSeqlensQ=mCuSeqlensQ, mCuSeqlensK=mCuSeqlensK,
+                            mSeqUsedK=mSeqUsedK, seqlen_q_static=seqlen_q_static,
+                            seqlen_k_static=seqlen_k_static, window_left=window_left, window_right=window_right)
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+        if const_expr(self.o_in_q):
+            sO = storage.sQ.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
+        else:
+            sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
+
+        if warp_idx < 4:
+            cute.arch.setmaxregister_decrease(self.producer_regs)
+            if warp_idx == 0:
+                self.load(mQ, mK, mV, sQ, sK, sV, tma_q, tma_k, tma_v, pipes, sched, tile_info)
+        else:
+            cute.arch.setmaxregister_increase(self.consumer_regs)
+            self.mma_softmax(mO, mLSE, sQ, sK, sV, sO, tma_o, pipes, sched, tile_info, scale_log2, prescale)
+
+    def make_pipelines(self, storage):
+        """The Q, K and V pipelines (arrive counts: module docstring)."""
+        group = partial(pipeline.CooperativeGroup, pipeline.Agent.Thread)
+        consumer_warps = self.num_consumer_threads // 32
+        mk = partial(pipeline.PipelineTmaAsync.create, producer_group=group(1), defer_sync=True)
+        return dict(
+            q=mk(barrier_storage=storage.mbar_q.data_ptr(), num_stages=1, tx_count=self.tma_bytes_q,
+                 consumer_group=group(1 if self.o_in_q else consumer_warps)),
+            k=mk(barrier_storage=storage.mbar_k.data_ptr(), num_stages=self.num_stages, tx_count=self.tma_bytes_k,
+                 consumer_group=group(consumer_warps)),
+            v=mk(barrier_storage=storage.mbar_v.data_ptr(), num_stages=self.num_stages, tx_count=self.tma_bytes_v,
+                 consumer_group=group(consumer_warps)),
+        )
+
+    @cute.jit
+    def tile_info(self, idx: Int32, sched, mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, seqlen_q_static, seqlen_k_static,
+                  window_left, window_right):
+        """``(m_block, head, batch, seqlen, mask, n_min, n_max, active)`` of tile ``idx``: ``active``
+        is false for a varlen tile past its sequence; ``[n_min, n_max)`` may be empty."""
+        m_block, head, batch = sched.tile(idx)
+        seqlen = SeqlenInfo.create(batch, seqlen_q_static, seqlen_k_static, mCuSeqlensQ, mCuSeqlensK, mSeqUsedK)
+        mask = AttentionMask(self.tile_m, self.tile_n, self.cfg.causal, self.cfg.local, seqlen.seqlen_q,
+                             seqlen.seqlen_k, window_left, window_right)
+        n_min, n_max = mask.n_block_range(m_block)
+        active = m_block * self.tile_m < seqlen.seqlen_q
+        return m_block, head, batch, seqlen, mask, n_min, n_max, active
+
+    # --- producer ---------------------------------------------------------------------------
+
+    @cute.jit
+    def load(self, mQ, mK, mV, sQ, sK, sV, tma_q, tma_k, tma_v, pipes, sched, tile_info) -> None:
+        """Warp 0: per tile, K[last], Q, then K[n] / V[n + 1] pairs, then V[first] (module docstring)."""
+        pq, pk, pv = pipes["q"], pipes["k"], pipes["v"]
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        head_ratio = mQ.shape[2] // mK.shape[2]
+        idx = sched.first()
+        while sched.valid(idx):
+            m_block, head, batch, seqlen, mask, n_min, n_max, active = tile_info(idx)
+            if active and n_min < n_max:
+                head_kv = head // head_ratio
+                gQ = cute.local_tile(seqlen.q_view_sd(mQ, batch, head), (self.tile_m, self.tile_hdim), (m_block, 0))
+                gK = cute.local_tile(seqlen.k_view_sd(mK, batch, head_kv), (self.tile_n, self.tile_hdim), (None, 0))
+                gV = cute.local_tile(seqlen.k_view_sd(mV, batch, head_kv), (self.tile_n, self.tile_hdimv), (None, 0))
+                one = cute.make_layout(1)
+                tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, one, cute.group_modes(sQ, 0, 2),
+                                                   cute.group_modes(gQ, 0, 2))
+                tKsK, tKgK = cpasync.tma_partition(tma_k, 0, one, cute.group_modes(sK, 0, 2),
+                                                   cute.group_modes(gK, 0, 2))
+                tVsV, tVgV = cpasync.tma_partition(tma_v, 0, one, cute.group_modes(sV, 0, 2),
+                                                   cute.group_modes(gV, 0, 2))
+
+                self.load_block(tma_k, pk, tKgK, tKsK, n_max - 1, kv_state)
+                pq.producer_acquire(q_state)
+                cute.copy(tma_q, tQgQ, tQsQ, tma_bar_ptr=pq.producer_get_barrier(q_state))
+                q_state.advance()
+                v_state = kv_state.clone()
+                kv_state.advance()
+                for i in cutlass.range(n_max - 1 - n_min, unroll=1):
+                    n = n_max - 2 - i
+                    self.load_block(tma_k, pk, tKgK, tKsK, n, kv_state)
+                    self.load_block(tma_v, pv, tVgV, tVsV, n + 1, v_state)
+                    kv_state.advance()
+                    v_state.advance()
+                self.load_block(tma_v, pv, tVgV, tVsV, n_min, v_state)
+            idx = sched.next(idx)
+
+    @cute.jit
+    def load_block(self, tma, pipe, tXgX, tXsX, n: Int32, state) -> None:
+        """Wait for the stage to be free, then TMA block ``n`` into it (completing on its mbarrier)."""
+        pipe.producer_acquire(state)
+        cute.copy(tma, tXgX[None, n], tXsX[None, state.index], tma_bar_ptr=pipe.producer_get_barrier(state))
+
+    # --- consumers --------------------------------------------------------------------------
+
+    def pp_sync(self, wg: Int32) -> None:
+        """Wait for this warpgroup's turn on the tensor cores (Note [ping-pong])."""
+        if const_expr(self.pingpong):
+            cute.arch.barrier(barrier_id=_BAR_PP0 + wg, number_of_threads=256)
+
+    def pp_arrive(self, wg: Int32) -> None:
+        """Hand the tensor cores to the other warpgroup."""
+        if const_expr(self.pingpong):
+            cute.arch.barrier_arrive(barrier_id=_BAR_PP0 + 1 - wg, number_of_threads=256)
+
+    @cute.jit
+    def mma_softmax(self, mO, mLSE, sQ, sK, sV, sO, tma_o, pipes, sched, tile_info, scale_log2, prescale) -> None:
+        """Consumer warpgroups: per tile, the K-block loop (Note [intra-warpgroup overlap]), then
+        :meth:`epilogue`."""
+        cfg = self.cfg
+        pq, pk, pv = pipes["q"], pipes["k"], pipes["v"]
+        tidx = cute.arch.thread_idx()[0] - 128
+        wg = cute.arch.make_warp_uniform(tidx // 128)
+        thr_mma_qk = self.tiled_mma_qk.get_slice(tidx)
+        thr_mma_pv = self.tiled_mma_pv.get_slice(tidx)
+        wg_mma_qk = self.tiled_mma_qk.get_slice(wg * 128)
+        wg_mma_pv = self.tiled_mma_pv.get_slice(wg * 128)
+        # V^T (dv, tile_n, stages): the B operand of P @ V, MN-major.
+        sVt = cute.make_tensor(sV.iterator, cute.select(sV.layout, mode=[1, 0, 2]))
+        tSrQ = wg_mma_qk.make_fragment_A(wg_mma_qk.partition_A(sQ))
+        tSrK = wg_mma_qk.make_fragment_B(wg_mma_qk.partition_B(sK))
+        tOrVt = wg_mma_pv.make_fragment_B(wg_mma_pv.partition_B(sVt))
+        acc_S = thr_mma_qk.make_fragment_C(thr_mma_qk.partition_shape_C((self.tile_m, self.tile_n)))
+        acc_O = thr_mma_pv.make_fragment_C(thr_mma_pv.partition_shape_C((self.tile_m, self.tile_hdimv)))
+        rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
+        tOrP = make_acc_as_A(rP)
+        softmax = OnlineSoftmax(scale_log2, cute.size(make_acc_mn_view(acc_S).shape[0]), cfg.exp2_emu_frac,
+                                cfg.rescale_threshold, cfg.sum_rounded)
+        c = SimpleNamespace(pk=pk, pv=pv, thr_mma_qk=thr_mma_qk, tSrQ=tSrQ, tSrK=tSrK, tOrVt=tOrVt, tOrP=tOrP,
+                            acc_S=acc_S, acc_O=acc_O, rP=rP)
+
+        if const_expr(self.pingpong):
+            if wg == 1:
+                cute.arch.barrier_arrive(barrier_id=_BAR_PP0, number_of_threads=256)
+
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        idx = sched.first()
+        while sched.valid(idx):
+            m_block, head, batch, seqlen, mask, n_min, n_max, active = tile_info(idx)
+            if active:
+                softmax.reset()
+                acc_O.fill(0.0)
+                has_work = n_min < n_max
+                if has_work:
+                    pq.consumer_wait(q_state)
+
+                    # First block (the last K block): its Q K^T alone.
+                    pk.consumer_wait(kv_state)
+                    self.pp_sync(wg)
+                    gemm_sm90(self.tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], zero_init=True)
+                    self.pp_arrive(wg)
+                    warpgroup.wait_group(0)
+                    pk.consumer_release(kv_state)
+                    self.scores(acc_S, mask, thr_mma_qk, m_block, n_max - 1, prescale, True, True)
+                    softmax.update(acc_S, is_first=True)
+                    softmax.convert_P(acc_S, rP)
+                    v_state = kv_state.clone()
+                    kv_state.advance()
+                    step = partial(self.step, c, softmax, mask, m_block, prescale, wg)
+                    if const_expr(mask.has_window):
+                        n_a = cutlass.max(cutlass.min(mask.n_block_min_no_right_mask(m_block), n_max - 1), n_min)
+                        for i in cutlass.range(n_max - 1 - n_a, unroll=1):
+                            kv_state, v_state = step(n_max - 2 - i, kv_state, v_state, mask_window=True)
+                        n_b = cutlass.max(cutlass.min(mask.n_block_max_left_mask(m_block), n_a), n_min)
+                        for i in cutlass.range(n_a - n_b, unroll=1):
+                            kv_state, v_state = step(n_a - 1 - i, kv_state, v_state, mask_window=False)
+                        if const_expr(mask.local):
+                            for i in cutlass.range(n_b - n_min, unroll=1):
+                                kv_state, v_state = step(n_b - 1 - i, kv_state, v_state, mask_window=True)
+                    else:
+                        for i in cutlass.range(n_max - 1 - n_min, unroll=1):
+                            kv_state, v_state = step(n_max - 2 - i, kv_state, v_state, mask_window=False)
+                    if const_expr(not self.o_in_q):
+                        pq.consumer_release(q_state)
+                    # Last P V.
+                    pv.consumer_wait(v_state)
+                    self.pp_sync(wg)
+                    gemm_sm90(self.tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, v_state.index])
+                    self.pp_arrive(wg)
+                    warpgroup.wait_group(0)
+                    pv.consumer_release(v_state)
+                lse = softmax.finalize(acc_O)
+                self.epilogue(acc_O, lse, mO, mLSE, sO, tma_o, seqlen, m_block, head, batch, thr_mma_pv, tidx)
+                if const_expr(self.o_in_q):
+                    if has_work:
+                        if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 4:
+                            pq.consumer_release(q_state)
+                if has_work:
+                    q_state.advance()
+            idx = sched.next(idx)
+        if const_expr(self.tma_o):
+            if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 4:
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def scores(self, acc_S, mask: AttentionMask, thr_mma_qk, m_block: Int32, n: Int32, prescale,
+               mask_seqlen: cutlass.Constexpr[bool], mask_window: cutlass.Constexpr[bool]) -> None:
+        """Raw ``Q K^T`` of block ``n`` -> softcapped, masked scores (in place)."""
+        if const_expr(self.cfg.has_softcap):
+            apply_softcap(acc_S, prescale)
+        if const_expr(mask_seqlen or mask_window):
+            mask.apply(acc_S, thr_mma_qk, m_block, n, mask_seqlen=mask_seqlen, mask_window=mask_window)
+
+    @cute.jit
+    def step(self, c: SimpleNamespace, softmax: OnlineSoftmax, mask: AttentionMask, m_block: Int32, prescale,
+             wg: Int32, n: Int32, kv_state, v_state, mask_window: cutlass.Constexpr[bool]):
+        """One K block ``n`` after the first (Note [intra-warpgroup overlap]): ``S = Q K[n]^T`` and
+        the previous block's ``O += P V`` in flight together; returns the advanced stage states."""
+        c.pk.consumer_wait(kv_state)
+        self.pp_sync(wg)
+        gemm_sm90(self.tiled_mma_qk, c.acc_S, c.tSrQ, c.tSrK[None, None, None, kv_state.index], zero_init=True)
+        c.pv.consumer_wait(v_state)
+        gemm_sm90(self.tiled_mma_pv, c.acc_O, c.tOrP, c.tOrVt[None, None, None, v_state.index])
+        self.pp_arrive(wg)
+        warpgroup.wait_group(1)
+        c.pk.consumer_release(kv_state)
+        self.scores(c.acc_S, mask, c.thr_mma_qk, m_block, n, prescale, False, mask_window)
+        row_scale, do_rescale = softmax.update(c.acc_S)
+        warpgroup.wait_group(0)
+        c.pv.consumer_release(v_state)
+        softmax.rescale_O(c.acc_O, row_scale, do_rescale)
+        softmax.convert_P(c.acc_S, c.rP)
+        kv_state.advance()
+        v_state.advance()
+        return kv_state, v_state
+
+    @cute.jit
+    def epilogue(self, acc_O, lse, mO, mLSE, sO, tma_o, seqlen: SeqlenInfo, m_block: Int32, head: Int32,
+                 batch: Int32, thr_mma_pv, tidx: Int32) -> None:
+        """O (normalized) -> 16 bits -> sO -> TMA store (or predicated stores for varlen Q); LSE
+        from registers. With ``o_in_q`` the storing warp waits until the store has read sO, then
+        the caller releases Q."""
+        store_warp = cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 4
+        rows_left = seqlen.seqlen_q - m_block * self.tile_m
+        if const_expr(self.cfg.has_lse):
+            cO = cute.make_identity_tensor((self.tile_m, self.tile_hdimv))
+            tOcO = make_acc_mn_view(thr_mma_pv.partition_C(cO))
+            gLSE = cute.local_tile(seqlen.lse_view(mLSE, batch, head), (self.tile_m,), (m_block,))
+            if tOcO[0][1] == 0:  # one lane per quad holds the row's LSE
+                for r in cutlass.range_constexpr(cute.size(lse)):
+                    row = tOcO[r, 0][0]
+                    if row < rows_left:
+                        gLSE[row] = lse[r]
+        rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
+        convert_f32_to_half(acc_O, rO)
+        if const_expr(self.tma_o):
+            if store_warp:
+                cute.arch.cp_async_bulk_wait_group(0, read=True)  # the last store has read sO
+        # Every consumer is done with sO (last store's reads) and, with o_in_q, with sQ.
+        cute.arch.barrier(barrier_id=_BAR_EPI, number_of_threads=self.num_consumer_threads)
+        r2s = cute.make_tiled_copy_C(
+            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=32), self.tiled_mma_pv
+        ).get_slice(tidx)
+        cute.copy(r2s, r2s.retile(rO), r2s.partition_D(sO))
+        if const_expr(self.tma_o):
+            cute.arch.fence_proxy("async.shared", space="cta")
+            cute.arch.barrier(barrier_id=_BAR_EPI, number_of_threads=self.num_consumer_threads)
+            if store_warp:
+                gO = cute.local_tile(seqlen.q_view_sd(mO, batch, head), (self.tile_m, self.tile_hdimv), (m_block, 0))
+                tOsO, tOgO = cpasync.tma_partition(tma_o, 0, cute.make_layout(1), cute.group_modes(sO, 0, 2),
+                                                   cute.group_modes(gO, 0, 2))
+                cute.copy(tma_o, tOsO, tOgO)
+                cute.arch.cp_async_bulk_commit_group()
+                if const_expr(self.o_in_q):
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
+        else:
+            cute.arch.barrier(barrier_id=_BAR_EPI, number_of_threads=self.num_consumer_threads)
+            self.store_O_rows(sO, seqlen.q_view(mO, batch, head), rows_left, m_block, tidx)
+            if const_expr(self.o_in_q):
+                cute.arch.barrier(barrier_id=_BAR_EPI, number_of_threads=self.num_consumer_threads)
+
+    @cute.jit
+    def store_O_rows(self, sO, mO_cur, rows_left: Int32, m_block: Int32, tidx: Int32) -> None:
+        """sO -> global with 16-byte stores, rows ``< rows_left`` and columns ``< head_dim_v`` only
+        (varlen Q: the rows past the sequence belong to the next one)."""
+        per_row = 8 if (self.tile_hdimv // 8) % 8 == 0 else 4
+        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
+        copy = cute.make_tiled_copy_tv(
+            atom, cute.make_ordered_layout((self.num_consumer_threads // per_row, per_row), order=(1, 0)),
+            cute.make_layout((1, 8)))
+        thr = copy.get_slice(tidx)
+        cO = cute.make_identity_tensor((self.tile_m, self.tile_hdimv))
+        tOcO = thr.partition_S(cO)
+        tOsO = thr.partition_S(sO)
+        tOrO = cute.make_fragment_like(tOsO, self.dtype)
+        cute.autovec_copy(tOsO, tOrO)
+        gO = cute.local_tile(mO_cur, (self.tile_m, self.tile_hdimv), (m_block, 0))
+        tOgO = thr.partition_D(gO)
+        tOpO = predicate_cols(tOcO, self.cfg.head_dim_v)
+        for m in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
+            if tOcO[0, m, 0][0] < rows_left:
+                cute.copy(copy, tOrO[None, m, None], tOgO[None, m, None], pred=tOpO[None, m, None])
+
+
+# --------------------------------------------------------------------------------------------
+# Tuning table, variants, launcher
+# --------------------------------------------------------------------------------------------
+
+# Per head-dim bucket: (tile_m, tile_n, num_stages, pingpong). Starting points from the register
+# and smem budgets (module docstring); the measured choices are recorded in docs/RESULTS.md.
+TUNING = {
+    64: (128, 128, 2, True),
+    96: (128, 128, 2, True),
+    128: (128, 128, 2, True),
+    192: (128, 112, 2, False),
+    256: (128, 80, 2, False),
+}
+DEFAULT_EXP2_EMU_FRAC = 0.0
+DEFAULT_RESCALE_THRESHOLD = 8.0
+DEFAULT_SUM_ROUNDED = False  # Note [Normalizing by the rounded P] in fa4/softmax.py
+DEFAULT_PERSISTENT = True
+
+
+def _bucket(d: int) -> int:
+    for b in sorted(TUNING):
+        if d <= b:
+            return b
+    raise ValueError(f"head_dim {d} > 256 is not supported by the sm90 forward")
+
+
+def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: str, need_lse: bool) -> FwdSm90Config:
+    """The tuning table (by max(head_dim, head_dim_v)) with the user's options on top; raises
+    ValueError naming the option when a user choice cannot be compiled."""
+    options = options or KernelOptions()
+    tile_m, tile_n, stages, pingpong = TUNING[_bucket(max(problem.head_dim, problem.head_dim_v))]
+    if problem.seqlen_q <= 64 and options.tile_m is None:
+        tile_m, pingpong = 64, False  # decode-like shapes: one consumer warpgroup, 64-row tiles
+    tile_m = options.tile_m if options.tile_m is not None else tile_m
+    cfg = FwdSm90Config(
+        arch=arch,
+        dtype=problem.dtype,
+        head_dim=problem.head_dim,
+        head_dim_v=problem.head_dim_v,
+        tile_m=tile_m,
+        tile_n=options.tile_n if options.tile_n is not None else tile_n,
+        num_stages=options.num_stages if options.num_stages is not None else stages,
+        pingpong=pingpong and tile_m == 128,
+        persistent=DEFAULT_PERSISTENT,
+        has_lse=need_lse,
+        exp2_emu_frac=float(options.exp2_emu_frac) if options.exp2_emu_frac is not None else DEFAULT_EXP2_EMU_FRAC,
+        rescale_threshold=(float(options.rescale_threshold) if options.rescale_threshold is not None
+                           else DEFAULT_RESCALE_THRESHOLD),
+        sum_rounded=DEFAULT_SUM_ROUNDED,
+        **FwdSm90Config.problem_flags(problem),
+    )
+    FlashFwdSm90.can_implement(cfg)
+    return cfg
+
+
+def variants(arch: str) -> list[FwdSm90Config]:
+    """A covering set of compile variants for sm_90a (none for other archs): every head-dim bucket
+    (64/96/128/192/256, an unpadded 72 and the (192, 128) pair), every flag value, both dtypes,
+    1-3 consumer warpgroups, persistent or not, ping-pong and overlap on and off."""
+    if arch != "sm_90a":
+        return []
+    base = FwdSm90Config(arch=arch, dtype="bf16")
+
+    def cfg(d, dv=None, **kw):
+        tile_m, tile_n, stages, pingpong = TUNING[_bucket(max(d, dv or d))]
+        kw = {"tile_m": tile_m, "tile_n": tile_n, "num_stages": stages, "pingpong": pingpong, **kw}
+        return replace(base, head_dim=d, head_dim_v=dv or d, **kw)
+
+    return [
+        cfg(128),
+        cfg(128, causal=True),
+        cfg(128, persistent=False, pingpong=False, intra_wg_overlap=False),
+        cfg(64, dtype="fp16", has_lse=False),
+        cfg(96, local=True, has_softcap=True),
+        cfg(192, causal=True, varlen_q=True, varlen_k=True),
+        cfg(256, local=True, varlen_q=True, varlen_k=True, has_seqused_k=True),
+        cfg(72, causal=True, exp2_emu_frac=0.25, rescale_threshold=0.0),
+        cfg(64, tile_m=64),
+        cfg(64, tile_m=192, tile_n=128),
+        cfg(192, 128, has_softcap=True),
+    ]
+
+
+def run(cfg: FwdSm90Config, problem: AttnProblem, q, k, v, out, lse, cu_seqlens_q=None, cu_seqlens_k=None,
+        seqused_k=None) -> None:
+    """Launch: q/k/v/out 4D (varlen: (1, total, h, d)), lse (b, h, s_q) / (1, h, total_q) or None;
+    outputs preallocated by the caller."""
+    from fa4.jit import get_kernel
+
+    fn = get_kernel(cfg)
+    window_left, window_right = (problem.window_left, problem.window_right) if cfg.local else (0, 0)
+    fn(q, k, v, out, lse if cfg.has_lse else None,
+       cu_seqlens_q if cfg.varlen_q else None, cu_seqlens_k if cfg.varlen_k else None,
+       seqused_k if cfg.has_seqused_k else None,
+       float(problem.softmax_scale), float(problem.softcap) if cfg.has_softcap else 1.0,
+       int(window_left), int(window_right), int(max(problem.seqlen_q, 1)), _num_sms(q.device))
+
+
+_sms: dict = {}
+
+
+def _num_sms(device) -> int:
+    n = _sms.get(device.index)
+    if n is None:
+        import torch
+
+        n = _sms[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
+    return n

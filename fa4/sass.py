@@ -1,0 +1,83 @@
+"""SASS of a compiled kernel config, on any machine (no GPU): the cubins inside an exported object,
+disassembled with nvdisasm (the ``nvidia-cuda-nvdisasm`` wheel), and an opcode census.
+
+Used by ``tools/sass.py`` and by the compile tests that check a kernel really uses the instructions
+its family is about (HGMMA and UTMALDG for sm90).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import shutil
+import struct
+import subprocess
+import tempfile
+from typing import Iterator, Optional
+
+
+def cubins(data: bytes) -> Iterator[bytes]:
+    """The CUDA ELF images (machine 190) embedded in an object file."""
+    i = data.find(b"\x7fELF", 1)
+    while i != -1:
+        if data[i + 4] == 2 and struct.unpack_from("<H", data, i + 18)[0] == 190:
+            phoff, shoff = struct.unpack_from("<QQ", data, i + 32)
+            phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", data, i + 54)
+            yield data[i : i + max(shoff + shentsize * shnum, phoff + phentsize * phnum)]
+        i = data.find(b"\x7fELF", i + 1)
+
+
+def nvdisasm_path() -> Optional[str]:
+    found = shutil.which("nvdisasm")
+    if found:
+        return found
+    try:
+        import nvidia
+    except ImportError:
+        return None
+    for root in nvidia.__path__:
+        for sub in ("cu13/bin/nvdisasm", "cuda_nvdisasm/bin/nvdisasm"):
+            if os.path.exists(os.path.join(root, sub)):
+                return os.path.join(root, sub)
+    return None
+
+
+def disassemble_object(obj_path: str) -> str:
+    tool = nvdisasm_path()
+    if tool is None:
+        raise RuntimeError("nvdisasm not found (pip install nvidia-cuda-nvdisasm)")
+    data = open(obj_path, "rb").read()
+    texts = []
+    with tempfile.TemporaryDirectory() as d:
+        for n, cubin in enumerate(cubins(data)):
+            path = os.path.join(d, f"{n}.cubin")
+            with open(path, "wb") as f:
+                f.write(cubin)
+            texts.append(subprocess.run([tool, "-c", path], capture_output=True, text=True, check=True).stdout)
+    return "\n".join(texts)
+
+
+def disassemble(cfg) -> str:
+    """Compile ``cfg`` (uncached) and return its SASS."""
+    from fa4 import jit
+
+    fn = jit.compile_uncached(cfg)
+    with tempfile.TemporaryDirectory() as d:
+        obj = os.path.join(d, "k.o")
+        fn.export_to_c(obj, function_name="k")
+        return disassemble_object(obj)
+
+
+def opcode_counts(sass: str) -> collections.Counter:
+    ops: collections.Counter = collections.Counter()
+    for line in sass.splitlines():
+        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", line)
+        if m:
+            ops[m.group(1)] += 1
+    return ops
+
+
+def count(ops: collections.Counter, key: str) -> int:
+    """Instructions whose opcode is ``key`` or ``key.<modifiers>``."""
+    return sum(v for op, v in ops.items() if op == key or op.startswith(key + "."))

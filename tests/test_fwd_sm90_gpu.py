@@ -1,0 +1,228 @@
+"""The sm90 (Hopper) forward against the float32 reference, through the public API (Hopper GPUs only).
+
+Calls force the sm90 family (``KernelOptions(arch="sm90")``; it is also the default forward on
+compute capability 9.x). Outputs are NaN-filled by the conftest; ``check_close`` applies
+FlashAttention's rule to ``out`` and ``lse``.
+
+The dense grid is a pairwise covering array (Note [pruned grid] in test_fwd_sm80_gpu.py) over the
+issue's factors: head dims {64, 96, 128, 192, 256}, masks {none, causal, local}, softcap {0, 15},
+heads {MHA, GQA, MQA} and seqlens {(1, 1), (1, 4096), (113, 203), (1000, 1000), (4096, 1024),
+(8192, 8192)}. Varlen batches always hold a sequence of one query (and one of one key).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+import fa4
+from fa4.testing import adversarial_scores_qk, attention_ref, check_close, random_qkv, random_varlen
+
+SM90 = fa4.KernelOptions(arch="sm90")
+
+HEAD_DIMS = [64, 96, 128, 192, 256]
+MASKS = ["none", "causal", "local"]
+SOFTCAPS = [0.0, 15.0]
+HEADS = [(4, 4), (6, 2), (4, 1)]
+SEQLENS = [(1, 1), (1, 4096), (113, 203), (1000, 1000), (4096, 1024), (8192, 8192)]
+
+
+@pytest.fixture(autouse=True)
+def _hopper_only(request):
+    if "gpu" in request.keywords and torch.cuda.is_available() and torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the sm90 kernels run on compute capability 9.x only")
+
+
+def _window(mask: str, seqlen_q: int, seqlen_k: int):
+    if mask == "causal":
+        return True, (None, None)
+    if mask == "local":
+        return False, (max(seqlen_k // 3, 7), 37)
+    return False, (None, None)
+
+
+def _pairwise_cases():
+    """Head dim i with seqlens j for every (i, j); mask, heads and softcap are functions of (i, j)
+    chosen so that every pair of values of two factors appears (``test_grid_is_pairwise``)."""
+    cases = []
+    for i, d in enumerate(HEAD_DIMS):
+        for j, s in enumerate(SEQLENS):
+            mask = MASKS[(i + j) % 3]
+            heads = HEADS[(i + 2 * j) % 3]
+            softcap = SOFTCAPS[(i + j // 3) % 2]
+            cases.append((d, s, mask, softcap, heads))
+    return cases
+
+
+CASES = _pairwise_cases()
+
+
+def test_grid_is_pairwise():
+    factors = [HEAD_DIMS, SEQLENS, MASKS, SOFTCAPS, HEADS]
+    for a, b in itertools.combinations(range(len(factors)), 2):
+        seen = {(c[a], c[b]) for c in CASES}
+        missing = set(itertools.product(factors[a], factors[b])) - seen
+        assert not missing, f"factors {a},{b} miss {sorted(missing)[:4]}"
+
+
+def _check(out, lse, q, k, v, **ref_kw):
+    out_ref, lse_ref = attention_ref(q, k, v, **ref_kw)
+    out_pt, lse_pt = attention_ref(q, k, v, upcast=False, **ref_kw)
+    check_close("out", out, out_ref, out_pt)
+    check_close("lse", lse, lse_ref, lse_pt)
+
+
+def _dense(q, k, v, causal, window, softcap, options=SM90):
+    return fa4.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=softcap, return_lse=True,
+                               kernel_options=options)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d,seqlens,mask,softcap,heads", CASES,
+                         ids=[f"d{c[0]}-s{c[1][0]}x{c[1][1]}-{c[2]}-cap{c[3]:g}-h{c[4][0]}k{c[4][1]}" for c in CASES])
+def test_dense(d, seqlens, mask, softcap, heads):
+    seqlen_q, seqlen_k = seqlens
+    batch = 2 if seqlen_q * seqlen_k <= 2**21 else 1
+    q, k, v = random_qkv(batch, seqlen_q, seqlen_k, heads[0], heads[1], d, torch.bfloat16, "cuda", seed=d + seqlen_q)
+    causal, window = _window(mask, seqlen_q, seqlen_k)
+    out, lse = _dense(q, k, v, causal, window, softcap)
+    _check(out, lse, q, k, v, causal=causal, window_size=window, softcap=softcap)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [40, 72, 136])
+@pytest.mark.parametrize("causal", [False, True])
+def test_unpadded_head_dims(d, causal):
+    """Head dims that are not a multiple of 32: the smem tile is padded, TMA zero-fills and clips."""
+    q, k, v = random_qkv(2, 257, 130, 4, 2, d, torch.float16, "cuda", seed=d)
+    out, lse = _dense(q, k, v, causal, (None, None), 0.0)
+    _check(out, lse, q, k, v, causal=causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("window", [(0, 0), (5, 0), (0, 70), (200, 1), (1, 300)])
+@pytest.mark.parametrize("seqlens", [(300, 300), (190, 450), (450, 190)])
+def test_local_windows(window, seqlens):
+    q, k, v = random_qkv(1, seqlens[0], seqlens[1], 2, 1, 128, torch.bfloat16, "cuda", seed=window[0] + seqlens[0])
+    out, lse = _dense(q, k, v, False, window, 0.0)
+    _check(out, lse, q, k, v, window_size=window)
+
+
+VARLEN_CASES = [
+    # (d, batch, max_seqlen_q, max_seqlen_k, mask, seqused_k, heads)
+    (64, 5, 300, 300, "none", False, (4, 4)),
+    (128, 7, 1000, 513, "causal", False, (6, 2)),
+    (128, 4, 129, 2000, "local", True, (4, 1)),
+    (256, 3, 700, 700, "causal", True, (2, 2)),
+    (96, 9, 64, 1100, "none", True, (4, 2)),
+    (192, 2, 1, 77, "causal", False, (4, 4)),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d,batch,max_q,max_k,mask,seqused,heads", VARLEN_CASES)
+def test_varlen(d, batch, max_q, max_k, mask, seqused, heads):
+    vb = random_varlen(batch, max_q, heads[0], heads[1], d, torch.bfloat16, "cuda", max_seqlen_k=max_k,
+                       with_seqused_k=seqused, seed=batch * 31 + d)
+    causal, window = _window(mask, max_q, max_k)
+    out, lse = fa4.flash_attn_varlen_func(
+        vb.q, vb.k, vb.v, cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k, max_seqlen_q=vb.max_seqlen_q,
+        max_seqlen_k=vb.max_seqlen_k, seqused_k=vb.seqused_k, causal=causal, window_size=window,
+        return_lse=True, kernel_options=SM90)
+    _check(out, lse, vb.q, vb.k, vb.v, cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k,
+           seqused_k=vb.seqused_k, causal=causal, window_size=window)
+
+
+# --------------------------------------------------------------------------------------------
+# Kernel configurations: tiles, stages, warpgroups, persistent / plain grid, ping-pong, overlap
+# --------------------------------------------------------------------------------------------
+
+CONFIGS = [
+    dict(persistent=False),
+    dict(pingpong=False),
+    dict(intra_wg_overlap=False, pingpong=False),
+    dict(tile_m=64, pingpong=False),
+    dict(tile_m=192, pingpong=False, tile_n=96),
+    dict(num_stages=1),
+    dict(num_stages=3, tile_n=64),
+    dict(tile_n=176),
+    dict(sum_rounded=True),
+]
+
+
+def _run_config(q, k, v, causal, fields, need_lse=True):
+    """Launch the sm90 forward with config fields the public options do not expose."""
+    import dataclasses
+
+    from fa4 import ops, validate
+    from fa4.fwd import sm90
+
+    problem = validate.check_dense(q, k, v, None, causal, (None, None), 0.0)
+    cfg = dataclasses.replace(sm90.make_config(problem, None, "sm_90a", need_lse), **fields)
+    sm90.FlashFwdSm90.can_implement(cfg)
+    out = ops._empty(q.shape, q.dtype, q.device)
+    lse = ops._empty((q.shape[0], q.shape[2], q.shape[1]), torch.float32, q.device)
+    sm90.run(cfg, problem, q, k, v, out, lse)
+    return out, lse
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fields", CONFIGS, ids=lambda f: ",".join(f"{k}={v}" for k, v in f.items()))
+@pytest.mark.parametrize("causal", [False, True])
+def test_configs(fields, causal):
+    q, k, v = random_qkv(2, 333, 517, 4, 2, 128, torch.bfloat16, "cuda", seed=7)
+    out, lse = _run_config(q, k, v, causal, fields)
+    _check(out, lse, q, k, v, causal=causal)
+
+
+@pytest.mark.gpu
+def test_persistent_many_tiles():
+    """More tiles than SMs: every persistent CTA walks several tiles (pipeline phases carry over)."""
+    q, k, v = random_qkv(4, 2048, 2048, 16, 4, 128, torch.bfloat16, "cuda", seed=9)
+    for causal in (False, True):
+        out, lse = _dense(q, k, v, causal, (None, None), 0.0)
+        _check(out, lse, q, k, v, causal=causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("frac", [0.0, 0.25, 1.0])
+@pytest.mark.parametrize("tau", [0.0, 8.0])
+@pytest.mark.parametrize("order", ["reversed", "as_is"])
+def test_emulation_and_rescale_adversarial(frac, tau, order):
+    """Creeping, jumping and cliff-like row maxes (see the sm80 test): every technique passes."""
+    d, seqlen_q, seqlen_k, tile_n = 128, 384, 1024, 128
+    q, k = adversarial_scores_qk(2, seqlen_q, seqlen_k, 4, 2, d, torch.bfloat16, "cuda", block_n=tile_n, seed=1)
+    if order == "reversed":
+        k = k.flip(1).contiguous()
+    _, _, v = random_qkv(2, seqlen_q, seqlen_k, 4, 2, d, torch.bfloat16, "cuda", seed=2)
+    opts = fa4.KernelOptions(arch="sm90", exp2_emu_frac=frac, rescale_threshold=tau, tile_n=tile_n)
+    for causal in (False, True):
+        out, lse = _dense(q, k, v, causal, (None, None), 0.0, options=opts)
+        _check(out, lse, q, k, v, causal=causal)
+
+
+@pytest.mark.gpu
+def test_fully_masked_rows():
+    q, k, v = random_qkv(1, 300, 50, 2, 2, 128, torch.bfloat16, "cuda", seed=11)
+    out, lse = _dense(q, k, v, True, (None, None), 0.0)
+    assert torch.all(out[:, :250] == 0)
+    assert torch.all(lse[:, :, :250] == -math.inf)
+    _check(out, lse, q, k, v, causal=True)
+
+
+@pytest.mark.gpu
+def test_non_contiguous_strides():
+    qkv = torch.randn(2, 259, 3, 8, 128, device="cuda", dtype=torch.bfloat16)
+    q, k, v = qkv.unbind(2)
+    out, lse = _dense(q, k, v, True, (None, None), 0.0)
+    _check(out, lse, q, k, v, causal=True)
+
+
+@pytest.mark.gpu
+def test_fp16_and_no_lse():
+    q, k, v = random_qkv(2, 500, 700, 4, 4, 64, torch.float16, "cuda", seed=5)
+    out = fa4.flash_attn_func(q, k, v, causal=True, kernel_options=SM90)[0]
+    check_close("out", out, attention_ref(q, k, v, causal=True)[0], attention_ref(q, k, v, causal=True, upcast=False)[0])
