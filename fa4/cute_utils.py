@@ -30,7 +30,7 @@ from typing import Callable, Type
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Boolean, Float32, Int32
+from cutlass import Boolean, Float32, Int32, const_expr
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
@@ -170,6 +170,20 @@ def convert_f32_to_half(src: cute.Tensor, dst: cute.Tensor) -> None:
     dst_i32 = cute.recast_tensor(dst, Int32)
     for i in cutlass.range_constexpr(cute.size(dst_i32)):
         dst_i32[i] = cvt_f32x2_to_half2(src[2 * i], src[2 * i + 1], dst.element_type)
+
+
+@cute.jit
+def round_to_half_(t: cute.Tensor, dtype: Type[cutlass.Numeric]) -> None:
+    """In place: ``t[i] = float32(dtype(t[i]))`` (round to nearest) for an fp32 register fragment.
+    bf16: one ``cvt.rn.bf16x2.f32`` per pair, unpacked by a shift and a mask (bf16 is the high half
+    of an fp32)."""
+    if const_expr(dtype is cutlass.BFloat16):
+        for i in cutlass.range_constexpr(cute.size(t) // 2):
+            packed = cvt_f32x2_to_half2(t[2 * i], t[2 * i + 1], dtype)
+            t[2 * i] = (packed << 16).bitcast(Float32)
+            t[2 * i + 1] = (packed & Int32(-65536)).bitcast(Float32)
+    else:
+        t.store(t.load().to(dtype).to(Float32))
 
 
 # --------------------------------------------------------------------------------------------

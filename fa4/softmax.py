@@ -23,7 +23,7 @@ Note [Conditional rescale]
 
 Note [Normalizing by the rounded P]
     ``O += P V`` multiplies P rounded to 16 bits; ``l`` summed from the fp32 P then differs from
-    the weights actually applied by the rounding of every P. With ``sum_rounded`` ``l`` is the sum
+    the weights actually applied by the rounding of every P. With ``round_p`` ``l`` is the sum
     of the rounded P, so ``out = sum(p^ v) / sum(p^)`` is an exact convex combination of the rounded
     weights, and the rounding of a dominant weight cancels to first order between numerator and
     denominator. This matters with a rescale threshold: a row that keeps a stale max has its largest
@@ -59,6 +59,7 @@ from cutlass import Float32, Int32, const_expr
 from fa4.cute_utils import (
     add_round_down,
     convert_f32_to_half,
+    round_to_half_,
     fadd_reduce,
     fmax_reduce,
     make_acc_mn_view,
@@ -182,9 +183,11 @@ class OnlineSoftmax:
     """
 
     def __init__(self, scale_log2: Float32, num_rows: int, exp2_emu_frac: float = 0.0,
-                 rescale_threshold: float = 0.0, sum_rounded: bool = False):
+                 rescale_threshold: float = 0.0, round_p=None):
         self.scale_log2 = scale_log2
-        self.sum_rounded = bool(sum_rounded)
+        # The 16-bit type P is rounded to before l sums it (Note [Normalizing by the rounded P]);
+        # None: l sums the fp32 P.
+        self.round_p = round_p
         self.num_rows = num_rows
         self.exp2_emu_frac = float(exp2_emu_frac)
         self.rescale_threshold = float(rescale_threshold)
@@ -229,8 +232,8 @@ class OnlineSoftmax:
         ``P @ V`` is still in flight rescales after it completes). ``do_rescale`` is warp-uniform
         (always true without a rescale threshold); ``row_scale`` is 1 for rows that keep their max.
         With ``is_first`` there is nothing to rescale (the scales are not meaningful).
-        The caller then rounds P with :meth:`convert_P` (with ``sum_rounded`` that is where ``l``
-        gains the block's sums: Note [Normalizing by the rounded P])."""
+        With ``round_p``, P is rounded to 16 bits in place before ``l`` sums it (Note [Normalizing by
+        the rounded P]); the caller then converts P with :meth:`convert_P`."""
         acc_S_mn = make_acc_mn_view(acc_S)
         blk_max = cute.make_rmem_tensor(self.num_rows, Float32)
         for r in cutlass.range_constexpr(self.num_rows):
@@ -265,23 +268,17 @@ class OnlineSoftmax:
             m = self.row_max[r]
             bias[r] = (0.0 if m == -Float32.inf else m) * self.scale_log2
         exp2_rows(acc_S_mn, bias, self.scale_log2, self.exp2_emu_frac)
-        if const_expr(not self.sum_rounded):
-            for r in cutlass.range_constexpr(self.num_rows):
-                self.row_sum[r] = fadd_reduce(acc_S_mn[r, None], init=self.row_sum[r])
+        if const_expr(self.round_p is not None):
+            round_to_half_(acc_S, self.round_p)  # P as P @ V will see it (the later conversion is exact)
+        for r in cutlass.range_constexpr(self.num_rows):
+            self.row_sum[r] = fadd_reduce(acc_S_mn[r, None], init=self.row_sum[r])
         return scale, take_new
 
     @cute.jit
     def convert_P(self, acc_S: cute.Tensor, rP: cute.Tensor) -> None:
-        """P (fp32, after :meth:`update`) rounded into the 16-bit ``rP`` (same layout) for ``P @ V``;
-        with ``sum_rounded`` ``l`` gains the row sums of the rounded values. A kernel whose previous
-        ``P @ V`` still reads ``rP`` calls this once that MMA has completed."""
+        """P (fp32, after :meth:`update`) rounded into the 16-bit ``rP`` (same layout) for ``P @ V``.
+        A kernel whose previous ``P @ V`` still reads ``rP`` calls this once that MMA completed."""
         convert_f32_to_half(acc_S, rP)
-        if const_expr(self.sum_rounded):
-            rP_mn = make_acc_mn_view(rP)
-            for r in cutlass.range_constexpr(self.num_rows):
-                row = cute.make_rmem_tensor(cute.size(rP_mn.shape[1]), Float32)
-                row.store(rP_mn[r, None].load().to(Float32))
-                self.row_sum[r] = fadd_reduce(row, init=self.row_sum[r])
 
     @cute.jit
     def rescale_O(self, acc_O: cute.Tensor, row_scale: cute.Tensor, do_rescale) -> None:

@@ -9,7 +9,7 @@ ran them.
 
 import pytest
 
-from fa4 import arch, jit
+from fa4 import arch, jit, sass
 from fa4.config import ARCHS
 
 CASES = [(a, cfg) for a in ARCHS for cfg in arch.all_variants(a)]
@@ -26,6 +26,13 @@ def test_every_arch_has_variants():
     for a in ARCHS:
         kinds = {type(c).__name__ for c in arch.all_variants(a)}
         assert {"FwdSm80Config", "BwdSm80Config", "BwdPreprocessConfig", "BwdPostprocessConfig"} <= kinds, (a, kinds)
+    assert "FwdSm90Config" in {type(c).__name__ for c in arch.all_variants("sm_90a")}
+
+
+def test_sm90_sass_check_has_a_disassembler():
+    """The HGMMA / UTMALDG check of the sm90 variants needs nvdisasm (a test dependency): fail, do
+    not skip, when it is missing, so the check cannot silently pass."""
+    assert sass.nvdisasm_path() is not None
 
 
 @pytest.mark.slow
@@ -42,3 +49,9 @@ def test_variant_compiles_for_its_arch(case, tmp_path):
     for c in cubins:
         assert 0 < c["registers"] <= 255, c
         assert c["frame_bytes"] <= 1024, f"{c['frame_bytes']} bytes of stack (spills): {cfg.key()}"
+    required = getattr(type(cfg), "REQUIRED_SASS", ())
+    if required:
+        # A family defined by its instructions (sm90: wgmma and TMA) must really use them.
+        ops = sass.opcode_counts(sass.disassemble_object(str(path)))
+        for op in required:
+            assert sass.count(ops, op) > 0, f"no {op} in the SASS of {cfg.key()}"

@@ -145,7 +145,7 @@ CONFIGS = [
     dict(pingpong=False),
     dict(intra_wg_overlap=False, pingpong=False),
     dict(tile_m=64, pingpong=False),
-    dict(tile_m=192, pingpong=False, tile_n=96),
+    dict(tile_m=192, pingpong=False, tile_n=64),
     dict(num_stages=1),
     dict(num_stages=3, tile_n=64),
     dict(tile_n=176),

@@ -316,7 +316,8 @@ class FlashFwdSm80:
             acc_O = cute.make_rmem_tensor(p.thr_mma.partition_shape_C((self.tile_m, self.tile_hdimv)), Float32)
             acc_O.fill(0.0)
             softmax = OnlineSoftmax(scale_log2, cute.size(make_acc_mn_view(acc_O).shape[0]),
-                                    cfg.exp2_emu_frac, cfg.rescale_threshold, cfg.sum_rounded)
+                                    cfg.exp2_emu_frac, cfg.rescale_threshold,
+                                    self.dtype if cfg.sum_rounded else None)
             softmax.reset()
             self.mainloop(p, acc_O, softmax, mask, seqlen, m_block, prescale, tiled_mma)
             lse = softmax.finalize(acc_O)

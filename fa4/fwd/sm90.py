@@ -110,6 +110,7 @@ class FwdSm90Config(AttnKernelConfig):
     sum_rounded: bool = False
 
     KERNEL = "fa4.fwd.sm90:FlashFwdSm90"
+    REQUIRED_SASS = ("HGMMA", "UTMALDG")  # checked in the SASS of every compile variant (tests/test_compile.py)
 
     @property
     def num_wg(self) -> int:
@@ -482,7 +483,7 @@ class FlashFwdSm90:
         rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
         tOrP = make_acc_as_A(rP)
         softmax = OnlineSoftmax(scale_log2, cute.size(make_acc_mn_view(acc_S).shape[0]), cfg.exp2_emu_frac,
-                                cfg.rescale_threshold, cfg.sum_rounded)
+                                cfg.rescale_threshold, self.dtype if cfg.sum_rounded else None)
         c = SimpleNamespace(pk=pk, pv=pv, thr_mma_qk=thr_mma_qk, tSrQ=tSrQ, tSrK=tSrK, tOrVt=tOrVt, tOrP=tOrP,
                             acc_S=acc_S, acc_O=acc_O, rP=rP)
 

@@ -1,0 +1,110 @@
+"""Time forward config variants (sm90 by default, ``--family sm80`` too) on the standard grid (GPU): every candidate is compiled in
+parallel first (disk cache), then each grid row times the default config and its variants with the
+median of ``triton.testing.do_bench``, fa4 only (peers: ``python -m fa4.bench``).
+
+    python tools/sweep90.py [--hdim 64,128] [--seqlen 8192] [--jobs 15] VARIANT [VARIANT ...]
+
+A VARIANT is ``name:field=value,field=value`` of :class:`fa4.fwd.sm90.FwdSm90Config` fields, e.g.
+``np:persistent=False`` or ``n176:tile_n=176``; ``hd=64,128`` inside a variant limits it to those
+head dims and ``causal=yes|no`` to one mask.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import concurrent.futures as cf
+import dataclasses
+
+import torch
+
+
+def _parse(spec):
+    name, _, body = spec.partition(":")
+    fields, hd, causal = {}, None, None
+    for item in filter(None, body.split(",")):
+        k, v = item.split("=", 1)
+        if k == "hd":
+            hd = [int(x) for x in v.split("/")]
+        elif k == "causal":
+            causal = v == "yes"
+        else:
+            fields[k] = ast.literal_eval(v)
+    return name, fields, hd, causal
+
+
+def _problem(shape):
+    from fa4.config import AttnProblem
+
+    return AttnProblem("bf16", shape.batch, shape.seqlen_q, shape.seqlen_k, shape.heads, shape.heads, shape.hdim,
+                       shape.hdim, shape.hdim ** -0.5, causal=shape.causal)
+
+
+def _precompile(cfg):
+    from fa4 import jit
+
+    try:
+        jit.precompile(cfg)
+        return None
+    except Exception as e:  # noqa: BLE001 - report and go on
+        return f"{cfg.key()}: {type(e).__name__}: {str(e)[:200]}"
+
+
+def main() -> None:
+    import importlib
+
+    from fa4 import bench, jit
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--hdim", type=bench._int_list)
+    ap.add_argument("--seqlen", type=bench._int_list)
+    ap.add_argument("--jobs", type=int, default=15)
+    ap.add_argument("--family", default="sm90", help="forward family module: sm90 or sm80")
+    ap.add_argument("variants", nargs="*")
+    args = ap.parse_args()
+    fam = importlib.import_module(f"fa4.fwd.{args.family}")
+    variants = [("default", {}, None, None)] + [_parse(s) for s in args.variants]
+    shapes = bench.select_grid(args.hdim, args.seqlen)
+    plan = []
+    for shape in shapes:
+        base = fam.make_config(_problem(shape), None, "sm_90a", False)
+        for name, fields, hd, causal in variants:
+            if (hd and shape.hdim not in hd) or (causal is not None and causal != shape.causal):
+                continue
+            try:
+                cfg = dataclasses.replace(base, **fields)
+                jit.kernel_class(cfg).can_implement(cfg)
+            except ValueError as e:
+                print(f"skip {name} d{shape.hdim}: {e}")
+                continue
+            plan.append((shape, name, cfg))
+    cfgs = list(dict.fromkeys(c for _, _, c in plan))
+    with cf.ProcessPoolExecutor(args.jobs) as ex:
+        for err in ex.map(_precompile, cfgs):
+            if err:
+                print("compile failed:", err)
+    timer = bench.default_timer()
+    from fa4 import ops
+
+    rows: dict = {}
+    for shape, name, cfg in plan:
+        q, k, v, _ = bench._inputs(shape, torch.bfloat16, "cuda", 0)
+        out = torch.empty_like(q)
+        problem = _problem(shape)
+        try:
+            fn = lambda: fam.run(cfg, problem, q, k, v, out, None)  # noqa: E731
+            fn()
+            ms = timer(fn)
+            rows.setdefault(bench.shape_label(shape), {})[name] = f"{bench.tflops(shape, 'fwd', ms):.1f}"
+        except Exception as e:  # noqa: BLE001
+            rows.setdefault(bench.shape_label(shape), {})[name] = "err"
+            print(f"{name} {bench.shape_label(shape)}: {type(e).__name__}: {str(e)[:200]}")
+    names = [v[0] for v in variants]
+    print("shape | " + " | ".join(names))
+    for label, cells in rows.items():
+        print(label + " | " + " | ".join(cells.get(n, "-") for n in names), flush=True)
+    del ops
+
+
+if __name__ == "__main__":
+    main()
