@@ -2,7 +2,7 @@
 parallel first (disk cache), then each grid row times the default config and its variants with the
 median of ``triton.testing.do_bench``, fa4 only (peers: ``python -m fa4.bench``).
 
-    python tools/sweep90.py [--hdim 64,128] [--seqlen 8192] [--jobs 15] VARIANT [VARIANT ...]
+    python tools/sweep_fwd.py [--hdim 64,128] [--seqlen 8192] [--jobs 15] VARIANT [VARIANT ...]
 
 A VARIANT is ``name:field=value,field=value`` of :class:`fa4.fwd.sm90.FwdSm90Config` fields, e.g.
 ``np:persistent=False`` or ``n176:tile_n=176``; ``hd=64,128`` inside a variant limits it to those
