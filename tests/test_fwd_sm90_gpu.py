@@ -178,6 +178,20 @@ def test_configs(fields, causal):
     _check(out, lse, q, k, v, causal=causal)
 
 
+def test_snake_order_covers_every_tile_once():
+    """The persistent scheduler's snake: each tile goes to exactly one CTA (runs on the CPU)."""
+    from fa4.sched.tile import snake_next
+
+    for tiles, grid in [(1, 1), (7, 3), (132, 132), (2048, 132), (1000, 7)]:
+        seen = []
+        for cta in range(grid):
+            idx = cta
+            while idx < tiles:
+                seen.append(idx)
+                idx = snake_next(idx, cta, grid)
+        assert sorted(seen) == list(range(tiles)), (tiles, grid)
+
+
 @pytest.mark.gpu
 def test_persistent_many_tiles():
     """More tiles than SMs: every persistent CTA walks several tiles (pipeline phases carry over)."""

@@ -23,6 +23,7 @@ from fa4.testing import attention_ref
 def _inputs(d, scale_hint, seed, n_seq=20, hq=18, hk=6):
     g = torch.Generator(device="cpu").manual_seed(seed)
     lens = torch.randint(128, 2049, (n_seq,), generator=g).tolist()
+    torch.manual_seed(seed)
     cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device="cuda")
     total = sum(lens)
     q = torch.randn(total, hq, d, device="cuda", dtype=torch.bfloat16)
@@ -35,12 +36,12 @@ def _fa4(family, tau, sum_rounded, q, k, v, cu, maxlen, scale):
     import importlib
 
     mod = importlib.import_module(f"fa4.fwd.{family}")
-    mod.DEFAULT_SUM_ROUNDED = sum_rounded
+    mod.SUM_ROUNDED_WITH_THRESHOLD = sum_rounded
     ops._plans.clear()
     out, _ = fa4.flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=maxlen,
                                         max_seqlen_k=maxlen, softmax_scale=scale, causal=True,
                                         kernel_options=fa4.KernelOptions(arch=family, rescale_threshold=tau))
-    mod.DEFAULT_SUM_ROUNDED = False
+    mod.SUM_ROUNDED_WITH_THRESHOLD = True
     ops._plans.clear()
     return out
 
@@ -61,7 +62,7 @@ def main() -> None:
     args = ap.parse_args()
     families = args.families.split(",")
     cases = [(256, 0.1, 0), (128, 0.1, 1), (64, None, 1), (256, None, 1), (128, 0.05, 2)]
-    print("d scale | " + " | ".join(f"{f} tau0 / tau8 / tau8+sumr / tau0+sumr" for f in families) + " | fa4-peer")
+    print("d scale | " + " | ".join(f"{f} tau0 / tau8 (l of fp32 P) / tau8 (l of rounded P)" for f in families) + " | fa4-peer")
     for d, scale, seed in cases:
         scale = d ** -0.5 if scale is None else scale
         q, k, v, cu, maxlen = _inputs(d, scale, seed)
@@ -69,7 +70,7 @@ def main() -> None:
         cells = []
         for fam in families:
             errs = [(_fa4(fam, tau, sr, q, k, v, cu, maxlen, scale).float() - ref).abs().max().item()
-                    for tau, sr in ((0.0, False), (8.0, False), (8.0, True), (0.0, True))]
+                    for tau, sr in ((0.0, False), (8.0, False), (8.0, True))]
             cells.append(" / ".join(f"{e:.5f}" for e in errs))
         peer = _peer(q, k, v, cu, maxlen, scale)
         peer_err = f"{(peer.float() - ref).abs().max().item():.5f}" if peer is not None else "-"

@@ -82,10 +82,11 @@ class SectionTileScheduler:
 @dataclass(frozen=True)
 class PersistentTileScheduler:
     """Static persistent order over the same tiles as :class:`SectionTileScheduler`: a grid of
-    ``min(tiles, max_ctas)`` CTAs, CTA ``c`` taking tiles ``c, c + grid, c + 2 grid, ...`` of the
-    section order (so with ``reverse`` the longest tiles still go first, LPT, and the CTAs resident
-    at once share the K/V of a section). With ``max_ctas >= tiles`` it is one tile per CTA: the
-    plain grid, kept for comparison. Kernels loop::
+    ``G = min(tiles, max_ctas)`` CTAs; in round ``r`` CTA ``c`` takes tile ``r * G + c`` of the
+    section order when ``r`` is even and ``r * G + G - 1 - c`` when it is odd (a snake). With
+    ``reverse`` (LPT) tiles come longest first, so a plain round robin would hand CTA 0 the longest
+    tile of every round; the snake evens the per-CTA sums out. With ``max_ctas >= tiles`` it is one
+    tile per CTA: the plain grid, kept for comparison. Kernels loop::
 
         idx = sched.first()
         while sched.valid(idx):
@@ -111,7 +112,15 @@ class PersistentTileScheduler:
         return idx < self.num_m_blocks * self.num_heads * self.num_batch
 
     def next(self, idx: Int32) -> Int32:
-        return idx + Int32(cute.arch.grid_dim()[0])
+        return snake_next(idx, Int32(cute.arch.block_idx()[0]), Int32(cute.arch.grid_dim()[0]))
 
     def tile(self, idx: Int32) -> Tuple[Int32, Int32, Int32]:
         return section_tile(idx, self.num_m_blocks, self.num_heads, self.num_batch, self.section, self.reverse)
+
+
+def snake_next(idx, cta, grid):
+    """The tile after ``idx`` for CTA ``cta`` of ``grid`` in the snake order (plain arithmetic:
+    traced on Int32 and run on Python ints by the CPU tests)."""
+    rnd = idx // grid + 1
+    odd = rnd % 2
+    return rnd * grid + cta + odd * (grid - 1 - 2 * cta)

@@ -1,0 +1,37 @@
+"""Small sm90 forward cases for compute-sanitizer (memcheck, racecheck, synccheck):
+
+    compute-sanitizer --tool racecheck python3 tools/sanitize_sm90.py
+
+Covers the persistent and the plain grid, 1/2/3 consumer warpgroups, causal / local, varlen with a
+length-1 sequence, an unpadded head dim, O through TMA and through plain stores."""
+import dataclasses
+
+import torch
+
+from fa4 import ops, validate
+from fa4.fwd import sm90
+from fa4.testing import random_qkv, random_varlen
+
+import fa4
+
+CASES = [
+    (2, 200, 300, 4, 2, 128, True, {}),
+    (1, 130, 130, 2, 1, 64, False, {"tile_m": 192, "tile_n": 64}),
+    (1, 100, 70, 2, 2, 256, True, {"persistent": False}),
+    (2, 65, 129, 2, 1, 72, False, {"tile_m": 64}),
+]
+for b, sq, sk, h, hk, d, causal, fields in CASES:
+    q, k, v = random_qkv(b, sq, sk, h, hk, d, torch.bfloat16, "cuda", seed=d)
+    problem = validate.check_dense(q, k, v, None, causal, (None, None), 0.0)
+    cfg = dataclasses.replace(sm90.make_config(problem, None, "sm_90a", True), **fields)
+    out = torch.empty_like(q)
+    lse = torch.empty(b, h, sq, dtype=torch.float32, device="cuda")
+    sm90.run(cfg, problem, q, k, v, out, lse)
+vb = random_varlen(3, 150, 4, 2, 128, torch.bfloat16, "cuda", max_seqlen_k=200, with_seqused_k=True, seed=1)
+fa4.flash_attn_varlen_func(vb.q, vb.k, vb.v, cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k,
+                           max_seqlen_q=vb.max_seqlen_q, max_seqlen_k=vb.max_seqlen_k, seqused_k=vb.seqused_k,
+                           causal=True, window_size=(50, 0), kernel_options=fa4.KernelOptions(arch="sm90"))
+q, k, v = random_qkv(1, 300, 300, 2, 2, 128, torch.bfloat16, "cuda", seed=3)
+fa4.flash_attn_func(q, k, v, window_size=(40, 20), kernel_options=fa4.KernelOptions(arch="sm90"))
+torch.cuda.synchronize()
+print("sanitize cases done")
