@@ -98,7 +98,7 @@ def test_explain_on_cpu_shapes():
 def test_explain_hopper_forward_is_native():
     q = torch.empty(2, 1000, 8, 128, dtype=torch.bfloat16)
     text = str(fa4.explain(q, q, q, causal=True, capability=(9, 0)))
-    assert "[fwd] family=sm90 target=sm_90a: native" in text and "'intra_wg_overlap': True" in text
+    assert "[fwd] family=sm90 target=sm_90a: native" in text and "'rescale_o_before_pv': " in text
 
 
 def test_explain_validates():

@@ -137,13 +137,14 @@ def test_varlen(d, batch, max_q, max_k, mask, seqused, heads):
 
 
 # --------------------------------------------------------------------------------------------
-# Kernel configurations: tiles, stages, warpgroups, persistent / plain grid, ping-pong, overlap
+# Kernel configurations: tiles, stages, warpgroups, persistent / plain grid, ping-pong, O rescale
 # --------------------------------------------------------------------------------------------
 
 CONFIGS = [
     dict(persistent=False),
     dict(pingpong=False),
-    dict(intra_wg_overlap=False, pingpong=False),
+    dict(rescale_o_before_pv=True),
+    dict(rescale_o_before_pv=True, rescale_threshold=8.0, sum_rounded=True),
     dict(tile_m=64, pingpong=False),
     dict(tile_m=192, pingpong=False, tile_n=64),
     dict(num_stages=1),

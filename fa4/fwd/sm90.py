@@ -74,7 +74,7 @@ from fa4.cute_utils import (
 from fa4.mask import AttentionMask
 from fa4.sched.tile import PersistentTileScheduler, l2_section_size
 from fa4.seqlen import SeqlenInfo, to_sdhb
-from fa4.softmax import OnlineSoftmax, apply_softcap, score_scales
+from fa4.softmax import OnlineSoftmax, apply_softcap, rescale_rows, score_scales
 
 SMEM_CAPACITY = 232448  # sm_90a: 227 KB of dynamic shared memory per CTA
 SMEM_RESERVED = 1024  # mbarriers and alignment
@@ -93,21 +93,23 @@ def _pad32(d: int) -> int:
 class FwdSm90Config(AttnKernelConfig):
     """Compile key of the sm90 forward. ``tile_m`` = 64 x consumer warpgroups; ``persistent``: a
     grid of at most one CTA per SM looping over tiles (else one tile per CTA); ``pingpong``: two
-    consumer warpgroups alternate on the tensor cores (Note [ping-pong]); ``intra_wg_overlap``:
-    the next ``Q K^T`` overlaps the softmax (Note [intra-warpgroup overlap])."""
+    consumer warpgroups alternate on the tensor cores (Note [ping-pong]); ``rescale_o_before_pv``:
+    O is rescaled just before the next ``P V``, under the ``Q K^T`` already issued, instead of
+    right after the softmax. The next ``Q K^T`` always overlaps the softmax (Note
+    [intra-warpgroup overlap])."""
 
     head_dim: int = 128
     head_dim_v: int = 128
     tile_m: int = 128
     tile_n: int = 128
     num_stages: int = 2
-    intra_wg_overlap: bool = True
     pingpong: bool = True
     persistent: bool = True
     has_lse: bool = True
     exp2_emu_frac: float = 0.0
     rescale_threshold: float = 8.0
     sum_rounded: bool = False
+    rescale_o_before_pv: bool = False
 
     KERNEL = "fa4.fwd.sm90:FlashFwdSm90"
     REQUIRED_SASS = ("HGMMA", "UTMALDG")  # checked in the SASS of every compile variant (tests/test_compile.py)
@@ -177,7 +179,7 @@ class FlashFwdSm90:
                              f"(KernelOptions) at head_dim {cfg.head_dim}/{cfg.head_dim_v} is {cfg.smem_bytes()} "
                              f"bytes, over the {SMEM_CAPACITY} of sm_90a")
         # fp32 accumulators per consumer thread: O, S, and (overlapped) the 16-bit P of the previous block.
-        acc = _pad32(cfg.head_dim_v) // 2 + cfg.tile_n // 2 + (cfg.tile_n // 4 if cfg.intra_wg_overlap else 0)
+        acc = _pad32(cfg.head_dim_v) // 2 + cfg.tile_n // 2 + cfg.tile_n // 4
         budget = _REGS[cfg.num_wg][0] - 32
         if acc > budget:
             raise ValueError(f"tile_n={cfg.tile_n} (KernelOptions) at head_dim_v {cfg.head_dim_v} needs {acc} "
@@ -219,7 +221,7 @@ class FlashFwdSm90:
         self.sK_layout = smem_layout_sm90(dt, self.tile_n, self.tile_hdim, self.num_stages)
         self.sV_layout = smem_layout_sm90(dt, self.tile_n, self.tile_hdimv, self.num_stages)
         self.sO_layout = smem_layout_sm90(dt, self.tile_m, self.tile_hdimv)
-        K, MN = warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN
+        K, MN = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
         self.tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
             dt, dt, K, K, Float32, (self.num_wg, 1, 1), (64, self.tile_n))
         self.tiled_mma_pv = sm90_utils.make_trivial_tiled_mma(
@@ -351,7 +353,7 @@ class FlashFwdSm90:
             for atom in (tma_q, tma_k, tma_v, tma_o):
                 if const_expr(atom is not None):
                     cpasync.prefetch_descriptor(atom)
-        storage = cutlass.utils.SmemAllocator().allocate(self.SharedStorage)
+        storage = cutlass.memory.SmemAllocator().allocate(self.SharedStorage)
         pipes = self.make_pipelines(storage)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
@@ -484,8 +486,10 @@ class FlashFwdSm90:
         tOrP = make_acc_as_A(rP)
         softmax = OnlineSoftmax(scale_log2, cute.size(make_acc_mn_view(acc_S).shape[0]), cfg.exp2_emu_frac,
                                 cfg.rescale_threshold, self.dtype if cfg.sum_rounded else None)
+        # Row scales of the last softmax, applied to O just before the next P V (rescale_o_before_pv).
+        row_scale_prev = cute.make_rmem_tensor(softmax.num_rows, Float32)
         c = SimpleNamespace(pk=pk, pv=pv, thr_mma_qk=thr_mma_qk, tSrQ=tSrQ, tSrK=tSrK, tOrVt=tOrVt, tOrP=tOrP,
-                            acc_S=acc_S, acc_O=acc_O, rP=rP)
+                            acc_S=acc_S, acc_O=acc_O, rP=rP, row_scale=row_scale_prev)
 
         if const_expr(self.pingpong):
             if wg == 1:
@@ -511,7 +515,7 @@ class FlashFwdSm90:
                     warpgroup.wait_group(0)
                     pk.consumer_release(kv_state)
                     self.scores(acc_S, mask, thr_mma_qk, m_block, n_max - 1, prescale, True, True)
-                    softmax.update(acc_S, is_first=True)
+                    row_scale_prev.store(softmax.update(acc_S, is_first=True)[0].load())
                     softmax.convert_P(acc_S, rP)
                     v_state = kv_state.clone()
                     kv_state.advance()
@@ -532,6 +536,8 @@ class FlashFwdSm90:
                     if const_expr(not self.o_in_q):
                         pq.consumer_release(q_state)
                     # Last P V.
+                    if const_expr(cfg.rescale_o_before_pv):
+                        rescale_rows(make_acc_mn_view(acc_O), row_scale_prev)
                     pv.consumer_wait(v_state)
                     self.pp_sync(wg)
                     gemm_sm90(self.tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, v_state.index])
@@ -568,6 +574,8 @@ class FlashFwdSm90:
         c.pk.consumer_wait(kv_state)
         self.pp_sync(wg)
         gemm_sm90(self.tiled_mma_qk, c.acc_S, c.tSrQ, c.tSrK[None, None, None, kv_state.index], zero_init=True)
+        if const_expr(self.cfg.rescale_o_before_pv):
+            rescale_rows(make_acc_mn_view(c.acc_O), c.row_scale)  # under the Q K^T just issued
         c.pv.consumer_wait(v_state)
         gemm_sm90(self.tiled_mma_pv, c.acc_O, c.tOrP, c.tOrVt[None, None, None, v_state.index])
         self.pp_arrive(wg)
@@ -577,7 +585,11 @@ class FlashFwdSm90:
         row_scale, do_rescale = softmax.update(c.acc_S)
         warpgroup.wait_group(0)
         c.pv.consumer_release(v_state)
-        softmax.rescale_O(c.acc_O, row_scale, do_rescale)
+        if const_expr(self.cfg.rescale_o_before_pv):
+            # Applied before the next P V (rows that keep their max have scale 1 exactly).
+            c.row_scale.store(row_scale.load())
+        else:
+            softmax.rescale_O(c.acc_O, row_scale, do_rescale)
         softmax.convert_P(c.acc_S, c.rP)
         kv_state.advance()
         v_state.advance()
@@ -666,13 +678,26 @@ TUNING = {
     192: (128, 112, 2, False),
     256: (128, 80, 2, False),
 }
+# O rescaled under the next Q K^T (rescale_o_before_pv) for head_dim_v > 128: measured +3% / +6%
+# (d256 non-causal / causal); at d128 -10% to +3% (not taken).
+RESCALE_O_BEFORE_PV_MIN_DV = 129
 DEFAULT_EXP2_EMU_FRAC = 0.0  # measured: 0.1 / 0.25 are 0-14% slower on the sm90 path
 # The classic rule: a rescale threshold of 8 measured up to 1.4x the output error of tau = 0 on
 # inputs whose row maxes creep (docs/RESULTS.md). A threshold > 0 is still available; it then
 # normalizes by the rounded P (Note [Normalizing by the rounded P]).
 DEFAULT_RESCALE_THRESHOLD = 0.0
 SUM_ROUNDED_WITH_THRESHOLD = True  # tools/rescale_accuracy.py turns it off to measure the difference
-DEFAULT_PERSISTENT = True
+# Persistent grid (snake order) or one tile per CTA, measured (docs/RESULTS.md, sm90 sweeps): the
+# persistent grid wins where tiles are short (s_k <= 4096 non-causal: +2-9%; s_k <= 1024 causal:
+# +7%), the hardware's own dynamic assignment wins for long causal rows (+6-26%) and at 16k / d256.
+PERSISTENT_MAX_SEQLEN_K = 4096
+PERSISTENT_MAX_SEQLEN_K_MASKED = 1024
+
+
+def _persistent(problem: AttnProblem) -> bool:
+    masked = problem.causal or problem.local
+    limit = PERSISTENT_MAX_SEQLEN_K_MASKED if masked else PERSISTENT_MAX_SEQLEN_K
+    return problem.seqlen_k <= limit and not (problem.head_dim > 128 and problem.seqlen_k > 2048)
 
 
 def _bucket(d: int) -> int:
@@ -700,7 +725,8 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         tile_n=options.tile_n if options.tile_n is not None else tile_n,
         num_stages=options.num_stages if options.num_stages is not None else stages,
         pingpong=pingpong and tile_m == 128,
-        persistent=DEFAULT_PERSISTENT,
+        rescale_o_before_pv=problem.head_dim_v >= RESCALE_O_BEFORE_PV_MIN_DV,
+        persistent=_persistent(problem),
         has_lse=need_lse,
         exp2_emu_frac=float(options.exp2_emu_frac) if options.exp2_emu_frac is not None else DEFAULT_EXP2_EMU_FRAC,
         rescale_threshold=tau,
@@ -714,7 +740,8 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
 def variants(arch: str) -> list[FwdSm90Config]:
     """A covering set of compile variants for sm_90a (none for other archs): every head-dim bucket
     (64/96/128/192/256, an unpadded 72 and the (192, 128) pair), every flag value, both dtypes,
-    1-3 consumer warpgroups, persistent or not, ping-pong and overlap on and off."""
+    1-3 consumer warpgroups, persistent or not, ping-pong, O rescaled before P V, the threshold
+    with l of the rounded P."""
     if arch != "sm_90a":
         return []
     base = FwdSm90Config(arch=arch, dtype="bf16")
@@ -727,7 +754,8 @@ def variants(arch: str) -> list[FwdSm90Config]:
     return [
         cfg(128),
         cfg(128, causal=True),
-        cfg(128, persistent=False, pingpong=False, intra_wg_overlap=False),
+        cfg(128, persistent=False, pingpong=True),
+        cfg(256, rescale_o_before_pv=True, rescale_threshold=8.0, sum_rounded=True),
         cfg(64, dtype="fp16", has_lse=False),
         cfg(96, local=True, has_softcap=True),
         cfg(192, causal=True, varlen_q=True, varlen_k=True),
