@@ -20,64 +20,33 @@ Note [pruned grid]
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import pytest
 import torch
 
 import fa4
-from fa4.testing import adversarial_scores_qk, attention_ref, check_close, random_qkv, random_varlen
+from fa4.testing import adversarial_scores_qk, random_qkv
+from fwd_cases import (
+    VARLEN_CASES, case_id, check, missing_pairs, pairwise_cases, run_varlen_case, window,
+)
 
 SM80 = fa4.KernelOptions(arch="sm80")
 
 HEAD_DIMS = [64, 96, 128, 192, 256]
-MASKS = ["none", "causal", "local"]
-SOFTCAPS = [0.0, 15.0]
-HEADS = [(4, 4), (6, 2), (4, 1)]  # MHA, GQA, MQA
 SEQLENS = [(1, 1), (113, 203), (1000, 1000), (1024, 4096), (4096, 1024)]
 
 
-def _window(mask: str, seqlen_q: int, seqlen_k: int):
-    """(causal, window_size) for a mask kind; the local window is narrower than a tile on one side
-    and wider on the other, bottom-right aligned."""
-    if mask == "causal":
-        return True, (None, None)
-    if mask == "local":
-        return False, (max(seqlen_k // 3, 7), 37)
-    return False, (None, None)
-
-
-def _pairwise_cases():
-    """Covering array over (head_dim, seqlens, mask, softcap, heads): case (i, j) pairs head dim i
-    with seqlens j (all 25 pairs); mask, heads and softcap are Latin-square functions of (i, j)."""
-    cases = []
-    for i, d in enumerate(HEAD_DIMS):
-        for j, s in enumerate(SEQLENS):
-            mask = MASKS[(i + j) % 3]
-            heads = HEADS[(i + 2 * j) % 3]
-            softcap = SOFTCAPS[(i // 2 + j // 2) % 2]
-            cases.append((d, s, mask, softcap, heads))
-    return cases
-
-
-CASES = _pairwise_cases()
+CASES = pairwise_cases(HEAD_DIMS, SEQLENS, lambda i, j: i // 2 + j // 2)
 
 
 def test_grid_is_pairwise():
     """Every pair of values of two factors appears in some case (runs on the CPU too)."""
-    factors = [HEAD_DIMS, SEQLENS, MASKS, SOFTCAPS, HEADS]
-    for a, b in itertools.combinations(range(len(factors)), 2):
-        seen = {(c[a], c[b]) for c in CASES}
-        missing = set(itertools.product(factors[a], factors[b])) - seen
-        assert not missing, f"factors {a},{b} miss {sorted(missing)[:4]}"
+    assert not missing_pairs(CASES, HEAD_DIMS, SEQLENS)
 
 
-def _check(out, lse, q, k, v, **ref_kw):
-    out_ref, lse_ref = attention_ref(q, k, v, **ref_kw)
-    out_pt, lse_pt = attention_ref(q, k, v, upcast=False, **ref_kw)
-    check_close("out", out, out_ref, out_pt)
-    check_close("lse", lse, lse_ref, lse_pt)
+_check = check
+_window = window
 
 
 def _dense(q, k, v, causal, window, softcap, options=SM80):
@@ -87,7 +56,7 @@ def _dense(q, k, v, causal, window, softcap, options=SM80):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("d,seqlens,mask,softcap,heads", CASES,
-                         ids=[f"d{c[0]}-s{c[1][0]}x{c[1][1]}-{c[2]}-cap{c[3]:g}-h{c[4][0]}k{c[4][1]}" for c in CASES])
+                         ids=[case_id(c) for c in CASES])
 def test_dense(d, seqlens, mask, softcap, heads):
     seqlen_q, seqlen_k = seqlens
     batch = 2 if seqlen_q * seqlen_k <= 2**21 else 1
@@ -121,29 +90,10 @@ def test_local_windows(window, seqlens):
 # Varlen
 # --------------------------------------------------------------------------------------------
 
-VARLEN_CASES = [
-    # (d, batch, max_seqlen_q, max_seqlen_k, mask, seqused_k, heads)
-    (64, 5, 300, 300, "none", False, (4, 4)),
-    (128, 7, 1000, 513, "causal", False, (6, 2)),
-    (128, 4, 129, 2000, "local", True, (4, 1)),
-    (256, 3, 700, 700, "causal", True, (2, 2)),
-    (96, 9, 64, 1100, "none", True, (4, 2)),
-    (192, 2, 1, 77, "causal", False, (4, 4)),
-]
-
-
 @pytest.mark.gpu
-@pytest.mark.parametrize("d,batch,max_q,max_k,mask,seqused,heads", VARLEN_CASES)
-def test_varlen(d, batch, max_q, max_k, mask, seqused, heads):
-    vb = random_varlen(batch, max_q, heads[0], heads[1], d, torch.bfloat16, "cuda", max_seqlen_k=max_k,
-                       with_seqused_k=seqused, seed=batch * 31 + d)
-    causal, window = _window(mask, max_q, max_k)
-    out, lse = fa4.flash_attn_varlen_func(
-        vb.q, vb.k, vb.v, cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k, max_seqlen_q=vb.max_seqlen_q,
-        max_seqlen_k=vb.max_seqlen_k, seqused_k=vb.seqused_k, causal=causal, window_size=window,
-        return_lse=True, kernel_options=SM80)
-    _check(out, lse, vb.q, vb.k, vb.v, cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k,
-           seqused_k=vb.seqused_k, causal=causal, window_size=window)
+@pytest.mark.parametrize("case", VARLEN_CASES, ids=lambda c: "-".join(map(str, c[:6])))
+def test_varlen(case):
+    run_varlen_case(case, SM80)
 
 
 # --------------------------------------------------------------------------------------------

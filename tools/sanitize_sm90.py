@@ -8,7 +8,7 @@ import dataclasses
 
 import torch
 
-from fa4 import ops, validate
+from fa4 import validate
 from fa4.fwd import sm90
 from fa4.testing import random_qkv, random_varlen
 

@@ -2,8 +2,8 @@
 
     python tools/sass.py bwd --hd 256 [--arch sm_90a] [--set causal=True --set tile_n=128] [--out f.sass]
 
-``bwd`` / ``fwd`` / ``post``: the sm80 backward (its make_config for a head dim), the forward, or the
-backward's postprocess. ``--set`` overrides config fields (Python literals). Prints the opcode counts
+``bwd`` / ``fwd`` / ``fwd90`` / ``post``: the sm80 backward (its make_config for a head dim), the sm80
+forward, the sm90 forward, or the backward's postprocess. ``--set`` overrides config fields (Python literals). Prints the opcode counts
 that matter for these kernels (MMA, ldmatrix, shared/global/local memory, reductions, barriers) so
 two versions can be compared without a GPU; ``--out`` keeps the full listing. Needs nvdisasm (the
 ``nvidia-cuda-nvdisasm`` wheel).
@@ -13,15 +13,8 @@ from __future__ import annotations
 
 import argparse
 import ast
-import collections
 import dataclasses
 import os
-import re
-import shutil
-import struct
-import subprocess
-import sys
-import tempfile
 
 
 def main() -> None:
@@ -36,7 +29,6 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("CUTE_DSL_ARCH", args.arch)
 
-    from fa4 import jit
     from fa4.bwd import postprocess
     from fa4.bwd import sm80 as bwd
     from fa4.config import AttnProblem

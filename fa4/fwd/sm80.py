@@ -57,8 +57,9 @@ from fa4.cute_utils import (
     tiled_copy_rows_16B,
     tiled_mma_sm80,
 )
+from fa4.fwd import common as fwd_common
 from fa4.mask import AttentionMask
-from fa4.sched.tile import SectionTileScheduler, l2_section_size
+from fa4.sched.tile import SectionTileScheduler
 from fa4.seqlen import SeqlenInfo
 from fa4.softmax import OnlineSoftmax, apply_softcap, score_scales
 
@@ -67,11 +68,10 @@ SMEM_CAPACITY = {"sm_80": 166912, "sm_87": 166912, "sm_90a": 232448, "sm_90": 23
                  "sm_100": 232448, "sm_103a": 232448}
 SMEM_CAPACITY_DEFAULT = 101376  # sm_86 / sm_89 / sm_120: 99 KB
 
-_DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
+_DTYPES = fwd_common.DTYPES
 
 
-def _pad32(d: int) -> int:
-    return (d + 31) // 32 * 32
+_pad32 = fwd_common.pad32
 
 
 @dataclass(frozen=True)
@@ -129,10 +129,7 @@ class FlashFwdSm80:
     def can_implement(cfg: FwdSm80Config) -> None:
         if cfg.dtype not in _DTYPES:
             raise ValueError(f"FwdSm80Config.dtype must be one of {tuple(_DTYPES)}, got {cfg.dtype!r}")
-        for name in ("head_dim", "head_dim_v"):
-            d = getattr(cfg, name)
-            if d % 8 or not 8 <= d <= 256:
-                raise ValueError(f"FwdSm80Config.{name} must be a multiple of 8 in [8, 256], got {d}")
+        fwd_common.check_head_dims(cfg)
         if cfg.num_threads not in (64, 128, 256):
             raise ValueError(f"FwdSm80Config.num_threads (KernelOptions.num_threads) must be 64, 128 or 256, "
                              f"got {cfg.num_threads}")
@@ -162,34 +159,11 @@ class FlashFwdSm80:
             raise ValueError(f"tile_m={cfg.tile_m}, tile_n={cfg.tile_n}, num_threads={cfg.num_threads} (KernelOptions) "
                              f"need {acc_registers(cfg)} accumulator registers per thread at head_dim_v "
                              f"{cfg.head_dim_v} (max 224): use more threads or smaller tiles")
-        if not 0.0 <= cfg.exp2_emu_frac <= 1.0:
-            raise ValueError(f"FwdSm80Config.exp2_emu_frac must be in [0, 1], got {cfg.exp2_emu_frac}")
-        if not 0.0 <= cfg.rescale_threshold <= 64.0:
-            raise ValueError(f"FwdSm80Config.rescale_threshold must be in [0, 64], got {cfg.rescale_threshold}")
+        fwd_common.check_softmax_options(cfg)
 
     @staticmethod
     def fake_args(cfg: FwdSm80Config) -> tuple:
-        dt = _DTYPES[cfg.dtype]
-
-        def strides():
-            return tuple(cute.sym_int64(divisibility=8) for _ in range(3)) + (1,)
-
-        b_q, b_k, s_q, s_k, h, h_k = (cute.sym_int() for _ in range(6))
-        mQ = cute.runtime.make_fake_tensor(dt, (b_q, s_q, h, cfg.head_dim), strides(), assumed_align=16)
-        mK = cute.runtime.make_fake_tensor(dt, (b_k, s_k, h_k, cfg.head_dim), strides(), assumed_align=16)
-        mV = cute.runtime.make_fake_tensor(dt, (b_k, s_k, h_k, cfg.head_dim_v), strides(), assumed_align=16)
-        mO = cute.runtime.make_fake_tensor(dt, (b_q, s_q, h, cfg.head_dim_v), strides(), assumed_align=16)
-        mLSE = None
-        if cfg.has_lse:
-            mLSE = cute.runtime.make_fake_tensor(Float32, (b_q, h, s_q), (cute.sym_int64(), cute.sym_int64(), 1),
-                                                 assumed_align=4)
-
-        def vec(flag):
-            return cute.runtime.make_fake_compact_tensor(Int32, (cute.sym_int(),), assumed_align=4) if flag else None
-
-        stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-        return (mQ, mK, mV, mO, mLSE, vec(cfg.varlen_q), vec(cfg.varlen_k), vec(cfg.has_seqused_k),
-                Float32(1.0), Float32(0.0), Int32(0), Int32(0), Int32(1), stream)
+        return fwd_common.fake_args(cfg)
 
     def _setup(self):
         """Layouts, copy atoms and the tiled MMA (trace-time constants)."""
@@ -240,18 +214,8 @@ class FlashFwdSm80:
         self._setup()
         cfg = self.cfg
         num_heads = mQ.shape[2]
-        if const_expr(mCuSeqlensQ is not None):
-            num_batch = mCuSeqlensQ.shape[0] - 1
-        elif const_expr(mCuSeqlensK is not None):
-            num_batch = mCuSeqlensK.shape[0] - 1
-        else:
-            num_batch = mQ.shape[0]
-        num_m_blocks = cute.ceil_div(max_seqlen_q, self.tile_m)
-        qhead_per_kvhead = num_heads // mK.shape[2]
-        # K/V rows of one sequence (for varlen: the average length).
-        seqlen_k_avg = mK.shape[1] if const_expr(mCuSeqlensK is None) else mK.shape[1] // num_batch
-        section = l2_section_size(seqlen_k_avg, 2 * (self.tile_hdim + self.tile_hdimv), qhead_per_kvhead,
-                                  num_heads * num_batch)
+        num_batch, num_m_blocks, section = fwd_common.grid_extent(
+            mQ, mK, mCuSeqlensQ, mCuSeqlensK, max_seqlen_q, self.tile_m, 2 * (self.tile_hdim + self.tile_hdimv))
         prescale, scale_log2 = score_scales(softmax_scale, softcap, cfg.has_softcap)
         self.kernel(
             mQ, mK, mV, mO, mLSE, mCuSeqlensQ, mCuSeqlensK, mSeqUsedK,
@@ -607,10 +571,7 @@ SUM_ROUNDED_WITH_THRESHOLD = True  # tools/rescale_accuracy.py turns it off to m
 
 
 def _bucket(d: int) -> int:
-    for b in sorted(TUNING):
-        if d <= b:
-            return b
-    raise ValueError(f"head_dim {d} > 256 is not supported by the sm80 forward")
+    return fwd_common.bucket(TUNING, d, "sm80")
 
 
 def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: str, need_lse: bool) -> FwdSm80Config:
@@ -667,14 +628,5 @@ def variants(arch: str) -> list[FwdSm80Config]:
 
 def run(cfg: FwdSm80Config, problem: AttnProblem, q, k, v, out, lse, cu_seqlens_q=None, cu_seqlens_k=None,
         seqused_k=None) -> None:
-    """Launch: q/k/v/out 4D (varlen: (1, total, h, d)), lse (b, h, s_q) / (1, h, total_q) or None;
-    outputs preallocated by the caller."""
-    from fa4.jit import get_kernel
-
-    fn = get_kernel(cfg)
-    window_left, window_right = (problem.window_left, problem.window_right) if cfg.local else (0, 0)
-    fn(q, k, v, out, lse if cfg.has_lse else None,
-       cu_seqlens_q if cfg.varlen_q else None, cu_seqlens_k if cfg.varlen_k else None,
-       seqused_k if cfg.has_seqused_k else None,
-       float(problem.softmax_scale), float(problem.softcap) if cfg.has_softcap else 1.0,
-       int(window_left), int(window_right), int(max(problem.seqlen_q, 1)))
+    """Launch (arguments: :func:`fa4.fwd.common.run`)."""
+    fwd_common.run(cfg, problem, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k)

@@ -71,22 +71,22 @@ from fa4.cute_utils import (
     predicate_cols,
     smem_layout_sm90,
 )
+from fa4.fwd import common as fwd_common
 from fa4.mask import AttentionMask
-from fa4.sched.tile import PersistentTileScheduler, l2_section_size
+from fa4.sched.tile import PersistentTileScheduler
 from fa4.seqlen import SeqlenInfo, to_sdhb
 from fa4.softmax import OnlineSoftmax, apply_softcap, rescale_rows, score_scales
 
 SMEM_CAPACITY = 232448  # sm_90a: 227 KB of dynamic shared memory per CTA
 SMEM_RESERVED = 1024  # mbarriers and alignment
-_DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
+_DTYPES = fwd_common.DTYPES
 # (consumer, producer) registers per thread after setmaxnreg, by consumer warpgroups: the
 # 64K-register file split as 128 * (producer + num_wg * consumer) <= 65536.
 _REGS = {1: (256, 56), 2: (240, 24), 3: (160, 32)}
 _BAR_EPI, _BAR_PP0 = 1, 2
 
 
-def _pad32(d: int) -> int:
-    return (d + 31) // 32 * 32
+_pad32 = fwd_common.pad32
 
 
 @dataclass(frozen=True)
@@ -162,10 +162,7 @@ class FlashFwdSm90:
         cfg.check_target(_DTYPES)
         if cfg.arch != "sm_90a":
             raise ValueError(f"FwdSm90Config.arch must be sm_90a (wgmma, setmaxnreg), got {cfg.arch!r}")
-        for name in ("head_dim", "head_dim_v"):
-            d = getattr(cfg, name)
-            if d % 8 or not 8 <= d <= 256:
-                raise ValueError(f"FwdSm90Config.{name} must be a multiple of 8 in [8, 256], got {d}")
+        fwd_common.check_head_dims(cfg)
         if cfg.tile_m not in (64, 128, 192):
             raise ValueError(f"FwdSm90Config.tile_m (KernelOptions.tile_m) must be 64, 128 or 192 (64 rows per "
                              f"consumer warpgroup), got {cfg.tile_m}")
@@ -185,34 +182,11 @@ class FlashFwdSm90:
             raise ValueError(f"tile_n={cfg.tile_n} (KernelOptions) at head_dim_v {cfg.head_dim_v} needs {acc} "
                              f"accumulator registers per thread, over the {budget} left with {cfg.num_wg} consumer "
                              f"warpgroups: use a smaller tile_n or tile_m")
-        if not 0.0 <= cfg.exp2_emu_frac <= 1.0:
-            raise ValueError(f"FwdSm90Config.exp2_emu_frac must be in [0, 1], got {cfg.exp2_emu_frac}")
-        if not 0.0 <= cfg.rescale_threshold <= 64.0:
-            raise ValueError(f"FwdSm90Config.rescale_threshold must be in [0, 64], got {cfg.rescale_threshold}")
+        fwd_common.check_softmax_options(cfg)
 
     @staticmethod
     def fake_args(cfg: FwdSm90Config) -> tuple:
-        dt = _DTYPES[cfg.dtype]
-
-        def strides():
-            return tuple(cute.sym_int64(divisibility=8) for _ in range(3)) + (1,)
-
-        b_q, b_k, s_q, s_k, h, h_k = (cute.sym_int() for _ in range(6))
-        mQ = cute.runtime.make_fake_tensor(dt, (b_q, s_q, h, cfg.head_dim), strides(), assumed_align=16)
-        mK = cute.runtime.make_fake_tensor(dt, (b_k, s_k, h_k, cfg.head_dim), strides(), assumed_align=16)
-        mV = cute.runtime.make_fake_tensor(dt, (b_k, s_k, h_k, cfg.head_dim_v), strides(), assumed_align=16)
-        mO = cute.runtime.make_fake_tensor(dt, (b_q, s_q, h, cfg.head_dim_v), strides(), assumed_align=16)
-        mLSE = None
-        if cfg.has_lse:
-            mLSE = cute.runtime.make_fake_tensor(Float32, (b_q, h, s_q), (cute.sym_int64(), cute.sym_int64(), 1),
-                                                 assumed_align=4)
-
-        def vec(flag):
-            return cute.runtime.make_fake_compact_tensor(Int32, (cute.sym_int(),), assumed_align=4) if flag else None
-
-        stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-        return (mQ, mK, mV, mO, mLSE, vec(cfg.varlen_q), vec(cfg.varlen_k), vec(cfg.has_seqused_k),
-                Float32(1.0), Float32(0.0), Int32(0), Int32(0), Int32(1), Int32(1), stream)
+        return fwd_common.fake_args(cfg, extra=(Int32(1),))
 
     def _setup(self):
         """Smem layouts, tiled MMAs and the shared storage struct (trace-time constants)."""
@@ -270,17 +244,8 @@ class FlashFwdSm90:
         self._setup()
         cfg = self.cfg
         num_heads = mQ.shape[2]
-        if const_expr(mCuSeqlensQ is not None):
-            num_batch = mCuSeqlensQ.shape[0] - 1
-        elif const_expr(mCuSeqlensK is not None):
-            num_batch = mCuSeqlensK.shape[0] - 1
-        else:
-            num_batch = mQ.shape[0]
-        num_m_blocks = cute.ceil_div(max_seqlen_q, self.tile_m)
-        qhead_per_kvhead = num_heads // mK.shape[2]
-        seqlen_k_avg = mK.shape[1] if const_expr(mCuSeqlensK is None) else mK.shape[1] // num_batch
-        section = l2_section_size(seqlen_k_avg, 2 * (self.tile_hdim + self.tile_hdimv), qhead_per_kvhead,
-                                  num_heads * num_batch)
+        num_batch, num_m_blocks, section = fwd_common.grid_extent(
+            mQ, mK, mCuSeqlensQ, mCuSeqlensK, max_seqlen_q, self.tile_m, 2 * (self.tile_hdim + self.tile_hdimv))
         prescale, scale_log2 = score_scales(softmax_scale, softcap, cfg.has_softcap)
 
         # TMA atoms over (s, d, h, b) views (Note [TMA and varlen / padding]).
@@ -701,10 +666,7 @@ def _persistent(problem: AttnProblem) -> bool:
 
 
 def _bucket(d: int) -> int:
-    for b in sorted(TUNING):
-        if d <= b:
-            return b
-    raise ValueError(f"head_dim {d} > 256 is not supported by the sm90 forward")
+    return fwd_common.bucket(TUNING, d, "sm90")
 
 
 def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: str, need_lse: bool) -> FwdSm90Config:
@@ -769,17 +731,9 @@ def variants(arch: str) -> list[FwdSm90Config]:
 
 def run(cfg: FwdSm90Config, problem: AttnProblem, q, k, v, out, lse, cu_seqlens_q=None, cu_seqlens_k=None,
         seqused_k=None) -> None:
-    """Launch: q/k/v/out 4D (varlen: (1, total, h, d)), lse (b, h, s_q) / (1, h, total_q) or None;
-    outputs preallocated by the caller."""
-    from fa4.jit import get_kernel
-
-    fn = get_kernel(cfg)
-    window_left, window_right = (problem.window_left, problem.window_right) if cfg.local else (0, 0)
-    fn(q, k, v, out, lse if cfg.has_lse else None,
-       cu_seqlens_q if cfg.varlen_q else None, cu_seqlens_k if cfg.varlen_k else None,
-       seqused_k if cfg.has_seqused_k else None,
-       float(problem.softmax_scale), float(problem.softcap) if cfg.has_softcap else 1.0,
-       int(window_left), int(window_right), int(max(problem.seqlen_q, 1)), _num_sms(q.device))
+    """Launch (arguments: :func:`fa4.fwd.common.run`; the persistent grid is the SM count)."""
+    fwd_common.run(cfg, problem, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                   extra=(_num_sms(q.device),))
 
 
 _sms: dict = {}

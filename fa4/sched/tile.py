@@ -80,7 +80,7 @@ class SectionTileScheduler:
 
 
 @dataclass(frozen=True)
-class PersistentTileScheduler:
+class PersistentTileScheduler(SectionTileScheduler):
     """Static persistent order over the same tiles as :class:`SectionTileScheduler`: a grid of
     ``G = min(tiles, max_ctas)`` CTAs; in round ``r`` CTA ``c`` takes tile ``r * G + c`` of the
     section order when ``r`` is even and ``r * G + G - 1 - c`` when it is odd (a snake). With
@@ -94,12 +94,6 @@ class PersistentTileScheduler:
             ...
             idx = sched.next(idx)
     """
-
-    num_m_blocks: Int32
-    num_heads: Int32
-    num_batch: Int32
-    section: Int32
-    reverse: cutlass.Constexpr[bool] = False
 
     @staticmethod
     def grid(num_m_blocks, num_heads, num_batch, max_ctas):
