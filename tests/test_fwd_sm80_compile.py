@@ -59,8 +59,14 @@ def _problem(d=128, dv=None, sq=1024, sk=1024, **kw):
 def test_tuning_table(d, expect):
     cfg = sm80.make_config(_problem(d), None, "sm_80", True)
     assert (cfg.tile_m, cfg.tile_n, cfg.num_threads, cfg.num_stages) == expect
-    assert cfg.exp2_emu_frac == 0.0 and cfg.rescale_threshold == 8.0
+    # The classic rescale rule by default (docs/RESULTS.md v0.3, accuracy finding).
+    assert cfg.exp2_emu_frac == 0.0 and cfg.rescale_threshold == 0.0 and not cfg.sum_rounded
     assert cfg.arch == "sm_80" and cfg.has_lse
+
+
+def test_threshold_sums_the_rounded_p():
+    cfg = sm80.make_config(_problem(128), KernelOptions(rescale_threshold=8.0), "sm_80", True)
+    assert cfg.rescale_threshold == 8.0 and cfg.sum_rounded
 
 
 def test_decode_shapes_use_64_row_tiles():

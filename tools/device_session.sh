@@ -20,8 +20,8 @@ if has test; then
   timeout 420 python3 -m pytest -m gpu -x -q -p no:cacheprovider "$@" 2>&1 | tee "$out/gpu_tests.log" | tail -40
 fi
 if has bench; then
-  timeout 400 python3 -m fa4.bench --arch sm80 --mode both --out "$out/bench" ${FA4_BENCH_ARGS:-} 2>&1 | tee "$out/bench.log" | tail -60
+  timeout 400 python3 -m fa4.bench --mode both --out "$out/bench" ${FA4_BENCH_ARGS:-} 2>&1 | tee "$out/bench.log" | tail -60
 fi
 if has latency; then
-  timeout 120 python3 -m fa4.bench --arch sm80 --latency --out "$out/latency" 2>&1 | tee "$out/latency.log" | tail -20
+  timeout 120 python3 -m fa4.bench --latency --out "$out/latency" 2>&1 | tee "$out/latency.log" | tail -20
 fi

@@ -1,0 +1,57 @@
+"""The sm90 forward's tuning table, option handling and support checks (CPU)."""
+
+import pytest
+
+from fa4.config import AttnProblem, KernelOptions
+from fa4.fwd import sm90
+
+
+def _problem(d=128, dv=None, sq=4096, sk=4096, **kw):
+    return AttnProblem(dtype="bf16", batch=2, seqlen_q=sq, seqlen_k=sk, heads=8, heads_k=8, head_dim=d,
+                       head_dim_v=dv or d, softmax_scale=d**-0.5, **kw)
+
+
+@pytest.mark.parametrize("d,expect", [  # (tile_m, tile_n, stages, rescale_o_before_pv): TUNING's measurements
+    (64, (192, 128, 2, False)), (96, (128, 128, 2, False)), (128, (128, 128, 2, False)),
+    (192, (128, 112, 2, True)), (256, (128, 80, 2, True)),
+])
+def test_tuning_table(d, expect):
+    cfg = sm90.make_config(_problem(d), None, "sm_90a", True)
+    assert (cfg.tile_m, cfg.tile_n, cfg.num_stages, cfg.rescale_o_before_pv) == expect
+    assert cfg.rescale_threshold == 0.0 and not cfg.sum_rounded and cfg.exp2_emu_frac == 0.0
+    assert not cfg.pingpong
+
+
+@pytest.mark.parametrize("sk,causal,persistent", [(1024, False, True), (4096, False, True), (8192, False, False),
+                                                  (1024, True, True), (4096, True, False)])
+def test_persistent_grid_by_length(sk, causal, persistent):
+    assert sm90.make_config(_problem(sq=sk, sk=sk, causal=causal), None, "sm_90a", True).persistent == persistent
+
+
+def test_decode_and_options():
+    assert sm90.make_config(_problem(sq=1), None, "sm_90a", False).tile_m == 64
+    cfg = sm90.make_config(_problem(), KernelOptions(tile_m=128, tile_n=64, num_stages=3, rescale_threshold=8.0,
+                                                     exp2_emu_frac=0.25), "sm_90a", True)
+    assert (cfg.tile_m, cfg.tile_n, cfg.num_stages) == (128, 64, 3)
+    assert cfg.rescale_threshold == 8.0 and cfg.sum_rounded and cfg.exp2_emu_frac == 0.25
+
+
+@pytest.mark.parametrize("opts,match", [
+    (KernelOptions(tile_m=96), "tile_m"),
+    (KernelOptions(tile_n=72), "tile_n"),
+    (KernelOptions(num_stages=5), "num_stages"),
+    (KernelOptions(tile_n=256, num_stages=4), "shared memory"),
+    (KernelOptions(tile_m=192, tile_n=192, num_stages=1), "registers"),
+])
+def test_bad_options_name_the_option(opts, match):
+    with pytest.raises(ValueError, match=match):
+        sm90.make_config(_problem(), opts, "sm_90a", True)
+
+
+def test_only_sm90a():
+    cfg = sm90.make_config(_problem(), None, "sm_90a", True)
+    import dataclasses
+
+    with pytest.raises(ValueError, match="sm_90a"):
+        sm90.FlashFwdSm90.can_implement(dataclasses.replace(cfg, arch="sm_100a"))
+    assert sm90.variants("sm_80") == [] and sm90.variants("sm_100a") == []
