@@ -127,6 +127,23 @@ def _check_max_seqlen(name: str, v) -> int:
     return v
 
 
+def _max_seqlen(name: str, v, bound: int) -> int:
+    """The longest sequence of a varlen batch as the kernels use it (to size grids): an int as
+    given; ``None`` or a 0-dim tensor on the GPU: ``bound``, the packed token count, an upper
+    bound read from the shapes without a device sync (flash_attn.cute makes both optional, and
+    Hugging Face-style callers pass 0-dim tensors); a 0-dim CPU integer tensor: its value."""
+    if v is None:
+        return bound
+    if isinstance(v, torch.Tensor):
+        if v.dim() != 0 or v.dtype.is_floating_point or v.dtype == torch.bool or v.is_complex():
+            raise TypeError(f"{name} must be an int or a 0-dim integer tensor, got a {v.dtype} tensor of shape "
+                            f"{tuple(v.shape)}")
+        if v.device.type != "cpu":
+            return bound
+        v = int(v)
+    return _check_max_seqlen(name, v)
+
+
 def _check_scalars(softmax_scale, softcap, head_dim: int) -> tuple[float, float]:
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(head_dim)
@@ -268,10 +285,8 @@ def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
         raise NotImplementedError("flash_attn_varlen_func needs cu_seqlens_k (paged / seqused_k-only KV is not supported yet)")
     batch = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, None, q.device)
     _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, batch, q.device)
-    if max_seqlen_q is None or max_seqlen_k is None:
-        raise ValueError("max_seqlen_q and max_seqlen_k are required with cu_seqlens (the longest sequence lengths)")
-    sq = _check_max_seqlen("max_seqlen_q", max_seqlen_q)
-    sk = _check_max_seqlen("max_seqlen_k", max_seqlen_k)
+    sq = _max_seqlen("max_seqlen_q", max_seqlen_q, q.shape[0])
+    sk = _max_seqlen("max_seqlen_k", max_seqlen_k, k.shape[0])
     if seqused_k is not None:
         if not isinstance(seqused_k, torch.Tensor) or seqused_k.dtype != torch.int32:
             raise TypeError(f"seqused_k must be an int32 torch.Tensor, got {getattr(seqused_k, 'dtype', type(seqused_k))}")

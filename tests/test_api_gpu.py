@@ -110,3 +110,21 @@ def test_cache_info_counts_this_process():
     fa4.flash_attn_func(q, k, v, kernel_options=SM80)
     info1 = fa4.cache_info()
     assert info1["memory_hits"] >= info0["memory_hits"] + 1
+
+
+@pytest.mark.parametrize("how", ["none", "cuda_tensor", "cpu_tensor"])
+def test_varlen_max_seqlen_optional(how):
+    """flash_attn.cute-style calls: max_seqlen_q/k omitted or given as 0-dim tensors (issue 9)."""
+    from fa4.testing import random_varlen
+
+    vb = random_varlen(4, 300, 4, 2, 128, torch.bfloat16, "cuda", max_seqlen_k=500, seed=8)
+    mq, mk = {"none": (None, None),
+              "cuda_tensor": (torch.tensor(vb.max_seqlen_q, device="cuda"), torch.tensor(vb.max_seqlen_k, device="cuda")),
+              "cpu_tensor": (torch.tensor(vb.max_seqlen_q), torch.tensor(vb.max_seqlen_k))}[how]
+    out, lse = fa4.flash_attn_varlen_func(vb.q, vb.k, vb.v, cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k,
+                                          max_seqlen_q=mq, max_seqlen_k=mk, causal=True, return_lse=True)
+    ref = attention_ref(vb.q, vb.k, vb.v, cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k, causal=True)
+    low = attention_ref(vb.q, vb.k, vb.v, cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k, causal=True,
+                        upcast=False)
+    check_close("out", out, ref[0], low[0])
+    check_close("lse", lse, ref[1], low[1])

@@ -181,6 +181,21 @@ def test_varlen_valid_reaches_driver(fake):
         fa4.flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=mq, max_seqlen_k=mk)
 
 
+@pytest.mark.parametrize("mq,mk,want", [
+    (None, None, (21, 44)),  # the packed token counts: upper bounds, no device sync
+    (torch.tensor(17), torch.tensor(30, dtype=torch.int64), (17, 30)),  # CPU 0-dim tensors: their values
+    (torch.tensor(17, device="meta"), 30, (21, 30)),  # a device tensor is not read: the bound
+])
+def test_varlen_max_seqlen_optional(mq, mk, want):
+    from fa4 import validate
+
+    q, k, v = torch.empty(21, 4, 64, dtype=BF16), torch.empty(44, 2, 64, dtype=BF16), torch.empty(44, 2, 64, dtype=BF16)
+    cu_q, cu_k = torch.tensor([0, 3, 20, 21], dtype=torch.int32), torch.tensor([0, 5, 14, 44], dtype=torch.int32)
+    with validate.allow_any_device():
+        p = validate.check_varlen(q, k, v, cu_q, cu_k, mq, mk, None, None, False, (None, None), 0.0)
+    assert (p.seqlen_q, p.seqlen_k) == want
+
+
 def test_varlen_cu_seqlens_checks(fake):
     q, k, v, cu_q, cu_k, mq, mk = varlen_inputs()
     f = fa4.flash_attn_varlen_func
@@ -190,7 +205,10 @@ def test_varlen_cu_seqlens_checks(fake):
            cu_seqlens_k=torch.empty(3, dtype=torch.int32, device="cuda"), max_seqlen_q=mq, max_seqlen_k=mk)
     raises(ValueError, "cu_seqlens_k must be on the same device", f, q, k, v, cu_seqlens_q=cu_q,
            cu_seqlens_k=torch.empty(4, dtype=torch.int32), max_seqlen_q=mq, max_seqlen_k=mk)
-    raises(ValueError, "max_seqlen_q and max_seqlen_k are required", f, q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    raises(TypeError, "max_seqlen_q must be an int or a 0-dim integer tensor", f, q, k, v, cu_seqlens_q=cu_q,
+           cu_seqlens_k=cu_k, max_seqlen_q=torch.tensor(3.0), max_seqlen_k=mk)
+    raises(TypeError, "max_seqlen_k must be an int or a 0-dim integer tensor", f, q, k, v, cu_seqlens_q=cu_q,
+           cu_seqlens_k=cu_k, max_seqlen_q=mq, max_seqlen_k=torch.tensor([3]))
     raises(TypeError, "max_seqlen_k must be an int", f, q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
            max_seqlen_q=mq, max_seqlen_k=3.0)
     raises(ValueError, "q must have 3 dimensions", f, cuda(1, 21, 4, 64), k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
