@@ -194,3 +194,30 @@ def test_fp16_and_no_lse():
     q, k, v = random_qkv(2, 500, 700, 4, 4, 64, torch.float16, "cuda", seed=5)
     out = fa4.flash_attn_func(q, k, v, causal=True, kernel_options=SM90)[0]
     check_close("out", out, attention_ref(q, k, v, causal=True)[0], attention_ref(q, k, v, causal=True, upcast=False)[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["sm80", "sm90"])
+def test_unused_kv_rows_may_hold_nan(family):
+    """K/V rows past ``seqused_k`` (an uninitialized KV cache) must not reach the output, even as
+    NaN: P is 0 there, but 0 * NaN is NaN in the P V product unless the rows are never multiplied.
+
+    Found by reading the sm90 kernel after the last device run of the session that wrote it: its TMA
+    loads whole K/V blocks, so rows between ``seqused_k`` and the block end are real memory. Not yet
+    run on a GPU; the sm80 kernel zero-fills those rows in smem."""
+    lens_q, lens_k, used = [200, 37, 129], [300, 300, 300], [1, 150, 299]
+    dev = "cuda"
+    q = torch.randn(sum(lens_q), 4, 128, device=dev, dtype=torch.bfloat16)
+    k = torch.randn(sum(lens_k), 2, 128, device=dev, dtype=torch.bfloat16)
+    v = torch.randn(sum(lens_k), 2, 128, device=dev, dtype=torch.bfloat16)
+    cu_q = torch.tensor([0, 200, 237, 366], dtype=torch.int32, device=dev)
+    cu_k = torch.tensor([0, 300, 600, 900], dtype=torch.int32, device=dev)
+    for b, n in enumerate(used):
+        k[300 * b + n: 300 * (b + 1)] = float("nan")
+        v[300 * b + n: 300 * (b + 1)] = float("nan")
+    seqused = torch.tensor(used, dtype=torch.int32, device=dev)
+    out, lse = fa4.flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=200,
+                                          max_seqlen_k=300, seqused_k=seqused, return_lse=True,
+                                          kernel_options=fa4.KernelOptions(arch=family))
+    assert not torch.isnan(out).any()
+    _check(out, lse, q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, seqused_k=seqused)
