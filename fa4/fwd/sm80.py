@@ -88,7 +88,7 @@ class FwdSm80Config(AttnKernelConfig):
     q_in_regs: bool = False
     has_lse: bool = True
     exp2_emu_frac: float = 0.0
-    rescale_threshold: float = 8.0
+    rescale_threshold: float = 0.0
     sum_rounded: bool = False
 
     KERNEL = "fa4.fwd.sm80:FlashFwdSm80"
@@ -622,6 +622,7 @@ def variants(arch: str) -> list[FwdSm80Config]:
         cfg(32, q_in_regs=True, tile_m=64),
         cfg(40, causal=True, exp2_emu_frac=0.25, rescale_threshold=0.0),
         cfg(128, num_stages=2, exp2_emu_frac=1.0),
+        cfg(128, causal=True, rescale_threshold=8.0, sum_rounded=True),
         cfg(192, 128, has_softcap=True),
     ]
 

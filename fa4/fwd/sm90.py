@@ -103,11 +103,11 @@ class FwdSm90Config(AttnKernelConfig):
     tile_m: int = 128
     tile_n: int = 128
     num_stages: int = 2
-    pingpong: bool = True
+    pingpong: bool = False
     persistent: bool = True
     has_lse: bool = True
     exp2_emu_frac: float = 0.0
-    rescale_threshold: float = 8.0
+    rescale_threshold: float = 0.0
     sum_rounded: bool = False
     rescale_o_before_pv: bool = False
 
