@@ -147,7 +147,8 @@ def flash_attn_varlen_func(
     q (total_q, heads, head_dim), k/v (total_k, heads_k, head_dim); sequence b is rows
     ``cu_seqlens[b]:cu_seqlens[b+1]`` (int32, length batch + 1); ``max_seqlen_q/k`` are the longest
     lengths (optional: ``None`` or a 0-dim GPU tensor uses the packed token count as an upper bound,
-    without a device sync; a 0-dim CPU tensor is read); ``seqused_k`` (int32, (batch,)) optionally uses only the first keys of each sequence.
+    without a device sync; a 0-dim CPU tensor is read); ``seqused_k`` (int32, (batch,)) optionally
+    uses only the first keys of each sequence.
     Returns ``(out, lse)`` with out (total_q, heads, head_dim) and lse float32 (heads, total_q) or None.
     """
     validate.reject_unsupported(qv=qv, seqused_q=seqused_q, gather_kv_indices=gather_kv_indices,

@@ -20,7 +20,7 @@ from fa4 import ops
 from fa4.testing import attention_ref
 
 
-def _inputs(d, scale_hint, seed, n_seq=20, hq=18, hk=6):
+def _inputs(d, seed, n_seq=20, hq=18, hk=6):
     g = torch.Generator(device="cpu").manual_seed(seed)
     lens = torch.randint(128, 2049, (n_seq,), generator=g).tolist()
     torch.manual_seed(seed)
@@ -62,10 +62,11 @@ def main() -> None:
     args = ap.parse_args()
     families = args.families.split(",")
     cases = [(256, 0.1, 0), (128, 0.1, 1), (64, None, 1), (256, None, 1), (128, 0.05, 2)]
-    print("d scale | " + " | ".join(f"{f} tau0 / tau8 (l of fp32 P) / tau8 (l of rounded P)" for f in families) + " | fa4-peer")
+    cols = [f"{f} tau0 / tau8 (l of fp32 P) / tau8 (l of rounded P)" for f in families]
+    print("d scale | " + " | ".join(cols) + " | fa4-peer")
     for d, scale, seed in cases:
         scale = d ** -0.5 if scale is None else scale
-        q, k, v, cu, maxlen = _inputs(d, scale, seed)
+        q, k, v, cu, maxlen = _inputs(d, seed)
         ref = attention_ref(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, causal=True, softmax_scale=scale)[0]
         cells = []
         for fam in families:

@@ -3,7 +3,8 @@
     python tools/sass.py bwd --hd 256 [--arch sm_90a] [--set causal=True --set tile_n=128] [--out f.sass]
 
 ``bwd`` / ``fwd`` / ``fwd90`` / ``post``: the sm80 backward (its make_config for a head dim), the sm80
-forward, the sm90 forward, or the backward's postprocess. ``--set`` overrides config fields (Python literals). Prints the opcode counts
+forward, the sm90 forward, or the backward's postprocess. ``--set`` overrides config fields (Python
+literals). Prints the opcode counts
 that matter for these kernels (MMA, ldmatrix, shared/global/local memory, reductions, barriers) so
 two versions can be compared without a GPU; ``--out`` keeps the full listing. Needs nvdisasm (the
 ``nvidia-cuda-nvdisasm`` wheel).

@@ -3,7 +3,9 @@ device code identical (run once with the old checkout's path, once with the new 
 
     python tools/sass_identity.py /path/to/checkout
 """
-import os, sys, hashlib, re
+import hashlib
+import os
+import sys
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 sys.path.insert(0, sys.argv[1])
 from fa4 import sass

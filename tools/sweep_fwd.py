@@ -1,6 +1,7 @@
-"""Time forward config variants (sm90 by default, ``--family sm80`` too) on the standard grid (GPU): every candidate is compiled in
-parallel first (disk cache), then each grid row times the default config and its variants with the
-median of ``triton.testing.do_bench``, fa4 only (peers: ``python -m fa4.bench``).
+"""Time forward config variants (sm90 by default, ``--family sm80`` too) on the standard grid
+(GPU): every candidate is compiled in parallel first (disk cache), then each grid row times the
+default config and its variants with the median of ``triton.testing.do_bench``, fa4 only (peers:
+``python -m fa4.bench``).
 
     python tools/sweep_fwd.py [--hdim 64,128] [--seqlen 8192] [--jobs 15] VARIANT [VARIANT ...]
 
