@@ -17,11 +17,12 @@ from typing import Optional
 from fa4.config import KernelOptions, env_options, normalize_family
 
 # Families with a working kernel, per direction, newest first. Only these are dispatched to.
-IMPLEMENTED = {"fwd": ("sm90", "sm80"), "bwd": ("sm80",)}
+IMPLEMENTED = {"fwd": ("sm90", "sm80"), "bwd": ("sm90", "sm80")}
 FAMILY_MODULES = {
     ("fwd", "sm90"): "fa4.fwd.sm90",
     ("fwd", "sm80"): "fa4.fwd.sm80",
     ("bwd", "sm80"): "fa4.bwd.sm80",
+    ("bwd", "sm90"): "fa4.bwd.sm90",
 }
 _FAMILY_MIN_CC = {"sm80": (8, 0), "sm90": (9, 0), "sm100": (10, 0)}
 # Families built on arch-specific ("a") instructions run on that major version only: wgmma and
@@ -122,13 +123,20 @@ def resolve(direction: str, cc: tuple[int, int], options: Optional[KernelOptions
 
 # Every module that defines kernels, for `python -m fa4 compile` and the compile tests. Each has
 # `variants(arch) -> list[KernelConfig]` (empty for an arch it does not claim).
-KERNEL_MODULES = ("fa4.bwd.preprocess", "fa4.bwd.postprocess", "fa4.fwd.sm80", "fa4.fwd.sm90", "fa4.bwd.sm80")
+KERNEL_MODULES = ("fa4.bwd.preprocess", "fa4.bwd.postprocess", "fa4.fwd.sm80", "fa4.fwd.sm90", "fa4.bwd.sm80",
+                  "fa4.bwd.sm90")
 
 
 def all_variants(arch: str, modules=KERNEL_MODULES) -> list:
+    """Every module's ``variants(arch)``, plus the postprocess of every backward main-kernel variant
+    (a config with a ``dq_fragment``: its dq_accum order), each config once."""
     import importlib
 
     out = []
     for name in modules:
         out.extend(importlib.import_module(name).variants(arch))
-    return out
+    if "fa4.bwd.postprocess" in modules:
+        from fa4.bwd import postprocess
+
+        out.extend(postprocess.config_for(c) for c in list(out) if hasattr(c, "dq_fragment"))
+    return list(dict.fromkeys(out))

@@ -259,12 +259,13 @@ def tiled_mma_sm80(dtype: Type[cutlass.Numeric], num_threads: int, warps_m: int)
     )
 
 
-def tiled_copy_rows_16B(copy_atom: cute.CopyAtom, num_threads: int, atom: cute.ComposedLayout) -> cute.TiledCopy:
+def tiled_copy_rows_16B(copy_atom: cute.CopyAtom, num_threads: int, atom) -> cute.TiledCopy:
     """A tiled copy of 16-bit tiles laid out with the swizzle ``atom`` (:func:`smem_layout_atom_sm80`):
     16 bytes per lane (``copy_atom`` must move 128 bits), the lanes of a thread row along one swizzle
-    row (64 or 32 elements), so gmem accesses are whole 128 / 64-byte runs and smem ones conflict free."""
+    row (64 or 32 elements), so gmem accesses are whole 128 / 64-byte runs and smem ones conflict free.
+    ``atom`` may also be the row width in elements (64 or 32) of an unswizzled tile."""
     elems = 128 // copy_atom.value_type.width
-    per_row = atom.outer.shape[1] // elems
+    per_row = (atom if isinstance(atom, int) else atom.outer.shape[1]) // elems
     thr_layout = cute.make_ordered_layout((num_threads // per_row, per_row), order=(1, 0))
     return cute.make_tiled_copy_tv(copy_atom, thr_layout, cute.make_layout((1, elems)))
 
@@ -370,13 +371,100 @@ def gemm_sm90(tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor, tCr
     warpgroup.commit_group()
 
 
-def smem_layout_sm90(dtype: Type[cutlass.Numeric], rows: int, cols: int, stages: int | None = None):
+def smem_layout_sm90(dtype: Type[cutlass.Numeric], rows: int, cols: int, stages: int | None = None,
+                     atom_cols: int | None = None):
     """Row-major (``cols`` contiguous) swizzled smem layout of a ``(rows, cols[, stages])`` 16-bit
-    tile for TMA and wgmma: the widest swizzle (128 / 64 / 32 bytes) whose atom divides ``cols``."""
+    tile for TMA and wgmma: the widest swizzle (128 / 64 / 32 bytes) whose atom divides ``cols``
+    (or ``atom_cols``: when a transposed view of the tile is an MN-major wgmma operand split into
+    parts of ``atom_cols`` columns, every part must hold whole swizzle atoms)."""
     import cutlass.utils.hopper_helpers as sm90_utils
     from cutlass.utils import LayoutEnum
 
     atom = cute.nvgpu.warpgroup.make_smem_layout_atom(
-        sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, cols), dtype)
+        sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, atom_cols or cols), dtype)
     shape = (rows, cols) if stages is None else (rows, cols, stages)
     return cute.tile_to_shape(atom, shape, (0, 1) if stages is None else (0, 1, 2))
+
+
+@cute.jit
+def zero_rows_from(sT: cute.Tensor, row_start: Int32, tidx: Int32, num_threads: cutlass.Constexpr[int]) -> None:
+    """Zero rows ``>= row_start`` of a 16-bit ``(rows, cols)`` smem tile (any swizzle: 16-byte chunks
+    stay contiguous), one 16-byte chunk per store, by ``num_threads`` threads (``tidx`` in
+    ``[0, num_threads)``). For tiles that TMA filled with rows past a sequence's used length (a KV
+    cache slot may hold NaN, and ``0 * NaN`` poisons a product even where the scores are masked).
+    The caller fences (``fence_proxy async.shared``) and synchronizes before wgmma reads the tile."""
+    rows, cols = cute.size(sT, mode=[0]), cute.size(sT, mode=[1])
+    per_row = cols // 8
+    zero = cute.make_rmem_tensor(cute.make_layout((1, 8)), sT.element_type)
+    zero.fill(0.0)
+    first = cutlass.max(row_start, 0) * per_row
+    for j in cutlass.range(first + tidx, rows * per_row, num_threads, unroll=1):
+        r = j // per_row
+        chunk = cute.local_tile(sT, (1, 8), (r, j - r * per_row))
+        cute.autovec_copy(zero, chunk)
+
+
+@cute.jit
+def store_rows_16B(sT: cute.Tensor, gT: cute.Tensor, rows_left: Int32, cols: Int32, tidx: Int32,
+                   num_threads: cutlass.Constexpr[int]) -> None:
+    """A 16-bit ``(rows, tile_cols)`` smem tile -> gmem with 16-byte stores by ``num_threads``
+    threads: rows ``< rows_left`` and 16-byte column chunks ``< cols`` only (varlen: the rows past a
+    sequence belong to the next one; padded head dims are not stored). The caller synchronizes
+    the writers of ``sT`` before."""
+    tile_cols = cute.size(sT, mode=[1])
+    per_row = 8 if (tile_cols // 8) % 8 == 0 else 4
+    copy = cute.make_tiled_copy_tv(
+        cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), sT.element_type, num_bits_per_copy=128),
+        cute.make_ordered_layout((num_threads // per_row, per_row), order=(1, 0)),
+        cute.make_layout((1, 8)))
+    thr = copy.get_slice(tidx)
+    tTcT = thr.partition_S(cute.make_identity_tensor((cute.size(sT, mode=[0]), tile_cols)))
+    tTsT = thr.partition_S(sT)
+    tTrT = cute.make_fragment_like(tTsT, sT.element_type)
+    cute.autovec_copy(tTsT, tTrT)
+    tTgT = thr.partition_D(gT)
+    tTpT = predicate_cols(tTcT, cols)
+    for m in cutlass.range_constexpr(cute.size(tTrT.shape[1])):
+        if tTcT[0, m, 0][0] < rows_left:
+            cute.copy(copy, tTrT[None, m, None], tTgT[None, m, None], pred=tTpT[None, m, None])
+
+
+# --------------------------------------------------------------------------------------------
+# sm90 bulk copies (no tensor map): one thread issues each
+# --------------------------------------------------------------------------------------------
+
+
+@dsl_user_op
+def bulk_load_g2s(dst_smem: cute.Pointer, src_gmem: cute.Pointer, num_bytes: int, mbar: cute.Pointer, *,
+                  loc=None, ip=None) -> None:
+    """``cp.async.bulk`` of ``num_bytes`` (a multiple of 16, both addresses 16-byte aligned) from
+    global to shared memory, completing as transaction bytes on the mbarrier ``mbar`` (a stage
+    of a :class:`cutlass.pipeline.PipelineTmaAsync`, whose ``tx_count`` includes them)."""
+    llvm.inline_asm(
+        None,
+        [Int32(dst_smem.toint(loc=loc, ip=ip)).ir_value(loc=loc, ip=ip), src_gmem.toint(loc=loc, ip=ip).ir_value(),
+         Int32(num_bytes).ir_value(loc=loc, ip=ip), Int32(mbar.toint(loc=loc, ip=ip)).ir_value(loc=loc, ip=ip)],
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], $2, [$3];",
+        "r,l,r,r",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+
+
+@dsl_user_op
+def bulk_reduce_add_f32(dst_gmem: cute.Pointer, src_smem: cute.Pointer, num_bytes: int, *, loc=None,
+                        ip=None) -> None:
+    """``cp.reduce.async.bulk .add.f32`` of ``num_bytes`` (a multiple of 16, 16-byte aligned) from
+    shared memory into global memory, in the issuing thread's bulk async-group (commit it with
+    ``cute.arch.cp_async_bulk_commit_group``, wait with ``cp_async_bulk_wait_group``)."""
+    llvm.inline_asm(
+        None,
+        [dst_gmem.toint(loc=loc, ip=ip).ir_value(), Int32(src_smem.toint(loc=loc, ip=ip)).ir_value(loc=loc, ip=ip),
+         Int32(num_bytes).ir_value(loc=loc, ip=ip)],
+        "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [$0], [$1], $2;",
+        "l,r,r",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )

@@ -56,7 +56,7 @@ def test_options_merge():
     ("fwd", (8, 0), "sm80", "sm_80", False),
     ("fwd", (8, 6), "sm80", "sm_86", False),
     ("fwd", (9, 0), "sm90", "sm_90a", False),   # the Hopper forward: native, no warning
-    ("bwd", (9, 0), "sm80", "sm_90a", True),    # no sm90 backward yet: visible fallback to sm80
+    ("bwd", (9, 0), "sm90", "sm_90a", False),   # the Hopper backward: native too
     ("fwd", (10, 0), "sm80", "sm_100a", True),  # sm_90a kernels do not run on Blackwell
     ("bwd", (10, 0), "sm80", "sm_100a", True),
 ])
@@ -82,8 +82,9 @@ def test_forced_family(monkeypatch):
     with pytest.raises(ValueError, match="compute capability 9.x"):
         arch.resolve("fwd", (10, 0), KernelOptions(arch="sm90"))
     assert arch.resolve("fwd", (9, 0), KernelOptions(arch="sm90")).family == "sm90"
-    with pytest.raises(NotImplementedError, match="no sm90 bwd kernel"):
-        arch.resolve("bwd", (9, 0), KernelOptions(arch="sm90"))
+    assert arch.resolve("bwd", (9, 0), KernelOptions(arch="sm90")).family == "sm90"
+    with pytest.raises(NotImplementedError, match="no sm100 bwd kernel"):
+        arch.resolve("bwd", (10, 0), KernelOptions(arch="sm100"))
 
 
 def test_explain_on_cpu_shapes():
@@ -99,6 +100,13 @@ def test_explain_hopper_forward_is_native():
     q = torch.empty(2, 1000, 8, 128, dtype=torch.bfloat16)
     text = str(fa4.explain(q, q, q, causal=True, capability=(9, 0)))
     assert "[fwd] family=sm90 target=sm_90a: native" in text and "'rescale_o_before_pv': " in text
+
+
+def test_explain_hopper_backward_is_native_and_says_deterministic():
+    q = torch.empty(2, 1000, 8, 128, dtype=torch.bfloat16, requires_grad=True)
+    text = str(fa4.explain(q, q, q, causal=True, deterministic=True, capability=(9, 0)))
+    assert "[bwd] family=sm90 target=sm_90a: native" in text and "'deterministic': True" in text
+    assert "fallback" not in text
 
 
 def test_explain_validates():

@@ -14,7 +14,7 @@ import tempfile
 import pytest
 
 from fa4 import jit
-from fa4.bwd import postprocess, preprocess, sm80
+from fa4.bwd import common, postprocess, preprocess, sm80
 from fa4.config import ARCHS, AttnProblem, KernelOptions
 from fa4.sched.semaphore import check_schedule, simulate
 
@@ -186,12 +186,14 @@ def test_can_implement_names_the_field():
 def test_workspace_shapes():
     p = _problem(72, seqlen_q=1000)
     cfg = sm80.make_config(p, None, "sm_80", deterministic=True)
-    shapes = sm80.workspace_shapes(p, cfg, (2, 1000, 8, 72))
-    assert shapes["dq_accum"] == (2, 8, -(-1000 // cfg.tile_m) * cfg.tile_m, 96)  # whole tiles
+    shapes = common.workspace_shapes(p, cfg, (2, 1000, 8, 72))
+    tiled = -(-1000 // cfg.tile_m) * cfg.tile_m  # whole tiles (Note [Padded row tiles])
+    assert shapes["dq_accum"] == (2, 8, tiled, 96)
     pv = dataclasses.replace(p, varlen_q=True, varlen_k=True, total_q=3000, total_k=3000)
     cfg_v = sm80.make_config(pv, None, "sm_80")
-    assert sm80.workspace_shapes(pv, cfg_v, (1, 3000, 8, 72))["dq_accum"] == (1, 8, 3000 + 2 * cfg_v.tile_m, 96)
-    assert shapes["lse_log2"] == shapes["dpsum"] == (2, 8, 1000)
+    rows_v = (3000 // cfg_v.tile_m + 2) * cfg_v.tile_m
+    assert common.workspace_shapes(pv, cfg_v, (1, 3000, 8, 72))["dq_accum"] == (1, 8, rows_v, 96)
+    assert shapes["lse_log2"] == shapes["dpsum"] == (2, 8, tiled)
     assert shapes["semaphore"] == (2, 8, -(-1000 // cfg.tile_m))
 
 
@@ -292,23 +294,19 @@ def test_deterministic_slots_are_visited_downwards_heads_fastest():
 
 
 def test_section_pairs():
-    assert sm80.section_pairs(64, causal=False, deterministic=True) == sm80.DET_SECTION_PAIRS_NO_MASK
-    assert sm80.section_pairs(100, causal=True, deterministic=True) == sm80.DET_SECTION_PAIRS_CAUSAL
-    assert sm80.section_pairs(64, causal=False, deterministic=False) == 1
-    assert sm80.section_pairs(64, causal=True, deterministic=False) == sm80.CAUSAL_SECTION_PAIRS
-    assert sm80.section_pairs(3, causal=True, deterministic=False) == 3
-    old, old_nd = sm80.DET_SECTION_PAIRS, sm80.SECTION_PAIRS
-    try:
-        sm80.DET_SECTION_PAIRS = 8
-        assert sm80.section_pairs(32, False, True) == sm80.section_pairs(32, True, True) == 8
-        assert sm80.section_pairs(5, False, True) == 5
-        assert sm80.section_pairs(64, True, False) == sm80.CAUSAL_SECTION_PAIRS  # the other mode's knob
-        sm80.DET_SECTION_PAIRS = 0
-        assert sm80.section_pairs(5, False, True) == 1
-        sm80.SECTION_PAIRS = 4
-        assert sm80.section_pairs(32, True, False) == sm80.section_pairs(32, False, False) == 4
-    finally:
-        sm80.DET_SECTION_PAIRS, sm80.SECTION_PAIRS = old, old_nd
+    order = sm80.LAUNCH_ORDER
+    assert order.section_pairs(64, causal=False, deterministic=True) == order.det_no_mask
+    assert order.section_pairs(100, causal=True, deterministic=True) == order.det_causal
+    assert order.section_pairs(64, causal=False, deterministic=False) == 1
+    assert order.section_pairs(64, causal=True, deterministic=False) == order.causal
+    assert order.section_pairs(3, causal=True, deterministic=False) == 3
+    o = dataclasses.replace(order, det_section=8)
+    assert o.section_pairs(32, False, True) == o.section_pairs(32, True, True) == 8
+    assert o.section_pairs(5, False, True) == 5
+    assert o.section_pairs(64, True, False) == order.causal  # the other mode's knob
+    o = dataclasses.replace(order, det_section=0, section=4)
+    assert o.section_pairs(5, False, True) == 1
+    assert o.section_pairs(32, True, False) == o.section_pairs(32, False, False) == 4
 
 
 def test_check_schedule_catches_bad_orders():
@@ -368,12 +366,12 @@ def test_causal_schedule_never_overtakes():
 def test_launch_grid_limits():
     cfg = sm80.make_config(_problem(128), None, "sm_90a")
     det = dataclasses.replace(cfg, deterministic=True)
-    assert sm80.launch_grid(cfg, 2, 16, 8192) == (64 * 16 * 2, 1, 1)
-    assert sm80.launch_grid(det, 2, 16, 8192) == (64 * 16 * 2, 1, 1)
-    assert sm80.launch_grid(cfg, 70000, 1, 128) == (70000, 1, 1)  # 1-D: batch is not capped at 65535
+    assert common.launch_grid(cfg, 2, 16, 8192) == (64 * 16 * 2, 1, 1)
+    assert common.launch_grid(det, 2, 16, 8192) == (64 * 16 * 2, 1, 1)
+    assert common.launch_grid(cfg, 70000, 1, 128) == (70000, 1, 1)  # 1-D: batch is not capped at 65535
     for c in (cfg, det):
         with pytest.raises(ValueError, match="limit"):
-            sm80.launch_grid(c, 2**16, 2**8, 2**7 * 128)  # 2^31 CTAs
+            common.launch_grid(c, 2**16, 2**8, 2**7 * 128)  # 2^31 CTAs
 
 
 def test_block_ranges_cover_the_mask():
@@ -388,9 +386,9 @@ def test_block_ranges_cover_the_mask():
                 win = ((None if wl >= big else wl), (None if wr >= big else wr)) if local else (None, None)
                 allowed = attention_mask(sq, sk, causal=causal, window_size=win)
                 for n in range(-(-sk // tn)):
-                    lo, hi = sm80.host_m_block_range(n, sq, sk, tm, tn, causal, local, wl, wr)
+                    lo, hi = common.host_m_block_range(n, sq, sk, tm, tn, causal, local, wl, wr)
                     for m in range(-(-sq // tm)):
                         if allowed[m * tm : (m + 1) * tm, n * tn : (n + 1) * tn].any():
                             assert lo <= m < hi, (sq, sk, tm, tn, causal, local, wl, wr, m, n)
-                            nlo, nhi = sm80.host_n_block_range(m, sq, sk, tm, tn, causal, local, wl, wr)
+                            nlo, nhi = common.host_n_block_range(m, sq, sk, tm, tn, causal, local, wl, wr)
                             assert nlo <= n < nhi

@@ -1,8 +1,9 @@
 """The backward preprocess kernel against torch, through its launcher ``run_preprocess``.
 
 Workspaces are views of NaN-filled buffers one guard region longer than needed: the test checks
-every element the kernel must write (dq_accum: whole tiles of the main kernel's tile_m rows, for
-several tile_m) and that the guard is untouched. Inputs cover odd lengths
+every element the kernel must write (whole tiles of the main kernel's tile_m rows, for several
+tile_m: the rows' values, the padding rows' +inf / 0 and dq_accum's zeros; Note [Padded row tiles]
+in fa4/bwd/workspace.py) and that the guard is untouched. Inputs cover odd lengths
 (1, 113, 1000), head dims that are not multiples of 32 (column predicates), rows with lse = -inf,
 varlen with uneven lengths, with and without dLSE, and the semaphore zeroing.
 """
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 from fa4.bwd import preprocess
-from fa4.bwd.dq_accum import dq_accum_shape
+from fa4.bwd.workspace import dq_accum_shape, head_dim_padded, rows_shape
 
 pytestmark = pytest.mark.gpu
 
@@ -40,27 +41,30 @@ def _reference(out, dout, lse, dlse):
     return d, lse_log2
 
 
-def _tiled_rows(cu_seqlens_q, s, tile_m):
-    """Rows of one head of dq_accum that the preprocess must zero (Note [dQ accumulator layout]):
-    whole tiles of tile_m rows from each sequence's base row."""
+def _tile_rows(cu_seqlens_q, s, tile_m):
+    """(rows of the sequences' rows, padding rows) of one head of the workspaces, the rows in
+    (sequence, row) order (Note [Padded row tiles]): whole tiles of tile_m rows from each
+    sequence's padded offset."""
     if cu_seqlens_q is None:
-        return torch.arange(-(-s // tile_m) * tile_m)
+        return torch.arange(s), torch.arange(s, -(-s // tile_m) * tile_m)
     cu = cu_seqlens_q.tolist()
-    rows = []
+    rows, pad = [], []
     for b in range(len(cu) - 1):
-        base = cu[b] + b * tile_m
-        rows += range(base, base + -(-(cu[b + 1] - cu[b]) // tile_m) * tile_m)
-    return torch.tensor(rows, dtype=torch.long)
+        base, n = (cu[b] // tile_m + b) * tile_m, cu[b + 1] - cu[b]
+        rows += range(base, base + n)
+        pad += range(base + n, base + -(-n // tile_m) * tile_m)
+    return torch.tensor(rows, dtype=torch.long), torch.tensor(pad, dtype=torch.long)
 
 
 def _run_and_check(out, dout, lse, dlse, cu_seqlens_q=None, max_seqlen_q=None, sem_shape=None, dq_tile_m=64):
     b, s, h, d = out.shape
-    dpad = preprocess.head_dim_padded(d)
+    dpad = head_dim_padded(d)
     nan = float("nan")
-    buf_d, dpsum = _guarded((b, h, s), torch.float32, nan)
-    buf_l, lse_log2 = _guarded((b, h, s), torch.float32, nan)
     nseq = b if cu_seqlens_q is None else cu_seqlens_q.numel() - 1
-    acc_shape = dq_accum_shape(nseq, h, s, dpad, dq_tile_m, cu_seqlens_q is not None)
+    varlen = cu_seqlens_q is not None
+    buf_d, dpsum = _guarded(rows_shape(nseq, h, s, dq_tile_m, varlen), torch.float32, nan)
+    buf_l, lse_log2 = _guarded(rows_shape(nseq, h, s, dq_tile_m, varlen), torch.float32, nan)
+    acc_shape = dq_accum_shape(nseq, h, s, dpad, dq_tile_m, varlen)
     buf_a, dq_accum = _guarded(acc_shape, torch.float32, nan)
     sem = None
     if sem_shape is not None:
@@ -82,12 +86,16 @@ def _run_and_check(out, dout, lse, dlse, cu_seqlens_q=None, max_seqlen_q=None, s
     ref_d, ref_l = _reference(out, dout, lse, dlse)
     # fp32 sums of d products in another order: a few ulps of the magnitude of the terms.
     tol = 1e-5 * (dout.float().abs() * out.float().abs()).sum(-1).transpose(1, 2).max().item() + 1e-6
-    assert not dpsum.isnan().any(), "dpsum has unwritten rows"
-    torch.testing.assert_close(dpsum, ref_d, atol=tol, rtol=1e-5)
-    assert not lse_log2.isnan().any(), "lse_log2 has unwritten rows"
-    assert torch.equal(lse_log2 == math.inf, lse == -math.inf)
-    torch.testing.assert_close(lse_log2, ref_l, atol=0, rtol=2e-7)
-    tiles = dq_accum[:, :, _tiled_rows(cu_seqlens_q, s, dq_tile_m).to(dq_accum.device)]
+    rows, pad = (t.to(out.device) for t in _tile_rows(cu_seqlens_q, s, dq_tile_m))
+    got_d, got_l = dpsum[:, :, rows], lse_log2[:, :, rows]
+    assert not got_d.isnan().any(), "dpsum has unwritten rows"
+    torch.testing.assert_close(got_d, ref_d, atol=tol, rtol=1e-5)
+    assert not got_l.isnan().any(), "lse_log2 has unwritten rows"
+    assert torch.equal(got_l == math.inf, lse == -math.inf)
+    torch.testing.assert_close(got_l, ref_l, atol=0, rtol=2e-7)
+    assert torch.equal(dpsum[:, :, pad], torch.zeros_like(dpsum[:, :, pad])), "padding rows: dpsum != 0"
+    assert (lse_log2[:, :, pad] == math.inf).all(), "padding rows: lse_log2 != +inf"
+    tiles = dq_accum[:, :, torch.cat([rows, pad])]
     assert torch.equal(tiles, torch.zeros_like(tiles)), "dq_accum tiles not zeroed (NaN-filled before)"
     for buf in (buf_d, buf_l, buf_a):
         _check_guard(buf, nan)

@@ -1,9 +1,11 @@
-"""Small sm90 forward cases for compute-sanitizer (memcheck, racecheck, synccheck):
+"""Small sm90 forward and backward cases for compute-sanitizer (memcheck, racecheck, synccheck):
 
     compute-sanitizer --tool racecheck python3 tools/sanitize_sm90.py
 
-Covers the persistent and the plain grid, 1/2/3 consumer warpgroups, causal / local, varlen with a
-length-1 sequence, an unpadded head dim, O through TMA and through plain stores."""
+Forward: the persistent and the plain grid, 1/2/3 consumer warpgroups, causal / local, varlen with
+a length-1 sequence, an unpadded head dim, O through TMA and through plain stores. Backward: P/dS in
+registers (d128, GQA, causal) and through smem (d256), deterministic, varlen with seqused_k, 128-row
+steps (d64)."""
 import dataclasses
 
 import torch
@@ -33,5 +35,21 @@ fa4.flash_attn_varlen_func(vb.q, vb.k, vb.v, cu_seqlens_q=vb.cu_seqlens_q, cu_se
                            causal=True, window_size=(50, 0), kernel_options=fa4.KernelOptions(arch="sm90"))
 q, k, v = random_qkv(1, 300, 300, 2, 2, 128, torch.bfloat16, "cuda", seed=3)
 fa4.flash_attn_func(q, k, v, window_size=(40, 20), kernel_options=fa4.KernelOptions(arch="sm90"))
+SM90 = fa4.KernelOptions(arch="sm90")
+for b, sq, sk, h, hk, d, causal, det, opts in [
+    (2, 200, 300, 4, 2, 128, True, False, SM90),
+    (1, 150, 100, 2, 2, 256, False, False, SM90),
+    (1, 300, 300, 4, 2, 128, True, True, SM90),
+    (1, 257, 129, 2, 1, 64, False, False, fa4.KernelOptions(arch="sm90", bwd_tile_m=128)),
+]:
+    q, k, v = random_qkv(b, sq, sk, h, hk, d, torch.bfloat16, "cuda", requires_grad=True, seed=d + 1)
+    out, _ = fa4.flash_attn_func(q, k, v, causal=causal, deterministic=det, kernel_options=opts)
+    torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+vb = random_varlen(3, 150, 4, 2, 128, torch.bfloat16, "cuda", max_seqlen_k=200, with_seqused_k=True,
+                   requires_grad=True, seed=2)
+out, _ = fa4.flash_attn_varlen_func(vb.q, vb.k, vb.v, cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k,
+                                    max_seqlen_q=vb.max_seqlen_q, max_seqlen_k=vb.max_seqlen_k,
+                                    seqused_k=vb.seqused_k, causal=True, kernel_options=SM90)
+torch.autograd.grad(out, (vb.q, vb.k, vb.v), torch.randn_like(out))
 torch.cuda.synchronize()
 print("sanitize cases done")

@@ -138,8 +138,9 @@ def run_experiment(shape, direction, over, deterministic):
     mod = fwd_mod if direction == "fwd" else bwd_mod
     det_section, section = over.get("_det_section"), over.get("_section")
     over = {k: v for k, v in over.items() if not k.startswith("_")}
-    old_sections = bwd_mod.DET_SECTION_PAIRS, bwd_mod.SECTION_PAIRS
-    bwd_mod.DET_SECTION_PAIRS, bwd_mod.SECTION_PAIRS = det_section, section
+    order = bwd_mod.LAUNCH_ORDER
+    old_sections = order.det_section, order.section
+    order.det_section, order.section = det_section, section
 
     def patched(*a, **k):
         return dataclasses.replace(orig(*a, **k), **over)
@@ -170,7 +171,7 @@ def run_experiment(shape, direction, over, deterministic):
     finally:
         mod.make_config = orig
         fa4.ops._plans.clear()
-        bwd_mod.DET_SECTION_PAIRS, bwd_mod.SECTION_PAIRS = old_sections
+        order.det_section, order.section = old_sections
 
 
 def main():

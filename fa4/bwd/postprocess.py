@@ -2,21 +2,21 @@
 
 The main backward kernel accumulates ``dS @ K`` (without the softmax scale) into the float32
 workspace ``dq_accum``, in the fragment order of its dQ MMA (Note [dQ accumulator layout] in
-fa4/bwd/dq_accum.py). This kernel runs one CTA per (m_block, head, batch) with the same threads and
-the same tiled MMA, so each thread reads back exactly the accumulator fragment that the main
-kernel's threads added into (``vec`` floats per load, whole cache lines per warp), scales it,
+fa4/bwd/workspace.py; ``mma.sync`` for the sm80 family, wgmma for sm90). This kernel runs one CTA
+per (m_block, head, batch) with the same number of threads and the same tiled MMA (only its
+layouts: it issues no MMA), so each thread reads back exactly the accumulator fragment that the
+main kernel's thread of that index added (``vec`` floats per load, whole cache lines per warp), scales it,
 rounds it once, puts it through shared memory at its (row, column), and writes dq with 128-bit
 stores. Rows at or past the sequence's length are not written. Layouts (varlen: ``b = 1``,
 ``s = total_q``, with ``cu_seqlens_q``):
 
-    dq_accum  see fa4/bwd/dq_accum.py     float32
+    dq_accum  see fa4/bwd/workspace.py    float32
     dq        (b, s, h, d)                fp16/bf16, last dim contiguous, written
 """
 
 # No ``from __future__ import annotations``: see Note [no ``from __future__ import annotations``] in
 # fa4/fwd/sm80.py (``cute.struct`` reads its field annotations as objects).
 
-import functools
 from dataclasses import dataclass
 from typing import ClassVar, Optional
 
@@ -24,25 +24,31 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
-from fa4.bwd.dq_accum import dq_accum_view, red_vec, thread_fragment
 from fa4.bwd.preprocess import _DTYPES
+from fa4.bwd.workspace import DqFragment, dq_accum_view, dq_tiled_mma, red_vec, thread_fragment
 from fa4.config import KernelConfig
-from fa4.cute_utils import acc_to_smem, smem_layout_atom_sm80, smem_to_gmem_pred, tiled_copy_rows_16B, tiled_mma_sm80
+from fa4.cute_utils import acc_to_smem, smem_layout_atom_sm80, smem_to_gmem_pred, tiled_copy_rows_16B
 from fa4.seqlen import SeqlenInfo, grid_extent
 
 
 @dataclass(frozen=True)
 class BwdPostprocessConfig(KernelConfig):
     """Compile key of :class:`BwdPostprocess`. ``head_dim``: the padded head dim of ``dq_accum``
-    (a multiple of 32); the real one comes from ``dq`` at run time. ``tile_m``, ``num_threads``
-    and ``atom_m`` (warps along the rows of the dQ MMA) are the main kernel's: they define the
-    dq_accum tiles and their fragment order."""
+    (a multiple of 32); the real one comes from ``dq`` at run time. ``tile_m`` and the dQ MMA
+    (``mma``, ``num_threads``, ``atom_m``, ``atom_n``: a :class:`fa4.bwd.workspace.DqFragment`)
+    are the main kernel's: they define the dq_accum tiles and their fragment order."""
 
     head_dim: int = 128
     tile_m: int = 64
     num_threads: int = 256
     atom_m: int = 2
+    atom_n: int = 1
+    mma: str = "sm80"
     varlen: bool = False
+
+    @property
+    def fragment(self) -> DqFragment:
+        return DqFragment(self.mma, self.num_threads, self.atom_m, self.atom_n)
 
     KERNEL: ClassVar[str] = "fa4.bwd.postprocess:BwdPostprocess"
 
@@ -59,6 +65,19 @@ class BwdPostprocess:
     @staticmethod
     def can_implement(cfg: BwdPostprocessConfig) -> None:
         cfg.check_target(_DTYPES, head_dim_multiple=32)
+        if cfg.mma == "sm90":
+            if cfg.arch != "sm_90a":
+                raise ValueError(f"BwdPostprocessConfig: the wgmma fragment order needs sm_90a, got {cfg.arch!r}")
+            wgs = cfg.num_threads // 128
+            if cfg.num_threads % 128 or cfg.atom_m * cfg.atom_n != wgs:
+                raise ValueError(f"BwdPostprocessConfig: {cfg.num_threads} threads are not atom_m x atom_n = "
+                                 f"{cfg.atom_m} x {cfg.atom_n} warpgroups")
+            if cfg.tile_m % (64 * cfg.atom_m) or cfg.head_dim % (8 * cfg.atom_n):
+                raise ValueError(f"BwdPostprocessConfig: a {cfg.tile_m}x{cfg.head_dim} dQ tile does not tile into "
+                                 f"{cfg.atom_m}x{cfg.atom_n} warpgroups of 64-row wgmma atoms")
+            return
+        if cfg.mma != "sm80":
+            raise ValueError(f"BwdPostprocessConfig.mma must be 'sm80' or 'sm90', got {cfg.mma!r}")
         warps = cfg.num_threads // 32
         if cfg.num_threads not in (128, 256) or cfg.atom_m <= 0 or warps % cfg.atom_m:
             raise ValueError(
@@ -89,7 +108,7 @@ class BwdPostprocess:
     @cute.jit
     def __call__(
         self,
-        mdQaccum: cute.Tensor,  # fa4/bwd/dq_accum.py
+        mdQaccum: cute.Tensor,  # fa4/bwd/workspace.py
         mdQ: cute.Tensor,  # (b, s, h, d)
         mCuSeqlensQ: Optional[cute.Tensor],  # (b + 1,) int32
         softmax_scale: Float32,
@@ -99,11 +118,19 @@ class BwdPostprocess:
         if const_expr(mdQ.element_type != self.dtype):
             raise TypeError("dq must have the configured dtype")
         atom = smem_layout_atom_sm80(self.dtype, self.head_dim)
-        sdQ_layout = cute.tile_to_shape(atom, (self.tile_m, self.head_dim), (0, 1))
+        frag = self.cfg.fragment
+        if const_expr(frag.mma == "sm90" and (self.head_dim // frag.atom_n) % atom.outer.shape[1]):
+            # A warpgroup's columns do not cover whole swizzle rows (head dim 96 / 160 / 192 / 224
+            # over two warpgroups): rows padded by 16 bytes instead, conflict free for the
+            # accumulator's 4-byte stores (row stride 4 banks mod 32).
+            sdQ_layout = cute.make_layout((self.tile_m, self.head_dim), stride=(self.head_dim + 8, 1))
+            atom = atom.outer.shape[1]
+        else:
+            sdQ_layout = cute.tile_to_shape(atom, (self.tile_m, self.head_dim), (0, 1))
         copy_out = tiled_copy_rows_16B(
             cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128), self.num_threads, atom
         )
-        tiled_mma = tiled_mma_sm80(self.dtype, self.num_threads, self.cfg.atom_m)
+        tiled_mma = dq_tiled_mma(self.cfg.fragment, self.dtype, self.tile_m, self.head_dim)
         num_batch, seqlen = grid_extent(mdQ, mCuSeqlensQ, max_seqlen_q)
 
         @cute.struct
@@ -122,7 +149,7 @@ class BwdPostprocess:
         mdQ: cute.Tensor,
         mCuSeqlensQ: Optional[cute.Tensor],
         softmax_scale: Float32,
-        sdQ_layout: cute.ComposedLayout,
+        sdQ_layout,  # cute.ComposedLayout (swizzled) or cute.Layout (padded rows)
         copy_out: cute.TiledCopy,
         tiled_mma: cute.TiledMma,
         SharedStorage: cutlass.Constexpr,
@@ -137,7 +164,7 @@ class BwdPostprocess:
             sdQ = storage.sdQ.get_tensor(sdQ_layout)
             acc = cute.make_rmem_tensor(tiled_mma.get_slice(tidx).partition_shape_C(tile), Float32)
             gAcc = cute.local_tile(dq_accum_view(mdQaccum, seq, batch, head, self.tile_m), tile, (m_block, 0))
-            gFrag = thread_fragment(gAcc, self.num_threads, cute.size(acc), self.vec, tidx)
+            gFrag = thread_fragment(gAcc, self.cfg.fragment, cute.size(acc), self.vec, tidx)
             acc_v = cute.make_tensor(acc.iterator, cute.make_layout(gFrag.shape))
             for v in cutlass.range_constexpr(cute.size(gFrag, mode=[1])):
                 acc_v[None, v].store(gFrag[None, v].load())
@@ -148,19 +175,21 @@ class BwdPostprocess:
             smem_to_gmem_pred(copy_out, sdQ, gdQ, rows_left, mdQ.shape[3], tidx)
 
 
-@functools.lru_cache(maxsize=256)
+_configs: dict = {}
+
+
 def config_for(bwd_cfg) -> BwdPostprocessConfig:
     """The postprocess that reads back the dq_accum of the main kernel config ``bwd_cfg`` (its
-    tile_m, threads and dQ warp layout define the tiles: Note [dQ accumulator layout])."""
-    return BwdPostprocessConfig(
-        arch=bwd_cfg.arch,
-        dtype=bwd_cfg.dtype,
-        head_dim=bwd_cfg.head_dim,
-        tile_m=bwd_cfg.tile_m,
-        num_threads=bwd_cfg.num_threads,
-        atom_m=bwd_cfg.atom_m_dq,
-        varlen=bwd_cfg.varlen_q,
-    )
+    tile_m and dQ fragment order, ``bwd_cfg.dq_fragment``, define the tiles: Note [dQ accumulator
+    layout]). Cached: it is on every backward call's host path."""
+    cfg = _configs.get(bwd_cfg)
+    if cfg is None:
+        frag = bwd_cfg.dq_fragment
+        cfg = _configs[bwd_cfg] = BwdPostprocessConfig(
+            arch=bwd_cfg.arch, dtype=bwd_cfg.dtype, head_dim=bwd_cfg.head_dim, tile_m=bwd_cfg.tile_m,
+            num_threads=frag.num_threads, atom_m=frag.atom_m, atom_n=frag.atom_n, mma=frag.mma,
+            varlen=bwd_cfg.varlen_q)
+    return cfg
 
 
 def run_postprocess(
@@ -187,7 +216,18 @@ def run_postprocess(
 
 
 def variants(arch: str) -> list[BwdPostprocessConfig]:
-    """The postprocess of every main-kernel variant (:func:`fa4.bwd.sm80.variants`), once each."""
-    from fa4.bwd import sm80
-
-    return list(dict.fromkeys(config_for(c) for c in sm80.variants(arch)))
+    """A covering set: every padded head dim in the sm80 order (256 threads, the dQ warp layouts
+    of the sm80 tuning table), both dtypes, varlen; on sm_90a also the wgmma orders of the sm90
+    backward (64-row tiles with the warpgroups along the head dim, 128-row tiles with them along
+    the rows). :func:`fa4.arch.all_variants` adds the postprocess of every main-kernel variant."""
+    out = []
+    for i, hd in enumerate(range(32, 257, 32)):
+        atom_m = 4 if hd <= 96 or hd % 64 else 2  # 8 warps: 2 x 4 tiles hd only in multiples of 64
+        out.append(BwdPostprocessConfig(arch=arch, dtype=("bf16", "fp16")[i % 2], head_dim=hd,
+                                        tile_m=128 if hd <= 64 else 64, atom_m=atom_m, varlen=i % 3 == 0))
+    if arch == "sm_90a":
+        for hd, tile_m, am, an, varlen in ((128, 64, 1, 2, False), (64, 128, 2, 1, True), (256, 64, 1, 2, True),
+                                           (96, 64, 1, 2, False)):
+            out.append(BwdPostprocessConfig(arch=arch, dtype="bf16", head_dim=hd, tile_m=tile_m, num_threads=256,
+                                            atom_m=am, atom_n=an, mma="sm90", varlen=varlen))
+    return out

@@ -9,8 +9,9 @@ For every query row ``i`` of every (batch, head) it writes
   lse_log2)`` with one FMA. A row with no allowed key has ``lse = -inf``; it gets ``lse_log2 =
   +inf``, which makes every ``P`` of the row exactly 0 whatever its scores are (masked ``-inf`` or
   not), so its gradients are 0 and never NaN;
-* zeros into the float32 ``dq_accum`` tiles of its rows (Note [dQ accumulator layout] in
-  fa4/bwd/dq_accum.py: whole tiles of the main kernel's ``tile_m`` rows, so the last one is padded);
+* the padding rows of the last tile (``lse_log2 = +inf``, ``dpsum = 0``) and zeros into the float32
+  ``dq_accum`` tiles of its rows: whole tiles of the main kernel's ``tile_m`` rows (Note [Padded row
+  tiles] in fa4/bwd/workspace.py);
 * zeros into the deterministic-mode semaphores when given (a flat int32 array, grid-strided).
 
 One CTA per (m_block, head, batch); each row is read by ``threads_per_row`` adjacent lanes with
@@ -19,9 +20,9 @@ neither read nor written. Layouts (``s`` = seqlen_q; varlen: ``b = 1``, ``s = to
 
     O, dO       (b, s, h, d)               fp16/bf16, last dim contiguous
     lse, dlse   (b, h, s)                  float32
-    lse_log2    (b, h, s)                  float32, written
-    dpsum       (b, h, s)                  float32, written
-    dq_accum    see fa4/bwd/dq_accum.py      float32, zeroed (tiles of the sequences' rows)
+    lse_log2    see fa4/bwd/workspace.py   float32, written (padding rows too)
+    dpsum       see fa4/bwd/workspace.py   float32, written (padding rows too)
+    dq_accum    see fa4/bwd/workspace.py   float32, zeroed (tiles of the sequences' rows)
     semaphore   (n,)                       int32, zeroed
 """
 
@@ -36,17 +37,12 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
-from fa4.bwd.dq_accum import dq_accum_shape, dq_accum_view
+from fa4.bwd.workspace import dq_accum_shape, dq_accum_view, head_dim_padded, rows_shape, rows_view
 from fa4.config import KernelConfig
 from fa4.seqlen import SeqlenInfo, grid_extent
 
 LOG2_E = math.log2(math.e)
 _DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
-
-
-def head_dim_padded(d: int) -> int:
-    """The padded head dim of the backward workspaces (``dq_accum``'s last dim): a multiple of 32."""
-    return (d + 31) // 32 * 32
 
 
 @dataclass(frozen=True)
@@ -126,7 +122,11 @@ class BwdPreprocess:
         cu_seqlens_q = (
             cute.runtime.make_fake_compact_tensor(Int32, (batch_plus_1,), assumed_align=4) if cfg.varlen else None
         )
-        lse_log2, dpsum = rows_f32(), rows_f32()
+        def rows_padded():  # whole tiles of rows (Note [Padded row tiles])
+            return cute.runtime.make_fake_compact_tensor(Float32, (b, h, cute.sym_int()), stride_order=(2, 1, 0),
+                                                         assumed_align=16)
+
+        lse_log2, dpsum = rows_padded(), rows_padded()
         # Its own row count: whole tiles (Note [dQ accumulator layout]).
         dq_accum = cute.runtime.make_fake_compact_tensor(
             Float32, (b, h, cute.sym_int(), cfg.head_dim), stride_order=(3, 2, 1, 0), assumed_align=16
@@ -166,9 +166,9 @@ class BwdPreprocess:
         mLSE: cute.Tensor,  # (b, h, s) float32
         mdLSE: Optional[cute.Tensor],  # (b, h, s) float32
         mCuSeqlensQ: Optional[cute.Tensor],  # (b + 1,) int32
-        mLSElog2: cute.Tensor,  # (b, h, s) float32
-        mDpsum: cute.Tensor,  # (b, h, s) float32
-        mdQaccum: cute.Tensor,  # (b, h, s, head_dim_padded) float32
+        mLSElog2: cute.Tensor,  # (b, h, rows) float32 (fa4/bwd/workspace.py)
+        mDpsum: cute.Tensor,  # (b, h, rows) float32
+        mdQaccum: cute.Tensor,  # (b, h, rows, head_dim_padded) float32
         mSemaphore: Optional[cute.Tensor],  # (n,) int32
         max_seqlen_q: Int32,  # longest sequence (varlen grid); ignored for fixed length
         dq_tile_m: Int32,  # the main kernel's tile_m: dq_accum's tiles (Note [dQ accumulator layout])
@@ -214,12 +214,14 @@ class BwdPreprocess:
             # (s, d) / (s,) views of this (batch, head), starting at the sequence's first row.
             mO_bh, mdO_bh = seq.q_view(mO, batch, head), seq.q_view(mdO, batch, head)
             mdQ_bh = dq_accum_view(mdQaccum, seq, batch, head, dq_tile_m)
-            mLSE_bh, mLSElog2_bh, mDpsum_bh = [seq.lse_view(t, batch, head) for t in (mLSE, mLSElog2, mDpsum)]
+            mLSElog2_bh = rows_view(mLSElog2, seq, batch, head, dq_tile_m)
+            mDpsum_bh = rows_view(mDpsum, seq, batch, head, dq_tile_m)
+            mLSE_bh = seq.lse_view(mLSE, batch, head)
             mdLSE_bh = seq.lse_view(mdLSE, batch, head) if const_expr(mdLSE is not None) else None
-            self.row_dot(mO_bh, mdO_bh, mDpsum_bh, mdLSE_bh, m_block, rows_left, copy_o, tidx)
-            self.lse_to_log2(mLSE_bh, mLSElog2_bh, row0, rows_left, tidx)
-            # Whole dq_accum tiles: rows up to seqlen_q rounded up to the main kernel's tile_m.
+            # Whole tiles: rows up to seqlen_q rounded up to the main kernel's tile_m.
             rows_tiled = cute.ceil_div(seq.seqlen_q, dq_tile_m) * dq_tile_m - row0
+            self.row_dot(mO_bh, mdO_bh, mDpsum_bh, mdLSE_bh, m_block, rows_left, copy_o, tidx)
+            self.lse_to_log2(mLSE_bh, mLSElog2_bh, mDpsum_bh, row0, rows_left, rows_tiled, tidx)
             self.zero_dq_accum(mdQ_bh, m_block, rows_tiled, copy_acc, tidx)
 
     @cute.jit
@@ -267,14 +269,20 @@ class BwdPreprocess:
                 mDpsum_bh[m_block * self.tile_m + row] = acc
 
     @cute.jit
-    def lse_to_log2(self, mLSE_bh: cute.Tensor, mLSElog2_bh: cute.Tensor, row0: Int32, rows_left: Int32, tidx: Int32):
-        """lse_log2 = lse * log2(e); -inf (no allowed key) -> +inf so that P = exp2(s - lse_log2) = 0."""
-        if tidx < self.tile_m and tidx < rows_left:
-            lse = mLSE_bh[row0 + tidx]
-            lse_log2 = Float32.inf
-            if lse != -Float32.inf:
-                lse_log2 = lse * Float32(LOG2_E)
-            mLSElog2_bh[row0 + tidx] = lse_log2
+    def lse_to_log2(self, mLSE_bh: cute.Tensor, mLSElog2_bh: cute.Tensor, mDpsum_bh: cute.Tensor, row0: Int32,
+                    rows_left: Int32, rows_tiled: Int32, tidx: Int32):
+        """lse_log2 = lse * log2(e); -inf (no allowed key) -> +inf so that P = exp2(s - lse_log2) = 0.
+        Padding rows of the last tile: lse_log2 = +inf, dpsum = 0 (Note [Padded row tiles])."""
+        if tidx < self.tile_m:
+            if tidx < rows_left:
+                lse = mLSE_bh[row0 + tidx]
+                lse_log2 = Float32.inf
+                if lse != -Float32.inf:
+                    lse_log2 = lse * Float32(LOG2_E)
+                mLSElog2_bh[row0 + tidx] = lse_log2
+            elif tidx < rows_tiled:
+                mLSElog2_bh[row0 + tidx] = Float32.inf
+                mDpsum_bh[row0 + tidx] = Float32(0.0)
 
     @cute.jit
     def zero_dq_accum(
@@ -357,9 +365,10 @@ def run_preprocess(
 
     ``out``/``dout`` ``(b, s, h, d)`` (varlen: ``(1, total_q, h, d)`` with ``cu_seqlens_q`` and
     ``max_seqlen_q``); ``lse``/``dlse`` float32 ``(b, h, s)``, made contiguous here if they are not
-    (an autograd ``dlse`` is often an expanded view); ``lse_log2``, ``dpsum`` float32 ``(b, h, s)``
-    and ``dq_accum`` float32 :func:`fa4.bwd.dq_accum.dq_accum_shape` for ``dq_tile_m`` (the main
-    kernel's tile_m, a divisor of this kernel's 128-row tile), contiguous, its tiles zeroed;
+    (an autograd ``dlse`` is often an expanded view); ``lse_log2``, ``dpsum`` float32
+    :func:`fa4.bwd.workspace.rows_shape` and ``dq_accum`` float32
+    :func:`fa4.bwd.workspace.dq_accum_shape` for ``dq_tile_m`` (the main kernel's tile_m, a divisor
+    of this kernel's 128-row tile), contiguous, written whole tiles at a time;
     ``semaphore`` int32, any shape, contiguous, zeroed. ``arch``: code-generation target, default
     the device's.
     """
@@ -378,6 +387,10 @@ def run_preprocess(
     want = dq_accum_shape(batch, out.shape[2], out.shape[1], head_dim_padded(d), dq_tile_m, varlen)
     if tuple(dq_accum.shape) != want or not dq_accum.is_contiguous():
         raise ValueError(f"dq_accum must be a contiguous float32 tensor of shape {want}, got {tuple(dq_accum.shape)}")
+    want_rows = rows_shape(batch, out.shape[2], out.shape[1], dq_tile_m, varlen)
+    for name, t in (("lse_log2", lse_log2), ("dpsum", dpsum)):
+        if tuple(t.shape) != want_rows or not t.is_contiguous():
+            raise ValueError(f"{name} must be a contiguous float32 tensor of shape {want_rows}, got {tuple(t.shape)}")
     if out.shape[1] == 0 or (varlen and max_seqlen_q == 0):
         if semaphore is not None:
             semaphore.zero_()

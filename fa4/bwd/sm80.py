@@ -22,45 +22,11 @@ Note [Out-of-bounds tiles]
     0; out-of-range keys are masked to -inf. Nothing out of bounds is stored; dq_accum rows are
     predicated too. Hence no NaN can leak from padding, whatever the memory beyond holds.
 
-Note [Launch order]
-    The grid is 1-D: CTA ``i`` -> (x, kv head, batch) by :func:`fa4.sched.tile.section_tile`. The
-    (batch, kv head) pairs are cut into sections of ``section`` pairs (:func:`section_pairs`),
-    launched one after the other; inside a section ``x`` is slowest and the pairs fastest. Without
-    determinism K block ``n = x``. With a causal mask block ``n`` walks the m_blocks from its
-    diagonal on, so its work decreases with ``n``: sections of several pairs launch their longest
-    blocks first (LPT) and the short ones fill in after them, instead of every pair's long blocks
-    starting behind the previous pair's short ones (one pair per section), which leaves a tail of
-    long blocks at the end of the grid. Sections of 8 pairs measured best on the H200, ahead of
-    one section of all pairs, whose blocks in flight each stream a different pair's Q and dO.
-    Without a causal mask the blocks of a pair are equal, and sections of one pair (x fastest)
-    let the blocks running together share the pair's Q and dO in L2.
+Launch order and the deterministic mode: Note [Launch order] and Note [Deterministic dQ] in
+fa4/bwd/common.py (the driver shared by every family). How this kernel waits for and publishes its
+dQ slot: Note [Split-phase dQ] below.
 
-Note [Deterministic dQ]
-    With ``deterministic``, the additions into the dQ accumulator of each (batch, q head, m_block)
-    slot happen in a fixed order, serialized by an int32 counter per slot (:mod:`fa4.sched.semaphore`).
-
-    Ranks. In a slot, the contributors are the K blocks ``[n_min, n_max)`` of
-    ``mask.n_block_range(m_block)``; K block ``n`` has rank ``n - n_min`` (the first block adds
-    first). K block ``n`` is grid index ``x = n`` of its (batch, kv head), as without determinism,
-    and Note [Launch order] launches a pair's blocks in increasing ``x``: a CTA only waits for
-    CTAs launched before it, whatever the section size, and the schedule cannot deadlock with any
-    number of CTAs resident (Note [No deadlock] in fa4/sched/semaphore.py;
-    :func:`deterministic_schedule` models it, the CPU tests simulate it with 1 to 7 resident CTAs).
-
-    Order of the m_blocks. A CTA walks its m_blocks downwards, from the last one. Every K block of
-    a pair then starts at the same (last) m_block -- with a causal mask too, where block ``n``
-    ends at its diagonal instead of starting there -- and block ``n + 1``, launched after block
-    ``n``, trails it by at least one step in every slot: it only ever waits when the two start
-    at the same moment, and then for one step. (Walking upwards, a causal block would start at
-    its diagonal, where every block before it still has to add, and wait for all of them.) The q
-    heads of a GQA group are the fastest index of the steps (:meth:`FlashBwdSm80.step_slot`), so
-    a block that covers fewer m_blocks cannot overtake a longer one at a head boundary either. The
-    launch order is thus free to serve the load balance: with a causal mask the longest blocks go
-    first (LPT), as without determinism. With one section of many pairs, the blocks in flight
-    at once are few per pair and far apart in launch order, so they rarely wait; with sections of
-    one pair (x fastest) all blocks of a pair start together and chain, each one step behind the
-    previous (:func:`section_pairs` picks the size).
-
+Note [Split-phase dQ]
     Per step (Note [Split-phase] in fa4/sched/semaphore.py). Right after the barrier at the top of
     step ``t`` (every thread's dQ adds of step ``t - 1`` are issued), thread 0 reads this step's
     counter (relaxed), fences once -- the release of step ``t - 1``'s adds and the acquire of the
@@ -82,7 +48,6 @@ Note [Deterministic dQ]
 # No ``from __future__ import annotations``: see Note [no ``from __future__ import annotations``] in
 # fa4/fwd/sm80.py (``cute.struct`` reads its field annotations as objects).
 
-import math
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import ClassVar, Optional
@@ -92,9 +57,18 @@ import cutlass.cute as cute
 from cutlass import Boolean, Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warp
 
-from fa4.bwd import postprocess, preprocess
-from fa4.bwd.dq_accum import dq_accum_shape, dq_accum_view, red_add_fragment, red_vec, thread_fragment
-from fa4.bwd.preprocess import _DTYPES, head_dim_padded
+from fa4.bwd import common
+from fa4.bwd.preprocess import _DTYPES
+from fa4.bwd.workspace import (
+    DqFragment,
+    dq_accum_view,
+    dq_tiled_mma,
+    head_dim_padded,
+    red_add_fragment,
+    red_vec,
+    rows_view,
+    thread_fragment,
+)
 from fa4.config import ARCHS, AttnKernelConfig, AttnProblem, KernelOptions
 from fa4.cute_utils import (
     acc_to_smem,
@@ -120,7 +94,7 @@ SMEM_CAPACITY = {"sm_80": 166912, "sm_90a": 232448, "sm_100a": 232448}
 class BwdSm80Config(AttnKernelConfig):
     """Compile key of :class:`FlashBwdSm80`.
 
-    ``head_dim``: the head dim rounded up to 32 (:func:`fa4.bwd.preprocess.head_dim_padded`), the
+    ``head_dim``: the head dim rounded up to 32 (:func:`fa4.bwd.workspace.head_dim_padded`), the
     real one is a runtime size. ``tile_m`` x ``tile_n``: the Q rows per step x the K rows per CTA.
     ``num_stages``: smem buffers of Q/LSE and dO/D (2 = the next step's loads overlap this one).
     ``atom_m_sdp`` (warps along tile_m for S and dP), ``atom_n_dkv`` (warps along tile_n for dK,
@@ -143,6 +117,11 @@ class BwdSm80Config(AttnKernelConfig):
     @property
     def num_warps(self) -> int:
         return self.num_threads // 32
+
+    @property
+    def dq_fragment(self) -> DqFragment:
+        """The order of this kernel's dQ tiles in dq_accum (Note [dQ accumulator layout])."""
+        return DqFragment("sm80", self.num_threads, self.atom_m_dq)
 
     def smem_bytes(self) -> int:
         """Shared memory the kernel allocates (alignment padding included)."""
@@ -222,50 +201,7 @@ class FlashBwdSm80:
 
     @staticmethod
     def fake_args(cfg: BwdSm80Config) -> tuple:
-        dtype = _DTYPES[cfg.dtype]
-        b, sq, sk, h, hk = (cute.sym_int() for _ in range(5))
-        d = cute.sym_int(divisibility=8)
-
-        def bshd(s, heads):
-            strides = tuple(cute.sym_int64(divisibility=8) for _ in range(3)) + (1,)
-            return cute.runtime.make_fake_tensor(dtype, (b, s, heads, d), strides, assumed_align=16)
-
-        def compact(dt, shape, align=4):
-            order = tuple(range(len(shape) - 1, -1, -1))
-            return cute.runtime.make_fake_compact_tensor(dt, shape, stride_order=order, assumed_align=align)
-
-        q, k, v, do = bshd(sq, h), bshd(sk, hk), bshd(sk, hk), bshd(sq, h)
-        lse_log2, dpsum = compact(Float32, (b, h, sq)), compact(Float32, (b, h, sq))
-        dq_accum = compact(Float32, (b, h, cute.sym_int(), cfg.head_dim), 16)  # whole tiles of rows
-        dk, dv = bshd(sk, hk), bshd(sk, hk)
-        nb = cute.sym_int()
-        cu_q = compact(Int32, (cute.sym_int(),)) if cfg.varlen_q else None
-        cu_k = compact(Int32, (cute.sym_int(),)) if cfg.varlen_k else None
-        used_k = compact(Int32, (nb,)) if cfg.has_seqused_k else None
-        sem = compact(Int32, (cute.sym_int(), h, cute.sym_int())) if cfg.deterministic else None
-        stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-        return (
-            q,
-            k,
-            v,
-            do,
-            lse_log2,
-            dpsum,
-            dq_accum,
-            dk,
-            dv,
-            cu_q,
-            cu_k,
-            used_k,
-            sem,
-            Float32(1.0),
-            Float32(0.0),
-            Int32(0),
-            Int32(0),
-            Int32(1),
-            Int32(1),
-            stream,
-        )
+        return common.fake_args(cfg)
 
     # ----------------------------------------------------------------------------------------
     # Host side: layouts, copies, MMAs, launch
@@ -292,7 +228,7 @@ class FlashBwdSm80:
         window_left: Int32,
         window_right: Int32,
         max_seqlen_k: Int32,  # longest key sequence (varlen grid); ignored for fixed length
-        section_pairs: Int32,  # launch order: (batch, kv head) pairs per section (Note [Launch order])
+        section_pairs: Int32,  # launch order: (batch, kv head) pairs per section (Note [Launch order], common.py)
         stream,
     ):
         for t in (mQ, mK, mV, mdO, mdK, mdV):
@@ -317,7 +253,7 @@ class FlashBwdSm80:
             sLSE: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sRow_layout)], 16]
             sD: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sRow_layout)], 16]
             if const_expr(deterministic):
-                # Note [Deterministic dQ]: "this step's dQ slot is ready", set by thread 0.
+                # Note [Split-phase dQ]: "this step's dQ slot is ready", set by thread 0.
                 sReady: cute.struct.Align[cute.struct.MemRange[Int32, 4], 16]
 
         # gmem <-> smem copies of 16-bit tiles: 16 bytes per lane, lanes along a swizzle row.
@@ -339,11 +275,11 @@ class FlashBwdSm80:
         )
         mma_sdp = tiled_mma_sm80(self.dtype, self.num_threads, self.cfg.atom_m_sdp)
         mma_dkv = tiled_mma_sm80(self.dtype, self.num_threads, self.cfg.atom_n_dkv)
-        mma_dq = tiled_mma_sm80(self.dtype, self.num_threads, self.cfg.atom_m_dq)  # the dq_accum fragment order
+        mma_dq = dq_tiled_mma(self.cfg.dq_fragment, self.dtype, self.tile_m, self.head_dim)  # dq_accum's order
 
         num_batch, seqlen_k = grid_extent(mK, mCuSeqlensK, max_seqlen_k)
         num_x = cute.ceil_div(seqlen_k, self.tile_n)
-        # 1-D, in sections of `section` (batch, kv head) pairs: Note [Launch order].
+        # 1-D, in sections of `section` (batch, kv head) pairs: Note [Launch order] in fa4/bwd/common.py.
         section = cutlass.max(cutlass.min(section_pairs, mK.shape[2] * num_batch), 1)
         grid = (num_x * mK.shape[2] * num_batch, 1, 1)
         prescale, scale_log2 = score_scales(softmax_scale, softcap, self.cfg.has_softcap)
@@ -426,7 +362,7 @@ class FlashBwdSm80:
     ):
         tidx, _, _ = cute.arch.thread_idx()
         # Sections of `section` (batch, kv head) pairs, one after the other; inside one, x slowest,
-        # pairs fastest (kv heads fastest). Note [Launch order].
+        # pairs fastest (kv heads fastest). Note [Launch order] in fa4/bwd/common.py.
         x_block, head_kv, batch = section_tile(cute.arch.block_idx()[0], num_x, mK.shape[2], num_batch, section, False)
         seq = SeqlenInfo.create(batch, mQ.shape[1], mK.shape[1], mCuSeqlensQ, mCuSeqlensK, mSeqUsedK)
         # Keys this sequence owns (dK/dV rows to write) vs keys it uses (seqused_k <= that).
@@ -690,7 +626,7 @@ class FlashBwdSm80:
             cute.arch.barrier()
             if const_expr(self.cfg.deterministic):
                 # Every thread's dQ adds of step t - 1 are issued (barrier above): publish them, and
-                # peek at this step's slot (Note [Deterministic dQ]). Before this step's cp.async,
+                # peek at this step's slot (Note [Split-phase dQ]). Before this step's cp.async,
                 # so that the fence waits for nothing but the adds and the peek.
                 if tidx == 0:
                     self.det_step_begin(
@@ -807,20 +743,14 @@ class FlashBwdSm80:
         gdO = cute.local_tile(seq.q_view(mdO, batch, head), tile, (m_block, 0))
         self.load_tile(copy_g2s, gQ, sQ[None, None, stage], rows, d, tidx)
         self.load_tile(copy_g2s, gdO, sdO[None, None, stage], rows, d, tidx)
-        gLSE = cute.local_tile(seq.lse_view(mLSElog2, batch, head), (self.tile_m,), (m_block,))
-        gD = cute.local_tile(seq.lse_view(mDpsum, batch, head), (self.tile_m,), (m_block,))
+        gLSE = cute.local_tile(rows_view(mLSElog2, seq, batch, head, self.tile_m), (self.tile_m,), (m_block,))
+        gD = cute.local_tile(rows_view(mDpsum, seq, batch, head, self.tile_m), (self.tile_m,), (m_block,))
         self.load_rows(copy_row, gLSE, sLSE[None, stage], rows, Float32.inf, tidx)
         self.load_rows(copy_row, gD, sD[None, stage], rows, Float32(0.0), tidx)
 
     def step_slot(self, t: Int32, head_kv: Int32, group: Int32, m_min: Int32, num_m: Int32):
-        """(q head, m_block) of step ``t`` of a CTA: m_blocks slowest, the ``group`` q heads of its
-        kv head fastest; the m_blocks go up from ``m_min``, or down from the last one when
-        deterministic (Note [Deterministic dQ]). Plain arithmetic, traced inline."""
-        m_idx = t // group
-        head = head_kv * group + (t - m_idx * group)
-        if const_expr(self.cfg.deterministic):
-            return head, m_min + num_m - 1 - m_idx
-        return head, m_min + m_idx
+        """(q head, m_block) of step ``t``: :func:`fa4.bwd.common.step_slot`."""
+        return common.step_slot(t, head_kv, group, m_min, num_m, self.cfg.deterministic)
 
     def sem_ptr(self, mSemaphore: cute.Tensor, batch: Int32, head: Int32, m_block: Int32):
         """The counter of the dQ slot (batch, q head, m_block) (plain arithmetic, traced inline)."""
@@ -845,7 +775,7 @@ class FlashBwdSm80:
         """Thread 0, top of step ``t`` (after the CTA barrier): peek at this step's counter (relaxed),
         fence once -- the release of step ``t - 1``'s adds and the acquire of the peeked value --,
         add 1 to step ``t - 1``'s counter (``t > 0``), and record in ``sReady[0]`` whether the peek
-        already saw this CTA's rank (Note [Deterministic dQ], Note [Split-phase] in
+        already saw this CTA's rank (Note [Split-phase dQ], Note [Split-phase] in
         fa4/sched/semaphore.py). ``(head, m_block)`` is step ``t``'s slot."""
         seen = semaphore.peek(self.sem_ptr(mSemaphore, batch, head, m_block))
         prev_head, prev_m = self.step_slot(cutlass.max(t - 1, 0), head_kv, group, m_min, num_m)
@@ -865,12 +795,12 @@ class FlashBwdSm80:
         tidx: Int32,
     ):
         """Add this K block's dQ tile into its dq_accum tile, in fragment order (Note [dQ
-        accumulator layout] in fa4/bwd/dq_accum.py: full cache lines, no row predicate). In
+        accumulator layout] in fa4/bwd/workspace.py: full cache lines, no row predicate). In
         deterministic mode the caller has waited for the K blocks ranked before it."""
         tile = (self.tile_m, self.head_dim)
         gdQ = cute.local_tile(dq_accum_view(mdQaccum, seq, batch, head, self.tile_m), tile, (m_block, 0))
         vec = red_vec(self.cfg.arch)
-        red_add_fragment(acc_dQ, thread_fragment(gdQ, self.num_threads, cute.size(acc_dQ), vec, tidx), vec)
+        red_add_fragment(acc_dQ, thread_fragment(gdQ, self.cfg.dq_fragment, cute.size(acc_dQ), vec, tidx), vec)
 
     @cute.jit
     def epilogue(
@@ -1011,276 +941,26 @@ def make_config(
     return cfg
 
 
-SECTION_PAIRS: Optional[int] = None
-"""(batch, kv head) pairs per launch section of the non-deterministic kernel (Note [Launch order]);
-None: the default of :func:`section_pairs`. A runtime argument of the kernel, so a tuning sweep
-may set it without recompiling."""
-
-DET_SECTION_PAIRS: Optional[int] = None
-"""The same for the deterministic kernel (Note [Deterministic dQ]): a large value (>= the number of
-pairs) gives one section, the n_block ranks slowest over the whole grid; 1 gives the pairs one
-after the other, ranks fastest."""
-
-CAUSAL_SECTION_PAIRS = 16
-"""Default pairs per section with a causal mask (measured on the H200, v0.2 in docs/RESULTS.md: 16
-pairs beat one section of all pairs by 0-3% and sections of one pair by 1-7%)."""
-
-DET_SECTION_PAIRS_NO_MASK = 32
-"""Default pairs per section of the deterministic kernel without a causal mask (v0.2: 32 beat one
-section of all pairs by up to 7% at seqlen 1024 and sections of 2 by 1-13%)."""
-
-DET_SECTION_PAIRS_CAUSAL = 64
-"""The same with a causal mask (v0.2: 64 beat 16 by 0-5% and 4 by 1-13%)."""
-
-MAX_GRID_X = 2**31 - 1
+LAUNCH_ORDER = common.LaunchOrder(causal=16, det_no_mask=32, det_causal=64)
+"""Pairs per launch section (Note [Launch order] in fa4/bwd/common.py), measured on the H200 (v0.2
+in docs/RESULTS.md): with a causal mask, 16 pairs beat one section of all pairs by 0-3% and
+sections of one pair by 1-7%; deterministic, 32 (no mask) beat one section of all pairs by up to 7%
+at seqlen 1024 and sections of 2 by 1-13%, and 64 (causal) beat 16 by 0-5% and 4 by 1-13%."""
 
 
-def section_pairs(num_pairs: int, causal: bool, deterministic: bool) -> int:
-    """Pairs per launch section, in [1, num_pairs].
-
-    Non-deterministic (Note [Launch order]): :data:`SECTION_PAIRS` when set, else
-    :data:`CAUSAL_SECTION_PAIRS` with a causal mask (the K blocks of several pairs by decreasing
-    length: LPT) and 1 otherwise (the K blocks of a pair run together and share its Q and dO in L2).
-    Deterministic (Note [Deterministic dQ]): :data:`DET_SECTION_PAIRS` when set, else
-    :data:`DET_SECTION_PAIRS_CAUSAL` with a causal mask (LPT as above) and
-    :data:`DET_SECTION_PAIRS_NO_MASK` otherwise (few K blocks of a pair in flight at once, which
-    would chain on each other)."""
-    if deterministic:
-        want = DET_SECTION_PAIRS if DET_SECTION_PAIRS is not None else (
-            DET_SECTION_PAIRS_CAUSAL if causal else DET_SECTION_PAIRS_NO_MASK
-        )
-    else:
-        want = SECTION_PAIRS if SECTION_PAIRS is not None else (CAUSAL_SECTION_PAIRS if causal else 1)
-    return max(1, min(want, num_pairs))
+def run_backward(cfg: BwdSm80Config, problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_seqlens_q,
+                 cu_seqlens_k, seqused_k, dq, dk, dv) -> None:
+    """dq, dk, dv in place: :func:`fa4.bwd.common.run_backward` with this family's launch order."""
+    common.run_backward(cfg, problem, dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                        dq, dk, dv, order=LAUNCH_ORDER)
 
 
-def launch_grid(cfg: BwdSm80Config, num_batch: int, heads_k: int, max_seqlen_k: int) -> tuple[int, int, int]:
-    """The main kernel's grid, as ``FlashBwdSm80.__call__`` builds it: 1-D, ``n_blocks * kv heads *
-    batch`` CTAs (Note [Launch order]). ValueError when CUDA cannot launch it (x < 2^31)."""
-    num_x = _cdiv(max_seqlen_k, cfg.tile_n)
-    grid = (num_x * heads_k * num_batch, 1, 1)
-    if grid[0] > MAX_GRID_X:
-        raise ValueError(
-            f"the sm80 backward grid {grid} exceeds CUDA's limit (n_blocks * kv heads * batch < 2^31): "
-            f"batch {num_batch}, kv heads {heads_k}, seqlen_k {max_seqlen_k}, tile_n {cfg.tile_n}"
-        )
-    return grid
+def deterministic_schedule(*args, **kwargs):
+    """:func:`fa4.bwd.common.deterministic_schedule` with this family's launch order."""
+    return common.deterministic_schedule(*args, order=LAUNCH_ORDER, **kwargs)
 
 
-def workspace_shapes(problem: AttnProblem, cfg: BwdSm80Config, q_shape) -> dict:
-    """Shapes of the backward's float32/int32 workspaces for a (b, s_q, h, d) (varlen (1, total_q, h, d)) q."""
-    b, s, h, _ = q_shape
-    varlen = cfg.varlen_q
-    dq_shape = dq_accum_shape(problem.batch if varlen else b, h, s, cfg.head_dim, cfg.tile_m, varlen)
-    shapes = {"lse_log2": (b, h, s), "dpsum": (b, h, s), "dq_accum": dq_shape}
-    if cfg.deterministic:
-        shapes["semaphore"] = (problem.batch, h, max(1, math.ceil(problem.seqlen_q / cfg.tile_m)))
-    return shapes
-
-
-def run_backward(
-    cfg: BwdSm80Config,
-    problem: AttnProblem,
-    dout,
-    q,
-    k,
-    v,
-    out,
-    lse,
-    dlse,
-    cu_seqlens_q,
-    cu_seqlens_k,
-    seqused_k,
-    dq,
-    dk,
-    dv,
-) -> None:
-    """dq, dk, dv of attention (written in place) with the kernel config ``cfg`` (:func:`make_config`
-    of ``problem``): preprocess -> main kernel -> postprocess.
-
-    Tensors are 4D ``(b, s, h, d)`` (varlen ``(1, total, h, d)``); ``lse``/``dlse`` float32
-    ``(b, h, s_q)`` (varlen ``(1, h, total_q)``), ``dlse`` None when the LSE has no gradient.
-    Workspaces (:func:`workspace_shapes`) are allocated here from torch's caching allocator.
-    """
-    import torch
-
-    from fa4.jit import get_kernel
-
-    dout, q, k, v, out = (kernel_ready(t) for t in (dout, q, k, v, out))
-    shapes = workspace_shapes(problem, cfg, q.shape)
-    dev = q.device
-    lse_log2 = torch.empty(shapes["lse_log2"], dtype=torch.float32, device=dev)
-    dpsum = torch.empty(shapes["dpsum"], dtype=torch.float32, device=dev)
-    dq_accum = torch.empty(shapes["dq_accum"], dtype=torch.float32, device=dev)
-    sem = torch.empty(shapes["semaphore"], dtype=torch.int32, device=dev) if cfg.deterministic else None
-    varlen_q = cu_seqlens_q is not None
-    preprocess.run_preprocess(
-        out,
-        dout,
-        lse,
-        lse_log2,
-        dpsum,
-        dq_accum,
-        dlse=dlse,
-        cu_seqlens_q=cu_seqlens_q,
-        max_seqlen_q=problem.seqlen_q if varlen_q else None,
-        semaphore=sem,
-        dq_tile_m=cfg.tile_m,
-        arch=cfg.arch,
-    )
-    dk_k, dv_k = kernel_ready(dk), kernel_ready(dv)
-    max_seqlen_k = problem.seqlen_k if cu_seqlens_k is not None else k.shape[1]
-    num_batch = cu_seqlens_k.shape[0] - 1 if cu_seqlens_k is not None else k.shape[0]
-    launch_grid(cfg, num_batch, k.shape[2], max_seqlen_k)
-    if max_seqlen_k > 0:
-        get_kernel(cfg)(
-            q,
-            k,
-            v,
-            dout,
-            lse_log2,
-            dpsum,
-            dq_accum,
-            dk_k,
-            dv_k,
-            cu_seqlens_q,
-            cu_seqlens_k,
-            seqused_k,
-            sem,
-            float(problem.softmax_scale),
-            float(problem.softcap),
-            int(problem.window_left),
-            int(problem.window_right),
-            int(max_seqlen_k),
-            section_pairs(num_batch * k.shape[2], cfg.causal, cfg.deterministic),
-        )
-    else:
-        dk_k.zero_()
-        dv_k.zero_()
-    if dk_k is not dk:
-        dk.copy_(dk_k)
-    if dv_k is not dv:
-        dv.copy_(dv_k)
-    dq_k = kernel_ready(dq)
-    postprocess.run_postprocess(
-        postprocess.config_for(cfg),
-        dq_accum,
-        dq_k,
-        problem.softmax_scale,
-        cu_seqlens_q=cu_seqlens_q,
-        max_seqlen_q=problem.seqlen_q if varlen_q else None,
-    )
-    if dq_k is not dq:
-        dq.copy_(dq_k)
-
-
-# --------------------------------------------------------------------------------------------
-# Host model of the deterministic dQ schedule (pure Python; the CPU tests check it)
-# --------------------------------------------------------------------------------------------
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def host_n_block_range(
-    m_block: int, sq: int, sk: int, tile_m: int, tile_n: int, causal: bool, local: bool, wl: int, wr: int
-) -> tuple[int, int]:
-    """Python twin of ``AttentionMask.n_block_range`` (fa4/mask.py): same formulas."""
-    wr = wr if local else 0
-    n_min, n_max = 0, _cdiv(sk, tile_n)
-    if causal or local:
-        row_last = min((m_block + 1) * tile_m, sq) - 1
-        n_max = min(n_max, _cdiv(max(row_last + sk - sq + wr + 1, 0), tile_n))
-    if local:
-        n_min = max(m_block * tile_m + sk - sq - wl, 0) // tile_n
-    return n_min, n_max
-
-
-def host_m_block_range(
-    n_block: int, sq: int, sk: int, tile_m: int, tile_n: int, causal: bool, local: bool, wl: int, wr: int
-) -> tuple[int, int]:
-    """Python twin of ``AttentionMask.m_block_range`` (fa4/mask.py): same formulas."""
-    wr = wr if local else 0
-    m_min, m_max = 0, _cdiv(sq, tile_m)
-    if causal or local:
-        m_min = max(n_block * tile_n - sk + sq - wr, 0) // tile_m
-    if local:
-        col_last = min((n_block + 1) * tile_n, sk) - 1
-        m_max = min(m_max, _cdiv(max(col_last - sk + sq + wl + 1, 0), tile_m))
-    return m_min, m_max
-
-
-def deterministic_schedule(
-    seqlens_q: list[int],
-    seqlens_k: list[int],
-    heads_k: int,
-    group: int,
-    tile_m: int,
-    tile_n: int,
-    causal: bool = False,
-    local: bool = False,
-    wl: int = 0,
-    wr: int = 0,
-    section: Optional[int] = None,
-):
-    """The dQ accumulation schedule of the deterministic kernel, as the device runs it.
-
-    Returns ``(visits, rank, ctas)`` for :func:`fa4.sched.semaphore.check_schedule`: CTAs in launch
-    order (the 1-D grid of Note [Deterministic dQ], sections of ``section`` (batch, kv head) pairs,
-    None: :func:`section_pairs`), each with its (batch, q head, m_block) slots in visiting
-    order; ``rank(cta, slot)``, the count it waits for: ``n_block - n_min``; and ``ctas[c] =
-    (x, kv head, batch, n_block)``. ``seqlens_k`` are the keys used (seqused_k when given).
-    """
-    num_x = _cdiv(max(seqlens_k), tile_n)
-    num_batch = len(seqlens_q)
-    pairs = heads_k * num_batch
-    sec = section_pairs(pairs, causal, True) if section is None else max(1, min(section, pairs))
-    visits, n_of, ctas = [], [], []
-    for i in range(num_x * pairs):
-        x, hk, b = section_tile(i, num_x, heads_k, num_batch, sec, False)
-        sq, sk = seqlens_q[b], seqlens_k[b]
-        num_n = _cdiv(sk, tile_n)
-        n = x
-        slots = []
-        if n < num_n:
-            m_min, m_max = host_m_block_range(n, sq, sk, tile_m, tile_n, causal, local, wl, wr)
-            slots = [(b, hk * group + g, m) for m in reversed(range(m_min, m_max)) for g in range(group)]
-        visits.append(slots)
-        n_of.append(n)
-        ctas.append((x, hk, b, n))
-
-    def rank(cta: int, slot) -> int:
-        b, _, m = slot
-        n_min, _ = host_n_block_range(m, seqlens_q[b], seqlens_k[b], tile_m, tile_n, causal, local, wl, wr)
-        return n_of[cta] - n_min
-
-    return visits, rank, ctas
-
-
-def _problem(
-    head_dim: int, dtype: str = "bf16", *, causal=False, local=False, softcap=0.0, varlen=False, seqused_k=False
-) -> AttnProblem:
-    """A representative problem (sizes are irrelevant to the compile key)."""
-    return AttnProblem(
-        dtype,
-        2,
-        1024,
-        1024,
-        8,
-        2,
-        head_dim,
-        head_dim,
-        head_dim**-0.5,
-        causal=causal,
-        local=local,
-        window_left=128 if local else 1024,
-        window_right=0 if local else 1024,
-        softcap=softcap,
-        varlen_q=varlen,
-        varlen_k=varlen,
-        has_seqused_k=seqused_k,
-    )
+_problem = common.representative_problem
 
 
 def variants(arch: str) -> list[BwdSm80Config]:

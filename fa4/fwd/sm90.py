@@ -23,7 +23,8 @@ expected transaction bytes; a consumer arrive is one per warp, from lane 0)
       consumers use K one block ahead of V (Note [intra-warpgroup overlap]).
 
 Named barriers: 1 = epilogue (all consumer threads); 2, 3 = the ping-pong of two consumer
-warpgroups (Note [ping-pong]).
+warpgroups (Note [ping-pong]); 4 = V rows past ``seqused_k`` zeroed (all consumer threads,
+:meth:`FlashFwdSm90.clear_v_tail`).
 
 Note [intra-warpgroup overlap]
     A K-block step issues ``S_next = Q K[n]^T`` and then ``O += P V[n + 1]`` (P of the previous
@@ -44,7 +45,11 @@ Note [TMA and varlen / padding]
     The TMA atoms see the kernel-boundary tensors as ``(s, d, h, b)`` (:func:`fa4.seqlen.to_sdhb`);
     a varlen sequence is a coordinate offset into the packed ``(total, d, h, 1)`` tensor. Boxes
     past the tensor's end read zeros; rows past a varlen sequence's end read the next sequence:
-    keys there are masked (``-inf``, P = 0), query rows there are never stored. Head dims are padded
+    keys there are masked (``-inf``, P = 0), query rows there are never stored. With ``seqused_k``
+    the rows between the used length and the block's end are KV-cache slots that may hold
+    anything, NaN included, and ``P V`` would multiply them by P = 0: they are zeroed in smem
+    first (:meth:`FlashFwdSm90.clear_v_tail`; K there is harmless, its scores are masked to
+    ``-inf`` by value). Head dims are padded
     to the tile's (a multiple of 32): the padded columns read as zeros and are never stored.
 
 Note [no ``from __future__ import annotations``]
@@ -68,8 +73,9 @@ from fa4.cute_utils import (
     gemm_sm90,
     make_acc_as_A,
     make_acc_mn_view,
-    predicate_cols,
     smem_layout_sm90,
+    store_rows_16B,
+    zero_rows_from,
 )
 from fa4.fwd import common as fwd_common
 from fa4.mask import AttentionMask
@@ -83,7 +89,7 @@ _DTYPES = fwd_common.DTYPES
 # (consumer, producer) registers per thread after setmaxnreg, by consumer warpgroups: the
 # 64K-register file split as 128 * (producer + num_wg * consumer) <= 65536.
 _REGS = {1: (256, 56), 2: (240, 24), 3: (160, 32)}
-_BAR_EPI, _BAR_PP0 = 1, 2
+_BAR_EPI, _BAR_PP0, _BAR_VTAIL = 1, 2, 4
 
 
 _pad32 = fwd_common.pad32
@@ -483,6 +489,8 @@ class FlashFwdSm90:
                     row_scale_prev.store(softmax.update(acc_S, is_first=True)[0].load())
                     softmax.convert_P(acc_S, rP)
                     v_state = kv_state.clone()
+                    if const_expr(cfg.has_seqused_k):
+                        self.clear_v_tail(pv, v_state, sV, seqlen.seqlen_k - (n_max - 1) * self.tile_n, tidx)
                     kv_state.advance()
                     step = partial(self.step, c, softmax, mask, m_block, prescale, wg)
                     if const_expr(mask.has_window):
@@ -521,6 +529,18 @@ class FlashFwdSm90:
         if const_expr(self.tma_o):
             if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 4:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def clear_v_tail(self, pv, v_state, sV, rows_used: Int32, tidx: Int32) -> None:
+        """Zero the V rows past ``seqused_k`` of the tile's first V block (the only one with such
+        rows) before any ``P V`` reads it: TMA loaded them from the KV cache's unused slots, which
+        may hold NaN (``P = 0`` there, but ``0 * NaN`` is NaN). Every consumer thread takes part;
+        outside the ping-pong brackets, so the barrier cannot interleave with them."""
+        if rows_used < self.tile_n:
+            pv.consumer_wait(v_state)
+            zero_rows_from(sV[None, None, v_state.index], rows_used, tidx, self.num_consumer_threads)
+            cute.arch.fence_proxy("async.shared", space="cta")
+            cute.arch.barrier(barrier_id=_BAR_VTAIL, number_of_threads=self.num_consumer_threads)
 
     @cute.jit
     def scores(self, acc_S, mask: AttentionMask, thr_mma_qk, m_block: Int32, n: Int32, prescale,
@@ -601,31 +621,10 @@ class FlashFwdSm90:
                     cute.arch.cp_async_bulk_wait_group(0, read=True)
         else:
             cute.arch.barrier(barrier_id=_BAR_EPI, number_of_threads=self.num_consumer_threads)
-            self.store_O_rows(sO, seqlen.q_view(mO, batch, head), rows_left, m_block, tidx)
+            gO = cute.local_tile(seqlen.q_view(mO, batch, head), (self.tile_m, self.tile_hdimv), (m_block, 0))
+            store_rows_16B(sO, gO, rows_left, self.cfg.head_dim_v, tidx, self.num_consumer_threads)
             if const_expr(self.o_in_q):
                 cute.arch.barrier(barrier_id=_BAR_EPI, number_of_threads=self.num_consumer_threads)
-
-    @cute.jit
-    def store_O_rows(self, sO, mO_cur, rows_left: Int32, m_block: Int32, tidx: Int32) -> None:
-        """sO -> global with 16-byte stores, rows ``< rows_left`` and columns ``< head_dim_v`` only
-        (varlen Q: the rows past the sequence belong to the next one)."""
-        per_row = 8 if (self.tile_hdimv // 8) % 8 == 0 else 4
-        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
-        copy = cute.make_tiled_copy_tv(
-            atom, cute.make_ordered_layout((self.num_consumer_threads // per_row, per_row), order=(1, 0)),
-            cute.make_layout((1, 8)))
-        thr = copy.get_slice(tidx)
-        cO = cute.make_identity_tensor((self.tile_m, self.tile_hdimv))
-        tOcO = thr.partition_S(cO)
-        tOsO = thr.partition_S(sO)
-        tOrO = cute.make_fragment_like(tOsO, self.dtype)
-        cute.autovec_copy(tOsO, tOrO)
-        gO = cute.local_tile(mO_cur, (self.tile_m, self.tile_hdimv), (m_block, 0))
-        tOgO = thr.partition_D(gO)
-        tOpO = predicate_cols(tOcO, self.cfg.head_dim_v)
-        for m in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
-            if tOcO[0, m, 0][0] < rows_left:
-                cute.copy(copy, tOrO[None, m, None], tOgO[None, m, None], pred=tOpO[None, m, None])
 
 
 # --------------------------------------------------------------------------------------------

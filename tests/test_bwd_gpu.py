@@ -1,19 +1,22 @@
-"""Gradients of the sm80-family backward through the public API, against the float32 reference.
+"""Gradients of every backward family through the public API, against the float32 reference.
 
-``fa4.flash_attn_func`` / ``flash_attn_varlen_func`` with ``KernelOptions(arch="sm80")`` (so on an
-H100/H200 the Ampere path runs), gradients by autograd, compared with :func:`fa4.testing.check_close`
-(at most twice the error of naive low-precision PyTorch, plus rounding noise). Outputs are
-NaN-filled (conftest), so an element the kernels forget to write fails.
+``fa4.flash_attn_func`` / ``flash_attn_varlen_func`` with ``KernelOptions(arch=family)`` for the
+sm80 family (``mma.sync``; on an H100/H200 the Ampere path runs) and the sm90 family (wgmma, TMA;
+skipped off compute capability 9.x), gradients by autograd, compared with
+:func:`fa4.testing.check_close` (at most twice the error of naive low-precision PyTorch, plus
+rounding noise). Outputs are NaN-filled (conftest), so an element the kernels forget to write fails.
 
 Note [Why the grid is pruned]
     The full grid -- head dims {64, 96, 128, 192, 256} x mask {none, causal, local} x softcap
-    {off, on} x heads {MHA, GQA, MQA} x seqlens {(1,1), (113,203), (1000,1000), (1024,4096),
-    (4096,1024)} x {dense, varlen, varlen + seqused_k} x {bf16, fp16} -- is 2700 cases, each
+    {off, on} x heads {MHA, GQA, MQA} x seqlens {(1,1), (1,4096), (113,203), (1000,1000),
+    (1024,4096), (4096,1024)} x {dense, varlen, varlen + seqused_k} x {bf16, fp16} -- is 3240
+    cases per family, each
     with a float32 reference and often a fresh compile: hours on one GPU. Bugs in attention kernels
     come from one feature or from the interaction of two (a head dim with a ragged seqlen tile, GQA
     with varlen, a window with s_q != s_k), so the cases form a pairwise covering array
     (:func:`pairwise`): every value pair of any two factors appears in some case, in about 30
-    cases. The gradient through the LSE and determinism have their own tests.
+    cases per family. The gradient through the LSE, determinism, NaN in unused KV-cache rows and one
+    long (8192) sequence have their own tests.
 """
 
 import pytest
@@ -22,11 +25,23 @@ import torch
 import fa4
 from fa4.testing import attention_ref, check_close, grad_noise_floor, random_qkv, random_varlen
 
-SM80 = fa4.KernelOptions(arch="sm80")
+FAMILIES = ["sm80", "sm90"]
+
+
+@pytest.fixture(params=FAMILIES)
+def family(request):
+    """A backward family this GPU runs (sm90: compute capability 9.x only)."""
+    if request.param == "sm90" and torch.cuda.is_available() and torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the sm90 kernels need compute capability 9.x")
+    return request.param
+
+
+def _opts(family, **kw):
+    return fa4.KernelOptions(arch=family, **kw)
 
 FACTORS = {
     "d": [64, 96, 128, 192, 256],
-    "seqlens": [(1, 1), (113, 203), (1000, 1000), (1024, 4096), (4096, 1024)],
+    "seqlens": [(1, 1), (1, 4096), (113, 203), (1000, 1000), (1024, 4096), (4096, 1024)],
     "mask": ["none", "causal", "local"],
     "heads": ["mha", "gqa", "mqa"],
     "layout": ["dense", "varlen", "seqused"],
@@ -95,12 +110,13 @@ def _check_grads(names, got, ref, pt, inputs, dout):
         check_close(name, g, r, p, extra_atol=floors[name])
 
 
-def _run_dense(case, seed=0, deterministic=False, with_lse=False):
+def _run_dense(case, family, seed=0, deterministic=False, with_lse=False):
     sq, sk = case["seqlens"]
     h, hk = HEADS[case["heads"]]
     kw = dict(causal=case["mask"] == "causal", window_size=_window(case["mask"], sq, sk), softcap=case["softcap"])
     q, k, v = random_qkv(2, sq, sk, h, hk, case["d"], case["dtype"], "cuda", requires_grad=True, seed=seed)
-    out, lse = fa4.flash_attn_func(q, k, v, return_lse=True, deterministic=deterministic, kernel_options=SM80, **kw)
+    out, lse = fa4.flash_attn_func(q, k, v, return_lse=True, deterministic=deterministic,
+                                   kernel_options=_opts(family), **kw)
     g = torch.randn_like(out)
     glse = torch.randn_like(lse) if with_lse else None
     outs, gouts = ((out, lse), (g, glse)) if with_lse else ((out,), (g,))
@@ -125,13 +141,13 @@ def _reference_dense(qkv, kw, g, glse):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", CASES, ids=[_case_id(c) for c in CASES])
-def test_bwd_sm80(case):
+def test_bwd(case, family):
     sq, sk = case["seqlens"]
     h, hk = HEADS[case["heads"]]
     d, dtype = case["d"], case["dtype"]
     kw = dict(causal=case["mask"] == "causal", window_size=_window(case["mask"], sq, sk), softcap=case["softcap"])
     if case["layout"] == "dense":
-        qkv, kw, g, _, grads = _run_dense(case)
+        qkv, kw, g, _, grads = _run_dense(case, family)
         ref, pt = _reference_dense(qkv, kw, g, None)
     else:
         vb = random_varlen(
@@ -154,7 +170,7 @@ def test_bwd_sm80(case):
             vb.v,
             max_seqlen_q=vb.max_seqlen_q,
             max_seqlen_k=vb.max_seqlen_k,
-            kernel_options=SM80,
+            kernel_options=_opts(family),
             **var,
             **kw,
         )
@@ -173,20 +189,20 @@ def test_bwd_sm80(case):
 @pytest.mark.gpu
 @pytest.mark.parametrize("mask", ["none", "causal", "local"])
 @pytest.mark.parametrize("seqlens", [(113, 203), (1000, 1000)])
-def test_bwd_sm80_grad_through_lse(mask, seqlens):
+def test_bwd_grad_through_lse(mask, seqlens, family):
     """loss uses out and lse (return_lse=True): D - dLSE in the preprocess. With a local window
     some rows see no key (lse = -inf): their gradients must be 0, not NaN."""
     case = dict(d=128, seqlens=seqlens, mask=mask, heads="gqa", softcap=0.0, dtype=torch.bfloat16)
-    qkv, kw, g, glse, grads = _run_dense(case, with_lse=True)
+    qkv, kw, g, glse, grads = _run_dense(case, family, with_lse=True)
     ref, pt = _reference_dense(qkv, kw, g, glse)
     _check_grads(("dq", "dk", "dv"), grads, ref, pt, qkv, g)
 
 
 @pytest.mark.gpu
-def test_bwd_sm80_fully_masked_rows_give_zero_grads():
+def test_bwd_fully_masked_rows_give_zero_grads(family):
     """s_q > s_k with causal: the first s_q - s_k rows see no key (out 0, lse -inf, dq exactly 0)."""
     q, k, v = random_qkv(1, 300, 100, 2, 1, 64, torch.bfloat16, "cuda", requires_grad=True, seed=5)
-    out, lse = fa4.flash_attn_func(q, k, v, causal=True, return_lse=True, kernel_options=SM80)
+    out, lse = fa4.flash_attn_func(q, k, v, causal=True, return_lse=True, kernel_options=_opts(family))
     dq, dk, dv = torch.autograd.grad((out, lse), (q, k, v), (torch.randn_like(out), torch.randn_like(lse)))
     assert torch.equal(dq[:, :200], torch.zeros_like(dq[:, :200]))
     assert not any(t.isnan().any() for t in (dq, dk, dv))
@@ -195,8 +211,8 @@ def test_bwd_sm80_fully_masked_rows_give_zero_grads():
 @pytest.mark.gpu
 @pytest.mark.parametrize("mask", ["none", "causal", "local"])
 @pytest.mark.parametrize("heads", ["mha", "gqa"])
-def test_bwd_sm80_deterministic(mask, heads):
-    """deterministic=True: 10 backward runs give bit-identical dq, dk, dv (many K blocks add into
+def test_bwd_deterministic(mask, heads, family):
+    """deterministic=True: 20 backward runs give bit-identical dq, dk, dv (many K blocks add into
     each dQ tile: s_k = 4096), and the result is correct."""
     case = dict(d=128, seqlens=(1024, 4096), mask=mask, heads=heads, softcap=0.0, dtype=torch.bfloat16)
     sq, sk = case["seqlens"]
@@ -205,8 +221,8 @@ def test_bwd_sm80_deterministic(mask, heads):
     q, k, v = random_qkv(2, sq, sk, h, hk, 128, torch.bfloat16, "cuda", requires_grad=True, seed=7)
     g = torch.randn(2, sq, h, 128, device="cuda", dtype=torch.bfloat16)
     first = None
-    for _ in range(10):
-        out, _ = fa4.flash_attn_func(q, k, v, deterministic=True, kernel_options=SM80, **kw)
+    for _ in range(20):
+        out, _ = fa4.flash_attn_func(q, k, v, deterministic=True, kernel_options=_opts(family), **kw)
         grads = torch.autograd.grad(out, (q, k, v), g)
         if first is None:
             first = grads
@@ -218,7 +234,7 @@ def test_bwd_sm80_deterministic(mask, heads):
 
 
 @pytest.mark.gpu
-def test_bwd_sm80_deterministic_varlen():
+def test_bwd_deterministic_varlen(family):
     vb = random_varlen(
         4, 700, 4, 2, 64, torch.bfloat16, "cuda", max_seqlen_k=1500, with_seqused_k=True, requires_grad=True, seed=11
     )
@@ -233,7 +249,7 @@ def test_bwd_sm80_deterministic_varlen():
     first = None
     for _ in range(5):
         out, _ = fa4.flash_attn_varlen_func(
-            vb.q, vb.k, vb.v, causal=True, deterministic=True, kernel_options=SM80, **var
+            vb.q, vb.k, vb.v, causal=True, deterministic=True, kernel_options=_opts(family), **var
         )
         grads = torch.autograd.grad(out, (vb.q, vb.k, vb.v), g)
         if first is None:
@@ -245,12 +261,14 @@ def test_bwd_sm80_deterministic_varlen():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mask", ["none", "causal", "local"])
-def test_bwd_sm80_deterministic_launch_orders(mask, monkeypatch):
+def test_bwd_deterministic_launch_orders(mask, family, monkeypatch):
     """The deterministic gradients do not depend on the launch order (sections of 1, 3 or all the
-    (batch, kv head) pairs, Note [Deterministic dQ] in fa4/bwd/sm80.py: the adds into a dQ slot
+    (batch, kv head) pairs, Note [Deterministic dQ] in fa4/bwd/common.py: the adds into a dQ slot
     follow the ranks, whatever the order), on a grid of 512 CTAs, several times what the GPU holds
     at once (later CTAs wait on CTAs that have finished or are still running), and are correct."""
-    from fa4.bwd import sm80
+    import importlib
+
+    mod = importlib.import_module(f"fa4.bwd.{family}")
 
     sq = sk = 2048
     kw = dict(causal=mask == "causal", window_size=_window(mask, sq, sk))
@@ -258,9 +276,9 @@ def test_bwd_sm80_deterministic_launch_orders(mask, monkeypatch):
     g = torch.randn(4, sq, 16, 128, device="cuda", dtype=torch.bfloat16)
     results = {}
     for section in (None, 1, 3, 10**6):
-        monkeypatch.setattr(sm80, "DET_SECTION_PAIRS", section)
+        monkeypatch.setattr(mod.LAUNCH_ORDER, "det_section", section)
         for _ in range(2):
-            out, _ = fa4.flash_attn_func(q, k, v, deterministic=True, kernel_options=SM80, **kw)
+            out, _ = fa4.flash_attn_func(q, k, v, deterministic=True, kernel_options=_opts(family), **kw)
             grads = torch.autograd.grad(out, (q, k, v), g)
             first = results.setdefault(section, grads)
             for name, a, b in zip(("dq", "dk", "dv"), first, grads):
@@ -271,6 +289,80 @@ def test_bwd_sm80_deterministic_launch_orders(mask, monkeypatch):
             assert torch.equal(a, b), f"{name} differs between the default order and sections of {section}"
     ref, pt = _reference_dense((q, k, v), dict(kw, softcap=0.0), g, None)
     _check_grads(("dq", "dk", "dv"), base, ref, pt, (q, k, v), g)
+
+
+@pytest.mark.gpu
+def test_bwd_unused_kv_rows_may_hold_nan(family):
+    """K/V rows past ``seqused_k`` (an uninitialized KV cache) must not reach any gradient, even as
+    NaN: P is 0 there, but dP = dO V^T and dQ = dS K multiply them (Note [K/V rows past seqused_k]
+    in fa4/bwd/sm90.py; the sm80 kernel zero-fills them in smem)."""
+    lens_q, used = [200, 37, 129], [1, 150, 299]
+    dev = "cuda"
+    g = torch.Generator(device=dev).manual_seed(17)
+    q = torch.randn(sum(lens_q), 4, 128, device=dev, dtype=torch.bfloat16, generator=g)
+    k = torch.randn(900, 2, 128, device=dev, dtype=torch.bfloat16, generator=g)
+    v = torch.randn(900, 2, 128, device=dev, dtype=torch.bfloat16, generator=g)
+    for b, n in enumerate(used):
+        k[300 * b + n: 300 * (b + 1)] = float("nan")
+        v[300 * b + n: 300 * (b + 1)] = float("nan")
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    var = dict(cu_seqlens_q=torch.tensor([0, 200, 237, 366], dtype=torch.int32, device=dev),
+               cu_seqlens_k=torch.tensor([0, 300, 600, 900], dtype=torch.int32, device=dev),
+               seqused_k=torch.tensor(used, dtype=torch.int32, device=dev))
+    out, _ = fa4.flash_attn_varlen_func(q, k, v, max_seqlen_q=200, max_seqlen_k=300, causal=True,
+                                        kernel_options=_opts(family), **var)
+    dout = torch.randn_like(out)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
+    assert not dq.isnan().any(), "NaN from unused K/V rows reached dq"
+    for b, n in enumerate(used):  # rows a sequence owns but does not use get zero gradients
+        rows = slice(300 * b, 300 * b + n)
+        assert not dk[rows].isnan().any() and not dv[rows].isnan().any()
+        assert torch.equal(dk[300 * b + n: 300 * (b + 1)], torch.zeros_like(dk[300 * b + n: 300 * (b + 1)]))
+    # Against the reference on the used rows (NaN replaced: the reference multiplies them too).
+    k0, v0 = (torch.nan_to_num(t.detach()) for t in (k, v))
+    q32 = _leaf32((q, k0, v0))
+    out_ref, _ = attention_ref(*q32, upcast=True, causal=True, **var)
+    ref = _grads((out_ref,), q32, (dout.float(),))
+    qlp = [t.detach().requires_grad_() for t in (q, k0, v0)]
+    out_pt, _ = attention_ref(*qlp, upcast=False, causal=True, **var)
+    pt = _grads((out_pt,), qlp, (dout,))
+    _check_grads(("dq", "dk", "dv"), (dq, torch.nan_to_num(dk), torch.nan_to_num(dv)), ref, pt, (q, k0, v0), dout)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_bwd_long_sequence(family, causal):
+    """One long sequence (8192 x 8192): many K blocks add into every dQ tile, many Q steps per CTA."""
+    case = dict(d=128, seqlens=(8192, 8192), mask="causal" if causal else "none", heads="gqa", softcap=0.0,
+                dtype=torch.bfloat16)
+    sq, sk = case["seqlens"]
+    h, hk = HEADS["gqa"]
+    kw = dict(causal=causal, window_size=(None, None), softcap=0.0)
+    q, k, v = random_qkv(1, sq, sk, h, hk, 128, torch.bfloat16, "cuda", requires_grad=True, seed=29)
+    out, _ = fa4.flash_attn_func(q, k, v, kernel_options=_opts(family), causal=causal)
+    g = torch.randn_like(out)
+    grads = _grads((out,), (q, k, v), (g,))
+    ref, pt = _reference_dense((q, k, v), kw, g, None)
+    _check_grads(("dq", "dk", "dv"), grads, ref, pt, (q, k, v), g)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128])
+def test_bwd_sm90_tile_m_128(d):
+    """The sm90 backward with 128-row Q steps (the dQ warpgroups along the rows)."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the sm90 kernels need compute capability 9.x")
+    q, k, v = random_qkv(2, 333, 517, 4, 2, d, torch.float16, "cuda", requires_grad=True, seed=3)
+    opts = fa4.KernelOptions(arch="sm90", bwd_tile_m=128)
+    try:
+        out, _ = fa4.flash_attn_func(q, k, v, causal=True, kernel_options=opts)
+    except ValueError as e:  # a tile the shared memory cannot hold is refused by name, before any launch
+        assert "bwd_tile_m" in str(e) and d > 64
+        return
+    g = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), g)
+    ref, pt = _reference_dense((q, k, v), dict(causal=True, window_size=(None, None), softcap=0.0), g, None)
+    _check_grads(("dq", "dk", "dv"), grads, ref, pt, (q, k, v), g)
 
 
 @pytest.mark.gpu

@@ -1,0 +1,321 @@
+"""The family-independent backward driver: workspaces, preprocess -> main kernel -> postprocess,
+the launch order of the main kernel, and its host model (pure Python, for the CPU tests).
+
+A backward family (``fa4/bwd/sm80.py``, ``fa4/bwd/sm90.py``) adds its main kernel, its tuning table
+and a :class:`LaunchOrder`; everything else a backward call does is here. Every family's main
+kernel takes the same arguments::
+
+    (q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, cu_seqlens_q, cu_seqlens_k, seqused_k,
+     semaphore, softmax_scale, softcap, window_left, window_right, max_seqlen_k, section_pairs)
+
+and its config (a :class:`fa4.config.AttnKernelConfig`) has ``head_dim`` (padded to 32),
+``tile_m``, ``tile_n``, ``deterministic`` and ``dq_fragment`` (the order of its dQ tiles, Note [dQ
+accumulator layout] in fa4/bwd/workspace.py), which is all the driver reads.
+
+Note [Launch order]
+    The main grid is 1-D: CTA ``i`` -> (x, kv head, batch) by :func:`fa4.sched.tile.section_tile`.
+    The (batch, kv head) pairs are cut into sections of ``section`` pairs, launched one after the
+    other; inside a section ``x`` is slowest and the pairs fastest. K block ``n = x``. With a causal
+    mask block ``n`` walks the m_blocks from its diagonal on, so its work decreases with ``n``:
+    sections of several pairs launch their longest blocks first (LPT) and the short ones fill in
+    after them, instead of every pair's long blocks starting behind the previous pair's short ones
+    (one pair per section), which leaves a tail of long blocks at the end of the grid. Without a
+    causal mask the blocks of a pair are equal, and sections of one pair (x fastest) let the
+    blocks running together share the pair's Q and dO in L2. The section sizes are each family's
+    measured :class:`LaunchOrder`.
+
+Note [Deterministic dQ]
+    With ``deterministic``, the additions into the dQ accumulator of each (batch, q head, m_block)
+    slot happen in a fixed order, serialized by an int32 counter per slot (:mod:`fa4.sched.semaphore`).
+
+    Ranks. In a slot, the contributors are the K blocks ``[n_min, n_max)`` of
+    ``mask.n_block_range(m_block)``; K block ``n`` has rank ``n - n_min`` (the first block adds
+    first). K block ``n`` is grid index ``x = n`` of its (batch, kv head), as without determinism,
+    and Note [Launch order] launches a pair's blocks in increasing ``x``: a CTA only waits for
+    CTAs launched before it, whatever the section size, and the schedule cannot deadlock with any
+    number of CTAs resident (Note [No deadlock] in fa4/sched/semaphore.py;
+    :func:`deterministic_schedule` models it, the CPU tests simulate it with 1 to 7 resident CTAs).
+
+    Order of the m_blocks. A CTA walks its m_blocks downwards, from the last one. Every K block of
+    a pair then starts at the same (last) m_block -- with a causal mask too, where block ``n``
+    ends at its diagonal instead of starting there -- and block ``n + 1``, launched after block
+    ``n``, trails it by at least one step in every slot: it only ever waits when the two start
+    at the same moment, and then for one step. (Walking upwards, a causal block would start at
+    its diagonal, where every block before it still has to add, and wait for all of them.) The q
+    heads of a GQA group are the fastest index of the steps (:func:`step_slot`), so a block that
+    covers fewer m_blocks cannot overtake a longer one at a head boundary either. The launch order
+    is thus free to serve the load balance: with a causal mask the longest blocks go first (LPT),
+    as without determinism. With one section of many pairs, the blocks in flight at once are few
+    per pair and far apart in launch order, so they rarely wait; with sections of one pair (x
+    fastest) all blocks of a pair start together and chain, each one step behind the previous.
+    How a family waits and publishes is its own (sm80: Note [Split-phase] in
+    fa4/sched/semaphore.py; sm90: the dQ writer warp).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import cutlass.cute as cute
+from cutlass import Float32, Int32, const_expr
+
+from fa4.bwd import postprocess, preprocess
+from fa4.bwd.workspace import dq_accum_shape, rows_shape
+from fa4.config import AttnProblem
+from fa4.sched.tile import section_tile
+from fa4.validate import kernel_ready
+
+MAX_GRID_X = 2**31 - 1
+
+
+# --------------------------------------------------------------------------------------------
+# Launch order
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class LaunchOrder:
+    """(batch, kv head) pairs per launch section (Note [Launch order]), per family, measured.
+    ``causal`` / ``det_no_mask`` / ``det_causal``: the defaults of the non-deterministic kernel with
+    a causal mask (it uses 1 without one) and of the deterministic kernel. ``section`` /
+    ``det_section``: overrides (None: the defaults); a runtime argument of the kernels, so a tuning
+    sweep (or a test) sets them without recompiling."""
+
+    causal: int
+    det_no_mask: int
+    det_causal: int
+    section: Optional[int] = None
+    det_section: Optional[int] = None
+
+    def section_pairs(self, num_pairs: int, causal: bool, deterministic: bool) -> int:
+        """Pairs per launch section, in [1, num_pairs]."""
+        if deterministic:
+            want = self.det_section if self.det_section is not None else (
+                self.det_causal if causal else self.det_no_mask)
+        else:
+            want = self.section if self.section is not None else (self.causal if causal else 1)
+        return max(1, min(want, num_pairs))
+
+
+def launch_grid(cfg, num_batch: int, heads_k: int, max_seqlen_k: int) -> tuple[int, int, int]:
+    """The main kernel's grid: 1-D, ``n_blocks * kv heads * batch`` CTAs (Note [Launch order]).
+    ValueError when CUDA cannot launch it (x < 2^31)."""
+    num_x = _cdiv(max_seqlen_k, cfg.tile_n)
+    grid = (num_x * heads_k * num_batch, 1, 1)
+    if grid[0] > MAX_GRID_X:
+        raise ValueError(
+            f"the backward grid {grid} exceeds CUDA's limit (n_blocks * kv heads * batch < 2^31): "
+            f"batch {num_batch}, kv heads {heads_k}, seqlen_k {max_seqlen_k}, tile_n {cfg.tile_n}"
+        )
+    return grid
+
+
+def step_slot(t, head_kv, group, m_min, num_m, deterministic: bool):
+    """(q head, m_block) of step ``t`` of a main-kernel CTA: m_blocks slowest, the ``group`` q heads
+    of its kv head fastest; the m_blocks go up from ``m_min``, or down from the last one when
+    deterministic (Note [Deterministic dQ]). Plain arithmetic: traced inline on the device, and
+    the same on Python ints."""
+    m_idx = t // group
+    head = head_kv * group + (t - m_idx * group)
+    if const_expr(deterministic):
+        return head, m_min + num_m - 1 - m_idx
+    return head, m_min + m_idx
+
+
+# --------------------------------------------------------------------------------------------
+# Driver
+# --------------------------------------------------------------------------------------------
+
+
+def fake_args(cfg) -> tuple:
+    """Fake arguments of every family's main kernel (the signature in the module docstring):
+    symbolic sizes, 64-bit strides in multiples of 16 bytes, whole tiles of workspace rows."""
+    from fa4.bwd.preprocess import _DTYPES
+
+    dtype = _DTYPES[cfg.dtype]
+    b, sq, sk, h, hk = (cute.sym_int() for _ in range(5))
+    d = cute.sym_int(divisibility=8)
+
+    def bshd(s, heads):
+        strides = tuple(cute.sym_int64(divisibility=8) for _ in range(3)) + (1,)
+        return cute.runtime.make_fake_tensor(dtype, (b, s, heads, d), strides, assumed_align=16)
+
+    def compact(dt, shape, align=4):
+        order = tuple(range(len(shape) - 1, -1, -1))
+        return cute.runtime.make_fake_compact_tensor(dt, shape, stride_order=order, assumed_align=align)
+
+    q, k, v, do = bshd(sq, h), bshd(sk, hk), bshd(sk, hk), bshd(sq, h)
+    rows = cute.sym_int()  # whole tiles of rows (Note [Padded row tiles] in fa4/bwd/workspace.py)
+    lse_log2, dpsum = compact(Float32, (b, h, rows), 16), compact(Float32, (b, h, rows), 16)
+    dq_accum = compact(Float32, (b, h, rows, cfg.head_dim), 16)
+    dk, dv = bshd(sk, hk), bshd(sk, hk)
+    cu_q = compact(Int32, (cute.sym_int(),)) if cfg.varlen_q else None
+    cu_k = compact(Int32, (cute.sym_int(),)) if cfg.varlen_k else None
+    used_k = compact(Int32, (cute.sym_int(),)) if cfg.has_seqused_k else None
+    sem = compact(Int32, (cute.sym_int(), h, cute.sym_int())) if cfg.deterministic else None
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    return (q, k, v, do, lse_log2, dpsum, dq_accum, dk, dv, cu_q, cu_k, used_k, sem,
+            Float32(1.0), Float32(0.0), Int32(0), Int32(0), Int32(1), Int32(1), stream)
+
+
+def workspace_shapes(problem: AttnProblem, cfg, q_shape) -> dict:
+    """Shapes of the float32/int32 workspaces for a (b, s_q, h, d) (varlen (1, total_q, h, d)) q."""
+    b, s, h, _ = q_shape
+    varlen = cfg.varlen_q
+    batch = problem.batch if varlen else b
+    rows = rows_shape(batch, h, s, cfg.tile_m, varlen)
+    shapes = {"lse_log2": rows, "dpsum": rows,
+              "dq_accum": dq_accum_shape(batch, h, s, cfg.head_dim, cfg.tile_m, varlen)}
+    if cfg.deterministic:
+        shapes["semaphore"] = (problem.batch, h, max(1, math.ceil(problem.seqlen_q / cfg.tile_m)))
+    return shapes
+
+
+def run_backward(cfg, problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                 dq, dk, dv, *, order: LaunchOrder) -> None:
+    """dq, dk, dv of attention (written in place) with the main-kernel config ``cfg`` (its family's
+    ``make_config`` of ``problem``): preprocess -> main kernel -> postprocess.
+
+    Tensors are 4D ``(b, s, h, d)`` (varlen ``(1, total, h, d)``); ``lse``/``dlse`` float32
+    ``(b, h, s_q)`` (varlen ``(1, h, total_q)``), ``dlse`` None when the LSE has no gradient.
+    Workspaces (:func:`workspace_shapes`) come from torch's caching allocator; ``order`` is the
+    family's launch order (Note [Launch order]).
+    """
+    import torch
+
+    from fa4.jit import get_kernel
+
+    dout, q, k, v, out = (kernel_ready(t) for t in (dout, q, k, v, out))
+    shapes = workspace_shapes(problem, cfg, q.shape)
+    dev = q.device
+    lse_log2 = torch.empty(shapes["lse_log2"], dtype=torch.float32, device=dev)
+    dpsum = torch.empty(shapes["dpsum"], dtype=torch.float32, device=dev)
+    dq_accum = torch.empty(shapes["dq_accum"], dtype=torch.float32, device=dev)
+    sem = torch.empty(shapes["semaphore"], dtype=torch.int32, device=dev) if cfg.deterministic else None
+    varlen_q = cu_seqlens_q is not None
+    preprocess.run_preprocess(
+        out, dout, lse, lse_log2, dpsum, dq_accum, dlse=dlse, cu_seqlens_q=cu_seqlens_q,
+        max_seqlen_q=problem.seqlen_q if varlen_q else None, semaphore=sem, dq_tile_m=cfg.tile_m, arch=cfg.arch)
+    dk_k, dv_k = kernel_ready(dk), kernel_ready(dv)
+    max_seqlen_k = problem.seqlen_k if cu_seqlens_k is not None else k.shape[1]
+    num_batch = cu_seqlens_k.shape[0] - 1 if cu_seqlens_k is not None else k.shape[0]
+    launch_grid(cfg, num_batch, k.shape[2], max_seqlen_k)
+    if max_seqlen_k > 0:
+        get_kernel(cfg)(
+            q, k, v, dout, lse_log2, dpsum, dq_accum, dk_k, dv_k, cu_seqlens_q, cu_seqlens_k, seqused_k, sem,
+            float(problem.softmax_scale), float(problem.softcap), int(problem.window_left),
+            int(problem.window_right), int(max_seqlen_k),
+            order.section_pairs(num_batch * k.shape[2], cfg.causal, cfg.deterministic),
+        )
+    else:
+        dk_k.zero_()
+        dv_k.zero_()
+    if dk_k is not dk:
+        dk.copy_(dk_k)
+    if dv_k is not dv:
+        dv.copy_(dv_k)
+    dq_k = kernel_ready(dq)
+    postprocess.run_postprocess(
+        postprocess.config_for(cfg), dq_accum, dq_k, problem.softmax_scale, cu_seqlens_q=cu_seqlens_q,
+        max_seqlen_q=problem.seqlen_q if varlen_q else None)
+    if dq_k is not dq:
+        dq.copy_(dq_k)
+
+
+# --------------------------------------------------------------------------------------------
+# Host model of the deterministic dQ schedule (pure Python; the CPU tests check it)
+# --------------------------------------------------------------------------------------------
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def host_n_block_range(
+    m_block: int, sq: int, sk: int, tile_m: int, tile_n: int, causal: bool, local: bool, wl: int, wr: int
+) -> tuple[int, int]:
+    """Python twin of ``AttentionMask.n_block_range`` (fa4/mask.py): same formulas."""
+    wr = wr if local else 0
+    n_min, n_max = 0, _cdiv(sk, tile_n)
+    if causal or local:
+        row_last = min((m_block + 1) * tile_m, sq) - 1
+        n_max = min(n_max, _cdiv(max(row_last + sk - sq + wr + 1, 0), tile_n))
+    if local:
+        n_min = max(m_block * tile_m + sk - sq - wl, 0) // tile_n
+    return n_min, n_max
+
+
+def host_m_block_range(
+    n_block: int, sq: int, sk: int, tile_m: int, tile_n: int, causal: bool, local: bool, wl: int, wr: int
+) -> tuple[int, int]:
+    """Python twin of ``AttentionMask.m_block_range`` (fa4/mask.py): same formulas."""
+    wr = wr if local else 0
+    m_min, m_max = 0, _cdiv(sq, tile_m)
+    if causal or local:
+        m_min = max(n_block * tile_n - sk + sq - wr, 0) // tile_m
+    if local:
+        col_last = min((n_block + 1) * tile_n, sk) - 1
+        m_max = min(m_max, _cdiv(max(col_last - sk + sq + wl + 1, 0), tile_m))
+    return m_min, m_max
+
+
+def deterministic_schedule(
+    seqlens_q: list[int],
+    seqlens_k: list[int],
+    heads_k: int,
+    group: int,
+    tile_m: int,
+    tile_n: int,
+    causal: bool = False,
+    local: bool = False,
+    wl: int = 0,
+    wr: int = 0,
+    section: Optional[int] = None,
+    order: Optional[LaunchOrder] = None,
+):
+    """The dQ accumulation schedule of a deterministic main kernel, as the device runs it.
+
+    Returns ``(visits, rank, ctas)`` for :func:`fa4.sched.semaphore.check_schedule`: CTAs in launch
+    order (the 1-D grid of Note [Launch order], sections of ``section`` (batch, kv head) pairs,
+    None: ``order``'s default), each with its (batch, q head, m_block) slots in visiting order;
+    ``rank(cta, slot)``, the count it waits for: ``n_block - n_min``; and ``ctas[c] = (x, kv head,
+    batch, n_block)``. ``seqlens_k`` are the keys used (seqused_k when given).
+    """
+    num_x = _cdiv(max(seqlens_k), tile_n)
+    num_batch = len(seqlens_q)
+    pairs = heads_k * num_batch
+    if section is None:
+        sec = (order or LaunchOrder(1, 1, 1)).section_pairs(pairs, causal, True)
+    else:
+        sec = max(1, min(section, pairs))
+    visits, n_of, ctas = [], [], []
+    for i in range(num_x * pairs):
+        x, hk, b = section_tile(i, num_x, heads_k, num_batch, sec, False)
+        sq, sk = seqlens_q[b], seqlens_k[b]
+        n = x
+        slots = []
+        if n < _cdiv(sk, tile_n):
+            m_min, m_max = host_m_block_range(n, sq, sk, tile_m, tile_n, causal, local, wl, wr)
+            num_m = max(m_max - m_min, 0)
+            slots = [(b, *step_slot(t, hk, group, m_min, num_m, True)) for t in range(num_m * group)]
+        visits.append(slots)
+        n_of.append(n)
+        ctas.append((x, hk, b, n))
+
+    def rank(cta: int, slot) -> int:
+        b, _, m = slot
+        n_min, _ = host_n_block_range(m, seqlens_q[b], seqlens_k[b], tile_m, tile_n, causal, local, wl, wr)
+        return n_of[cta] - n_min
+
+    return visits, rank, ctas
+
+
+def representative_problem(head_dim: int, dtype: str = "bf16", *, causal=False, local=False, softcap=0.0,
+                           varlen=False, seqused_k=False) -> AttnProblem:
+    """A problem for the families' ``variants`` (sizes are irrelevant to the compile key)."""
+    return AttnProblem(
+        dtype, 2, 1024, 1024, 8, 2, head_dim, head_dim, head_dim**-0.5, causal=causal, local=local,
+        window_left=128 if local else 1024, window_right=0 if local else 1024, softcap=softcap,
+        varlen_q=varlen, varlen_k=varlen, has_seqused_k=seqused_k)

@@ -1,0 +1,829 @@
+"""Hopper (sm90 family) attention backward: TMA + wgmma, warp-specialized.
+
+One CTA per (K block ``n``, kv head, batch) keeps K and V of its ``tile_n`` keys in shared memory
+and dK, dV in registers, and walks every (q head of its GQA group, m_block) that sees those keys, so
+dK/dV are summed over the group inside the CTA (no atomics, deterministic). Per step
+(:meth:`FlashBwdSm90.mma_step`), with S kept transposed (keys x queries, so that P^T and dS^T are
+accumulators of the keys' rows):
+
+    S^T  = K Q^T                             (wgmma, both operands from smem)
+    dP^T = V dO^T
+    P^T  = exp2(S^T * scale_log2 - lse_log2[query])      (masks; softcap first)
+    dV  += P^T dO                            (A: P^T from registers, or from smem: ``dkv_rs``)
+    dS^T = P^T * (dP^T - D[query])           (softcap: * (1 - tanh^2))
+    dQ   = dS K                              (A: dS from smem, the tile stored as dS^T)
+    dK  += dS^T Q
+
+then ``dK *= softmax_scale``. dQ of the step goes to a float32 smem tile in the fragment order of
+dq_accum (Note [dQ accumulator layout] in fa4/bwd/workspace.py) and a writer warp adds it into the
+global accumulator with one bulk reduce-add per warpgroup (in a fixed order when deterministic:
+Note [Deterministic dQ] in fa4/bwd/common.py). The preprocess and postprocess, workspaces and
+launch order are the family-independent driver's (fa4/bwd/common.py).
+
+Warp roles (``kernel`` dispatches; ``128 * (num_wg + 1)`` threads)
+    * warpgroup 0 (``setmaxnreg`` down to ``producer_regs``):
+        - warp 0, :meth:`load`: TMA of K and V once, then per step Q + the ``lse_log2`` rows and
+          dO + the ``dpsum`` rows (tensor TMA for the tiles, a plain bulk copy for the rows);
+        - warp 1, :meth:`store_dq`: per step and warpgroup, waits for the warpgroup's dQ tile in
+          smem, bulk-reduce-adds it into ``dq_accum`` (deterministic: after the slot's earlier
+          contributors, then publishes);
+        - warps 2, 3 exit.
+    * warpgroups 1..num_wg, the consumers (``setmaxnreg`` up to ``consumer_regs``): :meth:`mma`
+      (the step loop, then :meth:`epilogue`: dK, dV through smem to gmem with 16-byte stores).
+
+Tiling. ``dkv_rs`` (head dims <= 128): ``tile_n = 64 * num_wg``, warpgroup ``w`` owns keys
+``[64 w, 64 w + 64)`` in S^T, dP^T, dK, dV, and its P^T / dS^T accumulators are the A operands of
+its dV / dK wgmmas straight from registers. Otherwise (larger head dims, where a warpgroup cannot
+hold 64 rows of both dK and dV): ``tile_n = 64``, the warpgroups split the queries of S^T and the
+head dim of dK, dV, and P^T, dS^T go through smem (``sP``, ``sdS``) for every warpgroup's dV, dK.
+dQ: warpgroups along the rows when ``tile_m`` has one 64-row block per warpgroup, else along the
+head dim (:attr:`BwdSm90Config.dq_atoms`).
+
+Pipelines (``cutlass.pipeline.PipelineTmaAsync``; producer = warp 0, one arrive with the expected
+transaction bytes; a consumer arrive is one per consumer warp, from lane 0: ``4 * num_wg``)
+    * ``pipeline_kv``: 1 stage, K + V, loaded once; never released (one tile per CTA).
+    * ``pipeline_q``: ``q_stages``, Q tile + ``tile_m`` floats of ``lse_log2``; released after the
+      step's dK wgmma (the last reader of sQ).
+    * ``pipeline_do``: ``q_stages``, dO tile + ``dpsum`` rows; released after the step's dV wgmma.
+
+Named barriers (ids in ``_BAR``)
+    * ``pds``: every consumer thread, after the step's dS^T (and P^T) smem stores (fenced for the
+      async proxy), before the wgmmas that read them. With one P/dS stage (``pds_stages = 1``)
+      also ``pds_free`` before the stores: the other warpgroups have finished the previous step's
+      wgmmas on that stage. With two stages the previous ``pds`` barrier already guarantees it.
+    * ``dq_empty + w`` / ``dq_full + w`` (128 threads of warpgroup ``w`` + the writer warp): the
+      writer arrives on ``dq_empty`` once the last bulk reduce has read warpgroup ``w``'s part of
+      sdQ; the warpgroup syncs on it, stores, fences, and arrives on ``dq_full``, which the writer
+      syncs on before its bulk reduce.
+    * ``epi``: every consumer thread, around the dK/dV smem tiles (which reuse sK, sV) and the
+      zeroing of K/V rows past ``seqused_k``.
+
+Note [K/V rows past seqused_k]
+    TMA loads the whole K and V tiles. With ``seqused_k`` the rows between the used length and the
+    tile's end are KV-cache slots that may hold anything, NaN included: their scores are masked and
+    P^T is 0 there, but ``dP^T = V dO^T`` and ``dQ = dS K`` multiply them, and ``0 * NaN`` is NaN.
+    So the consumers zero those rows of sK and sV before the first step. Rows past a varlen
+    sequence's end are the next sequence's (finite), or beyond the tensor (TMA reads zeros); query
+    rows past ``seqlen_q`` read ``lse_log2 = +inf`` and ``dpsum = 0`` (Note [Padded row tiles]), so
+    their P and dS are exactly 0 and nothing leaks into dK, dV.
+
+Note [no ``from __future__ import annotations``]
+    ``cute.struct`` reads the field annotations of ``SharedStorage`` as objects.
+"""
+
+from dataclasses import dataclass, replace
+from functools import partial
+from types import SimpleNamespace
+from typing import ClassVar, Optional
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Boolean, Float32, Int32, const_expr, pipeline
+from cutlass.cute.nvgpu import cpasync, warpgroup
+
+from fa4.bwd import common
+from fa4.bwd.preprocess import _DTYPES
+from fa4.bwd.workspace import DqFragment, dq_accum_view, dq_tiled_mma, head_dim_padded, rows_view, thread_fragment
+from fa4.config import AttnKernelConfig, AttnProblem, KernelOptions
+from fa4.cute_utils import (
+    bulk_load_g2s,
+    bulk_reduce_add_f32,
+    convert_f32_to_half,
+    gemm_sm90,
+    make_acc_as_A,
+    make_acc_mn_view,
+    smem_layout_sm90,
+    store_rows_16B,
+    zero_rows_from,
+)
+from fa4.mask import AttentionMask
+from fa4.sched import semaphore
+from fa4.sched.tile import section_tile
+from fa4.seqlen import SeqlenInfo, grid_extent, to_sdhb
+from fa4.softmax import apply_softcap, exp2_rows, score_scales, softcap_grad
+
+SMEM_CAPACITY = 232448  # sm_90a: 227 KB of dynamic shared memory per CTA
+SMEM_RESERVED = 1024  # mbarriers and alignment
+# (consumer, producer) registers per thread after setmaxnreg: 128 * (producer + 2 * consumer) <= 65536.
+_REGS = {2: (240, 24)}
+_BAR = SimpleNamespace(pds=1, pds_free=2, epi=3, dq_full=4, dq_empty=8)
+
+
+@dataclass(frozen=True)
+class CtaWork:
+    """What one CTA does (:meth:`FlashBwdSm90.work_info`). Frozen, like :class:`SeqlenInfo` and
+    :class:`AttentionMask`, so the tracer carries it through staged control flow as a value."""
+
+    seq: SeqlenInfo
+    mask: AttentionMask
+    n_block: Int32
+    head_kv: Int32
+    batch: Int32
+    group: Int32
+    m_min: Int32
+    num_m: Int32
+    num_steps: Int32
+    rows_k: Int32
+
+
+@dataclass(frozen=True)
+class BwdSm90Config(AttnKernelConfig):
+    """Compile key of :class:`FlashBwdSm90`.
+
+    ``head_dim``: the head dim rounded up to 32 (:func:`fa4.bwd.workspace.head_dim_padded`); the
+    real one is a runtime size. ``tile_m`` x ``tile_n``: Q rows per step x K rows per CTA.
+    ``num_wg``: consumer warpgroups. ``dkv_rs``: P^T, dS^T stay in registers as the A operands of
+    dV, dK (``tile_n = 64 * num_wg``), else they go through smem (``tile_n = 64``; module
+    docstring). ``q_stages``: smem stages of Q/lse and dO/dpsum; ``pds_stages``: of dS^T (and P^T).
+    """
+
+    head_dim: int = 128
+    tile_m: int = 64
+    tile_n: int = 128
+    num_wg: int = 2
+    dkv_rs: bool = True
+    q_stages: int = 2
+    pds_stages: int = 2
+    deterministic: bool = False
+
+    KERNEL: ClassVar[str] = "fa4.bwd.sm90:FlashBwdSm90"
+    REQUIRED_SASS: ClassVar[tuple] = ("HGMMA", "UTMALDG")  # checked by tests/test_compile.py
+
+    @property
+    def num_threads(self) -> int:
+        return 128 * self.num_wg
+
+    @property
+    def dq_atoms(self) -> tuple[int, int]:
+        """Warpgroups of the dQ wgmma along (rows, head dim)."""
+        am = min(self.tile_m // 64, self.num_wg)
+        return am, self.num_wg // am
+
+    @property
+    def dq_fragment(self) -> DqFragment:
+        """The order of this kernel's dQ tiles in dq_accum (Note [dQ accumulator layout])."""
+        am, an = self.dq_atoms
+        return DqFragment("sm90", self.num_threads, am, an)
+
+    def smem_bytes(self) -> int:
+        d, m, n = self.head_dim, self.tile_m, self.tile_n
+
+        def r1k(x: int) -> int:
+            return (x + 1023) // 1024 * 1024
+
+        q = 2 * r1k(2 * m * d * self.q_stages)  # sQ, sdO
+        kv = 2 * r1k(2 * n * d)
+        pds = (1 if self.dkv_rs else 2) * r1k(2 * n * m * self.pds_stages)
+        dq = r1k(4 * m * d)
+        rows = 2 * ((4 * m * self.q_stages + 127) // 128 * 128)
+        return q + kv + pds + dq + rows + SMEM_RESERVED
+
+
+class FlashBwdSm90:
+    """See the module docstring."""
+
+    def __init__(self, cfg: BwdSm90Config):
+        self.cfg = cfg
+        self.dtype = _DTYPES[cfg.dtype]
+        self.tile_m, self.tile_n, self.hd = cfg.tile_m, cfg.tile_n, cfg.head_dim
+        self.num_wg = cfg.num_wg
+        self.num_consumer_threads = 128 * cfg.num_wg
+        self.num_threads = 128 * (cfg.num_wg + 1)
+        self.consumer_regs, self.producer_regs = _REGS[cfg.num_wg]
+        self.q_stages, self.pds_stages = cfg.q_stages, cfg.pds_stages
+        self.rs = cfg.dkv_rs
+        # Floats of dq_accum per consumer thread, and per warpgroup (one bulk reduce each).
+        self.dq_frag_size = cfg.tile_m * cfg.head_dim // self.num_consumer_threads
+        self.dq_chunk = self.dq_frag_size * 128
+
+    @property
+    def dkv_split(self) -> int:
+        """Warpgroups along the head dim of dK / dV."""
+        return 1 if self.rs else self.num_wg
+
+    @staticmethod
+    def atom_cols(cols: int) -> int:
+        """Columns whose swizzle atom an MN-major wgmma operand of ``cols`` columns per warpgroup
+        partitions into: ``cols`` when a 128-byte (64-column) atom divides it, else 16 (32-byte)."""
+        return cols if cols % 64 == 0 else 16
+
+    # ----------------------------------------------------------------------------------------
+    # Protocol
+    # ----------------------------------------------------------------------------------------
+
+    @staticmethod
+    def can_implement(cfg: BwdSm90Config) -> None:
+        cfg.check_target(_DTYPES, head_dim_multiple=32)
+        name = "BwdSm90Config"
+        if cfg.arch != "sm_90a":
+            raise ValueError(f"{name}.arch must be sm_90a (wgmma, setmaxnreg), got {cfg.arch!r}")
+        if cfg.num_wg not in _REGS:
+            raise ValueError(f"{name}.num_wg must be one of {tuple(_REGS)}, got {cfg.num_wg}")
+        if cfg.causal and cfg.local:
+            raise ValueError(f"{name}: causal and local are exclusive (local with window_right=0 is causal)")
+        if cfg.tile_m % 64 or not 64 <= cfg.tile_m <= 128:
+            raise ValueError(f"{name}.tile_m (KernelOptions.bwd_tile_m) must be 64 or 128, got {cfg.tile_m}")
+        want_n = 64 * cfg.num_wg if cfg.dkv_rs else 64
+        if cfg.tile_n != want_n:
+            raise ValueError(f"{name}.tile_n (KernelOptions.bwd_tile_n) must be {want_n} with dkv_rs={cfg.dkv_rs} "
+                             f"and {cfg.num_wg} consumer warpgroups, got {cfg.tile_n}")
+        if not cfg.dkv_rs and cfg.tile_m % (16 * cfg.num_wg):
+            raise ValueError(f"{name}: tile_m {cfg.tile_m} does not split into {cfg.num_wg} warpgroups' S^T columns")
+        am, an = cfg.dq_atoms
+        if cfg.tile_m % (64 * am) or cfg.head_dim % (8 * an) or cfg.head_dim // an > 256:
+            raise ValueError(f"{name}: a {cfg.tile_m}x{cfg.head_dim} dQ tile does not split into {am}x{an} "
+                             "warpgroup wgmmas")
+        if cfg.q_stages not in (1, 2) or cfg.pds_stages not in (1, 2):
+            raise ValueError(f"{name}.q_stages / pds_stages must be 1 or 2, got {cfg.q_stages} / {cfg.pds_stages}")
+        if cfg.smem_bytes() > SMEM_CAPACITY:
+            raise ValueError(f"{name}: {cfg.smem_bytes()} bytes of shared memory at head_dim {cfg.head_dim}, "
+                             f"tile {cfg.tile_m}x{cfg.tile_n}, {cfg.q_stages} Q stages, {cfg.pds_stages} dS stages "
+                             f"exceed sm_90a's {SMEM_CAPACITY}")
+
+    @staticmethod
+    def fake_args(cfg: BwdSm90Config) -> tuple:
+        return common.fake_args(cfg)
+
+    # ----------------------------------------------------------------------------------------
+    # Host side
+    # ----------------------------------------------------------------------------------------
+
+    def _setup(self):
+        """Smem layouts, tiled MMAs and the shared storage struct (trace-time constants)."""
+        dt, m, n, hd = self.dtype, self.tile_m, self.tile_n, self.hd
+        K, MN = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
+        # MN-major views: sQ^T and sdO^T are the B operands of dK / dV (head dim split over the
+        # warpgroups without dkv_rs), sK^T that of dQ (split over its warpgroups along the head dim).
+        self.sQ_layout = smem_layout_sm90(dt, m, hd, self.q_stages, atom_cols=self.atom_cols(hd // self.dkv_split))
+        self.sK_layout = smem_layout_sm90(dt, n, hd, atom_cols=self.atom_cols(hd // self.cfg.dq_atoms[1]))
+        self.sPdS_layout = smem_layout_sm90(dt, n, m, self.pds_stages)  # P^T / dS^T: queries contiguous
+        wg = self.num_wg
+        if const_expr(self.rs):
+            sdp_atoms, sdp_tile = (wg, 1, 1), (64, m)
+            self.tiled_mma_dkv = sm90_utils.make_trivial_tiled_mma(
+                dt, dt, K, MN, Float32, (wg, 1, 1), (64, hd), warpgroup.OperandSource.RMEM)
+        else:
+            sdp_atoms, sdp_tile = (1, wg, 1), (64, m // wg)
+            self.tiled_mma_dkv = sm90_utils.make_trivial_tiled_mma(dt, dt, K, MN, Float32, (1, wg, 1), (64, hd // wg))
+        self.tiled_mma_sdp = sm90_utils.make_trivial_tiled_mma(dt, dt, K, K, Float32, sdp_atoms, sdp_tile)
+        self.tiled_mma_dq = dq_tiled_mma(self.cfg.dq_fragment, dt, m, hd)
+        # Transaction bytes of a stage (Python ints: trace-time constants of the kernel).
+        self.tma_bytes_q = m * hd * dt.width // 8 + 4 * m
+        self.tma_bytes_kv = 2 * n * hd * dt.width // 8
+
+        q_stages, rows = self.q_stages, m * self.q_stages
+        pds_elems = cute.cosize(self.sPdS_layout)
+
+        @cute.struct
+        class SharedStorage:
+            mbar_kv: cute.struct.MemRange[cutlass.Int64, 2]
+            mbar_q: cute.struct.MemRange[cutlass.Int64, 2 * q_stages]
+            mbar_do: cute.struct.MemRange[cutlass.Int64, 2 * q_stages]
+            sLSE: cute.struct.Align[cute.struct.MemRange[Float32, rows], 128]
+            sD: cute.struct.Align[cute.struct.MemRange[Float32, rows], 128]
+            sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sQ_layout)], 1024]
+            sdO: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sQ_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sK_layout)], 1024]
+            sdS: cute.struct.Align[cute.struct.MemRange[dt, pds_elems], 1024]
+            sP: cute.struct.Align[cute.struct.MemRange[dt, 1 if const_expr(self.rs) else pds_elems], 1024]
+            sdQ: cute.struct.Align[cute.struct.MemRange[Float32, m * hd], 1024]
+
+        self.SharedStorage = SharedStorage
+
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,  # (b, s_q, h, d); varlen (1, total_q, h, d)
+        mK: cute.Tensor,  # (b, s_k, h_k, d)
+        mV: cute.Tensor,  # (b, s_k, h_k, d)
+        mdO: cute.Tensor,  # (b, s_q, h, d)
+        mLSElog2: cute.Tensor,  # (b, h, rows) float32 (fa4/bwd/workspace.py)
+        mDpsum: cute.Tensor,  # (b, h, rows) float32
+        mdQaccum: cute.Tensor,  # (b, h, rows, head_dim_padded) float32, fragment order
+        mdK: cute.Tensor,  # (b, s_k, h_k, d)
+        mdV: cute.Tensor,  # (b, s_k, h_k, d)
+        mCuSeqlensQ: Optional[cute.Tensor],  # (b + 1,) int32
+        mCuSeqlensK: Optional[cute.Tensor],  # (b + 1,) int32
+        mSeqUsedK: Optional[cute.Tensor],  # (b,) int32
+        mSemaphore: Optional[cute.Tensor],  # (b, h, ceil(max_seqlen_q / tile_m)) int32
+        softmax_scale: Float32,
+        softcap: Float32,
+        window_left: Int32,
+        window_right: Int32,
+        max_seqlen_k: Int32,  # longest key sequence (varlen grid); ignored for fixed length
+        section_pairs: Int32,  # (batch, kv head) pairs per launch section (Note [Launch order], common.py)
+        stream,
+    ):
+        for t in (mQ, mK, mV, mdO, mdK, mdV):
+            if const_expr(t.element_type != self.dtype):
+                raise TypeError("q, k, v, dout, dk, dv must have the configured dtype")
+        self._setup()
+        num_batch, seqlen_k = grid_extent(mK, mCuSeqlensK, max_seqlen_k)
+        num_x = cute.ceil_div(seqlen_k, self.tile_n)
+        section = cutlass.max(cutlass.min(section_pairs, mK.shape[2] * num_batch), 1)
+        prescale, scale_log2 = score_scales(softmax_scale, softcap, self.cfg.has_softcap)
+        if const_expr(not self.cfg.has_softcap):
+            prescale = Float32(1.0)
+
+        g2s = cpasync.CopyBulkTensorTileG2SOp()
+        q_tile = cute.select(self.sQ_layout, mode=[0, 1])
+        tma_q, mQ_tma = cpasync.make_tiled_tma_atom(g2s, to_sdhb(mQ), q_tile, (self.tile_m, self.hd))
+        tma_do, mdO_tma = cpasync.make_tiled_tma_atom(g2s, to_sdhb(mdO), q_tile, (self.tile_m, self.hd))
+        tma_k, mK_tma = cpasync.make_tiled_tma_atom(g2s, to_sdhb(mK), self.sK_layout, (self.tile_n, self.hd))
+        tma_v, mV_tma = cpasync.make_tiled_tma_atom(g2s, to_sdhb(mV), self.sK_layout, (self.tile_n, self.hd))
+        self.kernel(
+            mQ_tma, mK_tma, mV_tma, mdO_tma, mLSElog2, mDpsum, mdQaccum, mdK, mdV, mCuSeqlensQ, mCuSeqlensK,
+            mSeqUsedK, mSemaphore, tma_q, tma_k, tma_v, tma_do, softmax_scale, prescale, scale_log2,
+            window_left, window_right, num_x, num_batch, section, mQ.shape[1], mK.shape[1], mQ.shape[2],
+            self.sQ_layout, self.sK_layout, self.sPdS_layout, self.tiled_mma_sdp, self.tiled_mma_dkv,
+            self.tiled_mma_dq,
+        ).launch(
+            grid=(num_x * mK.shape[2] * num_batch, 1, 1),
+            block=[self.num_threads, 1, 1],
+            smem=self.SharedStorage.size_in_bytes(),
+            stream=stream,
+            min_blocks_per_mp=1,
+        )
+
+    # ----------------------------------------------------------------------------------------
+    # Device side
+    # ----------------------------------------------------------------------------------------
+
+    @cute.kernel
+    def kernel(
+        self,
+        mQ: cute.Tensor,  # TMA coordinates (s_q, d, h, b)
+        mK: cute.Tensor,  # TMA coordinates (s_k, d, h_k, b)
+        mV: cute.Tensor,
+        mdO: cute.Tensor,
+        mLSElog2: cute.Tensor,
+        mDpsum: cute.Tensor,
+        mdQaccum: cute.Tensor,
+        mdK: cute.Tensor,
+        mdV: cute.Tensor,
+        mCuSeqlensQ: Optional[cute.Tensor],
+        mCuSeqlensK: Optional[cute.Tensor],
+        mSeqUsedK: Optional[cute.Tensor],
+        mSemaphore: Optional[cute.Tensor],
+        tma_q: cute.CopyAtom,
+        tma_k: cute.CopyAtom,
+        tma_v: cute.CopyAtom,
+        tma_do: cute.CopyAtom,
+        softmax_scale: Float32,
+        prescale: Float32,
+        scale_log2: Float32,
+        window_left: Int32,
+        window_right: Int32,
+        num_x: Int32,
+        num_batch: Int32,
+        section: Int32,
+        seqlen_q_static: Int32,
+        seqlen_k_static: Int32,
+        num_heads: Int32,
+        sQ_layout: cute.ComposedLayout,
+        sK_layout: cute.ComposedLayout,
+        sPdS_layout: cute.ComposedLayout,
+        tiled_mma_sdp: cute.TiledMma,
+        tiled_mma_dkv: cute.TiledMma,
+        tiled_mma_dq: cute.TiledMma,
+    ):
+        # Layouts and MMAs arrive as kernel arguments (values of the host function cannot be used
+        # in the kernel's region); the role methods read them from self.
+        self.tiled_mma_sdp, self.tiled_mma_dkv, self.tiled_mma_dq = tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp_idx == 0:
+            for atom in (tma_q, tma_k, tma_v, tma_do):
+                cpasync.prefetch_descriptor(atom)
+        storage = cutlass.memory.SmemAllocator().allocate(self.SharedStorage)
+        pipes = self.make_pipelines(storage)
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+
+        # Each role builds its own view of the CTA's work and of the smem tensors: objects handed to
+        # one role's loops must not be read by another role's branch.
+        work = partial(self.work_info, cute.arch.block_idx()[0], num_x, num_batch, section, num_heads, mdK.shape[2],
+                       mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, seqlen_q_static, seqlen_k_static, window_left,
+                       window_right)
+        smem = partial(self.smem_tensors, storage, sQ_layout, sK_layout, sPdS_layout)
+        if warp_idx < 4:
+            cute.arch.setmaxregister_decrease(self.producer_regs)
+            if warp_idx == 0:
+                self.load(mQ, mK, mV, mdO, mLSElog2, mDpsum, smem(), tma_q, tma_k, tma_v, tma_do, pipes, work())
+            if warp_idx == 1:
+                self.store_dq(mdQaccum, mSemaphore, smem().sdQ, work())
+        else:
+            cute.arch.setmaxregister_increase(self.consumer_regs)
+            self.mma(mdK, mdV, smem(), pipes, work(), softmax_scale, prescale, scale_log2,
+                     cute.arch.thread_idx()[0] - 128)
+
+    def smem_tensors(self, storage, sQ_layout, sK_layout, sPdS_layout) -> SimpleNamespace:
+        """The shared-memory tensors (module docstring)."""
+        return SimpleNamespace(
+            sQ=storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner),
+            sdO=storage.sdO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner),
+            sK=storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner),
+            sV=storage.sV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner),
+            sdS=storage.sdS.get_tensor(sPdS_layout.outer, swizzle=sPdS_layout.inner),
+            sP=None if const_expr(self.rs) else storage.sP.get_tensor(sPdS_layout.outer, swizzle=sPdS_layout.inner),
+            sLSE=storage.sLSE.get_tensor(cute.make_layout((self.tile_m, self.q_stages))),
+            sD=storage.sD.get_tensor(cute.make_layout((self.tile_m, self.q_stages))),
+            sdQ=storage.sdQ.get_tensor(cute.make_layout(self.tile_m * self.hd)),
+        )
+
+    def work_info(self, block: Int32, num_x: Int32, num_batch: Int32, section: Int32, num_heads: Int32,
+                  num_heads_k: Int32, mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, seqlen_q_static: Int32,
+                  seqlen_k_static: Int32, window_left: Int32, window_right: Int32) -> "CtaWork":
+        """What this CTA does (every role computes the same): its K block ``n_block`` of
+        (``head_kv``, ``batch``) (Note [Launch order] in fa4/bwd/common.py), sequence, mask,
+        m_blocks ``[m_min, m_min + num_m)`` (none for a block no query sees, or past
+        ``seqused_k``), ``num_steps`` (``group`` q heads per m_block) and ``rows_k``, the dK/dV rows
+        it owns (<= 0: the block is past its sequence and the CTA does nothing)."""
+        n_block, head_kv, batch = section_tile(block, num_x, num_heads_k, num_batch, section, False)
+        seq, mask, m_min, num_m, rows_k = self.block_range(n_block, batch, mCuSeqlensQ, mCuSeqlensK, mSeqUsedK,
+                                                           seqlen_q_static, seqlen_k_static, window_left,
+                                                           window_right)
+        group = num_heads // num_heads_k
+        return CtaWork(seq, mask, n_block, head_kv, batch, group, m_min, num_m, num_m * group, rows_k)
+
+    def make_pipelines(self, storage):
+        """The K/V, Q and dO pipelines (arrive counts: module docstring)."""
+        group = partial(pipeline.CooperativeGroup, pipeline.Agent.Thread)
+        consumers = group(self.num_consumer_threads // 32)
+        mk = partial(pipeline.PipelineTmaAsync.create, producer_group=group(1), consumer_group=consumers,
+                     defer_sync=True)
+        # A tuple (kv, q, do): each role unpacks it into locals (a shared object's attributes used
+        # inside one role's staged branches would be rebound there and seen by the other roles).
+        return (
+            mk(barrier_storage=storage.mbar_kv.data_ptr(), num_stages=1, tx_count=self.tma_bytes_kv),
+            mk(barrier_storage=storage.mbar_q.data_ptr(), num_stages=self.q_stages, tx_count=self.tma_bytes_q),
+            mk(barrier_storage=storage.mbar_do.data_ptr(), num_stages=self.q_stages, tx_count=self.tma_bytes_q),
+        )
+
+    @cute.jit
+    def block_range(self, n_block: Int32, batch: Int32, mCuSeqlensQ, mCuSeqlensK, mSeqUsedK,
+                    seqlen_q_static: Int32, seqlen_k_static: Int32, window_left: Int32, window_right: Int32):
+        """``(seq, mask, m_min, num_m, rows_k)`` of K block ``n_block`` (:meth:`work_info`)."""
+        seq = SeqlenInfo.create(batch, seqlen_q_static, seqlen_k_static, mCuSeqlensQ, mCuSeqlensK, mSeqUsedK)
+        # Keys the sequence owns (dK/dV rows to write) vs keys it uses (seqused_k <= that).
+        seqlen_k_rows = seq.seqlen_k
+        if const_expr(self.cfg.has_seqused_k):
+            if const_expr(self.cfg.varlen_k):
+                seqlen_k_rows = mCuSeqlensK[batch + 1] - seq.offset_k
+            else:
+                seqlen_k_rows = seqlen_k_static
+        mask = AttentionMask(self.tile_m, self.tile_n, self.cfg.causal, self.cfg.local, seq.seqlen_q, seq.seqlen_k,
+                             window_left, window_right)
+        m_min, m_max = mask.m_block_range(n_block)
+        num_m = cutlass.max(m_max - m_min, 0)
+        if n_block * self.tile_n >= seq.seqlen_k:
+            num_m = Int32(0)  # keys past seqused_k: dK = dV = 0
+        return seq, mask, m_min, num_m, seqlen_k_rows - n_block * self.tile_n
+
+    def step_slot(self, work, t: Int32):
+        """(q head, m_block) of step ``t``: :func:`fa4.bwd.common.step_slot`."""
+        return common.step_slot(t, work.head_kv, work.group, work.m_min, work.num_m, self.cfg.deterministic)
+
+    # --- producer ---------------------------------------------------------------------------
+
+    @cute.jit
+    def load(self, mQ, mK, mV, mdO, mLSElog2, mDpsum, sm, tma_q, tma_k, tma_v, tma_do, pipes, work) -> None:
+        """Warp 0: K and V once, then per step Q + lse_log2 rows and dO + dpsum rows."""
+        pipe_kv, pipe_q, pipe_do = pipes
+        if work.rows_k > 0 and work.num_steps > 0:
+            seq, batch = work.seq, work.batch
+            one = cute.make_layout(1)
+            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+            pipe_kv.producer_acquire(kv_state)
+            bar = pipe_kv.producer_get_barrier(kv_state)
+            for tma, mT, sT in ((tma_k, mK, sm.sK), (tma_v, mV, sm.sV)):
+                gT = cute.local_tile(seq.k_view_sd(mT, batch, work.head_kv), (self.tile_n, self.hd), (work.n_block, 0))
+                tTsT, tTgT = cpasync.tma_partition(tma, 0, one, cute.group_modes(sT, 0, 2), cute.group_modes(gT, 0, 2))
+                cute.copy(tma, tTgT, tTsT, tma_bar_ptr=bar)
+            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.q_stages)
+            do_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.q_stages)
+            for t in cutlass.range(work.num_steps, unroll=1):
+                head, m_block = self.step_slot(work, t)
+                self.load_rows_tile(tma_q, mQ, mLSElog2, sm.sQ, sm.sLSE, pipe_q, q_state, seq, batch, head, m_block)
+                self.load_rows_tile(tma_do, mdO, mDpsum, sm.sdO, sm.sD, pipe_do, do_state, seq, batch, head,
+                                    m_block)
+                q_state.advance()
+                do_state.advance()
+
+    @cute.jit
+    def load_rows_tile(self, tma, mT, mRows, sT, sRows, pipe, state, seq: SeqlenInfo, batch: Int32, head: Int32,
+                       m_block: Int32) -> None:
+        """One stage: the ``(tile_m, hd)`` tile of Q (or dO) by TMA and its ``tile_m`` row
+        statistics by a bulk copy, both completing on the stage's mbarrier."""
+        pipe.producer_acquire(state)
+        bar = pipe.producer_get_barrier(state)
+        gT = cute.local_tile(seq.q_view_sd(mT, batch, head), (self.tile_m, self.hd), (m_block, 0))
+        tTsT, tTgT = cpasync.tma_partition(tma, 0, cute.make_layout(1), cute.group_modes(sT, 0, 2),
+                                           cute.group_modes(gT, 0, 2))
+        cute.copy(tma, tTgT, tTsT[None, state.index], tma_bar_ptr=bar)
+        gRows = cute.local_tile(rows_view(mRows, seq, batch, head, self.tile_m), (self.tile_m,), (m_block,))
+        with cute.arch.elect_one():
+            bulk_load_g2s(sRows[None, state.index].iterator, gRows.iterator, 4 * self.tile_m, bar)
+
+    # --- dQ writer --------------------------------------------------------------------------
+
+    @cute.jit
+    def store_dq(self, mdQaccum, mSemaphore, sdQ, work) -> None:
+        """Warp 1: per step and consumer warpgroup, the bulk reduce-add of its dQ part from sdQ into
+        dq_accum (barriers: module docstring; deterministic: Note [Deterministic dQ])."""
+        if work.rows_k > 0 and work.num_steps > 0:
+            det = self.cfg.deterministic
+            lane = cute.arch.lane_idx()
+            for t in cutlass.range(work.num_steps, unroll=1):
+                head, m_block = self.step_slot(work, t)
+                for w in cutlass.range_constexpr(self.num_wg):
+                    if const_expr(not det):
+                        # The previous step's reduce of part w has read sdQ (parts commit in order).
+                        cute.arch.cp_async_bulk_wait_group(self.num_wg - 1 - w, read=True)
+                    cute.arch.barrier_arrive(barrier_id=_BAR.dq_empty + w, number_of_threads=128 + 32)
+                gdQ = cute.local_tile(dq_accum_view(mdQaccum, work.seq, work.batch, head, self.tile_m),
+                                      (self.tile_m, self.hd), (m_block, 0))
+                sem_ptr = None
+                if const_expr(det):
+                    sem_ptr = mSemaphore.iterator + cute.crd2idx((work.batch, head, m_block), mSemaphore.layout)
+                    n_min, _ = work.mask.n_block_range(m_block)
+                    if lane == 0:
+                        semaphore.spin(sem_ptr, work.n_block - n_min)
+                        cute.arch.fence_proxy("async.global")  # the adds below follow the acquire
+                    cute.arch.sync_warp()
+                for w in cutlass.range_constexpr(self.num_wg):
+                    cute.arch.barrier(barrier_id=_BAR.dq_full + w, number_of_threads=128 + 32)
+                    with cute.arch.elect_one():
+                        bulk_reduce_add_f32(gdQ.iterator + w * self.dq_chunk, sdQ.iterator + w * self.dq_chunk,
+                                            4 * self.dq_chunk)
+                    cute.arch.cp_async_bulk_commit_group()
+                if const_expr(det):
+                    cute.arch.cp_async_bulk_wait_group(0, read=False)  # the adds are complete
+                    if lane == 0:
+                        semaphore.publish(sem_ptr, True)
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    # --- consumers --------------------------------------------------------------------------
+
+    @cute.jit
+    def mma(self, mdK, mdV, sm, pipes, work, softmax_scale: Float32, prescale: Float32, scale_log2: Float32,
+            tidx: Int32) -> None:
+        """Consumer warpgroups: the step loop (:meth:`mma_step`), then :meth:`epilogue`."""
+        pipe_kv, pipe_q, pipe_do = pipes
+        wg = cute.arch.make_warp_uniform(tidx // 128)
+        sdp, dkv, dq = self.tiled_mma_sdp, self.tiled_mma_dkv, self.tiled_mma_dq
+        thr_sdp, thr_dkv, thr_dq = sdp.get_slice(tidx), dkv.get_slice(tidx), dq.get_slice(tidx)
+        wg_sdp, wg_dkv, wg_dq = sdp.get_slice(wg * 128), dkv.get_slice(wg * 128), dq.get_slice(wg * 128)
+
+        # S^T = K Q^T, dP^T = V dO^T (A: keys x hd, B: queries x hd; both K-major).
+        c = SimpleNamespace(
+            tSrK=wg_sdp.make_fragment_A(wg_sdp.partition_A(sm.sK)),
+            tSrQ=wg_sdp.make_fragment_B(wg_sdp.partition_B(sm.sQ)),
+            tdPrV=wg_sdp.make_fragment_A(wg_sdp.partition_A(sm.sV)),
+            tdPrdO=wg_sdp.make_fragment_B(wg_sdp.partition_B(sm.sdO)),
+            # dV += P^T dO, dK += dS^T Q (B: hd x queries, MN-major views of sdO, sQ).
+            tdVrdOt=wg_dkv.make_fragment_B(wg_dkv.partition_B(transposed(sm.sdO))),
+            tdKrQt=wg_dkv.make_fragment_B(wg_dkv.partition_B(transposed(sm.sQ))),
+            # dQ = dS K (A: queries x keys, the MN-major view of sdS; B: hd x keys, of sK).
+            tdQrdS=wg_dq.make_fragment_A(wg_dq.partition_A(transposed(sm.sdS))),
+            tdQrKt=wg_dq.make_fragment_B(wg_dq.partition_B(transposed(sm.sK))),
+            tdVrPt=None, tdKrdSt=None,
+        )
+        if const_expr(not self.rs):
+            c.tdVrPt = wg_dkv.make_fragment_A(wg_dkv.partition_A(sm.sP))
+            c.tdKrdSt = wg_dkv.make_fragment_A(wg_dkv.partition_A(sm.sdS))
+        shape_S = (self.tile_n, self.tile_m)
+        c.acc_S = thr_sdp.make_fragment_C(thr_sdp.partition_shape_C(shape_S))
+        c.acc_dP = thr_sdp.make_fragment_C(thr_sdp.partition_shape_C(shape_S))
+        c.acc_dQ = thr_dq.make_fragment_C(thr_dq.partition_shape_C((self.tile_m, self.hd)))
+        acc_dK = thr_dkv.make_fragment_C(thr_dkv.partition_shape_C((self.tile_n, self.hd)))
+        acc_dV = thr_dkv.make_fragment_C(thr_dkv.partition_shape_C((self.tile_n, self.hd)))
+        acc_dK.fill(0.0)
+        acc_dV.fill(0.0)
+        c.acc_dK, c.acc_dV = acc_dK, acc_dV
+        # Query (column) coordinate of each column of this thread's S^T view.
+        c.tScS_mn = make_acc_mn_view(thr_sdp.partition_C(cute.make_identity_tensor(shape_S)))
+        c.r2s = cute.make_tiled_copy_C(
+            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=32), sdp).get_slice(tidx)
+        c.thr_sdp = thr_sdp
+        c.sdQ_frag = thread_fragment(sm.sdQ, self.cfg.dq_fragment, self.dq_frag_size, 4, tidx)
+
+        if work.rows_k > 0:
+            if work.num_steps > 0:
+                kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+                pipe_kv.consumer_wait(kv_state)
+                if const_expr(self.cfg.has_seqused_k):
+                    self.clear_kv_tail(sm, work.seq.seqlen_k - work.n_block * self.tile_n, tidx)
+                q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.q_stages)
+                do_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.q_stages)
+                m_no_mask = work.mask.m_block_max_no_window_mask(work.n_block)
+                seqlen_partial = (work.n_block + 1) * self.tile_n > work.seq.seqlen_k
+                for t in cutlass.range(work.num_steps, unroll=1):
+                    _, m_block = self.step_slot(work, t)
+                    need_mask = seqlen_partial
+                    if const_expr(self.cfg.local):
+                        need_mask = Boolean(True)
+                    elif const_expr(self.cfg.causal):
+                        need_mask = need_mask or m_block < m_no_mask
+                    self.mma_step(c, sm, pipe_q, pipe_do, work, q_state, do_state, t, m_block, need_mask, wg,
+                                  prescale, scale_log2)
+                    q_state.advance()
+                    do_state.advance()
+            self.epilogue(acc_dK, acc_dV, mdK, mdV, sm, work, softmax_scale, tidx)
+
+    @cute.jit
+    def clear_kv_tail(self, sm, rows_used: Int32, tidx: Int32) -> None:
+        """Note [K/V rows past seqused_k]: zero the K and V rows ``>= rows_used`` in smem."""
+        if rows_used < self.tile_n:
+            zero_rows_from(sm.sK, rows_used, tidx, self.num_consumer_threads)
+            zero_rows_from(sm.sV, rows_used, tidx, self.num_consumer_threads)
+            cute.arch.fence_proxy("async.shared", space="cta")
+            cute.arch.barrier(barrier_id=_BAR.epi, number_of_threads=self.num_consumer_threads)
+
+    @cute.jit
+    def mma_step(self, c, sm, pipe_q, pipe_do, work, q_state, do_state, t: Int32, m_block: Int32, need_mask,
+                 wg: Int32, prescale: Float32, scale_log2: Float32) -> None:
+        """One (q head, m_block) step of a consumer warpgroup (module docstring)."""
+        qi, di = q_state.index, do_state.index
+        pds = t % self.pds_stages if const_expr(self.pds_stages > 1) else 0
+        pipe_q.consumer_wait(q_state)
+        gemm_sm90(self.tiled_mma_sdp, c.acc_S, c.tSrK, c.tSrQ[None, None, None, qi], zero_init=True)
+        pipe_do.consumer_wait(do_state)
+        gemm_sm90(self.tiled_mma_sdp, c.acc_dP, c.tdPrV, c.tdPrdO[None, None, None, di], zero_init=True)
+        ncol = cute.size(c.tScS_mn, mode=[1])
+        rLSE = cute.make_rmem_tensor(ncol, Float32)
+        for j in cutlass.range_constexpr(ncol):
+            rLSE[j] = sm.sLSE[c.tScS_mn[0, j][1], qi]
+        warpgroup.wait_group(1)  # S^T
+
+        # P^T = exp2(S^T * scale_log2 - lse_log2[query]).
+        tanh_S = None
+        if const_expr(self.cfg.has_softcap):
+            apply_softcap(c.acc_S, prescale)
+            tanh_S = cute.make_rmem_tensor_like(c.acc_S)
+            tanh_S.store(c.acc_S.load())
+        if need_mask:
+            work.mask.apply(c.acc_S, c.thr_sdp, m_block, work.n_block, mask_seqlen=True, mask_window=True,
+                            transpose=True)
+        acc_S_mn = make_acc_mn_view(c.acc_S)
+        exp2_rows(acc_S_mn, rLSE, scale_log2, 0.0, bias_per_col=True)
+        rP = cute.make_rmem_tensor_like(c.acc_S, self.dtype)
+        convert_f32_to_half(c.acc_S, rP)
+        if const_expr(self.pds_stages == 1):
+            # The other warpgroups' wgmmas of the previous step have read this P/dS stage.
+            cute.arch.barrier(barrier_id=_BAR.pds_free, number_of_threads=self.num_consumer_threads)
+        if const_expr(self.rs):
+            gemm_sm90(self.tiled_mma_dkv, c.acc_dV, make_acc_as_A(rP), c.tdVrdOt[None, None, None, di])
+        else:
+            cute.copy(c.r2s, c.r2s.retile(rP), c.r2s.partition_D(sm.sP[None, None, pds]))
+        rD = cute.make_rmem_tensor(ncol, Float32)
+        for j in cutlass.range_constexpr(ncol):
+            rD[j] = sm.sD[c.tScS_mn[0, j][1], di]
+        warpgroup.wait_group(1 if const_expr(self.rs) else 0)  # dP^T
+
+        # dS^T = P^T * (dP^T - D[query]).
+        acc_dP_mn = make_acc_mn_view(c.acc_dP)
+        for r in cutlass.range_constexpr(cute.size(acc_dP_mn, mode=[0])):
+            for j in cutlass.range_constexpr(ncol):
+                acc_dP_mn[r, j] = acc_S_mn[r, j] * (acc_dP_mn[r, j] - rD[j])
+        if const_expr(self.cfg.has_softcap):
+            softcap_grad(c.acc_dP, tanh_S)
+        rdS = cute.make_rmem_tensor_like(c.acc_dP, self.dtype)
+        convert_f32_to_half(c.acc_dP, rdS)
+        cute.copy(c.r2s, c.r2s.retile(rdS), c.r2s.partition_D(sm.sdS[None, None, pds]))
+        cute.arch.fence_proxy("async.shared", space="cta")
+        cute.arch.barrier(barrier_id=_BAR.pds, number_of_threads=self.num_consumer_threads)
+
+        if const_expr(not self.rs):
+            gemm_sm90(self.tiled_mma_dkv, c.acc_dV, c.tdVrPt[None, None, None, pds], c.tdVrdOt[None, None, None, di])
+        gemm_sm90(self.tiled_mma_dq, c.acc_dQ, c.tdQrdS[None, None, None, pds], c.tdQrKt, zero_init=True)
+        if const_expr(self.rs):
+            gemm_sm90(self.tiled_mma_dkv, c.acc_dK, make_acc_as_A(rdS), c.tdKrQt[None, None, None, qi])
+        else:
+            gemm_sm90(self.tiled_mma_dkv, c.acc_dK, c.tdKrdSt[None, None, None, pds], c.tdKrQt[None, None, None, qi])
+        warpgroup.wait_group(1)  # dV, dQ
+        pipe_do.consumer_release(do_state)
+
+        # dQ -> this warpgroup's part of sdQ (fragment order), for the writer warp.
+        cute.arch.barrier(barrier_id=_BAR.dq_empty + wg, number_of_threads=128 + 32)
+        acc_v = cute.make_tensor(c.acc_dQ.iterator, cute.make_layout(c.sdQ_frag.shape))
+        for v in cutlass.range_constexpr(cute.size(c.sdQ_frag, mode=[1])):
+            c.sdQ_frag[None, v].store(acc_v[None, v].load())
+        cute.arch.fence_proxy("async.shared", space="cta")
+        cute.arch.barrier_arrive(barrier_id=_BAR.dq_full + wg, number_of_threads=128 + 32)
+        warpgroup.wait_group(0)  # dK
+        pipe_q.consumer_release(q_state)
+
+    @cute.jit
+    def epilogue(self, acc_dK, acc_dV, mdK, mdV, sm, work, softmax_scale: Float32, tidx: Int32) -> None:
+        """dK *= softmax_scale; dK, dV -> 16 bits -> smem (over sK, sV) -> gmem, 16-byte stores of
+        the rows the sequence owns (zeros for a block no query sees)."""
+        acc_dK.store(acc_dK.load() * softmax_scale)
+        r2s = cute.make_tiled_copy_C(
+            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=32),
+            self.tiled_mma_dkv).get_slice(tidx)
+        # Every warpgroup is done reading sK and sV (its last wgmmas completed before this).
+        cute.arch.barrier(barrier_id=_BAR.epi, number_of_threads=self.num_consumer_threads)
+        for acc, sT in ((acc_dK, sm.sK), (acc_dV, sm.sV)):
+            rT = cute.make_rmem_tensor_like(acc, self.dtype)
+            convert_f32_to_half(acc, rT)
+            cute.copy(r2s, r2s.retile(rT), r2s.partition_D(sT))
+        cute.arch.barrier(barrier_id=_BAR.epi, number_of_threads=self.num_consumer_threads)
+        for mT, sT in ((mdK, sm.sK), (mdV, sm.sV)):
+            gT = cute.local_tile(work.seq.k_view(mT, work.batch, work.head_kv), (self.tile_n, self.hd),
+                                 (work.n_block, 0))
+            store_rows_16B(sT, gT, work.rows_k, mdK.shape[3], tidx, self.num_consumer_threads)
+
+
+FlashBwdSm90.kernel.set_name_prefix("fa4_bwd_sm90", remove_cutlass_symbol=True)
+
+
+def transposed(sT: cute.Tensor) -> cute.Tensor:
+    """The same smem as ``sT`` with its first two modes swapped (a row-major tile seen as the
+    MN-major operand of the transposed product)."""
+    return cute.make_tensor(sT.iterator, cute.select(sT.layout, mode=[1, 0, 2] if cute.rank(sT) == 3 else [1, 0]))
+
+
+# --------------------------------------------------------------------------------------------
+# Tuning table, variants, launcher
+# --------------------------------------------------------------------------------------------
+
+# Padded head dim -> (tile_m, dkv_rs, q_stages, pds_stages). Not yet tuned on the H200: the first
+# choices that fit the registers and smem (64-row steps; P/dS through smem above 128).
+TUNING = {
+    32: (64, True, 2, 2),
+    64: (64, True, 2, 2),
+    96: (64, True, 2, 2),
+    128: (64, True, 2, 2),
+    160: (64, False, 2, 2),
+    192: (64, False, 2, 1),
+    224: (64, False, 1, 1),
+    256: (64, False, 1, 1),
+}
+
+LAUNCH_ORDER = common.LaunchOrder(causal=16, det_no_mask=32, det_causal=64)
+"""Pairs per launch section (Note [Launch order] in fa4/bwd/common.py): the sm80 family's measured
+values, not yet measured for this kernel."""
+
+
+def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: str,
+                deterministic: bool = False) -> BwdSm90Config:
+    """The tuning table for the padded head dim with ``options.bwd_tile_m`` on top (ValueError
+    naming the option when the kernel cannot run it)."""
+    if problem.head_dim != problem.head_dim_v:
+        raise NotImplementedError(
+            f"the sm90 backward needs head_dim_v == head_dim, got {problem.head_dim_v} != {problem.head_dim}")
+    hd = head_dim_padded(problem.head_dim)
+    tile_m, rs, q_stages, pds_stages = TUNING[hd]
+    opts = options or KernelOptions()
+    if opts.bwd_num_threads is not None and opts.bwd_num_threads != 384:
+        raise ValueError(f"KernelOptions.bwd_num_threads={opts.bwd_num_threads}: the sm90 backward runs 384 threads "
+                         "(a producer and two consumer warpgroups)")
+    tile_n = 128 if rs else 64
+    if opts.bwd_tile_n is not None and opts.bwd_tile_n != tile_n:
+        raise ValueError(f"KernelOptions.bwd_tile_n={opts.bwd_tile_n}: the sm90 backward at head_dim "
+                         f"{problem.head_dim} uses tile_n {tile_n}")
+    cfg = BwdSm90Config(
+        arch=arch, dtype=problem.dtype, head_dim=hd, tile_m=opts.bwd_tile_m or tile_m, tile_n=tile_n, num_wg=2,
+        dkv_rs=rs, q_stages=q_stages, pds_stages=pds_stages, deterministic=bool(deterministic),
+        **BwdSm90Config.problem_flags(problem))
+    try:
+        FlashBwdSm90.can_implement(cfg)
+    except ValueError as e:
+        if opts.bwd_tile_m is not None:
+            raise ValueError(f"KernelOptions.bwd_tile_m={opts.bwd_tile_m}: {e}") from None
+        raise
+    return cfg
+
+
+def run_backward(cfg: BwdSm90Config, problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_seqlens_q,
+                 cu_seqlens_k, seqused_k, dq, dk, dv) -> None:
+    """dq, dk, dv in place: :func:`fa4.bwd.common.run_backward` with this family's launch order."""
+    common.run_backward(cfg, problem, dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                        dq, dk, dv, order=LAUNCH_ORDER)
+
+
+def variants(arch: str) -> list[BwdSm90Config]:
+    """A covering set for sm_90a (none for other archs): every padded head dim bucket, both dtypes,
+    both P/dS paths, one and two stages, and each of causal / local / softcap / varlen /
+    seqused_k / deterministic at least once."""
+    if arch != "sm_90a":
+        return []
+    P = common.representative_problem
+    cases = [
+        (P(64), False),
+        (P(128), False),
+        (P(128, causal=True), True),
+        (P(96, "fp16", local=True), False),
+        (P(128, softcap=30.0, varlen=True, seqused_k=True), True),
+        (P(192, causal=True, varlen=True), False),
+        (P(256), False),
+        (P(256, "fp16", local=True, varlen=True, seqused_k=True), False),
+        (P(160, softcap=30.0), False),
+        (P(32, causal=True), False),
+        (P(224, causal=True), True),
+    ]
+    out = [make_config(p, None, arch, det) for p, det in cases]
+    out.append(replace(out[0], tile_m=128))
+    return out

@@ -1,0 +1,125 @@
+"""(CPU) The sm90 backward's configs, options and shared-memory budget, the dq_accum fragment order
+it shares with its postprocess, and the import graph of fa4/bwd (no cycles: the driver in
+fa4/bwd/common.py is what every family plugs into)."""
+
+import ast
+import dataclasses
+import pathlib
+
+import pytest
+
+from fa4.bwd import common, postprocess, sm90
+from fa4.bwd.workspace import head_dim_padded
+from fa4.config import AttnProblem, KernelOptions
+
+
+def _problem(d=128, **kw):
+    base = dict(dtype="bf16", batch=2, seqlen_q=1000, seqlen_k=1000, heads=8, heads_k=2, head_dim=d, head_dim_v=d,
+                softmax_scale=d**-0.5)
+    base.update(kw)
+    return AttnProblem(**base)
+
+
+@pytest.mark.parametrize("d", list(range(32, 257, 8)))
+def test_make_config_every_head_dim_fits(d):
+    for causal, det in ((False, False), (True, True)):
+        cfg = sm90.make_config(_problem(d, causal=causal), None, "sm_90a", det)
+        sm90.FlashBwdSm90.can_implement(cfg)
+        assert cfg.head_dim == head_dim_padded(d) and cfg.deterministic == det
+        assert cfg.smem_bytes() <= sm90.SMEM_CAPACITY
+        assert cfg.tile_n == (128 if cfg.dkv_rs else 64)
+        assert cfg.dkv_rs == (cfg.head_dim <= 128)  # dK + dV of 64 rows fit a warpgroup's registers up to 128
+
+
+def test_variants_cover_buckets_flags_and_paths():
+    vs = sm90.variants("sm_90a")
+    assert sm90.variants("sm_80") == [] and sm90.variants("sm_100a") == []
+    assert {v.head_dim for v in vs} == set(sm90.TUNING)
+    assert {v.dtype for v in vs} == {"bf16", "fp16"}
+    for flag in ("causal", "local", "has_softcap", "varlen_q", "varlen_k", "has_seqused_k", "deterministic",
+                 "dkv_rs"):
+        assert {getattr(v, flag) for v in vs} == {False, True}, flag
+    assert {v.tile_m for v in vs} == {64, 128}
+    assert {v.q_stages for v in vs} == {1, 2} and {v.pds_stages for v in vs} == {1, 2}
+    for v in vs:
+        sm90.FlashBwdSm90.can_implement(v)
+        assert v.REQUIRED_SASS == ("HGMMA", "UTMALDG")
+
+
+def test_dq_fragment_and_postprocess_agree():
+    """The postprocess reads dq_accum in the main kernel's wgmma fragment order (Note [dQ
+    accumulator layout]): the same warpgroups, split the same way."""
+    for v in sm90.variants("sm_90a"):
+        frag = v.dq_fragment
+        assert frag.mma == "sm90" and frag.num_threads == 128 * v.num_wg and frag.chunk_threads == 128
+        assert frag.atom_m * frag.atom_n == v.num_wg and v.tile_m % (64 * frag.atom_m) == 0
+        post = postprocess.config_for(v)
+        assert (post.mma, post.num_threads, post.atom_m, post.atom_n, post.tile_m, post.head_dim) == (
+            "sm90", frag.num_threads, frag.atom_m, frag.atom_n, v.tile_m, v.head_dim)
+        postprocess.BwdPostprocess.can_implement(post)
+    assert sm90.make_config(_problem(64), KernelOptions(bwd_tile_m=128), "sm_90a").dq_atoms == (2, 1)
+    assert sm90.make_config(_problem(128), None, "sm_90a").dq_atoms == (1, 2)
+
+
+@pytest.mark.parametrize("opts,name", [
+    (KernelOptions(bwd_tile_m=128), "bwd_tile_m"),  # d128: 128-row steps exceed the shared memory
+    (KernelOptions(bwd_tile_m=96), "bwd_tile_m"),
+    (KernelOptions(bwd_tile_n=64), "bwd_tile_n"),
+    (KernelOptions(bwd_num_threads=256), "bwd_num_threads"),
+])
+def test_make_config_rejects_bad_options_by_name(opts, name):
+    with pytest.raises(ValueError, match=name):
+        sm90.make_config(_problem(128), opts, "sm_90a")
+
+
+def test_can_implement_names_the_field():
+    base = sm90.make_config(_problem(128), None, "sm_90a")
+    for change, field in ((dict(arch="sm_80"), "arch"), (dict(tile_n=64), "tile_n"), (dict(num_wg=3), "num_wg"),
+                          (dict(q_stages=3), "q_stages"), (dict(causal=True, local=True), "causal")):
+        with pytest.raises(ValueError, match=field):
+            sm90.FlashBwdSm90.can_implement(dataclasses.replace(base, **change))
+    with pytest.raises(NotImplementedError, match="head_dim_v"):
+        sm90.make_config(dataclasses.replace(_problem(192), head_dim_v=128), None, "sm_90a")
+
+
+def test_workspaces_follow_the_tile():
+    p = _problem(72, seqlen_q=1000)
+    cfg = sm90.make_config(p, None, "sm_90a", True)
+    shapes = common.workspace_shapes(p, cfg, (2, 1000, 8, 72))
+    assert shapes["dq_accum"] == (2, 8, 1024, 96) and shapes["lse_log2"] == (2, 8, 1024)
+    assert shapes["semaphore"] == (2, 8, 16)
+
+
+def _top_level_imports(path: pathlib.Path) -> set:
+    """Modules of fa4.bwd imported at module level (not inside functions)."""
+    tree = ast.parse(path.read_text())
+    out = set()
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module:
+            if node.module == "fa4.bwd":
+                out |= {f"fa4.bwd.{a.name}" for a in node.names}
+            elif node.module.startswith("fa4.bwd."):
+                out.add(node.module)
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.startswith("fa4.bwd.")}
+    return out
+
+
+def test_no_import_cycle_in_bwd():
+    pkg = pathlib.Path(common.__file__).parent
+    graph = {f"fa4.bwd.{p.stem}": _top_level_imports(p) for p in pkg.glob("*.py") if p.stem != "__init__"}
+    state = {}
+
+    def visit(m, stack):
+        if state.get(m) == "done":
+            return
+        assert state.get(m) != "open", f"import cycle: {' -> '.join(stack + [m])}"
+        state[m] = "open"
+        for dep in graph.get(m, ()):
+            visit(dep, stack + [m])
+        state[m] = "done"
+
+    for m in graph:
+        visit(m, [])
+    assert "fa4.bwd.common" in graph["fa4.bwd.sm80"] and "fa4.bwd.common" in graph["fa4.bwd.sm90"]
+    assert not any(m.endswith(("sm80", "sm90")) for m in graph["fa4.bwd.postprocess"] | graph["fa4.bwd.common"])

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# One device run: environment, parallel precompile of the sm_90a variants, then the named steps.
+# Usage (device tool, carry [".device"]):  . .device/env.sh && bash tools/device_run.sh STEPS
+# STEPS (comma list): bwd90 (the backward GPU tests, both families), gpu (the whole GPU suite),
+# sanitize (compute-sanitizer memcheck/racecheck on tools/sanitize_sm90.py), bench (fwd+bwd grid),
+# benchbwd, det (deterministic bench), latency. Logs go to $OUT; each step has a timeout.
+set -uo pipefail
+steps=${1:-bwd90}
+out=${OUT:-/tmp/out}; mkdir -p "$out"
+export FA4_CACHE_DIR=${FA4_CACHE_DIR:-/tmp/fa4c}
+has() { [[ ",$steps," == *",$1,"* ]]; }
+xd=""; python3 -c "import xdist" 2>/dev/null && xd="-n 12"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu,power.draw --format=csv,noheader | tee "$out/env.log"
+t0=$(date +%s)
+timeout 200 python3 -m fa4 compile --arch sm_90a --jobs 15 > "$out/compile.log" 2>&1
+echo "compile rc=$? $(tail -1 "$out/compile.log") ($(( $(date +%s) - t0 ))s)"; grep FAIL "$out/compile.log" | head -5
+if has bwd90; then
+  timeout ${BWD90_TIMEOUT:-330} python3 -m pytest -m gpu -p no:cacheprovider $xd -q -rfE --maxfail=40 \
+    tests/test_bwd_gpu.py tests/test_preprocess_gpu.py "tests/test_fwd_sm90_gpu.py::test_unused_kv_rows_may_hold_nan" \
+    > "$out/bwd90.log" 2>&1
+  echo "bwd90 rc=$?"; grep -E "passed|failed|FAILED|ERROR|Timeout" "$out/bwd90.log" | tail -40
+fi
+if has gpu; then
+  timeout ${GPU_TIMEOUT:-420} python3 -m pytest -m gpu -p no:cacheprovider $xd -q -rfE tests > "$out/gpu.log" 2>&1
+  echo "gpu rc=$?"; grep -E "passed|failed|FAILED|ERROR" "$out/gpu.log" | tail -30
+fi
+if has sanitize; then
+  for tool in memcheck racecheck; do
+    timeout 150 compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 3 python3 tools/sanitize_sm90.py \
+      > "$out/sanitize_$tool.log" 2>&1
+    echo "$tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize_$tool.log" | tail -1)"
+  done
+fi
+if has benchbwd; then
+  timeout 300 python3 -m fa4.bench --mode bwd --out "$out/benchbwd" ${BENCH_ARGS:-} > "$out/benchbwd.log" 2>&1
+  echo "benchbwd rc=$?"; tail -32 "$out/benchbwd.log"
+fi
+if has bench; then
+  timeout 400 python3 -m fa4.bench --mode both --out "$out/bench" ${BENCH_ARGS:-} > "$out/bench.log" 2>&1
+  echo "bench rc=$?"; tail -60 "$out/bench.log"
+fi
+if has det; then
+  timeout 300 python3 -m fa4.bench --mode bwd --deterministic --out "$out/det" ${BENCH_ARGS:-} > "$out/det.log" 2>&1
+  echo "det rc=$?"; tail -32 "$out/det.log"
+fi
+if has latency; then
+  timeout 120 python3 -m fa4.bench --latency --out "$out/latency" > "$out/latency.log" 2>&1
+  echo "latency rc=$?"; tail -12 "$out/latency.log"
+fi
+echo "total $(( $(date +%s) - t0 ))s"
