@@ -430,26 +430,8 @@ def store_rows_16B(sT: cute.Tensor, gT: cute.Tensor, rows_left: Int32, cols: Int
 
 
 # --------------------------------------------------------------------------------------------
-# sm90 bulk copies (no tensor map): one thread issues each
+# sm90 bulk reduction (no tensor map): one thread issues it
 # --------------------------------------------------------------------------------------------
-
-
-@dsl_user_op
-def bulk_load_g2s(dst_smem: cute.Pointer, src_gmem: cute.Pointer, num_bytes: int, mbar: cute.Pointer, *,
-                  loc=None, ip=None) -> None:
-    """``cp.async.bulk`` of ``num_bytes`` (a multiple of 16, both addresses 16-byte aligned) from
-    global to shared memory, completing as transaction bytes on the mbarrier ``mbar`` (a stage
-    of a :class:`cutlass.pipeline.PipelineTmaAsync`, whose ``tx_count`` includes them)."""
-    llvm.inline_asm(
-        None,
-        [Int32(dst_smem.toint(loc=loc, ip=ip)).ir_value(loc=loc, ip=ip), src_gmem.toint(loc=loc, ip=ip).ir_value(),
-         Int32(num_bytes).ir_value(loc=loc, ip=ip), Int32(mbar.toint(loc=loc, ip=ip)).ir_value(loc=loc, ip=ip)],
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], $2, [$3];",
-        "r,l,r,r",
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    )
 
 
 @dsl_user_op

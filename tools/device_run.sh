@@ -47,4 +47,9 @@ if has latency; then
   timeout 120 python3 -m fa4.bench --latency --out "$out/latency" > "$out/latency.log" 2>&1
   echo "latency rc=$?"; tail -12 "$out/latency.log"
 fi
+
+if has sweep; then
+  timeout ${SWEEP_TIMEOUT:-300} python3 tools/sweep_bwd.py ${SWEEP:---plan v1} > "$out/sweep.log" 2>&1
+  echo "sweep rc=$?"; cat "$out/sweep.log" | grep -v Warning | tail -40
+fi
 echo "total $(( $(date +%s) - t0 ))s"

@@ -147,7 +147,7 @@ def fake_args(cfg) -> tuple:
         return cute.runtime.make_fake_compact_tensor(dt, shape, stride_order=order, assumed_align=align)
 
     q, k, v, do = bshd(sq, h), bshd(sk, hk), bshd(sk, hk), bshd(sq, h)
-    rows = cute.sym_int()  # whole tiles of rows (Note [Padded row tiles] in fa4/bwd/workspace.py)
+    rows = cute.sym_int(divisibility=16)  # whole tiles of rows (Note [Padded row tiles] in fa4/bwd/workspace.py)
     lse_log2, dpsum = compact(Float32, (b, h, rows), 16), compact(Float32, (b, h, rows), 16)
     dq_accum = compact(Float32, (b, h, rows, cfg.head_dim), 16)
     dk, dv = bshd(sk, hk), bshd(sk, hk)

@@ -23,7 +23,7 @@ launch order are the family-independent driver's (fa4/bwd/common.py).
 Warp roles (``kernel`` dispatches; ``128 * (num_wg + 1)`` threads)
     * warpgroup 0 (``setmaxnreg`` down to ``producer_regs``):
         - warp 0, :meth:`load`: TMA of K and V once, then per step Q + the ``lse_log2`` rows and
-          dO + the ``dpsum`` rows (tensor TMA for the tiles, a plain bulk copy for the rows);
+          dO + the ``dpsum`` rows;
         - warp 1, :meth:`store_dq`: per step and warpgroup, waits for the warpgroup's dQ tile in
           smem, bulk-reduce-adds it into ``dq_accum`` (deterministic: after the slot's earlier
           contributors, then publishes);
@@ -84,10 +84,17 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from fa4.bwd import common
 from fa4.bwd.preprocess import _DTYPES
-from fa4.bwd.workspace import DqFragment, dq_accum_view, dq_tiled_mma, head_dim_padded, rows_view, thread_fragment
+from fa4.bwd.workspace import (
+    DqFragment,
+    dq_accum_view,
+    dq_tiled_mma,
+    head_dim_padded,
+    rows_tma_order,
+    rows_view_tma,
+    thread_fragment,
+)
 from fa4.config import AttnKernelConfig, AttnProblem, KernelOptions
 from fa4.cute_utils import (
-    bulk_load_g2s,
     bulk_reduce_add_f32,
     convert_f32_to_half,
     gemm_sm90,
@@ -105,8 +112,9 @@ from fa4.softmax import apply_softcap, exp2_rows, score_scales, softcap_grad
 
 SMEM_CAPACITY = 232448  # sm_90a: 227 KB of dynamic shared memory per CTA
 SMEM_RESERVED = 1024  # mbarriers and alignment
-# (consumer, producer) registers per thread after setmaxnreg: 128 * (producer + 2 * consumer) <= 65536.
-_REGS = {2: (240, 24)}
+# (consumer, producer) registers per thread after setmaxnreg: 128 * (producer + 2 * consumer) <= 65536
+# (the whole file: the dQ writer warp's loop gets 32).
+_REGS = {2: (240, 32)}
 _BAR = SimpleNamespace(pds=1, pds_free=2, epi=3, dq_full=4, dq_empty=8)
 
 
@@ -333,9 +341,13 @@ class FlashBwdSm90:
         tma_do, mdO_tma = cpasync.make_tiled_tma_atom(g2s, to_sdhb(mdO), q_tile, (self.tile_m, self.hd))
         tma_k, mK_tma = cpasync.make_tiled_tma_atom(g2s, to_sdhb(mK), self.sK_layout, (self.tile_n, self.hd))
         tma_v, mV_tma = cpasync.make_tiled_tma_atom(g2s, to_sdhb(mV), self.sK_layout, (self.tile_n, self.hd))
+        row_tile = cute.make_layout(self.tile_m)
+        tma_lse, mLSE_tma = cpasync.make_tiled_tma_atom(g2s, rows_tma_order(mLSElog2), row_tile, (self.tile_m,))
+        tma_dpsum, mDpsum_tma = cpasync.make_tiled_tma_atom(g2s, rows_tma_order(mDpsum), row_tile, (self.tile_m,))
         self.kernel(
-            mQ_tma, mK_tma, mV_tma, mdO_tma, mLSElog2, mDpsum, mdQaccum, mdK, mdV, mCuSeqlensQ, mCuSeqlensK,
-            mSeqUsedK, mSemaphore, tma_q, tma_k, tma_v, tma_do, softmax_scale, prescale, scale_log2,
+            mQ_tma, mK_tma, mV_tma, mdO_tma, mLSE_tma, mDpsum_tma, mdQaccum, mdK, mdV, mCuSeqlensQ, mCuSeqlensK,
+            mSeqUsedK, mSemaphore, tma_q, tma_k, tma_v, tma_do, tma_lse, tma_dpsum, softmax_scale, prescale,
+            scale_log2,
             window_left, window_right, num_x, num_batch, section, mQ.shape[1], mK.shape[1], mQ.shape[2],
             self.sQ_layout, self.sK_layout, self.sPdS_layout, self.tiled_mma_sdp, self.tiled_mma_dkv,
             self.tiled_mma_dq,
@@ -358,8 +370,8 @@ class FlashBwdSm90:
         mK: cute.Tensor,  # TMA coordinates (s_k, d, h_k, b)
         mV: cute.Tensor,
         mdO: cute.Tensor,
-        mLSElog2: cute.Tensor,
-        mDpsum: cute.Tensor,
+        mLSElog2: cute.Tensor,  # TMA coordinates (rows, h, b)
+        mDpsum: cute.Tensor,  # TMA coordinates (rows, h, b)
         mdQaccum: cute.Tensor,
         mdK: cute.Tensor,
         mdV: cute.Tensor,
@@ -371,6 +383,8 @@ class FlashBwdSm90:
         tma_k: cute.CopyAtom,
         tma_v: cute.CopyAtom,
         tma_do: cute.CopyAtom,
+        tma_lse: cute.CopyAtom,
+        tma_dpsum: cute.CopyAtom,
         softmax_scale: Float32,
         prescale: Float32,
         scale_log2: Float32,
@@ -394,7 +408,7 @@ class FlashBwdSm90:
         self.tiled_mma_sdp, self.tiled_mma_dkv, self.tiled_mma_dq = tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
-            for atom in (tma_q, tma_k, tma_v, tma_do):
+            for atom in (tma_q, tma_k, tma_v, tma_do, tma_lse, tma_dpsum):
                 cpasync.prefetch_descriptor(atom)
         storage = cutlass.memory.SmemAllocator().allocate(self.SharedStorage)
         pipes = self.make_pipelines(storage)
@@ -410,7 +424,8 @@ class FlashBwdSm90:
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
-                self.load(mQ, mK, mV, mdO, mLSElog2, mDpsum, smem(), tma_q, tma_k, tma_v, tma_do, pipes, work())
+                self.load(mQ, mK, mV, mdO, mLSElog2, mDpsum, smem(), (tma_q, tma_k, tma_v, tma_do, tma_lse, tma_dpsum),
+                          pipes, work())
             if warp_idx == 1:
                 self.store_dq(mdQaccum, mSemaphore, smem().sdQ, work())
         else:
@@ -488,9 +503,10 @@ class FlashBwdSm90:
     # --- producer ---------------------------------------------------------------------------
 
     @cute.jit
-    def load(self, mQ, mK, mV, mdO, mLSElog2, mDpsum, sm, tma_q, tma_k, tma_v, tma_do, pipes, work) -> None:
-        """Warp 0: K and V once, then per step Q + lse_log2 rows and dO + dpsum rows."""
+    def load(self, mQ, mK, mV, mdO, mLSElog2, mDpsum, sm, tmas, pipes, work) -> None:
+        """Warp 0: K and V once, then per step Q + lse_log2 rows and dO + dpsum rows (all by TMA)."""
         pipe_kv, pipe_q, pipe_do = pipes
+        tma_q, tma_k, tma_v, tma_do, tma_lse, tma_dpsum = tmas
         if work.rows_k > 0 and work.num_steps > 0:
             seq, batch = work.seq, work.batch
             one = cute.make_layout(1)
@@ -505,26 +521,28 @@ class FlashBwdSm90:
             do_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.q_stages)
             for t in cutlass.range(work.num_steps, unroll=1):
                 head, m_block = self.step_slot(work, t)
-                self.load_rows_tile(tma_q, mQ, mLSElog2, sm.sQ, sm.sLSE, pipe_q, q_state, seq, batch, head, m_block)
-                self.load_rows_tile(tma_do, mdO, mDpsum, sm.sdO, sm.sD, pipe_do, do_state, seq, batch, head,
+                self.load_rows_tile(tma_q, tma_lse, mQ, mLSElog2, sm.sQ, sm.sLSE, pipe_q, q_state, seq, batch, head,
+                                    m_block)
+                self.load_rows_tile(tma_do, tma_dpsum, mdO, mDpsum, sm.sdO, sm.sD, pipe_do, do_state, seq, batch, head,
                                     m_block)
                 q_state.advance()
                 do_state.advance()
 
     @cute.jit
-    def load_rows_tile(self, tma, mT, mRows, sT, sRows, pipe, state, seq: SeqlenInfo, batch: Int32, head: Int32,
-                       m_block: Int32) -> None:
-        """One stage: the ``(tile_m, hd)`` tile of Q (or dO) by TMA and its ``tile_m`` row
-        statistics by a bulk copy, both completing on the stage's mbarrier."""
+    def load_rows_tile(self, tma, tma_rows, mT, mRows, sT, sRows, pipe, state, seq: SeqlenInfo, batch: Int32,
+                       head: Int32, m_block: Int32) -> None:
+        """One stage: the ``(tile_m, hd)`` tile of Q (or dO) and its ``tile_m`` row statistics, both
+        by TMA completing on the stage's mbarrier."""
         pipe.producer_acquire(state)
         bar = pipe.producer_get_barrier(state)
+        one = cute.make_layout(1)
         gT = cute.local_tile(seq.q_view_sd(mT, batch, head), (self.tile_m, self.hd), (m_block, 0))
-        tTsT, tTgT = cpasync.tma_partition(tma, 0, cute.make_layout(1), cute.group_modes(sT, 0, 2),
-                                           cute.group_modes(gT, 0, 2))
+        tTsT, tTgT = cpasync.tma_partition(tma, 0, one, cute.group_modes(sT, 0, 2), cute.group_modes(gT, 0, 2))
         cute.copy(tma, tTgT, tTsT[None, state.index], tma_bar_ptr=bar)
-        gRows = cute.local_tile(rows_view(mRows, seq, batch, head, self.tile_m), (self.tile_m,), (m_block,))
-        with cute.arch.elect_one():
-            bulk_load_g2s(sRows[None, state.index].iterator, gRows.iterator, 4 * self.tile_m, bar)
+        gRows = cute.local_tile(rows_view_tma(mRows, seq, batch, head, self.tile_m), (self.tile_m,), (m_block,))
+        tRsR, tRgR = cpasync.tma_partition(tma_rows, 0, one, cute.group_modes(sRows, 0, 1),
+                                           cute.group_modes(gRows, 0, 1))
+        cute.copy(tma_rows, tRgR, tRsR[None, state.index], tma_bar_ptr=bar)
 
     # --- dQ writer --------------------------------------------------------------------------
 

@@ -116,6 +116,19 @@ def rows_view(mRows: cute.Tensor, seq: SeqlenInfo, batch: Int32, head: Int32, ti
     return cute.domain_offset((tile_base(seq, batch, tile_m),), mRows[0, head, None])
 
 
+def rows_tma_order(mRows: cute.Tensor) -> cute.Tensor:
+    """``lse_log2`` / ``dpsum`` ``(b, h, rows)`` as ``(rows, h, b)`` (same memory): the order a TMA
+    atom tiles in (rows first; every stride a multiple of 16 bytes, the rows being whole tiles)."""
+    return cute.make_tensor(mRows.iterator, cute.select(mRows.layout, mode=[2, 1, 0]))
+
+
+def rows_view_tma(mRows_t: cute.Tensor, seq: SeqlenInfo, batch: Int32, head: Int32, tile_m: int) -> cute.Tensor:
+    """:func:`rows_view` of a ``(rows, h, b)`` TMA coordinate tensor (:func:`rows_tma_order`)."""
+    if const_expr(not seq.varlen_q):
+        return mRows_t[None, head, batch]
+    return cute.domain_offset((tile_base(seq, batch, tile_m),), mRows_t[None, head, 0])
+
+
 # --------------------------------------------------------------------------------------------
 # Fragment order of the dQ tiles
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,143 @@
+"""Backward config sweep on the GPU: time fa4's backward (one family) with config overrides.
+
+    python tools/sweep_bwd.py [--family sm90] "d128 s8192" "d128 s8192 causal tile_m=128" ...
+    python tools/sweep_bwd.py --plan v1        # a named list of experiments (PLANS)
+
+An experiment: ``d<head_dim> s<seqlen> [causal] [det] [section=N] [field=value ...]`` on FlashAttention's
+grid shape (batch * seqlen = 16k tokens, heads * head_dim = 2048, bf16); the fields override the
+family's ``make_config`` (``dataclasses.replace``), ``section`` the launch order's pairs per
+section. Every config is compiled first, in parallel; then each experiment prints TFLOP/s (2.5x the
+forward's FLOPs), ms and the max difference of the gradients from a first run of the defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import importlib
+import sys
+from concurrent.futures import ProcessPoolExecutor
+
+import torch
+
+import fa4
+from fa4 import jit, ops, validate
+from fa4.bwd import postprocess, preprocess
+
+
+PLANS = {
+    # First sm90 sweep: the defaults, 128-row steps at d64, one P/dS stage at d256 (fits 2 with one Q
+    # stage), the causal launch sections, the deterministic mode.
+    "v1": [
+        "d128 s8192", "d128 s8192 causal", "d64 s8192", "d64 s8192 causal", "d256 s8192", "d256 s8192 causal",
+        "d128 s1024", "d128 s1024 causal",
+        "d64 s8192 tile_m=128", "d64 s8192 causal tile_m=128",
+        "d256 s8192 pds_stages=2", "d256 s8192 causal pds_stages=2",
+        "d128 s8192 causal section=1", "d128 s8192 causal section=4", "d128 s8192 causal section=64",
+        "d128 s8192 det", "d128 s8192 causal det", "d128 s1024 causal det",
+    ],
+}
+
+
+def parse(exp: str):
+    words = exp.split()
+    shape = dict(d=128, s=8192, causal=False, det=False, section=None)
+    over = {}
+    for w in words:
+        if w == "causal":
+            shape["causal"] = True
+        elif w == "det":
+            shape["det"] = True
+        elif w.startswith("section="):
+            shape["section"] = int(w.split("=", 1)[1])
+        elif "=" in w:
+            k, v = w.split("=", 1)
+            over[k] = ast.literal_eval(v)
+        elif w[0] in "ds" and w[1:].isdigit():
+            shape[w[0]] = int(w[1:])
+        else:
+            raise ValueError(f"bad word {w!r} in {exp!r}")
+    return shape, over
+
+
+def _tensors(shape, grad=True):
+    d, s = shape["d"], shape["s"]
+    b, h = 16384 // s, 2048 // d
+    torch.manual_seed(0)
+    return [torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=grad) for _ in range(3)]
+
+
+def configs(family, shape, over):
+    mod = importlib.import_module(f"fa4.bwd.{family}")
+    q, k, v = (t.detach() for t in _tensors(shape, grad=False)) if torch.cuda.is_available() else [None] * 3
+    problem = validate.check_dense(q, k, v, None, shape["causal"], (None, None), 0.0)
+    cfg = dataclasses.replace(mod.make_config(problem, None, "sm_90a", shape["det"]), **over)
+    pre = preprocess.make_config("bf16", shape["d"], "sm_90a", has_semaphore=shape["det"])
+    return [cfg, postprocess.config_for(cfg), pre]
+
+
+def _precompile(cfg):
+    try:
+        return jit.precompile(cfg)
+    except Exception as e:  # report, go on
+        return {"error": f"{type(cfg).__name__}: {type(e).__name__}: {str(e)[:300]}"}
+
+
+def run(family, shape, over):
+    from triton.testing import do_bench
+
+    mod = importlib.import_module(f"fa4.bwd.{family}")
+    orig = mod.make_config
+    order = mod.LAUNCH_ORDER
+    saved = (order.section, order.det_section)
+    order.section = order.det_section = shape["section"]
+    mod.make_config = lambda *a, **k: dataclasses.replace(orig(*a, **k), **over)
+    ops._plans.clear()
+    try:
+        q, k, v = _tensors(shape)
+        opts = fa4.KernelOptions(arch=family)
+        out, _ = fa4.flash_attn_func(q, k, v, causal=shape["causal"], deterministic=shape["det"], kernel_options=opts)
+        g = torch.randn_like(out)
+        grads = torch.autograd.grad(out, (q, k, v), g, retain_graph=True)
+        ms = do_bench(lambda: torch.autograd.grad(out, (q, k, v), g, retain_graph=True), warmup=25, rep=100,
+                      return_mode="median")
+        b, s, h, d = q.shape
+        flops = 2.5 * 4 * b * h * s * s * d / (2 if shape["causal"] else 1)
+        return ms, flops / ms / 1e9, grads
+    finally:
+        mod.make_config = orig
+        order.section, order.det_section = saved
+        ops._plans.clear()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("experiments", nargs="*")
+    ap.add_argument("--plan", action="append", default=[], help="names of PLANS to run")
+    ap.add_argument("--family", default="sm90")
+    ap.add_argument("--jobs", type=int, default=14)
+    args = ap.parse_args()
+    texts = [e for name in args.plan for e in PLANS[name]] + list(args.experiments)
+    exps = [parse(e) for e in texts]
+    cfgs = {c.key(): c for shape, over in exps for c in configs(args.family, shape, over)}
+    with ProcessPoolExecutor(args.jobs) as ex:
+        for row in ex.map(_precompile, cfgs.values()):
+            if "error" in row:
+                print("compile error:", row["error"], flush=True)
+    base = {}
+    print(f"{'experiment':<48} {'TFLOP/s':>8} {'ms':>8} {'maxdiff':>8}", flush=True)
+    for text, (shape, over) in zip(texts, exps):
+        try:
+            ms, tf, grads = run(args.family, shape, over)
+            key = (shape["d"], shape["s"], shape["causal"])
+            ref = base.setdefault(key, grads)
+            diff = max(float((a.float() - r.float()).abs().max()) for a, r in zip(grads, ref))
+            print(f"{text:<48} {tf:8.1f} {ms:8.3f} {diff:8.1e}", flush=True)
+        except Exception as e:
+            print(f"{text:<48} ERR {type(e).__name__}: {str(e)[:200]}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
