@@ -31,6 +31,14 @@ def test_make_config_every_head_dim_fits(d):
         assert cfg.dkv_rs == (cfg.head_dim <= 128)  # dK + dV of 64 rows fit a warpgroup's registers up to 128
 
 
+def test_setmaxnreg_split_fits_the_launch_allocation():
+    """setmaxnreg.inc blocks until the CTA's pool has the registers: the split must fit what the
+    CTA was launched with (a 240/240/32 split hung every sm90 backward on the H200)."""
+    for num_wg in sm90._REGS:
+        assert sm90.register_budget_ok(num_wg), sm90._REGS[num_wg]
+    assert sm90._REGS[2] == (240, 24)
+
+
 def test_variants_cover_buckets_flags_and_paths():
     vs = sm90.variants("sm_90a")
     assert sm90.variants("sm_80") == [] and sm90.variants("sm_100a") == []

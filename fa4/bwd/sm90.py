@@ -112,9 +112,18 @@ from fa4.softmax import apply_softcap, exp2_rows, score_scales, softcap_grad
 
 SMEM_CAPACITY = 232448  # sm_90a: 227 KB of dynamic shared memory per CTA
 SMEM_RESERVED = 1024  # mbarriers and alignment
-# (consumer, producer) registers per thread after setmaxnreg: 128 * (producer + 2 * consumer) <= 65536
-# (the whole file: the dQ writer warp's loop gets 32).
-_REGS = {2: (240, 32)}
+# (consumer, producer) registers per thread after setmaxnreg. The CTA owns the registers it was
+# launched with, 8 * floor(65536 / 384 / 8) = 168 per thread, so producer + 2 * consumer <= 3 * 168 =
+# 504: a 240/240/32 split (512) made every setmaxnreg.inc wait forever for registers (measured: the
+# GPU tests hung). :func:`register_budget_ok` checks it.
+_REGS = {2: (240, 24)}
+
+
+def register_budget_ok(num_wg: int) -> bool:
+    """Whether the setmaxnreg split of ``num_wg`` consumer warpgroups fits the launch allocation."""
+    consumer, producer = _REGS[num_wg]
+    launch = 65536 // (128 * (num_wg + 1)) // 8 * 8
+    return producer + num_wg * consumer <= launch * (num_wg + 1)
 _BAR = SimpleNamespace(pds=1, pds_free=2, epi=3, dq_full=4, dq_empty=8)
 
 
