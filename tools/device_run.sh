@@ -20,6 +20,11 @@ if has bwd90; then
     > "$out/bwd90.log" 2>&1
   echo "bwd90 rc=$?"; grep -E "passed|failed|FAILED|ERROR|Timeout" "$out/bwd90.log" | tail -40
 fi
+if has det90; then
+  timeout 200 python3 -m pytest -m gpu -p no:cacheprovider $xd -q -rfE tests/test_bwd_gpu.py -k "deterministic and sm90" \
+    > "$out/det90.log" 2>&1
+  echo "det90 rc=$?"; grep -E "passed|failed|FAILED|ERROR" "$out/det90.log" | tail -10
+fi
 if has gpu; then
   timeout ${GPU_TIMEOUT:-420} python3 -m pytest -m gpu -p no:cacheprovider $xd -q -rfE tests > "$out/gpu.log" 2>&1
   echo "gpu rc=$?"; grep -E "passed|failed|FAILED|ERROR" "$out/gpu.log" | tail -30

@@ -37,6 +37,13 @@ PLANS = {
         "d128 s8192 causal section=1", "d128 s8192 causal section=4", "d128 s8192 causal section=64",
         "d128 s8192 det", "d128 s8192 causal det", "d128 s1024 causal det",
     ],
+    # The deterministic writer frees sdQ once read (before the adds complete and the slot is
+    # published): det against non-det in one run.
+    "det": [
+        "d128 s8192", "d128 s8192 det", "d128 s8192 causal", "d128 s8192 causal det",
+        "d128 s1024 causal", "d128 s1024 causal det", "d64 s8192 causal", "d64 s8192 causal det",
+        "d256 s8192", "d256 s8192 det",
+    ],
 }
 
 
