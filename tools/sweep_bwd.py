@@ -37,8 +37,8 @@ PLANS = {
         "d128 s8192 causal section=1", "d128 s8192 causal section=4", "d128 s8192 causal section=64",
         "d128 s8192 det", "d128 s8192 causal det", "d128 s1024 causal det",
     ],
-    # The deterministic writer frees sdQ once read (before the adds complete and the slot is
-    # published): det against non-det in one run.
+    # Deterministic against non-deterministic in one run (v0.4: used to measure, and reject, a
+    # writer that frees sdQ once read, before the adds complete and the slot is published).
     "det": [
         "d128 s8192", "d128 s8192 det", "d128 s8192 causal", "d128 s8192 causal det",
         "d128 s1024 causal", "d128 s1024 causal det", "d64 s8192 causal", "d64 s8192 causal det",

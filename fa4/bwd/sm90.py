@@ -562,12 +562,13 @@ class FlashBwdSm90:
         if work.rows_k > 0 and work.num_steps > 0:
             det = self.cfg.deterministic
             lane = cute.arch.lane_idx()
-            if const_expr(det):
-                self.dq_free(0)  # later steps: freed as soon as the previous step's reduces read sdQ
             for t in cutlass.range(work.num_steps, unroll=1):
                 head, m_block = self.step_slot(work, t)
-                if const_expr(not det):
-                    self.dq_free(self.num_wg)
+                for w in cutlass.range_constexpr(self.num_wg):
+                    if const_expr(not det):
+                        # The previous step's reduce of part w has read sdQ (parts commit in order).
+                        cute.arch.cp_async_bulk_wait_group(self.num_wg - 1 - w, read=True)
+                    cute.arch.barrier_arrive(barrier_id=_BAR.dq_empty + w, number_of_threads=128 + 32)
                 gdQ = cute.local_tile(dq_accum_view(mdQaccum, work.seq, work.batch, head, self.tile_m),
                                       (self.tile_m, self.hd), (m_block, 0))
                 sem_ptr = None
@@ -585,23 +586,10 @@ class FlashBwdSm90:
                                             4 * self.dq_chunk)
                     cute.arch.cp_async_bulk_commit_group()
                 if const_expr(det):
-                    # sdQ is free once read: the consumers store the next step's dQ while the adds
-                    # complete and the slot is published (off their path).
-                    if t + 1 < work.num_steps:
-                        self.dq_free(0)
                     cute.arch.cp_async_bulk_wait_group(0, read=False)  # the adds are complete
                     if lane == 0:
                         semaphore.publish(sem_ptr, True)
             cute.arch.cp_async_bulk_wait_group(0, read=True)
-
-    def dq_free(self, pending: int) -> None:
-        """Writer warp: arrive on every warpgroup's ``dq_empty`` barrier once the bulk reduce of its
-        sdQ part has read it (``pending``: reduce groups issued after the first part's; the parts
-        commit in order, so part ``w`` waits until at most ``pending - 1 - w`` remain, i.e. none
-        for ``pending = 0``)."""
-        for w in range(self.num_wg):  # plain Python: traced inline, unrolled
-            cute.arch.cp_async_bulk_wait_group(max(pending - 1 - w, 0), read=True)
-            cute.arch.barrier_arrive(barrier_id=_BAR.dq_empty + w, number_of_threads=128 + 32)
 
     # --- consumers --------------------------------------------------------------------------
 
