@@ -57,4 +57,11 @@ if has sweep; then
   timeout ${SWEEP_TIMEOUT:-300} python3 tools/sweep_bwd.py ${SWEEP:---plan v1} > "$out/sweep.log" 2>&1
   echo "sweep rc=$?"; cat "$out/sweep.log" | grep -v Warning | tail -40
 fi
+if has ncu; then
+  timeout 200 ncu --clock-control none --kernel-name regex:fa4_bwd_sm90 --launch-count 2 \
+    --section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis \
+    --section MemoryWorkloadAnalysis --section LaunchStats python3 tools/ncu_bwd.py ${NCU_SHAPES:-} \
+    > "$out/ncu.txt" 2>&1
+  echo "ncu rc=$?"; grep -E "fa4_bwd|Duration|Throughput|Pipe|Stall|Issue|Eligible|Active Warps|Registers|L2 Hit|Mem Busy|Max Bandwidth" "$out/ncu.txt" | cut -c1-150 | head -70
+fi
 echo "total $(( $(date +%s) - t0 ))s"
