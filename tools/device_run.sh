@@ -3,7 +3,8 @@
 # Usage (device tool, carry [".device"]):  . .device/env.sh && bash tools/device_run.sh STEPS
 # STEPS (comma list): bwd90 (the backward GPU tests, both families), gpu (the whole GPU suite),
 # sanitize (compute-sanitizer memcheck/racecheck on tools/sanitize_sm90.py), bench (fwd+bwd grid),
-# benchbwd, det (deterministic bench), latency. Logs go to $OUT; each step has a timeout.
+# benchbwd, det (deterministic bench), latency, sweep (tools/sweep_bwd.py), ncu (tools/ncu_bwd.py),
+# nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
 set -uo pipefail
 steps=${1:-bwd90}
 out=${OUT:-/tmp/out}; mkdir -p "$out"
@@ -12,8 +13,10 @@ has() { [[ ",$steps," == *",$1,"* ]]; }
 xd=""; python3 -c "import xdist" 2>/dev/null && xd="-n 12"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu,power.draw --format=csv,noheader | tee "$out/env.log"
 t0=$(date +%s)
-timeout 200 python3 -m fa4 compile --arch sm_90a --jobs 15 > "$out/compile.log" 2>&1
-echo "compile rc=$? $(tail -1 "$out/compile.log") ($(( $(date +%s) - t0 ))s)"; grep FAIL "$out/compile.log" | head -5
+if ! has nocompile; then
+  timeout 200 python3 -m fa4 compile --arch sm_90a --jobs 15 > "$out/compile.log" 2>&1
+  echo "compile rc=$? $(tail -1 "$out/compile.log") ($(( $(date +%s) - t0 ))s)"; grep FAIL "$out/compile.log" | head -5
+fi
 if has bwd90; then
   timeout ${BWD90_TIMEOUT:-330} python3 -m pytest -m gpu -p no:cacheprovider $xd -q -rfE --maxfail=40 \
     tests/test_bwd_gpu.py tests/test_preprocess_gpu.py "tests/test_fwd_sm90_gpu.py::test_unused_kv_rows_may_hold_nan" \
