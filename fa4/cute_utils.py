@@ -371,6 +371,12 @@ def gemm_sm90(tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor, tCr
     warpgroup.commit_group()
 
 
+def transposed(sT: cute.Tensor) -> cute.Tensor:
+    """The same smem as ``sT`` with its first two modes swapped (a row-major tile seen as the
+    MN-major operand of the transposed product: V in ``P V``, Q / dO / K / dS in the backward)."""
+    return cute.make_tensor(sT.iterator, cute.select(sT.layout, mode=[1, 0, 2] if cute.rank(sT) == 3 else [1, 0]))
+
+
 def smem_layout_sm90(dtype: Type[cutlass.Numeric], rows: int, cols: int, stages: int | None = None,
                      atom_cols: int | None = None):
     """Row-major (``cols`` contiguous) swizzled smem layout of a ``(rows, cols[, stages])`` 16-bit

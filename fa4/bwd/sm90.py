@@ -102,6 +102,7 @@ from fa4.cute_utils import (
     make_acc_mn_view,
     smem_layout_sm90,
     store_rows_16B,
+    transposed,
     zero_rows_from,
 )
 from fa4.mask import AttentionMask
@@ -765,11 +766,6 @@ class FlashBwdSm90:
 
 FlashBwdSm90.kernel.set_name_prefix("fa4_bwd_sm90", remove_cutlass_symbol=True)
 
-
-def transposed(sT: cute.Tensor) -> cute.Tensor:
-    """The same smem as ``sT`` with its first two modes swapped (a row-major tile seen as the
-    MN-major operand of the transposed product)."""
-    return cute.make_tensor(sT.iterator, cute.select(sT.layout, mode=[1, 0, 2] if cute.rank(sT) == 3 else [1, 0]))
 
 
 # --------------------------------------------------------------------------------------------

@@ -150,9 +150,6 @@ class DqFragment:
     def chunk_threads(self) -> int:
         return 128 if self.mma == "sm90" else self.num_threads
 
-    @property
-    def chunks(self) -> int:
-        return self.num_threads // self.chunk_threads
 
 
 def dq_tiled_mma(frag: DqFragment, dtype, tile_m: int, head_dim: int) -> cute.TiledMma:

@@ -75,6 +75,7 @@ from fa4.cute_utils import (
     make_acc_mn_view,
     smem_layout_sm90,
     store_rows_16B,
+    transposed,
     zero_rows_from,
 )
 from fa4.fwd import common as fwd_common
@@ -447,7 +448,7 @@ class FlashFwdSm90:
         wg_mma_qk = self.tiled_mma_qk.get_slice(wg * 128)
         wg_mma_pv = self.tiled_mma_pv.get_slice(wg * 128)
         # V^T (dv, tile_n, stages): the B operand of P @ V, MN-major.
-        sVt = cute.make_tensor(sV.iterator, cute.select(sV.layout, mode=[1, 0, 2]))
+        sVt = transposed(sV)
         tSrQ = wg_mma_qk.make_fragment_A(wg_mma_qk.partition_A(sQ))
         tSrK = wg_mma_qk.make_fragment_B(wg_mma_qk.partition_B(sK))
         tOrVt = wg_mma_pv.make_fragment_B(wg_mma_pv.partition_B(sVt))
