@@ -7,8 +7,10 @@ Importing fa4 does not import the CuTe DSL; the first kernel call does.
 
 __version__ = "0.1.0"
 
+from fa4.combine import flash_attn_combine  # noqa: E402
 from fa4.config import KernelOptions  # noqa: E402
 from fa4.interface import explain, flash_attn_func, flash_attn_varlen_func  # noqa: E402
 from fa4.jit import cache_info  # noqa: E402
 
-__all__ = ["__version__", "KernelOptions", "cache_info", "explain", "flash_attn_func", "flash_attn_varlen_func"]
+__all__ = ["__version__", "KernelOptions", "cache_info", "explain", "flash_attn_combine", "flash_attn_func",
+           "flash_attn_varlen_func"]

@@ -9,6 +9,13 @@ the forward runs once, then ``torch.autograd.grad(out, (q, k, v), dout, retain_g
 Latency mode (``--latency``): tiny and decode shapes, 2000 forward calls timed end to end with the
 host clock between two synchronizations, in microseconds per call.
 
+Decode mode (``--decode``): the decode shapes of issue 9 (one query per sequence, 32 q / 8 kv heads,
+d128, bf16), forward with default arguments, in microseconds per call (median of do_bench) and the
+bandwidth of the K + V bytes each call must read; a row ``copy`` measures the GPU's copy bandwidth
+(``dst.copy_(src)`` of 1 GiB, bytes read + written per second) in the same run, and ``fa4/copy``
+is fa4's K + V bandwidth over it. ``fa4-paged16`` runs fa4 on the same K/V in a paged cache of
+16-row pages (vLLM's layout, pages shuffled), with its own ``paged/best`` and ``paged/copy``.
+
 Implementations: fa4 (``fa4.flash_attn_func``), torch SDPA with the flash (FA2) and the cuDNN
 backends, and flash-attn-4 (``flash_attn.cute``) when importable. Each one's output (and, for the
 backward, its gradients) is compared once per row with SDPA-flash's; the max abs difference is a
@@ -54,6 +61,9 @@ GRID: tuple[tuple[int, int], ...] = ((64, 8192), (128, 1024), (128, 4096), (128,
 LATENCY_CALLS = 2000
 FA4 = "fa4"
 FA4_NONDET = "fa4-nondet"  # with --deterministic: fa4's own non-deterministic backward, same row
+FA4_PAGED = "fa4-paged16"  # with --decode: fa4 on the same K/V in a paged cache of 16-row pages
+PAGE_SIZE = 16
+OWN = (FA4_NONDET, FA4_PAGED)  # fa4's own extra columns: never counted as peers
 EXIT_NO_GPU = 2
 NO_GPU_MESSAGE = (
     "fa4.bench: no CUDA GPU is visible (torch.cuda.is_available() is False); run the benchmark on the GPU machine."
@@ -78,10 +88,23 @@ class Shape:
     heads: int
     hdim: int
     causal: bool = False
+    heads_k: int = 0  # 0: heads (MHA)
+
+    @property
+    def hk(self) -> int:
+        return self.heads_k or self.heads
+
+    @property
+    def kv_bytes(self) -> int:
+        """K + V bytes of one call (16-bit)."""
+        return 2 * 2 * self.batch * self.seqlen_k * self.hk * self.hdim
 
 
 LATENCY_SHAPES = (Shape(1, 128, 512, 16, 128), Shape(8, 1, 512, 32, 128))
 """(b, sq, sk, h, d) of the latency rows of the targets table: tiny, and decode."""
+DECODE_SHAPES = (Shape(64, 1, 8192, 32, 128, heads_k=8), Shape(8, 1, 32768, 32, 128, heads_k=8))
+"""The decode rows of issue 9: one query per sequence, GQA 32 / 8, d128."""
+COPY_BYTES = 1 << 30
 
 
 def grid_shape(hdim: int, seqlen: int, causal: bool) -> Shape:
@@ -194,9 +217,10 @@ def sdpa_impl(name: str, backend: str) -> Impl:
             raise NotImplementedError("SDPA's is_causal is top-left aligned; fa4's is bottom-right")
         chosen = getattr(SDPBackend, backend)
         qt, kt, vt = _leaves((q, k, v), requires_grad, bhsd=True)
+        gqa = {"enable_gqa": True} if q.shape[2] != k.shape[2] else {}
 
         def run():
-            return scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+            return scaled_dot_product_attention(qt, kt, vt, is_causal=causal, **gqa)
 
         return Prepared(run, (qt, kt, vt), bhsd=True, context=lambda: sdpa_kernel(chosen))
 
@@ -217,6 +241,33 @@ def flash_attn4_impl(deterministic: bool) -> Impl:
         return Prepared(run, (q, k, v), bhsd=False)
 
     return Impl("flash-attn-4", setup)
+
+
+def fa4_paged_impl(page_size: int = PAGE_SIZE, name: str = FA4_PAGED) -> Impl:
+    """fa4's ``flash_attn_varlen_func`` on the same K/V scattered into a paged cache (vLLM's layout:
+    ``(num_pages, page_size, h_k, d)``, pages in a random order, ``page_table`` + ``seqused_k``);
+    built outside the timing."""
+
+    def setup(q, k, v, causal, requires_grad):
+        if requires_grad:
+            raise NotImplementedError("paged K/V is forward only")
+        b, sk = k.shape[:2]
+        pages = -(-sk // page_size)
+        pad = pages * page_size - sk
+        kp = torch.nn.functional.pad(k, (0, 0, 0, 0, 0, pad)).reshape(b * pages, page_size, *k.shape[2:])
+        vp = torch.nn.functional.pad(v, (0, 0, 0, 0, 0, pad)).reshape(b * pages, page_size, *v.shape[2:])
+        perm = torch.randperm(b * pages, device=k.device, generator=torch.Generator(k.device).manual_seed(0))
+        kc, vc = torch.empty_like(kp), torch.empty_like(vp)
+        kc[perm], vc[perm] = kp, vp  # page i of the unpaged order lives at perm[i]
+        table = perm.reshape(b, pages).to(torch.int32)
+        used = torch.full((b,), sk, dtype=torch.int32, device=k.device)
+
+        def run():
+            return fa4.flash_attn_varlen_func(q, kc, vc, page_table=table, seqused_k=used, causal=causal)[0]
+
+        return Prepared(run, (q, k, v), bhsd=False)
+
+    return Impl(name, setup)
 
 
 def peer_impls(deterministic: bool) -> list[Impl]:
@@ -387,7 +438,7 @@ def _progress_line(rec: Record) -> str:
 def _inputs(shape: Shape, dtype: torch.dtype, device: str, seed: int) -> tuple[torch.Tensor, ...]:
     """Random normal q, k, v, dout for ``shape`` (heads_k = heads)."""
     q, k, v = random_qkv(
-        shape.batch, shape.seqlen_q, shape.seqlen_k, shape.heads, shape.heads, shape.hdim, dtype, device, seed=seed
+        shape.batch, shape.seqlen_q, shape.seqlen_k, shape.heads, shape.hk, shape.hdim, dtype, device, seed=seed
     )
     dout = torch.randn(q.shape, dtype=dtype, device=device, generator=torch.Generator(device).manual_seed(seed + 1))
     return q, k, v, dout
@@ -430,6 +481,8 @@ def run_grid(
 def shape_label(shape: Shape) -> str:
     """Compact row label, e.g. ``b2 sq8192 sk8192 h16 d128 causal``."""
     label = f"b{shape.batch} sq{shape.seqlen_q} sk{shape.seqlen_k} h{shape.heads} d{shape.hdim}"
+    if shape.heads_k and shape.heads_k != shape.heads:
+        label += f" hk{shape.heads_k}"
     return label + (" causal" if shape.causal else "")
 
 
@@ -447,11 +500,16 @@ def _speed_ratio(row: dict[str, Record]) -> Optional[float]:
 
     Both run the same shape, so the TFLOP/s ratio is the inverse ratio of the times.
     """
-    ok = {name: rec for name, rec in row.items() if rec.status == "ok" and name != FA4_NONDET}
-    if FA4 not in ok or len(ok) < 2:
+    return _ratio(row, FA4)
+
+
+def _ratio(row: dict[str, Record], name: str) -> Optional[float]:
+    """``name``'s speed over the fastest peer's in this row (fa4's own extra columns excluded)."""
+    ok = {n: rec for n, rec in row.items() if rec.status == "ok" and n not in OWN and n != FA4}
+    mine = row.get(name)
+    if mine is None or mine.status != "ok" or not ok:
         return None
-    fa4_ms = ok.pop(FA4).ms
-    return min(rec.ms for rec in ok.values()) / fa4_ms
+    return min(rec.ms for rec in ok.values()) / mine.ms
 
 
 def _impl_order(records: Sequence[Record]) -> list[str]:
@@ -480,6 +538,49 @@ def summarize(records: Sequence[Record], latency: bool) -> tuple[list[str], list
         cells = [shape.batch, shape.seqlen_q, shape.seqlen_k, shape.heads, shape.hdim, "yes" if shape.causal else "no"]
         cells += [direction] + [_cell(row.get(n), latency) for n in names]
         cells.append(f"{ratio:.2f}x" if ratio is not None else "-")
+        cells += [_diff_cell(row.get(n)) for n in names]
+        rows.append(dict(zip(columns, map(str, cells))))
+    return columns, rows
+
+
+def copy_bandwidth(timer: Timer, nbytes: int = COPY_BYTES, device: str = "cuda") -> float:
+    """The GPU's copy bandwidth in TB/s: bytes read + written per second of ``dst.copy_(src)``."""
+    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device).normal_()
+    dst = torch.empty_like(src)
+    ms = timer(lambda: dst.copy_(src))
+    return 2 * nbytes / (ms * 1e-3) / 1e12
+
+
+def summarize_decode(records: Sequence[Record], copy_tbs: Optional[float]) -> tuple[list[str], list[dict[str, str]]]:
+    """Decode table: per shape, microseconds per call and the K + V bandwidth (TB/s) of each
+    implementation, ``fa4/best`` (speed over the fastest peer) and ``fa4/copy`` (fa4's K + V
+    bandwidth over the measured copy bandwidth)."""
+    names = _impl_order(records)
+    paged = FA4_PAGED in names
+    columns = ["b", "sq", "sk", "h", "hk", "d"] + [f"{n} us (TB/s)" for n in names] + ["fa4/best", "fa4/copy"]
+    if paged:
+        columns += ["paged/best", "paged/copy"]
+    columns += [f"diff {n}" for n in names]
+    groups: dict[Shape, dict[str, Record]] = {}
+    for rec in records:
+        groups.setdefault(rec.shape, {})[rec.impl] = rec
+    rows = []
+    for shape, row in groups.items():
+        cells = [shape.batch, shape.seqlen_q, shape.seqlen_k, shape.heads, shape.hk, shape.hdim]
+        for n in names:
+            rec = row.get(n)
+            if rec is None or rec.status != "ok":
+                cells.append(_cell(rec, True))
+            else:
+                cells.append(f"{rec.ms * 1e3:.1f} ({shape.kv_bytes / (rec.ms * 1e-3) / 1e12:.2f})")
+        for name in (FA4, FA4_PAGED) if paged else (FA4,):
+            ratio = _ratio(row, name)
+            cells.append(f"{ratio:.2f}x" if ratio is not None else "-")
+            rec = row.get(name)
+            if copy_tbs and rec is not None and rec.status == "ok":
+                cells.append(f"{shape.kv_bytes / (rec.ms * 1e-3) / 1e12 / copy_tbs:.2f}")
+            else:
+                cells.append("-")
         cells += [_diff_cell(row.get(n)) for n in names]
         rows.append(dict(zip(columns, map(str, cells))))
     return columns, rows
@@ -650,6 +751,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help=f"per-call latency on {[dataclasses.astuple(s)[:5] for s in LATENCY_SHAPES]} (b, sq, sk, h, d)"
         f" instead of the grid; {LATENCY_CALLS} forward calls each",
     )
+    p.add_argument(
+        "--decode",
+        action="store_true",
+        help=f"the decode shapes {[dataclasses.astuple(s)[:5] + (s.heads_k,) for s in DECODE_SHAPES]} (b, sq, sk, h, d, hk)"
+        " with the copy bandwidth of the same run, instead of the grid",
+    )
     p.add_argument("--repeats", type=int, default=1, help="repeat each measurement N times and report the median")
     return p.parse_args(list(argv))
 
@@ -670,6 +777,8 @@ def plan(args: argparse.Namespace) -> tuple[list[Shape], tuple[str, ...]]:
     """Shapes and directions the arguments ask for."""
     if args.latency:
         return list(LATENCY_SHAPES), ("fwd",)
+    if getattr(args, "decode", False):
+        return list(DECODE_SHAPES), ("fwd",)
     directions = {"fwd": ("fwd",), "bwd": ("bwd",), "both": ("fwd", "bwd")}[args.mode]
     return select_grid(args.hdim, args.seqlen, args.causal), directions
 
@@ -693,10 +802,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     peers = peer_impls(args.deterministic)
     # fa4 runs last in each row, so a fault that poisons the CUDA context still leaves the peers measured.
     impls = peers + [fa4_impl(kernel_option_kwargs(args), args.deterministic)]
+    if args.decode:  # the paged cache (page size 16) beside the contiguous one
+        impls.append(fa4_paged_impl())
     if args.deterministic:  # the det / non-det ratio from one row (not counted as a peer in fa4/best)
         impls.insert(len(peers), fa4_impl(kernel_option_kwargs(args), False, name=FA4_NONDET))
     records = run_grid(shapes, impls, timer=repeated(timer, args.repeats), directions=directions, reference=peers[0])
-    columns, rows = summarize(records, args.latency)
+    if args.decode:
+        copy_tbs = copy_bandwidth(repeated(timer, args.repeats))
+        print(f"# copy bandwidth: {copy_tbs:.2f} TB/s (read + write of {COPY_BYTES >> 20} MiB)")
+        columns, rows = summarize_decode(records, copy_tbs)
+    else:
+        columns, rows = summarize(records, args.latency)
     print(format_table(columns, rows))
     notes = format_notes(records)
     if notes:

@@ -133,6 +133,10 @@ class AttnProblem:
     ``window_left`` / ``window_right`` are then finite ints, an unbounded side being stored as
     ``max(seqlen_q, seqlen_k)``, which no index difference can exceed). ``softcap`` 0 means off.
     Varlen: ``varlen_q`` / ``varlen_k`` (cu_seqlens given), ``has_seqused_k``.
+    Forward hints: ``num_splits`` (split-KV: 0 = chosen by fa4, 1 = no split, n = n splits),
+    ``pack_gqa`` (None = chosen by fa4). Forward only: ``has_seqused_q`` (``seqused_q`` caps the
+    queries of each sequence), ``page_size`` (> 0: paged K/V through a page table; ``seqlen_k`` is
+    then ``max_pages * page_size`` unless ``seqused_k`` gives each sequence's length).
     """
 
     dtype: str
@@ -154,6 +158,10 @@ class AttnProblem:
     has_seqused_k: bool = False
     total_q: int = 0
     total_k: int = 0
+    num_splits: int = 0
+    pack_gqa: Optional[bool] = None
+    has_seqused_q: bool = False
+    page_size: int = 0
 
     @property
     def qhead_per_kvhead(self) -> int:
@@ -165,7 +173,7 @@ class AttnProblem:
 
     @property
     def is_varlen(self) -> bool:
-        return self.varlen_q or self.varlen_k or self.has_seqused_k
+        return self.varlen_q or self.varlen_k or self.has_seqused_k or self.has_seqused_q or self.page_size > 0
 
 
 @dataclass(frozen=True)
@@ -229,3 +237,17 @@ class AttnKernelConfig(KernelConfig):
             has_seqused_k=problem.has_seqused_k,
         )
 
+
+
+@dataclass(frozen=True)
+class AttnFwdConfig(AttnKernelConfig):
+    """Base of the forward kernels' compile keys: the forward-only flags. ``has_seqused_q``:
+    ``seqused_q`` given; ``page_rows`` > 0: paged K/V, loaded ``page_rows`` rows at a time
+    (``gcd(page_size, tile_n)``: a chunk never straddles a page)."""
+
+    has_seqused_q: bool = False
+    page_rows: int = 0
+
+    @staticmethod
+    def fwd_flags(problem: AttnProblem) -> dict:
+        return dict(AttnKernelConfig.problem_flags(problem), has_seqused_q=problem.has_seqused_q)

@@ -1,12 +1,19 @@
 """The public API: the same calls and argument names as flash-attn-4's ``flash_attn.cute``.
 
 Arguments of that API that fa4 cannot honour yet raise ``NotImplementedError`` naming the argument;
-pure performance hints (``num_splits``, ``pack_gqa``, ``min_seqlen_k``) that fa4 does not use give a
-one-time warning, never a silent change of results.
+pure performance hints that fa4 does not use (``min_seqlen_k``; ``num_splits`` and ``pack_gqa`` on a
+kernel family without split-KV / pack GQA) give a one-time warning, never a silent change of results.
+
+``num_splits`` (split-KV): ``None`` (the default) or ``<= 0`` lets fa4 choose from the SM count, the
+tiles and ``seqlen_k`` (a decode call with default arguments splits when its tiles alone would leave
+SMs idle); ``1`` never splits; ``n > 1`` splits every tile's keys ``n`` ways (at most
+:data:`fa4.fwd.common.MAX_SPLITS`). ``pack_gqa``: ``None`` packs the q heads of a kv head into one
+tile where that needs fewer tiles (short ``seqlen_q`` with GQA); ``True`` / ``False`` force it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -30,20 +37,61 @@ def _ignored_hint(name: str, value) -> None:
 _DEFAULT_OPTIONS = KernelOptions()
 
 
+def _with_hints(problem: AttnProblem, num_splits, pack_gqa) -> AttnProblem:
+    """``problem`` with the forward hints (validated; the defaults keep the cached problem)."""
+    if num_splits is None and pack_gqa is None:
+        return problem
+    splits = validate.check_num_splits(num_splits)
+    if pack_gqa is not None and pack_gqa.__class__ is not bool:
+        validate.as_bool("pack_gqa", pack_gqa)
+    if splits == problem.num_splits and pack_gqa == problem.pack_gqa:
+        return problem
+    return dataclasses.replace(problem, num_splits=splits, pack_gqa=pack_gqa)
+
+
 def _run(problem: AttnProblem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options: Optional[KernelOptions],
-         deterministic: bool, return_lse: bool):
+         deterministic: bool, return_lse: bool, seqused_q=None, page_table=None):
     options = options if options is not None else _DEFAULT_OPTIONS
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     need_lse = return_lse or grad
+    if problem.has_seqused_q or problem.page_size:
+        name = "seqused_q" if problem.has_seqused_q else "page_table"
+        if grad:
+            raise NotImplementedError(f"fa4's backward does not support {name} yet (forward only); call it under "
+                                      f"torch.no_grad() or without inputs that require grad")
+        if torch.compiler.is_compiling():
+            raise NotImplementedError(f"fa4 does not support {name} under torch.compile yet (eager only)")
+        return ops.forward(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options, need_lse,
+                           seqused_q=seqused_q, page_table=page_table)
+    if problem.varlen_q != problem.varlen_k and torch.compiler.is_compiling():
+        raise NotImplementedError("fa4 does not support mixed packed / batched q and k/v under torch.compile yet "
+                                  "(eager only)")
     if torch.compiler.is_compiling():
+        pack = -1 if problem.pack_gqa is None else int(problem.pack_gqa)
         out, lse = ops.fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, problem.seqlen_q, problem.seqlen_k,
                               problem.softmax_scale, problem.causal, problem.local, problem.window_left,
-                              problem.window_right, problem.softcap, need_lse, deterministic, options.to_str())
+                              problem.window_right, problem.softcap, need_lse, deterministic, options.to_str(),
+                              problem.num_splits, pack)
         return out, (lse if return_lse else None)
     if grad:
         return ops.FlashAttnFunction.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, problem, options,
                                            deterministic, return_lse, need_lse)
     return ops.forward(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options, need_lse)
+
+
+def _apply_sink(out: torch.Tensor, lse: torch.Tensor, sink: torch.Tensor, packed_q: bool, return_lse: bool):
+    """Attention sinks (Note [Attention sinks]): one extra logit per q head in every row's softmax,
+    with a zero value vector. From the kernel's ``out`` and ``lse`` over the keys alone:
+    ``lse' = logaddexp(lse, sink)``, ``out' = out * exp(lse - lse')``; autograd through these two
+    elementwise steps gives q, k, v (via the kernel's backward, with its LSE gradient) and the sink
+    their gradients. A row that sees no key gets ``out' = 0``, ``lse' = sink``."""
+    s = sink.float()
+    s = s[:, None] if packed_q else s[None, :, None]  # lse: (h, total_q) or (b, h, s_q)
+    lse_all = torch.logaddexp(lse, s)
+    scale = torch.exp(lse - lse_all)
+    scale = scale.transpose(0, 1) if packed_q else scale.transpose(1, 2)  # -> out's (.., s, h)
+    out_all = (out.float() * scale.unsqueeze(-1)).to(out.dtype)
+    return out_all, (lse_all if return_lse else None)
 
 
 def _check_flags(kernel_options, deterministic, return_lse) -> None:
@@ -66,7 +114,7 @@ def flash_attn_func(
     window_size: tuple = (None, None),
     learnable_sink: Optional[torch.Tensor] = None,
     softcap: float = 0.0,
-    num_splits: int = 1,
+    num_splits: Optional[int] = None,
     pack_gqa: Optional[bool] = None,
     deterministic: bool = False,
     score_mod=None,
@@ -87,23 +135,25 @@ def flash_attn_func(
     else None. ``window_size=(left, right)`` limits keys to ``[i + sk - sq - left, i + sk - sq + right]``
     (None = unbounded); ``causal`` sets right = 0 (bottom-right aligned when sq != sk). ``softcap > 0``
     caps scores as ``softcap * tanh(s / softcap)``. ``deterministic`` makes the backward bit-exact
-    across runs. ``kernel_options`` (fa4 only): tile sizes, stages, exp2 emulation, rescale threshold,
-    forced kernel family.
+    across runs. ``num_splits`` / ``pack_gqa``: split-KV and pack GQA (module docstring; results
+    stay deterministic). ``kernel_options`` (fa4 only): tile sizes, stages, exp2 emulation, rescale
+    threshold, forced kernel family.
     """
-    if (qv is not None or gather_kv_indices is not None or learnable_sink is not None or score_mod is not None
+    if (qv is not None or gather_kv_indices is not None or score_mod is not None
             or score_mod_bwd is not None or mask_mod is not None or aux_tensors is not None or aux_scalars is not None
             or block_sparse_tensors is not None or block_sparse_tensors_bwd is not None):
-        validate.reject_unsupported(qv=qv, gather_kv_indices=gather_kv_indices, learnable_sink=learnable_sink,
+        validate.reject_unsupported(qv=qv, gather_kv_indices=gather_kv_indices,
                                     score_mod=score_mod, score_mod_bwd=score_mod_bwd, mask_mod=mask_mod,
                                     aux_tensors=aux_tensors, aux_scalars=aux_scalars,
                                     block_sparse_tensors=block_sparse_tensors,
                                     block_sparse_tensors_bwd=block_sparse_tensors_bwd)
-    if num_splits != 1:
-        _ignored_hint("num_splits", num_splits)
-    if pack_gqa is not None:
-        _ignored_hint("pack_gqa", pack_gqa)
     _check_flags(kernel_options, deterministic, return_lse)
-    problem = validate.check_dense(q, k, v, softmax_scale, causal, window_size, softcap)
+    problem = _with_hints(validate.check_dense(q, k, v, softmax_scale, causal, window_size, softcap), num_splits,
+                          pack_gqa)
+    if learnable_sink is not None:
+        validate.check_sink(learnable_sink, problem.heads, q.device)
+        out, lse = _run(problem, q, k, v, None, None, None, kernel_options, deterministic, True)
+        return _apply_sink(out, lse, learnable_sink, False, return_lse)
     return _run(problem, q, k, v, None, None, None, kernel_options, deterministic, return_lse)
 
 
@@ -126,7 +176,7 @@ def flash_attn_varlen_func(
     window_size: tuple = (None, None),
     learnable_sink: Optional[torch.Tensor] = None,
     softcap: float = 0.0,
-    num_splits: int = 1,
+    num_splits: Optional[int] = None,
     pack_gqa: Optional[bool] = None,
     deterministic: bool = False,
     score_mod=None,
@@ -142,32 +192,40 @@ def flash_attn_varlen_func(
     *,
     kernel_options: Optional[KernelOptions] = None,
 ):
-    """Attention over packed variable-length sequences.
+    """Attention over variable-length sequences, each side packed, batched or (k/v) paged.
 
-    q (total_q, heads, head_dim), k/v (total_k, heads_k, head_dim); sequence b is rows
-    ``cu_seqlens[b]:cu_seqlens[b+1]`` (int32, length batch + 1); ``max_seqlen_q/k`` are the longest
-    lengths (optional: ``None`` or a 0-dim GPU tensor uses the packed token count as an upper bound,
-    without a device sync; a 0-dim CPU tensor is read); ``seqused_k`` (int32, (batch,)) optionally
-    uses only the first keys of each sequence.
-    Returns ``(out, lse)`` with out (total_q, heads, head_dim) and lse float32 (heads, total_q) or None.
+    q: packed ``(total_q, h, d)`` with ``cu_seqlens_q`` (int32, ``batch + 1``: sequence b is rows
+    ``cu_seqlens_q[b]:cu_seqlens_q[b+1]``), or batched ``(batch, seqlen_q, h, d)`` without it. k, v:
+    packed ``(total_k, h_k, d)`` with ``cu_seqlens_k``; paged ``(num_pages, page_size, h_k, d)``
+    with ``page_table`` (int32, ``(batch, max_pages)``, forward only); or batched ``(batch,
+    seqlen_k, h_k, d)``. ``max_seqlen_q/k``: the longest packed lengths (optional: ``None`` or a
+    0-dim GPU tensor uses the packed token count as an upper bound, without a device sync; a 0-dim
+    CPU tensor is read; ignored for batched / paged sides). ``seqused_q`` / ``seqused_k`` (int32,
+    ``(batch,)``) use only the first queries / keys of each sequence (output rows past
+    ``seqused_q`` are not written; ``seqused_q`` is forward only).
+    Returns ``(out, lse)`` with out like q and lse float32 (h, total_q) (batched q: (batch, h,
+    seqlen_q)) or None.
     """
-    validate.reject_unsupported(qv=qv, seqused_q=seqused_q, gather_kv_indices=gather_kv_indices,
-                                page_table=page_table, learnable_sink=learnable_sink, score_mod=score_mod,
+    validate.reject_unsupported(qv=qv, gather_kv_indices=gather_kv_indices, score_mod=score_mod,
                                 score_mod_bwd=score_mod_bwd, mask_mod=mask_mod,
                                 block_sparse_tensors=block_sparse_tensors, aux_tensors=aux_tensors,
                                 aux_scalars=aux_scalars, scheduler_metadata=scheduler_metadata,
                                 seqlen_k_per_split=seqlen_k_per_split,
                                 disable_scheduler_metadata=disable_scheduler_metadata)
-    if num_splits != 1:
-        _ignored_hint("num_splits", num_splits)
-    if pack_gqa is not None:
-        _ignored_hint("pack_gqa", pack_gqa)
     if min_seqlen_k is not None:
         _ignored_hint("min_seqlen_k", min_seqlen_k)
     _check_flags(kernel_options, deterministic, return_lse)
-    problem = validate.check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
-                                    softmax_scale, causal, window_size, softcap)
-    return _run(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, kernel_options, deterministic, return_lse)
+    problem = _with_hints(validate.check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                                seqused_k, softmax_scale, causal, window_size, softcap,
+                                                seqused_q=seqused_q, page_table=page_table),
+                          num_splits, pack_gqa)
+    if learnable_sink is not None:
+        validate.check_sink(learnable_sink, problem.heads, q.device)
+        out, lse = _run(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, kernel_options, deterministic, True,
+                        seqused_q, page_table)
+        return _apply_sink(out, lse, learnable_sink, problem.varlen_q, return_lse)
+    return _run(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, kernel_options, deterministic, return_lse,
+                seqused_q, page_table)
 
 
 # --------------------------------------------------------------------------------------------
@@ -196,6 +254,8 @@ class Explanation:
             if "config" in info:
                 lines.append(f"  config: {info['config']}")
                 lines.append(f"  cache: {info['cache']}")
+            if "splits" in info:
+                lines.append(f"  split-KV: {info['splits']} splits per tile, merged by the combine kernel")
             if "error" in info:
                 lines.append(f"  error: {info['error']}")
         lines += [f"note: {n}" for n in self.notes]
@@ -216,7 +276,8 @@ def _cache_state(cfg) -> str:
 
 def explain(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
             seqused_k=None, softmax_scale=None, causal=False, window_size=(None, None), softcap=0.0,
-            deterministic=False, return_lse=False, kernel_options: Optional[KernelOptions] = None,
+            num_splits=None, pack_gqa=None, seqused_q=None, page_table=None, deterministic=False,
+            return_lse=False, kernel_options: Optional[KernelOptions] = None,
             capability: Optional[tuple] = None) -> Explanation:
     """Which kernels, arch and options a call with these arguments would use, and why.
 
@@ -227,13 +288,15 @@ def explain(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
     validate.check_options(kernel_options)
     if capability is None:
         capability = _arch.device_capability(q.device.index if q.device.index is not None else torch.cuda.current_device())
-    varlen = cu_seqlens_q is not None
+    varlen = any(t is not None for t in (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table))
     with validate.allow_any_device():
         if varlen:
             problem = validate.check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                            seqused_k, softmax_scale, causal, window_size, softcap)
+                                            seqused_k, softmax_scale, causal, window_size, softcap,
+                                            seqused_q=seqused_q, page_table=page_table)
         else:
             problem = validate.check_dense(q, k, v, softmax_scale, causal, window_size, softcap)
+    problem = _with_hints(problem, num_splits, pack_gqa)
     ex = Explanation(problem, tuple(capability))
     need_bwd = q.requires_grad or k.requires_grad or v.requires_grad
     for direction in ("fwd", "bwd"):
@@ -253,11 +316,19 @@ def explain(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
                 cfg = mod.make_config(problem, options, d.target, deterministic)
             info["config"] = cfg.describe()
             info["cache"] = _cache_state(cfg)
+            if getattr(cfg, "split_kv", False):
+                info["splits"] = mod.split_count(problem, cfg.tile_m, cfg.tile_n, cfg.qhead_per_kvhead)
         except (ImportError, AttributeError) as e:  # kernel module not importable here
             info["error"] = f"cannot build the config: {e}"
         ex.directions[direction] = info
         if d.fallback:
             ex.notes.append(f"{direction}: {d.reason}; running family {d.family}")
+    if problem.page_size:
+        from fa4.fwd import sm90 as _sm90
+
+        if not _sm90.paged_supported(problem.page_size):
+            ex.notes.append(f"page_size={problem.page_size}: pages are gathered into a contiguous K/V before the "
+                            f"kernel (TMA loads need gcd(page_size, 128) to be a multiple of 8)")
     if not need_bwd:
         ex.notes.append("no input requires grad: only the forward runs (bwd shown for reference)")
     return ex

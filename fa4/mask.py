@@ -44,6 +44,7 @@ class AttentionMask:
     seqlen_k: Int32
     window_left: Int32 = 0
     window_right: Int32 = 0
+    qhead_per_kvhead: cutlass.Constexpr[int] = 1
 
     @property
     def has_window(self) -> bool:
@@ -52,6 +53,27 @@ class AttentionMask:
     def _wr(self):
         # Right window: 0 for causal, runtime for local.
         return self.window_right if const_expr(self.local) else 0
+
+    # Rows of a forward Q tile. With pack GQA (``qhead_per_kvhead = g > 1``, Note [Pack GQA] in
+    # fa4/pack_gqa.py) tile row ``r`` of block ``m`` is packed row ``m * tile_m + r``, whose query
+    # position is ``(m * tile_m + r) // g``; ``seqlen_q`` stays the number of query positions.
+
+    def _q_first(self, m_block):
+        """Query position of the first row of ``m_block``."""
+        if self.qhead_per_kvhead == 1:
+            return m_block * self.tile_m
+        return m_block * self.tile_m // self.qhead_per_kvhead
+
+    def _q_last(self, m_block):
+        """Query position of the last row of ``m_block`` (rows clipped to ``seqlen_q``)."""
+        g = self.qhead_per_kvhead
+        if g == 1:
+            return cutlass.min((m_block + 1) * self.tile_m, self.seqlen_q) - 1
+        return (cutlass.min((m_block + 1) * self.tile_m, self.seqlen_q * g) - 1) // g
+
+    def _q_last_unclipped(self, m_block):
+        g = self.qhead_per_kvhead
+        return ((m_block + 1) * self.tile_m - 1) // g if g > 1 else (m_block + 1) * self.tile_m - 1
 
     # ----------------------------------------------------------------------------------------
     # Block ranges
@@ -66,12 +88,12 @@ class AttentionMask:
         n_max = cute.ceil_div(self.seqlen_k, self.tile_n)
         n_min = 0
         if self.has_window:
-            row_last = cutlass.min((m_block + 1) * self.tile_m, self.seqlen_q) - 1
+            row_last = self._q_last(m_block)
             # Exclusive bound of the keys the last row sees.
             col_end = row_last + self.seqlen_k - self.seqlen_q + self._wr() + 1
             n_max = cutlass.min(n_max, cute.ceil_div(cutlass.max(col_end, 0), self.tile_n))
         if self.local:
-            col_start = m_block * self.tile_m + self.seqlen_k - self.seqlen_q - self.window_left
+            col_start = self._q_first(m_block) + self.seqlen_k - self.seqlen_q - self.window_left
             n_min = cutlass.max(col_start, 0) // self.tile_n
         return n_min, n_max
 
@@ -97,7 +119,7 @@ class AttentionMask:
         if not self.has_window:
             return 2**30
         # Block n is free iff (n + 1) * tile_n - 1 <= first_row + s_k - s_q + wr.
-        col_end = m_block * self.tile_m + self.seqlen_k - self.seqlen_q + self._wr() + 1
+        col_end = self._q_first(m_block) + self.seqlen_k - self.seqlen_q + self._wr() + 1
         return cutlass.max(col_end, 0) // self.tile_n
 
     def n_block_max_left_mask(self, m_block):
@@ -106,7 +128,7 @@ class AttentionMask:
         if not self.local:
             return 0
         # Block n is free iff n * tile_n >= last_row + s_k - s_q - wl.
-        col_start = (m_block + 1) * self.tile_m - 1 + self.seqlen_k - self.seqlen_q - self.window_left
+        col_start = self._q_last_unclipped(m_block) + self.seqlen_k - self.seqlen_q - self.window_left
         return cute.ceil_div(cutlass.max(col_start, 0), self.tile_n)
 
     def m_block_max_no_window_mask(self, n_block):
@@ -139,6 +161,7 @@ class AttentionMask:
         ``mask_seqlen``: keys ``>= seqlen_k``; ``mask_window``: the causal/local bounds (ignored
         without causal/local). ``transpose``: ``acc_S`` holds S^T, a ``(tile_n, tile_m)`` tile of
         keys x queries. Rows past ``seqlen_q`` are left alone (their outputs are never stored).
+        With ``qhead_per_kvhead > 1`` (pack GQA, forward only) rows are packed rows.
 
         Column bounds are compared against the compile-time coordinates of thread 0
         (``t0ScS``), the thread's own offset being folded into the runtime limit.
@@ -173,13 +196,19 @@ class AttentionMask:
                 # units: q_loc is the row's local index and k_loc the column's thread-0 index.
                 diag = m_block * self.tile_m + thr_q + self.seqlen_k - self.seqlen_q - n_block * self.tile_n - thr_k
                 if const_expr(not transpose):
+                    g = self.qhead_per_kvhead
                     for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
-                        q_loc = t0ScS[r, 0][Q]
-                        right = q_loc + diag + self._wr() + 1  # exclusive
+                        # row_diag: the row's diagonal key in thread-0-local key units.
+                        if const_expr(g == 1):
+                            row_diag = t0ScS[r, 0][Q] + diag
+                        else:  # packed rows: the query position is (packed row) // g
+                            q_pos = (m_block * self.tile_m + thr_q + t0ScS[r, 0][Q]) // g
+                            row_diag = q_pos + self.seqlen_k - self.seqlen_q - n_block * self.tile_n - thr_k
+                        right = row_diag + self._wr() + 1  # exclusive
                         if const_expr(mask_seqlen):
                             right = cutlass.min(right, k_limit)
                         if const_expr(self.local):
-                            left = q_loc + diag - self.window_left
+                            left = row_diag - self.window_left
                             for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
                                 k_loc = t0ScS[0, c][K]
                                 masked = k_loc >= right or k_loc < left

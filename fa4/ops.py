@@ -11,6 +11,7 @@ Two entry paths share the same drivers (:func:`forward`, :func:`backward`):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from typing import Optional
@@ -78,12 +79,18 @@ def _as_user(t: Optional[torch.Tensor], varlen: bool) -> Optional[torch.Tensor]:
 
 def forward(problem: AttnProblem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_k: Optional[torch.Tensor],
-            seqused_k: Optional[torch.Tensor], options: KernelOptions, need_lse: bool):
+            seqused_k: Optional[torch.Tensor], options: KernelOptions, need_lse: bool,
+            seqused_q: Optional[torch.Tensor] = None, page_table: Optional[torch.Tensor] = None):
     """Run the forward on the tensors as the user passed them ((b, s, h, d), or (total, h, d) for
-    varlen, which the kernels see as (1, total, h, d)). Returns (out, lse); lse is (b, h, s_q)
-    (varlen: (h, total_q)) float32, or None when not needed."""
+    a packed side, which the kernels see as (1, total, h, d); paged k/v (num_pages, page_size, h_k,
+    d)). Returns (out, lse); lse is (b, h, s_q) (packed q: (h, total_q)) float32, or None when not
+    needed."""
     varlen = problem.varlen_q
-    q, k, v = _as4d(q, varlen), _as4d(k, varlen), _as4d(v, varlen)
+    if page_table is not None and not _paged_supported(problem, options, q.device):
+        k, v, page_table = _gather_pages(problem, k, v, page_table)
+        problem = dataclasses.replace(problem, page_size=0)
+    q = _as4d(q, varlen)
+    k, v = _as4d(k, problem.varlen_k), _as4d(v, problem.varlen_k)
     if 1 in q.shape:  # size-1 dims may carry any stride: see validate.kernel_ready (before out copies q's)
         q = validate.kernel_ready(q)
     if 1 in k.shape:
@@ -100,15 +107,51 @@ def forward(problem: AttnProblem, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
             lse.fill_(-math.inf)
     else:
         mod, cfg = _plan("fwd", problem, options, q.device, need_lse)
-        mod.run(cfg, problem, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k)
+        if problem.has_seqused_q or problem.page_size:
+            mod.run(cfg, problem, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q=seqused_q,
+                    page_table=page_table)
+        else:
+            mod.run(cfg, problem, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k)
     return _as_user(out, varlen), _as_user(lse, varlen)
+
+
+_gather_warned = [False]
+
+
+def _paged_supported(problem: AttnProblem, options: KernelOptions, device) -> bool:
+    """Whether the forward family of this call loads the pages itself (the sm90 family, page sizes
+    of whole 8-row TMA boxes); otherwise they are gathered first."""
+    from fa4.fwd import sm90
+
+    return _dispatch("fwd", device, options).family == "sm90" and sm90.paged_supported(problem.page_size)
+
+
+def _gather_pages(problem: AttnProblem, k, v, page_table):
+    """Page sizes the kernels cannot load by TMA (``gcd(page_size, 128)`` not a multiple of 8), or
+    a family without paged loads (sm80): gather each sequence's pages into a batched (b, max_pages * page_size, h_k, d) K/V first (one
+    extra pass over the used cache; a one-time warning says so, fa4.explain() too). Index math
+    only: no device sync; indices outside the cache are clamped (their rows are past seqused_k or
+    the caller's error)."""
+    import warnings
+
+    if not _gather_warned[0]:
+        _gather_warned[0] = True
+        warnings.warn(f"fa4: page_size={problem.page_size} is not loaded by the kernel (the sm90 forward's TMA needs "
+                      f"gcd(page_size, 128) to be a multiple of 8; the sm80 forward has no paged loads); the pages "
+                      f"are gathered into a contiguous K/V first (slower)", stacklevel=4)
+    num_pages = k.shape[0]
+    idx = page_table.long().clamp(0, num_pages - 1)
+    b, max_pages = idx.shape
+    kk = k[idx].reshape(b, max_pages * k.shape[1], *k.shape[2:])
+    vv = v[idx].reshape(b, max_pages * v.shape[1], *v.shape[2:])
+    return kk, vv, None
 
 
 def backward(problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_k,
              options: KernelOptions, deterministic: bool):
     """Gradients (dq, dk, dv) of the attention forward, tensors in the user's layout as in
     :func:`forward`. Layout fix-ups of the inputs (an expanded ``dout``...) are the launcher's."""
-    varlen = problem.varlen_q
+    vq, vk = problem.varlen_q, problem.varlen_k
     dq, dk, dv = _empty_like(q), _empty_like(k), _empty_like(v)
     if q.numel() == 0 or k.numel() == 0:
         dq.zero_()
@@ -117,8 +160,8 @@ def backward(problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_seqlens_q, 
         return dq, dk, dv
     mod, cfg = _plan("bwd", problem, options, q.device, deterministic)
     mod.run_backward(
-        cfg, problem, *(_as4d(t, varlen) for t in (dout, q, k, v, out, lse, dlse)),
-        cu_seqlens_q, cu_seqlens_k, seqused_k, *(_as4d(t, varlen) for t in (dq, dk, dv)))
+        cfg, problem, _as4d(dout, vq), _as4d(q, vq), _as4d(k, vk), _as4d(v, vk), _as4d(out, vq), _as4d(lse, vq),
+        _as4d(dlse, vq), cu_seqlens_q, cu_seqlens_k, seqused_k, _as4d(dq, vq), _as4d(dk, vk), _as4d(dv, vk))
     return dq, dk, dv
 
 
@@ -158,7 +201,8 @@ class FlashAttnFunction(torch.autograd.Function):
 
 
 def _problem_from_op_args(q, k, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                          local, window_left, window_right, softcap) -> AttnProblem:
+                          local, window_left, window_right, softcap, num_splits: int = 0,
+                          pack_gqa: int = -1) -> AttnProblem:
     varlen = cu_seqlens_q is not None
     if varlen:
         batch, (total_q, hq, d), (total_k, hk, _) = cu_seqlens_q.shape[0] - 1, q.shape, k.shape
@@ -169,26 +213,30 @@ def _problem_from_op_args(q, k, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqle
     dtype = "bf16" if q.dtype == torch.bfloat16 else "fp16"
     return AttnProblem(dtype, batch, sq, sk, hq, hk, d, d, softmax_scale, causal, local, window_left, window_right,
                        softcap, varlen_q=varlen, varlen_k=varlen, has_seqused_k=seqused_k is not None,
-                       total_q=total_q, total_k=total_k)
+                       total_q=total_q, total_k=total_k, num_splits=num_splits,
+                       pack_gqa=None if pack_gqa < 0 else bool(pack_gqa))
 
 
 @torch.library.custom_op("fa4::fwd", mutates_args=(), device_types="cuda")
 def fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor],
            cu_seqlens_k: Optional[torch.Tensor], seqused_k: Optional[torch.Tensor], max_seqlen_q: int,
            max_seqlen_k: int, softmax_scale: float, causal: bool, local: bool, window_left: int, window_right: int,
-           softcap: float, need_lse: bool, deterministic: bool, options: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Custom-op form of the forward; lse is an empty tensor when ``need_lse`` is False."""
+           softcap: float, need_lse: bool, deterministic: bool, options: str, num_splits: int = 0,
+           pack_gqa: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Custom-op form of the forward; lse is an empty tensor when ``need_lse`` is False;
+    ``pack_gqa`` -1 / 0 / 1 = None / False / True."""
     for name, t in (("q", q), ("k", k), ("v", v)):  # the only check a traced graph could not do
         validate.check_aligned(name, t)
     p = _problem_from_op_args(q, k, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                              local, window_left, window_right, softcap)
+                              local, window_left, window_right, softcap, num_splits, pack_gqa)
     out, lse = forward(p, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, KernelOptions.from_str(options), need_lse)
     return out, (lse if lse is not None else q.new_empty((0,), dtype=torch.float32))
 
 
 @fwd_op.register_fake
 def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-              local, window_left, window_right, softcap, need_lse, deterministic, options):
+              local, window_left, window_right, softcap, need_lse, deterministic, options, num_splits=0,
+              pack_gqa=-1):
     out = q.new_empty(q.shape)
     if not need_lse:
         return out, q.new_empty((0,), dtype=torch.float32)
@@ -217,7 +265,7 @@ def _bwd_fake(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused
 
 def _fwd_setup_context(ctx, inputs, output):
     (q, k, v, cu_q, cu_k, seqused_k, max_sq, max_sk, scale, causal, local, wl, wr, softcap, need_lse,
-     deterministic, options) = inputs
+     deterministic, options, _num_splits, _pack_gqa) = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, seqused_k)
     ctx.scalars = (max_sq, max_sk, scale, causal, local, wl, wr, softcap, deterministic, options)
@@ -229,7 +277,7 @@ def _fwd_backward(ctx, dout, dlse):
     max_sq, max_sk, scale, causal, local, wl, wr, softcap, deterministic, options = ctx.scalars
     dq, dk, dv = bwd_op(dout, q, k, v, out, lse, dlse, cu_q, cu_k, seqused_k, max_sq, max_sk, scale, causal, local,
                         wl, wr, softcap, deterministic, options)
-    return (dq, dk, dv) + (None,) * 14
+    return (dq, dk, dv) + (None,) * 16
 
 
 fwd_op.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)

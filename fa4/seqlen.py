@@ -46,8 +46,10 @@ class SeqlenInfo:
         mCuSeqlensQ: Optional[cute.Tensor] = None,
         mCuSeqlensK: Optional[cute.Tensor] = None,
         mSeqUsedK: Optional[cute.Tensor] = None,
+        mSeqUsedQ: Optional[cute.Tensor] = None,
     ) -> "SeqlenInfo":
-        """``seqlen_*_static``: the sequence mode of Q / K (used when not varlen)."""
+        """``seqlen_*_static``: the sequence mode of Q / K (used when not varlen; for paged K/V the
+        page table's capacity); ``mSeqUsedQ`` / ``mSeqUsedK`` cap the lengths."""
         if const_expr(mCuSeqlensQ is not None):
             offset_q = mCuSeqlensQ[batch]
             seqlen_q = mCuSeqlensQ[batch + 1] - offset_q
@@ -62,6 +64,8 @@ class SeqlenInfo:
             seqlen_k = Int32(seqlen_k_static)
         if const_expr(mSeqUsedK is not None):
             seqlen_k = mSeqUsedK[batch]
+        if const_expr(mSeqUsedQ is not None):
+            seqlen_q = mSeqUsedQ[batch]
         return SeqlenInfo(offset_q, offset_k, seqlen_q, seqlen_k, mCuSeqlensQ is not None, mCuSeqlensK is not None)
 
     # ----------------------------------------------------------------------------------------

@@ -193,10 +193,10 @@ def allow_any_device():
         _any_device = old
 
 
-def _check_qkv(q, k, v, rank: int, what: str) -> None:
+def _check_qkv(q, k, v, rank: int, what: str, kv_rank: Optional[int] = None, kv_what: Optional[str] = None) -> None:
     _check_tensor("q", q, rank, what)
-    _check_tensor("k", k, rank, what)
-    _check_tensor("v", v, rank, what)
+    _check_tensor("k", k, kv_rank or rank, kv_what or what)
+    _check_tensor("v", v, kv_rank or rank, kv_what or what)
     _check_same("k", k, q)
     _check_same("v", v, q)
     if q.device.type != "cuda" and not _any_device:
@@ -275,31 +275,110 @@ def _check_dense(q, k, v, softmax_scale, causal, window_size, softcap) -> AttnPr
                        total_q=b * sq, total_k=b * sk)
 
 
+def _check_lengths(name: str, t, batch: int, device) -> None:
+    """``seqused_q`` / ``seqused_k``: int32 (batch,) on q's device."""
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.int32:
+        raise TypeError(f"{name} must be an int32 torch.Tensor, got {getattr(t, 'dtype', type(t))}")
+    if t.shape != (batch,) or t.device != device:
+        raise ValueError(f"{name} must have shape (batch,) = ({batch},) on {device}, got {tuple(t.shape)} on "
+                         f"{t.device}")
+    if t.stride(0) != 1:
+        raise ValueError(f"{name} must be contiguous")
+
+
+def _check_page_table(page_table, batch: int, device) -> int:
+    """(batch, max_pages) int32 with a unit last stride; returns max_pages. Page indices are not read
+    (that would sync the device): an index outside the cache reads zeros (TMA bounds), never memory
+    outside it."""
+    if not isinstance(page_table, torch.Tensor) or page_table.dtype != torch.int32:
+        raise TypeError(f"page_table must be an int32 torch.Tensor, got {getattr(page_table, 'dtype', type(page_table))}")
+    if page_table.dim() != 2 or page_table.shape[0] != batch:
+        raise ValueError(f"page_table must have shape (batch, max_pages) with batch = {batch}, got "
+                         f"{tuple(page_table.shape)}")
+    if page_table.device != device:
+        raise ValueError(f"page_table must be on the same device as q ({device}), got {page_table.device}")
+    if page_table.shape[1] == 0:
+        raise ValueError("page_table must have at least one page per sequence (max_pages >= 1)")
+    if page_table.stride(1) != 1 and page_table.shape[1] > 1:
+        raise ValueError(f"page_table must be contiguous in its last dimension, got strides {page_table.stride()}")
+    return page_table.shape[1]
+
+
 def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
-                 softmax_scale, causal, window_size, softcap) -> AttnProblem:
-    """Validate a ``flash_attn_varlen_func`` call (packed (total, heads, head_dim) tensors)."""
-    _check_qkv(q, k, v, 3, "(total_tokens, heads, head_dim)")
-    if cu_seqlens_q is None:
-        raise NotImplementedError("flash_attn_varlen_func needs cu_seqlens_q (seqused_q alone is not supported yet)")
-    if cu_seqlens_k is None:
-        raise NotImplementedError("flash_attn_varlen_func needs cu_seqlens_k (paged / seqused_k-only KV is not supported yet)")
-    batch = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, None, q.device)
-    _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, batch, q.device)
-    sq = _max_seqlen("max_seqlen_q", max_seqlen_q, q.shape[0])
-    sk = _max_seqlen("max_seqlen_k", max_seqlen_k, k.shape[0])
+                 softmax_scale, causal, window_size, softcap, seqused_q=None, page_table=None) -> AttnProblem:
+    """Validate a ``flash_attn_varlen_func`` call. Each side is packed or batched on its own:
+
+    * q: packed ``(total_q, heads, head_dim)`` with ``cu_seqlens_q``, else batched ``(batch,
+      seqlen_q, heads, head_dim)``;
+    * k, v: packed ``(total_k, heads_k, head_dim)`` with ``cu_seqlens_k``; paged ``(num_pages,
+      page_size, heads_k, head_dim)`` with ``page_table (batch, max_pages)``; else batched ``(batch,
+      seqlen_k, heads_k, head_dim)``.
+
+    ``seqused_q`` / ``seqused_k`` (int32, (batch,)) cap each sequence's queries / keys."""
+    varlen_q, varlen_k, paged = cu_seqlens_q is not None, cu_seqlens_k is not None, page_table is not None
+    if varlen_k and paged:
+        raise ValueError("cu_seqlens_k and page_table are exclusive: with a page table, seqused_k gives the keys "
+                         "of each sequence")
+    q_what = "(total_q, heads, head_dim) with cu_seqlens_q" if varlen_q else "(batch, seqlen_q, heads, head_dim)"
+    kv_what = ("(total_k, heads_k, head_dim) with cu_seqlens_k" if varlen_k else
+               "(num_pages, page_size, heads_k, head_dim) with page_table" if paged else
+               "(batch, seqlen_k, heads_k, head_dim) without cu_seqlens_k")
+    _check_qkv(q, k, v, 3 if varlen_q else 4, q_what, 3 if varlen_k else 4, kv_what)
+    if varlen_q:
+        batch = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, None, q.device)
+    else:
+        batch = q.shape[0]
+    if varlen_k:
+        _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, batch, q.device)
+    elif not paged and k.shape[0] != batch:
+        raise ValueError(f"k and v batch ({k.shape[0]}) must equal the batch of q ({batch})")
+    page_size = 0
+    if paged:
+        max_pages = _check_page_table(page_table, batch, q.device)
+        page_size = k.shape[1]
+        if page_size == 0:
+            raise ValueError("k and v (the paged cache) must have page_size >= 1")
+    sq = _max_seqlen("max_seqlen_q", max_seqlen_q, q.shape[0]) if varlen_q else q.shape[1]
+    if varlen_k:
+        sk = _max_seqlen("max_seqlen_k", max_seqlen_k, k.shape[0])
+    else:  # batched or paged: the shapes give the lengths (a max_seqlen_k is checked, not used)
+        sk = max_pages * page_size if paged else k.shape[1]
+        _max_seqlen("max_seqlen_k", max_seqlen_k, sk)
+    if not varlen_q:
+        _max_seqlen("max_seqlen_q", max_seqlen_q, sq)
     if seqused_k is not None:
-        if not isinstance(seqused_k, torch.Tensor) or seqused_k.dtype != torch.int32:
-            raise TypeError(f"seqused_k must be an int32 torch.Tensor, got {getattr(seqused_k, 'dtype', type(seqused_k))}")
-        if seqused_k.shape != (batch,) or seqused_k.device != q.device:
-            raise ValueError(f"seqused_k must have shape (batch,) = ({batch},) on {q.device}, got "
-                             f"{tuple(seqused_k.shape)} on {seqused_k.device}")
-    _, hq, d = q.shape
-    hk = k.shape[1]
+        _check_lengths("seqused_k", seqused_k, batch, q.device)
+    if seqused_q is not None:
+        _check_lengths("seqused_q", seqused_q, batch, q.device)
+    hq, d = q.shape[-2], q.shape[-1]
+    hk = k.shape[-2]
     scale, softcap = _check_scalars(softmax_scale, softcap, d)
     causal_, local, wl, wr = _masking(causal, _check_window(window_size), sq, sk)
+    total_q = q.shape[0] if varlen_q else batch * q.shape[1]
+    total_k = k.shape[0] if varlen_k else (k.shape[0] * k.shape[1])
     return AttnProblem(_DTYPES[q.dtype], batch, sq, sk, hq, hk, d, d, scale, causal_, local, wl, wr, softcap,
-                       varlen_q=True, varlen_k=True, has_seqused_k=seqused_k is not None,
-                       total_q=q.shape[0], total_k=k.shape[0])
+                       varlen_q=varlen_q, varlen_k=varlen_k, has_seqused_k=seqused_k is not None,
+                       total_q=total_q, total_k=total_k, has_seqused_q=seqused_q is not None, page_size=page_size)
+
+
+def check_sink(sink, heads: int, device) -> None:
+    """``learnable_sink``: a (heads,) float tensor (one logit per q head) on q's device."""
+    if not isinstance(sink, torch.Tensor) or sink.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise TypeError(f"learnable_sink must be a float32/bf16/fp16 torch.Tensor of shape (heads,), got "
+                        f"{getattr(sink, 'dtype', type(sink))}")
+    if sink.shape != (heads,):
+        raise ValueError(f"learnable_sink must have shape (heads,) = ({heads},), got {tuple(sink.shape)}")
+    if sink.device != device and not _any_device:
+        raise ValueError(f"learnable_sink must be on the same device as q ({device}), got {sink.device}")
+
+
+def check_num_splits(num_splits) -> int:
+    """``num_splits`` as :class:`fa4.config.AttnProblem` holds it: None or <= 0 -> 0 (fa4 chooses)."""
+    if num_splits is None:
+        return 0
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int):
+        raise TypeError(f"num_splits must be an int or None (<= 0 or None: chosen by fa4), got {num_splits!r}")
+    return max(num_splits, 0)
 
 
 def check_options(options) -> None:

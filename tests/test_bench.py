@@ -477,3 +477,25 @@ def test_module_entry_point_without_gpu():
         [sys.executable, "-m", "fa4.bench", "--mode", "fwd"], capture_output=True, text=True, check=False, timeout=120
     )
     assert proc.returncode == 2 and "no CUDA GPU" in proc.stderr
+
+
+def test_decode_mode_shapes_and_table():
+    """--decode: the issue's GQA decode shapes; the table gives us (TB/s of K + V), fa4/best and
+    fa4's K + V bandwidth over the copy bandwidth of the run."""
+    shapes, directions = bench.plan(bench.parse_args(["--decode"]))
+    assert [(s.batch, s.seqlen_q, s.seqlen_k, s.heads, s.hk, s.hdim) for s in shapes] == [
+        (64, 1, 8192, 32, 8, 128), (8, 1, 32768, 32, 8, 128)]
+    assert directions == ("fwd",)
+    shape = shapes[0]
+    assert shape.kv_bytes == 2 * 2 * 64 * 8192 * 8 * 128
+    records = [Record("sdpa-cudnn", "fwd", shape, "ok", ms=0.5, maxdiff=0.0),
+               Record("fa4", "fwd", shape, "ok", ms=0.25, maxdiff=1e-3)]
+    columns, rows = bench.summarize_decode(records, copy_tbs=4.0)
+    row = rows[0]
+    tbs = shape.kv_bytes / 0.25e-3 / 1e12
+    assert row["fa4 us (TB/s)"] == f"250.0 ({tbs:.2f})"
+    assert row["fa4/best"] == "2.00x" and row["fa4/copy"] == f"{tbs / 4.0:.2f}" and row["hk"] == "8"
+    assert "hk8" in bench.shape_label(shape)
+    records.append(Record(bench.FA4_PAGED, "fwd", shape, "ok", ms=1.0, maxdiff=1e-3))
+    columns, rows = bench.summarize_decode(records, copy_tbs=4.0)
+    assert rows[0]["paged/best"] == "0.50x" and rows[0]["fa4/best"] == "2.00x"  # fa4's own columns are no peers

@@ -1,6 +1,8 @@
 """The forward launchers hand the compiled kernel the arguments of its signature (CPU: the kernel
 is replaced by a recorder), in the order of ``fake_args`` (fa4/fwd/common.py)."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -23,8 +25,35 @@ def test_run_passes_the_signature(monkeypatch, mod, local):
     out, lse = torch.empty_like(q), torch.empty(2, 4, 100)
     mod.run(cfg, problem, q, k, v, out, lse)
     (args,) = calls
-    assert args[:8] == (q, k, v, out, lse, None, None, None)
-    assert args[8:13] == (0.125, 1.0, 30 if local else 0, 5 if local else 0, 100)
-    assert args[13:] == ((132,) if mod is sm90 else ())
+    # cu_seqlens_q / _k, seqused_q / _k, page table
+    assert args[:10] == (q, k, v, out, lse, None, None, None, None, None)
+    assert args[10:15] == (0.125, 1.0, 30 if local else 0, 5 if local else 0, 100)
+    assert args[15:] == ((132, 1) if mod is sm90 else (1,))  # ([persistent grid,] K splits)
     # as many runtime arguments as the compiled signature (fake_args without the stream)
     assert len(args) == len(jit.kernel_class(cfg).fake_args(cfg)) - 1
+
+
+def test_sm80_split_launch(monkeypatch):
+    """Split-KV (sm80 family): the kernel gets float32 partials with ``splits * b`` batches and the
+    split count, then the combine merges them into the outputs."""
+    import fa4.combine
+
+    calls, combined = [], []
+    monkeypatch.setattr(jit, "get_kernel", lambda cfg: lambda *a: calls.append(a))
+    monkeypatch.setattr(fa4.combine, "combine_into", lambda *a, **kw: combined.append(a))
+    q, k, v = (torch.empty(2, 3, h, 64, dtype=torch.bfloat16) for h in (8, 2, 2))
+    with validate.allow_any_device():
+        problem = validate.check_dense(q, k, v, 0.125, False, (None, None), 0.0)
+    problem = dataclasses.replace(problem, num_splits=3)
+    cfg = sm80.make_config(problem, None, "sm_80", False)
+    assert (cfg.split_kv, cfg.has_lse, cfg.qhead_per_kvhead) == (True, True, 4)
+    out = torch.empty_like(q)
+    sm80.run(cfg, problem, q, k, v, out, None)
+    (args,) = calls
+    o_part, lse_part = args[3], args[4]
+    assert o_part.dtype == lse_part.dtype == torch.float32
+    assert o_part.shape == (6, 3, 8, 64) and lse_part.shape == (6, 8, 3)
+    assert args[15:] == (3,)
+    assert len(args) == len(jit.kernel_class(cfg).fake_args(cfg)) - 1
+    (c,) = combined
+    assert c[0].shape == (3, 2, 3, 8, 64) and c[2] is out and c[3] is None

@@ -24,12 +24,16 @@ SM80_VARIANTS = sm80.variants("sm_80")
 def test_variants_cover_buckets_and_flags():
     vs = SM80_VARIANTS
     assert {32, 64, 96, 128, 192, 256} <= {v.head_dim for v in vs}
-    for flag in ("causal", "local", "has_softcap", "varlen_q", "varlen_k", "has_seqused_k", "has_lse", "q_in_regs"):
+    for flag in ("causal", "local", "has_softcap", "varlen_q", "varlen_k", "has_seqused_k", "has_lse", "q_in_regs",
+                 "split_kv"):
         assert {getattr(v, flag) for v in vs} == {False, True}, flag
     assert {v.dtype for v in vs} == {"bf16", "fp16"}
     assert {v.num_stages for v in vs} >= {1, 2}
     assert any(v.head_dim % 32 for v in vs)  # a head dim with predicated columns
     assert any(v.head_dim != v.head_dim_v for v in vs)
+    assert {v.qhead_per_kvhead for v in vs} == {1, 4, 6}  # pack GQA
+    assert any(v.qhead_per_kvhead > 1 and v.split_kv and v.causal for v in vs)
+    assert any(v.split_kv and v.varlen_q for v in vs)
     assert {v.exp2_emu_frac for v in vs} >= {0.0, 1.0} and {v.rescale_threshold for v in vs} >= {0.0, 8.0}
     for v in vs:
         sm80.FlashFwdSm80.can_implement(v)
@@ -70,8 +74,11 @@ def test_threshold_sums_the_rounded_p():
 
 
 def test_decode_shapes_use_64_row_tiles():
-    cfg = sm80.make_config(_problem(256, sq=1), None, "sm_90a", False)
+    cfg = sm80.make_config(_problem(256, sq=1, num_splits=1), None, "sm_90a", False)
     assert (cfg.tile_m, cfg.num_threads) == (64, 128) and not cfg.has_lse
+    # 16 tiles of 16 K blocks on 132 SMs: split-KV, which needs the LSE (tests/test_splitkv.py).
+    cfg = sm80.make_config(_problem(256, sq=1), None, "sm_90a", False, num_sms=132)
+    assert (cfg.tile_m, cfg.split_kv, cfg.has_lse) == (64, True, True)
 
 
 def test_flags_follow_the_problem():

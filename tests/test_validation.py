@@ -148,7 +148,7 @@ def test_flags_must_be_bool(fake):
     raises(TypeError, "deterministic must be a bool", fa4.flash_attn_func, q, k, v, deterministic="yes")
 
 
-@pytest.mark.parametrize("arg", ["qv", "learnable_sink", "score_mod", "mask_mod", "block_sparse_tensors"])
+@pytest.mark.parametrize("arg", ["qv", "score_mod", "mask_mod", "block_sparse_tensors"])
 def test_unsupported_arguments_raise(fake, arg):
     q, k, v = qkv()
     raises(NotImplementedError, repr(arg), fa4.flash_attn_func, q, k, v, **{arg: q if arg != "score_mod" else (lambda *a: a)})
@@ -213,8 +213,10 @@ def test_varlen_cu_seqlens_checks(fake):
            max_seqlen_q=mq, max_seqlen_k=3.0)
     raises(ValueError, "q must have 3 dimensions", f, cuda(1, 21, 4, 64), k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
            max_seqlen_q=mq, max_seqlen_k=mk)
-    raises(NotImplementedError, "seqused_q", f, q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=mq,
-           max_seqlen_k=mk, seqused_q=torch.empty(3, dtype=torch.int32, device="cuda"))
+    raises(TypeError, "seqused_q must be an int32", f, q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=mq,
+           max_seqlen_k=mk, seqused_q=torch.empty(3, dtype=torch.int64, device="cuda"))
+    raises(ValueError, "seqused_q must have shape", f, q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=mq,
+           max_seqlen_k=mk, seqused_q=torch.empty(4, dtype=torch.int32, device="cuda"))
     raises(TypeError, "seqused_k must be an int32", f, q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
            max_seqlen_q=mq, max_seqlen_k=mk, seqused_k=torch.empty(3, dtype=torch.int64, device="cuda"))
     raises(ValueError, "seqused_k must have shape", f, q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
@@ -222,13 +224,21 @@ def test_varlen_cu_seqlens_checks(fake):
 
 
 def test_performance_hints_warn_once(fake):
+    """A hint fa4 does not use warns once (min_seqlen_k); num_splits / pack_gqa are used (the sm80
+    family warns for them: tests/test_splitkv.py) and are checked."""
     from fa4 import interface
 
     interface._hint_warned.clear()
-    q, k, v = qkv()
-    with pytest.warns(UserWarning, match="num_splits"):
+    q, k, v, cu_q, cu_k, mq, mk = varlen_inputs()
+    with pytest.warns(UserWarning, match="min_seqlen_k"):
         with pytest.raises(AssertionError, match="driver was reached"):
-            fa4.flash_attn_func(q, k, v, num_splits=4)
+            fa4.flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=mq,
+                                       max_seqlen_k=mk, min_seqlen_k=3)
+    q, k, v = qkv()
+    with pytest.raises(TypeError, match="num_splits"):
+        fa4.flash_attn_func(q, k, v, num_splits="4")
+    with pytest.raises(TypeError, match="pack_gqa"):
+        fa4.flash_attn_func(q, k, v, pack_gqa="yes")
 
 
 @pytest.mark.parametrize("causal,window,sq,sk,expect", [
@@ -257,3 +267,43 @@ def test_kernel_ready_layouts():
         r = validate.kernel_ready(t)
         assert r.stride(-1) == 1 and all(s % 8 == 0 for s in r.stride()[:-1]) and r.data_ptr() % 16 == 0
         assert torch.equal(r, t)
+
+
+def test_mixed_layouts_and_paged_checks(fake):
+    """Each side packed, batched or paged on its own; the shapes are checked against each other."""
+    f = fa4.flash_attn_varlen_func
+    q, k, v, cu_q, cu_k, mq, mk = varlen_inputs()
+    kb, vb = cuda(3, 40, 2, 64), cuda(3, 40, 2, 64)
+    with pytest.raises(AssertionError, match="driver was reached"):  # packed q, batched k/v
+        f(q, kb, vb, cu_seqlens_q=cu_q)
+    raises(ValueError, "k must have 4 dimensions", f, q, k, v, cu_seqlens_q=cu_q)
+    raises(ValueError, "k and v batch \\(2\\) must equal the batch of q \\(3\\)", f, q, cuda(2, 40, 2, 64),
+           cuda(2, 40, 2, 64), cu_seqlens_q=cu_q)
+    qb = cuda(3, 7, 4, 64)
+    with pytest.raises(AssertionError, match="driver was reached"):  # batched q, packed k/v
+        f(qb, k, v, cu_seqlens_k=cu_k)
+    raises(ValueError, "cu_seqlens_k must have length batch \\+ 1 = 3", f, cuda(2, 7, 4, 64), k, v, cu_seqlens_k=cu_k)
+    # paged
+    kc, vc = cuda(10, 16, 2, 64), cuda(10, 16, 2, 64)
+    pt = torch.zeros(3, 4, dtype=torch.int32, device="cuda")
+    used = torch.zeros(3, dtype=torch.int32, device="cuda")
+    with pytest.raises(AssertionError, match="driver was reached"):
+        f(q, kc, vc, cu_seqlens_q=cu_q, page_table=pt, seqused_k=used)
+    raises(TypeError, "page_table must be an int32", f, q, kc, vc, cu_seqlens_q=cu_q, page_table=pt.long())
+    raises(ValueError, "page_table must have shape \\(batch, max_pages\\) with batch = 3", f, q, kc, vc,
+           cu_seqlens_q=cu_q, page_table=torch.zeros(2, 4, dtype=torch.int32, device="cuda"))
+    raises(ValueError, "page_table must be on the same device", f, q, kc, vc, cu_seqlens_q=cu_q,
+           page_table=torch.zeros(3, 4, dtype=torch.int32))
+    raises(ValueError, "cu_seqlens_k and page_table are exclusive", f, q, kc, vc, cu_seqlens_q=cu_q,
+           cu_seqlens_k=cu_k, page_table=pt)
+    raises(ValueError, "k must have 4 dimensions", f, q, k, v, cu_seqlens_q=cu_q, page_table=pt)
+
+
+def test_learnable_sink_checks(fake):
+    q, k, v = qkv()
+    raises(TypeError, "learnable_sink must be a float32", fa4.flash_attn_func, q, k, v,
+           learnable_sink=torch.zeros(8, dtype=torch.int32, device="cuda"))
+    raises(ValueError, "learnable_sink must have shape \\(heads,\\) = \\(8,\\)", fa4.flash_attn_func, q, k, v,
+           learnable_sink=torch.zeros(2, device="cuda"))
+    with pytest.raises(AssertionError, match="driver was reached"):
+        fa4.flash_attn_func(q, k, v, learnable_sink=torch.zeros(8, device="cuda"))

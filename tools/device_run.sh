@@ -4,6 +4,7 @@
 # STEPS (comma list): bwd90 (the backward GPU tests, both families), gpu (the whole GPU suite),
 # sanitize (compute-sanitizer memcheck/racecheck on tools/sanitize_sm90.py), bench (fwd+bwd grid),
 # benchbwd, det (deterministic bench), latency, sweep (tools/sweep_bwd.py), ncu (tools/ncu_bwd.py),
+# issue9 (pack GQA / split-KV / combine / paged / flash_attn.cute call GPU tests), decode (bench --decode),
 # nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
 set -uo pipefail
 steps=${1:-bwd90}
@@ -22,6 +23,16 @@ if has bwd90; then
     tests/test_bwd_gpu.py tests/test_preprocess_gpu.py "tests/test_fwd_sm90_gpu.py::test_unused_kv_rows_may_hold_nan" \
     > "$out/bwd90.log" 2>&1
   echo "bwd90 rc=$?"; grep -E "passed|failed|FAILED|ERROR|Timeout" "$out/bwd90.log" | tail -40
+fi
+if has issue9; then
+  timeout ${ISSUE9_TIMEOUT:-400} python3 -m pytest -m gpu -p no:cacheprovider $xd -q -rfE --maxfail=40 \
+    ${ISSUE9_K:+-k "$ISSUE9_K"} tests/test_fwd_splitkv_gpu.py tests/test_flash_attn_cute_calls_gpu.py tests/test_combine_gpu.py \
+    > "$out/issue9.log" 2>&1
+  echo "issue9 rc=$?"; grep -E "passed|failed|FAILED|ERROR|Timeout" "$out/issue9.log" | tail -40
+fi
+if has decode; then
+  timeout 300 python3 -m fa4.bench --decode --out "$out/decode" ${BENCH_ARGS:-} > "$out/decode.log" 2>&1
+  echo "decode rc=$?"; tail -12 "$out/decode.log"
 fi
 if has det90; then
   timeout 200 python3 -m pytest -m gpu -p no:cacheprovider $xd -q -rfE tests/test_bwd_gpu.py -k "deterministic and sm90" \

@@ -5,7 +5,7 @@
 Forward: the persistent and the plain grid, 1/2/3 consumer warpgroups, causal / local, varlen with
 a length-1 sequence, an unpadded head dim, O through TMA and through plain stores. Backward: P/dS in
 registers (d128, GQA, causal) and through smem (d256), deterministic, varlen with seqused_k, 128-row
-steps (d64)."""
+steps (d64). Issue 9: pack GQA, split-KV with the combine, paged K/V, seqused_q."""
 import dataclasses
 
 import torch
@@ -51,5 +51,18 @@ out, _ = fa4.flash_attn_varlen_func(vb.q, vb.k, vb.v, cu_seqlens_q=vb.cu_seqlens
                                     max_seqlen_q=vb.max_seqlen_q, max_seqlen_k=vb.max_seqlen_k,
                                     seqused_k=vb.seqused_k, causal=True, kernel_options=SM90)
 torch.autograd.grad(out, (vb.q, vb.k, vb.v), torch.randn_like(out))
+# Issue 9: pack GQA, split-KV + combine, paged K/V (TMA chunks of 16 rows), seqused_q.
+q, k, v = random_qkv(3, 1, 700, 8, 2, 128, torch.bfloat16, "cuda", seed=5)
+fa4.flash_attn_func(q, k, v, pack_gqa=True, num_splits=3, kernel_options=SM90)
+fa4.flash_attn_func(q, k, v, pack_gqa=True, num_splits=1, causal=True, kernel_options=SM90)
+q, k, v = random_qkv(2, 70, 500, 4, 4, 64, torch.bfloat16, "cuda", seed=6)
+fa4.flash_attn_func(q, k, v, num_splits=4, causal=True, kernel_options=SM90)
+used = torch.tensor([500, 33], dtype=torch.int32, device="cuda")
+fa4.flash_attn_varlen_func(q, k, v, seqused_q=torch.tensor([70, 3], dtype=torch.int32, device="cuda"),
+                           seqused_k=used, kernel_options=SM90)
+kc = k.reshape(2 * 500 // 20, 20, 4, 64)[:, :16].contiguous()  # 50 pages of 16 rows
+pt = torch.randperm(50, device="cuda").to(torch.int32).reshape(2, 25)
+fa4.flash_attn_varlen_func(q, kc, kc, page_table=pt, seqused_k=torch.tensor([400, 7], dtype=torch.int32, device="cuda"),
+                           kernel_options=SM90)
 torch.cuda.synchronize()
 print("sanitize cases done")

@@ -138,19 +138,22 @@ def fake_args(cfg) -> tuple:
     b, sq, sk, h, hk = (cute.sym_int() for _ in range(5))
     d = cute.sym_int(divisibility=8)
 
-    def bshd(s, heads):
+    # Mixed layouts (one side packed as (1, total, ...), the other batched): separate batch modes.
+    bk = cute.sym_int() if cfg.varlen_q != cfg.varlen_k else b
+
+    def bshd(s, heads, batch=b):
         strides = tuple(cute.sym_int64(divisibility=8) for _ in range(3)) + (1,)
-        return cute.runtime.make_fake_tensor(dtype, (b, s, heads, d), strides, assumed_align=16)
+        return cute.runtime.make_fake_tensor(dtype, (batch, s, heads, d), strides, assumed_align=16)
 
     def compact(dt, shape, align=4):
         order = tuple(range(len(shape) - 1, -1, -1))
         return cute.runtime.make_fake_compact_tensor(dt, shape, stride_order=order, assumed_align=align)
 
-    q, k, v, do = bshd(sq, h), bshd(sk, hk), bshd(sk, hk), bshd(sq, h)
+    q, k, v, do = bshd(sq, h), bshd(sk, hk, bk), bshd(sk, hk, bk), bshd(sq, h)
     rows = cute.sym_int(divisibility=16)  # whole tiles of rows (Note [Padded row tiles] in fa4/bwd/workspace.py)
     lse_log2, dpsum = compact(Float32, (b, h, rows), 16), compact(Float32, (b, h, rows), 16)
     dq_accum = compact(Float32, (b, h, rows, cfg.head_dim), 16)
-    dk, dv = bshd(sk, hk), bshd(sk, hk)
+    dk, dv = bshd(sk, hk, bk), bshd(sk, hk, bk)
     cu_q = compact(Int32, (cute.sym_int(),)) if cfg.varlen_q else None
     cu_k = compact(Int32, (cute.sym_int(),)) if cfg.varlen_k else None
     used_k = compact(Int32, (cute.sym_int(),)) if cfg.has_seqused_k else None

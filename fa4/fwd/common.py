@@ -2,7 +2,8 @@
 launch arguments, the grid extent and L2 sections, the option checks, and the launcher.
 
 Every forward kernel's ``__call__`` takes ``(mQ, mK, mV, mO, mLSE, mCuSeqlensQ, mCuSeqlensK,
-mSeqUsedK, softmax_scale, softcap, window_left, window_right, max_seqlen_q, *extra, stream)``
+mSeqUsedQ, mSeqUsedK, mPageTable, softmax_scale, softcap, window_left, window_right, max_seqlen_q,
+*extra, stream)``
 (DESIGN.md's tensor conventions); ``extra`` are a family's own runtime scalars (the sm90 family's
 persistent grid size).
 """
@@ -28,8 +29,11 @@ def pad32(d: int) -> int:
 
 def fake_args(cfg, extra: tuple = ()) -> tuple:
     """Fake tensors with symbolic sizes (64-bit strides, multiples of 16 bytes) and scalars for the
-    forward signature, ``extra`` runtime scalars before the stream."""
+    forward signature, ``extra`` runtime scalars before the stream. With ``cfg.split_kv`` O is the
+    float32 partial output and O / LSE have their own batch size ``num_splits * b`` (Note [Split-KV
+    partials] in fa4/pack_gqa.py)."""
     dt = DTYPES[cfg.dtype]
+    split = getattr(cfg, "split_kv", False)
 
     def strides():
         return tuple(cute.sym_int64(divisibility=8) for _ in range(3)) + (1,)
@@ -38,36 +42,52 @@ def fake_args(cfg, extra: tuple = ()) -> tuple:
     mQ = cute.runtime.make_fake_tensor(dt, (b_q, s_q, h, cfg.head_dim), strides(), assumed_align=16)
     mK = cute.runtime.make_fake_tensor(dt, (b_k, s_k, h_k, cfg.head_dim), strides(), assumed_align=16)
     mV = cute.runtime.make_fake_tensor(dt, (b_k, s_k, h_k, cfg.head_dim_v), strides(), assumed_align=16)
-    mO = cute.runtime.make_fake_tensor(dt, (b_q, s_q, h, cfg.head_dim_v), strides(), assumed_align=16)
+    # Split partials are (num_splits * b, ...): a batch of their own (TVM-FFI checks that a shared
+    # symbol has one value across the arguments).
+    b_o = cute.sym_int() if split else b_q
+    mO = cute.runtime.make_fake_tensor(Float32 if split else dt, (b_o, s_q, h, cfg.head_dim_v), strides(),
+                                       assumed_align=16)
     mLSE = None
     if cfg.has_lse:
-        mLSE = cute.runtime.make_fake_tensor(Float32, (b_q, h, s_q), (cute.sym_int64(), cute.sym_int64(), 1),
+        mLSE = cute.runtime.make_fake_tensor(Float32, (b_o, h, s_q), (cute.sym_int64(), cute.sym_int64(), 1),
                                              assumed_align=4)
 
     def vec(flag):
         return cute.runtime.make_fake_compact_tensor(Int32, (cute.sym_int(),), assumed_align=4) if flag else None
 
+    page_table = None
+    if cfg.page_rows:
+        page_table = cute.runtime.make_fake_tensor(Int32, (cute.sym_int(), cute.sym_int()), (cute.sym_int64(), 1),
+                                                   assumed_align=4)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    return (mQ, mK, mV, mO, mLSE, vec(cfg.varlen_q), vec(cfg.varlen_k), vec(cfg.has_seqused_k),
+    return (mQ, mK, mV, mO, mLSE, vec(cfg.varlen_q), vec(cfg.varlen_k), vec(cfg.has_seqused_q),
+            vec(cfg.has_seqused_k), page_table,
             Float32(1.0), Float32(0.0), Int32(0), Int32(0), Int32(1)) + tuple(extra) + (stream,)
 
 
 def grid_extent(mQ: cute.Tensor, mK: cute.Tensor, mCuSeqlensQ: Optional[cute.Tensor],
-                mCuSeqlensK: Optional[cute.Tensor], max_seqlen_q: Int32, tile_m: int, kv_row_bytes: int):
+                mCuSeqlensK: Optional[cute.Tensor], max_seqlen_q: Int32, tile_m: int, kv_row_bytes: int,
+                qhead_per_kvhead: int = 1, num_splits=1, mPageTable: Optional[cute.Tensor] = None):
     """Host side of a forward ``__call__`` (traced inline): ``(num_batch, num_m_blocks, section)``,
-    the L2 section of :func:`fa4.sched.tile.l2_section_size` for K/V rows of ``kv_row_bytes``."""
+    the L2 section of :func:`fa4.sched.tile.l2_section_size` for K/V rows of ``kv_row_bytes``.
+    ``qhead_per_kvhead > 1``: packed tiles (Note [Pack GQA] in fa4/pack_gqa.py), ``seqlen_q * g``
+    rows per kv head. ``num_splits``: split-KV, each (head, batch) pair is ``num_splits`` scheduler
+    heads reading a share of its K/V each. Returns also the scheduler's head count."""
     num_heads = mQ.shape[2]
     if const_expr(mCuSeqlensQ is not None):
         num_batch = mCuSeqlensQ.shape[0] - 1
-    elif const_expr(mCuSeqlensK is not None):
-        num_batch = mCuSeqlensK.shape[0] - 1
     else:
         num_batch = mQ.shape[0]
-    num_m_blocks = cute.ceil_div(max_seqlen_q, tile_m)
+    num_m_blocks = cute.ceil_div(max_seqlen_q * qhead_per_kvhead, tile_m)
     # K/V rows of one sequence (for varlen: the average length).
     seqlen_k_avg = mK.shape[1] if const_expr(mCuSeqlensK is None) else mK.shape[1] // num_batch
-    section = l2_section_size(seqlen_k_avg, kv_row_bytes, num_heads // mK.shape[2], num_heads * num_batch)
-    return num_batch, num_m_blocks, section
+    if const_expr(mPageTable is not None):  # paged K/V: (num_pages, page_size, ...), the table's capacity
+        seqlen_k_avg = mPageTable.shape[1] * mK.shape[1]
+    sched_heads = (num_heads // qhead_per_kvhead) * num_splits
+    # q heads (scheduler heads) that share one kv head's K/V rows in L2.
+    share = (num_heads // mK.shape[2] if const_expr(qhead_per_kvhead == 1) else 1) * num_splits
+    section = l2_section_size(seqlen_k_avg, kv_row_bytes, share, sched_heads * num_batch)
+    return num_batch, num_m_blocks, section, sched_heads
 
 
 def check_head_dims(cfg) -> None:
@@ -95,15 +115,106 @@ def check_softmax_options(cfg) -> None:
 
 
 def run(cfg, problem: AttnProblem, q, k, v, out, lse, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None,
-        extra: tuple = ()) -> None:
-    """Launch the kernel of ``cfg``: q/k/v/out 4D (varlen: (1, total, h, d)), lse (b, h, s_q) /
-    (1, h, total_q) or None; outputs preallocated by the caller."""
+        extra: tuple = (), splits: int = 1, seqused_q=None, page_table=None) -> None:
+    """Launch the kernel of ``cfg``: q/k/v/out 4D (varlen: (1, total, h, d); paged k/v:
+    (num_pages, page_size, h_k, d)), lse (b, h, s_q) / (1, h, total_q) or None; outputs preallocated
+    by the caller. With ``cfg.split_kv``, ``splits`` K splits through float32 partials and the
+    combine (:func:`run_split`)."""
     from fa4.jit import get_kernel
 
     fn = get_kernel(cfg)
     window_left, window_right = (problem.window_left, problem.window_right) if cfg.local else (0, 0)
-    fn(q, k, v, out, lse if cfg.has_lse else None,
-       cu_seqlens_q if cfg.varlen_q else None, cu_seqlens_k if cfg.varlen_k else None,
-       seqused_k if cfg.has_seqused_k else None,
-       float(problem.softmax_scale), float(problem.softcap) if cfg.has_softcap else 1.0,
-       int(window_left), int(window_right), int(max(problem.seqlen_q, 1)), *extra)
+
+    def launch(o, l):
+        fn(q, k, v, o, l if cfg.has_lse else None,
+           cu_seqlens_q if cfg.varlen_q else None, cu_seqlens_k if cfg.varlen_k else None,
+           seqused_q if cfg.has_seqused_q else None, seqused_k if cfg.has_seqused_k else None,
+           page_table if cfg.page_rows else None,
+           float(problem.softmax_scale), float(problem.softcap) if cfg.has_softcap else 1.0,
+           int(window_left), int(window_right), int(max(problem.seqlen_q, 1)), *extra)
+
+    if getattr(cfg, "split_kv", False):
+        run_split(cfg, problem, launch, q, out, lse, splits, cu_seqlens_q if cfg.varlen_q else None,
+                  seqused_q if cfg.has_seqused_q else None)
+    else:
+        launch(out, lse)
+
+
+# --------------------------------------------------------------------------------------------
+# Pack GQA and split-KV: the host decisions (Notes [Pack GQA], [Split-KV partials] in fa4/pack_gqa.py)
+# --------------------------------------------------------------------------------------------
+
+MAX_SPLITS = 128
+"""Most K splits of one tile (the combine kernel's limit is higher)."""
+
+
+def pack_gqa(problem: AttnProblem, tile_m: int) -> int:
+    """The packing factor of a forward: ``qhead_per_kvhead`` when rows are packed, else 1. The
+    user's ``pack_gqa`` is honoured; by default rows are packed when that needs fewer tiles
+    (``ceil(s_q * g / tile_m) < g * ceil(s_q / tile_m)``: short query sequences, decode)."""
+    g = problem.qhead_per_kvhead
+    if g == 1 or problem.pack_gqa is False:
+        return 1
+    if problem.pack_gqa:
+        return g
+    sq = max(problem.seqlen_q, 1)
+    return g if -(-sq * g // tile_m) < g * -(-sq // tile_m) else 1
+
+
+def num_splits(problem: AttnProblem, num_tiles: int, tile_n: int, num_sms: int) -> int:
+    """K splits per tile: the user's ``num_splits`` when given (> 0, at most :data:`MAX_SPLITS`),
+    else a wave-efficiency rule: no split when the tiles alone fill 80% of the SMs or a tile has at
+    most 4 K blocks; otherwise the smallest split count whose CTAs fill the last wave to within 10%
+    of the best count (a split must keep >= 2 K blocks)."""
+    if problem.num_splits > 0:
+        return min(problem.num_splits, MAX_SPLITS)
+    n_blocks = -(-max(problem.seqlen_k, 1) // tile_n)
+    if num_tiles <= 0 or num_tiles >= 0.8 * num_sms or n_blocks <= 4:
+        return 1
+
+    def efficiency(s):
+        ctas = num_tiles * s
+        return ctas / (-(-ctas // num_sms) * num_sms)
+
+    candidates = range(1, min(MAX_SPLITS, n_blocks // 2) + 1)
+    best = max(efficiency(s) for s in candidates)
+    return next(s for s in candidates if efficiency(s) >= 0.9 * best)
+
+
+def default_num_sms(device=None) -> int:
+    """The SM count of ``device`` (default the current GPU), or an H100/H200's 132 on a machine
+    without one (explain)."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            dev = device if device is not None else torch.cuda.current_device()
+            return torch.cuda.get_device_properties(dev).multi_processor_count
+    except Exception:  # pragma: no cover - no usable driver
+        pass
+    return 132
+
+
+def run_split(cfg, problem: AttnProblem, fn_args_launch, q, out, lse, splits: int, cu_seqlens_q=None,
+              seqused_q=None) -> None:
+    """Split-KV launch: the kernel writes float32 partials (Note [Split-KV partials]), then the
+    combine kernel merges them into ``out`` / ``lse`` (``lse`` may be None). ``fn_args_launch(o, l)``
+    launches the kernel on the partial tensors. Rows the kernel does not write (past ``seqused_q``)
+    are not combined either."""
+    import torch
+
+    from fa4.combine import combine_into
+    from fa4.ops import _empty  # NaN-filled under the tests: a slot the kernel skips fails
+
+    b, sq, h, _ = q.shape
+    dv = cfg.head_dim_v
+    o_part = _empty((splits, b, sq, h, dv), torch.float32, q.device)
+    lse_part = _empty((splits, b, h, sq), torch.float32, q.device)
+    fn_args_launch(o_part.view(splits * b, sq, h, dv), lse_part.view(splits * b, h, sq))
+    if cfg.varlen_q:  # packed rows: the combine's (splits, total_q, h, dv) form, bounded by cu_seqlens_q
+        combine_into(o_part[:, 0], lse_part[:, 0].transpose(-1, -2), out[0],
+                     lse[0].transpose(-1, -2) if lse is not None else None, cu_seqlens=cu_seqlens_q,
+                     seqused=seqused_q)
+    else:
+        combine_into(o_part, lse_part.transpose(-1, -2), out, lse.transpose(-1, -2) if lse is not None else None,
+                     seqused=seqused_q)

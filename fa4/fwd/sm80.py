@@ -7,17 +7,27 @@ Structure of :class:`FlashFwdSm80` (one CTA = one ``tile_m`` block of queries of
 every warp owns ``tile_m / num_warps`` query rows and all ``tile_n`` keys of a block):
 
 * ``kernel``: tile from the scheduler (LPT order for causal/local/varlen, :mod:`fa4.sched.tile`),
-  sequence info, then ``mainloop`` and ``epilogue``.
+  sequence info, the tile's K-block range, then ``mainloop`` and ``epilogue``. Pack GQA
+  (``qhead_per_kvhead = g > 1``, Note [Pack GQA] in fa4/pack_gqa.py): the scheduler's heads are kv
+  heads and a tile's rows are packed rows of its ``g`` q heads (:class:`fa4.pack_gqa.TileRows`).
+  Split-KV (Note [Split-KV partials] there): scheduler head ``head * num_splits + split`` works on
+  its split's share :func:`fa4.sched.tile.split_range` of the tile's K blocks.
 * ``load_Q`` / ``load_K`` / ``load_V``: 16-byte ``cp.async`` into swizzled smem; rows past the
   sequence and head-dim columns past ``head_dim`` are never read from global memory and are zero in
   smem (pad columns are zeroed once at the start and never written by ``cp.async``).
+  ``load_Q_packed``: the same ``cp.async`` partition, each row from its own (query position, q
+  head) address.
 * ``mainloop``: K blocks from the last to the first; the first one is masked (``seqlen_k`` and
   causal/local), then the blocks that touch the right edge of the window (masked), the interior
-  (no mask code at all), and the blocks that touch the left edge of a local window (masked).
+  (no mask code at all), and the blocks that touch the left edge of a local window (masked). The
+  boundaries are clamped to the range, so a split's sub-range is masked the same way.
 * ``compute_one_n_block``: ``S = Q K^T`` (ldmatrix one k-slice ahead of the MMAs), softcap, mask,
   online softmax (:class:`fa4.softmax.OnlineSoftmax`: conditional rescale, exp2 emulation), P
   converted to 16 bits in registers and ``O += P V`` (V read with transposing ldmatrix).
-* ``epilogue``: O normalized, staged through smem (reusing sQ), written with 16-byte stores; LSE.
+* ``epilogue``: O normalized, staged through smem (reusing sQ), written with 16-byte stores (packed
+  rows: row by row, :func:`fa4.pack_gqa.store_rows`); LSE. Split-KV: the float32 O and the LSE of
+  the split go to its slot of the partials straight from registers (an empty split writes O = 0,
+  LSE = -inf).
 
 Note [K/V pipeline]
     ``num_stages`` smem buffers each for K and V, one ``cp.async`` group per K or V block. Prologue:
@@ -45,7 +55,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warp
 
-from fa4.config import AttnKernelConfig, AttnProblem, KernelOptions
+from fa4.config import AttnFwdConfig, AttnProblem, KernelOptions
 from fa4.cute_utils import (
     convert_f32_to_half,
     gemm_sm80,
@@ -59,7 +69,8 @@ from fa4.cute_utils import (
 )
 from fa4.fwd import common as fwd_common
 from fa4.mask import AttentionMask
-from fa4.sched.tile import SectionTileScheduler
+from fa4.pack_gqa import TileRows, partial_slot, store_acc_rows, store_lse_rows, store_rows
+from fa4.sched.tile import SectionTileScheduler, split_range
 from fa4.seqlen import SeqlenInfo
 from fa4.softmax import OnlineSoftmax, apply_softcap, score_scales
 
@@ -75,9 +86,12 @@ _pad32 = fwd_common.pad32
 
 
 @dataclass(frozen=True)
-class FwdSm80Config(AttnKernelConfig):
+class FwdSm80Config(AttnFwdConfig):
     """Compile key of the sm80 forward. ``q_in_regs``: Q fragments are loaded from smem once and
-    kept in registers (saves ldmatrix traffic, costs registers)."""
+    kept in registers (saves ldmatrix traffic, costs registers). ``qhead_per_kvhead > 1``: pack
+    GQA, the tile's rows are that many q heads of one kv head (Note [Pack GQA] in
+    fa4/pack_gqa.py); ``split_kv``: O and LSE are float32 partials of a runtime number of K splits
+    (Note [Split-KV partials] there)."""
 
     head_dim: int = 128
     head_dim_v: int = 128
@@ -90,13 +104,16 @@ class FwdSm80Config(AttnKernelConfig):
     exp2_emu_frac: float = 0.0
     rescale_threshold: float = 0.0
     sum_rounded: bool = False
+    qhead_per_kvhead: int = 1
+    split_kv: bool = False
 
     KERNEL = "fa4.fwd.sm80:FlashFwdSm80"
 
     @property
     def lpt(self) -> bool:
         """Longest-first tile order: causal / local / varlen grids have uneven tiles."""
-        return self.causal or self.local or self.varlen_q or self.varlen_k or self.has_seqused_k
+        return (self.causal or self.local or self.varlen_q or self.varlen_k or self.has_seqused_k
+                or self.has_seqused_q)
 
 
 def smem_bytes(cfg: FwdSm80Config) -> int:
@@ -120,6 +137,8 @@ class FlashFwdSm80:
         self.tile_hdim, self.tile_hdimv = _pad32(cfg.head_dim), _pad32(cfg.head_dim_v)
         self.check_hdim = cfg.head_dim != self.tile_hdim
         self.check_hdim_v = cfg.head_dim_v != self.tile_hdimv
+        self.pack = cfg.qhead_per_kvhead > 1
+        self.split = cfg.split_kv
 
     # ----------------------------------------------------------------------------------------
     # Host side
@@ -130,6 +149,8 @@ class FlashFwdSm80:
         if cfg.dtype not in _DTYPES:
             raise ValueError(f"FwdSm80Config.dtype must be one of {tuple(_DTYPES)}, got {cfg.dtype!r}")
         fwd_common.check_head_dims(cfg)
+        if cfg.page_rows:
+            raise NotImplementedError("the sm80 forward does not implement paged K/V (page_table) yet")
         if cfg.num_threads not in (64, 128, 256):
             raise ValueError(f"FwdSm80Config.num_threads (KernelOptions.num_threads) must be 64, 128 or 256, "
                              f"got {cfg.num_threads}")
@@ -160,10 +181,14 @@ class FlashFwdSm80:
                              f"need {acc_registers(cfg)} accumulator registers per thread at head_dim_v "
                              f"{cfg.head_dim_v} (max 224): use more threads or smaller tiles")
         fwd_common.check_softmax_options(cfg)
+        if cfg.qhead_per_kvhead < 1:
+            raise ValueError(f"FwdSm80Config.qhead_per_kvhead must be >= 1, got {cfg.qhead_per_kvhead}")
+        if cfg.split_kv and not cfg.has_lse:
+            raise ValueError("FwdSm80Config.split_kv needs has_lse (the combine reads every split's LSE)")
 
     @staticmethod
     def fake_args(cfg: FwdSm80Config) -> tuple:
-        return fwd_common.fake_args(cfg)
+        return fwd_common.fake_args(cfg, extra=(Int32(1),))
 
     def _setup(self):
         """Layouts, copy atoms and the tiled MMA (trace-time constants)."""
@@ -199,31 +224,36 @@ class FlashFwdSm80:
         mQ: cute.Tensor,  # (b, s_q, h, d); varlen (1, total_q, h, d)
         mK: cute.Tensor,  # (b, s_k, h_k, d); varlen (1, total_k, h_k, d)
         mV: cute.Tensor,  # (b, s_k, h_k, dv)
-        mO: cute.Tensor,  # (b, s_q, h, dv)
-        mLSE: Optional[cute.Tensor],  # (b, h, s_q) float32; varlen (1, h, total_q)
+        mO: cute.Tensor,  # (b, s_q, h, dv); split-KV: float32 (num_splits * b, s_q, h, dv)
+        mLSE: Optional[cute.Tensor],  # (b, h, s_q) float32; varlen (1, h, total_q); split: (num_splits * b, ...)
         mCuSeqlensQ: Optional[cute.Tensor],  # (b + 1,) int32
         mCuSeqlensK: Optional[cute.Tensor],  # (b + 1,) int32
+        mSeqUsedQ: Optional[cute.Tensor],  # (b,) int32
         mSeqUsedK: Optional[cute.Tensor],  # (b,) int32
+        mPageTable: Optional[cute.Tensor],  # paged K/V: not implemented by this family (can_implement)
         softmax_scale: Float32,
         softcap: Float32,
         window_left: Int32,
         window_right: Int32,
         max_seqlen_q: Int32,  # longest query sequence (= s_q when not varlen): sizes the grid
+        num_splits: Int32,  # split-KV: K splits per tile (1 unless cfg.split_kv)
         stream,
     ):
         self._setup()
         cfg = self.cfg
-        num_heads = mQ.shape[2]
-        num_batch, num_m_blocks, section = fwd_common.grid_extent(
-            mQ, mK, mCuSeqlensQ, mCuSeqlensK, max_seqlen_q, self.tile_m, 2 * (self.tile_hdim + self.tile_hdimv))
+        if const_expr(not self.split):
+            num_splits = Int32(1)
+        num_batch, num_m_blocks, section, sched_heads = fwd_common.grid_extent(
+            mQ, mK, mCuSeqlensQ, mCuSeqlensK, max_seqlen_q, self.tile_m, 2 * (self.tile_hdim + self.tile_hdimv),
+            cfg.qhead_per_kvhead, num_splits)
         prescale, scale_log2 = score_scales(softmax_scale, softcap, cfg.has_softcap)
         self.kernel(
-            mQ, mK, mV, mO, mLSE, mCuSeqlensQ, mCuSeqlensK, mSeqUsedK,
-            scale_log2, prescale, window_left, window_right, num_m_blocks, num_batch, section,
+            mQ, mK, mV, mO, mLSE, mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ, mSeqUsedK,
+            scale_log2, prescale, window_left, window_right, num_m_blocks, num_batch, section, num_splits,
             self.sQ_layout, self.sK_layout, self.sV_layout, self.sO_layout,
             self.gmem_copy_QK, self.gmem_copy_V, self.gmem_copy_O, self.tiled_mma,
         ).launch(
-            grid=SectionTileScheduler.grid(num_m_blocks, num_heads, num_batch),
+            grid=SectionTileScheduler.grid(num_m_blocks, sched_heads, num_batch),
             block=[self.num_threads, 1, 1],
             smem=self.SharedStorage.size_in_bytes(),
             stream=stream,
@@ -243,6 +273,7 @@ class FlashFwdSm80:
         mLSE: Optional[cute.Tensor],
         mCuSeqlensQ: Optional[cute.Tensor],
         mCuSeqlensK: Optional[cute.Tensor],
+        mSeqUsedQ: Optional[cute.Tensor],
         mSeqUsedK: Optional[cute.Tensor],
         scale_log2: Float32,
         prescale: Optional[Float32],
@@ -251,6 +282,7 @@ class FlashFwdSm80:
         num_m_blocks: Int32,
         num_batch: Int32,
         section: Int32,
+        num_splits: Int32,
         sQ_layout: cute.ComposedLayout,
         sK_layout: cute.ComposedLayout,
         sV_layout: cute.ComposedLayout,
@@ -261,42 +293,65 @@ class FlashFwdSm80:
         tiled_mma: cute.TiledMma,
     ):
         cfg = self.cfg
-        sched = SectionTileScheduler(num_m_blocks, mQ.shape[2], num_batch, section, reverse=cfg.lpt)
+        g = cfg.qhead_per_kvhead
+        # Scheduler heads: q heads, kv heads when packed, times the splits (fwd_common.grid_extent).
+        sched_heads = mQ.shape[2]
+        if const_expr(self.pack or self.split):
+            sched_heads = mQ.shape[2] // g * num_splits
+        sched = SectionTileScheduler(num_m_blocks, sched_heads, num_batch, section, reverse=cfg.lpt)
         m_block, head, batch = sched.tile()
-        seqlen = SeqlenInfo.create(batch, mQ.shape[1], mK.shape[1], mCuSeqlensQ, mCuSeqlensK, mSeqUsedK)
+        split = Int32(0)
+        if const_expr(self.split):  # scheduler head = head * num_splits + split
+            sched_head = head
+            head = sched_head // num_splits
+            split = sched_head - head * num_splits
+        seqlen = SeqlenInfo.create(batch, mQ.shape[1], mK.shape[1], mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, mSeqUsedQ)
+        rows = TileRows.create(g, self.tile_m, m_block, head, seqlen.seqlen_q)
         # Varlen grids are sized by the longest sequence: shorter ones skip their extra tiles.
-        if m_block * self.tile_m < seqlen.seqlen_q:
-            head_kv = head // (mQ.shape[2] // mK.shape[2])
+        if m_block * self.tile_m < rows.num_rows:
+            head_kv = head if const_expr(self.pack) else head // (mQ.shape[2] // mK.shape[2])
             mask = AttentionMask(self.tile_m, self.tile_n, cfg.causal, cfg.local, seqlen.seqlen_q,
-                                 seqlen.seqlen_k, window_left, window_right)
+                                 seqlen.seqlen_k, window_left, window_right, g)
             smem = cutlass.memory.SmemAllocator()
             storage = smem.allocate(self.SharedStorage)
             sQ = storage.sQ.get_tensor(sQ_layout)
             sK = storage.sK.get_tensor(sK_layout)
             sV = storage.sV.get_tensor(sV_layout)
-            p = self.partition(seqlen.q_view(mQ, batch, head), seqlen.k_view(mK, batch, head_kv),
-                               seqlen.k_view(mV, batch, head_kv), sQ, sK, sV, m_block,
-                               gmem_copy_QK, gmem_copy_V, tiled_mma)
+            # Packed Q rows are loaded row by row from mQ (load_Q_packed).
+            mQ_cur = None if const_expr(self.pack) else seqlen.q_view(mQ, batch, head)
+            p = self.partition(mQ_cur, seqlen.k_view(mK, batch, head_kv), seqlen.k_view(mV, batch, head_kv),
+                               sQ, sK, sV, m_block, gmem_copy_QK, gmem_copy_V, tiled_mma)
             acc_O = cute.make_rmem_tensor(p.thr_mma.partition_shape_C((self.tile_m, self.tile_hdimv)), Float32)
             acc_O.fill(0.0)
             softmax = OnlineSoftmax(scale_log2, cute.size(make_acc_mn_view(acc_O).shape[0]),
                                     cfg.exp2_emu_frac, cfg.rescale_threshold,
                                     self.dtype if cfg.sum_rounded else None)
             softmax.reset()
-            self.mainloop(p, acc_O, softmax, mask, seqlen, m_block, prescale, tiled_mma)
+            n_min, n_max = mask.n_block_range(m_block)
+            if const_expr(self.split):
+                n_min, n_max = split_range(n_min, n_max, split, num_splits)
+            self.mainloop(p, acc_O, softmax, mask, seqlen, rows, mQ, batch, m_block, n_min, n_max, prescale,
+                          tiled_mma)
             lse = softmax.finalize(acc_O)
             sO = cute.make_tensor(sQ.iterator, sO_layout)
-            mLSE_cur = seqlen.lse_view(mLSE, batch, head) if const_expr(mLSE is not None) else None
-            self.epilogue(acc_O, lse, seqlen.q_view(mO, batch, head), mLSE_cur, sO, seqlen, m_block,
-                          gmem_copy_O, tiled_mma)
+            # Batch index of O / LSE (0 for varlen Q); with split-KV the partial's slot (Note [Split-KV partials]).
+            slot = partial_slot(split, batch, mQ.shape[0], cfg.varlen_q)
+            mO_cur, mLSE_cur = mO, mLSE  # packed rows / split-KV: rows are addressed one by one
+            if const_expr(not (self.pack or self.split)):
+                mLSE_cur = seqlen.lse_view(mLSE, slot, head) if const_expr(mLSE is not None) else None
+                mO_cur = seqlen.q_view(mO, slot, head)
+            self.epilogue(acc_O, lse, mO_cur, mLSE_cur, sO, seqlen, rows, slot, m_block, gmem_copy_O, tiled_mma)
 
     @cute.jit
     def partition(self, mQ_cur, mK_cur, mV_cur, sQ, sK, sV, m_block: Int32, gmem_copy_QK, gmem_copy_V,
                   tiled_mma) -> SimpleNamespace:
-        """Thread partitions of Q/K/V (global, smem, registers), identity tensors for predicates."""
+        """Thread partitions of Q/K/V (global, smem, registers), identity tensors for predicates.
+        ``mQ_cur`` is None for packed rows (:meth:`load_Q_packed` partitions Q row by row)."""
         tidx, _, _ = cute.arch.thread_idx()
         # (tile_m, d), (tile_n, d, n_blocks), (tile_n, dv, n_blocks)
-        gQ = cute.local_tile(mQ_cur, (self.tile_m, self.tile_hdim), (m_block, 0))
+        gQ = None
+        if const_expr(mQ_cur is not None):
+            gQ = cute.local_tile(mQ_cur, (self.tile_m, self.tile_hdim), (m_block, 0))
         gK = cute.local_tile(mK_cur, (self.tile_n, self.tile_hdim), (None, 0))
         gV = cute.local_tile(mV_cur, (self.tile_n, self.tile_hdimv), (None, 0))
         # V^T view of the V stages for the P @ V MMA: (dv, tile_n, stages)
@@ -319,8 +374,9 @@ class FlashFwdSm80:
         smem_copy_K = cute.make_tiled_copy_B(cute.make_copy_atom(ldm, self.dtype), tiled_mma).get_slice(tidx)
         smem_copy_V = cute.make_tiled_copy_B(cute.make_copy_atom(ldm_t, self.dtype), tiled_mma).get_slice(tidx)
         return SimpleNamespace(
-            gmem_copy_QK=gmem_copy_QK, gmem_copy_V=gmem_copy_V, thr_mma=thr_mma,
-            tQgQ=thr_copy_QK.partition_S(gQ), tQsQ=thr_copy_QK.partition_D(sQ), tQcQ=tQcQ,
+            gmem_copy_QK=gmem_copy_QK, gmem_copy_V=gmem_copy_V, thr_mma=thr_mma, thr_copy_QK=thr_copy_QK,
+            tQgQ=thr_copy_QK.partition_S(gQ) if const_expr(gQ is not None) else None,
+            tQsQ=thr_copy_QK.partition_D(sQ), tQcQ=tQcQ,
             t0QcQ=gmem_copy_QK.get_slice(0).partition_S(cQ),
             tKgK=thr_copy_QK.partition_S(gK), tKsK=thr_copy_QK.partition_D(sK), tKcK=tKcK,
             t0KcK=gmem_copy_QK.get_slice(0).partition_S(cK),
@@ -363,6 +419,23 @@ class FlashFwdSm80:
                 p.tQsQ[None, m, None].fill(0)
 
     @cute.jit
+    def load_Q_packed(self, p: SimpleNamespace, mQ: cute.Tensor, rows: TileRows, seqlen: SeqlenInfo,
+                      batch: Int32) -> None:
+        """Packed Q rows (Note [Pack GQA]) with the same ``cp.async`` partition as :meth:`load_Q`:
+        each of the thread's rows is a (query position, q head) of its own, so its chunks come
+        from that row's address (the thread's part of the row broadcast over the tile)."""
+        limit = rows.rows_left() - p.tQcQ[0][0]
+        for m in cutlass.range_constexpr(cute.size(p.tQsQ.shape[1])):
+            if p.t0QcQ[0, m, 0][0] < limit:
+                q_pos, head = rows.coord(p.tQcQ[0, m, 0][0])
+                row = seqlen.q_view(mQ, batch, head)[q_pos, None]
+                gQ_row = cute.make_tensor(row.iterator, cute.make_layout((self.tile_m, self.tile_hdim), stride=(0, 1)))
+                cute.copy(p.gmem_copy_QK, p.thr_copy_QK.partition_S(gQ_row)[None, m, None], p.tQsQ[None, m, None],
+                          pred=p.tQpQ[None, m, None] if const_expr(self.check_hdim) else None)
+            else:
+                p.tQsQ[None, m, None].fill(0)
+
+    @cute.jit
     def load_KV(self, gmem_copy, tXgX, tXsX, tXcX, t0XcX, tXpX, n_block: Int32, stage, seqlen_k: Int32,
                 need_predicates: cutlass.Constexpr[bool]) -> None:
         """One K or V block into smem stage ``stage``; rows past ``seqlen_k`` are zero-filled when
@@ -392,13 +465,19 @@ class FlashFwdSm80:
 
     @cute.jit
     def mainloop(self, p: SimpleNamespace, acc_O: cute.Tensor, softmax: OnlineSoftmax, mask: AttentionMask,
-                 seqlen: SeqlenInfo, m_block: Int32, prescale, tiled_mma) -> None:
-        """Prologue loads and the K-block loop (see Note [K/V pipeline]); no-op for an empty range."""
+                 seqlen: SeqlenInfo, rows: TileRows, mQ: cute.Tensor, batch: Int32, m_block: Int32, n_min: Int32,
+                 n_max: Int32, prescale, tiled_mma) -> None:
+        """Prologue loads and the loop over the K blocks ``[n_min, n_max)`` of the tile (its split's
+        share with split-KV; see Note [K/V pipeline]); no-op for an empty range. The mask
+        boundaries are clamped to the range, so a split's first block (its last) is masked like
+        the tile's, and only the split holding the tile's last block sees a partial one."""
         S = self.num_stages
-        n_min, n_max = mask.n_block_range(m_block)
         if n_min < n_max:
             self.zero_pad_columns(p)
-            self.load_Q(p, m_block, seqlen.seqlen_q)
+            if const_expr(self.pack):
+                self.load_Q_packed(p, mQ, rows, seqlen, batch)
+            else:
+                self.load_Q(p, m_block, seqlen.seqlen_q)
             cute.arch.cp_async_commit_group()
             for s in cutlass.range_constexpr(S):
                 if s == 0 or n_max - 1 - s >= n_min:
@@ -497,32 +576,54 @@ class FlashFwdSm80:
     # --- epilogue ---------------------------------------------------------------------------
 
     @cute.jit
-    def epilogue(self, acc_O: cute.Tensor, lse: cute.Tensor, mO_cur: cute.Tensor, mLSE_cur: Optional[cute.Tensor],
-                 sO: cute.Tensor, seqlen: SeqlenInfo, m_block: Int32, gmem_copy_O: cute.TiledCopy,
-                 tiled_mma: cute.TiledMma) -> None:
-        """O (already normalized) -> 16 bits -> smem (sQ's space) -> 16-byte global stores; LSE."""
+    def epilogue(self, acc_O: cute.Tensor, lse: cute.Tensor, mO: cute.Tensor, mLSE: Optional[cute.Tensor],
+                 sO: cute.Tensor, seqlen: SeqlenInfo, rows: TileRows, slot: Int32, m_block: Int32,
+                 gmem_copy_O: cute.TiledCopy, tiled_mma: cute.TiledMma) -> None:
+        """O (already normalized) -> 16 bits -> smem (sQ's space) -> 16-byte global stores (row by
+        row for packed rows); LSE from registers. Split-KV: the float32 O and the LSE go to the
+        split's slot of the partials straight from registers. ``mO`` / ``mLSE``: the ``(s_q, dv)`` /
+        ``(s_q,)`` views of the tile's (batch, head), or with packed rows / split-KV the whole
+        tensors, whose batch index is ``slot`` (:func:`fa4.pack_gqa.partial_slot`)."""
         tidx, _, _ = cute.arch.thread_idx()
-        rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
-        convert_f32_to_half(acc_O, rO)
-        cute.arch.barrier()  # every warp is done reading sQ / sV
-        smem_copy_O = cute.make_tiled_copy_C(
-            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=32), tiled_mma
-        ).get_slice(tidx)
-        cute.copy(smem_copy_O, smem_copy_O.retile(rO), smem_copy_O.partition_D(sO))
-
         thr_mma = tiled_mma.get_slice(tidx)
-        cO = cute.make_identity_tensor((self.tile_m, self.tile_hdimv))
-        rows_left = seqlen.seqlen_q - m_block * self.tile_m
-        if const_expr(mLSE_cur is not None):
-            tOcO = make_acc_mn_view(thr_mma.partition_C(cO))
-            gLSE = cute.local_tile(mLSE_cur, (self.tile_m,), (m_block,))
-            if tOcO[0][1] == 0:  # one lane per quad holds the row's LSE
-                for r in cutlass.range_constexpr(cute.size(lse)):
-                    row = tOcO[r, 0][0]
-                    if row < rows_left:
-                        gLSE[row] = lse[r]
+        if const_expr(self.split):
+            store_lse_rows(lse, thr_mma, mLSE, rows, seqlen, slot, self.tile_hdimv)
+            store_acc_rows(acc_O, thr_mma, mO, rows, seqlen, slot, self.cfg.head_dim_v, self.tile_hdimv)
+        else:
+            rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
+            convert_f32_to_half(acc_O, rO)
+            cute.arch.barrier()  # every warp is done reading sQ / sV
+            smem_copy_O = cute.make_tiled_copy_C(
+                cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=32), tiled_mma
+            ).get_slice(tidx)
+            cute.copy(smem_copy_O, smem_copy_O.retile(rO), smem_copy_O.partition_D(sO))
+            if const_expr(mLSE is not None):
+                if const_expr(self.pack):
+                    store_lse_rows(lse, thr_mma, mLSE, rows, seqlen, slot, self.tile_hdimv)
+                else:
+                    self.store_lse(lse, mLSE, rows.rows_left(), m_block, thr_mma)
+            cute.arch.barrier()  # sO complete
+            if const_expr(self.pack):
+                store_rows(sO, mO, rows, seqlen, slot, self.cfg.head_dim_v, tidx, self.num_threads)
+            else:
+                self.store_O(sO, mO, rows.rows_left(), m_block, gmem_copy_O, tidx)
 
-        cute.arch.barrier()  # sO complete
+    @cute.jit
+    def store_lse(self, lse: cute.Tensor, mLSE_cur: cute.Tensor, rows_left: Int32, m_block: Int32, thr_mma) -> None:
+        """The per-row LSE (registers) -> its ``rows_left`` rows of ``mLSE_cur`` (s_q,)."""
+        tOcO = make_acc_mn_view(thr_mma.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_hdimv))))
+        gLSE = cute.local_tile(mLSE_cur, (self.tile_m,), (m_block,))
+        if tOcO[0][1] == 0:  # one lane per quad holds the row's LSE
+            for r in cutlass.range_constexpr(cute.size(lse)):
+                row = tOcO[r, 0][0]
+                if row < rows_left:
+                    gLSE[row] = lse[r]
+
+    @cute.jit
+    def store_O(self, sO: cute.Tensor, mO_cur: cute.Tensor, rows_left: Int32, m_block: Int32,
+                gmem_copy_O: cute.TiledCopy, tidx: Int32) -> None:
+        """The 16-bit O tile in smem -> its ``rows_left`` rows of ``mO_cur`` (s_q, dv), 16-byte stores."""
+        cO = cute.make_identity_tensor((self.tile_m, self.tile_hdimv))
         thr_copy_O = gmem_copy_O.get_slice(tidx)
         tOsO = thr_copy_O.partition_S(sO)
         tOrO = cute.make_fragment_like(tOsO, self.dtype)
@@ -574,37 +675,57 @@ def _bucket(d: int) -> int:
     return fwd_common.bucket(TUNING, d, "sm80")
 
 
-def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: str, need_lse: bool) -> FwdSm80Config:
-    """The tuning table (by max(head_dim, head_dim_v)) with the user's options on top; raises
-    ValueError naming the option when a user choice cannot be compiled."""
+def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: str, need_lse: bool,
+                num_sms: Optional[int] = None) -> FwdSm80Config:
+    """The tuning table (by max(head_dim, head_dim_v)) with the user's options on top, pack GQA and
+    split-KV as :func:`fa4.fwd.common.pack_gqa` / :func:`fa4.fwd.common.num_splits` decide them
+    (``num_sms``: the GPU's, default the current one's); raises ValueError naming the option when a
+    user choice cannot be compiled."""
     options = options or KernelOptions()
     tile_m, tile_n, threads, stages = TUNING[_bucket(max(problem.head_dim, problem.head_dim_v))]
     tau = float(options.rescale_threshold) if options.rescale_threshold is not None else DEFAULT_RESCALE_THRESHOLD
-    if problem.seqlen_q <= 64 and options.tile_m is None and options.num_threads is None:
+    decode_tile = options.tile_m is None and options.num_threads is None
+    g = fwd_common.pack_gqa(problem, 64 if problem.seqlen_q <= 64 and decode_tile else options.tile_m or tile_m)
+    if problem.seqlen_q * g <= 64 and decode_tile:
         # Decode-like shapes: a 64-row tile (4 warps x 16 rows) wastes less of the MMA.
         tile_m, threads = 64, 128
+    tile_m = options.tile_m if options.tile_m is not None else tile_m
+    tile_n = options.tile_n if options.tile_n is not None else tile_n
+    splits = split_count(problem, tile_m, tile_n, g, num_sms)
     cfg = FwdSm80Config(
         arch=arch,
         dtype=problem.dtype,
         head_dim=problem.head_dim,
         head_dim_v=problem.head_dim_v,
-        tile_m=options.tile_m if options.tile_m is not None else tile_m,
-        tile_n=options.tile_n if options.tile_n is not None else tile_n,
+        tile_m=tile_m,
+        tile_n=tile_n,
         num_threads=options.num_threads if options.num_threads is not None else threads,
         num_stages=options.num_stages if options.num_stages is not None else stages,
-        has_lse=need_lse,
+        has_lse=need_lse or splits > 1,
         exp2_emu_frac=float(options.exp2_emu_frac) if options.exp2_emu_frac is not None else DEFAULT_EXP2_EMU_FRAC,
         rescale_threshold=tau,
         sum_rounded=tau > 0.0 and SUM_ROUNDED_WITH_THRESHOLD,
-        **FwdSm80Config.problem_flags(problem),
+        qhead_per_kvhead=g,
+        split_kv=splits > 1,
+        **FwdSm80Config.fwd_flags(problem),
     )
     FlashFwdSm80.can_implement(cfg)
     return cfg
 
 
+def split_count(problem: AttnProblem, tile_m: int, tile_n: int, qhead_per_kvhead: int,
+                num_sms: Optional[int] = None) -> int:
+    """K splits per tile for ``problem`` (:func:`fa4.fwd.common.num_splits` on this family's tiles,
+    one CTA per SM counted as a wave slot, as for sm90)."""
+    heads = problem.heads // qhead_per_kvhead
+    num_tiles = -(-max(problem.seqlen_q, 1) * qhead_per_kvhead // tile_m) * heads * problem.batch
+    return fwd_common.num_splits(problem, num_tiles, tile_n, num_sms or fwd_common.default_num_sms())
+
+
 def variants(arch: str) -> list[FwdSm80Config]:
     """A covering set of compile variants: every head-dim bucket (32/64/96/128/192/256, plus an
-    unpadded 40 and a d != dv pair), every flag value, both dtypes, 1 and 2 stages, tile_m 64."""
+    unpadded 40 and a d != dv pair), every flag value, both dtypes, 1 and 2 stages, tile_m 64, pack
+    GQA (g = 4, 6) and split-KV, alone and together."""
     base = FwdSm80Config(arch=arch, dtype="bf16")
 
     def cfg(d, dv=None, **kw):
@@ -624,10 +745,28 @@ def variants(arch: str) -> list[FwdSm80Config]:
         cfg(128, num_stages=2, exp2_emu_frac=1.0),
         cfg(128, causal=True, rescale_threshold=8.0, sum_rounded=True),
         cfg(192, 128, has_softcap=True),
+        cfg(128, tile_m=64, qhead_per_kvhead=4),
+        cfg(96, qhead_per_kvhead=6, local=True, varlen_q=True, varlen_k=True, dtype="fp16"),
+        cfg(128, split_kv=True),
+        cfg(128, tile_m=64, qhead_per_kvhead=4, split_kv=True, causal=True),
+        cfg(64, split_kv=True, varlen_q=True, varlen_k=True, has_seqused_k=True),
+        cfg(256, tile_m=64, num_threads=128, qhead_per_kvhead=6, split_kv=True, local=True),
     ]
 
 
 def run(cfg: FwdSm80Config, problem: AttnProblem, q, k, v, out, lse, cu_seqlens_q=None, cu_seqlens_k=None,
-        seqused_k=None) -> None:
-    """Launch (arguments: :func:`fa4.fwd.common.run`)."""
-    fwd_common.run(cfg, problem, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k)
+        seqused_k=None, seqused_q=None, page_table=None) -> None:
+    """Launch (arguments: :func:`fa4.fwd.common.run`; split-KV: :func:`split_count` K splits on this
+    GPU, cached per problem and config)."""
+    splits = 1
+    if cfg.split_kv:
+        key = (problem, cfg, q.device.index)
+        splits = _splits.get(key)
+        if splits is None:
+            splits = _splits[key] = split_count(problem, cfg.tile_m, cfg.tile_n, cfg.qhead_per_kvhead,
+                                                fwd_common.default_num_sms(q.device))
+    fwd_common.run(cfg, problem, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, extra=(splits,),
+                   splits=splits, seqused_q=seqused_q, page_table=page_table)
+
+
+_splits: dict = {}

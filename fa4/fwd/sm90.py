@@ -67,7 +67,7 @@ from cutlass import Float32, Int32, const_expr, pipeline
 from cutlass.cute.nvgpu import cpasync, warpgroup
 import cutlass.utils.hopper_helpers as sm90_utils
 
-from fa4.config import AttnKernelConfig, AttnProblem, KernelOptions
+from fa4.config import AttnFwdConfig, AttnProblem, KernelOptions
 from fa4.cute_utils import (
     convert_f32_to_half,
     gemm_sm90,
@@ -80,7 +80,10 @@ from fa4.cute_utils import (
 )
 from fa4.fwd import common as fwd_common
 from fa4.mask import AttentionMask
-from fa4.sched.tile import PersistentTileScheduler
+from fa4.pack_gqa import (
+    TileRows, batch_slot, load_q_rows, partial_slot, store_acc_rows, store_lse_rows, store_rows,
+)
+from fa4.sched.tile import PersistentTileScheduler, split_range
 from fa4.seqlen import SeqlenInfo, to_sdhb
 from fa4.softmax import OnlineSoftmax, apply_softcap, rescale_rows, score_scales
 
@@ -90,20 +93,22 @@ _DTYPES = fwd_common.DTYPES
 # (consumer, producer) registers per thread after setmaxnreg, by consumer warpgroups: the
 # 64K-register file split as 128 * (producer + num_wg * consumer) <= 65536.
 _REGS = {1: (256, 56), 2: (240, 24), 3: (160, 32)}
-_BAR_EPI, _BAR_PP0, _BAR_VTAIL = 1, 2, 4
+_BAR_EPI, _BAR_PP0, _BAR_VTAIL, _BAR_Q = 1, 2, 4, 5
 
 
 _pad32 = fwd_common.pad32
 
 
 @dataclass(frozen=True)
-class FwdSm90Config(AttnKernelConfig):
+class FwdSm90Config(AttnFwdConfig):
     """Compile key of the sm90 forward. ``tile_m`` = 64 x consumer warpgroups; ``persistent``: a
     grid of at most one CTA per SM looping over tiles (else one tile per CTA); ``pingpong``: two
     consumer warpgroups alternate on the tensor cores (Note [ping-pong]); ``rescale_o_before_pv``:
     O is rescaled just before the next ``P V``, under the ``Q K^T`` already issued, instead of
     right after the softmax. The next ``Q K^T`` always overlaps the softmax (Note
-    [intra-warpgroup overlap])."""
+    [intra-warpgroup overlap]). ``qhead_per_kvhead > 1``: pack GQA, the tile's rows are that
+    many q heads of one kv head (Note [Pack GQA] in fa4/pack_gqa.py); ``split_kv``: O and LSE are
+    float32 partials of a runtime number of K splits (Note [Split-KV partials] there)."""
 
     head_dim: int = 128
     head_dim_v: int = 128
@@ -117,6 +122,8 @@ class FwdSm90Config(AttnKernelConfig):
     rescale_threshold: float = 0.0
     sum_rounded: bool = False
     rescale_o_before_pv: bool = False
+    qhead_per_kvhead: int = 1
+    split_kv: bool = False
 
     KERNEL = "fa4.fwd.sm90:FlashFwdSm90"
     REQUIRED_SASS = ("HGMMA", "UTMALDG")  # checked in the SASS of every compile variant (tests/test_compile.py)
@@ -127,7 +134,8 @@ class FwdSm90Config(AttnKernelConfig):
 
     @property
     def lpt(self) -> bool:
-        return self.causal or self.local or self.varlen_q or self.varlen_k or self.has_seqused_k
+        return (self.causal or self.local or self.varlen_q or self.varlen_k or self.has_seqused_k
+                or self.has_seqused_q)
 
     def smem_qkv_bytes(self) -> int:
         d, dv = _pad32(self.head_dim), _pad32(self.head_dim_v)
@@ -139,8 +147,13 @@ class FwdSm90Config(AttnKernelConfig):
         so = 2 * self.tile_m * _pad32(self.head_dim_v)
         return self.smem_qkv_bytes() + so + SMEM_RESERVED > SMEM_CAPACITY
 
+    @property
+    def o_via_smem(self) -> bool:
+        """O is staged in smem (16 bits); split-KV partials go to gmem straight from registers."""
+        return not self.split_kv
+
     def smem_bytes(self) -> int:
-        so = 0 if self.o_in_q else 2 * self.tile_m * _pad32(self.head_dim_v)
+        so = 0 if (self.o_in_q or not self.o_via_smem) else 2 * self.tile_m * _pad32(self.head_dim_v)
         return self.smem_qkv_bytes() + so + SMEM_RESERVED
 
 
@@ -157,8 +170,12 @@ class FlashFwdSm90:
         self.num_threads = 128 * (self.num_wg + 1)
         self.consumer_regs, self.producer_regs = _REGS[self.num_wg]
         self.pingpong = cfg.pingpong and self.num_wg == 2
-        self.o_in_q = cfg.o_in_q
-        self.tma_o = not cfg.varlen_q
+        self.pack = cfg.qhead_per_kvhead > 1
+        self.split = cfg.split_kv
+        self.o_in_q = cfg.o_in_q and cfg.o_via_smem
+        self.tma_q = not self.pack  # packed rows are loaded row by row (Note [Pack GQA])
+        self.tma_o = not (cfg.varlen_q or cfg.has_seqused_q or self.pack or self.split)
+        self.page_rows = cfg.page_rows
 
     # ----------------------------------------------------------------------------------------
     # Host side
@@ -190,10 +207,17 @@ class FlashFwdSm90:
                              f"accumulator registers per thread, over the {budget} left with {cfg.num_wg} consumer "
                              f"warpgroups: use a smaller tile_n or tile_m")
         fwd_common.check_softmax_options(cfg)
+        if cfg.qhead_per_kvhead < 1:
+            raise ValueError(f"FwdSm90Config.qhead_per_kvhead must be >= 1, got {cfg.qhead_per_kvhead}")
+        if cfg.page_rows and (cfg.page_rows % 8 or cfg.tile_n % cfg.page_rows):
+            raise ValueError(f"FwdSm90Config.page_rows must be a multiple of 8 dividing tile_n={cfg.tile_n} (a TMA "
+                             f"box of whole 8-row swizzle atoms), got {cfg.page_rows}")
+        if cfg.split_kv and not cfg.has_lse:
+            raise ValueError("FwdSm90Config.split_kv needs has_lse (the combine reads every split's LSE)")
 
     @staticmethod
     def fake_args(cfg: FwdSm90Config) -> tuple:
-        return fwd_common.fake_args(cfg, extra=(Int32(1),))
+        return fwd_common.fake_args(cfg, extra=(Int32(1), Int32(1)))
 
     def _setup(self):
         """Smem layouts, tiled MMAs and the shared storage struct (trace-time constants)."""
@@ -214,7 +238,7 @@ class FlashFwdSm90:
         q_elems = cute.cosize(self.sQ_layout)
         if const_expr(self.o_in_q):
             q_elems = max(q_elems, cute.cosize(self.sO_layout))
-        o_elems = 0 if const_expr(self.o_in_q) else cute.cosize(self.sO_layout)
+        o_elems = 0 if const_expr(self.o_in_q or self.split) else cute.cosize(self.sO_layout)
         stages = self.num_stages
 
         @cute.struct
@@ -229,53 +253,73 @@ class FlashFwdSm90:
 
         self.SharedStorage = SharedStorage
 
+    def kv_box_layout(self, s_layout, cols: int):
+        """The smem layout a K/V TMA box lands in: a whole stage, or (paged) the first
+        ``page_rows`` rows of one: the stage layout composed with ``(page_rows, cols):(1, tile_n)``,
+        so the box's rows keep the stage's swizzle and column-block strides."""
+        stage = cute.select(s_layout, mode=[0, 1])
+        if const_expr(not self.page_rows):
+            return stage
+        return cute.composition(stage, cute.make_layout((self.page_rows, cols), stride=(1, self.tile_n)))
+
     @cute.jit
     def __call__(
         self,
         mQ: cute.Tensor,  # (b, s_q, h, d); varlen (1, total_q, h, d)
         mK: cute.Tensor,  # (b, s_k, h_k, d); varlen (1, total_k, h_k, d)
         mV: cute.Tensor,  # (b, s_k, h_k, dv)
-        mO: cute.Tensor,  # (b, s_q, h, dv)
-        mLSE: Optional[cute.Tensor],  # (b, h, s_q) float32; varlen (1, h, total_q)
+        mO: cute.Tensor,  # (b, s_q, h, dv); split-KV: float32 (num_splits * b, s_q, h, dv)
+        mLSE: Optional[cute.Tensor],  # (b, h, s_q) float32; varlen (1, h, total_q); split: (num_splits * b, ...)
         mCuSeqlensQ: Optional[cute.Tensor],  # (b + 1,) int32
         mCuSeqlensK: Optional[cute.Tensor],  # (b + 1,) int32
+        mSeqUsedQ: Optional[cute.Tensor],  # (b,) int32
         mSeqUsedK: Optional[cute.Tensor],  # (b,) int32
+        mPageTable: Optional[cute.Tensor],  # (b, max_pages) int32; K/V then (num_pages, page_size, h_k, d)
         softmax_scale: Float32,
         softcap: Float32,
         window_left: Int32,
         window_right: Int32,
         max_seqlen_q: Int32,  # longest query sequence (= s_q when not varlen): sizes the grid
         max_ctas: Int32,  # persistent grid size (the SM count); ignored unless cfg.persistent
+        num_splits: Int32,  # split-KV: K splits per tile (1 unless cfg.split_kv)
         stream,
     ):
         self._setup()
         cfg = self.cfg
-        num_heads = mQ.shape[2]
-        num_batch, num_m_blocks, section = fwd_common.grid_extent(
-            mQ, mK, mCuSeqlensQ, mCuSeqlensK, max_seqlen_q, self.tile_m, 2 * (self.tile_hdim + self.tile_hdimv))
+        if const_expr(not self.split):
+            num_splits = Int32(1)
+        # Keys of a sequence without cu_seqlens_k / seqused_k: the K tensor's, or the page table's capacity.
+        seqlen_k_static = mK.shape[1] if const_expr(not self.page_rows) else mPageTable.shape[1] * mK.shape[1]
+        num_batch, num_m_blocks, section, sched_heads = fwd_common.grid_extent(
+            mQ, mK, mCuSeqlensQ, mCuSeqlensK, max_seqlen_q, self.tile_m, 2 * (self.tile_hdim + self.tile_hdimv),
+            cfg.qhead_per_kvhead, num_splits, mPageTable)
         prescale, scale_log2 = score_scales(softmax_scale, softcap, cfg.has_softcap)
 
         # TMA atoms over (s, d, h, b) views (Note [TMA and varlen / padding]).
         mQ_t, mK_t, mV_t, mO_t = (to_sdhb(t) for t in (mQ, mK, mV, mO))
         g2s = cpasync.CopyBulkTensorTileG2SOp()
-        tma_q, mQ_tma = cpasync.make_tiled_tma_atom(g2s, mQ_t, self.sQ_layout, (self.tile_m, self.tile_hdim))
-        tma_k, mK_tma = cpasync.make_tiled_tma_atom(g2s, mK_t, cute.select(self.sK_layout, mode=[0, 1]),
-                                                    (self.tile_n, self.tile_hdim))
-        tma_v, mV_tma = cpasync.make_tiled_tma_atom(g2s, mV_t, cute.select(self.sV_layout, mode=[0, 1]),
-                                                    (self.tile_n, self.tile_hdimv))
+        tma_q, mQ_tma = None, mQ
+        if const_expr(self.tma_q):
+            tma_q, mQ_tma = cpasync.make_tiled_tma_atom(g2s, mQ_t, self.sQ_layout, (self.tile_m, self.tile_hdim))
+        # Paged K/V: one TMA per chunk of page_rows rows (Note [Paged K/V]).
+        kv_rows = self.tile_n if const_expr(not self.page_rows) else self.page_rows
+        tma_k, mK_tma = cpasync.make_tiled_tma_atom(g2s, mK_t, self.kv_box_layout(self.sK_layout, self.tile_hdim),
+                                                    (kv_rows, self.tile_hdim))
+        tma_v, mV_tma = cpasync.make_tiled_tma_atom(g2s, mV_t, self.kv_box_layout(self.sV_layout, self.tile_hdimv),
+                                                    (kv_rows, self.tile_hdimv))
         tma_o, mO_tma = None, None
         if const_expr(self.tma_o):
             tma_o, mO_tma = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mO_t, self.sO_layout,
                                                         (self.tile_m, self.tile_hdimv))
-        max_grid = max_ctas if const_expr(cfg.persistent) else num_m_blocks * num_heads * num_batch
+        max_grid = max_ctas if const_expr(cfg.persistent) else num_m_blocks * sched_heads * num_batch
         self.kernel(
             mQ_tma, mK_tma, mV_tma, mO_tma if const_expr(self.tma_o) else mO, mLSE,
-            mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, tma_q, tma_k, tma_v, tma_o,
-            scale_log2, prescale, window_left, window_right, num_m_blocks, num_batch, section,
-            mQ.shape[1], mK.shape[1],
+            mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ, mSeqUsedK, mPageTable, tma_q, tma_k, tma_v, tma_o,
+            scale_log2, prescale, window_left, window_right, num_m_blocks, sched_heads, num_batch, num_splits,
+            section, mQ.shape[1], seqlen_k_static,
             self.sQ_layout, self.sK_layout, self.sV_layout, self.sO_layout, self.tiled_mma_qk, self.tiled_mma_pv,
         ).launch(
-            grid=PersistentTileScheduler.grid(num_m_blocks, num_heads, num_batch, max_grid),
+            grid=PersistentTileScheduler.grid(num_m_blocks, sched_heads, num_batch, max_grid),
             block=[self.num_threads, 1, 1],
             smem=self.SharedStorage.size_in_bytes(),
             stream=stream,
@@ -289,15 +333,17 @@ class FlashFwdSm90:
     @cute.kernel
     def kernel(
         self,
-        mQ: cute.Tensor,  # TMA coordinates (s_q, d, h, b)
+        mQ: cute.Tensor,  # TMA coordinates (s_q, d, h, b); packed: the (b, s_q, h, d) tensor
         mK: cute.Tensor,  # TMA coordinates (s_k, d, h_k, b)
         mV: cute.Tensor,  # TMA coordinates (s_k, dv, h_k, b)
-        mO: cute.Tensor,  # TMA coordinates (s_q, dv, h, b); varlen Q: the (1, total_q, h, dv) tensor
+        mO: cute.Tensor,  # TMA coordinates (s_q, dv, h, b); varlen Q / packed / split: the (b, s_q, h, dv) tensor
         mLSE: Optional[cute.Tensor],
         mCuSeqlensQ: Optional[cute.Tensor],
         mCuSeqlensK: Optional[cute.Tensor],
+        mSeqUsedQ: Optional[cute.Tensor],
         mSeqUsedK: Optional[cute.Tensor],
-        tma_q: cute.CopyAtom,
+        mPageTable: Optional[cute.Tensor],
+        tma_q: Optional[cute.CopyAtom],
         tma_k: cute.CopyAtom,
         tma_v: cute.CopyAtom,
         tma_o: Optional[cute.CopyAtom],
@@ -306,7 +352,9 @@ class FlashFwdSm90:
         window_left: Int32,
         window_right: Int32,
         num_m_blocks: Int32,
+        sched_heads: Int32,
         num_batch: Int32,
+        num_splits: Int32,
         section: Int32,
         seqlen_q_static: Int32,
         seqlen_k_static: Int32,
@@ -330,10 +378,11 @@ class FlashFwdSm90:
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
-        sched = PersistentTileScheduler(num_m_blocks, mQ.shape[2], num_batch, section, reverse=self.cfg.lpt)
+        sched = PersistentTileScheduler(num_m_blocks, sched_heads, num_batch, section, reverse=self.cfg.lpt)
         tile_info = partial(self.tile_info, sched=sched, mCuSeqlensQ=mCuSeqlensQ, mCuSeqlensK=mCuSeqlensK,
-                            mSeqUsedK=mSeqUsedK, seqlen_q_static=seqlen_q_static,
-                            seqlen_k_static=seqlen_k_static, window_left=window_left, window_right=window_right)
+                            mSeqUsedK=mSeqUsedK, mSeqUsedQ=mSeqUsedQ, seqlen_q_static=seqlen_q_static,
+                            seqlen_k_static=seqlen_k_static, window_left=window_left, window_right=window_right,
+                            num_splits=num_splits)
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
@@ -345,10 +394,11 @@ class FlashFwdSm90:
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
-                self.load(mQ, mK, mV, sQ, sK, sV, tma_q, tma_k, tma_v, pipes, sched, tile_info)
+                self.load(mQ, mK, mV, sQ, sK, sV, tma_q, tma_k, tma_v, pipes, sched, tile_info, mPageTable)
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
-            self.mma_softmax(mO, mLSE, sQ, sK, sV, sO, tma_o, pipes, sched, tile_info, scale_log2, prescale)
+            self.mma_softmax(mQ, mO, mLSE, sQ, sK, sV, sO, tma_o, pipes, sched, tile_info, scale_log2, prescale,
+                             num_batch)
 
     def make_pipelines(self, storage):
         """The Q, K and V pipelines (arrive counts: module docstring)."""
@@ -365,22 +415,30 @@ class FlashFwdSm90:
         )
 
     @cute.jit
-    def tile_info(self, idx: Int32, sched, mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, seqlen_q_static, seqlen_k_static,
-                  window_left, window_right):
-        """``(m_block, head, batch, seqlen, mask, n_min, n_max, active)`` of tile ``idx``: ``active``
-        is false for a varlen tile past its sequence; ``[n_min, n_max)`` may be empty."""
-        m_block, head, batch = sched.tile(idx)
-        seqlen = SeqlenInfo.create(batch, seqlen_q_static, seqlen_k_static, mCuSeqlensQ, mCuSeqlensK, mSeqUsedK)
+    def tile_info(self, idx: Int32, sched, mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, mSeqUsedQ, seqlen_q_static,
+                  seqlen_k_static, window_left, window_right, num_splits):
+        """``(m_block, head, split, batch, seqlen, mask, n_min, n_max, active)`` of tile ``idx``:
+        ``head`` is the kv head when packed; ``[n_min, n_max)`` the K blocks of the tile's split
+        (may be empty); ``active`` is false for a varlen tile past its sequence."""
+        m_block, sched_head, batch = sched.tile(idx)
+        head, split = sched_head, Int32(0)
+        if const_expr(self.split):
+            head = sched_head // num_splits
+            split = sched_head - head * num_splits
+        seqlen = SeqlenInfo.create(batch, seqlen_q_static, seqlen_k_static, mCuSeqlensQ, mCuSeqlensK, mSeqUsedK,
+                                   mSeqUsedQ)
         mask = AttentionMask(self.tile_m, self.tile_n, self.cfg.causal, self.cfg.local, seqlen.seqlen_q,
-                             seqlen.seqlen_k, window_left, window_right)
+                             seqlen.seqlen_k, window_left, window_right, self.cfg.qhead_per_kvhead)
         n_min, n_max = mask.n_block_range(m_block)
-        active = m_block * self.tile_m < seqlen.seqlen_q
-        return m_block, head, batch, seqlen, mask, n_min, n_max, active
+        if const_expr(self.split):
+            n_min, n_max = split_range(n_min, n_max, split, num_splits)
+        active = m_block * self.tile_m < seqlen.seqlen_q * self.cfg.qhead_per_kvhead
+        return m_block, head, split, batch, seqlen, mask, n_min, n_max, active
 
     # --- producer ---------------------------------------------------------------------------
 
     @cute.jit
-    def load(self, mQ, mK, mV, sQ, sK, sV, tma_q, tma_k, tma_v, pipes, sched, tile_info) -> None:
+    def load(self, mQ, mK, mV, sQ, sK, sV, tma_q, tma_k, tma_v, pipes, sched, tile_info, mPageTable) -> None:
         """Warp 0: per tile, K[last], Q, then K[n] / V[n + 1] pairs, then V[first] (module docstring)."""
         pq, pk, pv = pipes["q"], pipes["k"], pipes["v"]
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
@@ -388,24 +446,32 @@ class FlashFwdSm90:
         head_ratio = mQ.shape[2] // mK.shape[2]
         idx = sched.first()
         while sched.valid(idx):
-            m_block, head, batch, seqlen, mask, n_min, n_max, active = tile_info(idx)
+            m_block, head, split, batch, seqlen, mask, n_min, n_max, active = tile_info(idx)
             if active and n_min < n_max:
-                head_kv = head // head_ratio
-                gQ = cute.local_tile(seqlen.q_view_sd(mQ, batch, head), (self.tile_m, self.tile_hdim), (m_block, 0))
-                gK = cute.local_tile(seqlen.k_view_sd(mK, batch, head_kv), (self.tile_n, self.tile_hdim), (None, 0))
-                gV = cute.local_tile(seqlen.k_view_sd(mV, batch, head_kv), (self.tile_n, self.tile_hdimv), (None, 0))
+                head_kv = head if const_expr(self.pack) else head // head_ratio
                 one = cute.make_layout(1)
-                tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, one, cute.group_modes(sQ, 0, 2),
-                                                   cute.group_modes(gQ, 0, 2))
-                tKsK, tKgK = cpasync.tma_partition(tma_k, 0, one, cute.group_modes(sK, 0, 2),
-                                                   cute.group_modes(gK, 0, 2))
-                tVsV, tVgV = cpasync.tma_partition(tma_v, 0, one, cute.group_modes(sV, 0, 2),
-                                                   cute.group_modes(gV, 0, 2))
+                if const_expr(not self.page_rows):
+                    gK = cute.local_tile(seqlen.k_view_sd(mK, batch, head_kv), (self.tile_n, self.tile_hdim),
+                                         (None, 0))
+                    gV = cute.local_tile(seqlen.k_view_sd(mV, batch, head_kv), (self.tile_n, self.tile_hdimv),
+                                         (None, 0))
+                    tKsK, tKgK = cpasync.tma_partition(tma_k, 0, one, cute.group_modes(sK, 0, 2),
+                                                       cute.group_modes(gK, 0, 2))
+                    tVsV, tVgV = cpasync.tma_partition(tma_v, 0, one, cute.group_modes(sV, 0, 2),
+                                                       cute.group_modes(gV, 0, 2))
+                else:  # paged: (TMA operands, batch, kv head), each block chunked by load_block
+                    tKgK, tKsK = (mK, sK), (mPageTable, batch, head_kv)
+                    tVgV, tVsV = (mV, sV), (mPageTable, batch, head_kv)
 
                 self.load_block(tma_k, pk, tKgK, tKsK, n_max - 1, kv_state)
-                pq.producer_acquire(q_state)
-                cute.copy(tma_q, tQgQ, tQsQ, tma_bar_ptr=pq.producer_get_barrier(q_state))
-                q_state.advance()
+                if const_expr(self.tma_q):  # (packed Q: the consumers load it, Note [Pack GQA])
+                    gQ = cute.local_tile(seqlen.q_view_sd(mQ, batch, head), (self.tile_m, self.tile_hdim),
+                                         (m_block, 0))
+                    tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, one, cute.group_modes(sQ, 0, 2),
+                                                       cute.group_modes(gQ, 0, 2))
+                    pq.producer_acquire(q_state)
+                    cute.copy(tma_q, tQgQ, tQsQ, tma_bar_ptr=pq.producer_get_barrier(q_state))
+                    q_state.advance()
                 v_state = kv_state.clone()
                 kv_state.advance()
                 for i in cutlass.range(n_max - 1 - n_min, unroll=1):
@@ -419,9 +485,28 @@ class FlashFwdSm90:
 
     @cute.jit
     def load_block(self, tma, pipe, tXgX, tXsX, n: Int32, state) -> None:
-        """Wait for the stage to be free, then TMA block ``n`` into it (completing on its mbarrier)."""
+        """Wait for the stage to be free, then TMA block ``n`` into it (completing on its mbarrier).
+        Paged (``tXgX = (mX, sX)``, ``tXsX = (page table, batch, kv head)``): one TMA per chunk of
+        ``page_rows`` rows, from the page holding it (Note [Paged K/V])."""
         pipe.producer_acquire(state)
-        cute.copy(tma, tXgX[None, n], tXsX[None, state.index], tma_bar_ptr=pipe.producer_get_barrier(state))
+        if const_expr(not self.page_rows):
+            cute.copy(tma, tXgX[None, n], tXsX[None, state.index], tma_bar_ptr=pipe.producer_get_barrier(state))
+        else:
+            (mX, sX), (mPageTable, batch, head_kv) = tXgX, tXsX
+            rows, cols = self.page_rows, cute.size(sX, mode=[1])
+            page_size = mX.shape[0]  # TMA coordinates (page_size, d, h_k, num_pages)
+            last_slot = mPageTable.shape[1] - 1
+            one = cute.make_layout(1)
+            for c in cutlass.range_constexpr(self.tile_n // rows):
+                row = n * self.tile_n + c * rows
+                slot = row // page_size
+                # Rows past the table (the last block's tail) read a valid page: masked / zeroed later.
+                page = mPageTable[batch, cutlass.min(slot, last_slot)]
+                gX = cute.local_tile(mX[None, None, head_kv, page], (rows, cols), (None, 0))
+                sC = cute.local_tile(sX[None, None, state.index], (rows, cols), (c, 0))
+                tXs, tXg = cpasync.tma_partition(tma, 0, one, cute.group_modes(sC, 0, 2), cute.group_modes(gX, 0, 2))
+                cute.copy(tma, tXg[None, (row - slot * page_size) // rows], tXs,
+                          tma_bar_ptr=pipe.producer_get_barrier(state))
 
     # --- consumers --------------------------------------------------------------------------
 
@@ -436,7 +521,8 @@ class FlashFwdSm90:
             cute.arch.barrier_arrive(barrier_id=_BAR_PP0 + 1 - wg, number_of_threads=256)
 
     @cute.jit
-    def mma_softmax(self, mO, mLSE, sQ, sK, sV, sO, tma_o, pipes, sched, tile_info, scale_log2, prescale) -> None:
+    def mma_softmax(self, mQ, mO, mLSE, sQ, sK, sV, sO, tma_o, pipes, sched, tile_info, scale_log2, prescale,
+                    num_batch) -> None:
         """Consumer warpgroups: per tile, the K-block loop (Note [intra-warpgroup overlap]), then
         :meth:`epilogue`."""
         cfg = self.cfg
@@ -471,13 +557,23 @@ class FlashFwdSm90:
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         idx = sched.first()
         while sched.valid(idx):
-            m_block, head, batch, seqlen, mask, n_min, n_max, active = tile_info(idx)
+            m_block, head, split, batch, seqlen, mask, n_min, n_max, active = tile_info(idx)
             if active:
                 softmax.reset()
                 acc_O.fill(0.0)
                 has_work = n_min < n_max
+                rows = TileRows.create(cfg.qhead_per_kvhead, self.tile_m, m_block, head, seqlen.seqlen_q)
                 if has_work:
-                    pq.consumer_wait(q_state)
+                    if const_expr(self.tma_q):
+                        pq.consumer_wait(q_state)
+                    else:
+                        # Packed rows (Note [Pack GQA]): every consumer is past its last read of sQ
+                        # (the previous tile's Q K^T) before the first write.
+                        cute.arch.barrier(barrier_id=_BAR_Q, number_of_threads=self.num_consumer_threads)
+                        load_q_rows(mQ, sQ, rows, seqlen, batch_slot(batch, cfg.varlen_q), cfg.head_dim, tidx,
+                                    self.num_consumer_threads)
+                        cute.arch.fence_proxy("async.shared", space="cta")
+                        cute.arch.barrier(barrier_id=_BAR_Q, number_of_threads=self.num_consumer_threads)
 
                     # First block (the last K block): its Q K^T alone.
                     pk.consumer_wait(kv_state)
@@ -507,7 +603,7 @@ class FlashFwdSm90:
                     else:
                         for i in cutlass.range(n_max - 1 - n_min, unroll=1):
                             kv_state, v_state = step(n_max - 2 - i, kv_state, v_state, mask_window=False)
-                    if const_expr(not self.o_in_q):
+                    if const_expr(self.tma_q and not self.o_in_q):
                         pq.consumer_release(q_state)
                     # Last P V.
                     if const_expr(cfg.rescale_o_before_pv):
@@ -519,13 +615,15 @@ class FlashFwdSm90:
                     warpgroup.wait_group(0)
                     pv.consumer_release(v_state)
                 lse = softmax.finalize(acc_O)
-                self.epilogue(acc_O, lse, mO, mLSE, sO, tma_o, seqlen, m_block, head, batch, thr_mma_pv, tidx)
-                if const_expr(self.o_in_q):
+                slot = partial_slot(split, batch, num_batch, cfg.varlen_q)
+                self.epilogue(acc_O, lse, mO, mLSE, sO, tma_o, seqlen, rows, slot, m_block, head, batch, thr_mma_pv,
+                              tidx)
+                if const_expr(self.tma_q):
                     if has_work:
-                        if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 4:
-                            pq.consumer_release(q_state)
-                if has_work:
-                    q_state.advance()
+                        if const_expr(self.o_in_q):
+                            if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 4:
+                                pq.consumer_release(q_state)
+                        q_state.advance()
             idx = sched.next(idx)
         if const_expr(self.tma_o):
             if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 4:
@@ -582,22 +680,26 @@ class FlashFwdSm90:
         return kv_state, v_state
 
     @cute.jit
-    def epilogue(self, acc_O, lse, mO, mLSE, sO, tma_o, seqlen: SeqlenInfo, m_block: Int32, head: Int32,
-                 batch: Int32, thr_mma_pv, tidx: Int32) -> None:
-        """O (normalized) -> 16 bits -> sO -> TMA store (or predicated stores for varlen Q); LSE
-        from registers. With ``o_in_q`` the storing warp waits until the store has read sO, then
-        the caller releases Q."""
+    def epilogue(self, acc_O, lse, mO, mLSE, sO, tma_o, seqlen: SeqlenInfo, rows: TileRows, slot: Int32,
+                 m_block: Int32, head: Int32, batch: Int32, thr_mma_pv, tidx: Int32) -> None:
+        """O (normalized) -> 16 bits -> sO -> TMA store (or row stores for varlen Q and packed
+        rows); LSE from registers. Split-KV: the float32 O and the LSE of the split go to their
+        slot of the partials straight from registers. With ``o_in_q`` the storing warp waits until
+        the store has read sO, then the caller releases Q. ``slot``: the batch index of the O / LSE
+        tensors (:func:`fa4.pack_gqa.partial_slot`)."""
+        cfg = self.cfg
+        if const_expr(cfg.has_lse):
+            store_lse_rows(lse, thr_mma_pv, mLSE, rows, seqlen, slot, self.tile_hdimv)
+        if const_expr(self.split):
+            store_acc_rows(acc_O, thr_mma_pv, mO, rows, seqlen, slot, cfg.head_dim_v, self.tile_hdimv)
+        else:
+            self.store_O(acc_O, mO, sO, tma_o, seqlen, rows, m_block, head, batch, tidx)
+
+    @cute.jit
+    def store_O(self, acc_O, mO, sO, tma_o, seqlen: SeqlenInfo, rows: TileRows, m_block: Int32, head: Int32,
+                batch: Int32, tidx: Int32) -> None:
+        """The 16-bit O tile through sO: TMA store, or row stores (varlen Q, packed rows)."""
         store_warp = cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 4
-        rows_left = seqlen.seqlen_q - m_block * self.tile_m
-        if const_expr(self.cfg.has_lse):
-            cO = cute.make_identity_tensor((self.tile_m, self.tile_hdimv))
-            tOcO = make_acc_mn_view(thr_mma_pv.partition_C(cO))
-            gLSE = cute.local_tile(seqlen.lse_view(mLSE, batch, head), (self.tile_m,), (m_block,))
-            if tOcO[0][1] == 0:  # one lane per quad holds the row's LSE
-                for r in cutlass.range_constexpr(cute.size(lse)):
-                    row = tOcO[r, 0][0]
-                    if row < rows_left:
-                        gLSE[row] = lse[r]
         rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
         convert_f32_to_half(acc_O, rO)
         if const_expr(self.tma_o):
@@ -622,8 +724,12 @@ class FlashFwdSm90:
                     cute.arch.cp_async_bulk_wait_group(0, read=True)
         else:
             cute.arch.barrier(barrier_id=_BAR_EPI, number_of_threads=self.num_consumer_threads)
-            gO = cute.local_tile(seqlen.q_view(mO, batch, head), (self.tile_m, self.tile_hdimv), (m_block, 0))
-            store_rows_16B(sO, gO, rows_left, self.cfg.head_dim_v, tidx, self.num_consumer_threads)
+            if const_expr(self.pack):
+                store_rows(sO, mO, rows, seqlen, batch_slot(batch, self.cfg.varlen_q), self.cfg.head_dim_v, tidx,
+                           self.num_consumer_threads)
+            else:
+                gO = cute.local_tile(seqlen.q_view(mO, batch, head), (self.tile_m, self.tile_hdimv), (m_block, 0))
+                store_rows_16B(sO, gO, rows.rows_left(), self.cfg.head_dim_v, tidx, self.num_consumer_threads)
             if const_expr(self.o_in_q):
                 cute.arch.barrier(barrier_id=_BAR_EPI, number_of_threads=self.num_consumer_threads)
 
@@ -669,14 +775,20 @@ def _bucket(d: int) -> int:
     return fwd_common.bucket(TUNING, d, "sm90")
 
 
-def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: str, need_lse: bool) -> FwdSm90Config:
-    """The tuning table (by max(head_dim, head_dim_v)) with the user's options on top; raises
-    ValueError naming the option when a user choice cannot be compiled."""
+def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: str, need_lse: bool,
+                num_sms: Optional[int] = None) -> FwdSm90Config:
+    """The tuning table (by max(head_dim, head_dim_v)) with the user's options on top, pack GQA and
+    split-KV as :func:`fa4.fwd.common.pack_gqa` / :func:`fa4.fwd.common.num_splits` decide them
+    (``num_sms``: the GPU's, default the current one's); raises ValueError naming the option when a
+    user choice cannot be compiled."""
     options = options or KernelOptions()
     tile_m, tile_n, stages, pingpong = TUNING[_bucket(max(problem.head_dim, problem.head_dim_v))]
-    if problem.seqlen_q <= 64 and options.tile_m is None:
+    g = fwd_common.pack_gqa(problem, 64 if problem.seqlen_q <= 64 else tile_m)
+    if problem.seqlen_q * g <= 64 and options.tile_m is None:
         tile_m, pingpong = 64, False  # decode-like shapes: one consumer warpgroup, 64-row tiles
     tile_m = options.tile_m if options.tile_m is not None else tile_m
+    tile_n = options.tile_n if options.tile_n is not None else tile_n
+    splits = split_count(problem, tile_m, tile_n, g, num_sms)
     tau = float(options.rescale_threshold) if options.rescale_threshold is not None else DEFAULT_RESCALE_THRESHOLD
     cfg = FwdSm90Config(
         arch=arch,
@@ -684,26 +796,50 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         head_dim=problem.head_dim,
         head_dim_v=problem.head_dim_v,
         tile_m=tile_m,
-        tile_n=options.tile_n if options.tile_n is not None else tile_n,
+        tile_n=tile_n,
         num_stages=options.num_stages if options.num_stages is not None else stages,
         pingpong=pingpong and tile_m == 128,
         rescale_o_before_pv=problem.head_dim_v >= RESCALE_O_BEFORE_PV_MIN_DV,
         persistent=_persistent(problem),
-        has_lse=need_lse,
+        has_lse=need_lse or splits > 1,
         exp2_emu_frac=float(options.exp2_emu_frac) if options.exp2_emu_frac is not None else DEFAULT_EXP2_EMU_FRAC,
         rescale_threshold=tau,
         sum_rounded=tau > 0.0 and SUM_ROUNDED_WITH_THRESHOLD,
-        **FwdSm90Config.problem_flags(problem),
+        qhead_per_kvhead=g,
+        split_kv=splits > 1,
+        page_rows=page_rows(problem.page_size, tile_n),
+        **FwdSm90Config.fwd_flags(problem),
     )
     FlashFwdSm90.can_implement(cfg)
     return cfg
+
+
+def page_rows(page_size: int, tile_n: int) -> int:
+    """Rows per TMA box of a paged K/V block: ``gcd(page_size, tile_n)`` (0 when not paged)."""
+    import math
+
+    return math.gcd(page_size, tile_n) if page_size else 0
+
+
+def paged_supported(page_size: int, tile_n: int = 128) -> bool:
+    """Page sizes the TMA path loads (boxes of whole 8-row swizzle atoms); others are gathered
+    into a contiguous K/V first (:func:`fa4.ops.forward`, with a one-time warning)."""
+    return page_rows(page_size, tile_n) % 8 == 0
+
+
+def split_count(problem: AttnProblem, tile_m: int, tile_n: int, qhead_per_kvhead: int,
+                num_sms: Optional[int] = None) -> int:
+    """K splits per tile for ``problem`` (:func:`fa4.fwd.common.num_splits` on this family's tiles)."""
+    heads = problem.heads // qhead_per_kvhead
+    num_tiles = -(-max(problem.seqlen_q, 1) * qhead_per_kvhead // tile_m) * heads * problem.batch
+    return fwd_common.num_splits(problem, num_tiles, tile_n, num_sms or fwd_common.default_num_sms())
 
 
 def variants(arch: str) -> list[FwdSm90Config]:
     """A covering set of compile variants for sm_90a (none for other archs): every head-dim bucket
     (64/96/128/192/256, an unpadded 72 and the (192, 128) pair), every flag value, both dtypes,
     1-3 consumer warpgroups, persistent or not, ping-pong, O rescaled before P V, the threshold
-    with l of the rounded P."""
+    with l of the rounded P, pack GQA (g = 4, 6) and split-KV, alone and together."""
     if arch != "sm_90a":
         return []
     base = FwdSm90Config(arch=arch, dtype="bf16")
@@ -726,17 +862,32 @@ def variants(arch: str) -> list[FwdSm90Config]:
         cfg(64, tile_m=64),
         cfg(64, tile_m=192, tile_n=128),
         cfg(192, 128, has_softcap=True),
+        cfg(128, tile_m=64, pingpong=False, qhead_per_kvhead=4),
+        cfg(128, tile_m=64, pingpong=False, qhead_per_kvhead=4, split_kv=True, causal=True),
+        cfg(128, split_kv=True, varlen_q=True, varlen_k=True, has_seqused_k=True),
+        cfg(96, qhead_per_kvhead=6, local=True, varlen_q=True, varlen_k=True, dtype="fp16"),
+        cfg(128, tile_m=64, pingpong=False, qhead_per_kvhead=4, page_rows=16, has_seqused_k=True, varlen_q=True),
+        cfg(128, tile_m=64, pingpong=False, page_rows=128, has_seqused_k=True, split_kv=True, causal=True),
+        cfg(64, has_seqused_q=True, has_seqused_k=True, causal=True),
     ]
 
 
 def run(cfg: FwdSm90Config, problem: AttnProblem, q, k, v, out, lse, cu_seqlens_q=None, cu_seqlens_k=None,
-        seqused_k=None) -> None:
+        seqused_k=None, seqused_q=None, page_table=None) -> None:
     """Launch (arguments: :func:`fa4.fwd.common.run`; the persistent grid is the SM count)."""
+    num_sms = _num_sms(q.device)
+    splits = 1
+    if cfg.split_kv:
+        key = (problem, cfg, num_sms)
+        splits = _splits.get(key)
+        if splits is None:
+            splits = _splits[key] = split_count(problem, cfg.tile_m, cfg.tile_n, cfg.qhead_per_kvhead, num_sms)
     fwd_common.run(cfg, problem, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                   extra=(_num_sms(q.device),))
+                   extra=(num_sms, splits), splits=splits, seqused_q=seqused_q, page_table=page_table)
 
 
 _sms: dict = {}
+_splits: dict = {}
 
 
 def _num_sms(device) -> int:

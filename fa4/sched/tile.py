@@ -118,3 +118,12 @@ def snake_next(idx, cta, grid):
     rnd = idx // grid + 1
     odd = rnd % 2
     return rnd * grid + cta + odd * (grid - 1 - 2 * cta)
+
+
+def split_range(n_min, n_max, split, num_splits):
+    """``[lo, hi)``: the K blocks of split ``split`` of ``num_splits`` over a tile's range ``[n_min,
+    n_max)`` (split-KV, Note [Split-KV partials] in fa4/pack_gqa.py): contiguous, in order, sizes
+    differing by at most one; empty when the tile has fewer blocks than splits. Plain arithmetic
+    (traced on Int32, run on Python ints by the CPU tests)."""
+    n = cutlass.max(n_max - n_min, 0)
+    return n_min + n * split // num_splits, n_min + n * (split + 1) // num_splits

@@ -1,0 +1,160 @@
+"""Query rows of a forward tile, plain or packed (pack GQA), and the row-by-row copies they need.
+
+Note [Pack GQA]
+    With ``g = heads // heads_k > 1`` query heads per kv head, a packed tile holds the rows of the
+    ``g`` q heads that share one kv head: packed row ``p`` (``0 <= p < seqlen_q * g``) is query
+    position ``p // g`` of q head ``head_kv * g + p % g``. The scheduler then walks kv heads, so
+    K and V of a kv head are read once for its ``g`` q heads, and a decode step (``seqlen_q = 1``)
+    fills ``g`` rows of one tile instead of one row of each of ``g`` tiles. Packed rows are not
+    evenly spaced in memory, so Q is loaded and O / LSE are stored row by row in 16-byte vectors
+    (:func:`load_q_rows`, :func:`store_rows`) instead of by TMA; the mask compares query positions
+    (:class:`fa4.mask.AttentionMask` ``qhead_per_kvhead``). ``g`` is compile-time (one division by
+    a constant per row).
+
+Note [Split-KV partials]
+    With split-KV the K blocks of a tile are cut into ``num_splits`` contiguous ranges
+    (:func:`fa4.sched.tile.split_range`); split ``s`` writes its normalized float32 output and its
+    LSE into slot ``s`` of ``O_partial (num_splits * b, s_q, h, dv)`` and ``LSE_partial
+    (num_splits * b, h, s_q)`` (varlen: ``b = 1``, ``s_q = total_q``), and the combine kernel
+    (:mod:`fa4.combine`) merges the slots. A split with no K block writes ``O = 0, LSE = -inf``.
+    :func:`partial_slot` gives the slot's batch index.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, const_expr
+
+from fa4.cute_utils import make_acc_mn_view
+from fa4.seqlen import SeqlenInfo
+
+
+@dataclass(frozen=True)
+class TileRows:
+    """The rows of one forward tile: ``head`` is the q head (``qhead_per_kvhead == 1``) or the kv
+    head (packed); ``num_rows`` the rows of the sequence (``seqlen_q * g``), rows at or past it are
+    padding (never stored)."""
+
+    qhead_per_kvhead: cutlass.Constexpr[int]
+    tile_m: cutlass.Constexpr[int]
+    m_block: Int32
+    head: Int32
+    num_rows: Int32
+
+    @staticmethod
+    def create(qhead_per_kvhead: int, tile_m: int, m_block: Int32, head: Int32, seqlen_q: Int32) -> "TileRows":
+        return TileRows(qhead_per_kvhead, tile_m, m_block, head, seqlen_q * qhead_per_kvhead)
+
+    def rows_left(self) -> Int32:
+        return self.num_rows - self.m_block * self.tile_m
+
+    def coord(self, r: Int32):
+        """``(query position, q head)`` of tile row ``r``."""
+        p = self.m_block * self.tile_m + r
+        g = self.qhead_per_kvhead
+        if const_expr(g == 1):
+            return p, self.head
+        q_pos = p // g
+        return q_pos, self.head * g + (p - q_pos * g)
+
+
+def partial_slot(split: Int32, batch: Int32, num_batch: Int32, varlen_q: bool) -> Int32:
+    """Batch index of split ``split``'s slot in a ``(num_splits * b, ...)`` partial tensor
+    (Note [Split-KV partials]; packed Q: ``b = 1``, the slot is the split)."""
+    return split if varlen_q else split * num_batch + batch
+
+
+def batch_slot(batch: Int32, varlen_q: bool) -> Int32:
+    """Batch index of a Q-side tensor (Q, O, LSE): the batch, or 0 for a packed ``(1, total, ...)``."""
+    return 0 if varlen_q else batch
+
+
+def _row(mT: cute.Tensor, seqlen: SeqlenInfo, slot: Int32, q_pos: Int32, head: Int32) -> cute.Tensor:
+    """The ``(d,)`` row of query position ``q_pos`` of a ``(b, s, h, d)`` tensor (varlen: packed
+    ``(1, total, h, d)`` or a partial's slot)."""
+    if const_expr(seqlen.varlen_q):
+        return mT[slot, seqlen.offset_q + q_pos, head, None]
+    return mT[slot, q_pos, head, None]
+
+
+@cute.jit
+def load_q_rows(mQ: cute.Tensor, sQ: cute.Tensor, rows: TileRows, seqlen: SeqlenInfo, slot: Int32, cols: Int32,
+                tidx: Int32, num_threads: cutlass.Constexpr[int]) -> None:
+    """Q rows of the tile -> the 16-bit ``(tile_m, tile_cols)`` smem tile (any swizzle) with 16-byte
+    loads; rows past the sequence and 16-byte chunks at or past ``cols`` are zero. ``slot``: the
+    batch index of ``mQ`` (:func:`batch_slot`). The caller fences (``fence_proxy async.shared``)
+    and synchronizes before wgmma reads it."""
+    tile_rows, tile_cols = cute.size(sQ, mode=[0]), cute.size(sQ, mode=[1])
+    per_row = tile_cols // 8
+    buf = cute.make_rmem_tensor(cute.make_layout((1, 8)), sQ.element_type)
+    rows_left = rows.rows_left()
+    for j in cutlass.range(tidx, tile_rows * per_row, num_threads, unroll=1):
+        r = j // per_row
+        k = j - r * per_row
+        buf.fill(0.0)
+        if r < rows_left and k * 8 < cols:
+            q_pos, head = rows.coord(r)
+            src = cute.local_tile(_row(mQ, seqlen, slot, q_pos, head), (8,), (k,))
+            cute.autovec_copy(src, buf[0, None])
+        cute.autovec_copy(buf, cute.local_tile(sQ, (1, 8), (r, k)))
+
+
+@cute.jit
+def store_rows(sO: cute.Tensor, mO: cute.Tensor, rows: TileRows, seqlen: SeqlenInfo, slot: Int32, cols: Int32,
+               tidx: Int32, num_threads: cutlass.Constexpr[int]) -> None:
+    """The 16-bit ``(tile_m, tile_cols)`` smem tile of O -> its rows in gmem with 16-byte stores
+    (rows of the sequence and chunks ``< cols`` only). The caller synchronizes the writers of sO."""
+    tile_rows, tile_cols = cute.size(sO, mode=[0]), cute.size(sO, mode=[1])
+    per_row = tile_cols // 8
+    buf = cute.make_rmem_tensor(cute.make_layout((1, 8)), sO.element_type)
+    rows_left = rows.rows_left()
+    for j in cutlass.range(tidx, cutlass.min(rows_left, tile_rows) * per_row, num_threads, unroll=1):
+        r = j // per_row
+        k = j - r * per_row
+        if k * 8 < cols:
+            q_pos, head = rows.coord(r)
+            cute.autovec_copy(cute.local_tile(sO, (1, 8), (r, k)), buf)
+            cute.autovec_copy(buf[0, None], cute.local_tile(_row(mO, seqlen, slot, q_pos, head), (8,), (k,)))
+
+
+@cute.jit
+def store_acc_rows(acc_O: cute.Tensor, thr_mma, mO: cute.Tensor, rows: TileRows, seqlen: SeqlenInfo, slot: Int32,
+                   cols: Int32, tile_cols: cutlass.Constexpr[int]) -> None:
+    """A float32 accumulator (``thr_mma``'s C partition of the ``(tile_m, tile_cols)`` tile) ->
+    the rows of a float32 ``mO`` straight from registers (split-KV partials): rows of the sequence
+    and columns ``< cols`` only."""
+    acc_mn = make_acc_mn_view(acc_O)
+    tOcO = make_acc_mn_view(thr_mma.partition_C(cute.make_identity_tensor((rows.tile_m, tile_cols))))
+    rows_left = rows.rows_left()
+    for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
+        row = tOcO[r, 0][0]
+        if row < rows_left:
+            q_pos, head = rows.coord(row)
+            g_row = _row(mO, seqlen, slot, q_pos, head)
+            for c in cutlass.range_constexpr(cute.size(acc_mn, mode=[1])):
+                col = tOcO[r, c][1]
+                if col < cols:
+                    g_row[col] = acc_mn[r, c]
+
+
+@cute.jit
+def store_lse_rows(lse: cute.Tensor, thr_mma, mLSE: cute.Tensor, rows: TileRows, seqlen: SeqlenInfo, slot: Int32,
+                   tile_cols: cutlass.Constexpr[int]) -> None:
+    """The per-row LSE (registers, one value per accumulator row of ``thr_mma``'s C partition of
+    the ``(tile_m, tile_cols)`` tile) -> ``mLSE (b, h, s_q)`` (varlen ``(1, h, total_q)``, or a
+    partial's slot), by the lane holding column 0 of the row's quad."""
+    cO = cute.make_identity_tensor((rows.tile_m, tile_cols))
+    tOcO = make_acc_mn_view(thr_mma.partition_C(cO))
+    rows_left = rows.rows_left()
+    if tOcO[0][1] == 0:
+        for r in cutlass.range_constexpr(cute.size(lse)):
+            row = tOcO[r, 0][0]
+            if row < rows_left:
+                q_pos, head = rows.coord(row)
+                if const_expr(seqlen.varlen_q):
+                    mLSE[slot, head, seqlen.offset_q + q_pos] = lse[r]
+                else:
+                    mLSE[slot, head, q_pos] = lse[r]

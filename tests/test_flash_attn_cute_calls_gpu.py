@@ -1,0 +1,240 @@
+"""flash_attn.cute-style call sequences, run unchanged on fa4 (issue 9), on the GPU.
+
+Each test makes the calls a flash_attn.cute user makes, with that API's argument names and shapes:
+varlen without ``max_seqlen``, ``seqused_q``, the mixed layouts (packed q with batched k/v and the
+reverse, forward and backward), a paged KV cache (``page_table``; compared bit for bit with the
+same K/V unpaged, and against the float32 reference), split-KV through ``num_splits``, and
+``flash_attn_combine`` merging partial results computed on chunks of the keys (how ring / context
+parallel attention uses it). Outputs are NaN-filled by the conftest.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fa4
+from fa4.testing import attention_ref, check_close, grad_noise_floor, random_qkv, random_varlen
+from fwd_cases import check
+
+
+@pytest.fixture(autouse=True)
+def _hopper_only(request):
+    if "gpu" in request.keywords and torch.cuda.is_available() and torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the sm90 kernels run on compute capability 9.x only")
+
+
+def _cu(lengths, device="cuda"):
+    cu = [0]
+    for n in lengths:
+        cu.append(cu[-1] + n)
+    return torch.tensor(cu, dtype=torch.int32, device=device)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("max_seqlen", [None, "tensor"])
+def test_varlen_without_max_seqlen(max_seqlen):
+    vb = random_varlen(5, 300, 8, 2, 128, torch.bfloat16, "cuda", seed=1)
+    ms = (None, None) if max_seqlen is None else (torch.tensor(vb.max_seqlen_q, device="cuda"),
+                                                  torch.tensor(vb.max_seqlen_k, device="cuda"))
+    out, lse = fa4.flash_attn_varlen_func(vb.q, vb.k, vb.v, cu_seqlens_q=vb.cu_seqlens_q,
+                                          cu_seqlens_k=vb.cu_seqlens_k, max_seqlen_q=ms[0], max_seqlen_k=ms[1],
+                                          causal=True, return_lse=True)
+    check(out, lse, vb.q, vb.k, vb.v, cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k, causal=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("packed_q", [True, False])
+@pytest.mark.parametrize("causal", [False, True])
+def test_seqused_q(packed_q, causal):
+    """Only the first seqused_q[b] queries of each sequence are computed and written (the rest of
+    out keeps what it held: NaN here)."""
+    b, sq, sk, h, hk, d = 4, 37, 300, 8, 2, 64
+    q, k, v = random_qkv(b, sq, sk, h, hk, d, torch.bfloat16, "cuda", seed=2)
+    used = torch.tensor([37, 1, 20, 5], dtype=torch.int32, device="cuda")
+    if packed_q:
+        cu_q = _cu([sq] * b)
+        out, lse = fa4.flash_attn_varlen_func(q.reshape(b * sq, h, d), k, v, cu_seqlens_q=cu_q, seqused_q=used,
+                                              causal=causal, return_lse=True)
+        out, lse = out.reshape(b, sq, h, d), lse.reshape(h, b, sq).transpose(0, 1)
+    else:
+        out, lse = fa4.flash_attn_varlen_func(q, k, v, seqused_q=used, causal=causal, return_lse=True)
+    for i, n in enumerate(used.tolist()):
+        # A sequence of n queries attends bottom-right aligned to its sk keys.
+        check(out[i:i + 1, :n], lse[i:i + 1, :, :n], q[i:i + 1, :n], k[i:i + 1], v[i:i + 1], causal=causal)
+        assert out[i, n:].isnan().all()  # not written
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("which", ["packed_q", "packed_kv"])
+def test_mixed_layouts_forward_and_backward(which):
+    """Packed q with batched k/v, and batched q with packed k/v: against the same call with both
+    sides packed (the reference's layout), forward and gradients."""
+    b, h, hk, d = 3, 8, 2, 128
+    lens_q, sk = [5, 1, 130], 257
+    lens_k, sq = [300, 1, 70], 33
+    if which == "packed_q":
+        q = torch.randn(sum(lens_q), h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        k = torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        v = torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        out, lse = fa4.flash_attn_varlen_func(q, k, v, cu_seqlens_q=_cu(lens_q), causal=True, return_lse=True)
+        cu_q, cu_k = _cu(lens_q), _cu([sk] * b)
+        ref_args = (q, k.reshape(b * sk, hk, d), v.reshape(b * sk, hk, d))
+    else:
+        q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        k = torch.randn(sum(lens_k), hk, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        v = torch.randn(sum(lens_k), hk, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        out, lse = fa4.flash_attn_varlen_func(q, k, v, cu_seqlens_k=_cu(lens_k), causal=True, return_lse=True)
+        cu_q, cu_k = _cu([sq] * b), _cu(lens_k)
+        ref_args = (q.reshape(b * sq, h, d), k, v)
+    kw = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=True)
+    out_ref, lse_ref = attention_ref(*ref_args, **kw)
+    out_pt, lse_pt = attention_ref(*ref_args, upcast=False, **kw)
+    o = out.reshape(out_ref.shape)
+    check_close("out", o, out_ref, out_pt)
+    lse_flat = lse if which == "packed_q" else lse.permute(1, 0, 2).reshape(h, -1)
+    check_close("lse", lse_flat, lse_ref, lse_pt)
+    g = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), g)
+    leaves32 = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    leaveslp = [t.detach().requires_grad_() for t in (q, k, v)]
+
+    def ref_out(ts, upcast):
+        a = (ts[0], ts[1].reshape(b * sk, hk, d), ts[2].reshape(b * sk, hk, d)) if which == "packed_q" else (
+            ts[0].reshape(b * sq, h, d), ts[1], ts[2])
+        return attention_ref(*a, upcast=upcast, **kw)[0]
+
+    gflat = g.reshape(out_ref.shape)
+    ref = torch.autograd.grad(ref_out(leaves32, True), leaves32, gflat.float())
+    pt = torch.autograd.grad(ref_out(leaveslp, False), leaveslp, gflat)
+    floors = grad_noise_floor(q, k, v, g)
+    for name, a, r, p in zip(("dq", "dk", "dv"), got, ref, pt):
+        check_close(name, a, r, p, extra_atol=floors[name])
+
+
+def _paged(k, v, lens, page_size, gen):
+    """Scatter batched k/v (b, sk, hk, d) into a shuffled paged cache with room to spare; pages past a
+    sequence's length hold NaN (unused cache slots may hold anything)."""
+    b, sk = k.shape[:2]
+    max_pages = -(-sk // page_size)
+    num_pages = b * max_pages + 3
+    perm = torch.randperm(num_pages, generator=gen)[: b * max_pages].reshape(b, max_pages)
+    kc = torch.full((num_pages, page_size) + k.shape[2:], float("nan"), dtype=k.dtype, device=k.device)
+    vc = torch.full_like(kc, float("nan"))
+    for i in range(b):
+        for p in range(max_pages):
+            rows = slice(p * page_size, min((p + 1) * page_size, lens[i]))
+            n = rows.stop - rows.start
+            if n > 0:
+                kc[perm[i, p], :n] = k[i, rows]
+                vc[perm[i, p], :n] = v[i, rows]
+    return kc, vc, perm.to(torch.int32).to(k.device)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page_size", [1, 16, 48, 128, 256])
+@pytest.mark.parametrize("shape", [(5, 1, 1000, 32, 8), (3, 40, 700, 8, 2)], ids=["decode", "prefill"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_paged_kv(page_size, shape, causal):
+    """Paged K/V through page_table: bit for bit the same K/V unpaged (seqused_k lengths), and the
+    float32 reference's rule."""
+    b, sq, sk, h, hk = shape
+    d = 128
+    gen = torch.Generator().manual_seed(page_size + sq)
+    q, k, v = random_qkv(b, sq, sk, h, hk, d, torch.bfloat16, "cuda", seed=page_size)
+    lens = torch.randint(1, sk + 1, (b,), generator=gen).tolist()
+    lens[0] = sk
+    used = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    kc, vc, pt = _paged(k, v, lens, page_size, gen)
+    max_pages = pt.shape[1]
+    out, lse = fa4.flash_attn_varlen_func(q, kc, vc, page_table=pt, seqused_k=used, causal=causal, return_lse=True)
+    # The same call unpaged: batched k/v of max_pages * page_size rows.
+    pad = max_pages * page_size - sk
+    kp = torch.nn.functional.pad(k, (0, 0, 0, 0, 0, pad))
+    vp = torch.nn.functional.pad(v, (0, 0, 0, 0, 0, pad))
+    out_u, lse_u = fa4.flash_attn_varlen_func(q, kp, vp, seqused_k=used, causal=causal, return_lse=True)
+    assert torch.equal(out, out_u)
+    assert torch.equal(lse, lse_u)
+    for i, n in enumerate(lens):
+        check(out[i:i + 1], lse[i:i + 1], q[i:i + 1], k[i:i + 1, :n], v[i:i + 1, :n], causal=causal)
+
+
+@pytest.mark.gpu
+def test_paged_kv_with_splits_and_pack():
+    b, sk, h, hk, d = 4, 5000, 32, 8, 128
+    gen = torch.Generator().manual_seed(9)
+    q, k, v = random_qkv(b, 1, sk, h, hk, d, torch.bfloat16, "cuda", seed=9)
+    lens = [5000, 17, 4096, 1]
+    kc, vc, pt = _paged(k, v, lens, 16, gen)
+    used = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    for splits in (None, 1, 6):
+        out, lse = fa4.flash_attn_varlen_func(q, kc, vc, page_table=pt, seqused_k=used, num_splits=splits,
+                                              return_lse=True)
+        for i, n in enumerate(lens):
+            check(out[i:i + 1], lse[i:i + 1], q[i:i + 1], k[i:i + 1, :n], v[i:i + 1, :n])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("chunks", [2, 5])
+def test_combine_of_key_chunks(chunks):
+    """flash_attn_combine merges attention over disjoint key chunks (return_lse=True each) into the
+    attention over all keys (dense and packed layouts)."""
+    b, sq, sk, h, hk, d = 2, 50, 3000, 8, 2, 128
+    q, k, v = random_qkv(b, sq, sk, h, hk, d, torch.bfloat16, "cuda", seed=chunks)
+    bounds = torch.linspace(0, sk, chunks + 1).round().long().tolist()
+    outs, lses = [], []
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        o, l = fa4.flash_attn_func(q, k[:, lo:hi], v[:, lo:hi], return_lse=True)
+        outs.append(o.float())
+        lses.append(l.transpose(1, 2))  # (b, sq, h)
+    out, lse = fa4.flash_attn_combine(torch.stack(outs), torch.stack(lses), out_dtype=torch.bfloat16)
+    check(out, lse.transpose(1, 2), q, k, v)
+    # Packed (varlen) partials: (splits, total_q, h, d) / (splits, total_q, h).
+    out_v, lse_v = fa4.flash_attn_combine(torch.stack(outs).flatten(1, 2), torch.stack(lses).flatten(1, 2),
+                                          out_dtype=torch.bfloat16, cu_seqlens=_cu([sq] * b))
+    assert torch.equal(out_v, out.flatten(0, 1))
+    assert torch.equal(lse_v, lse.flatten(0, 1))
+
+
+def _sink_ref(q, k, v, sink, causal, upcast):
+    """Attention with a sink logit per q head appended to every row's scores (value 0), computed
+    explicitly (float32 when ``upcast``, else in the input dtype)."""
+    from fa4.testing import attention_mask
+
+    dt = torch.float32 if upcast else q.dtype
+    q, k, v = q.to(dt), k.to(dt), v.to(dt)
+    g = q.shape[2] // k.shape[2]
+    k, v = k.repeat_interleave(g, dim=2), v.repeat_interleave(g, dim=2)
+    s = torch.einsum("bqhd,bkhd->bhqk", q, k) * q.shape[-1] ** -0.5
+    allowed = attention_mask(q.shape[1], k.shape[1], causal=causal, device=q.device)
+    s = s.masked_fill(~allowed, float("-inf"))
+    col = sink.to(dt)[None, :, None, None].expand(s.shape[0], -1, s.shape[2], 1)
+    full = torch.cat([s, col], dim=-1)
+    lse = torch.logsumexp(full.float(), dim=-1)
+    p = torch.softmax(full, dim=-1)[..., :-1]
+    return torch.einsum("bhqk,bkhd->bqhd", p, v), lse
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("sq,sk", [(1, 500), (77, 300), (300, 77)])
+def test_learnable_sink_forward_and_backward(causal, sq, sk):
+    """learnable_sink: forward (out, lse) and the gradients of q, k, v and the sink, against the
+    explicit reference with the sink column, under the pass rule."""
+    b, h, hk, d = 2, 8, 2, 64
+    q, k, v = random_qkv(b, sq, sk, h, hk, d, torch.bfloat16, "cuda", seed=sq, requires_grad=True)
+    sink = (torch.randn(h, device="cuda") * 2).requires_grad_()
+    out, lse = fa4.flash_attn_func(q, k, v, causal=causal, learnable_sink=sink, return_lse=True)
+    ref, lse_ref = _sink_ref(q, k, v, sink, causal, True)
+    pt, lse_pt = _sink_ref(q, k, v, sink, causal, False)
+    check_close("out", out, ref, pt)
+    check_close("lse", lse, lse_ref, lse_pt)
+    g = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v, sink), g)
+    want = torch.autograd.grad(ref, (q, k, v, sink), g.float())
+    want_pt = torch.autograd.grad(pt, (q, k, v, sink), g)
+    floors = grad_noise_floor(q, k, v, g)
+    for name, a, r, p in zip(("dq", "dk", "dv"), got[:3], want[:3], want_pt[:3]):
+        check_close(name, a, r, p, extra_atol=floors[name])
+    dsink_err = (got[3] - want[3]).abs().max().item()
+    assert dsink_err <= 2 * (want_pt[3].float() - want[3]).abs().max().item() + 1e-3 * want[3].abs().max().item()

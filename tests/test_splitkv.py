@@ -1,0 +1,151 @@
+"""Pack GQA and split-KV on the host (CPU): the packed mask's block ranges against brute force,
+the split ranges, fa4's choices of packing and split counts, and the argument checks."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import fa4
+from fa4 import validate
+from fa4.config import AttnProblem
+from fa4.fwd import common as fwd_common
+from fa4.mask import AttentionMask
+from fa4.sched.tile import split_range
+
+
+def _visible(i, j, sq, sk, causal, local, wl, wr):
+    if j >= sk:
+        return False
+    diag = i + sk - sq
+    if local:
+        return diag - wl <= j <= diag + wr
+    if causal:
+        return j <= diag
+    return True
+
+
+@pytest.mark.parametrize("g", [2, 3, 4, 6])
+@pytest.mark.parametrize("sq,sk", [(1, 1), (1, 300), (5, 70), (17, 50), (40, 40), (33, 129)])
+@pytest.mark.parametrize("causal,local,wl,wr", [(False, False, 0, 0), (True, False, 0, 0), (False, True, 5, 0),
+                                                (False, True, 0, 40), (False, True, 70, 3)])
+@pytest.mark.parametrize("tile_m,tile_n", [(16, 16), (64, 32)])
+def test_packed_mask_block_ranges(g, sq, sk, causal, local, wl, wr, tile_m, tile_n):
+    """Packed row p is query p // g: the block ranges cover every visible key of the tile's rows,
+    and the blocks between the two mask boundaries need no window mask."""
+    mask = AttentionMask(tile_m, tile_n, causal, local, sq, sk, wl, wr, g)
+    rows = sq * g
+    vis = np.array([[_visible(p // g, j, sq, sk, causal, local, wl, wr) for j in range(sk)] for p in range(rows)])
+    for m in range(math.ceil(rows / tile_m)):
+        tile = vis[m * tile_m:(m + 1) * tile_m]
+        live = [n for n in range(math.ceil(sk / tile_n)) if tile[:, n * tile_n:(n + 1) * tile_n].any()]
+        n_min, n_max = mask.n_block_range(m)
+        assert set(live) <= set(range(n_min, n_max)), (m, live, n_min, n_max)
+        if live:
+            assert list(range(n_min, n_max)) == list(range(live[0], live[-1] + 1))
+        right, left = mask.n_block_min_no_right_mask(m), mask.n_block_max_left_mask(m)
+        for n in range(n_min, n_max):
+            in_k = np.arange(n * tile_n, (n + 1) * tile_n) < sk
+            if (causal or local) and left <= n < right and in_k.all():
+                assert tile[:, n * tile_n:(n + 1) * tile_n].all(), (m, n)
+
+
+@pytest.mark.parametrize("n_min,n_max", [(0, 0), (0, 1), (3, 4), (0, 10), (5, 261)])
+@pytest.mark.parametrize("splits", [1, 2, 3, 7, 64])
+def test_split_ranges_partition_the_blocks(n_min, n_max, splits):
+    ranges = [split_range(n_min, n_max, s, splits) for s in range(splits)]
+    blocks = [n for lo, hi in ranges for n in range(lo, hi)]
+    assert blocks == list(range(n_min, n_max))
+    sizes = [hi - lo for lo, hi in ranges]
+    assert max(sizes) - min(sizes) <= 1
+
+
+def _problem(b, sq, sk, h, hk, **kw):
+    return AttnProblem("bf16", b, sq, sk, h, hk, 128, 128, 0.1, **kw)
+
+
+def test_pack_decision():
+    assert fwd_common.pack_gqa(_problem(64, 1, 8192, 32, 8), 64) == 4
+    assert fwd_common.pack_gqa(_problem(2, 8192, 8192, 32, 8), 128) == 1  # prefill: no fewer tiles
+    assert fwd_common.pack_gqa(_problem(2, 16, 8192, 32, 8), 64) == 4
+    assert fwd_common.pack_gqa(_problem(2, 1, 100, 32, 32), 64) == 1  # MHA
+    assert fwd_common.pack_gqa(_problem(2, 8192, 8192, 32, 8, pack_gqa=True), 128) == 4
+    assert fwd_common.pack_gqa(_problem(64, 1, 8192, 32, 8, pack_gqa=False), 64) == 1
+
+
+def test_split_count_heuristic():
+    ns = fwd_common.num_splits
+    assert ns(_problem(64, 1, 8192, 32, 8), 512, 128, 132) == 1  # tiles fill the GPU
+    s = ns(_problem(8, 1, 32768, 32, 8), 64, 128, 132)
+    assert s > 1 and 64 * s >= 0.9 * 132
+    s1 = ns(_problem(1, 1, 20000, 32, 8), 8, 128, 132)
+    assert 8 * s1 >= 0.9 * 132 and s1 <= 157 // 2
+    assert ns(_problem(1, 1, 512, 32, 8), 8, 128, 132) == 1  # 4 K blocks: never split
+    assert ns(_problem(64, 1, 8192, 32, 8, num_splits=5), 512, 128, 132) == 5  # explicit
+    assert ns(_problem(1, 1, 100, 32, 8, num_splits=1000), 8, 128, 132) == fwd_common.MAX_SPLITS
+
+
+def test_sm90_configs_for_decode():
+    from fa4.fwd import sm90
+
+    cfg = sm90.make_config(_problem(64, 1, 8192, 32, 8), None, "sm_90a", False, num_sms=132)
+    assert (cfg.qhead_per_kvhead, cfg.split_kv, cfg.tile_m) == (4, False, 64)
+    cfg = sm90.make_config(_problem(8, 1, 32768, 32, 8), None, "sm_90a", False, num_sms=132)
+    assert (cfg.qhead_per_kvhead, cfg.split_kv, cfg.has_lse) == (4, True, True)
+    cfg = sm90.make_config(_problem(2, 4096, 4096, 32, 8), None, "sm_90a", True, num_sms=132)
+    assert (cfg.qhead_per_kvhead, cfg.split_kv) == (1, False)
+
+
+def test_hint_arguments_are_checked():
+    assert validate.check_num_splits(None) == 0
+    assert validate.check_num_splits(-3) == 0
+    assert validate.check_num_splits(4) == 4
+    with pytest.raises(TypeError, match="num_splits"):
+        validate.check_num_splits(2.0)
+    with pytest.raises(TypeError, match="num_splits"):
+        validate.check_num_splits(True)
+    from fa4.interface import _with_hints
+
+    p = _problem(1, 1, 10, 4, 2)
+    assert _with_hints(p, None, None) is p
+    assert _with_hints(p, 3, True).num_splits == 3 and _with_hints(p, 3, True).pack_gqa is True
+    with pytest.raises(TypeError, match="pack_gqa"):
+        _with_hints(p, None, 1)
+
+
+def test_sm80_configs_for_decode():
+    """The sm80 family makes the same decisions on its own tiles (64-row tiles for packed decode
+    rows, K blocks of 64 at d128)."""
+    from fa4.config import KernelOptions
+    from fa4.fwd import sm80
+
+    cfg = sm80.make_config(_problem(64, 1, 8192, 32, 8), None, "sm_80", False, num_sms=108)
+    assert (cfg.qhead_per_kvhead, cfg.split_kv, cfg.tile_m, cfg.num_threads) == (4, False, 64, 128)
+    cfg = sm80.make_config(_problem(8, 1, 32768, 32, 8), None, "sm_80", False, num_sms=108)
+    assert (cfg.qhead_per_kvhead, cfg.split_kv, cfg.has_lse, cfg.tile_m) == (4, True, True, 64)
+    assert sm80.split_count(_problem(8, 1, 32768, 32, 8), 64, 64, 4, 108) == fwd_common.num_splits(
+        _problem(8, 1, 32768, 32, 8), 64, 64, 108)
+    cfg = sm80.make_config(_problem(2, 4096, 4096, 32, 8), None, "sm_80", True, num_sms=108)
+    assert (cfg.qhead_per_kvhead, cfg.split_kv, cfg.tile_m) == (1, False, 128)
+    # 32 query positions x 4 heads = 128 packed rows: the table's 128-row tile.
+    cfg = sm80.make_config(_problem(4, 32, 8192, 32, 8), None, "sm_80", True, num_sms=108)
+    assert (cfg.qhead_per_kvhead, cfg.tile_m) == (4, 128)
+    # The hints are honoured; a user tile is the one the packing decision sees.
+    cfg = sm80.make_config(_problem(1, 1, 4096, 4, 2, num_splits=4, pack_gqa=False), None, "sm_80", False)
+    assert (cfg.qhead_per_kvhead, cfg.split_kv, cfg.has_lse) == (1, True, True)
+    cfg = sm80.make_config(_problem(2, 100, 100, 8, 2, pack_gqa=True), KernelOptions(tile_m=128), "sm_80", True)
+    assert (cfg.qhead_per_kvhead, cfg.tile_m, cfg.split_kv) == (4, 128, False)
+    with pytest.raises(ValueError, match="split_kv needs has_lse"):
+        sm80.FlashFwdSm80.can_implement(dataclasses.replace(cfg, split_kv=True, has_lse=False))
+
+
+def test_explain_shows_split_and_pack():
+    q = torch.empty(8, 1, 32, 128, dtype=torch.bfloat16, device="meta")
+    k = torch.empty(8, 32768, 8, 128, dtype=torch.bfloat16, device="meta")
+    ex = fa4.explain(q, k, k, capability=(9, 0))
+    text = str(ex)
+    assert "qhead_per_kvhead': 4" in text and "split_kv': True" in text
