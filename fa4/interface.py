@@ -54,25 +54,21 @@ def _run(problem: AttnProblem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, o
     options = options if options is not None else _DEFAULT_OPTIONS
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     need_lse = return_lse or grad
-    if problem.has_seqused_q or problem.page_size:
+    forward_only = problem.has_seqused_q or problem.page_size
+    if forward_only and grad:
         name = "seqused_q" if problem.has_seqused_q else "page_table"
-        if grad:
-            raise NotImplementedError(f"fa4's backward does not support {name} yet (forward only); call it under "
-                                      f"torch.no_grad() or without inputs that require grad")
-        if torch.compiler.is_compiling():
-            raise NotImplementedError(f"fa4 does not support {name} under torch.compile yet (eager only)")
-        return ops.forward(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options, need_lse,
-                           seqused_q=seqused_q, page_table=page_table)
-    if problem.varlen_q != problem.varlen_k and torch.compiler.is_compiling():
-        raise NotImplementedError("fa4 does not support mixed packed / batched q and k/v under torch.compile yet "
-                                  "(eager only)")
+        raise NotImplementedError(f"fa4's backward does not support {name} yet (forward only); call it under "
+                                  f"torch.no_grad() or without inputs that require grad")
     if torch.compiler.is_compiling():
         pack = -1 if problem.pack_gqa is None else int(problem.pack_gqa)
         out, lse = ops.fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, problem.seqlen_q, problem.seqlen_k,
                               problem.softmax_scale, problem.causal, problem.local, problem.window_left,
                               problem.window_right, problem.softcap, need_lse, deterministic, options.to_str(),
-                              problem.num_splits, pack)
+                              problem.num_splits, pack, seqused_q, page_table)
         return out, (lse if return_lse else None)
+    if forward_only:
+        return ops.forward(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options, need_lse,
+                           seqused_q=seqused_q, page_table=page_table)
     if grad:
         return ops.FlashAttnFunction.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, problem, options,
                                            deterministic, return_lse, need_lse)

@@ -202,19 +202,32 @@ class FlashAttnFunction(torch.autograd.Function):
 
 def _problem_from_op_args(q, k, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                           local, window_left, window_right, softcap, num_splits: int = 0,
-                          pack_gqa: int = -1) -> AttnProblem:
-    varlen = cu_seqlens_q is not None
-    if varlen:
-        batch, (total_q, hq, d), (total_k, hk, _) = cu_seqlens_q.shape[0] - 1, q.shape, k.shape
-        sq, sk = max_seqlen_q, max_seqlen_k
+                          pack_gqa: int = -1, cu_seqlens_k=None, seqused_q=None, page_table=None) -> AttnProblem:
+    """The AttnProblem of a custom-op call (the interface validated it before tracing). Each side
+    is packed (its cu_seqlens given) or batched; ``page_table``: paged K/V."""
+    varlen_q = cu_seqlens_q is not None
+    varlen_k = cu_seqlens_k is not None
+    if varlen_q:
+        batch, (total_q, hq, d) = cu_seqlens_q.shape[0] - 1, q.shape
+        sq = max_seqlen_q
     else:
-        (batch, sq, hq, d), (_, sk, hk, _) = q.shape, k.shape
-        total_q, total_k = batch * sq, batch * sk
+        batch, sq, hq, d = q.shape
+        total_q = batch * sq
+    hk = k.shape[-2]
+    page_size = 0
+    if varlen_k:
+        total_k, sk = k.shape[0], max_seqlen_k
+    elif page_table is not None:
+        page_size = k.shape[1]
+        total_k, sk = k.shape[0] * page_size, page_table.shape[1] * page_size
+    else:
+        total_k, sk = k.shape[0] * k.shape[1], k.shape[1]
     dtype = "bf16" if q.dtype == torch.bfloat16 else "fp16"
     return AttnProblem(dtype, batch, sq, sk, hq, hk, d, d, softmax_scale, causal, local, window_left, window_right,
-                       softcap, varlen_q=varlen, varlen_k=varlen, has_seqused_k=seqused_k is not None,
+                       softcap, varlen_q=varlen_q, varlen_k=varlen_k, has_seqused_k=seqused_k is not None,
                        total_q=total_q, total_k=total_k, num_splits=num_splits,
-                       pack_gqa=None if pack_gqa < 0 else bool(pack_gqa))
+                       pack_gqa=None if pack_gqa < 0 else bool(pack_gqa), has_seqused_q=seqused_q is not None,
+                       page_size=page_size)
 
 
 @torch.library.custom_op("fa4::fwd", mutates_args=(), device_types="cuda")
@@ -222,21 +235,24 @@ def fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: Opti
            cu_seqlens_k: Optional[torch.Tensor], seqused_k: Optional[torch.Tensor], max_seqlen_q: int,
            max_seqlen_k: int, softmax_scale: float, causal: bool, local: bool, window_left: int, window_right: int,
            softcap: float, need_lse: bool, deterministic: bool, options: str, num_splits: int = 0,
-           pack_gqa: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+           pack_gqa: int = -1, seqused_q: Optional[torch.Tensor] = None,
+           page_table: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Custom-op form of the forward; lse is an empty tensor when ``need_lse`` is False;
     ``pack_gqa`` -1 / 0 / 1 = None / False / True."""
     for name, t in (("q", q), ("k", k), ("v", v)):  # the only check a traced graph could not do
         validate.check_aligned(name, t)
     p = _problem_from_op_args(q, k, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                              local, window_left, window_right, softcap, num_splits, pack_gqa)
-    out, lse = forward(p, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, KernelOptions.from_str(options), need_lse)
+                              local, window_left, window_right, softcap, num_splits, pack_gqa, cu_seqlens_k,
+                              seqused_q, page_table)
+    out, lse = forward(p, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, KernelOptions.from_str(options), need_lse,
+                       seqused_q=seqused_q, page_table=page_table)
     return out, (lse if lse is not None else q.new_empty((0,), dtype=torch.float32))
 
 
 @fwd_op.register_fake
 def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
               local, window_left, window_right, softcap, need_lse, deterministic, options, num_splits=0,
-              pack_gqa=-1):
+              pack_gqa=-1, seqused_q=None, page_table=None):
     out = q.new_empty(q.shape)
     if not need_lse:
         return out, q.new_empty((0,), dtype=torch.float32)
@@ -252,7 +268,7 @@ def bwd_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
            max_seqlen_k: int, softmax_scale: float, causal: bool, local: bool, window_left: int, window_right: int,
            softcap: float, deterministic: bool, options: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     p = _problem_from_op_args(q, k, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                              local, window_left, window_right, softcap)
+                              local, window_left, window_right, softcap, cu_seqlens_k=cu_seqlens_k)
     return backward(p, dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_k,
                     KernelOptions.from_str(options), deterministic)
 
@@ -265,7 +281,7 @@ def _bwd_fake(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused
 
 def _fwd_setup_context(ctx, inputs, output):
     (q, k, v, cu_q, cu_k, seqused_k, max_sq, max_sk, scale, causal, local, wl, wr, softcap, need_lse,
-     deterministic, options, _num_splits, _pack_gqa) = inputs
+     deterministic, options, _num_splits, _pack_gqa, _seqused_q, _page_table) = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, seqused_k)
     ctx.scalars = (max_sq, max_sk, scale, causal, local, wl, wr, softcap, deterministic, options)
@@ -277,7 +293,7 @@ def _fwd_backward(ctx, dout, dlse):
     max_sq, max_sk, scale, causal, local, wl, wr, softcap, deterministic, options = ctx.scalars
     dq, dk, dv = bwd_op(dout, q, k, v, out, lse, dlse, cu_q, cu_k, seqused_k, max_sq, max_sk, scale, causal, local,
                         wl, wr, softcap, deterministic, options)
-    return (dq, dk, dv) + (None,) * 16
+    return (dq, dk, dv) + (None,) * 18
 
 
 fwd_op.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)

@@ -97,3 +97,28 @@ def test_fake_impl_shapes():
         dq, dk, dv = ops.bwd_op(out, q, k, k, out, lse, None, None, None, None, 11, 29, 0.1, False, False, 29, 29,
                                 0.0, False, "")
         assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == k.shape
+
+
+def test_fullgraph_inference_arguments_trace():
+    """The issue-9 arguments trace with no graph break: mixed layouts (packed q, batched k/v),
+    seqused_q, a paged K/V cache, num_splits / pack_gqa. (learnable_sink adds torch elementwise ops,
+    which a CPU-only torch cannot run on fake CUDA tensors: its compiled path is a GPU test.)"""
+    def f(q, kb, vb, kc, vc, cu_q, used, table):
+        o1, l1 = fa4.flash_attn_varlen_func(q, kb, vb, cu_seqlens_q=cu_q, max_seqlen_q=40, seqused_q=used,
+                                            num_splits=3, pack_gqa=True, return_lse=True)
+        o2, l2 = fa4.flash_attn_varlen_func(q, kc, vc, cu_seqlens_q=cu_q, max_seqlen_q=40, page_table=table,
+                                            seqused_k=used, return_lse=True)
+        return o1, l1, o2, l2
+
+    with FakeTensorMode():
+        q = _cuda(100, 8, 128)
+        kb, vb = _cuda(3, 70, 2, 128), _cuda(3, 70, 2, 128)
+        kc, vc = _cuda(20, 16, 2, 128), _cuda(20, 16, 2, 128)
+        cu = torch.empty(4, dtype=torch.int32, device="cuda")
+        used = torch.empty(3, dtype=torch.int32, device="cuda")
+        table = torch.empty(3, 5, dtype=torch.int32, device="cuda")
+        compiled, graphs = _compile_graphs(f)
+        o1, l1, o2, l2 = compiled(q, kb, vb, kc, vc, cu, used, table)
+    assert len(graphs) == 1, "graph break"
+    assert graphs[0].code.count("fa4.fwd") == 2
+    assert o1.shape == o2.shape == (100, 8, 128) and l1.shape == l2.shape == (8, 100)

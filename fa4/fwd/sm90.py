@@ -488,8 +488,8 @@ class FlashFwdSm90:
         """Wait for the stage to be free, then TMA block ``n`` into it (completing on its mbarrier).
         Paged (``tXgX = (mX, sX)``, ``tXsX = (page table, batch, kv head)``): one TMA per chunk of
         ``page_rows`` rows, from the page holding it (Note [Paged K/V])."""
-        pipe.producer_acquire(state)
         if const_expr(not self.page_rows):
+            pipe.producer_acquire(state)
             cute.copy(tma, tXgX[None, n], tXsX[None, state.index], tma_bar_ptr=pipe.producer_get_barrier(state))
         else:
             (mX, sX), (mPageTable, batch, head_kv) = tXgX, tXsX
@@ -497,11 +497,17 @@ class FlashFwdSm90:
             page_size = mX.shape[0]  # TMA coordinates (page_size, d, h_k, num_pages)
             last_slot = mPageTable.shape[1] - 1
             one = cute.make_layout(1)
-            for c in cutlass.range_constexpr(self.tile_n // rows):
+            # The block's page indices are read before waiting for the stage, so their latency
+            # hides under the wait. Rows past the table (the last block's tail) read a valid page:
+            # masked / zeroed later.
+            chunks = self.tile_n // rows
+            pages = [mPageTable[batch, cutlass.min((n * self.tile_n + c * rows) // page_size, last_slot)]
+                     for c in range(chunks)]
+            pipe.producer_acquire(state)
+            for c in cutlass.range_constexpr(chunks):
                 row = n * self.tile_n + c * rows
                 slot = row // page_size
-                # Rows past the table (the last block's tail) read a valid page: masked / zeroed later.
-                page = mPageTable[batch, cutlass.min(slot, last_slot)]
+                page = pages[c]
                 gX = cute.local_tile(mX[None, None, head_kv, page], (rows, cols), (None, 0))
                 sC = cute.local_tile(sX[None, None, state.index], (rows, cols), (c, 0))
                 tXs, tXg = cpasync.tma_partition(tma, 0, one, cute.group_modes(sC, 0, 2), cute.group_modes(gX, 0, 2))

@@ -1,0 +1,41 @@
+"""Decode sweep (issue 9): fa4's forward on the decode shapes, contiguous and paged (16-row pages,
+shuffled), over K/V stages and split counts; median of triton's do_bench, microseconds and K + V
+TB/s.  ``python3 tools/decode_sweep.py``"""
+import itertools
+
+import torch
+import triton
+
+import fa4
+from fa4.bench import DECODE_SHAPES, PAGE_SIZE
+from fa4.testing import random_qkv
+
+
+def paged_cache(k, v, page_size):
+    b, sk = k.shape[:2]
+    pages = -(-sk // page_size)
+    pad = pages * page_size - sk
+    kp = torch.nn.functional.pad(k, (0, 0, 0, 0, 0, pad)).reshape(b * pages, page_size, *k.shape[2:])
+    vp = torch.nn.functional.pad(v, (0, 0, 0, 0, 0, pad)).reshape(b * pages, page_size, *v.shape[2:])
+    perm = torch.randperm(b * pages, device=k.device)
+    kc, vc = torch.empty_like(kp), torch.empty_like(vp)
+    kc[perm], vc[perm] = kp, vp
+    return kc, vc, perm.reshape(b, pages).to(torch.int32), torch.full((b,), sk, dtype=torch.int32, device=k.device)
+
+
+for shape in DECODE_SHAPES:
+    q, k, v = random_qkv(shape.batch, 1, shape.seqlen_k, shape.heads, shape.hk, shape.hdim, torch.bfloat16, "cuda",
+                         seed=0)
+    kc, vc, table, used = paged_cache(k, v, PAGE_SIZE)
+    for stages, splits in itertools.product((2, 3), (None, 1, 2, 4)):
+        opts = fa4.KernelOptions(num_stages=stages)
+        calls = {
+            "contig": lambda: fa4.flash_attn_func(q, k, v, num_splits=splits, kernel_options=opts),
+            "paged16": lambda: fa4.flash_attn_varlen_func(q, kc, vc, page_table=table, seqused_k=used,
+                                                          num_splits=splits, kernel_options=opts),
+        }
+        cells = []
+        for name, fn in calls.items():
+            ms = triton.testing.do_bench(fn, warmup=25, rep=200)
+            cells.append(f"{name} {ms * 1e3:6.1f} us {shape.kv_bytes / ms / 1e9:4.2f} TB/s")
+        print(f"b{shape.batch} sk{shape.seqlen_k} stages={stages} splits={splits}: " + "; ".join(cells), flush=True)
