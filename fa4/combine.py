@@ -72,7 +72,7 @@ from typing import ClassVar, NamedTuple, Optional
 import torch
 
 from fa4.config import ARCHS, KernelConfig
-from fa4.validate import is_fake
+from fa4.validate import check_int32_vector, is_fake
 
 OUT_DTYPES = ("bf16", "fp16", "fp32")
 MAX_SPLITS = 256
@@ -274,19 +274,10 @@ def _check_layout(name: str, t, require_aligned: bool) -> None:
 
 
 def _check_index_tensor(name: str, t, length: Optional[int], device, what: str) -> int:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor of int32, got {type(t).__name__}")
-    if t.dtype != torch.int32:
-        raise TypeError(f"{name} must be torch.int32, got {t.dtype}")
-    if t.dim() != 1:
-        raise ValueError(f"{name} must be 1-dimensional {what}, got shape {tuple(t.shape)}")
-    if t.device != device:
-        raise ValueError(f"{name} must be on the same device as out_partial ({device}), got {t.device}")
-    if t.numel() > 1 and t.stride(0) != 1:
-        raise ValueError(f"{name} must be contiguous, got stride {t.stride(0)}")
-    if length is not None and t.numel() != length:
-        raise ValueError(f"{name} must have length {length} {what}, got {t.numel()}")
-    return t.numel()
+    n = check_int32_vector(name, t, device, ref="out_partial", what=f" {what}")
+    if length is not None and n != length:
+        raise ValueError(f"{name} must have length {length} {what}, got {n}")
+    return n
 
 
 def check_args(out_partial, lse_partial, out=None, out_dtype=None, cu_seqlens=None, seqused=None,

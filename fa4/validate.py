@@ -101,17 +101,24 @@ def _check_window(window_size) -> tuple[Optional[int], Optional[int]]:
     return out[0], out[1]
 
 
-def _check_cu_seqlens(name: str, t, batch: Optional[int], device: torch.device) -> int:
+def check_int32_vector(name: str, t, device: torch.device, ref: str = "q", what: str = "") -> int:
+    """A contiguous 1-D int32 tensor on ``device`` (``ref`` names the tensor that set it; ``what``
+    describes the expected shape in the messages); returns its length."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of int32, got {type(t).__name__}")
     if t.dtype != torch.int32:
         raise TypeError(f"{name} must be torch.int32, got {t.dtype}")
     if t.dim() != 1:
-        raise ValueError(f"{name} must be 1-dimensional, got shape {tuple(t.shape)}")
+        raise ValueError(f"{name} must be 1-dimensional{what}, got shape {tuple(t.shape)}")
     if t.device != device:
-        raise ValueError(f"{name} must be on the same device as q ({device}), got {t.device}")
-    if t.stride(0) != 1:
-        raise ValueError(f"{name} must be contiguous")
+        raise ValueError(f"{name} must be on the same device as {ref} ({device}), got {t.device}")
+    if t.numel() > 1 and t.stride(0) != 1:
+        raise ValueError(f"{name} must be contiguous, got stride {t.stride(0)}")
+    return t.numel()
+
+
+def _check_cu_seqlens(name: str, t, batch: Optional[int], device: torch.device) -> int:
+    check_int32_vector(name, t, device)
     expected = None if batch is None else batch + 1
     if t.numel() < 2 or (expected is not None and t.numel() != expected):
         want = "batch + 1 (>= 2)" if expected is None else f"batch + 1 = {expected}"

@@ -16,17 +16,7 @@ from fa4.config import AttnProblem
 from fa4.fwd import common as fwd_common
 from fa4.mask import AttentionMask
 from fa4.sched.tile import split_range
-
-
-def _visible(i, j, sq, sk, causal, local, wl, wr):
-    if j >= sk:
-        return False
-    diag = i + sk - sq
-    if local:
-        return diag - wl <= j <= diag + wr
-    if causal:
-        return j <= diag
-    return True
+from fa4.testing import attention_mask
 
 
 @pytest.mark.parametrize("g", [2, 3, 4, 6])
@@ -39,7 +29,8 @@ def test_packed_mask_block_ranges(g, sq, sk, causal, local, wl, wr, tile_m, tile
     and the blocks between the two mask boundaries need no window mask."""
     mask = AttentionMask(tile_m, tile_n, causal, local, sq, sk, wl, wr, g)
     rows = sq * g
-    vis = np.array([[_visible(p // g, j, sq, sk, causal, local, wl, wr) for j in range(sk)] for p in range(rows)])
+    allowed = attention_mask(sq, sk, causal=causal, window_size=(wl, wr) if local else (None, None)).numpy()
+    vis = allowed[np.arange(rows) // g]  # packed row p is query p // g
     for m in range(math.ceil(rows / tile_m)):
         tile = vis[m * tile_m:(m + 1) * tile_m]
         live = [n for n in range(math.ceil(sk / tile_n)) if tile[:, n * tile_n:(n + 1) * tile_n].any()]
