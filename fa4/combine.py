@@ -378,7 +378,7 @@ def allocate_outputs(args: CombineArgs, device, return_lse: bool, out=None):
 
 
 def flash_attn_combine(out_partial, lse_partial, out=None, out_dtype=None, cu_seqlens=None, seqused=None,
-                       return_lse=True):
+                       virtual_batch_idx=None, return_lse=True):
     """Merge the partial results of a split-KV attention (the same call as flash-attn-4's
     ``flash_attn.cute.flash_attn_combine``).
 
@@ -394,8 +394,12 @@ def flash_attn_combine(out_partial, lse_partial, out=None, out_dtype=None, cu_se
     head_dim)``; ``lse`` float32 ``(batch, seqlen, heads)`` / ``(total_q, heads)``, a transposed
     view of ``(batch, heads, seqlen)`` / ``(heads, total_q)`` memory, or None with
     ``return_lse=False``. Limits: ``1 <= num_splits <= 256``, head_dim a multiple of 8 up to 256.
-    Deterministic: two identical calls give bit-identical results.
+    Deterministic: two identical calls give bit-identical results. ``virtual_batch_idx`` (a
+    persistent scheduler's batch reordering in flash_attn.cute) is not supported yet and raises.
     """
+    if virtual_batch_idx is not None:
+        raise NotImplementedError("fa4.flash_attn_combine does not support virtual_batch_idx yet (fa4's split-KV "
+                                  "forward does not reorder batches)")
     args = check_args(out_partial, lse_partial, out, out_dtype, cu_seqlens, seqused, return_lse)
     out, lse = allocate_outputs(args, out_partial.device, return_lse, out)
     combine_into(out_partial, lse_partial, out, lse, cu_seqlens, seqused)

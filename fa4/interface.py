@@ -1,8 +1,8 @@
 """The public API: the same calls and argument names as flash-attn-4's ``flash_attn.cute``.
 
 Arguments of that API that fa4 cannot honour yet raise ``NotImplementedError`` naming the argument;
-pure performance hints that fa4 does not use (``min_seqlen_k``; ``num_splits`` and ``pack_gqa`` on a
-kernel family without split-KV / pack GQA) give a one-time warning, never a silent change of results.
+pure performance hints that fa4 does not use (``min_seqlen_k``) give a one-time warning, never a
+silent change of results.
 
 ``num_splits`` (split-KV): ``None`` (the default) or ``<= 0`` lets fa4 choose from the SM count, the
 tiles and ``seqlen_k`` (a decode call with default arguments splits when its tiles alone would leave
@@ -55,8 +55,9 @@ def _run(problem: AttnProblem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, o
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     need_lse = return_lse or grad
     forward_only = problem.has_seqused_q or problem.page_size
-    if forward_only and grad:
-        name = "seqused_q" if problem.has_seqused_q else "page_table"
+    if grad and (forward_only or problem.head_dim_v != problem.head_dim):
+        name = ("seqused_q" if problem.has_seqused_q else "page_table" if problem.page_size else
+                f"head_dim_v != head_dim ({problem.head_dim_v} != {problem.head_dim})")
         raise NotImplementedError(f"fa4's backward does not support {name} yet (forward only); call it under "
                                   f"torch.no_grad() or without inputs that require grad")
     if torch.compiler.is_compiling():
@@ -84,7 +85,8 @@ def _apply_sink(out: torch.Tensor, lse: torch.Tensor, sink: torch.Tensor, packed
     s = sink.float()
     s = s[:, None] if packed_q else s[None, :, None]  # lse: (h, total_q) or (b, h, s_q)
     lse_all = torch.logaddexp(lse, s)
-    scale = torch.exp(lse - lse_all)
+    # A row with no key and a -inf sink: lse_all = -inf, and out stays 0 (not exp(-inf + inf) = NaN).
+    scale = torch.where(lse_all == -torch.inf, torch.zeros_like(lse_all), torch.exp(lse - lse_all))
     scale = scale.transpose(0, 1) if packed_q else scale.transpose(1, 2)  # -> out's (.., s, h)
     out_all = (out.float() * scale.unsqueeze(-1)).to(out.dtype)
     return out_all, (lse_all if return_lse else None)
@@ -294,6 +296,20 @@ def explain(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
             problem = validate.check_dense(q, k, v, softmax_scale, causal, window_size, softcap)
     problem = _with_hints(problem, num_splits, pack_gqa)
     ex = Explanation(problem, tuple(capability))
+    fwd_problem = problem
+    if problem.page_size:  # the same choice as ops.forward: TMA pages (sm90) or a gather first
+        from fa4.fwd import sm90 as _sm90
+
+        try:
+            fwd_family = _arch.resolve("fwd", tuple(capability), options, warn=False).family
+        except (ValueError, NotImplementedError):
+            fwd_family = None
+        if not (fwd_family == "sm90" and _sm90.paged_supported(problem.page_size)):
+            why = ("the sm90 forward's TMA boxes need a page size that is a multiple of 8"
+                   if fwd_family == "sm90" else f"the {fwd_family} forward has no paged loads")
+            ex.notes.append(f"page_size={problem.page_size}: pages are gathered into a contiguous K/V before the "
+                            f"kernel ({why})")
+            fwd_problem = dataclasses.replace(problem, page_size=0)
     need_bwd = q.requires_grad or k.requires_grad or v.requires_grad
     for direction in ("fwd", "bwd"):
         try:
@@ -307,24 +323,20 @@ def explain(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
 
             mod = importlib.import_module(d.module)
             if direction == "fwd":
-                cfg = mod.make_config(problem, options, d.target, return_lse or need_bwd)
+                cfg = mod.make_config(fwd_problem, options, d.target, return_lse or need_bwd)
             else:
                 cfg = mod.make_config(problem, options, d.target, deterministic)
             info["config"] = cfg.describe()
             info["cache"] = _cache_state(cfg)
             if getattr(cfg, "split_kv", False):
-                info["splits"] = mod.split_count(problem, cfg.tile_m, cfg.tile_n, cfg.qhead_per_kvhead)
+                from fa4.fwd import common as fwd_common
+
+                info["splits"] = fwd_common.split_count(fwd_problem, cfg.tile_m, cfg.tile_n, cfg.qhead_per_kvhead)
         except (ImportError, AttributeError) as e:  # kernel module not importable here
             info["error"] = f"cannot build the config: {e}"
         ex.directions[direction] = info
         if d.fallback:
             ex.notes.append(f"{direction}: {d.reason}; running family {d.family}")
-    if problem.page_size:
-        from fa4.fwd import sm90 as _sm90
-
-        if not _sm90.paged_supported(problem.page_size):
-            ex.notes.append(f"page_size={problem.page_size}: pages are gathered into a contiguous K/V before the "
-                            f"kernel (TMA loads need gcd(page_size, 128) to be a multiple of 8)")
     if not need_bwd:
         ex.notes.append("no input requires grad: only the forward runs (bwd shown for reference)")
     return ex

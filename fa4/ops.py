@@ -86,6 +86,8 @@ def forward(problem: AttnProblem, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     d)). Returns (out, lse); lse is (b, h, s_q) (packed q: (h, total_q)) float32, or None when not
     needed."""
     varlen = problem.varlen_q
+    if page_table is not None and page_table.stride(-1) != 1:
+        page_table = page_table.contiguous()  # (b, 1) tables may carry any stride
     if page_table is not None and not _paged_supported(problem, options, q.device):
         k, v, page_table = _gather_pages(problem, k, v, page_table)
         problem = dataclasses.replace(problem, page_size=0)
@@ -127,18 +129,21 @@ def _paged_supported(problem: AttnProblem, options: KernelOptions, device) -> bo
 
 
 def _gather_pages(problem: AttnProblem, k, v, page_table):
-    """Page sizes the kernels cannot load by TMA (``gcd(page_size, 128)`` not a multiple of 8), or
-    a family without paged loads (sm80): gather each sequence's pages into a batched (b, max_pages * page_size, h_k, d) K/V first (one
-    extra pass over the used cache; a one-time warning says so, fa4.explain() too). Index math
-    only: no device sync; indices outside the cache are clamped (their rows are past seqused_k or
-    the caller's error)."""
+    """Page sizes the sm90 kernel cannot load by TMA (not a multiple of 8), or a family without
+    paged loads (sm80): gather the pages of every sequence into a batched ``(b, max_pages *
+    page_size, h_k, d)`` K/V first. This copies the page table's whole capacity (``b * max_pages``
+    pages, whatever ``seqused_k`` is: reading the lengths would sync the device), so it can cost
+    several times the kernel's own traffic; a one-time warning says so, fa4.explain() too. Indices
+    outside the cache are clamped to a real page (the TMA path reads zeros there instead); their
+    rows are past ``seqused_k`` unless the table is wrong."""
     import warnings
 
     if not _gather_warned[0]:
         _gather_warned[0] = True
-        warnings.warn(f"fa4: page_size={problem.page_size} is not loaded by the kernel (the sm90 forward's TMA needs "
-                      f"gcd(page_size, 128) to be a multiple of 8; the sm80 forward has no paged loads); the pages "
-                      f"are gathered into a contiguous K/V first (slower)", stacklevel=4)
+        warnings.warn(f"fa4: page_size={problem.page_size} is not loaded by the kernel (the sm90 forward's TMA loads "
+                      f"page sizes that are multiples of 8; the sm80 forward has no paged loads); the whole page "
+                      f"table is gathered into a contiguous K/V first (an extra copy of its capacity per call)",
+                      stacklevel=4)
     num_pages = k.shape[0]
     idx = page_table.long().clamp(0, num_pages - 1)
     b, max_pages = idx.shape
@@ -202,7 +207,8 @@ class FlashAttnFunction(torch.autograd.Function):
 
 def _problem_from_op_args(q, k, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                           local, window_left, window_right, softcap, num_splits: int = 0,
-                          pack_gqa: int = -1, cu_seqlens_k=None, seqused_q=None, page_table=None) -> AttnProblem:
+                          pack_gqa: int = -1, cu_seqlens_k=None, seqused_q=None, page_table=None,
+                          v=None) -> AttnProblem:
     """The AttnProblem of a custom-op call (the interface validated it before tracing). Each side
     is packed (its cu_seqlens given) or batched; ``page_table``: paged K/V."""
     varlen_q = cu_seqlens_q is not None
@@ -223,7 +229,8 @@ def _problem_from_op_args(q, k, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqle
     else:
         total_k, sk = k.shape[0] * k.shape[1], k.shape[1]
     dtype = "bf16" if q.dtype == torch.bfloat16 else "fp16"
-    return AttnProblem(dtype, batch, sq, sk, hq, hk, d, d, softmax_scale, causal, local, window_left, window_right,
+    dv = d if v is None else v.shape[-1]
+    return AttnProblem(dtype, batch, sq, sk, hq, hk, d, dv, softmax_scale, causal, local, window_left, window_right,
                        softcap, varlen_q=varlen_q, varlen_k=varlen_k, has_seqused_k=seqused_k is not None,
                        total_q=total_q, total_k=total_k, num_splits=num_splits,
                        pack_gqa=None if pack_gqa < 0 else bool(pack_gqa), has_seqused_q=seqused_q is not None,
@@ -243,7 +250,7 @@ def fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: Opti
         validate.check_aligned(name, t)
     p = _problem_from_op_args(q, k, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                               local, window_left, window_right, softcap, num_splits, pack_gqa, cu_seqlens_k,
-                              seqused_q, page_table)
+                              seqused_q, page_table, v)
     out, lse = forward(p, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, KernelOptions.from_str(options), need_lse,
                        seqused_q=seqused_q, page_table=page_table)
     return out, (lse if lse is not None else q.new_empty((0,), dtype=torch.float32))
@@ -253,7 +260,7 @@ def fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: Opti
 def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
               local, window_left, window_right, softcap, need_lse, deterministic, options, num_splits=0,
               pack_gqa=-1, seqused_q=None, page_table=None):
-    out = q.new_empty(q.shape)
+    out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
     if not need_lse:
         return out, q.new_empty((0,), dtype=torch.float32)
     if cu_seqlens_q is not None:

@@ -49,7 +49,8 @@ class SeqlenInfo:
         mSeqUsedQ: Optional[cute.Tensor] = None,
     ) -> "SeqlenInfo":
         """``seqlen_*_static``: the sequence mode of Q / K (used when not varlen; for paged K/V the
-        page table's capacity); ``mSeqUsedQ`` / ``mSeqUsedK`` cap the lengths."""
+        page table's capacity); ``mSeqUsedQ`` / ``mSeqUsedK`` cap the lengths (values past the
+        length are clamped to it)."""
         if const_expr(mCuSeqlensQ is not None):
             offset_q = mCuSeqlensQ[batch]
             seqlen_q = mCuSeqlensQ[batch + 1] - offset_q
@@ -62,10 +63,12 @@ class SeqlenInfo:
         else:
             offset_k = Int32(0)
             seqlen_k = Int32(seqlen_k_static)
+        # A used length past the sequence (or the batched / paged capacity) is clamped to it: the
+        # rows past it belong to another sequence or lie outside the tensor.
         if const_expr(mSeqUsedK is not None):
-            seqlen_k = mSeqUsedK[batch]
+            seqlen_k = cutlass.min(mSeqUsedK[batch], seqlen_k)
         if const_expr(mSeqUsedQ is not None):
-            seqlen_q = mSeqUsedQ[batch]
+            seqlen_q = cutlass.min(mSeqUsedQ[batch], seqlen_q)
         return SeqlenInfo(offset_q, offset_k, seqlen_q, seqlen_k, mCuSeqlensQ is not None, mCuSeqlensK is not None)
 
     # ----------------------------------------------------------------------------------------

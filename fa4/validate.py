@@ -208,14 +208,18 @@ def _check_qkv(q, k, v, rank: int, what: str, kv_rank: Optional[int] = None, kv_
     _check_same("v", v, q)
     if q.device.type != "cuda" and not _any_device:
         raise ValueError(f"q, k, v must be CUDA tensors, got device {q.device}")
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}")
-    d = q.shape[-1]
+    if k.shape[:-1] != v.shape[:-1]:
+        raise ValueError(f"k and v must have the same shape but for the head dim, got k {tuple(k.shape)} and v "
+                         f"{tuple(v.shape)}")
+    d, dv = q.shape[-1], v.shape[-1]
     if k.shape[-1] != d:
         raise ValueError(f"k head_dim ({k.shape[-1]}) must equal q head_dim ({d})")
     if not (MIN_HEAD_DIM <= d <= MAX_HEAD_DIM) or d % HEAD_DIM_MULTIPLE:
         raise ValueError(
             f"head_dim must be a multiple of {HEAD_DIM_MULTIPLE} in [{MIN_HEAD_DIM}, {MAX_HEAD_DIM}], got {d}")
+    if not (MIN_HEAD_DIM <= dv <= MAX_HEAD_DIM) or dv % HEAD_DIM_MULTIPLE:
+        raise ValueError(f"v's head dim (head_dim_v) must be a multiple of {HEAD_DIM_MULTIPLE} in [{MIN_HEAD_DIM}, "
+                         f"{MAX_HEAD_DIM}], got {dv}")
     hq, hk = q.shape[-2], k.shape[-2]
     if hk == 0 or hq % hk:
         raise ValueError(f"the number of heads of q ({hq}) must be divisible by that of k and v ({hk})")
@@ -278,7 +282,7 @@ def _check_dense(q, k, v, softmax_scale, causal, window_size, softcap) -> AttnPr
     sk, hk = k.shape[1], k.shape[2]
     scale, softcap = _check_scalars(softmax_scale, softcap, d)
     causal_, local, wl, wr = _masking(causal, _check_window(window_size), sq, sk)
-    return AttnProblem(_DTYPES[q.dtype], b, sq, sk, hq, hk, d, d, scale, causal_, local, wl, wr, softcap,
+    return AttnProblem(_DTYPES[q.dtype], b, sq, sk, hq, hk, d, v.shape[-1], scale, causal_, local, wl, wr, softcap,
                        total_q=b * sq, total_k=b * sk)
 
 
@@ -363,7 +367,7 @@ def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
     causal_, local, wl, wr = _masking(causal, _check_window(window_size), sq, sk)
     total_q = q.shape[0] if varlen_q else batch * q.shape[1]
     total_k = k.shape[0] if varlen_k else (k.shape[0] * k.shape[1])
-    return AttnProblem(_DTYPES[q.dtype], batch, sq, sk, hq, hk, d, d, scale, causal_, local, wl, wr, softcap,
+    return AttnProblem(_DTYPES[q.dtype], batch, sq, sk, hq, hk, d, v.shape[-1], scale, causal_, local, wl, wr, softcap,
                        varlen_q=varlen_q, varlen_k=varlen_k, has_seqused_k=seqused_k is not None,
                        total_q=total_q, total_k=total_k, has_seqused_q=seqused_q is not None, page_size=page_size)
 

@@ -66,7 +66,8 @@ def cu(*values):
 def test_exported_with_flash_attn_cute_signature():
     assert fa4.flash_attn_combine is combine.flash_attn_combine and "flash_attn_combine" in fa4.__all__
     params = inspect.signature(fa4.flash_attn_combine).parameters
-    assert list(params) == ["out_partial", "lse_partial", "out", "out_dtype", "cu_seqlens", "seqused", "return_lse"]
+    assert list(params) == ["out_partial", "lse_partial", "out", "out_dtype", "cu_seqlens", "seqused",
+                            "virtual_batch_idx", "return_lse"]
     assert params["return_lse"].default is True and params["out"].default is None
 
 

@@ -18,9 +18,14 @@ from fa4.testing import attention_ref, check_close, grad_noise_floor, random_qkv
 from fwd_cases import check
 
 
+FAMILIES = {"sm90": fa4.KernelOptions(arch="sm90"), "sm80": fa4.KernelOptions(arch="sm80")}
+
+
 @pytest.fixture(autouse=True)
 def _hopper_only(request):
-    if "gpu" in request.keywords and torch.cuda.is_available() and torch.cuda.get_device_capability()[0] != 9:
+    family = getattr(request.node, "callspec", None) and request.node.callspec.params.get("family", "sm90")
+    if (family != "sm80" and "gpu" in request.keywords and torch.cuda.is_available()
+            and torch.cuda.get_device_capability()[0] != 9):
         pytest.skip("the sm90 kernels run on compute capability 9.x only")
 
 
@@ -44,9 +49,11 @@ def test_varlen_without_max_seqlen(max_seqlen):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("packed_q", [True, False])
 @pytest.mark.parametrize("causal", [False, True])
-def test_seqused_q(packed_q, causal):
+def test_seqused_q(family, splits, packed_q, causal):
     """Only the first seqused_q[b] queries of each sequence are computed and written (the rest of
     out keeps what it held: NaN here)."""
     b, sq, sk, h, hk, d = 4, 37, 300, 8, 2, 64
@@ -55,10 +62,12 @@ def test_seqused_q(packed_q, causal):
     if packed_q:
         cu_q = _cu([sq] * b)
         out, lse = fa4.flash_attn_varlen_func(q.reshape(b * sq, h, d), k, v, cu_seqlens_q=cu_q, seqused_q=used,
-                                              causal=causal, return_lse=True)
+                                              causal=causal, return_lse=True, num_splits=splits,
+                                              kernel_options=FAMILIES[family])
         out, lse = out.reshape(b, sq, h, d), lse.reshape(h, b, sq).transpose(0, 1)
     else:
-        out, lse = fa4.flash_attn_varlen_func(q, k, v, seqused_q=used, causal=causal, return_lse=True)
+        out, lse = fa4.flash_attn_varlen_func(q, k, v, seqused_q=used, causal=causal, return_lse=True,
+                                              num_splits=splits, kernel_options=FAMILIES[family])
     for i, n in enumerate(used.tolist()):
         # A sequence of n queries attends bottom-right aligned to its sk keys.
         check(out[i:i + 1, :n], lse[i:i + 1, :, :n], q[i:i + 1, :n], k[i:i + 1], v[i:i + 1], causal=causal)
@@ -66,8 +75,9 @@ def test_seqused_q(packed_q, causal):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("family", list(FAMILIES))
 @pytest.mark.parametrize("which", ["packed_q", "packed_kv"])
-def test_mixed_layouts_forward_and_backward(which):
+def test_mixed_layouts_forward_and_backward(family, which):
     """Packed q with batched k/v, and batched q with packed k/v: against the same call with both
     sides packed (the reference's layout), forward and gradients."""
     b, h, hk, d = 3, 8, 2, 128
@@ -77,14 +87,16 @@ def test_mixed_layouts_forward_and_backward(which):
         q = torch.randn(sum(lens_q), h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         k = torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         v = torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        out, lse = fa4.flash_attn_varlen_func(q, k, v, cu_seqlens_q=_cu(lens_q), causal=True, return_lse=True)
+        out, lse = fa4.flash_attn_varlen_func(q, k, v, cu_seqlens_q=_cu(lens_q), causal=True, return_lse=True,
+                                              kernel_options=FAMILIES[family])
         cu_q, cu_k = _cu(lens_q), _cu([sk] * b)
         ref_args = (q, k.reshape(b * sk, hk, d), v.reshape(b * sk, hk, d))
     else:
         q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         k = torch.randn(sum(lens_k), hk, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         v = torch.randn(sum(lens_k), hk, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        out, lse = fa4.flash_attn_varlen_func(q, k, v, cu_seqlens_k=_cu(lens_k), causal=True, return_lse=True)
+        out, lse = fa4.flash_attn_varlen_func(q, k, v, cu_seqlens_k=_cu(lens_k), causal=True, return_lse=True,
+                                              kernel_options=FAMILIES[family])
         cu_q, cu_k = _cu([sq] * b), _cu(lens_k)
         ref_args = (q.reshape(b * sq, h, d), k, v)
     kw = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=True)
@@ -131,15 +143,19 @@ def _paged(k, v, lens, page_size, gen):
     return kc, vc, perm.to(torch.int32).to(k.device)
 
 
+PAGED_CASES = [(f, p, d) for f in FAMILIES for p in (1, 16, 48, 128, 256) for d in (128,)] + [
+    ("sm90", p, 256) for p in (16, 128, 256)]  # d256: tile_n 80, blocks straddle pages
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("page_size", [1, 16, 48, 128, 256])
+@pytest.mark.parametrize("family,page_size,d", PAGED_CASES)
 @pytest.mark.parametrize("shape", [(5, 1, 1000, 32, 8), (3, 40, 700, 8, 2)], ids=["decode", "prefill"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_paged_kv(page_size, shape, causal):
+def test_paged_kv(family, page_size, d, shape, causal):
     """Paged K/V through page_table: bit for bit the same K/V unpaged (seqused_k lengths), and the
-    float32 reference's rule."""
+    float32 reference's rule (sm80 and page sizes the TMA path does not take: gathered first)."""
     b, sq, sk, h, hk = shape
-    d = 128
+    opts = FAMILIES[family]
     gen = torch.Generator().manual_seed(page_size + sq)
     q, k, v = random_qkv(b, sq, sk, h, hk, d, torch.bfloat16, "cuda", seed=page_size)
     lens = torch.randint(1, sk + 1, (b,), generator=gen).tolist()
@@ -147,16 +163,30 @@ def test_paged_kv(page_size, shape, causal):
     used = torch.tensor(lens, dtype=torch.int32, device="cuda")
     kc, vc, pt = _paged(k, v, lens, page_size, gen)
     max_pages = pt.shape[1]
-    out, lse = fa4.flash_attn_varlen_func(q, kc, vc, page_table=pt, seqused_k=used, causal=causal, return_lse=True)
+    out, lse = fa4.flash_attn_varlen_func(q, kc, vc, page_table=pt, seqused_k=used, causal=causal, return_lse=True,
+                                          kernel_options=opts)
     # The same call unpaged: batched k/v of max_pages * page_size rows.
     pad = max_pages * page_size - sk
     kp = torch.nn.functional.pad(k, (0, 0, 0, 0, 0, pad))
     vp = torch.nn.functional.pad(v, (0, 0, 0, 0, 0, pad))
-    out_u, lse_u = fa4.flash_attn_varlen_func(q, kp, vp, seqused_k=used, causal=causal, return_lse=True)
+    out_u, lse_u = fa4.flash_attn_varlen_func(q, kp, vp, seqused_k=used, causal=causal, return_lse=True,
+                                              kernel_options=opts)
     assert torch.equal(out, out_u)
     assert torch.equal(lse, lse_u)
     for i, n in enumerate(lens):
         check(out[i:i + 1], lse[i:i + 1], q[i:i + 1], k[i:i + 1, :n], v[i:i + 1, :n], causal=causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page_size", [16, 256])
+def test_paged_kv_without_seqused_k(page_size):
+    """Without seqused_k every sequence has the table's capacity, max_pages * page_size keys."""
+    b, sk, h, hk, d = 2, 512, 8, 2, 128
+    gen = torch.Generator().manual_seed(page_size)
+    q, k, v = random_qkv(b, 3, sk, h, hk, d, torch.bfloat16, "cuda", seed=5)
+    kc, vc, pt = _paged(k, v, [sk] * b, page_size, gen)
+    out, lse = fa4.flash_attn_varlen_func(q, kc, vc, page_table=pt, causal=True, return_lse=True)
+    check(out, lse, q, k, v, causal=True)
 
 
 @pytest.mark.gpu
@@ -216,15 +246,17 @@ def _sink_ref(q, k, v, sink, causal, upcast):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("family", list(FAMILIES))
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("sq,sk", [(1, 500), (77, 300), (300, 77)])
-def test_learnable_sink_forward_and_backward(causal, sq, sk):
+def test_learnable_sink_forward_and_backward(family, causal, sq, sk):
     """learnable_sink: forward (out, lse) and the gradients of q, k, v and the sink, against the
     explicit reference with the sink column, under the pass rule."""
     b, h, hk, d = 2, 8, 2, 64
     q, k, v = random_qkv(b, sq, sk, h, hk, d, torch.bfloat16, "cuda", seed=sq, requires_grad=True)
     sink = (torch.randn(h, device="cuda") * 2).requires_grad_()
-    out, lse = fa4.flash_attn_func(q, k, v, causal=causal, learnable_sink=sink, return_lse=True)
+    out, lse = fa4.flash_attn_func(q, k, v, causal=causal, learnable_sink=sink, return_lse=True,
+                                   kernel_options=FAMILIES[family])
     ref, lse_ref = _sink_ref(q, k, v, sink, causal, True)
     pt, lse_pt = _sink_ref(q, k, v, sink, causal, False)
     check_close("out", out, ref, pt)
@@ -268,3 +300,25 @@ def test_torch_compile_inference_calls():
                 assert torch.equal(a, e)
             else:  # the sink's elementwise steps may be fused by inductor: rounding differences only
                 torch.testing.assert_close(a.float(), e.float(), rtol=1e-2, atol=1e-3)
+
+
+@pytest.mark.gpu
+def test_learnable_sink_packed_q():
+    """learnable_sink with packed q (the LSE is (h, total_q)) against the explicit reference, per
+    sequence; and a -inf sink on rows with no key gives out 0, not NaN."""
+    b, sq, sk, h, hk, d = 3, 20, 100, 8, 2, 64
+    q, k, v = random_qkv(b, sq, sk, h, hk, d, torch.bfloat16, "cuda", seed=8)
+    sink = torch.randn(h, device="cuda")
+    out, lse = fa4.flash_attn_varlen_func(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1),
+                                          cu_seqlens_q=_cu([sq] * b), cu_seqlens_k=_cu([sk] * b), causal=True,
+                                          learnable_sink=sink, return_lse=True)
+    ref, lse_ref = _sink_ref(q, k, v, sink, True, True)
+    pt, lse_pt = _sink_ref(q, k, v, sink, True, False)
+    check_close("out", out.unflatten(0, (b, sq)), ref, pt)
+    check_close("lse", lse.unflatten(1, (b, sq)).transpose(0, 1), lse_ref, lse_pt)
+    # sq > sk causal: the first rows see no key; with a -inf sink they stay 0 / -inf.
+    q2, k2, v2 = random_qkv(1, 50, 20, h, hk, d, torch.bfloat16, "cuda", seed=9)
+    out2, lse2 = fa4.flash_attn_func(q2, k2, v2, causal=True, learnable_sink=torch.full((h,), -torch.inf,
+                                                                                         device="cuda"),
+                                     return_lse=True)
+    assert not out2.isnan().any() and (out2[:, :30] == 0).all() and (lse2[:, :, :30] == -torch.inf).all()

@@ -222,3 +222,30 @@ def test_unused_kv_rows_may_hold_nan(family):
                                           kernel_options=fa4.KernelOptions(arch=family))
     assert not torch.isnan(out).any()
     _check(out, lse, q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, seqused_k=seqused)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["sm90", "sm80"])
+@pytest.mark.parametrize("d,dv", [(192, 128), (128, 64), (64, 128)])
+@pytest.mark.parametrize("mask", ["none", "causal", "local"])
+@pytest.mark.parametrize("seqlens", [(1, 300), (113, 203), (1000, 1000)])
+def test_head_dim_v(family, d, dv, mask, seqlens):
+    """(head_dim, head_dim_v) pairs, DeepSeek's (192, 128) among them, dense and varlen; the
+    backward raises NotImplementedError (forward only so far)."""
+    sq, sk = seqlens
+    opts = fa4.KernelOptions(arch=family)
+    q, k, _ = random_qkv(2, sq, sk, 8, 2, d, torch.bfloat16, "cuda", seed=d + dv)
+    v = torch.randn(2, sk, 2, dv, dtype=torch.bfloat16, device="cuda")
+    causal, win = _window(mask, sq, sk)
+    out, lse = fa4.flash_attn_func(q, k, v, causal=causal, window_size=win, return_lse=True, kernel_options=opts)
+    assert out.shape == (2, sq, 8, dv)
+    _check(out, lse, q, k, v, causal=causal, window_size=win)
+    cu_q = torch.tensor([0, sq, 2 * sq], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, sk, 2 * sk], dtype=torch.int32, device="cuda")
+    out_v, lse_v = fa4.flash_attn_varlen_func(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu_seqlens_q=cu_q,
+                                              cu_seqlens_k=cu_k, causal=causal, window_size=win, return_lse=True,
+                                              kernel_options=opts)
+    _check(out_v.unflatten(0, (2, sq)), lse_v.unflatten(1, (2, sq)).transpose(0, 1), q, k, v, causal=causal,
+           window_size=win)
+    with pytest.raises(NotImplementedError, match="head_dim_v"):
+        fa4.flash_attn_func(q.requires_grad_(), k, v, causal=causal, kernel_options=opts)

@@ -112,6 +112,26 @@ def test_decode_defaults(family, shape):
     q, k, v = random_qkv(b, 1, sk, 32, 8, 128, torch.bfloat16, "cuda", seed=b)
     out, lse = fa4.flash_attn_func(q, k, v, return_lse=True, kernel_options=FAMILIES[family])
     check(out, lse, q, k, v)
+    # The defaults chose the decode schedule: packed rows, and splits where the tiles leave SMs idle.
+    fwd = fa4.explain(q, k, v, kernel_options=FAMILIES[family]).directions["fwd"]
+    assert fwd["config"]["qhead_per_kvhead"] == 4 and fwd["config"]["tile_m"] == 64
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    tiles = b * 8
+    assert fwd["config"]["split_kv"] == (tiles < 0.8 * sms), fwd
+    if fwd["config"]["split_kv"]:
+        assert tiles * fwd["splits"] >= 0.9 * sms
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("d", [64, 256])
+@pytest.mark.parametrize("mask", ["none", "causal"])
+def test_pack_gqa_large_tiles(family, d, mask):
+    """Packed rows beyond the decode tile: d64 (sm90: 192-row tiles, three consumer warpgroups) and
+    d256 (sm90: O staged in Q's smem, o_in_q), where the packed Q load must not race the epilogue."""
+    q, k, v = random_qkv(2, 40, 700, 8, 2, d, torch.bfloat16, "cuda", seed=d)
+    out, lse, kw = _dense(q, k, v, mask, FAMILIES[family], pack_gqa=True, num_splits=1)
+    check(out, lse, q, k, v, **kw)
 
 
 @pytest.mark.gpu

@@ -118,7 +118,7 @@ def test_sm80_configs_for_decode():
     assert (cfg.qhead_per_kvhead, cfg.split_kv, cfg.tile_m, cfg.num_threads) == (4, False, 64, 128)
     cfg = sm80.make_config(_problem(8, 1, 32768, 32, 8), None, "sm_80", False, num_sms=108)
     assert (cfg.qhead_per_kvhead, cfg.split_kv, cfg.has_lse, cfg.tile_m) == (4, True, True, 64)
-    assert sm80.split_count(_problem(8, 1, 32768, 32, 8), 64, 64, 4, 108) == fwd_common.num_splits(
+    assert fwd_common.split_count(_problem(8, 1, 32768, 32, 8), 64, 64, 4, 108) == fwd_common.num_splits(
         _problem(8, 1, 32768, 32, 8), 64, 64, 108)
     cfg = sm80.make_config(_problem(2, 4096, 4096, 32, 8), None, "sm_80", True, num_sms=108)
     assert (cfg.qhead_per_kvhead, cfg.split_kv, cfg.tile_m) == (1, False, 128)

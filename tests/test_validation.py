@@ -85,7 +85,11 @@ def test_rank_and_shapes(fake, shape_q, shape_k, match):
 
 def test_k_v_shapes_equal(fake):
     q, k, _ = qkv()
-    raises(ValueError, "k and v must have the same shape", fa4.flash_attn_func, q, k, cuda(2, 64, 2, 64))
+    raises(ValueError, "k and v must have the same shape but for the head dim", fa4.flash_attn_func, q, k,
+           cuda(2, 64, 2, 64))
+    raises(ValueError, "head_dim_v", fa4.flash_attn_func, q, k, cuda(2, 65, 2, 20))
+    with pytest.raises(AssertionError, match="driver was reached"):  # (head_dim, head_dim_v) = (64, 128)
+        fa4.flash_attn_func(q, k, cuda(2, 65, 2, 128))
 
 
 @pytest.mark.parametrize("d", [4, 8, 16, 24, 12, 100, 264, 512])
@@ -224,8 +228,8 @@ def test_varlen_cu_seqlens_checks(fake):
 
 
 def test_performance_hints_warn_once(fake):
-    """A hint fa4 does not use warns once (min_seqlen_k); num_splits / pack_gqa are used (the sm80
-    family warns for them: tests/test_splitkv.py) and are checked."""
+    """A hint fa4 does not use warns once (min_seqlen_k); num_splits / pack_gqa are used by both
+    forward families and their types are checked."""
     from fa4 import interface
 
     interface._hint_warned.clear()

@@ -161,6 +161,20 @@ def pack_gqa(problem: AttnProblem, tile_m: int) -> int:
     return g if -(-sq * g // tile_m) < g * -(-sq // tile_m) else 1
 
 
+def rows_plan(problem: AttnProblem, table_tile_m: int, user_tile_m: Optional[int], decode_tile: bool = True):
+    """``(g, tile_m, decode)`` of a forward: the packing factor (:func:`pack_gqa`, judged on the
+    tile the call will use), the tile's rows (the user's, else 64 for decode-like shapes whose
+    (packed) rows fit 64, else the tuning table's), and whether the 64-row decode tile was chosen
+    (``decode_tile``: the family may pick it, i.e. no user option pins the tile)."""
+    free = user_tile_m is None and decode_tile
+    g = pack_gqa(problem, user_tile_m or (64 if problem.seqlen_q <= 64 and free else table_tile_m))
+    if user_tile_m is not None:
+        return g, user_tile_m, False
+    if free and problem.seqlen_q * g <= 64:
+        return g, 64, True
+    return g, table_tile_m, False
+
+
 def num_splits(problem: AttnProblem, num_tiles: int, tile_n: int, num_sms: int) -> int:
     """K splits per tile: the user's ``num_splits`` when given (> 0, at most :data:`MAX_SPLITS`),
     else a wave-efficiency rule: no split when the tiles alone fill 80% of the SMs or a tile has at
@@ -181,18 +195,55 @@ def num_splits(problem: AttnProblem, num_tiles: int, tile_n: int, num_sms: int) 
     return next(s for s in candidates if efficiency(s) >= 0.9 * best)
 
 
+def split_count(problem: AttnProblem, tile_m: int, tile_n: int, qhead_per_kvhead: int,
+                num_sms: Optional[int] = None) -> int:
+    """K splits per tile of a forward config's tiles (:func:`num_splits`; one CTA per SM counted as
+    a wave slot). Every forward family's ``make_config`` and ``run`` use it."""
+    heads = problem.heads // qhead_per_kvhead
+    num_tiles = -(-max(problem.seqlen_q, 1) * qhead_per_kvhead // tile_m) * heads * problem.batch
+    return num_splits(problem, num_tiles, tile_n, num_sms or default_num_sms())
+
+
+_split_memo: dict = {}
+_MEMO_LIMIT = 4096
+
+
+def launch_splits(cfg, problem: AttnProblem, num_sms: int) -> int:
+    """The split count a launch of ``cfg`` uses (1 without split-KV), memoized per (problem, config,
+    SM count); the memo is cleared when it grows past a few thousand signatures (varlen decode
+    changes the problem every step)."""
+    if not getattr(cfg, "split_kv", False):
+        return 1
+    key = (problem, cfg, num_sms)
+    splits = _split_memo.get(key)
+    if splits is None:
+        if len(_split_memo) >= _MEMO_LIMIT:
+            _split_memo.clear()
+        splits = _split_memo[key] = split_count(problem, cfg.tile_m, cfg.tile_n, cfg.qhead_per_kvhead, num_sms)
+    return splits
+
+
+_num_sms: dict = {}
+
+
 def default_num_sms(device=None) -> int:
-    """The SM count of ``device`` (default the current GPU), or an H100/H200's 132 on a machine
-    without one (explain)."""
+    """The SM count of ``device`` (default the current GPU; cached per device), or an H100/H200's
+    132 on a machine without one (explain)."""
+    key = getattr(device, "index", device)
+    n = _num_sms.get(key)
+    if n is not None:
+        return n
+    n = 132
     try:
         import torch
 
         if torch.cuda.is_available():
             dev = device if device is not None else torch.cuda.current_device()
-            return torch.cuda.get_device_properties(dev).multi_processor_count
+            n = torch.cuda.get_device_properties(dev).multi_processor_count
     except Exception:  # pragma: no cover - no usable driver
-        pass
-    return 132
+        return n
+    _num_sms[key] = n
+    return n
 
 
 def run_split(cfg, problem: AttnProblem, fn_args_launch, q, out, lse, splits: int, cu_seqlens_q=None,

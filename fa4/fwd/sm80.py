@@ -70,7 +70,7 @@ from fa4.cute_utils import (
 from fa4.fwd import common as fwd_common
 from fa4.mask import AttentionMask
 from fa4.pack_gqa import TileRows, partial_slot, store_acc_rows, store_lse_rows, store_rows
-from fa4.sched.tile import SectionTileScheduler, split_range
+from fa4.sched.tile import SectionTileScheduler, split_head, split_range
 from fa4.seqlen import SeqlenInfo
 from fa4.softmax import OnlineSoftmax, apply_softcap, score_scales
 
@@ -301,10 +301,8 @@ class FlashFwdSm80:
         sched = SectionTileScheduler(num_m_blocks, sched_heads, num_batch, section, reverse=cfg.lpt)
         m_block, head, batch = sched.tile()
         split = Int32(0)
-        if const_expr(self.split):  # scheduler head = head * num_splits + split
-            sched_head = head
-            head = sched_head // num_splits
-            split = sched_head - head * num_splits
+        if const_expr(self.split):
+            head, split = split_head(head, num_splits)
         seqlen = SeqlenInfo.create(batch, mQ.shape[1], mK.shape[1], mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, mSeqUsedQ)
         rows = TileRows.create(g, self.tile_m, m_block, head, seqlen.seqlen_q)
         # Varlen grids are sized by the longest sequence: shorter ones skip their extra tiles.
@@ -684,14 +682,12 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
     options = options or KernelOptions()
     tile_m, tile_n, threads, stages = TUNING[_bucket(max(problem.head_dim, problem.head_dim_v))]
     tau = float(options.rescale_threshold) if options.rescale_threshold is not None else DEFAULT_RESCALE_THRESHOLD
-    decode_tile = options.tile_m is None and options.num_threads is None
-    g = fwd_common.pack_gqa(problem, 64 if problem.seqlen_q <= 64 and decode_tile else options.tile_m or tile_m)
-    if problem.seqlen_q * g <= 64 and decode_tile:
-        # Decode-like shapes: a 64-row tile (4 warps x 16 rows) wastes less of the MMA.
-        tile_m, threads = 64, 128
-    tile_m = options.tile_m if options.tile_m is not None else tile_m
+    # Decode-like shapes: a 64-row tile (4 warps x 16 rows) wastes less of the MMA.
+    g, tile_m, decode = fwd_common.rows_plan(problem, tile_m, options.tile_m, options.num_threads is None)
+    if decode:
+        threads = 128
     tile_n = options.tile_n if options.tile_n is not None else tile_n
-    splits = split_count(problem, tile_m, tile_n, g, num_sms)
+    splits = fwd_common.split_count(problem, tile_m, tile_n, g, num_sms)
     cfg = FwdSm80Config(
         arch=arch,
         dtype=problem.dtype,
@@ -711,15 +707,6 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
     )
     FlashFwdSm80.can_implement(cfg)
     return cfg
-
-
-def split_count(problem: AttnProblem, tile_m: int, tile_n: int, qhead_per_kvhead: int,
-                num_sms: Optional[int] = None) -> int:
-    """K splits per tile for ``problem`` (:func:`fa4.fwd.common.num_splits` on this family's tiles,
-    one CTA per SM counted as a wave slot, as for sm90)."""
-    heads = problem.heads // qhead_per_kvhead
-    num_tiles = -(-max(problem.seqlen_q, 1) * qhead_per_kvhead // tile_m) * heads * problem.batch
-    return fwd_common.num_splits(problem, num_tiles, tile_n, num_sms or fwd_common.default_num_sms())
 
 
 def variants(arch: str) -> list[FwdSm80Config]:
@@ -751,22 +738,16 @@ def variants(arch: str) -> list[FwdSm80Config]:
         cfg(128, tile_m=64, qhead_per_kvhead=4, split_kv=True, causal=True),
         cfg(64, split_kv=True, varlen_q=True, varlen_k=True, has_seqused_k=True),
         cfg(256, tile_m=64, num_threads=128, qhead_per_kvhead=6, split_kv=True, local=True),
+        cfg(64, has_seqused_q=True, has_seqused_k=True, causal=True),
+        cfg(128, varlen_q=True, causal=True),  # packed q with batched k/v (mixed layouts)
+        cfg(128, varlen_k=True),  # batched q with packed k/v
     ]
 
 
 def run(cfg: FwdSm80Config, problem: AttnProblem, q, k, v, out, lse, cu_seqlens_q=None, cu_seqlens_k=None,
         seqused_k=None, seqused_q=None, page_table=None) -> None:
-    """Launch (arguments: :func:`fa4.fwd.common.run`; split-KV: :func:`split_count` K splits on this
+    """Launch (arguments: :func:`fa4.fwd.common.run`; split-KV: :func:`fa4.fwd.common.split_count` K splits on this
     GPU, cached per problem and config)."""
-    splits = 1
-    if cfg.split_kv:
-        key = (problem, cfg, q.device.index)
-        splits = _splits.get(key)
-        if splits is None:
-            splits = _splits[key] = split_count(problem, cfg.tile_m, cfg.tile_n, cfg.qhead_per_kvhead,
-                                                fwd_common.default_num_sms(q.device))
+    splits = fwd_common.launch_splits(cfg, problem, fwd_common.default_num_sms(q.device))
     fwd_common.run(cfg, problem, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, extra=(splits,),
                    splits=splits, seqused_q=seqused_q, page_table=page_table)
-
-
-_splits: dict = {}

@@ -1,22 +1,28 @@
 """Hopper (sm90 family) attention forward: TMA + wgmma, warp-specialized, persistent.
 
-One CTA tile = ``tile_m`` query rows of one (batch, head); ``tile_m / 64`` consumer warpgroups each
-own 64 of the rows and every key of a K/V block. :class:`FlashFwdSm90`:
+One CTA tile = ``tile_m`` query rows of one (batch, head) (packed GQA: of the q heads of one kv
+head, Note [Pack GQA] in fa4/pack_gqa.py), over the K blocks of its split (split-KV: Note
+[Split-KV partials] there); ``tile_m / 64`` consumer warpgroups each own 64 of the rows and every
+key of a K/V block. :class:`FlashFwdSm90`:
 
 Warp roles (``kernel`` dispatches; ``128 * (num_wg + 1)`` threads)
     * warpgroup 0, the **producer** (``setmaxnreg`` down to ``producer_regs``): warp 0 runs
-      :meth:`load` (TMA loads of Q once per tile and of K and V per block, completing on the
-      pipelines' mbarriers); warps 1-3 exit.
+      :meth:`load` (TMA loads of Q once per tile, unless packed, and of K and V per block, paged
+      K/V by page chunks: Note [Paged K/V]; all completing on the pipelines' mbarriers); warps
+      1-3 exit.
     * warpgroups 1..num_wg, the **consumers** (``setmaxnreg`` up to ``consumer_regs``): run
       :meth:`mma_softmax` (``S = Q K^T`` by wgmma from smem, mask, online softmax, P kept in
       registers as the A operand of ``O += P V``) and :meth:`epilogue` (O through smem and a TMA
-      store, or predicated 16-byte stores for varlen Q; LSE from registers).
+      store, or row stores for varlen / ``seqused_q`` / packed rows; split-KV: float32 O straight
+      from registers into its partial slot; LSE from registers). Packed Q rows are loaded by the
+      consumers themselves (:func:`fa4.pack_gqa.load_q_rows`).
 
 Pipelines (``cutlass.pipeline.PipelineTmaAsync``; producer = the TMA warp, arriving once with the
 expected transaction bytes; a consumer arrive is one per warp, from lane 0)
-    * ``pipeline_q``: 1 stage. Consumers: every consumer warp (``num_wg * 4`` arrives) after its
-      last ``Q K^T`` of the tile; when sO reuses sQ's memory (``o_in_q``, large head dims) only the
-      storing warp arrives (1), once the TMA store of O has finished reading smem.
+    * ``pipeline_q``: 1 stage (unused with packed rows). Consumers: every consumer warp
+      (``num_wg * 4`` arrives) after its last ``Q K^T`` of the tile; when sO reuses sQ's memory
+      (``o_in_q``, large head dims) only the storing warp arrives (1), once the TMA store of O has
+      finished reading smem.
     * ``pipeline_k``, ``pipeline_v``: ``num_stages`` stages each, one shared stage counter (block
       ``i`` of a tile uses stage ``i % num_stages`` for both). Consumers: ``num_wg * 4`` arrives.
       Producer order per tile: K[last], Q, then K[n] before V[n + 1], then V[first]; the
@@ -24,7 +30,18 @@ expected transaction bytes; a consumer arrive is one per warp, from lane 0)
 
 Named barriers: 1 = epilogue (all consumer threads); 2, 3 = the ping-pong of two consumer
 warpgroups (Note [ping-pong]); 4 = V rows past ``seqused_k`` zeroed (all consumer threads,
-:meth:`FlashFwdSm90.clear_v_tail`).
+:meth:`FlashFwdSm90.clear_v_tail`); 5 = packed Q rows (all consumer threads: once before the
+consumers overwrite sQ, every read of the last tile's Q is done; once after, the new Q is in).
+
+Note [Paged K/V]
+    With a page table, K and V are ``(num_pages, page_size, h_k, d)`` and the TMA atoms see them
+    as ``(page_size, d, h_k, num_pages)``. A K/V block of ``tile_n`` rows is ``tile_n /
+    page_rows`` TMA boxes of ``page_rows = gcd(page_size, tile_n)`` rows (a multiple of 8, so a
+    box is whole 128-byte swizzle atoms and lands at its rows of the stage), each from the page
+    that holds it: :meth:`FlashFwdSm90.load_block` reads the block's page indices (clamped to the
+    table) before it waits for the stage, then issues the boxes on the stage's one mbarrier (the
+    transaction count is the whole block's). Rows past ``seqused_k`` are masked (K) and zeroed
+    (V) as with any KV cache.
 
 Note [intra-warpgroup overlap]
     A K-block step issues ``S_next = Q K[n]^T`` and then ``O += P V[n + 1]`` (P of the previous
@@ -83,7 +100,7 @@ from fa4.mask import AttentionMask
 from fa4.pack_gqa import (
     TileRows, batch_slot, load_q_rows, partial_slot, store_acc_rows, store_lse_rows, store_rows,
 )
-from fa4.sched.tile import PersistentTileScheduler, split_range
+from fa4.sched.tile import PersistentTileScheduler, split_head, split_range
 from fa4.seqlen import SeqlenInfo, to_sdhb
 from fa4.softmax import OnlineSoftmax, apply_softcap, rescale_rows, score_scales
 
@@ -423,8 +440,7 @@ class FlashFwdSm90:
         m_block, sched_head, batch = sched.tile(idx)
         head, split = sched_head, Int32(0)
         if const_expr(self.split):
-            head = sched_head // num_splits
-            split = sched_head - head * num_splits
+            head, split = split_head(sched_head, num_splits)
         seqlen = SeqlenInfo.create(batch, seqlen_q_static, seqlen_k_static, mCuSeqlensQ, mCuSeqlensK, mSeqUsedK,
                                    mSeqUsedQ)
         mask = AttentionMask(self.tile_m, self.tile_n, self.cfg.causal, self.cfg.local, seqlen.seqlen_q,
@@ -439,7 +455,8 @@ class FlashFwdSm90:
 
     @cute.jit
     def load(self, mQ, mK, mV, sQ, sK, sV, tma_q, tma_k, tma_v, pipes, sched, tile_info, mPageTable) -> None:
-        """Warp 0: per tile, K[last], Q, then K[n] / V[n + 1] pairs, then V[first] (module docstring)."""
+        """Warp 0: per tile, K[last], Q (by TMA unless packed), then K[n] / V[n + 1] pairs, then
+        V[first], over the K blocks of the tile's split (module docstring)."""
         pq, pk, pv = pipes["q"], pipes["k"], pipes["v"]
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
@@ -789,12 +806,11 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
     user choice cannot be compiled."""
     options = options or KernelOptions()
     tile_m, tile_n, stages, pingpong = TUNING[_bucket(max(problem.head_dim, problem.head_dim_v))]
-    g = fwd_common.pack_gqa(problem, 64 if problem.seqlen_q <= 64 else tile_m)
-    if problem.seqlen_q * g <= 64 and options.tile_m is None:
-        tile_m, pingpong = 64, False  # decode-like shapes: one consumer warpgroup, 64-row tiles
-    tile_m = options.tile_m if options.tile_m is not None else tile_m
+    # Decode-like shapes: one consumer warpgroup, 64-row tiles.
+    g, tile_m, decode = fwd_common.rows_plan(problem, tile_m, options.tile_m)
+    pingpong = pingpong and not decode
     tile_n = options.tile_n if options.tile_n is not None else tile_n
-    splits = split_count(problem, tile_m, tile_n, g, num_sms)
+    splits = fwd_common.split_count(problem, tile_m, tile_n, g, num_sms)
     tau = float(options.rescale_threshold) if options.rescale_threshold is not None else DEFAULT_RESCALE_THRESHOLD
     cfg = FwdSm90Config(
         arch=arch,
@@ -827,18 +843,12 @@ def page_rows(page_size: int, tile_n: int) -> int:
     return math.gcd(page_size, tile_n) if page_size else 0
 
 
-def paged_supported(page_size: int, tile_n: int = 128) -> bool:
-    """Page sizes the TMA path loads (boxes of whole 8-row swizzle atoms); others are gathered
-    into a contiguous K/V first (:func:`fa4.ops.forward`, with a one-time warning)."""
-    return page_rows(page_size, tile_n) % 8 == 0
-
-
-def split_count(problem: AttnProblem, tile_m: int, tile_n: int, qhead_per_kvhead: int,
-                num_sms: Optional[int] = None) -> int:
-    """K splits per tile for ``problem`` (:func:`fa4.fwd.common.num_splits` on this family's tiles)."""
-    heads = problem.heads // qhead_per_kvhead
-    num_tiles = -(-max(problem.seqlen_q, 1) * qhead_per_kvhead // tile_m) * heads * problem.batch
-    return fwd_common.num_splits(problem, num_tiles, tile_n, num_sms or fwd_common.default_num_sms())
+def paged_supported(page_size: int) -> bool:
+    """Page sizes the TMA path loads: boxes of whole 8-row swizzle atoms, ``gcd(page_size,
+    tile_n) % 8 == 0``, which for this family's tiles (``tile_n`` a multiple of 16) means a page
+    size that is a multiple of 8. Others are gathered into a contiguous K/V first
+    (:func:`fa4.ops.forward`, with a one-time warning)."""
+    return page_size % 8 == 0
 
 
 def variants(arch: str) -> list[FwdSm90Config]:
@@ -875,6 +885,9 @@ def variants(arch: str) -> list[FwdSm90Config]:
         cfg(128, tile_m=64, pingpong=False, qhead_per_kvhead=4, page_rows=16, has_seqused_k=True, varlen_q=True),
         cfg(128, tile_m=64, pingpong=False, page_rows=128, has_seqused_k=True, split_kv=True, causal=True),
         cfg(64, has_seqused_q=True, has_seqused_k=True, causal=True),
+        cfg(64, qhead_per_kvhead=4),  # packed rows with three consumer warpgroups
+        cfg(256, qhead_per_kvhead=4, causal=True),  # packed rows with O staged in Q's smem (o_in_q)
+        cfg(128, varlen_q=True, causal=True),  # packed q with batched k/v (mixed layouts)
     ]
 
 
@@ -882,18 +895,12 @@ def run(cfg: FwdSm90Config, problem: AttnProblem, q, k, v, out, lse, cu_seqlens_
         seqused_k=None, seqused_q=None, page_table=None) -> None:
     """Launch (arguments: :func:`fa4.fwd.common.run`; the persistent grid is the SM count)."""
     num_sms = _num_sms(q.device)
-    splits = 1
-    if cfg.split_kv:
-        key = (problem, cfg, num_sms)
-        splits = _splits.get(key)
-        if splits is None:
-            splits = _splits[key] = split_count(problem, cfg.tile_m, cfg.tile_n, cfg.qhead_per_kvhead, num_sms)
+    splits = fwd_common.launch_splits(cfg, problem, num_sms)
     fwd_common.run(cfg, problem, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
                    extra=(num_sms, splits), splits=splits, seqused_q=seqused_q, page_table=page_table)
 
 
 _sms: dict = {}
-_splits: dict = {}
 
 
 def _num_sms(device) -> int:

@@ -127,3 +127,10 @@ def split_range(n_min, n_max, split, num_splits):
     (traced on Int32, run on Python ints by the CPU tests)."""
     n = cutlass.max(n_max - n_min, 0)
     return n_min + n * split // num_splits, n_min + n * (split + 1) // num_splits
+
+
+def split_head(sched_head, num_splits):
+    """``(head, split)`` of a split-KV scheduler head ``head * num_splits + split`` (the scheduler's
+    head mode walks the splits of one head together, so they share its K/V rows in L2)."""
+    head = sched_head // num_splits
+    return head, sched_head - head * num_splits
