@@ -1,7 +1,10 @@
 """Decode sweep (issue 9): fa4's forward on the decode shapes, contiguous and paged (16-row pages,
 shuffled), over K/V stages and split counts; median of triton's do_bench, microseconds and K + V
-TB/s.  ``python3 tools/decode_sweep.py``"""
+TB/s.  ``python3 tools/decode_sweep.py [--order]``: with ``--order``, only the default config,
+paged with the pages shuffled and in order (does the page order, i.e. DRAM locality, cost the
+paged cache its last percent?)."""
 import itertools
+import sys
 
 import torch
 import triton
@@ -11,17 +14,35 @@ from fa4.bench import DECODE_SHAPES, PAGE_SIZE
 from fa4.testing import random_qkv
 
 
-def paged_cache(k, v, page_size):
+def paged_cache(k, v, page_size, shuffle=True):
     b, sk = k.shape[:2]
     pages = -(-sk // page_size)
     pad = pages * page_size - sk
     kp = torch.nn.functional.pad(k, (0, 0, 0, 0, 0, pad)).reshape(b * pages, page_size, *k.shape[2:])
     vp = torch.nn.functional.pad(v, (0, 0, 0, 0, 0, pad)).reshape(b * pages, page_size, *v.shape[2:])
-    perm = torch.randperm(b * pages, device=k.device)
+    perm = torch.randperm(b * pages, device=k.device) if shuffle else torch.arange(b * pages, device=k.device)
     kc, vc = torch.empty_like(kp), torch.empty_like(vp)
     kc[perm], vc[perm] = kp, vp
     return kc, vc, perm.reshape(b, pages).to(torch.int32), torch.full((b,), sk, dtype=torch.int32, device=k.device)
 
+
+def order_check():
+    for shape in DECODE_SHAPES:
+        q, k, v = random_qkv(shape.batch, 1, shape.seqlen_k, shape.heads, shape.hk, shape.hdim, torch.bfloat16,
+                             "cuda", seed=0)
+        cells = [f"contig {triton.testing.do_bench(lambda: fa4.flash_attn_func(q, k, v), warmup=25, rep=300) * 1e3:6.1f} us"]
+        for shuffle in (True, False):
+            kc, vc, table, used = paged_cache(k, v, PAGE_SIZE, shuffle)
+            ms = triton.testing.do_bench(lambda: fa4.flash_attn_varlen_func(q, kc, vc, page_table=table,
+                                                                            seqused_k=used), warmup=25, rep=300)
+            cells.append(f"paged16 {'shuffled' if shuffle else 'in order'} {ms * 1e3:6.1f} us")
+            del kc, vc
+        print(f"b{shape.batch} sk{shape.seqlen_k}: " + "; ".join(cells), flush=True)
+
+
+if "--order" in sys.argv:
+    order_check()
+    sys.exit(0)
 
 for shape in DECODE_SHAPES:
     q, k, v = random_qkv(shape.batch, 1, shape.seqlen_k, shape.heads, shape.hk, shape.hdim, torch.bfloat16, "cuda",
