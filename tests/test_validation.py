@@ -311,3 +311,21 @@ def test_learnable_sink_checks(fake):
            learnable_sink=torch.zeros(2, device="cuda"))
     with pytest.raises(AssertionError, match="driver was reached"):
         fa4.flash_attn_func(q, k, v, learnable_sink=torch.zeros(8, device="cuda"))
+
+
+def test_varlen_validation_cache(fake):
+    """Note [validation cache] for flash_attn_varlen_func: a repeated call reuses the problem (the
+    same object), a change of any argument's shape or a max_seqlen value is validated afresh.
+    (The cached path's pointer re-check needs real CUDA tensors: fake ones have no pointers.)"""
+    from fa4 import validate
+
+    q, k, v, cu_q, cu_k, mq, mk = varlen_inputs()
+    args = (q, k, v, cu_q, cu_k, mq, mk, None, None, True, (None, None), 0.0)
+    p1 = validate.check_varlen(*args)
+    assert validate.check_varlen(*args) is p1
+    assert p1 == validate._check_varlen(*args)
+    p2 = validate.check_varlen(q, k, v, cu_q, cu_k, mq + 1, mk, None, None, True, (None, None), 0.0)
+    assert p2.seqlen_q == mq + 1 and p2 is not p1
+    short = torch.empty(3, dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match="cu_seqlens_k must have length"):
+        validate.check_varlen(q, k, v, cu_q, short, mq, mk, None, None, True, (None, None), 0.0)
