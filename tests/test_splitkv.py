@@ -16,7 +16,7 @@ from fa4.config import AttnProblem
 from fa4.fwd import common as fwd_common
 from fa4.mask import AttentionMask
 from fa4.sched.tile import split_range
-from fa4.testing import attention_mask
+from fa4.testing import attention_mask, attention_ref
 
 
 @pytest.mark.parametrize("g", [2, 3, 4, 6])
@@ -140,3 +140,63 @@ def test_explain_shows_split_and_pack():
     ex = fa4.explain(q, k, k, capability=(9, 0))
     text = str(ex)
     assert "qhead_per_kvhead': 4" in text and "split_kv': True" in text
+
+
+# --------------------------------------------------------------------------------------------
+# Host-side pieces that are plain torch (CPU): the sink composition and the page gather
+# --------------------------------------------------------------------------------------------
+
+
+def _ref_with_sink(q, k, v, sink, causal):
+    """Explicit float64 attention with a sink column (value 0) appended to every row."""
+    from fa4.testing import attention_mask
+
+    g = q.shape[2] // k.shape[2]
+    k, v = k.repeat_interleave(g, dim=2), v.repeat_interleave(g, dim=2)
+    s = torch.einsum("bqhd,bkhd->bhqk", q, k) * q.shape[-1] ** -0.5
+    s = s.masked_fill(~attention_mask(q.shape[1], k.shape[1], causal=causal), float("-inf"))
+    full = torch.cat([s, sink[None, :, None, None].expand(s.shape[0], -1, s.shape[2], 1)], dim=-1)
+    p = torch.softmax(full, dim=-1)[..., :-1]
+    return torch.einsum("bhqk,bkhd->bqhd", p, v), torch.logsumexp(full, dim=-1)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+def test_sink_composition_matches_the_sink_column(packed, causal):
+    """interface._apply_sink on the out / lse of attention without the sink equals attention with a
+    sink column (float64, CPU), for batched and packed q, rows with no key included."""
+    from fa4.interface import _apply_sink
+
+    torch.manual_seed(0)
+    b, sq, sk, h, hk, d = 2, 9, 5, 4, 2, 8
+    q, k, v = (torch.randn(b, n, hh, d, dtype=torch.float64) for n, hh in ((sq, h), (sk, hk), (sk, hk)))
+    sink = torch.randn(h, dtype=torch.float64)
+    out0, lse0 = attention_ref(q, k, v, causal=causal, upcast=False)  # rows with no key: 0 / -inf
+    want, want_lse = _ref_with_sink(q, k, v, sink, causal)
+    if packed:
+        out, lse = _apply_sink(out0.flatten(0, 1), lse0.transpose(0, 1).flatten(1, 2), sink, True, True)
+        out, lse = out.unflatten(0, (b, sq)), lse.unflatten(1, (b, sq)).transpose(0, 1)
+    else:
+        out, lse = _apply_sink(out0, lse0, sink, False, True)
+    # The LSE and the sink scale run in float32 (as on the GPU): float32 tolerances.
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(lse.double(), want_lse, rtol=1e-5, atol=1e-6)
+    out_m, lse_m = _apply_sink(out0, lse0, torch.full((h,), float("-inf"), dtype=torch.float64), False, True)
+    assert not out_m.isnan().any() and not lse_m.isnan().any()
+
+
+def test_gather_pages_builds_the_batched_cache():
+    """ops._gather_pages: sequence b's key j is row j % page_size of page page_table[b, j // page_size]."""
+    from fa4 import ops
+
+    torch.manual_seed(1)
+    num_pages, page_size, hk, d = 11, 3, 2, 4
+    kc, vc = torch.randn(num_pages, page_size, hk, d), torch.randn(num_pages, page_size, hk, d)
+    table = torch.tensor([[4, 0, 9], [7, 7, 2]], dtype=torch.int32)
+    problem = _problem(2, 1, 9, 4, 2, page_size=page_size)
+    kk, vv, none = ops._gather_pages(problem, kc, vc, table)
+    assert none is None and kk.shape == (2, 9, hk, d)
+    for bb in range(2):
+        for j in range(9):
+            page = table[bb, j // page_size]
+            assert torch.equal(kk[bb, j], kc[page, j % page_size]) and torch.equal(vv[bb, j], vc[page, j % page_size])
