@@ -200,3 +200,21 @@ def test_gather_pages_builds_the_batched_cache():
         for j in range(9):
             page = table[bb, j // page_size]
             assert torch.equal(kk[bb, j], kc[page, j % page_size]) and torch.equal(vv[bb, j], vc[page, j % page_size])
+
+
+@pytest.mark.parametrize("page_size,cap,tma", [(16, (9, 0), True), (256, (9, 0), True), (12, (9, 0), False),
+                                               (1, (9, 0), False), (16, (8, 0), False)])
+def test_explain_paged_calls(page_size, cap, tma):
+    """explain() plans a paged call as ops.forward runs it: TMA page chunks on sm90 for page sizes
+    that are multiples of 8, else a gather first (with a note naming why), never an error."""
+    q = torch.empty(4, 1, 32, 128, dtype=torch.bfloat16, device="meta")
+    kc = torch.empty(64, page_size, 8, 128, dtype=torch.bfloat16, device="meta")
+    pt = torch.empty(4, 16, dtype=torch.int32, device="meta")
+    used = torch.empty(4, dtype=torch.int32, device="meta")
+    ex = fa4.explain(q, kc, kc, page_table=pt, seqused_k=used, capability=cap)
+    cfg = ex.directions["fwd"]["config"]
+    text = str(ex)
+    if tma:
+        assert cfg["page_rows"] == math.gcd(page_size, cfg["tile_n"]) and "gathered" not in text
+    else:
+        assert cfg["page_rows"] == 0 and "gathered" in text
