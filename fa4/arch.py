@@ -73,6 +73,18 @@ def device_capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
 
+@functools.lru_cache(maxsize=None)
+def num_sms(index: Optional[int] = None) -> int:
+    """SM count of GPU ``index`` (default the current one), or an H100/H200's 132 on a machine
+    without a GPU (explain() there); cached per index."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return 132
+    return torch.cuda.get_device_properties(index if index is not None else torch.cuda.current_device()
+                                            ).multi_processor_count
+
+
 _warned: set = set()
 
 

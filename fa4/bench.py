@@ -243,24 +243,33 @@ def flash_attn4_impl(deterministic: bool) -> Impl:
     return Impl("flash-attn-4", setup)
 
 
+def paged_cache(k: torch.Tensor, v: torch.Tensor, page_size: int, shuffle: bool = True):
+    """The batched ``k, v (b, s_k, h_k, d)`` as a paged cache (vLLM's layout): ``(kc, vc, table,
+    used)`` with ``kc, vc (b * pages, page_size, h_k, d)``, pages in a random order (``shuffle``,
+    seeded) or in order, ``table`` int32 ``(b, pages)`` and ``used`` = s_k per sequence."""
+    b, sk = k.shape[:2]
+    pages = -(-sk // page_size)
+    pad = pages * page_size - sk
+    kp = torch.nn.functional.pad(k, (0, 0, 0, 0, 0, pad)).reshape(b * pages, page_size, *k.shape[2:])
+    vp = torch.nn.functional.pad(v, (0, 0, 0, 0, 0, pad)).reshape(b * pages, page_size, *v.shape[2:])
+    if shuffle:
+        perm = torch.randperm(b * pages, device=k.device, generator=torch.Generator(k.device).manual_seed(0))
+    else:
+        perm = torch.arange(b * pages, device=k.device)
+    kc, vc = torch.empty_like(kp), torch.empty_like(vp)
+    kc[perm], vc[perm] = kp, vp  # page i of the unpaged order lives at perm[i]
+    used = torch.full((b,), sk, dtype=torch.int32, device=k.device)
+    return kc, vc, perm.reshape(b, pages).to(torch.int32), used
+
+
 def fa4_paged_impl(page_size: int = PAGE_SIZE, name: str = FA4_PAGED) -> Impl:
-    """fa4's ``flash_attn_varlen_func`` on the same K/V scattered into a paged cache (vLLM's layout:
-    ``(num_pages, page_size, h_k, d)``, pages in a random order, ``page_table`` + ``seqused_k``);
-    built outside the timing."""
+    """fa4's ``flash_attn_varlen_func`` on the same K/V scattered into a paged cache
+    (:func:`paged_cache`, pages shuffled, ``page_table`` + ``seqused_k``); built outside the timing."""
 
     def setup(q, k, v, causal, requires_grad):
         if requires_grad:
             raise NotImplementedError("paged K/V is forward only")
-        b, sk = k.shape[:2]
-        pages = -(-sk // page_size)
-        pad = pages * page_size - sk
-        kp = torch.nn.functional.pad(k, (0, 0, 0, 0, 0, pad)).reshape(b * pages, page_size, *k.shape[2:])
-        vp = torch.nn.functional.pad(v, (0, 0, 0, 0, 0, pad)).reshape(b * pages, page_size, *v.shape[2:])
-        perm = torch.randperm(b * pages, device=k.device, generator=torch.Generator(k.device).manual_seed(0))
-        kc, vc = torch.empty_like(kp), torch.empty_like(vp)
-        kc[perm], vc[perm] = kp, vp  # page i of the unpaged order lives at perm[i]
-        table = perm.reshape(b, pages).to(torch.int32)
-        used = torch.full((b,), sk, dtype=torch.int32, device=k.device)
+        kc, vc, table, used = paged_cache(k, v, page_size)
 
         def run():
             return fa4.flash_attn_varlen_func(q, kc, vc, page_table=table, seqused_k=used, causal=causal)[0]

@@ -183,7 +183,9 @@ def __getattr__(name: str):
 
 @functools.lru_cache(maxsize=None)
 def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
+    from fa4.arch import num_sms
+
+    return num_sms(index)
 
 
 def warps_per_row(cfg: CombineConfig, rows: int, num_splits: int, sm_count: int) -> int:

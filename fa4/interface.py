@@ -37,16 +37,32 @@ def _ignored_hint(name: str, value) -> None:
 _DEFAULT_OPTIONS = KernelOptions()
 
 
+_hinted: dict = {}
+
+
 def _with_hints(problem: AttnProblem, num_splits, pack_gqa) -> AttnProblem:
-    """``problem`` with the forward hints (validated; the defaults keep the cached problem)."""
+    """``problem`` with the forward hints (validated; the defaults keep the cached problem, and a
+    hinted problem is memoized like the validated one)."""
     if num_splits is None and pack_gqa is None:
         return problem
+    key, hinted = None, None
+    if not torch.compiler.is_compiling():  # (dynamo does not trace the memo's dataclass values)
+        key = (problem, num_splits.__class__, num_splits, pack_gqa.__class__, pack_gqa)
+        try:
+            hinted = _hinted.get(key)
+        except TypeError:  # an unhashable argument: the checks below say what is wrong
+            key = None
+    if hinted is not None:
+        return hinted
     splits = validate.check_num_splits(num_splits)
     if pack_gqa is not None and pack_gqa.__class__ is not bool:
         validate.as_bool("pack_gqa", pack_gqa)
-    if splits == problem.num_splits and pack_gqa == problem.pack_gqa:
-        return problem
-    return dataclasses.replace(problem, num_splits=splits, pack_gqa=pack_gqa)
+    hinted = problem
+    if splits != problem.num_splits or pack_gqa != problem.pack_gqa:
+        hinted = dataclasses.replace(problem, num_splits=splits, pack_gqa=pack_gqa)
+    if key is not None and len(_hinted) < 4096:
+        _hinted[key] = hinted
+    return hinted
 
 
 def _run(problem: AttnProblem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options: Optional[KernelOptions],
@@ -298,13 +314,11 @@ def explain(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
     ex = Explanation(problem, tuple(capability))
     fwd_problem = problem
     if problem.page_size:  # the same choice as ops.forward: TMA pages (sm90) or a gather first
-        from fa4.fwd import sm90 as _sm90
-
         try:
             fwd_family = _arch.resolve("fwd", tuple(capability), options, warn=False).family
         except (ValueError, NotImplementedError):
             fwd_family = None
-        if not (fwd_family == "sm90" and _sm90.paged_supported(problem.page_size)):
+        if not ops.paged_in_kernel(fwd_family, problem.page_size):
             why = ("the sm90 forward's TMA boxes need a page size that is a multiple of 8"
                    if fwd_family == "sm90" else f"the {fwd_family} forward has no paged loads")
             ex.notes.append(f"page_size={problem.page_size}: pages are gathered into a contiguous K/V before the "

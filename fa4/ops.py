@@ -88,7 +88,7 @@ def forward(problem: AttnProblem, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     varlen = problem.varlen_q
     if page_table is not None and page_table.stride(-1) != 1:
         page_table = page_table.contiguous()  # (b, 1) tables may carry any stride
-    if page_table is not None and not _paged_supported(problem, options, q.device):
+    if page_table is not None and not paged_in_kernel(_dispatch("fwd", q.device, options).family, problem.page_size):
         k, v, page_table = _gather_pages(problem, k, v, page_table)
         problem = dataclasses.replace(problem, page_size=0)
     q = _as4d(q, varlen)
@@ -109,23 +109,21 @@ def forward(problem: AttnProblem, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
             lse.fill_(-math.inf)
     else:
         mod, cfg = _plan("fwd", problem, options, q.device, need_lse)
-        if problem.has_seqused_q or problem.page_size:
-            mod.run(cfg, problem, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q=seqused_q,
-                    page_table=page_table)
-        else:
-            mod.run(cfg, problem, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k)
+        mod.run(cfg, problem, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q=seqused_q,
+                page_table=page_table)
     return _as_user(out, varlen), _as_user(lse, varlen)
 
 
 _gather_warned = [False]
 
 
-def _paged_supported(problem: AttnProblem, options: KernelOptions, device) -> bool:
-    """Whether the forward family of this call loads the pages itself (the sm90 family, page sizes
-    of whole 8-row TMA boxes); otherwise they are gathered first."""
+def paged_in_kernel(family: Optional[str], page_size: int) -> bool:
+    """Whether forward family ``family`` loads pages of ``page_size`` rows itself (the sm90 family,
+    page sizes of whole 8-row TMA boxes); otherwise :func:`forward` gathers them first and
+    fa4.explain() says so."""
     from fa4.fwd import sm90
 
-    return _dispatch("fwd", device, options).family == "sm90" and sm90.paged_supported(problem.page_size)
+    return family == "sm90" and sm90.paged_supported(page_size)
 
 
 def _gather_pages(problem: AttnProblem, k, v, page_table):

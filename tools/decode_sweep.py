@@ -10,20 +10,8 @@ import torch
 import triton
 
 import fa4
-from fa4.bench import DECODE_SHAPES, PAGE_SIZE
+from fa4.bench import DECODE_SHAPES, PAGE_SIZE, paged_cache
 from fa4.testing import random_qkv
-
-
-def paged_cache(k, v, page_size, shuffle=True):
-    b, sk = k.shape[:2]
-    pages = -(-sk // page_size)
-    pad = pages * page_size - sk
-    kp = torch.nn.functional.pad(k, (0, 0, 0, 0, 0, pad)).reshape(b * pages, page_size, *k.shape[2:])
-    vp = torch.nn.functional.pad(v, (0, 0, 0, 0, 0, pad)).reshape(b * pages, page_size, *v.shape[2:])
-    perm = torch.randperm(b * pages, device=k.device) if shuffle else torch.arange(b * pages, device=k.device)
-    kc, vc = torch.empty_like(kp), torch.empty_like(vp)
-    kc[perm], vc[perm] = kp, vp
-    return kc, vc, perm.reshape(b, pages).to(torch.int32), torch.full((b,), sk, dtype=torch.int32, device=k.device)
 
 
 def order_check():

@@ -33,7 +33,7 @@ def fake_args(cfg, extra: tuple = ()) -> tuple:
     float32 partial output and O / LSE have their own batch size ``num_splits * b`` (Note [Split-KV
     partials] in fa4/pack_gqa.py)."""
     dt = DTYPES[cfg.dtype]
-    split = getattr(cfg, "split_kv", False)
+    split = cfg.split_kv
 
     def strides():
         return tuple(cute.sym_int64(divisibility=8) for _ in range(3)) + (1,)
@@ -133,7 +133,7 @@ def run(cfg, problem: AttnProblem, q, k, v, out, lse, cu_seqlens_q=None, cu_seql
            float(problem.softmax_scale), float(problem.softcap) if cfg.has_softcap else 1.0,
            int(window_left), int(window_right), int(max(problem.seqlen_q, 1)), *extra)
 
-    if getattr(cfg, "split_kv", False):
+    if cfg.split_kv:
         run_split(cfg, problem, launch, q, out, lse, splits, cu_seqlens_q if cfg.varlen_q else None,
                   seqused_q if cfg.has_seqused_q else None)
     else:
@@ -212,7 +212,7 @@ def launch_splits(cfg, problem: AttnProblem, num_sms: int) -> int:
     """The split count a launch of ``cfg`` uses (1 without split-KV), memoized per (problem, config,
     SM count); the memo is cleared when it grows past a few thousand signatures (varlen decode
     changes the problem every step)."""
-    if not getattr(cfg, "split_kv", False):
+    if not cfg.split_kv:
         return 1
     key = (problem, cfg, num_sms)
     splits = _split_memo.get(key)
@@ -223,27 +223,11 @@ def launch_splits(cfg, problem: AttnProblem, num_sms: int) -> int:
     return splits
 
 
-_num_sms: dict = {}
-
-
 def default_num_sms(device=None) -> int:
-    """The SM count of ``device`` (default the current GPU; cached per device), or an H100/H200's
-    132 on a machine without one (explain)."""
-    key = getattr(device, "index", device)
-    n = _num_sms.get(key)
-    if n is not None:
-        return n
-    n = 132
-    try:
-        import torch
+    """The SM count of ``device`` (default the current GPU): :func:`fa4.arch.num_sms`."""
+    from fa4.arch import num_sms as _arch_num_sms
 
-        if torch.cuda.is_available():
-            dev = device if device is not None else torch.cuda.current_device()
-            n = torch.cuda.get_device_properties(dev).multi_processor_count
-    except Exception:  # pragma: no cover - no usable driver
-        return n
-    _num_sms[key] = n
-    return n
+    return _arch_num_sms(getattr(device, "index", device))
 
 
 def run_split(cfg, problem: AttnProblem, fn_args_launch, q, out, lse, splits: int, cu_seqlens_q=None,
