@@ -31,6 +31,30 @@ def test_make_config_every_head_dim_fits(d):
         assert cfg.dkv_rs == (cfg.head_dim <= 128)  # dK + dV of 64 rows fit a warpgroup's registers up to 128
 
 
+def test_smem_estimate_is_the_struct_size():
+    """``smem_bytes`` (what can_implement and make_config check) equals the launched struct's size:
+    an estimate 1 KB short let a 233472-byte launch through, which the H200 refused."""
+    import cutlass.cute as cute
+
+    from fa4.jit import _target_arch
+
+    got = []
+
+    @cute.jit
+    def sizes():
+        for v in sm90.variants("sm_90a"):
+            k = sm90.FlashBwdSm90(v)
+            k._setup()
+            got.append((v, k.SharedStorage.size_in_bytes()))
+
+    with _target_arch("sm_90a"):
+        sizes()
+    assert len(got) == len(sm90.variants("sm_90a"))
+    for v, n in got:
+        assert v.smem_bytes() == n, v
+        assert n <= sm90.SMEM_CAPACITY, v
+
+
 def test_setmaxnreg_split_fits_the_launch_allocation():
     """setmaxnreg.inc blocks until the CTA's pool has the registers: the split must fit what the
     CTA was launched with (a 240/240/32 split hung every sm90 backward on the H200)."""
@@ -49,6 +73,7 @@ def test_variants_cover_buckets_flags_and_paths():
         assert {getattr(v, flag) for v in vs} == {False, True}, flag
     assert {v.tile_m for v in vs} == {64, 128}
     assert {v.q_stages for v in vs} == {1, 2} and {v.pds_stages for v in vs} == {1, 2}
+    assert {(v.dq_stages, v.deterministic) for v in vs} >= {(1, True), (2, True), (2, False)}
     for v in vs:
         sm90.FlashBwdSm90.can_implement(v)
         assert v.REQUIRED_SASS == ("HGMMA", "UTMALDG")

@@ -2,7 +2,7 @@
 
     python tools/sass.py bwd --hd 256 [--arch sm_90a] [--set causal=True --set tile_n=128] [--out f.sass]
 
-``bwd`` / ``fwd`` / ``fwd90`` / ``post``: the sm80 backward (its make_config for a head dim), the sm80
+``bwd`` / ``bwd90`` / ``fwd`` / ``fwd90`` / ``post``: the sm80 or sm90 backward (its make_config for a head dim), the sm80
 forward, the sm90 forward, or the backward's postprocess. ``--set`` overrides config fields (Python
 literals). Prints the opcode counts
 that matter for these kernels (MMA, ldmatrix, shared/global/local memory, reductions, barriers) so
@@ -20,7 +20,7 @@ import os
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("kind", choices=("bwd", "fwd", "fwd90", "post"))
+    ap.add_argument("kind", choices=("bwd", "bwd90", "fwd", "fwd90", "post"))
     ap.add_argument("--hd", type=int, default=128)
     ap.add_argument("--arch", default="sm_90a")
     ap.add_argument("--causal", action="store_true")
@@ -32,6 +32,7 @@ def main() -> None:
 
     from fa4.bwd import postprocess
     from fa4.bwd import sm80 as bwd
+    from fa4.bwd import sm90 as bwd90
     from fa4.config import AttnProblem
     from fa4.fwd import sm80 as fwd
     from fa4.fwd import sm90 as fwd90
@@ -42,6 +43,8 @@ def main() -> None:
         cfg = fwd.make_config(p, None, args.arch, True)
     elif args.kind == "fwd90":
         cfg = fwd90.make_config(p, None, args.arch, True)
+    elif args.kind == "bwd90":
+        cfg = bwd90.make_config(p, None, args.arch, args.deterministic)
     else:
         cfg = bwd.make_config(p, None, args.arch, args.deterministic)
     cfg = dataclasses.replace(cfg, **{k: ast.literal_eval(v) for k, v in (s.split("=", 1) for s in args.set)})

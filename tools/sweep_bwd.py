@@ -37,6 +37,35 @@ PLANS = {
         "d128 s8192 causal section=1", "d128 s8192 causal section=4", "d128 s8192 causal section=64",
         "d128 s8192 det", "d128 s8192 causal det", "d128 s1024 causal det",
     ],
+    # v0.6: two dQ buffers (dq_stages=2, the new default at head dims <= 128) against one, with and
+    # without determinism; stmatrix dS stores in both.
+    "v2": [
+        "d128 s8192", "d128 s8192 dq_stages=1", "d128 s8192 causal", "d128 s8192 causal dq_stages=1",
+        "d128 s8192 det", "d128 s8192 det dq_stages=1", "d128 s8192 causal det", "d128 s8192 causal det dq_stages=1",
+        "d128 s1024 causal", "d128 s1024 causal det", "d128 s1024 causal det dq_stages=1",
+        "d64 s8192 causal", "d64 s8192 causal det", "d64 s8192 causal det dq_stages=1",
+        "d256 s8192", "d256 s8192 det",
+    ],
+    # v0.6, second run: the deterministic writer's publish lag (default on) against none; 128-row
+    # steps at d64 again (the spills are gone); launch sections of the causal deterministic mode.
+    "v3": [
+        "d128 s8192", "d128 s8192 det", "d128 s8192 det publish_lag=False",
+        "d128 s8192 causal", "d128 s8192 causal det", "d128 s8192 causal det publish_lag=False",
+        "d128 s8192 causal det dq_stages=1", "d128 s8192 causal det section=16", "d128 s8192 causal det section=256",
+        "d128 s1024 causal", "d128 s1024 causal det", "d128 s1024 causal det publish_lag=False",
+        "d64 s8192", "d64 s8192 tile_m=128", "d64 s8192 causal", "d64 s8192 causal tile_m=128",
+        "d64 s8192 causal det", "d64 s8192 causal det publish_lag=False",
+        "d256 s8192", "d256 s8192 det", "d256 s8192 det publish_lag=False",
+    ],
+    # v0.6, third run: the publish lag reordered (spin for step t, then publish step t - 1).
+    "v4": [
+        "d128 s8192", "d128 s8192 det", "d128 s8192 det publish_lag=False",
+        "d128 s8192 causal", "d128 s8192 causal det", "d128 s8192 causal det publish_lag=False",
+        "d128 s1024 causal", "d128 s1024 causal det", "d128 s1024 causal det publish_lag=False",
+        "d64 s8192 causal", "d64 s8192 causal det", "d64 s8192 causal det publish_lag=False",
+        "d256 s8192", "d256 s8192 det", "d256 s8192 det publish_lag=False",
+        "d256 s8192 causal", "d256 s8192 causal det", "d256 s8192 causal det publish_lag=False",
+    ],
     # Deterministic against non-deterministic in one run (v0.4: used to measure, and reject, a
     # writer that frees sdQ once read, before the adds complete and the slot is published).
     "det": [

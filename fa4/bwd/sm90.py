@@ -51,10 +51,13 @@ Named barriers (ids in ``_BAR``)
       async proxy), before the wgmmas that read them. With one P/dS stage (``pds_stages = 1``)
       also ``pds_free`` before the stores: the other warpgroups have finished the previous step's
       wgmmas on that stage. With two stages the previous ``pds`` barrier already guarantees it.
-    * ``dq_empty + w`` / ``dq_full + w`` (128 threads of warpgroup ``w`` + the writer warp): the
-      writer arrives on ``dq_empty`` once the last bulk reduce has read warpgroup ``w``'s part of
-      sdQ; the warpgroup syncs on it, stores, fences, and arrives on ``dq_full``, which the writer
-      syncs on before its bulk reduce.
+    * ``dq_empty`` / ``dq_full`` of warpgroup ``w`` and dQ buffer ``b`` (:meth:`FlashBwdSm90.dq_bar`;
+      128 threads of the warpgroup + the writer warp; ``dq_stages`` buffers, step ``t`` uses
+      ``t % dq_stages``): the writer arrives on ``dq_empty`` once the bulk reduce of the buffer's
+      previous step has read warpgroup ``w``'s part (with two buffers, for step ``t + 1`` while it
+      handles step ``t``); the warpgroup syncs on it, stores, fences, and arrives on ``dq_full``,
+      which the writer syncs on before its bulk reduce. One barrier per buffer, so that an arrive
+      for one step never lands in the generation of another.
     * ``epi``: every consumer thread, around the dK/dV smem tiles (which reuse sK, sV) and the
       zeroing of K/V rows past ``seqused_k``.
 
@@ -66,6 +69,17 @@ Note [K/V rows past seqused_k]
     sequence's end are the next sequence's (finite), or beyond the tensor (TMA reads zeros); query
     rows past ``seqlen_q`` read ``lse_log2 = +inf`` and ``dpsum = 0`` (Note [Padded row tiles]), so
     their P and dS are exactly 0 and nothing leaks into dK, dV.
+
+Note [Publish lag]
+    Deterministic, the writer of each step waits for its slot's turn (spin), adds, waits for the adds
+    to complete, and publishes. Serially that is two L2 round trips plus the reduce per step, about a
+    step's compute at head dim 128, so the consumers waited on the writer. With ``publish_lag`` the
+    writer spins for step ``t``'s slot first and only then waits for step ``t - 1``'s adds and
+    publishes them: the spin and the completion overlap. Still no deadlock (Note [No deadlock] in
+    fa4/sched/semaphore.py): while it holds back step ``t - 1``'s publish, the CTA of K block ``n``
+    waits only for blocks ``< n`` of its (batch, kv head), launched before it, which never wait for it. The successors of slot ``t - 1`` see it later by
+    up to the spin, which cost more than it saved with the long steps of head dim 256 (measured;
+    the tuning table turns it off there).
 
 Note [no ``from __future__ import annotations``]
     ``cute.struct`` reads the field annotations of ``SharedStorage`` as objects.
@@ -112,7 +126,6 @@ from fa4.seqlen import SeqlenInfo, grid_extent, to_sdhb
 from fa4.softmax import apply_softcap, exp2_rows, score_scales, softcap_grad
 
 SMEM_CAPACITY = 232448  # sm_90a: 227 KB of dynamic shared memory per CTA
-SMEM_RESERVED = 1024  # mbarriers and alignment
 # (consumer, producer) registers per thread after setmaxnreg. The CTA owns the registers it was
 # launched with, 8 * floor(65536 / 384 / 8) = 168 per thread, so producer + 2 * consumer <= 3 * 168 =
 # 504: a 240/240/32 split (512) made every setmaxnreg.inc wait forever for registers (measured: the
@@ -153,7 +166,9 @@ class BwdSm90Config(AttnKernelConfig):
     real one is a runtime size. ``tile_m`` x ``tile_n``: Q rows per step x K rows per CTA.
     ``num_wg``: consumer warpgroups. ``dkv_rs``: P^T, dS^T stay in registers as the A operands of
     dV, dK (``tile_n = 64 * num_wg``), else they go through smem (``tile_n = 64``; module
-    docstring). ``q_stages``: smem stages of Q/lse and dO/dpsum; ``pds_stages``: of dS^T (and P^T).
+    docstring). ``q_stages``: smem stages of Q/lse and dO/dpsum; ``pds_stages``: of dS^T (and P^T);
+    ``dq_stages``: of the float32 dQ tile handed to the writer warp. ``publish_lag`` (deterministic):
+    the writer publishes a step's slot after issuing the next step's adds (Note [Publish lag]).
     """
 
     head_dim: int = 128
@@ -163,7 +178,9 @@ class BwdSm90Config(AttnKernelConfig):
     dkv_rs: bool = True
     q_stages: int = 2
     pds_stages: int = 2
+    dq_stages: int = 1
     deterministic: bool = False
+    publish_lag: bool = False
 
     KERNEL: ClassVar[str] = "fa4.bwd.sm90:FlashBwdSm90"
     REQUIRED_SASS: ClassVar[tuple] = ("HGMMA", "UTMALDG")  # checked by tests/test_compile.py
@@ -184,18 +201,33 @@ class BwdSm90Config(AttnKernelConfig):
         am, an = self.dq_atoms
         return DqFragment("sm90", self.num_threads, am, an)
 
-    def smem_bytes(self) -> int:
+    def smem_fields(self, sizes: Optional[dict] = None) -> list:
+        """The fields of the kernel's shared storage, in order: ``(name, type, count, alignment)``
+        (``sizes``: element counts of the smem layouts, traced; default: whole tiles). One list for
+        :meth:`smem_bytes` and ``FlashBwdSm90._setup``, so the estimate is the struct's size."""
         d, m, n = self.head_dim, self.tile_m, self.tile_n
+        sizes = sizes or {"sQ": m * d * self.q_stages, "sK": n * d, "sdS": n * m * self.pds_stages}
+        rows = m * self.q_stages
+        fields = [("mbar_kv", "i64", 2, 8), ("mbar_q", "i64", 2 * self.q_stages, 8),
+                  ("mbar_do", "i64", 2 * self.q_stages, 8), ("sLSE", "f32", rows, 128), ("sD", "f32", rows, 128)]
+        if self.dkv_rs:  # a placeholder of one element, in the slack before the aligned tiles
+            fields.append(("sP", "16b", 1, 16))
+        fields += [("sQ", "16b", sizes["sQ"], 1024), ("sdO", "16b", sizes["sQ"], 1024), ("sK", "16b", sizes["sK"], 1024),
+                   ("sV", "16b", sizes["sK"], 1024), ("sdS", "16b", sizes["sdS"], 1024),
+                   ("sdQ", "f32", m * d * self.dq_stages, 1024)]
+        if not self.dkv_rs:
+            fields.append(("sP", "16b", sizes["sdS"], 1024))
+        return fields
 
-        def r1k(x: int) -> int:
-            return (x + 1023) // 1024 * 1024
-
-        q = 2 * r1k(2 * m * d * self.q_stages)  # sQ, sdO
-        kv = 2 * r1k(2 * n * d)
-        pds = (1 if self.dkv_rs else 2) * r1k(2 * n * m * self.pds_stages)
-        dq = r1k(4 * m * d)
-        rows = 2 * ((4 * m * self.q_stages + 127) // 128 * 128)
-        return q + kv + pds + dq + rows + SMEM_RESERVED
+    def smem_bytes(self) -> int:
+        """Bytes of the shared storage struct (fields aligned in order, the size rounded up to the
+        largest alignment)."""
+        nbytes = {"i64": 8, "f32": 4, "16b": 2}
+        off, top = 0, 1
+        for _, ty, count, align in self.smem_fields():
+            off = (off + align - 1) // align * align + nbytes[ty] * count
+            top = max(top, align)
+        return (off + top - 1) // top * top
 
 
 class FlashBwdSm90:
@@ -219,6 +251,17 @@ class FlashBwdSm90:
     def dkv_split(self) -> int:
         """Warpgroups along the head dim of dK / dV."""
         return 1 if self.rs else self.num_wg
+
+    def dq_bar(self, base: int, wg, step):
+        """Named barrier of warpgroup ``wg``'s part of the dQ buffer that step ``step`` uses."""
+        if const_expr(self.cfg.dq_stages == 1):
+            return base + wg
+        return base + wg * self.cfg.dq_stages + step % self.cfg.dq_stages
+
+    def stmatrix_atom(self) -> cute.CopyAtom:
+        """Register -> smem copy of 16-bit accumulator fragments: ``stmatrix`` of four 8x8 matrices
+        (one 16-byte row address per lane, where 32-bit stores needed one per element pair)."""
+        return cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
 
     @staticmethod
     def atom_cols(cols: int) -> int:
@@ -252,8 +295,11 @@ class FlashBwdSm90:
         if cfg.tile_m % (64 * am) or cfg.head_dim % (8 * an) or cfg.head_dim // an > 256:
             raise ValueError(f"{name}: a {cfg.tile_m}x{cfg.head_dim} dQ tile does not split into {am}x{an} "
                              "warpgroup wgmmas")
-        if cfg.q_stages not in (1, 2) or cfg.pds_stages not in (1, 2):
-            raise ValueError(f"{name}.q_stages / pds_stages must be 1 or 2, got {cfg.q_stages} / {cfg.pds_stages}")
+        if cfg.q_stages not in (1, 2) or cfg.pds_stages not in (1, 2) or cfg.dq_stages not in (1, 2):
+            raise ValueError(f"{name}.q_stages / pds_stages / dq_stages must be 1 or 2, got {cfg.q_stages} / "
+                             f"{cfg.pds_stages} / {cfg.dq_stages}")
+        if cfg.publish_lag and not cfg.deterministic:
+            raise ValueError(f"{name}.publish_lag orders the deterministic dQ writer; it needs deterministic=True")
         if cfg.smem_bytes() > SMEM_CAPACITY:
             raise ValueError(f"{name}: {cfg.smem_bytes()} bytes of shared memory at head_dim {cfg.head_dim}, "
                              f"tile {cfg.tile_m}x{cfg.tile_n}, {cfg.q_stages} Q stages, {cfg.pds_stages} dS stages "
@@ -290,24 +336,15 @@ class FlashBwdSm90:
         self.tma_bytes_q = m * hd * dt.width // 8 + 4 * m
         self.tma_bytes_kv = 2 * n * hd * dt.width // 8
 
-        q_stages, rows = self.q_stages, m * self.q_stages
         pds_elems = cute.cosize(self.sPdS_layout)
 
-        @cute.struct
-        class SharedStorage:
-            mbar_kv: cute.struct.MemRange[cutlass.Int64, 2]
-            mbar_q: cute.struct.MemRange[cutlass.Int64, 2 * q_stages]
-            mbar_do: cute.struct.MemRange[cutlass.Int64, 2 * q_stages]
-            sLSE: cute.struct.Align[cute.struct.MemRange[Float32, rows], 128]
-            sD: cute.struct.Align[cute.struct.MemRange[Float32, rows], 128]
-            sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sQ_layout)], 1024]
-            sdO: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sQ_layout)], 1024]
-            sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sK_layout)], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sK_layout)], 1024]
-            sdS: cute.struct.Align[cute.struct.MemRange[dt, pds_elems], 1024]
-            sP: cute.struct.Align[cute.struct.MemRange[dt, 1 if const_expr(self.rs) else pds_elems], 1024]
-            sdQ: cute.struct.Align[cute.struct.MemRange[Float32, m * hd], 1024]
-
+        types = {"i64": cutlass.Int64, "f32": Float32, "16b": dt}
+        sizes = {"sQ": cute.cosize(self.sQ_layout), "sK": cute.cosize(self.sK_layout), "sdS": pds_elems}
+        fields = {}
+        for name, ty, count, align in self.cfg.smem_fields(sizes):
+            field = cute.struct.MemRange[types[ty], count]
+            fields[name] = cute.struct.Align[field, align] if align > 8 else field
+        SharedStorage = cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
         self.SharedStorage = SharedStorage
 
     @cute.jit
@@ -454,7 +491,7 @@ class FlashBwdSm90:
             sP=None if const_expr(self.rs) else storage.sP.get_tensor(sPdS_layout.outer, swizzle=sPdS_layout.inner),
             sLSE=storage.sLSE.get_tensor(cute.make_layout((self.tile_m, self.q_stages))),
             sD=storage.sD.get_tensor(cute.make_layout((self.tile_m, self.q_stages))),
-            sdQ=storage.sdQ.get_tensor(cute.make_layout(self.tile_m * self.hd)),
+            sdQ=storage.sdQ.get_tensor(cute.make_layout((self.tile_m * self.hd, self.cfg.dq_stages))),
         )
 
     def work_info(self, block: Int32, num_x: Int32, num_batch: Int32, section: Int32, num_heads: Int32,
@@ -562,35 +599,58 @@ class FlashBwdSm90:
         dq_accum (barriers: module docstring; deterministic: Note [Deterministic dQ])."""
         if work.rows_k > 0 and work.num_steps > 0:
             det = self.cfg.deterministic
+            stages = self.cfg.dq_stages
             lane = cute.arch.lane_idx()
+            if const_expr(stages > 1):  # step 0's buffer has not been used (num_steps >= 1)
+                for w in cutlass.range_constexpr(self.num_wg):
+                    cute.arch.barrier_arrive(barrier_id=self.dq_bar(_BAR.dq_empty, w, 0), number_of_threads=128 + 32)
             for t in cutlass.range(work.num_steps, unroll=1):
                 head, m_block = self.step_slot(work, t)
+                ahead = t + stages - 1  # the step whose buffer held step t - 1's dQ
                 for w in cutlass.range_constexpr(self.num_wg):
-                    if const_expr(not det):
-                        # The previous step's reduce of part w has read sdQ (parts commit in order).
-                        cute.arch.cp_async_bulk_wait_group(self.num_wg - 1 - w, read=True)
-                    cute.arch.barrier_arrive(barrier_id=_BAR.dq_empty + w, number_of_threads=128 + 32)
+                    # Step t - 1's reduce of part w has read sdQ (parts commit in order).
+                    cute.arch.cp_async_bulk_wait_group(self.num_wg - 1 - w, read=True)
+                    if ahead < work.num_steps:
+                        cute.arch.barrier_arrive(barrier_id=self.dq_bar(_BAR.dq_empty, w, ahead),
+                                                 number_of_threads=128 + 32)
                 gdQ = cute.local_tile(dq_accum_view(mdQaccum, work.seq, work.batch, head, self.tile_m),
                                       (self.tile_m, self.hd), (m_block, 0))
-                sem_ptr = None
+                sdQ_t = sdQ[None, t % stages if const_expr(stages > 1) else 0]
                 if const_expr(det):
-                    sem_ptr = mSemaphore.iterator + cute.crd2idx((work.batch, head, m_block), mSemaphore.layout)
                     n_min, _ = work.mask.n_block_range(m_block)
                     if lane == 0:
-                        semaphore.spin(sem_ptr, work.n_block - n_min)
+                        semaphore.spin(self.dq_semaphore(mSemaphore, work, head, m_block), work.n_block - n_min)
                         cute.arch.fence_proxy("async.global")  # the adds below follow the acquire
+                    if const_expr(self.cfg.publish_lag):
+                        # Step t - 1's adds completed while this step's slot was awaited (Note [Publish lag]).
+                        if t > 0:
+                            cute.arch.cp_async_bulk_wait_group(0, read=False)
+                            if lane == 0:
+                                prev_head, prev_m = self.step_slot(work, t - 1)
+                                semaphore.publish(self.dq_semaphore(mSemaphore, work, prev_head, prev_m), True)
                     cute.arch.sync_warp()
                 for w in cutlass.range_constexpr(self.num_wg):
-                    cute.arch.barrier(barrier_id=_BAR.dq_full + w, number_of_threads=128 + 32)
+                    cute.arch.barrier(barrier_id=self.dq_bar(_BAR.dq_full, w, t), number_of_threads=128 + 32)
                     with cute.arch.elect_one():
-                        bulk_reduce_add_f32(gdQ.iterator + w * self.dq_chunk, sdQ.iterator + w * self.dq_chunk,
+                        bulk_reduce_add_f32(gdQ.iterator + w * self.dq_chunk, sdQ_t.iterator + w * self.dq_chunk,
                                             4 * self.dq_chunk)
                     cute.arch.cp_async_bulk_commit_group()
                 if const_expr(det):
-                    cute.arch.cp_async_bulk_wait_group(0, read=False)  # the adds are complete
-                    if lane == 0:
-                        semaphore.publish(sem_ptr, True)
+                    if const_expr(not self.cfg.publish_lag):
+                        cute.arch.cp_async_bulk_wait_group(0, read=False)  # the adds are complete
+                        if lane == 0:
+                            semaphore.publish(self.dq_semaphore(mSemaphore, work, head, m_block), True)
+            if const_expr(det and self.cfg.publish_lag):
+                cute.arch.cp_async_bulk_wait_group(0, read=False)
+                if lane == 0:
+                    last_head, last_m = self.step_slot(work, work.num_steps - 1)
+                    semaphore.publish(self.dq_semaphore(mSemaphore, work, last_head, last_m), True)
             cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @staticmethod
+    def dq_semaphore(mSemaphore: cute.Tensor, work, head: Int32, m_block: Int32) -> cute.Pointer:
+        """The counter of the dq_accum slot (batch, head, m_block) (Note [Deterministic dQ])."""
+        return mSemaphore.iterator + cute.crd2idx((work.batch, head, m_block), mSemaphore.layout)
 
     # --- consumers --------------------------------------------------------------------------
 
@@ -632,10 +692,10 @@ class FlashBwdSm90:
         c.acc_dK, c.acc_dV = acc_dK, acc_dV
         # Query (column) coordinate of each column of this thread's S^T view.
         c.tScS_mn = make_acc_mn_view(thr_sdp.partition_C(cute.make_identity_tensor(shape_S)))
-        c.r2s = cute.make_tiled_copy_C(
-            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=32), sdp).get_slice(tidx)
+        c.r2s = cute.make_tiled_copy_C(self.stmatrix_atom(), sdp).get_slice(tidx)
         c.thr_sdp = thr_sdp
-        c.sdQ_frag = thread_fragment(sm.sdQ, self.cfg.dq_fragment, self.dq_frag_size, 4, tidx)
+        c.sdQ = sm.sdQ
+        c.tidx = tidx
 
         if work.rows_k > 0:
             if work.num_steps > 0:
@@ -734,12 +794,14 @@ class FlashBwdSm90:
         pipe_do.consumer_release(do_state)
 
         # dQ -> this warpgroup's part of sdQ (fragment order), for the writer warp.
-        cute.arch.barrier(barrier_id=_BAR.dq_empty + wg, number_of_threads=128 + 32)
-        acc_v = cute.make_tensor(c.acc_dQ.iterator, cute.make_layout(c.sdQ_frag.shape))
-        for v in cutlass.range_constexpr(cute.size(c.sdQ_frag, mode=[1])):
-            c.sdQ_frag[None, v].store(acc_v[None, v].load())
+        sdQ_frag = thread_fragment(c.sdQ[None, t % self.cfg.dq_stages if const_expr(self.cfg.dq_stages > 1) else 0],
+                                   self.cfg.dq_fragment, self.dq_frag_size, 4, c.tidx)
+        cute.arch.barrier(barrier_id=self.dq_bar(_BAR.dq_empty, wg, t), number_of_threads=128 + 32)
+        acc_v = cute.make_tensor(c.acc_dQ.iterator, cute.make_layout(sdQ_frag.shape))
+        for v in cutlass.range_constexpr(cute.size(sdQ_frag, mode=[1])):
+            sdQ_frag[None, v].store(acc_v[None, v].load())
         cute.arch.fence_proxy("async.shared", space="cta")
-        cute.arch.barrier_arrive(barrier_id=_BAR.dq_full + wg, number_of_threads=128 + 32)
+        cute.arch.barrier_arrive(barrier_id=self.dq_bar(_BAR.dq_full, wg, t), number_of_threads=128 + 32)
         warpgroup.wait_group(0)  # dK
         pipe_q.consumer_release(q_state)
 
@@ -748,9 +810,7 @@ class FlashBwdSm90:
         """dK *= softmax_scale; dK, dV -> 16 bits -> smem (over sK, sV) -> gmem, 16-byte stores of
         the rows the sequence owns (zeros for a block no query sees)."""
         acc_dK.store(acc_dK.load() * softmax_scale)
-        r2s = cute.make_tiled_copy_C(
-            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=32),
-            self.tiled_mma_dkv).get_slice(tidx)
+        r2s = cute.make_tiled_copy_C(self.stmatrix_atom(), self.tiled_mma_dkv).get_slice(tidx)
         # Every warpgroup is done reading sK and sV (its last wgmmas completed before this).
         cute.arch.barrier(barrier_id=_BAR.epi, number_of_threads=self.num_consumer_threads)
         for acc, sT in ((acc_dK, sm.sK), (acc_dV, sm.sV)):
@@ -772,17 +832,19 @@ FlashBwdSm90.kernel.set_name_prefix("fa4_bwd_sm90", remove_cutlass_symbol=True)
 # Tuning table, variants, launcher
 # --------------------------------------------------------------------------------------------
 
-# Padded head dim -> (tile_m, dkv_rs, q_stages, pds_stages). Not yet tuned on the H200: the first
-# choices that fit the registers and smem (64-row steps; P/dS through smem above 128).
+# Padded head dim -> (tile_m, dkv_rs, q_stages, pds_stages, dq_stages, publish_lag). 64-row steps; P/dS
+# through smem above 128; two dQ buffers where smem allows (measured v0.6: +2% d128, +6% causal, +9%
+# deterministic); the publish lag of the deterministic writer where it measured faster (v0.6: +4-8%
+# at head dims 64 and 128, -2 to -6% at 256).
 TUNING = {
-    32: (64, True, 2, 2),
-    64: (64, True, 2, 2),
-    96: (64, True, 2, 2),
-    128: (64, True, 2, 2),
-    160: (64, False, 2, 2),
-    192: (64, False, 2, 1),
-    224: (64, False, 1, 1),
-    256: (64, False, 1, 1),
+    32: (64, True, 2, 2, 2, True),
+    64: (64, True, 2, 2, 2, True),
+    96: (64, True, 2, 2, 2, True),
+    128: (64, True, 2, 2, 2, True),
+    160: (64, False, 2, 2, 1, False),
+    192: (64, False, 2, 1, 1, False),
+    224: (64, False, 1, 1, 1, False),
+    256: (64, False, 1, 1, 1, False),
 }
 
 LAUNCH_ORDER = common.LaunchOrder(causal=16, det_no_mask=32, det_causal=64)
@@ -798,7 +860,7 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         raise NotImplementedError(
             f"the sm90 backward needs head_dim_v == head_dim, got {problem.head_dim_v} != {problem.head_dim}")
     hd = head_dim_padded(problem.head_dim)
-    tile_m, rs, q_stages, pds_stages = TUNING[hd]
+    tile_m, rs, q_stages, pds_stages, dq_stages, lag = TUNING[hd]
     opts = options or KernelOptions()
     if opts.bwd_num_threads is not None and opts.bwd_num_threads != 384:
         raise ValueError(f"KernelOptions.bwd_num_threads={opts.bwd_num_threads}: the sm90 backward runs 384 threads "
@@ -809,8 +871,11 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
                          f"{problem.head_dim} uses tile_n {tile_n}")
     cfg = BwdSm90Config(
         arch=arch, dtype=problem.dtype, head_dim=hd, tile_m=opts.bwd_tile_m or tile_m, tile_n=tile_n, num_wg=2,
-        dkv_rs=rs, q_stages=q_stages, pds_stages=pds_stages, deterministic=bool(deterministic),
+        dkv_rs=rs, q_stages=q_stages, pds_stages=pds_stages, dq_stages=dq_stages, deterministic=bool(deterministic),
+        publish_lag=bool(deterministic) and lag,
         **BwdSm90Config.problem_flags(problem))
+    if cfg.dq_stages > 1 and cfg.smem_bytes() > SMEM_CAPACITY:  # a larger tile_m asked for: one dQ buffer
+        cfg = replace(cfg, dq_stages=1)
     try:
         FlashBwdSm90.can_implement(cfg)
     except ValueError as e:
@@ -849,4 +914,5 @@ def variants(arch: str) -> list[BwdSm90Config]:
     ]
     out = [make_config(p, None, arch, det) for p, det in cases]
     out.append(replace(out[0], tile_m=128))
+    out.append(replace(out[2], dq_stages=1, publish_lag=not out[2].publish_lag))  # one dQ buffer, deterministic
     return out
