@@ -257,6 +257,53 @@ def test_deterministic_schedule_few_resident(sq, sk, resident):
                 assert final == contributors
 
 
+@pytest.mark.parametrize("sq, sk", _SIZES + [(8192, 8192), (640, 1280)])
+def test_rotated_schedule(sq, sk):
+    """Note [Rotated order]: every slot's ranks are a permutation of 0..n-1, adds happen in rank
+    order and the schedule finishes with a pair's K blocks resident at once (lockstep and random
+    interleavings); and at equal pace no block ever waits: its rank in a slot is the number of
+    blocks that reached the slot at an earlier step (so each block's first slot has rank 0)."""
+    for tm, tn in _TILES:
+        seqs_q, seqs_k = [sq, max(1, sq // 3)], [sk, max(1, sk // 2)]
+        visits, rank, ctas = common.deterministic_schedule(seqs_q, seqs_k, 2, 2, tm, tn, rotated=True)
+        num_x = -(-max(seqs_k) // tn)
+        check_schedule(visits, rank, resident=(num_x, num_x + 3), launch_ordered=False)
+        for seed in range(3):
+            simulate(visits, rank, num_x, seed=seed)
+        by_pair: dict = {}
+        for c, (_, hk, b, _) in enumerate(ctas):
+            by_pair.setdefault((hk, b), []).append(c)
+        for (hk, b), members in by_pair.items():
+            if -(-seqs_q[b] // tm) < -(-seqs_k[b] // tn):
+                continue  # fewer m_blocks than K blocks: the plain order (stagger 0)
+            first_visit = {}
+            for c in members:
+                for i, slot in enumerate(visits[c]):
+                    first_visit.setdefault(slot, []).append((i, c))
+            for slot, arrivals in first_visit.items():
+                for i, c in arrivals:
+                    assert rank(c, slot) == sum(1 for j, _ in arrivals if j < i), (slot, arrivals)
+
+
+def test_rotated_order_only_where_safe():
+    """The sm90 backward uses the rotated order only deterministic, unmasked, and when a pair's K
+    blocks fit on the GPU at once (132 SMs without a GPU); it launches sections of one pair."""
+    from fa4.bwd import sm90
+
+    def cfg(sk, **kw):
+        p = AttnProblem("bf16", 1, sk, sk, 8, 8, 128, 128, 128**-0.5, **kw)
+        return sm90.make_config(p, None, "sm_90a", True)
+
+    assert cfg(8192).det_rotate and cfg(132 * 128).det_rotate
+    assert not cfg(133 * 128).det_rotate  # 133 K blocks > 132 SMs
+    assert not cfg(8192, causal=True).det_rotate
+    assert not sm90.make_config(AttnProblem("bf16", 1, 8192, 8192, 8, 8, 128, 128, 0.1), None, "sm_90a").det_rotate
+    order = sm90.LAUNCH_ORDER
+    assert order.section_pairs(64, False, True, True) == 1 and order.section_pairs(64, False, True) > 1
+    with pytest.raises(ValueError, match="det_rotate"):
+        sm90.FlashBwdSm90.can_implement(dataclasses.replace(cfg(8192, causal=True), det_rotate=True))
+
+
 def test_launch_order_is_rank_major():
     """The deterministic grid: with one section of all pairs the n_block rank x is slowest (every
     pair's x-th K block is launched before any pair's (x+1)-th), kv heads fastest; with sections of

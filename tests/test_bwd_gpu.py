@@ -292,6 +292,54 @@ def test_bwd_deterministic_launch_orders(mask, family, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["dense", "varlen"])
+def test_bwd_sm90_rotated_order(layout, monkeypatch):
+    """Note [Rotated order] (fa4/bwd/common.py): the sm90 deterministic backward without a mask,
+    K blocks staggered over the m_blocks, is bit-exact over runs and correct, with GQA, and with
+    sequences of several lengths (varlen + seqused_k: a stagger per sequence, some of them 0, the
+    plain order); and so is the plain order (the rotation switched off), which adds in another order."""
+    from fa4.bwd import sm90
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the sm90 kernels need compute capability 9.x")
+    opts = fa4.KernelOptions(arch="sm90")
+    if layout == "dense":
+        q, k, v = random_qkv(2, 2048, 1536, 6, 2, 128, torch.bfloat16, "cuda", requires_grad=True, seed=5)
+        g = torch.randn_like(q)
+
+        def run():
+            out, _ = fa4.flash_attn_func(q, k, v, deterministic=True, kernel_options=opts)
+            return torch.autograd.grad(out, (q, k, v), g)
+    else:
+        vb = random_varlen(4, 1500, 6, 2, 128, torch.bfloat16, "cuda", max_seqlen_k=1500, with_seqused_k=True,
+                           requires_grad=True, seed=17)
+        var = dict(cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k, seqused_k=vb.seqused_k,
+                   max_seqlen_q=vb.max_seqlen_q, max_seqlen_k=vb.max_seqlen_k)
+        g = torch.randn(vb.q.shape, device="cuda", dtype=vb.q.dtype)
+
+        def run():
+            out, _ = fa4.flash_attn_varlen_func(vb.q, vb.k, vb.v, deterministic=True, kernel_options=opts, **var)
+            return torch.autograd.grad(out, (vb.q, vb.k, vb.v), g)
+    results = {}
+    for rotate in (True, False):
+        monkeypatch.setattr(sm90, "DET_ROTATE", rotate)
+        fa4.ops._plans.clear()
+        first = run()
+        for _ in range(4):
+            for name, a, b in zip(("dq", "dk", "dv"), first, run()):
+                assert torch.equal(a, b), f"{name} differs between runs (rotated order {rotate})"
+        results[rotate] = first
+    fa4.ops._plans.clear()
+    if layout == "dense":
+        ref, pt = _reference_dense((q, k, v), dict(causal=False, window_size=(None, None), softcap=0.0), g, None)
+        for grads in results.values():
+            _check_grads(("dq", "dk", "dv"), grads, ref, pt, (q, k, v), g)
+    else:  # against each other: the same sums in two orders
+        for a, b in zip(results[True], results[False]):
+            torch.testing.assert_close(a.float(), b.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
 def test_bwd_unused_kv_rows_may_hold_nan(family):
     """K/V rows past ``seqused_k`` (an uninitialized KV cache) must not reach any gradient, even as
     NaN: P is 0 there, but dP = dO V^T and dQ = dS K multiply them (Note [K/V rows past seqused_k]

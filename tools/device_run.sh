@@ -35,7 +35,7 @@ if has decode; then
   echo "decode rc=$?"; tail -12 "$out/decode.log"
 fi
 if has det90; then
-  timeout 200 python3 -m pytest -m gpu -p no:cacheprovider $xd -q -rfE tests/test_bwd_gpu.py -k "deterministic and sm90" \
+  timeout 200 python3 -m pytest -m gpu -p no:cacheprovider $xd -q -rfE tests/test_bwd_gpu.py -k "(deterministic and sm90) or rotated" \
     > "$out/det90.log" 2>&1
   echo "det90 rc=$?"; grep -E "passed|failed|FAILED|ERROR" "$out/det90.log" | tail -10
 fi

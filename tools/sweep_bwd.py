@@ -66,6 +66,32 @@ PLANS = {
         "d256 s8192", "d256 s8192 det", "d256 s8192 det publish_lag=False",
         "d256 s8192 causal", "d256 s8192 causal det", "d256 s8192 causal det publish_lag=False",
     ],
+    # v0.6, fourth run: launch sections of the deterministic mode (and of the non-deterministic one
+    # at the deterministic default), 128-row steps at d64 with the row statistics read late.
+    "v5": [
+        "d128 s8192", "d128 s8192 section=4", "d128 s8192 section=32",
+        "d128 s8192 det section=1", "d128 s8192 det section=2", "d128 s8192 det section=4",
+        "d128 s8192 det section=8", "d128 s8192 det section=16", "d128 s8192 det", "d128 s8192 det section=64",
+        "d64 s8192", "d64 s8192 det", "d64 s8192 det section=8",
+        "d64 s8192 causal", "d64 s8192 causal det", "d64 s8192 causal det section=16",
+        "d64 s8192 causal det section=128",
+        "d64 s8192 tile_m=128", "d64 s8192 causal tile_m=128",
+    ],
+    # v0.6, fifth run: the rotated deterministic order (default where safe) against the plain one.
+    "v6": [
+        "d128 s8192", "d128 s8192 det", "d128 s8192 det det_rotate=False",
+        "d128 s1024", "d128 s1024 det", "d128 s1024 det det_rotate=False",
+        "d128 s4096", "d128 s4096 det", "d128 s4096 det det_rotate=False",
+        "d128 s16384", "d128 s16384 det", "d128 s16384 det det_rotate=False",
+        "d64 s8192", "d64 s8192 det", "d64 s8192 det det_rotate=False",
+        "d256 s8192", "d256 s8192 det", "d256 s8192 det det_rotate=False",
+    ],
+    # v0.6, sixth run: the rotated order and the publish lag, crossed.
+    "v7": [
+        f"d{d} s{s}{x}" for d, s in ((64, 8192), (128, 4096), (128, 8192))
+        for x in ("", " det", " det publish_lag=False", " det det_rotate=False",
+                  " det det_rotate=False publish_lag=False")
+    ],
     # Deterministic against non-deterministic in one run (v0.4: used to measure, and reject, a
     # writer that frees sdQ once read, before the adds complete and the slot is published).
     "det": [

@@ -138,6 +138,7 @@ def register_budget_ok(num_wg: int) -> bool:
     consumer, producer = _REGS[num_wg]
     launch = 65536 // (128 * (num_wg + 1)) // 8 * 8
     return producer + num_wg * consumer <= launch * (num_wg + 1)
+ROWS_LATE = None  # experiments: force BwdSm90Config.rows_late (not a compile key: clear the caches)
 _BAR = SimpleNamespace(pds=1, pds_free=2, epi=3, dq_full=4, dq_empty=8)
 
 
@@ -156,6 +157,7 @@ class CtaWork:
     num_m: Int32
     num_steps: Int32
     rows_k: Int32
+    num_n: Int32  # K blocks with keys in this sequence (>= 1)
 
 
 @dataclass(frozen=True)
@@ -168,7 +170,9 @@ class BwdSm90Config(AttnKernelConfig):
     dV, dK (``tile_n = 64 * num_wg``), else they go through smem (``tile_n = 64``; module
     docstring). ``q_stages``: smem stages of Q/lse and dO/dpsum; ``pds_stages``: of dS^T (and P^T);
     ``dq_stages``: of the float32 dQ tile handed to the writer warp. ``publish_lag`` (deterministic):
-    the writer publishes a step's slot after issuing the next step's adds (Note [Publish lag]).
+    the writer publishes a step's slot after spinning for the next step's (Note [Publish lag]).
+    ``det_rotate`` (deterministic, no mask): the rotated order of Note [Rotated order] in
+    fa4/bwd/common.py.
     """
 
     head_dim: int = 128
@@ -181,6 +185,7 @@ class BwdSm90Config(AttnKernelConfig):
     dq_stages: int = 1
     deterministic: bool = False
     publish_lag: bool = False
+    det_rotate: bool = False
 
     KERNEL: ClassVar[str] = "fa4.bwd.sm90:FlashBwdSm90"
     REQUIRED_SASS: ClassVar[tuple] = ("HGMMA", "UTMALDG")  # checked by tests/test_compile.py
@@ -200,6 +205,13 @@ class BwdSm90Config(AttnKernelConfig):
         """The order of this kernel's dQ tiles in dq_accum (Note [dQ accumulator layout])."""
         am, an = self.dq_atoms
         return DqFragment("sm90", self.num_threads, am, an)
+
+    @property
+    def rows_late(self) -> bool:
+        """Read lse / dpsum from smem where each query column is used, not ahead into registers
+        (``ROWS_LATE`` override; default: for steps of more than 64 rows, where the accumulators
+        leave no room for 2 x tile_m / 4 registers of row statistics)."""
+        return self.tile_m > 64 if ROWS_LATE is None else ROWS_LATE
 
     def smem_fields(self, sizes: Optional[dict] = None) -> list:
         """The fields of the kernel's shared storage, in order: ``(name, type, count, alignment)``
@@ -298,6 +310,9 @@ class FlashBwdSm90:
         if cfg.q_stages not in (1, 2) or cfg.pds_stages not in (1, 2) or cfg.dq_stages not in (1, 2):
             raise ValueError(f"{name}.q_stages / pds_stages / dq_stages must be 1 or 2, got {cfg.q_stages} / "
                              f"{cfg.pds_stages} / {cfg.dq_stages}")
+        if cfg.det_rotate and not (cfg.deterministic and not cfg.causal and not cfg.local):
+            raise ValueError(f"{name}.det_rotate (Note [Rotated order]) needs deterministic=True and no causal or "
+                             "local mask")
         if cfg.publish_lag and not cfg.deterministic:
             raise ValueError(f"{name}.publish_lag orders the deterministic dQ writer; it needs deterministic=True")
         if cfg.smem_bytes() > SMEM_CAPACITY:
@@ -507,7 +522,8 @@ class FlashBwdSm90:
                                                            seqlen_q_static, seqlen_k_static, window_left,
                                                            window_right)
         group = num_heads // num_heads_k
-        return CtaWork(seq, mask, n_block, head_kv, batch, group, m_min, num_m, num_m * group, rows_k)
+        num_n = cutlass.max(cute.ceil_div(seq.seqlen_k, self.tile_n), 1)
+        return CtaWork(seq, mask, n_block, head_kv, batch, group, m_min, num_m, num_m * group, rows_k, num_n)
 
     def make_pipelines(self, storage):
         """The K/V, Q and dO pipelines (arrive counts: module docstring)."""
@@ -544,8 +560,27 @@ class FlashBwdSm90:
         return seq, mask, m_min, num_m, seqlen_k_rows - n_block * self.tile_n
 
     def step_slot(self, work, t: Int32):
-        """(q head, m_block) of step ``t``: :func:`fa4.bwd.common.step_slot`."""
+        """(q head, m_block) of step ``t``: :func:`fa4.bwd.common.step_slot`, or the rotated order
+        (``det_rotate``; twin: :func:`fa4.bwd.common.host_rotated_slot`)."""
+        if const_expr(self.cfg.det_rotate):
+            m_idx = t // work.group
+            head = work.head_kv * work.group + (t - m_idx * work.group)
+            start = work.num_m - 1 - work.n_block * (work.num_m // work.num_n)
+            return head, (start - m_idx + work.num_m) % work.num_m
         return common.step_slot(t, work.head_kv, work.group, work.m_min, work.num_m, self.cfg.deterministic)
+
+    @cute.jit
+    def dq_rank(self, work, m_block: Int32) -> Int32:
+        """The count of the slot's counter this CTA waits for (Note [Deterministic dQ]; with
+        ``det_rotate`` Note [Rotated order], twin :func:`fa4.bwd.common.host_rotated_rank`)."""
+        n_min, _ = work.mask.n_block_range(m_block)
+        rank = work.n_block - n_min
+        if const_expr(self.cfg.det_rotate):
+            stagger = work.num_m // work.num_n
+            if stagger > 0:
+                n0 = cutlass.min((work.num_m - 1 - m_block) // stagger, work.num_n - 1)
+                rank = (n0 - work.n_block + work.num_n) % work.num_n
+        return rank
 
     # --- producer ---------------------------------------------------------------------------
 
@@ -617,9 +652,9 @@ class FlashBwdSm90:
                                       (self.tile_m, self.hd), (m_block, 0))
                 sdQ_t = sdQ[None, t % stages if const_expr(stages > 1) else 0]
                 if const_expr(det):
-                    n_min, _ = work.mask.n_block_range(m_block)
+                    rank = self.dq_rank(work, m_block)
                     if lane == 0:
-                        semaphore.spin(self.dq_semaphore(mSemaphore, work, head, m_block), work.n_block - n_min)
+                        semaphore.spin(self.dq_semaphore(mSemaphore, work, head, m_block), rank)
                         cute.arch.fence_proxy("async.global")  # the adds below follow the acquire
                     if const_expr(self.cfg.publish_lag):
                         # Step t - 1's adds completed while this step's slot was awaited (Note [Publish lag]).
@@ -740,9 +775,13 @@ class FlashBwdSm90:
         pipe_do.consumer_wait(do_state)
         gemm_sm90(self.tiled_mma_sdp, c.acc_dP, c.tdPrV, c.tdPrdO[None, None, None, di], zero_init=True)
         ncol = cute.size(c.tScS_mn, mode=[1])
+        # The row statistics of this thread's query columns: read ahead of the waits into registers,
+        # or, where registers are short (``rows_late``), from smem as each column is used.
+        late = self.cfg.rows_late
         rLSE = cute.make_rmem_tensor(ncol, Float32)
-        for j in cutlass.range_constexpr(ncol):
-            rLSE[j] = sm.sLSE[c.tScS_mn[0, j][1], qi]
+        if const_expr(not late):
+            for j in cutlass.range_constexpr(ncol):
+                rLSE[j] = sm.sLSE[c.tScS_mn[0, j][1], qi]
         warpgroup.wait_group(1)  # S^T
 
         # P^T = exp2(S^T * scale_log2 - lse_log2[query]).
@@ -755,7 +794,13 @@ class FlashBwdSm90:
             work.mask.apply(c.acc_S, c.thr_sdp, m_block, work.n_block, mask_seqlen=True, mask_window=True,
                             transpose=True)
         acc_S_mn = make_acc_mn_view(c.acc_S)
-        exp2_rows(acc_S_mn, rLSE, scale_log2, 0.0, bias_per_col=True)
+        if const_expr(late):
+            for j in cutlass.range_constexpr(ncol):
+                lse = sm.sLSE[c.tScS_mn[0, j][1], qi]
+                for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
+                    acc_S_mn[r, j] = cute.math.exp2(cute.math.fma(acc_S_mn[r, j], scale_log2, -lse), fastmath=True)
+        else:
+            exp2_rows(acc_S_mn, rLSE, scale_log2, 0.0, bias_per_col=True)
         rP = cute.make_rmem_tensor_like(c.acc_S, self.dtype)
         convert_f32_to_half(c.acc_S, rP)
         if const_expr(self.pds_stages == 1):
@@ -766,15 +811,18 @@ class FlashBwdSm90:
         else:
             cute.copy(c.r2s, c.r2s.retile(rP), c.r2s.partition_D(sm.sP[None, None, pds]))
         rD = cute.make_rmem_tensor(ncol, Float32)
-        for j in cutlass.range_constexpr(ncol):
-            rD[j] = sm.sD[c.tScS_mn[0, j][1], di]
-        warpgroup.wait_group(1 if const_expr(self.rs) else 0)  # dP^T
+        if const_expr(not late):
+            for j in cutlass.range_constexpr(ncol):
+                rD[j] = sm.sD[c.tScS_mn[0, j][1], di]
+        # dP^T; with rows_late also dV, so that P^T's registers are free before dS^T.
+        warpgroup.wait_group(1 if const_expr(self.rs and not late) else 0)
 
         # dS^T = P^T * (dP^T - D[query]).
         acc_dP_mn = make_acc_mn_view(c.acc_dP)
-        for r in cutlass.range_constexpr(cute.size(acc_dP_mn, mode=[0])):
-            for j in cutlass.range_constexpr(ncol):
-                acc_dP_mn[r, j] = acc_S_mn[r, j] * (acc_dP_mn[r, j] - rD[j])
+        for j in cutlass.range_constexpr(ncol):
+            d = sm.sD[c.tScS_mn[0, j][1], di] if const_expr(late) else rD[j]
+            for r in cutlass.range_constexpr(cute.size(acc_dP_mn, mode=[0])):
+                acc_dP_mn[r, j] = acc_S_mn[r, j] * (acc_dP_mn[r, j] - d)
         if const_expr(self.cfg.has_softcap):
             softcap_grad(c.acc_dP, tanh_S)
         rdS = cute.make_rmem_tensor_like(c.acc_dP, self.dtype)
@@ -832,24 +880,43 @@ FlashBwdSm90.kernel.set_name_prefix("fa4_bwd_sm90", remove_cutlass_symbol=True)
 # Tuning table, variants, launcher
 # --------------------------------------------------------------------------------------------
 
-# Padded head dim -> (tile_m, dkv_rs, q_stages, pds_stages, dq_stages, publish_lag). 64-row steps; P/dS
-# through smem above 128; two dQ buffers where smem allows (measured v0.6: +2% d128, +6% causal, +9%
-# deterministic); the publish lag of the deterministic writer where it measured faster (v0.6: +4-8%
-# at head dims 64 and 128, -2 to -6% at 256).
+# Padded head dim -> (tile_m, dkv_rs, q_stages, pds_stages, dq_stages, publish_lag, det_rotate). 64-row
+# steps; P/dS through smem above 128; two dQ buffers where smem allows (measured v0.6: +2% d128, +6%
+# causal, +9% deterministic); the deterministic writer's publish lag where it measured faster (v0.6:
+# +4-8% at head dims 64 and 128, -2 to -6% at 256); the rotated deterministic order (where
+# :func:`rotate_ok`) where it measured faster (v0.6: d128 +4-5% at s8k in two runs, d256 +2%; d64 -7%
+# in two runs: 64-row steps of d64 are shorter than a publish, so a stagger of 2 steps still waits).
 TUNING = {
-    32: (64, True, 2, 2, 2, True),
-    64: (64, True, 2, 2, 2, True),
-    96: (64, True, 2, 2, 2, True),
-    128: (64, True, 2, 2, 2, True),
-    160: (64, False, 2, 2, 1, False),
-    192: (64, False, 2, 1, 1, False),
-    224: (64, False, 1, 1, 1, False),
-    256: (64, False, 1, 1, 1, False),
+    32: (64, True, 2, 2, 2, True, False),
+    64: (64, True, 2, 2, 2, True, False),
+    96: (64, True, 2, 2, 2, True, False),
+    128: (64, True, 2, 2, 2, True, True),
+    160: (64, False, 2, 2, 1, False, True),
+    192: (64, False, 2, 1, 1, False, True),
+    224: (64, False, 1, 1, 1, False, True),
+    256: (64, False, 1, 1, 1, False, True),
 }
 
 LAUNCH_ORDER = common.LaunchOrder(causal=16, det_no_mask=32, det_causal=64)
-"""Pairs per launch section (Note [Launch order] in fa4/bwd/common.py): the sm80 family's measured
-values, not yet measured for this kernel."""
+"""Pairs per launch section (Note [Launch order] in fa4/bwd/common.py); the sm80 family's values.
+Measured for this kernel (v0.6, d128 s8k, one lease each, noisy): without a mask sections of 1 / 4 / 32
+pairs gave 640 / 594 / 541 TFLOP/s (1 is the default there); deterministic, plain order, 1 / 2 / 4 /
+8 / 16 / 32 / 64 pairs gave 500 / 540 / 542 / 462 / 519 / 484 / 502 (no clear optimum, 32 kept; the
+rotated order, sections of 1, replaces it at d128); causal deterministic 16 / 64 / 256: 484 / 477 / 478."""
+
+DET_ROTATE = True
+"""Use the rotated deterministic order where it is safe (:func:`rotate_ok`); False: never."""
+
+
+def rotate_ok(problem: AttnProblem, tile_n: int) -> bool:
+    """Whether the rotated deterministic order (Note [Rotated order] in fa4/bwd/common.py) serves
+    ``problem``: no causal or local mask, and one CTA per SM leaves room for all the K blocks of a
+    (batch, kv head) pair at once."""
+    from fa4.arch import num_sms
+
+    if not DET_ROTATE or problem.causal or problem.local:
+        return False
+    return -(-problem.seqlen_k // tile_n) <= num_sms()
 
 
 def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: str,
@@ -860,7 +927,7 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         raise NotImplementedError(
             f"the sm90 backward needs head_dim_v == head_dim, got {problem.head_dim_v} != {problem.head_dim}")
     hd = head_dim_padded(problem.head_dim)
-    tile_m, rs, q_stages, pds_stages, dq_stages, lag = TUNING[hd]
+    tile_m, rs, q_stages, pds_stages, dq_stages, lag, rotate = TUNING[hd]
     opts = options or KernelOptions()
     if opts.bwd_num_threads is not None and opts.bwd_num_threads != 384:
         raise ValueError(f"KernelOptions.bwd_num_threads={opts.bwd_num_threads}: the sm90 backward runs 384 threads "
@@ -873,6 +940,7 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         arch=arch, dtype=problem.dtype, head_dim=hd, tile_m=opts.bwd_tile_m or tile_m, tile_n=tile_n, num_wg=2,
         dkv_rs=rs, q_stages=q_stages, pds_stages=pds_stages, dq_stages=dq_stages, deterministic=bool(deterministic),
         publish_lag=bool(deterministic) and lag,
+        det_rotate=bool(deterministic) and rotate and rotate_ok(problem, tile_n),
         **BwdSm90Config.problem_flags(problem))
     if cfg.dq_stages > 1 and cfg.smem_bytes() > SMEM_CAPACITY:  # a larger tile_m asked for: one dQ buffer
         cfg = replace(cfg, dq_stages=1)
