@@ -55,7 +55,7 @@ def main() -> None:
     if args.out:
         open(args.out, "w").write(sass)
     ops = opcode_counts(sass)
-    keys = ("HMMA", "HGMMA", "UTMALDG", "UTMASTG", "LDSM", "STSM", "LDS", "STS", "LDG", "STG", "LDGSTS", "RED",
+    keys = ("HMMA", "HGMMA", "UTMALDG", "UTMASTG", "LDSM", "STSM", "LDS", "STS", "LDG", "STG", "LDGSTS", "RED", "REDG",
             "ATOM", "LDL", "STL", "BAR", "SYNCS", "MUFU", "SHFL", "USETMAXREG")
     summary = {k: count(ops, k) for k in keys}
     print("instructions:", sum(ops.values()), summary)

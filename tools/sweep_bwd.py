@@ -92,6 +92,17 @@ PLANS = {
         for x in ("", " det", " det publish_lag=False", " det det_rotate=False",
                   " det det_rotate=False publish_lag=False")
     ],
+    # v0.6, seventh run: dQ added from the consumers' registers (dq_direct), which frees the sdQ
+    # tile for a second Q/dO stage at d256 (and a second P/dS stage).
+    "v8": [
+        "d256 s8192", "d256 s8192 dq_direct=True", "d256 s8192 dq_direct=True q_stages=2",
+        "d256 s8192 dq_direct=True q_stages=2 pds_stages=2",
+        "d256 s8192 causal", "d256 s8192 causal dq_direct=True q_stages=2",
+        "d256 s8192 causal dq_direct=True q_stages=2 pds_stages=2",
+        "d192 s8192", "d192 s8192 dq_direct=True pds_stages=2",
+        "d128 s8192", "d128 s8192 dq_direct=True", "d128 s8192 causal", "d128 s8192 causal dq_direct=True",
+        "d64 s8192", "d64 s8192 dq_direct=True",
+    ],
     # Deterministic against non-deterministic in one run (v0.4: used to measure, and reject, a
     # writer that frees sdQ once read, before the adds complete and the slot is published).
     "det": [

@@ -24,9 +24,9 @@ Warp roles (``kernel`` dispatches; ``128 * (num_wg + 1)`` threads)
     * warpgroup 0 (``setmaxnreg`` down to ``producer_regs``):
         - warp 0, :meth:`load`: TMA of K and V once, then per step Q + the ``lse_log2`` rows and
           dO + the ``dpsum`` rows;
-        - warp 1, :meth:`store_dq`: per step and warpgroup, waits for the warpgroup's dQ tile in
-          smem, bulk-reduce-adds it into ``dq_accum`` (deterministic: after the slot's earlier
-          contributors, then publishes);
+        - warp 1, :meth:`store_dq` (not with ``dq_direct``): per step and warpgroup, waits for the
+          warpgroup's dQ tile in smem, bulk-reduce-adds it into ``dq_accum`` (deterministic: after
+          the slot's earlier contributors, then publishes);
         - warps 2, 3 exit.
     * warpgroups 1..num_wg, the consumers (``setmaxnreg`` up to ``consumer_regs``): :meth:`mma`
       (the step loop, then :meth:`epilogue`: dK, dV through smem to gmem with 16-byte stores).
@@ -70,6 +70,15 @@ Note [K/V rows past seqused_k]
     rows past ``seqlen_q`` read ``lse_log2 = +inf`` and ``dpsum = 0`` (Note [Padded row tiles]), so
     their P and dS are exactly 0 and nothing leaks into dK, dV.
 
+Note [Direct dQ]
+    The sdQ tile that the writer warp reduces from costs ``4 * tile_m * head_dim`` bytes of smem,
+    64 KB at head dim 256, where it is what keeps the kernel at one Q/dO stage (every step then
+    waits for its loads). With ``dq_direct`` each consumer thread adds its dQ fragment into
+    dq_accum itself, ``red.global.add.v4.f32`` in the fragment order (16 per thread per step at
+    d256, with immediate offsets), and the smem goes to a second Q/dO stage: measured +35% at d256.
+    At head dims <= 128 the steps are short and the reductions' issue cost shows (-2% at d128), so
+    the bulk reduce stays there. Not deterministic: the adds of a slot are unordered.
+
 Note [Publish lag]
     Deterministic, the writer of each step waits for its slot's turn (spin), adds, waits for the adds
     to complete, and publishes. Serially that is two L2 round trips plus the reduce per step, about a
@@ -103,6 +112,7 @@ from fa4.bwd.workspace import (
     dq_accum_view,
     dq_tiled_mma,
     head_dim_padded,
+    red_add_fragment,
     rows_tma_order,
     rows_view_tma,
     thread_fragment,
@@ -172,7 +182,9 @@ class BwdSm90Config(AttnKernelConfig):
     ``dq_stages``: of the float32 dQ tile handed to the writer warp. ``publish_lag`` (deterministic):
     the writer publishes a step's slot after spinning for the next step's (Note [Publish lag]).
     ``det_rotate`` (deterministic, no mask): the rotated order of Note [Rotated order] in
-    fa4/bwd/common.py.
+    fa4/bwd/common.py. ``dq_direct`` (not deterministic): the consumers add their dQ fragments into
+    dq_accum with ``red.global.add.v4.f32`` from registers, no sdQ tile and no writer warp (Note
+    [Direct dQ]).
     """
 
     head_dim: int = 128
@@ -186,6 +198,7 @@ class BwdSm90Config(AttnKernelConfig):
     deterministic: bool = False
     publish_lag: bool = False
     det_rotate: bool = False
+    dq_direct: bool = False
 
     KERNEL: ClassVar[str] = "fa4.bwd.sm90:FlashBwdSm90"
     REQUIRED_SASS: ClassVar[tuple] = ("HGMMA", "UTMALDG")  # checked by tests/test_compile.py
@@ -225,8 +238,9 @@ class BwdSm90Config(AttnKernelConfig):
         if self.dkv_rs:  # a placeholder of one element, in the slack before the aligned tiles
             fields.append(("sP", "16b", 1, 16))
         fields += [("sQ", "16b", sizes["sQ"], 1024), ("sdO", "16b", sizes["sQ"], 1024), ("sK", "16b", sizes["sK"], 1024),
-                   ("sV", "16b", sizes["sK"], 1024), ("sdS", "16b", sizes["sdS"], 1024),
-                   ("sdQ", "f32", m * d * self.dq_stages, 1024)]
+                   ("sV", "16b", sizes["sK"], 1024), ("sdS", "16b", sizes["sdS"], 1024)]
+        if not self.dq_direct:
+            fields.append(("sdQ", "f32", m * d * self.dq_stages, 1024))
         if not self.dkv_rs:
             fields.append(("sP", "16b", sizes["sdS"], 1024))
         return fields
@@ -313,6 +327,8 @@ class FlashBwdSm90:
         if cfg.det_rotate and not (cfg.deterministic and not cfg.causal and not cfg.local):
             raise ValueError(f"{name}.det_rotate (Note [Rotated order]) needs deterministic=True and no causal or "
                              "local mask")
+        if cfg.dq_direct and cfg.deterministic:
+            raise ValueError(f"{name}.dq_direct adds dQ unordered from the consumers; it cannot be deterministic")
         if cfg.publish_lag and not cfg.deterministic:
             raise ValueError(f"{name}.publish_lag orders the deterministic dQ writer; it needs deterministic=True")
         if cfg.smem_bytes() > SMEM_CAPACITY:
@@ -488,11 +504,12 @@ class FlashBwdSm90:
             if warp_idx == 0:
                 self.load(mQ, mK, mV, mdO, mLSElog2, mDpsum, smem(), (tma_q, tma_k, tma_v, tma_do, tma_lse, tma_dpsum),
                           pipes, work())
-            if warp_idx == 1:
-                self.store_dq(mdQaccum, mSemaphore, smem().sdQ, work())
+            if const_expr(not self.cfg.dq_direct):
+                if warp_idx == 1:
+                    self.store_dq(mdQaccum, mSemaphore, smem().sdQ, work())
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
-            self.mma(mdK, mdV, smem(), pipes, work(), softmax_scale, prescale, scale_log2,
+            self.mma(mdK, mdV, mdQaccum, smem(), pipes, work(), softmax_scale, prescale, scale_log2,
                      cute.arch.thread_idx()[0] - 128)
 
     def smem_tensors(self, storage, sQ_layout, sK_layout, sPdS_layout) -> SimpleNamespace:
@@ -506,7 +523,8 @@ class FlashBwdSm90:
             sP=None if const_expr(self.rs) else storage.sP.get_tensor(sPdS_layout.outer, swizzle=sPdS_layout.inner),
             sLSE=storage.sLSE.get_tensor(cute.make_layout((self.tile_m, self.q_stages))),
             sD=storage.sD.get_tensor(cute.make_layout((self.tile_m, self.q_stages))),
-            sdQ=storage.sdQ.get_tensor(cute.make_layout((self.tile_m * self.hd, self.cfg.dq_stages))),
+            sdQ=None if const_expr(self.cfg.dq_direct) else storage.sdQ.get_tensor(
+                cute.make_layout((self.tile_m * self.hd, self.cfg.dq_stages))),
         )
 
     def work_info(self, block: Int32, num_x: Int32, num_batch: Int32, section: Int32, num_heads: Int32,
@@ -690,8 +708,8 @@ class FlashBwdSm90:
     # --- consumers --------------------------------------------------------------------------
 
     @cute.jit
-    def mma(self, mdK, mdV, sm, pipes, work, softmax_scale: Float32, prescale: Float32, scale_log2: Float32,
-            tidx: Int32) -> None:
+    def mma(self, mdK, mdV, mdQaccum, sm, pipes, work, softmax_scale: Float32, prescale: Float32,
+            scale_log2: Float32, tidx: Int32) -> None:
         """Consumer warpgroups: the step loop (:meth:`mma_step`), then :meth:`epilogue`."""
         pipe_kv, pipe_q, pipe_do = pipes
         wg = cute.arch.make_warp_uniform(tidx // 128)
@@ -743,14 +761,18 @@ class FlashBwdSm90:
                 m_no_mask = work.mask.m_block_max_no_window_mask(work.n_block)
                 seqlen_partial = (work.n_block + 1) * self.tile_n > work.seq.seqlen_k
                 for t in cutlass.range(work.num_steps, unroll=1):
-                    _, m_block = self.step_slot(work, t)
+                    head, m_block = self.step_slot(work, t)
+                    gdQ = None
+                    if const_expr(self.cfg.dq_direct):
+                        gdQ = cute.local_tile(dq_accum_view(mdQaccum, work.seq, work.batch, head, self.tile_m),
+                                              (self.tile_m, self.hd), (m_block, 0))
                     need_mask = seqlen_partial
                     if const_expr(self.cfg.local):
                         need_mask = Boolean(True)
                     elif const_expr(self.cfg.causal):
                         need_mask = need_mask or m_block < m_no_mask
                     self.mma_step(c, sm, pipe_q, pipe_do, work, q_state, do_state, t, m_block, need_mask, wg,
-                                  prescale, scale_log2)
+                                  prescale, scale_log2, gdQ)
                     q_state.advance()
                     do_state.advance()
             self.epilogue(acc_dK, acc_dV, mdK, mdV, sm, work, softmax_scale, tidx)
@@ -766,7 +788,7 @@ class FlashBwdSm90:
 
     @cute.jit
     def mma_step(self, c, sm, pipe_q, pipe_do, work, q_state, do_state, t: Int32, m_block: Int32, need_mask,
-                 wg: Int32, prescale: Float32, scale_log2: Float32) -> None:
+                 wg: Int32, prescale: Float32, scale_log2: Float32, gdQ: Optional[cute.Tensor]) -> None:
         """One (q head, m_block) step of a consumer warpgroup (module docstring)."""
         qi, di = q_state.index, do_state.index
         pds = t % self.pds_stages if const_expr(self.pds_stages > 1) else 0
@@ -841,15 +863,20 @@ class FlashBwdSm90:
         warpgroup.wait_group(1)  # dV, dQ
         pipe_do.consumer_release(do_state)
 
-        # dQ -> this warpgroup's part of sdQ (fragment order), for the writer warp.
-        sdQ_frag = thread_fragment(c.sdQ[None, t % self.cfg.dq_stages if const_expr(self.cfg.dq_stages > 1) else 0],
-                                   self.cfg.dq_fragment, self.dq_frag_size, 4, c.tidx)
-        cute.arch.barrier(barrier_id=self.dq_bar(_BAR.dq_empty, wg, t), number_of_threads=128 + 32)
-        acc_v = cute.make_tensor(c.acc_dQ.iterator, cute.make_layout(sdQ_frag.shape))
-        for v in cutlass.range_constexpr(cute.size(sdQ_frag, mode=[1])):
-            sdQ_frag[None, v].store(acc_v[None, v].load())
-        cute.arch.fence_proxy("async.shared", space="cta")
-        cute.arch.barrier_arrive(barrier_id=self.dq_bar(_BAR.dq_full, wg, t), number_of_threads=128 + 32)
+        if const_expr(self.cfg.dq_direct):
+            # Note [Direct dQ]: this thread's fragment straight into dq_accum.
+            red_add_fragment(c.acc_dQ, thread_fragment(gdQ, self.cfg.dq_fragment, self.dq_frag_size, 4, c.tidx), 4)
+        else:
+            # dQ -> this warpgroup's part of sdQ (fragment order), for the writer warp.
+            sdQ_frag = thread_fragment(
+                c.sdQ[None, t % self.cfg.dq_stages if const_expr(self.cfg.dq_stages > 1) else 0],
+                self.cfg.dq_fragment, self.dq_frag_size, 4, c.tidx)
+            cute.arch.barrier(barrier_id=self.dq_bar(_BAR.dq_empty, wg, t), number_of_threads=128 + 32)
+            acc_v = cute.make_tensor(c.acc_dQ.iterator, cute.make_layout(sdQ_frag.shape))
+            for v in cutlass.range_constexpr(cute.size(sdQ_frag, mode=[1])):
+                sdQ_frag[None, v].store(acc_v[None, v].load())
+            cute.arch.fence_proxy("async.shared", space="cta")
+            cute.arch.barrier_arrive(barrier_id=self.dq_bar(_BAR.dq_full, wg, t), number_of_threads=128 + 32)
         warpgroup.wait_group(0)  # dK
         pipe_q.consumer_release(q_state)
 
@@ -880,21 +907,24 @@ FlashBwdSm90.kernel.set_name_prefix("fa4_bwd_sm90", remove_cutlass_symbol=True)
 # Tuning table, variants, launcher
 # --------------------------------------------------------------------------------------------
 
-# Padded head dim -> (tile_m, dkv_rs, q_stages, pds_stages, dq_stages, publish_lag, det_rotate). 64-row
-# steps; P/dS through smem above 128; two dQ buffers where smem allows (measured v0.6: +2% d128, +6%
-# causal, +9% deterministic); the deterministic writer's publish lag where it measured faster (v0.6:
-# +4-8% at head dims 64 and 128, -2 to -6% at 256); the rotated deterministic order (where
+# Padded head dim -> (tile_m, dkv_rs, q_stages, pds_stages, dq_stages, publish_lag, det_rotate, dq_direct).
+# 64-row steps; P/dS through smem above 128; two dQ buffers where smem allows (measured v0.6: +2% d128,
+# +6% causal, +9% deterministic); the deterministic writer's publish lag where it measured faster
+# (v0.6: +4-8% at head dims 64 and 128, -2 to -6% at 256); the rotated deterministic order (where
 # :func:`rotate_ok`) where it measured faster (v0.6: d128 +4-5% at s8k in two runs, d256 +2%; d64 -7%
-# in two runs: 64-row steps of d64 are shorter than a publish, so a stagger of 2 steps still waits).
+# in two runs: 64-row steps of d64 are shorter than a publish, so a stagger of 2 steps still waits);
+# dQ added from registers above 128, which frees the smem of a second Q/dO (and P/dS) stage (v0.6:
+# d256 303 -> 409 TFLOP/s, causal 285 -> 369, d192 366 -> 388; d128 -2%, d64 +0%: off there).
+# Deterministic runs need the writer warp (no dq_direct); make_config then drops stages to fit.
 TUNING = {
-    32: (64, True, 2, 2, 2, True, False),
-    64: (64, True, 2, 2, 2, True, False),
-    96: (64, True, 2, 2, 2, True, False),
-    128: (64, True, 2, 2, 2, True, True),
-    160: (64, False, 2, 2, 1, False, True),
-    192: (64, False, 2, 1, 1, False, True),
-    224: (64, False, 1, 1, 1, False, True),
-    256: (64, False, 1, 1, 1, False, True),
+    32: (64, True, 2, 2, 2, True, False, False),
+    64: (64, True, 2, 2, 2, True, False, False),
+    96: (64, True, 2, 2, 2, True, False, False),
+    128: (64, True, 2, 2, 2, True, True, False),
+    160: (64, False, 2, 2, 1, False, True, True),
+    192: (64, False, 2, 2, 1, False, True, True),
+    224: (64, False, 2, 1, 1, False, True, True),
+    256: (64, False, 2, 1, 1, False, True, True),
 }
 
 LAUNCH_ORDER = common.LaunchOrder(causal=16, det_no_mask=32, det_causal=64)
@@ -927,7 +957,7 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         raise NotImplementedError(
             f"the sm90 backward needs head_dim_v == head_dim, got {problem.head_dim_v} != {problem.head_dim}")
     hd = head_dim_padded(problem.head_dim)
-    tile_m, rs, q_stages, pds_stages, dq_stages, lag, rotate = TUNING[hd]
+    tile_m, rs, q_stages, pds_stages, dq_stages, lag, rotate, direct = TUNING[hd]
     opts = options or KernelOptions()
     if opts.bwd_num_threads is not None and opts.bwd_num_threads != 384:
         raise ValueError(f"KernelOptions.bwd_num_threads={opts.bwd_num_threads}: the sm90 backward runs 384 threads "
@@ -940,10 +970,14 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         arch=arch, dtype=problem.dtype, head_dim=hd, tile_m=opts.bwd_tile_m or tile_m, tile_n=tile_n, num_wg=2,
         dkv_rs=rs, q_stages=q_stages, pds_stages=pds_stages, dq_stages=dq_stages, deterministic=bool(deterministic),
         publish_lag=bool(deterministic) and lag,
-        det_rotate=bool(deterministic) and rotate and rotate_ok(problem, tile_n),
+        det_rotate=bool(deterministic) and rotate and rotate_ok(problem, tile_n), dq_direct=direct and not deterministic,
         **BwdSm90Config.problem_flags(problem))
-    if cfg.dq_stages > 1 and cfg.smem_bytes() > SMEM_CAPACITY:  # a larger tile_m asked for: one dQ buffer
-        cfg = replace(cfg, dq_stages=1)
+    # What a larger tile_m leaves no room for: the second dQ buffer. What the sdQ tile of a
+    # deterministic run (no dq_direct) leaves no room for: P/dS stages, then Q/dO stages.
+    fields = ("dq_stages", "pds_stages", "q_stages") if direct and deterministic else ("dq_stages",)
+    for field in fields:
+        if cfg.smem_bytes() > SMEM_CAPACITY and getattr(cfg, field) > 1:
+            cfg = replace(cfg, **{field: 1})
     try:
         FlashBwdSm90.can_implement(cfg)
     except ValueError as e:
