@@ -40,6 +40,7 @@ for b, sq, sk, h, hk, d, causal, det, opts in [
     (2, 200, 300, 4, 2, 128, True, False, SM90),
     (1, 150, 100, 2, 2, 256, False, False, SM90),
     (1, 300, 300, 4, 2, 128, True, True, SM90),
+    (1, 300, 300, 4, 2, 128, False, True, SM90),  # the rotated deterministic order
     (1, 257, 129, 2, 1, 64, False, False, fa4.KernelOptions(arch="sm90", bwd_tile_m=128)),
 ]:
     q, k, v = random_qkv(b, sq, sk, h, hk, d, torch.bfloat16, "cuda", requires_grad=True, seed=d + 1)
