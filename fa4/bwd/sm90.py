@@ -987,6 +987,22 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
     return cfg
 
 
+def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: BwdSm90Config) -> list[str]:
+    """Lines for ``fa4.explain()``: the deterministic order in use, and where determinism costs a
+    path (the writer warp instead of ``dq_direct``, and the stages it leaves room for)."""
+    notes = []
+    if cfg.deterministic:
+        order = ("the rotated order (Note [Rotated order] in fa4/bwd/common.py)" if cfg.det_rotate else
+                 "K blocks in launch order, m_blocks walked down (Note [Deterministic dQ])")
+        notes.append(f"deterministic dQ: {order}")
+        free = make_config(problem, options, cfg.arch, False)
+        if free.dq_direct:
+            notes.append(f"deterministic dQ goes through the ordered writer warp, so {cfg.q_stages} Q/dO stage(s) "
+                         f"fit where the non-deterministic kernel adds dQ from registers with {free.q_stages} "
+                         "(measured 0.73-0.79x of its speed at head dim 256, docs/RESULTS.md v0.6)")
+    return notes
+
+
 def run_backward(cfg: BwdSm90Config, problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_seqlens_q,
                  cu_seqlens_k, seqused_k, dq, dk, dv) -> None:
     """dq, dk, dv in place: :func:`fa4.bwd.common.run_backward` with this family's launch order."""
