@@ -103,6 +103,14 @@ PLANS = {
         "d128 s8192", "d128 s8192 dq_direct=True", "d128 s8192 causal", "d128 s8192 causal dq_direct=True",
         "d64 s8192", "d64 s8192 dq_direct=True",
     ],
+    # Next (not yet run): 128-row steps at d64 with dS from the 16-bit P (ds_from_p16; at 240 registers
+    # the only variant whose wgmmas ptxas does not serialize), against the default; check the
+    # gradients' accuracy too (maxdiff here is against the default, not the reference).
+    "v9": [
+        "d64 s8192", "d64 s8192 tile_m=128 ds_from_p16=True", "d64 s8192 ds_from_p16=True",
+        "d64 s8192 causal", "d64 s8192 causal tile_m=128 ds_from_p16=True",
+        "d128 s8192", "d128 s8192 ds_from_p16=True",
+    ],
     # Deterministic against non-deterministic in one run (v0.4: used to measure, and reject, a
     # writer that frees sdQ once read, before the adds complete and the slot is published).
     "det": [

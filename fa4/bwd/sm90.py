@@ -184,7 +184,10 @@ class BwdSm90Config(AttnKernelConfig):
     ``det_rotate`` (deterministic, no mask): the rotated order of Note [Rotated order] in
     fa4/bwd/common.py. ``dq_direct`` (not deterministic): the consumers add their dQ fragments into
     dq_accum with ``red.global.add.v4.f32`` from registers, no sdQ tile and no writer warp (Note
-    [Direct dQ]).
+    [Direct dQ]). ``ds_from_p16``: dS^T from the 16-bit P^T (the dV wgmma's operand), not the
+    float32 one, which frees S^T's registers early (for 128-row steps at d64, over the register
+    budget otherwise). An experiment: compiled, not yet run or measured for speed or accuracy, and
+    no default uses it.
     """
 
     head_dim: int = 128
@@ -199,6 +202,7 @@ class BwdSm90Config(AttnKernelConfig):
     publish_lag: bool = False
     det_rotate: bool = False
     dq_direct: bool = False
+    ds_from_p16: bool = False
 
     KERNEL: ClassVar[str] = "fa4.bwd.sm90:FlashBwdSm90"
     REQUIRED_SASS: ClassVar[tuple] = ("HGMMA", "UTMALDG")  # checked by tests/test_compile.py
@@ -841,10 +845,13 @@ class FlashBwdSm90:
 
         # dS^T = P^T * (dP^T - D[query]).
         acc_dP_mn = make_acc_mn_view(c.acc_dP)
+        # ``ds_from_p16``: P^T as rounded for the dV wgmma (the float32 S^T registers are then free
+        # after the conversion; an experiment, see the config).
+        P_mn = make_acc_mn_view(rP) if const_expr(self.cfg.ds_from_p16) else acc_S_mn
         for j in cutlass.range_constexpr(ncol):
             d = sm.sD[c.tScS_mn[0, j][1], di] if const_expr(late) else rD[j]
             for r in cutlass.range_constexpr(cute.size(acc_dP_mn, mode=[0])):
-                acc_dP_mn[r, j] = acc_S_mn[r, j] * (acc_dP_mn[r, j] - d)
+                acc_dP_mn[r, j] = P_mn[r, j].to(Float32) * (acc_dP_mn[r, j] - d)
         if const_expr(self.cfg.has_softcap):
             softcap_grad(c.acc_dP, tanh_S)
         rdS = cute.make_rmem_tensor_like(c.acc_dP, self.dtype)
@@ -1032,5 +1039,6 @@ def variants(arch: str) -> list[BwdSm90Config]:
     ]
     out = [make_config(p, None, arch, det) for p, det in cases]
     out.append(replace(out[0], tile_m=128))
+    out.append(replace(out[0], tile_m=128, ds_from_p16=True, causal=True))  # the experiment of the config docstring
     out.append(replace(out[2], dq_stages=1, publish_lag=not out[2].publish_lag))  # one dQ buffer, deterministic
     return out
