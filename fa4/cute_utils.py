@@ -271,12 +271,14 @@ def tiled_copy_rows_16B(copy_atom: cute.CopyAtom, num_threads: int, atom) -> cut
 
 
 @cute.jit
-def acc_to_smem(acc: cute.Tensor, tiled_mma: cute.TiledMma, sT: cute.Tensor, tidx: Int32) -> None:
+def acc_to_smem(acc: cute.Tensor, tiled_mma: cute.TiledMma, sT: cute.Tensor, tidx: Int32,
+                pairs: cutlass.Constexpr[bool] = True) -> None:
     """Round an fp32 MMA accumulator to ``sT``'s dtype and store it to ``sT`` (pairs of columns per
-    store). The caller puts a barrier before the tile is read back."""
+    store; one element per store without ``pairs``, for a transposed ``sT`` view). The caller puts a
+    barrier before the tile is read back."""
+    bits = (2 if const_expr(pairs) else 1) * sT.element_type.width
     r2s = cute.make_tiled_copy_C(
-        cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), sT.element_type, num_bits_per_copy=2 * sT.element_type.width),
-        tiled_mma,
+        cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), sT.element_type, num_bits_per_copy=bits), tiled_mma,
     ).get_slice(tidx)
     rT = cute.make_rmem_tensor(acc.shape, sT.element_type)
     rT.store(acc.load().to(sT.element_type))

@@ -340,6 +340,36 @@ def test_bwd_sm90_rotated_order(layout, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("d, fields", [
+    (64, dict(tile_m=128, ds_from_p16=True)),
+    (128, dict(tile_m=80, dq_stages=1, ds_from_p16=True)),
+    (128, dict(ds_from_p16=True)),
+])
+@pytest.mark.parametrize("causal", [False, True])
+def test_bwd_sm90_experiments(d, fields, causal, monkeypatch):
+    """The sm90 backward's experiments (BwdSm90Config docstring: dS from the 16-bit P; 80-row steps
+    with the swapped dQ wgmma), which no default uses yet: correct under the pass rule, odd sizes."""
+    import dataclasses
+
+    from fa4.bwd import sm90
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the sm90 kernels need compute capability 9.x")
+    make = sm90.make_config
+    monkeypatch.setattr(sm90, "make_config", lambda *a, **k: dataclasses.replace(make(*a, **k), **fields))
+    fa4.ops._plans.clear()
+    try:
+        q, k, v = random_qkv(2, 1000, 777, 6, 2, d, torch.bfloat16, "cuda", requires_grad=True, seed=21)
+        out, _ = fa4.flash_attn_func(q, k, v, causal=causal, kernel_options=fa4.KernelOptions(arch="sm90"))
+        g = torch.randn_like(out)
+        grads = torch.autograd.grad(out, (q, k, v), g)
+    finally:
+        fa4.ops._plans.clear()
+    ref, pt = _reference_dense((q, k, v), dict(causal=causal, window_size=(None, None), softcap=0.0), g, None)
+    _check_grads(("dq", "dk", "dv"), grads, ref, pt, (q, k, v), g)
+
+
+@pytest.mark.gpu
 def test_bwd_unused_kv_rows_may_hold_nan(family):
     """K/V rows past ``seqused_k`` (an uninitialized KV cache) must not reach any gradient, even as
     NaN: P is 0 there, but dP = dO V^T and dQ = dS K multiply them (Note [K/V rows past seqused_k]

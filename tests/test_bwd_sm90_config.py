@@ -71,7 +71,7 @@ def test_variants_cover_buckets_flags_and_paths():
     for flag in ("causal", "local", "has_softcap", "varlen_q", "varlen_k", "has_seqused_k", "deterministic",
                  "dkv_rs", "dq_direct", "det_rotate", "publish_lag", "ds_from_p16"):
         assert {getattr(v, flag) for v in vs} == {False, True}, flag
-    assert {v.tile_m for v in vs} == {64, 128}
+    assert {v.tile_m for v in vs} == {64, 80, 128}
     assert {v.q_stages for v in vs} == {1, 2} and {v.pds_stages for v in vs} == {1, 2}
     assert {(v.dq_stages, v.deterministic) for v in vs} >= {(1, True), (2, True), (2, False)}
     for v in vs:
@@ -85,10 +85,11 @@ def test_dq_fragment_and_postprocess_agree():
     for v in sm90.variants("sm_90a"):
         frag = v.dq_fragment
         assert frag.mma == "sm90" and frag.num_threads == 128 * v.num_wg and frag.chunk_threads == 128
-        assert frag.atom_m * frag.atom_n == v.num_wg and v.tile_m % (64 * frag.atom_m) == 0
+        assert frag.atom_m * frag.atom_n == v.num_wg and frag.swap == (v.tile_m == 80)
+        assert frag.mma_shape(v.tile_m, v.head_dim)[0] % (64 * frag.atom_m) == 0
         post = postprocess.config_for(v)
-        assert (post.mma, post.num_threads, post.atom_m, post.atom_n, post.tile_m, post.head_dim) == (
-            "sm90", frag.num_threads, frag.atom_m, frag.atom_n, v.tile_m, v.head_dim)
+        assert (post.mma, post.num_threads, post.atom_m, post.atom_n, post.swap, post.tile_m, post.head_dim) == (
+            "sm90", frag.num_threads, frag.atom_m, frag.atom_n, frag.swap, v.tile_m, v.head_dim)
         postprocess.BwdPostprocess.can_implement(post)
     assert sm90.make_config(_problem(64), KernelOptions(bwd_tile_m=128), "sm_90a").dq_atoms == (2, 1)
     assert sm90.make_config(_problem(128), None, "sm_90a").dq_atoms == (1, 2)

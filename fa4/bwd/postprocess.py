@@ -27,7 +27,7 @@ from cutlass import Float32, Int32, const_expr
 from fa4.bwd.preprocess import _DTYPES
 from fa4.bwd.workspace import DqFragment, dq_accum_view, dq_tiled_mma, red_vec, thread_fragment
 from fa4.config import KernelConfig
-from fa4.cute_utils import acc_to_smem, smem_layout_atom_sm80, smem_to_gmem_pred, tiled_copy_rows_16B
+from fa4.cute_utils import acc_to_smem, smem_layout_atom_sm80, smem_to_gmem_pred, tiled_copy_rows_16B, transposed
 from fa4.seqlen import SeqlenInfo, grid_extent
 
 
@@ -44,11 +44,12 @@ class BwdPostprocessConfig(KernelConfig):
     atom_m: int = 2
     atom_n: int = 1
     mma: str = "sm80"
+    swap: bool = False
     varlen: bool = False
 
     @property
     def fragment(self) -> DqFragment:
-        return DqFragment(self.mma, self.num_threads, self.atom_m, self.atom_n)
+        return DqFragment(self.mma, self.num_threads, self.atom_m, self.atom_n, self.swap)
 
     KERNEL: ClassVar[str] = "fa4.bwd.postprocess:BwdPostprocess"
 
@@ -72,7 +73,8 @@ class BwdPostprocess:
             if cfg.num_threads % 128 or cfg.atom_m * cfg.atom_n != wgs:
                 raise ValueError(f"BwdPostprocessConfig: {cfg.num_threads} threads are not atom_m x atom_n = "
                                  f"{cfg.atom_m} x {cfg.atom_n} warpgroups")
-            if cfg.tile_m % (64 * cfg.atom_m) or cfg.head_dim % (8 * cfg.atom_n):
+            mm, nn = cfg.fragment.mma_shape(cfg.tile_m, cfg.head_dim)
+            if mm % (64 * cfg.atom_m) or nn % (8 * cfg.atom_n):
                 raise ValueError(f"BwdPostprocessConfig: a {cfg.tile_m}x{cfg.head_dim} dQ tile does not tile into "
                                  f"{cfg.atom_m}x{cfg.atom_n} warpgroups of 64-row wgmma atoms")
             return
@@ -119,10 +121,11 @@ class BwdPostprocess:
             raise TypeError("dq must have the configured dtype")
         atom = smem_layout_atom_sm80(self.dtype, self.head_dim)
         frag = self.cfg.fragment
-        if const_expr(frag.mma == "sm90" and (self.head_dim // frag.atom_n) % atom.outer.shape[1]):
+        if const_expr(frag.mma == "sm90" and (frag.swap or (self.head_dim // frag.atom_n) % atom.outer.shape[1])):
             # A warpgroup's columns do not cover whole swizzle rows (head dim 96 / 160 / 192 / 224
             # over two warpgroups): rows padded by 16 bytes instead, conflict free for the
-            # accumulator's 4-byte stores (row stride 4 banks mod 32).
+            # accumulator's 4-byte stores (row stride 4 banks mod 32). Also for the swapped order
+            # (dQ^T), whose element stores go through a transposed view, which a swizzle cannot give.
             sdQ_layout = cute.make_layout((self.tile_m, self.head_dim), stride=(self.head_dim + 8, 1))
             atom = atom.outer.shape[1]
         else:
@@ -162,14 +165,19 @@ class BwdPostprocess:
             tile = (self.tile_m, self.head_dim)
             storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
             sdQ = storage.sdQ.get_tensor(sdQ_layout)
-            acc = cute.make_rmem_tensor(tiled_mma.get_slice(tidx).partition_shape_C(tile), Float32)
+            frag = self.cfg.fragment
+            acc = cute.make_rmem_tensor(
+                tiled_mma.get_slice(tidx).partition_shape_C(frag.mma_shape(self.tile_m, self.head_dim)), Float32)
             gAcc = cute.local_tile(dq_accum_view(mdQaccum, seq, batch, head, self.tile_m), tile, (m_block, 0))
             gFrag = thread_fragment(gAcc, self.cfg.fragment, cute.size(acc), self.vec, tidx)
             acc_v = cute.make_tensor(acc.iterator, cute.make_layout(gFrag.shape))
             for v in cutlass.range_constexpr(cute.size(gFrag, mode=[1])):
                 acc_v[None, v].store(gFrag[None, v].load())
             acc.store(acc.load() * softmax_scale)
-            acc_to_smem(acc, tiled_mma, sdQ, tidx)
+            if const_expr(frag.swap):  # dQ^T: a register pair is two rows of sdQ
+                acc_to_smem(acc, tiled_mma, transposed(sdQ), tidx, pairs=False)
+            else:
+                acc_to_smem(acc, tiled_mma, sdQ, tidx)
             cute.arch.barrier()
             gdQ = cute.local_tile(seq.q_view(mdQ, batch, head), tile, (m_block, 0))
             smem_to_gmem_pred(copy_out, sdQ, gdQ, rows_left, mdQ.shape[3], tidx)
@@ -187,7 +195,7 @@ def config_for(bwd_cfg) -> BwdPostprocessConfig:
         frag = bwd_cfg.dq_fragment
         cfg = _configs[bwd_cfg] = BwdPostprocessConfig(
             arch=bwd_cfg.arch, dtype=bwd_cfg.dtype, head_dim=bwd_cfg.head_dim, tile_m=bwd_cfg.tile_m,
-            num_threads=frag.num_threads, atom_m=frag.atom_m, atom_n=frag.atom_n, mma=frag.mma,
+            num_threads=frag.num_threads, atom_m=frag.atom_m, atom_n=frag.atom_n, mma=frag.mma, swap=frag.swap,
             varlen=bwd_cfg.varlen_q)
     return cfg
 
@@ -230,4 +238,6 @@ def variants(arch: str) -> list[BwdPostprocessConfig]:
                                            (96, 64, 1, 2, False)):
             out.append(BwdPostprocessConfig(arch=arch, dtype="bf16", head_dim=hd, tile_m=tile_m, num_threads=256,
                                             atom_m=am, atom_n=an, mma="sm90", varlen=varlen))
+        out.append(BwdPostprocessConfig(arch=arch, dtype="fp16", head_dim=128, tile_m=80, num_threads=256, atom_m=2,
+                                        atom_n=1, mma="sm90", swap=True, varlen=True))
     return out

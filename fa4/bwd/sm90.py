@@ -186,8 +186,11 @@ class BwdSm90Config(AttnKernelConfig):
     dq_accum with ``red.global.add.v4.f32`` from registers, no sdQ tile and no writer warp (Note
     [Direct dQ]). ``ds_from_p16``: dS^T from the 16-bit P^T (the dV wgmma's operand), not the
     float32 one, which frees S^T's registers early (for 128-row steps at d64, over the register
-    budget otherwise). An experiment: compiled, not yet run or measured for speed or accuracy, and
-    no default uses it.
+    budget otherwise). ``tile_m = 80`` runs the dQ wgmma swapped (``dq_swap``, dQ^T = K^T dS^T,
+    DqFragment.swap) with one dQ buffer. Both are experiments: compiled (no serialized wgmma with
+    ``ds_from_p16``), not yet run or measured for speed or accuracy (tests/test_bwd_gpu.py::
+    test_bwd_sm90_experiments is ready for that); no default uses them, and make_config refuses
+    ``bwd_tile_m=80``.
     """
 
     head_dim: int = 128
@@ -212,16 +215,34 @@ class BwdSm90Config(AttnKernelConfig):
         return 128 * self.num_wg
 
     @property
+    def dq_swap(self) -> bool:
+        """dQ^T = K^T dS^T (the head dim as wgmma's M) for steps of rows that are no multiple of 64."""
+        return self.tile_m % 64 != 0
+
+    @property
     def dq_atoms(self) -> tuple[int, int]:
-        """Warpgroups of the dQ wgmma along (rows, head dim)."""
+        """Warpgroups of the dQ wgmma along its (M, N): (rows, head dim), swapped (head dim, rows)."""
+        if self.dq_swap:
+            return self.num_wg, 1
         am = min(self.tile_m // 64, self.num_wg)
         return am, self.num_wg // am
+
+    @property
+    def dq_hd_split(self) -> int:
+        """Warpgroups of the dQ wgmma along the head dim."""
+        return self.dq_atoms[0 if self.dq_swap else 1]
+
+    @property
+    def rows_stride(self) -> int:
+        """Floats per stage of the sLSE / sD row tiles: ``tile_m`` rounded up to 128 bytes (a TMA
+        destination's alignment)."""
+        return (self.tile_m + 31) // 32 * 32
 
     @property
     def dq_fragment(self) -> DqFragment:
         """The order of this kernel's dQ tiles in dq_accum (Note [dQ accumulator layout])."""
         am, an = self.dq_atoms
-        return DqFragment("sm90", self.num_threads, am, an)
+        return DqFragment("sm90", self.num_threads, am, an, self.dq_swap)
 
     @property
     def rows_late(self) -> bool:
@@ -236,7 +257,7 @@ class BwdSm90Config(AttnKernelConfig):
         :meth:`smem_bytes` and ``FlashBwdSm90._setup``, so the estimate is the struct's size."""
         d, m, n = self.head_dim, self.tile_m, self.tile_n
         sizes = sizes or {"sQ": m * d * self.q_stages, "sK": n * d, "sdS": n * m * self.pds_stages}
-        rows = m * self.q_stages
+        rows = self.rows_stride * self.q_stages
         fields = [("mbar_kv", "i64", 2, 8), ("mbar_q", "i64", 2 * self.q_stages, 8),
                   ("mbar_do", "i64", 2 * self.q_stages, 8), ("sLSE", "f32", rows, 128), ("sD", "f32", rows, 128)]
         if self.dkv_rs:  # a placeholder of one element, in the slack before the aligned tiles
@@ -313,8 +334,11 @@ class FlashBwdSm90:
             raise ValueError(f"{name}.num_wg must be one of {tuple(_REGS)}, got {cfg.num_wg}")
         if cfg.causal and cfg.local:
             raise ValueError(f"{name}: causal and local are exclusive (local with window_right=0 is causal)")
-        if cfg.tile_m % 64 or not 64 <= cfg.tile_m <= 128:
-            raise ValueError(f"{name}.tile_m (KernelOptions.bwd_tile_m) must be 64 or 128, got {cfg.tile_m}")
+        if cfg.tile_m not in (64, 80, 128):
+            raise ValueError(f"{name}.tile_m (KernelOptions.bwd_tile_m) must be 64, 80 or 128, got {cfg.tile_m}")
+        if cfg.dq_swap and not (cfg.dkv_rs and cfg.head_dim % (64 * cfg.num_wg) == 0):
+            raise ValueError(f"{name}: tile_m {cfg.tile_m} (the swapped dQ wgmma) needs dkv_rs and a head dim that "
+                             f"splits into {cfg.num_wg} warpgroups of 64, got head_dim {cfg.head_dim}")
         want_n = 64 * cfg.num_wg if cfg.dkv_rs else 64
         if cfg.tile_n != want_n:
             raise ValueError(f"{name}.tile_n (KernelOptions.bwd_tile_n) must be {want_n} with dkv_rs={cfg.dkv_rs} "
@@ -322,7 +346,8 @@ class FlashBwdSm90:
         if not cfg.dkv_rs and cfg.tile_m % (16 * cfg.num_wg):
             raise ValueError(f"{name}: tile_m {cfg.tile_m} does not split into {cfg.num_wg} warpgroups' S^T columns")
         am, an = cfg.dq_atoms
-        if cfg.tile_m % (64 * am) or cfg.head_dim % (8 * an) or cfg.head_dim // an > 256:
+        mm, nn = cfg.dq_fragment.mma_shape(cfg.tile_m, cfg.head_dim)
+        if mm % (64 * am) or nn % (8 * an) or nn // an > 256:
             raise ValueError(f"{name}: a {cfg.tile_m}x{cfg.head_dim} dQ tile does not split into {am}x{an} "
                              "warpgroup wgmmas")
         if cfg.q_stages not in (1, 2) or cfg.pds_stages not in (1, 2) or cfg.dq_stages not in (1, 2):
@@ -355,7 +380,7 @@ class FlashBwdSm90:
         # MN-major views: sQ^T and sdO^T are the B operands of dK / dV (head dim split over the
         # warpgroups without dkv_rs), sK^T that of dQ (split over its warpgroups along the head dim).
         self.sQ_layout = smem_layout_sm90(dt, m, hd, self.q_stages, atom_cols=self.atom_cols(hd // self.dkv_split))
-        self.sK_layout = smem_layout_sm90(dt, n, hd, atom_cols=self.atom_cols(hd // self.cfg.dq_atoms[1]))
+        self.sK_layout = smem_layout_sm90(dt, n, hd, atom_cols=self.atom_cols(hd // self.cfg.dq_hd_split))
         self.sPdS_layout = smem_layout_sm90(dt, n, m, self.pds_stages)  # P^T / dS^T: queries contiguous
         wg = self.num_wg
         if const_expr(self.rs):
@@ -525,8 +550,8 @@ class FlashBwdSm90:
             sV=storage.sV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner),
             sdS=storage.sdS.get_tensor(sPdS_layout.outer, swizzle=sPdS_layout.inner),
             sP=None if const_expr(self.rs) else storage.sP.get_tensor(sPdS_layout.outer, swizzle=sPdS_layout.inner),
-            sLSE=storage.sLSE.get_tensor(cute.make_layout((self.tile_m, self.q_stages))),
-            sD=storage.sD.get_tensor(cute.make_layout((self.tile_m, self.q_stages))),
+            sLSE=storage.sLSE.get_tensor(cute.make_layout((self.tile_m, self.q_stages), stride=(1, self.cfg.rows_stride))),
+            sD=storage.sD.get_tensor(cute.make_layout((self.tile_m, self.q_stages), stride=(1, self.cfg.rows_stride))),
             sdQ=None if const_expr(self.cfg.dq_direct) else storage.sdQ.get_tensor(
                 cute.make_layout((self.tile_m * self.hd, self.cfg.dq_stages))),
         )
@@ -730,18 +755,23 @@ class FlashBwdSm90:
             # dV += P^T dO, dK += dS^T Q (B: hd x queries, MN-major views of sdO, sQ).
             tdVrdOt=wg_dkv.make_fragment_B(wg_dkv.partition_B(transposed(sm.sdO))),
             tdKrQt=wg_dkv.make_fragment_B(wg_dkv.partition_B(transposed(sm.sQ))),
-            # dQ = dS K (A: queries x keys, the MN-major view of sdS; B: hd x keys, of sK).
-            tdQrdS=wg_dq.make_fragment_A(wg_dq.partition_A(transposed(sm.sdS))),
-            tdQrKt=wg_dq.make_fragment_B(wg_dq.partition_B(transposed(sm.sK))),
             tdVrPt=None, tdKrdSt=None,
         )
+        if const_expr(self.cfg.dq_swap):
+            # dQ^T = K^T dS^T (A: hd x keys, the MN-major view of sK; B: queries x keys, of sdS).
+            c.tdQrKt = wg_dq.make_fragment_A(wg_dq.partition_A(transposed(sm.sK)))
+            c.tdQrdS = wg_dq.make_fragment_B(wg_dq.partition_B(transposed(sm.sdS)))
+        else:
+            # dQ = dS K (A: queries x keys, the MN-major view of sdS; B: hd x keys, of sK).
+            c.tdQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(transposed(sm.sdS)))
+            c.tdQrKt = wg_dq.make_fragment_B(wg_dq.partition_B(transposed(sm.sK)))
         if const_expr(not self.rs):
             c.tdVrPt = wg_dkv.make_fragment_A(wg_dkv.partition_A(sm.sP))
             c.tdKrdSt = wg_dkv.make_fragment_A(wg_dkv.partition_A(sm.sdS))
         shape_S = (self.tile_n, self.tile_m)
         c.acc_S = thr_sdp.make_fragment_C(thr_sdp.partition_shape_C(shape_S))
         c.acc_dP = thr_sdp.make_fragment_C(thr_sdp.partition_shape_C(shape_S))
-        c.acc_dQ = thr_dq.make_fragment_C(thr_dq.partition_shape_C((self.tile_m, self.hd)))
+        c.acc_dQ = thr_dq.make_fragment_C(thr_dq.partition_shape_C(self.cfg.dq_fragment.mma_shape(self.tile_m, self.hd)))
         acc_dK = thr_dkv.make_fragment_C(thr_dkv.partition_shape_C((self.tile_n, self.hd)))
         acc_dV = thr_dkv.make_fragment_C(thr_dkv.partition_shape_C((self.tile_n, self.hd)))
         acc_dK.fill(0.0)
@@ -862,7 +892,10 @@ class FlashBwdSm90:
 
         if const_expr(not self.rs):
             gemm_sm90(self.tiled_mma_dkv, c.acc_dV, c.tdVrPt[None, None, None, pds], c.tdVrdOt[None, None, None, di])
-        gemm_sm90(self.tiled_mma_dq, c.acc_dQ, c.tdQrdS[None, None, None, pds], c.tdQrKt, zero_init=True)
+        if const_expr(self.cfg.dq_swap):
+            gemm_sm90(self.tiled_mma_dq, c.acc_dQ, c.tdQrKt, c.tdQrdS[None, None, None, pds], zero_init=True)
+        else:
+            gemm_sm90(self.tiled_mma_dq, c.acc_dQ, c.tdQrdS[None, None, None, pds], c.tdQrKt, zero_init=True)
         if const_expr(self.rs):
             gemm_sm90(self.tiled_mma_dkv, c.acc_dK, make_acc_as_A(rdS), c.tdKrQt[None, None, None, qi])
         else:
@@ -970,6 +1003,9 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         raise ValueError(f"KernelOptions.bwd_num_threads={opts.bwd_num_threads}: the sm90 backward runs 384 threads "
                          "(a producer and two consumer warpgroups)")
     tile_n = 128 if rs else 64
+    if opts.bwd_tile_m not in (None, 64, 128):
+        raise ValueError(f"KernelOptions.bwd_tile_m={opts.bwd_tile_m}: the sm90 backward runs 64 or 128 rows per "
+                         "step (80, with the swapped dQ wgmma, is an experiment not yet run on a GPU)")
     if opts.bwd_tile_n is not None and opts.bwd_tile_n != tile_n:
         raise ValueError(f"KernelOptions.bwd_tile_n={opts.bwd_tile_n}: the sm90 backward at head_dim "
                          f"{problem.head_dim} uses tile_n {tile_n}")
@@ -1039,6 +1075,9 @@ def variants(arch: str) -> list[BwdSm90Config]:
     ]
     out = [make_config(p, None, arch, det) for p, det in cases]
     out.append(replace(out[0], tile_m=128))
-    out.append(replace(out[0], tile_m=128, ds_from_p16=True, causal=True))  # the experiment of the config docstring
+    # The experiments of the config docstring (compiled, not yet run): 128-row steps at d64 and 80-row
+    # steps (the swapped dQ wgmma) at d128, both with dS from the 16-bit P.
+    out.append(replace(out[0], tile_m=128, ds_from_p16=True, causal=True))
+    out.append(replace(out[1], tile_m=80, dq_stages=1, ds_from_p16=True))
     out.append(replace(out[2], dq_stages=1, publish_lag=not out[2].publish_lag))  # one dQ buffer, deterministic
     return out

@@ -139,22 +139,30 @@ class DqFragment:
     """The dQ MMA of a main kernel, which fixes the order of the floats in a dq_accum tile
     (Note [dQ accumulator layout]). ``mma``: "sm80" (``mma.sync`` over ``num_threads // 32`` warps,
     ``atom_m`` of them along the rows) or "sm90" (wgmma over ``num_threads // 128`` warpgroups,
-    ``atom_m`` along the rows and ``atom_n`` along the head dim)."""
+    ``atom_m`` along the rows and ``atom_n`` along the head dim). ``swap`` (sm90): the MMA computes
+    dQ^T = K^T dS^T, a ``(head_dim, tile_m)`` tile with ``atom_m`` warpgroups along the head dim, for
+    tiles of rows that are not a multiple of 64 (wgmma's M) but are a valid N (80)."""
 
     mma: str
     num_threads: int
     atom_m: int
     atom_n: int = 1
+    swap: bool = False
 
     @property
     def chunk_threads(self) -> int:
         return 128 if self.mma == "sm90" else self.num_threads
 
+    def mma_shape(self, tile_m: int, head_dim: int) -> tuple[int, int]:
+        """The (M, N) of the dQ MMA's tile: ``(tile_m, head_dim)``, swapped ``(head_dim, tile_m)``."""
+        return (head_dim, tile_m) if self.swap else (tile_m, head_dim)
+
 
 
 def dq_tiled_mma(frag: DqFragment, dtype, tile_m: int, head_dim: int) -> cute.TiledMma:
     """The tiled MMA of ``frag`` for a ``(tile_m, head_dim)`` dQ tile (inside a jit function).
-    sm90: A (dS, ``tile_m`` contiguous) and B (K^T, ``head_dim`` contiguous) both MN-major."""
+    sm90: A (dS, ``tile_m`` contiguous) and B (K^T, ``head_dim`` contiguous) both MN-major; swapped,
+    A is K^T and B is dS, still both MN-major, over the ``(head_dim, tile_m)`` tile."""
     from fa4.cute_utils import tiled_mma_sm80
 
     if frag.mma == "sm80":
@@ -162,8 +170,9 @@ def dq_tiled_mma(frag: DqFragment, dtype, tile_m: int, head_dim: int) -> cute.Ti
     import cutlass.utils.hopper_helpers as sm90_utils
 
     MN = cute.nvgpu.OperandMajorMode.MN
+    mm, nn = frag.mma_shape(tile_m, head_dim)
     return sm90_utils.make_trivial_tiled_mma(
-        dtype, dtype, MN, MN, Float32, (frag.atom_m, frag.atom_n, 1), (64, head_dim // frag.atom_n))
+        dtype, dtype, MN, MN, Float32, (frag.atom_m, frag.atom_n, 1), (64, nn // frag.atom_n))
 
 
 def thread_fragment(tile: cute.Tensor, frag: DqFragment, frag_size: int, vec: int, tidx: Int32) -> cute.Tensor:
