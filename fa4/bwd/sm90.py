@@ -86,9 +86,11 @@ Note [Publish lag]
     writer spins for step ``t``'s slot first and only then waits for step ``t - 1``'s adds and
     publishes them: the spin and the completion overlap. Still no deadlock (Note [No deadlock] in
     fa4/sched/semaphore.py): while it holds back step ``t - 1``'s publish, the CTA of K block ``n``
-    waits only for blocks ``< n`` of its (batch, kv head), launched before it, which never wait for it. The successors of slot ``t - 1`` see it later by
-    up to the spin, which cost more than it saved with the long steps of head dim 256 (measured;
-    the tuning table turns it off there).
+    waits only for blocks ``< n`` of its (batch, kv head), launched before it, which never wait for
+    it (with the rotated order: only for blocks that reach the slot at an earlier step, Note
+    [Rotated order]). The successors of slot ``t - 1`` see it later by up to the spin, which cost
+    more than it saved with the long steps of head dim 256 (measured; the tuning table turns it off
+    there).
 
 Note [no ``from __future__ import annotations``]
     ``cute.struct`` reads the field annotations of ``SharedStorage`` as objects.
@@ -148,7 +150,8 @@ def register_budget_ok(num_wg: int) -> bool:
     consumer, producer = _REGS[num_wg]
     launch = 65536 // (128 * (num_wg + 1)) // 8 * 8
     return producer + num_wg * consumer <= launch * (num_wg + 1)
-ROWS_LATE = None  # experiments: force BwdSm90Config.rows_late (not a compile key: clear the caches)
+
+
 _BAR = SimpleNamespace(pds=1, pds_free=2, epi=3, dq_full=4, dq_empty=8)
 
 
@@ -246,10 +249,10 @@ class BwdSm90Config(AttnKernelConfig):
 
     @property
     def rows_late(self) -> bool:
-        """Read lse / dpsum from smem where each query column is used, not ahead into registers
-        (``ROWS_LATE`` override; default: for steps of more than 64 rows, where the accumulators
-        leave no room for 2 x tile_m / 4 registers of row statistics)."""
-        return self.tile_m > 64 if ROWS_LATE is None else ROWS_LATE
+        """Read lse / dpsum from smem where each query column is used, not ahead into registers: for
+        steps of more than 64 rows, where the accumulators leave no room for 2 x tile_m / 4 registers
+        of row statistics."""
+        return self.tile_m > 64
 
     def smem_fields(self, sizes: Optional[dict] = None) -> list:
         """The fields of the kernel's shared storage, in order: ``(name, type, count, alignment)``
