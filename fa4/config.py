@@ -45,7 +45,9 @@ class KernelOptions:
     exponentials computed by a polynomial on the FMA pipe instead of MUFU ``ex2``; 0 = all MUFU),
     ``rescale_threshold`` (tau, in log2 units: O is rescaled only when a row max grows by more than
     tau; 0 = rescale whenever the max grows).
-    Backward: ``bwd_tile_m``, ``bwd_tile_n``, ``bwd_num_threads``.
+    Backward: ``bwd_tile_m``, ``bwd_tile_n``, ``bwd_num_threads``, ``bwd_two_cta`` (sm90: clusters of
+    two CTAs on adjacent K blocks that swap halves of dS through distributed shared memory and add
+    half as many dQ rows each; True / False over the tuned default).
     ``arch``: force a kernel family ("sm80", "sm90", "sm100") instead of the device's own, e.g. to
     run the Ampere path on a Hopper GPU. The environment variable ``FA4_ARCH`` does the same.
     """
@@ -60,6 +62,7 @@ class KernelOptions:
     bwd_tile_m: Optional[int] = None
     bwd_tile_n: Optional[int] = None
     bwd_num_threads: Optional[int] = None
+    bwd_two_cta: Optional[bool] = None
 
     def __post_init__(self) -> None:
         if self.arch is not None and normalize_family(self.arch) is None:
@@ -70,6 +73,8 @@ class KernelOptions:
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
                 raise ValueError(f"KernelOptions.{name} must be a positive int, got {v!r}")
+        if self.bwd_two_cta is not None and not isinstance(self.bwd_two_cta, bool):
+            raise ValueError(f"KernelOptions.bwd_two_cta must be a bool or None, got {self.bwd_two_cta!r}")
         _check_fraction("exp2_emu_frac", self.exp2_emu_frac)
         if self.rescale_threshold is not None and not (0.0 <= float(self.rescale_threshold) <= 64.0):
             raise ValueError(

@@ -286,15 +286,24 @@ def acc_to_smem(acc: cute.Tensor, tiled_mma: cute.TiledMma, sT: cute.Tensor, tid
 
 
 @cute.jit
-def smem_to_gmem_pred(copy: cute.TiledCopy, sT: cute.Tensor, gT: cute.Tensor, rows: Int32, cols: Int32, tidx: Int32):
+def smem_to_gmem_pred(copy: cute.TiledCopy, sT: cute.Tensor, gT: cute.Tensor, rows: Int32, cols: Int32, tidx: Int32,
+                      ragged: cutlass.Constexpr[bool] = False):
     """Copy a ``(tile_rows, tile_cols)`` smem tile to gmem with ``copy`` (16-byte chunks); only rows
-    ``< rows`` and column chunks ``< cols`` are written."""
+    ``< rows`` and column chunks ``< cols`` are written. ``ragged``: the copy's rows per pass do not
+    divide ``tile_rows`` (80-row tiles), so the last pass's smem reads are predicated on the tile too
+    (unpredicated they read past the tile: compute-sanitizer, RESULTS v0.7)."""
     thr = copy.get_slice(tidx)
-    tcT = thr.partition_S(cute.make_identity_tensor((cute.size(sT, mode=[0]), cute.size(sT, mode=[1]))))
+    tile_rows = cute.size(sT, mode=[0])
+    tcT = thr.partition_S(cute.make_identity_tensor((tile_rows, cute.size(sT, mode=[1]))))
     tsT = thr.partition_S(sT)
     tgT = thr.partition_D(gT)
     rT = cute.make_rmem_tensor_like(tgT)
-    cute.autovec_copy(tsT, rT)
+    if const_expr(ragged):
+        for m in cutlass.range_constexpr(cute.size(tgT, mode=[1])):
+            if tcT[0, m, 0][0] < cutlass.min(rows, tile_rows):
+                cute.autovec_copy(tsT[None, m, None], rT[None, m, None])
+    else:
+        cute.autovec_copy(tsT, rT)
     for m in cutlass.range_constexpr(cute.size(tgT, mode=[1])):
         if tcT[0, m, 0][0] < rows:
             for k in cutlass.range_constexpr(cute.size(tgT, mode=[2])):
@@ -380,18 +389,19 @@ def transposed(sT: cute.Tensor) -> cute.Tensor:
 
 
 def smem_layout_sm90(dtype: Type[cutlass.Numeric], rows: int, cols: int, stages: int | None = None,
-                     atom_cols: int | None = None):
+                     atom_cols: int | None = None, order: tuple | None = None):
     """Row-major (``cols`` contiguous) swizzled smem layout of a ``(rows, cols[, stages])`` 16-bit
     tile for TMA and wgmma: the widest swizzle (128 / 64 / 32 bytes) whose atom divides ``cols``
     (or ``atom_cols``: when a transposed view of the tile is an MN-major wgmma operand split into
-    parts of ``atom_cols`` columns, every part must hold whole swizzle atoms)."""
+    parts of ``atom_cols`` columns, every part must hold whole swizzle atoms). ``order``: of the
+    modes when tiling the atoms (default rows, then columns, then stages)."""
     import cutlass.utils.hopper_helpers as sm90_utils
     from cutlass.utils import LayoutEnum
 
     atom = cute.nvgpu.warpgroup.make_smem_layout_atom(
         sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, atom_cols or cols), dtype)
     shape = (rows, cols) if stages is None else (rows, cols, stages)
-    return cute.tile_to_shape(atom, shape, (0, 1) if stages is None else (0, 1, 2))
+    return cute.tile_to_shape(atom, shape, order or ((0, 1) if stages is None else (0, 1, 2)))
 
 
 @cute.jit
@@ -454,6 +464,28 @@ def bulk_reduce_add_f32(dst_gmem: cute.Pointer, src_smem: cute.Pointer, num_byte
          Int32(num_bytes).ir_value(loc=loc, ip=ip)],
         "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [$0], [$1], $2;",
         "l,r,r",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+
+
+@dsl_user_op
+def bulk_copy_to_peer(dst_smem: cute.Pointer, src_smem: cute.Pointer, mbar: cute.Pointer, peer, num_bytes: int, *,
+                      loc=None, ip=None) -> None:
+    """``cp.async.bulk.shared::cluster.shared::cta`` of ``num_bytes`` (a multiple of 16, 16-byte
+    aligned) from this CTA's ``src_smem`` into CTA ``peer`` of the cluster, at the address that
+    ``dst_smem`` has in this CTA; completes (``complete_tx``) on the peer's mbarrier at the address
+    ``mbar`` has here. The peer expects the bytes (``arrive_and_expect_tx``) and waits on it."""
+    llvm.inline_asm(
+        None,
+        [Int32(dst_smem.toint(loc=loc, ip=ip)).ir_value(loc=loc, ip=ip),
+         Int32(src_smem.toint(loc=loc, ip=ip)).ir_value(loc=loc, ip=ip),
+         Int32(mbar.toint(loc=loc, ip=ip)).ir_value(loc=loc, ip=ip),
+         Int32(peer).ir_value(loc=loc, ip=ip), Int32(num_bytes).ir_value(loc=loc, ip=ip)],
+        "{\n.reg .b32 d, m;\nmapa.shared::cluster.u32 d, $0, $3;\nmapa.shared::cluster.u32 m, $2, $3;\n"
+        "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [d], [$1], $4, [m];\n}",
+        "r,r,r,r,r",
         has_side_effects=True,
         is_align_stack=False,
         asm_dialect=llvm.AsmDialect.AD_ATT,

@@ -69,7 +69,7 @@ def test_variants_cover_buckets_flags_and_paths():
     assert {v.head_dim for v in vs} == set(sm90.TUNING)
     assert {v.dtype for v in vs} == {"bf16", "fp16"}
     for flag in ("causal", "local", "has_softcap", "varlen_q", "varlen_k", "has_seqused_k", "deterministic",
-                 "dkv_rs", "dq_direct", "det_rotate", "publish_lag", "ds_from_p16"):
+                 "dkv_rs", "dq_direct", "det_rotate", "publish_lag", "ds_from_p16", "two_cta"):
         assert {getattr(v, flag) for v in vs} == {False, True}, flag
     assert {v.tile_m for v in vs} == {64, 80, 128}
     assert {v.q_stages for v in vs} == {1, 2} and {v.pds_stages for v in vs} == {1, 2}
@@ -85,11 +85,13 @@ def test_dq_fragment_and_postprocess_agree():
     for v in sm90.variants("sm_90a"):
         frag = v.dq_fragment
         assert frag.mma == "sm90" and frag.num_threads == 128 * v.num_wg and frag.chunk_threads == 128
-        assert frag.atom_m * frag.atom_n == v.num_wg and frag.swap == (v.tile_m == 80)
-        assert frag.mma_shape(v.tile_m, v.head_dim)[0] % (64 * frag.atom_m) == 0
+        assert frag.atom_m * frag.atom_n == v.num_wg and frag.swap == (v.dq_rows % 64 != 0)
+        assert v.dq_rows == (v.tile_m // 2 if v.two_cta else v.tile_m)
+        assert frag.mma_shape(v.dq_rows, v.head_dim)[0] % (64 * frag.atom_m) == 0
         post = postprocess.config_for(v)
         assert (post.mma, post.num_threads, post.atom_m, post.atom_n, post.swap, post.tile_m, post.head_dim) == (
-            "sm90", frag.num_threads, frag.atom_m, frag.atom_n, frag.swap, v.tile_m, v.head_dim)
+            "sm90", frag.num_threads, frag.atom_m, frag.atom_n, frag.swap, v.dq_rows, v.head_dim)
+        assert post.ws_tile_m == (v.tile_m if v.two_cta else 0)
         postprocess.BwdPostprocess.can_implement(post)
     assert sm90.make_config(_problem(64), KernelOptions(bwd_tile_m=128), "sm_90a").dq_atoms == (2, 1)
     assert sm90.make_config(_problem(128), None, "sm_90a").dq_atoms == (1, 2)
@@ -104,6 +106,34 @@ def test_dq_fragment_and_postprocess_agree():
 def test_make_config_rejects_bad_options_by_name(opts, name):
     with pytest.raises(ValueError, match=name):
         sm90.make_config(_problem(128), opts, "sm_90a")
+
+
+def test_two_cta_configs_and_refusals():
+    """KernelOptions.bwd_two_cta: the cluster kernel where it applies (head dims <= 128, not
+    deterministic: Note [Two-CTA dQ]), a ValueError naming the option elsewhere, the grid in pairs
+    of K blocks, and explain() saying which kernel runs."""
+    two = KernelOptions(bwd_two_cta=True)
+    cfg = sm90.make_config(_problem(128), two, "sm_90a")
+    assert cfg.two_cta and cfg.cluster_n == 2 and cfg.dq_rows == 32 and cfg.dq_swap and cfg.dq_stages == 1
+    assert cfg.smem_bytes() <= sm90.SMEM_CAPACITY
+    d64 = sm90.make_config(_problem(64), two, "sm_90a")
+    assert d64.dq_rows == 64 and not d64.dq_swap
+    assert not sm90.make_config(_problem(128), KernelOptions(bwd_two_cta=False), "sm_90a").two_cta
+    for problem, det in ((_problem(128), True), (_problem(256), False), (_problem(96), False)):
+        with pytest.raises(ValueError, match="bwd_two_cta"):
+            sm90.make_config(problem, two, "sm_90a", det)
+    from fa4.bwd import sm80
+
+    with pytest.raises(ValueError, match="bwd_two_cta"):
+        sm80.make_config(_problem(128), two, "sm_80")
+    with pytest.raises(ValueError, match="bwd_two_cta"):
+        KernelOptions(bwd_two_cta=1)
+    # 9 K blocks of 128 keys: 5 pairs, 10 CTAs per (batch, kv head).
+    assert common.launch_grid(cfg, 2, 2, 1100) == (10 * 2 * 2, 1, 1)
+    assert common.launch_grid(sm90.make_config(_problem(128), None, "sm_90a"), 2, 2, 1100) == (9 * 2 * 2, 1, 1)
+    assert any("2-CTA" in n for n in sm90.explain_notes(_problem(128), two, cfg))
+    assert any("1-CTA" in n for n in sm90.explain_notes(_problem(128), None, sm90.make_config(_problem(128), None,
+                                                                                                "sm_90a")))
 
 
 def test_can_implement_names_the_field():

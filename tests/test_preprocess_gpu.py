@@ -121,7 +121,15 @@ def _inputs(b, s, h, d, dtype, seed, dlse: bool, neg_inf_rows: bool = True):
 @pytest.mark.parametrize("dlse", [False, True])
 def test_preprocess_dense(dtype, d, s, dlse):
     out, dout, lse, dl = _inputs(2, s, 3, d, dtype, seed=s * 1000 + d, dlse=dlse)
-    _run_and_check(out, dout, lse, dl, dq_tile_m=(32, 64, 128)[d % 3])
+    _run_and_check(out, dout, lse, dl, dq_tile_m=(32, 64, 128, 80)[d % 4])
+
+
+@pytest.mark.parametrize("s", [1, 250, 256, 1000])
+def test_preprocess_tiles_that_straddle_blocks(s):
+    """80-row main-kernel tiles (the swapped dQ wgmma): the last tile may end past the rows of the
+    preprocess's 128-row blocks (s = 250: tiles to 320); its padding and dq_accum are still written."""
+    out, dout, lse, dl = _inputs(2, s, 3, 128, torch.bfloat16, seed=s, dlse=True)
+    _run_and_check(out, dout, lse, dl, dq_tile_m=80)
 
 
 def test_preprocess_strided_inputs_and_expanded_dlse():
@@ -149,7 +157,7 @@ def test_preprocess_varlen(dlse, d):
         cu_seqlens_q=cu,
         max_seqlen_q=max(lengths),
         sem_shape=(len(lengths), h, -(-max(lengths) // 64)),
-        dq_tile_m=128 if d == 96 else 64,
+        dq_tile_m={96: 128, 128: 80}.get(d, 64),
     )
 
 

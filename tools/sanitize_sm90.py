@@ -5,7 +5,7 @@
 Forward: the persistent and the plain grid, 1/2/3 consumer warpgroups, causal / local, varlen with
 a length-1 sequence, an unpadded head dim, O through TMA and through plain stores. Backward: P/dS in
 registers (d128, GQA, causal) and through smem (d256), deterministic, varlen with seqused_k, 128-row
-steps (d64). Issue 9: pack GQA, split-KV with the combine, paged K/V, seqused_q."""
+steps (d64), the two-CTA backward (d128 causal GQA, d64, varlen with seqused_k). Issue 9: pack GQA, split-KV with the combine, paged K/V, seqused_q."""
 import dataclasses
 
 import torch
@@ -42,6 +42,10 @@ for b, sq, sk, h, hk, d, causal, det, opts in [
     (1, 300, 300, 4, 2, 128, True, True, SM90),
     (1, 300, 300, 4, 2, 128, False, True, SM90),  # the rotated deterministic order
     (1, 257, 129, 2, 1, 64, False, False, fa4.KernelOptions(arch="sm90", bwd_tile_m=128)),
+    # The two-CTA backward (Note [Two-CTA dQ]): 3 K blocks (the second pair's block past the keys),
+    # causal GQA at d128; d64's 64-row halves.
+    (2, 200, 300, 4, 2, 128, True, False, fa4.KernelOptions(arch="sm90", bwd_two_cta=True)),
+    (1, 257, 129, 2, 1, 64, False, False, fa4.KernelOptions(arch="sm90", bwd_two_cta=True)),
 ]:
     q, k, v = random_qkv(b, sq, sk, h, hk, d, torch.bfloat16, "cuda", requires_grad=True, seed=d + 1)
     out, _ = fa4.flash_attn_func(q, k, v, causal=causal, deterministic=det, kernel_options=opts)
@@ -51,6 +55,11 @@ vb = random_varlen(3, 150, 4, 2, 128, torch.bfloat16, "cuda", max_seqlen_k=200, 
 out, _ = fa4.flash_attn_varlen_func(vb.q, vb.k, vb.v, cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k,
                                     max_seqlen_q=vb.max_seqlen_q, max_seqlen_k=vb.max_seqlen_k,
                                     seqused_k=vb.seqused_k, causal=True, kernel_options=SM90)
+torch.autograd.grad(out, (vb.q, vb.k, vb.v), torch.randn_like(out))
+out, _ = fa4.flash_attn_varlen_func(vb.q, vb.k, vb.v, cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k,
+                                    max_seqlen_q=vb.max_seqlen_q, max_seqlen_k=vb.max_seqlen_k,
+                                    seqused_k=vb.seqused_k, causal=True,
+                                    kernel_options=fa4.KernelOptions(arch="sm90", bwd_two_cta=True))
 torch.autograd.grad(out, (vb.q, vb.k, vb.v), torch.randn_like(out))
 # Issue 9: pack GQA, split-KV + combine, paged K/V (TMA chunks of 16 rows), seqused_q.
 q, k, v = random_qkv(3, 1, 700, 8, 2, 128, torch.bfloat16, "cuda", seed=5)

@@ -109,7 +109,25 @@ PLANS = {
     "v9": [
         "d64 s8192", "d64 s8192 tile_m=128 ds_from_p16=True", "d64 s8192 ds_from_p16=True",
         "d64 s8192 causal", "d64 s8192 causal tile_m=128 ds_from_p16=True",
-        "d128 s8192", "d128 s8192 ds_from_p16=True",
+        "d128 s8192", "d128 s8192 ds_from_p16=True", "d128 s8192 tile_m=80 dq_stages=1 ds_from_p16=True",
+        "d128 s8192 causal", "d128 s8192 causal tile_m=80 dq_stages=1 ds_from_p16=True",
+        "d128 s2048", "d128 s2048 tile_m=80 dq_stages=1 ds_from_p16=True",
+    ],
+    # The two-CTA backward (Note [Two-CTA dQ]) against the one-CTA defaults, with the writer warp (one
+    # dQ buffer fits) or the direct adds; the 80-row experiment now that the preprocess serves it.
+    "v10": [
+        "d128 s8192", "d128 s8192 two_cta=True dq_stages=1", "d128 s8192 two_cta=True dq_direct=True",
+        "d128 s8192 causal", "d128 s8192 causal two_cta=True dq_stages=1", "d128 s8192 causal two_cta=True dq_direct=True",
+        "d128 s2048", "d128 s2048 two_cta=True dq_stages=1", "d128 s2048 two_cta=True dq_direct=True",
+        "d64 s8192", "d64 s8192 two_cta=True dq_stages=1", "d64 s8192 two_cta=True dq_direct=True",
+        "d64 s8192 causal", "d64 s8192 causal two_cta=True dq_stages=1",
+        "d128 s8192 tile_m=80 dq_stages=1 ds_from_p16=True", "d128 s8192 causal tile_m=80 dq_stages=1 ds_from_p16=True",
+    ],
+    # Deterministic d64 with the new 128-row default steps (v0.7) against 64-row steps.
+    "v11": [
+        "d64 s8192 det", "d64 s8192 det tile_m=64 ds_from_p16=False", "d64 s8192 causal det",
+        "d64 s8192 causal det tile_m=64 ds_from_p16=False", "d64 s1024 det", "d64 s1024 det tile_m=64 ds_from_p16=False",
+        "d64 s1024", "d64 s1024 tile_m=64 ds_from_p16=False", "d64 s16384", "d64 s16384 tile_m=64 ds_from_p16=False",
     ],
     # Deterministic against non-deterministic in one run (v0.4: used to measure, and reject, a
     # writer that frees sdQ once read, before the adds complete and the slot is published).

@@ -127,7 +127,7 @@ class LaunchOrder:
 def launch_grid(cfg, num_batch: int, heads_k: int, max_seqlen_k: int) -> tuple[int, int, int]:
     """The main kernel's grid: 1-D, ``n_blocks * kv heads * batch`` CTAs (Note [Launch order]).
     ValueError when CUDA cannot launch it (x < 2^31)."""
-    num_x = _cdiv(max_seqlen_k, cfg.tile_n)
+    num_x = _cdiv(_cdiv(max_seqlen_k, cfg.tile_n), cfg.cluster_n) * cfg.cluster_n  # (sm90 two_cta: pairs)
     grid = (num_x * heads_k * num_batch, 1, 1)
     if grid[0] > MAX_GRID_X:
         raise ValueError(

@@ -36,10 +36,14 @@ class BwdPostprocessConfig(KernelConfig):
     """Compile key of :class:`BwdPostprocess`. ``head_dim``: the padded head dim of ``dq_accum``
     (a multiple of 32); the real one comes from ``dq`` at run time. ``tile_m`` and the dQ MMA
     (``mma``, ``num_threads``, ``atom_m``, ``atom_n``: a :class:`fa4.bwd.workspace.DqFragment`)
-    are the main kernel's: they define the dq_accum tiles and their fragment order."""
+    are the main kernel's: they define the dq_accum tiles and their fragment order. ``ws_tile_m``
+    (0: ``tile_m``): the rows of the workspace's tiles, where the main kernel's dQ tiles are a part
+    of them (the sm90 two-CTA backward adds half tiles: Note [Two-CTA dQ] in fa4/bwd/sm90.py); it
+    places a varlen sequence's first tile."""
 
     head_dim: int = 128
     tile_m: int = 64
+    ws_tile_m: int = 0
     num_threads: int = 256
     atom_m: int = 2
     atom_n: int = 1
@@ -133,6 +137,9 @@ class BwdPostprocess:
         copy_out = tiled_copy_rows_16B(
             cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128), self.num_threads, atom
         )
+        # Rows per pass of copy_out; a tile_m it does not divide (80) needs predicated smem reads.
+        per_row = (atom if isinstance(atom, int) else atom.outer.shape[1]) * self.dtype.width // 128
+        self.ragged = self.tile_m % (self.num_threads // per_row) != 0
         tiled_mma = dq_tiled_mma(self.cfg.fragment, self.dtype, self.tile_m, self.head_dim)
         num_batch, seqlen = grid_extent(mdQ, mCuSeqlensQ, max_seqlen_q)
 
@@ -168,7 +175,8 @@ class BwdPostprocess:
             frag = self.cfg.fragment
             acc = cute.make_rmem_tensor(
                 tiled_mma.get_slice(tidx).partition_shape_C(frag.mma_shape(self.tile_m, self.head_dim)), Float32)
-            gAcc = cute.local_tile(dq_accum_view(mdQaccum, seq, batch, head, self.tile_m), tile, (m_block, 0))
+            ws_tile = self.cfg.ws_tile_m or self.tile_m
+            gAcc = cute.local_tile(dq_accum_view(mdQaccum, seq, batch, head, ws_tile), tile, (m_block, 0))
             gFrag = thread_fragment(gAcc, self.cfg.fragment, cute.size(acc), self.vec, tidx)
             acc_v = cute.make_tensor(acc.iterator, cute.make_layout(gFrag.shape))
             for v in cutlass.range_constexpr(cute.size(gFrag, mode=[1])):
@@ -180,7 +188,7 @@ class BwdPostprocess:
                 acc_to_smem(acc, tiled_mma, sdQ, tidx)
             cute.arch.barrier()
             gdQ = cute.local_tile(seq.q_view(mdQ, batch, head), tile, (m_block, 0))
-            smem_to_gmem_pred(copy_out, sdQ, gdQ, rows_left, mdQ.shape[3], tidx)
+            smem_to_gmem_pred(copy_out, sdQ, gdQ, rows_left, mdQ.shape[3], tidx, ragged=self.ragged)
 
 
 _configs: dict = {}
@@ -194,7 +202,8 @@ def config_for(bwd_cfg) -> BwdPostprocessConfig:
     if cfg is None:
         frag = bwd_cfg.dq_fragment
         cfg = _configs[bwd_cfg] = BwdPostprocessConfig(
-            arch=bwd_cfg.arch, dtype=bwd_cfg.dtype, head_dim=bwd_cfg.head_dim, tile_m=bwd_cfg.tile_m,
+            arch=bwd_cfg.arch, dtype=bwd_cfg.dtype, head_dim=bwd_cfg.head_dim, tile_m=bwd_cfg.dq_rows,
+            ws_tile_m=bwd_cfg.tile_m if bwd_cfg.dq_rows != bwd_cfg.tile_m else 0,
             num_threads=frag.num_threads, atom_m=frag.atom_m, atom_n=frag.atom_n, mma=frag.mma, swap=frag.swap,
             varlen=bwd_cfg.varlen_q)
     return cfg
@@ -240,4 +249,7 @@ def variants(arch: str) -> list[BwdPostprocessConfig]:
                                             atom_m=am, atom_n=an, mma="sm90", varlen=varlen))
         out.append(BwdPostprocessConfig(arch=arch, dtype="fp16", head_dim=128, tile_m=80, num_threads=256, atom_m=2,
                                         atom_n=1, mma="sm90", swap=True, varlen=True))
+        # Half tiles of the two-CTA backward (32 rows swapped at d128) in 64-row workspace tiles.
+        out.append(BwdPostprocessConfig(arch=arch, dtype="bf16", head_dim=128, tile_m=32, ws_tile_m=64, num_threads=256,
+                                        atom_m=2, atom_n=1, mma="sm90", swap=True, varlen=True))
     return out

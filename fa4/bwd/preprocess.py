@@ -178,7 +178,8 @@ class BwdPreprocess:
             raise TypeError("O and dO must have the configured dtype")
         copy_o, copy_acc = self._tiled_copies()
         num_batch, seqlen = grid_extent(mO, mCuSeqlensQ, max_seqlen_q)
-        grid = (cute.ceil_div(seqlen, self.tile_m), mO.shape[2], num_batch)
+        # Blocks over the rows rounded up to dq_tile_m (the workspaces' whole tiles).
+        grid = (cute.ceil_div(cute.ceil_div(seqlen, dq_tile_m) * dq_tile_m, self.tile_m), mO.shape[2], num_batch)
         self.kernel(
             mO, mdO, mLSE, mdLSE, mCuSeqlensQ, mLSElog2, mDpsum, mdQaccum, mSemaphore, dq_tile_m, copy_o, copy_acc
         ).launch(
@@ -210,7 +211,10 @@ class BwdPreprocess:
         seq = SeqlenInfo.create(batch, mO.shape[1], 0, mCuSeqlensQ=mCuSeqlensQ)
         row0 = m_block * self.tile_m
         rows_left = seq.seqlen_q - row0  # rows of this tile inside the sequence
-        if rows_left > 0:
+        # Whole tiles: rows up to seqlen_q rounded up to the main kernel's tile_m (which need not
+        # divide this kernel's 128: the last 80-row tile may start in this block and end past it).
+        rows_tiled = cute.ceil_div(seq.seqlen_q, dq_tile_m) * dq_tile_m - row0
+        if rows_tiled > 0:
             # (s, d) / (s,) views of this (batch, head), starting at the sequence's first row.
             mO_bh, mdO_bh = seq.q_view(mO, batch, head), seq.q_view(mdO, batch, head)
             mdQ_bh = dq_accum_view(mdQaccum, seq, batch, head, dq_tile_m)
@@ -218,9 +222,8 @@ class BwdPreprocess:
             mDpsum_bh = rows_view(mDpsum, seq, batch, head, dq_tile_m)
             mLSE_bh = seq.lse_view(mLSE, batch, head)
             mdLSE_bh = seq.lse_view(mdLSE, batch, head) if const_expr(mdLSE is not None) else None
-            # Whole tiles: rows up to seqlen_q rounded up to the main kernel's tile_m.
-            rows_tiled = cute.ceil_div(seq.seqlen_q, dq_tile_m) * dq_tile_m - row0
-            self.row_dot(mO_bh, mdO_bh, mDpsum_bh, mdLSE_bh, m_block, rows_left, copy_o, tidx)
+            if rows_left > 0:
+                self.row_dot(mO_bh, mdO_bh, mDpsum_bh, mdLSE_bh, m_block, rows_left, copy_o, tidx)
             self.lse_to_log2(mLSE_bh, mLSElog2_bh, mDpsum_bh, row0, rows_left, rows_tiled, tidx)
             self.zero_dq_accum(mdQ_bh, m_block, rows_tiled, copy_acc, tidx)
 
@@ -367,8 +370,7 @@ def run_preprocess(
     ``max_seqlen_q``); ``lse``/``dlse`` float32 ``(b, h, s)``, made contiguous here if they are not
     (an autograd ``dlse`` is often an expanded view); ``lse_log2``, ``dpsum`` float32
     :func:`fa4.bwd.workspace.rows_shape` and ``dq_accum`` float32
-    :func:`fa4.bwd.workspace.dq_accum_shape` for ``dq_tile_m`` (the main kernel's tile_m, a divisor
-    of this kernel's 128-row tile), contiguous, written whole tiles at a time;
+    :func:`fa4.bwd.workspace.dq_accum_shape` for ``dq_tile_m`` (the main kernel's tile_m), contiguous, written whole tiles at a time;
     ``semaphore`` int32, any shape, contiguous, zeroed. ``arch``: code-generation target, default
     the device's.
     """
@@ -381,8 +383,8 @@ def run_preprocess(
     varlen = cu_seqlens_q is not None
     if varlen and max_seqlen_q is None:
         raise ValueError("max_seqlen_q is required with cu_seqlens_q")
-    if dq_tile_m not in (16, 32, 64, 128):
-        raise ValueError(f"dq_tile_m must divide the preprocess tile of 128 rows, got {dq_tile_m}")
+    if dq_tile_m not in (16, 32, 64, 80, 128):
+        raise ValueError(f"dq_tile_m must be one of the main kernels' tile_m (16, 32, 64, 80, 128), got {dq_tile_m}")
     batch = cu_seqlens_q.shape[0] - 1 if varlen else out.shape[0]
     want = dq_accum_shape(batch, out.shape[2], out.shape[1], head_dim_padded(d), dq_tile_m, varlen)
     if tuple(dq_accum.shape) != want or not dq_accum.is_contiguous():

@@ -114,6 +114,14 @@ class BwdSm80Config(AttnKernelConfig):
 
     KERNEL: ClassVar[str] = "fa4.bwd.sm80:FlashBwdSm80"
 
+    # Shared with the sm90 config, for the family-independent driver: one CTA per K block, dQ
+    # tiles of tile_m rows.
+    cluster_n: ClassVar[int] = 1
+
+    @property
+    def dq_rows(self) -> int:
+        return self.tile_m
+
     @property
     def num_warps(self) -> int:
         return self.num_threads // 32
@@ -903,6 +911,9 @@ def make_config(
     ):
         if value is not None and value not in allowed:
             raise ValueError(f"KernelOptions.{name}={value} is not supported by the sm80 backward (allowed: {allowed})")
+    if opts.bwd_two_cta:
+        raise ValueError("KernelOptions.bwd_two_cta=True: the sm80 backward has no two-CTA path (clusters and "
+                         "distributed shared memory are sm90's); use the sm90 family or leave it None")
     tile_m = opts.bwd_tile_m or tile_m
     tile_n = opts.bwd_tile_n or tile_n
     threads = opts.bwd_num_threads or threads

@@ -39,9 +39,16 @@ head dim of dK, dV, and P^T, dS^T go through smem (``sP``, ``sdS``) for every wa
 dQ: warpgroups along the rows when ``tile_m`` has one 64-row block per warpgroup, else along the
 head dim (:attr:`BwdSm90Config.dq_atoms`).
 
+Clusters: with ``two_cta`` two CTAs on adjacent K blocks exchange halves of dS^T (Note [Two-CTA dQ]);
+otherwise one CTA per cluster.
+
 Pipelines (``cutlass.pipeline.PipelineTmaAsync``; producer = warp 0, one arrive with the expected
 transaction bytes; a consumer arrive is one per consumer warp, from lane 0: ``4 * num_wg``)
-    * ``pipeline_kv``: 1 stage, K + V, loaded once; never released (one tile per CTA).
+    * ``pipeline_kv``: 1 stage, K + V (+ the partner's K with ``two_cta``), loaded once; never
+      released (one tile per CTA).
+    * ``two_cta``, per P/dS stage: ``ds_full`` (arrive count 1, consumer thread 0's, plus the bytes of
+      the partner's bulk copy) and ``ds_empty`` (arrive count ``num_wg``, remote arrives of the
+      partner's warpgroups): Note [Two-CTA dQ].
     * ``pipeline_q``: ``q_stages``, Q tile + ``tile_m`` floats of ``lse_log2``; released after the
       step's dK wgmma (the last reader of sQ).
     * ``pipeline_do``: ``q_stages``, dO tile + ``dpsum`` rows; released after the step's dV wgmma.
@@ -92,6 +99,31 @@ Note [Publish lag]
     more than it saved with the long steps of head dim 256 (measured; the tuning table turns it off
     there).
 
+Note [Two-CTA dQ]
+    With ``two_cta`` a cluster of two CTAs takes two adjacent K blocks ``2x`` and ``2x + 1`` of a
+    (batch, kv head), and both walk the union of the two blocks' (q head, m_block) steps in the same
+    order (a block past its sequence, or a step outside its own block's mask range, computes with
+    every key masked: P = dS = 0). dQ of a step is ``dS_0 K_0 + dS_1 K_1``: CTA ``r`` adds only the
+    rows ``[r, r + 1) * tile_m / 2`` of it, over both K blocks, so the pair issues each dQ row's
+    reduction once instead of twice. For that it keeps the partner's K tile (``sK_peer``, loaded once
+    by TMA with its own K and V) and receives the partner's dS^T columns of its rows (``sdS_in``).
+    The dS^T tile is stored in swizzle atoms of half its columns, halves outermost, so that each
+    stage's half is one contiguous block: after the ``pds`` barrier, consumer thread 0 expects the
+    partner's half on this CTA's ``ds_full`` barrier of the stage (arrive + transaction bytes) and
+    sends the partner its half with one bulk copy into the partner's ``sdS_in`` stage, completing on
+    the partner's ``ds_full``. The dQ wgmma then runs over the own half and K (at once) and, after
+    ``ds_full``, over ``sdS_in`` and ``sK_peer``, accumulating; its tile is ``tile_m / 2`` rows
+    (swapped, dQ^T = K^T dS^T, where that is no multiple of 64). Once a warpgroup's dQ wgmmas have
+    completed, one thread per warpgroup arrives (remote, cluster scope) on the partner's
+    ``ds_empty`` of the stage (arrive count: the warpgroups): the partner may send into that stage
+    again, which it waits for (completion number ``use``, parity ``(use & 1) ^ 1``, the first use
+    passing on the fresh barrier) before it stores that stage's dS^T, as the wait also covers the
+    bulk copy's read of its own stage. The barriers are initialized before a cluster barrier, and a
+    CTA leaves only after the partner's last arrives on its ``ds_empty`` (:meth:`drain_exchange`).
+    dq_accum keeps its ``tile_m``-row tiles (row statistics, padding and a varlen sequence's first
+    tile as without the cluster); a half is a contiguous ``tile_m / 2``-row part of one, in the
+    fragment order of the half-tile wgmma, and the postprocess reads it as such (``ws_tile_m``).
+
 Note [no ``from __future__ import annotations``]
     ``cute.struct`` reads the field annotations of ``SharedStorage`` as objects.
 """
@@ -105,6 +137,7 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Boolean, Float32, Int32, const_expr, pipeline
+from cutlass._mlir.dialects import nvvm
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from fa4.bwd import common
@@ -121,6 +154,7 @@ from fa4.bwd.workspace import (
 )
 from fa4.config import AttnKernelConfig, AttnProblem, KernelOptions
 from fa4.cute_utils import (
+    bulk_copy_to_peer,
     bulk_reduce_add_f32,
     convert_f32_to_half,
     gemm_sm90,
@@ -171,6 +205,7 @@ class CtaWork:
     num_steps: Int32
     rows_k: Int32
     num_n: Int32  # K blocks with keys in this sequence (>= 1)
+    rank: Int32  # in the cluster (two_cta), else 0
 
 
 @dataclass(frozen=True)
@@ -188,12 +223,12 @@ class BwdSm90Config(AttnKernelConfig):
     fa4/bwd/common.py. ``dq_direct`` (not deterministic): the consumers add their dQ fragments into
     dq_accum with ``red.global.add.v4.f32`` from registers, no sdQ tile and no writer warp (Note
     [Direct dQ]). ``ds_from_p16``: dS^T from the 16-bit P^T (the dV wgmma's operand), not the
-    float32 one, which frees S^T's registers early (for 128-row steps at d64, over the register
-    budget otherwise). ``tile_m = 80`` runs the dQ wgmma swapped (``dq_swap``, dQ^T = K^T dS^T,
-    DqFragment.swap) with one dQ buffer. Both are experiments: compiled (no serialized wgmma with
-    ``ds_from_p16``), not yet run or measured for speed or accuracy (tests/test_bwd_gpu.py::
-    test_bwd_sm90_experiments is ready for that); no default uses them, and make_config refuses
-    ``bwd_tile_m=80``.
+    float32 one, which frees S^T's registers early: the d64 default's 128-row steps fit 240
+    registers without serialized wgmmas with it (and not without; the TUNING comment has the
+    numbers). ``tile_m = 80`` runs the dQ wgmma swapped (``dq_swap``, dQ^T = K^T dS^T,
+    DqFragment.swap) with one dQ buffer: an experiment, compiled but wrong on the GPU (NaN gradients,
+    an xfail in tests/test_bwd_gpu.py::test_bwd_sm90_experiments) and slower than the default where
+    timed (v0.7); make_config refuses ``bwd_tile_m=80``. ``two_cta``: Note [Two-CTA dQ].
     """
 
     head_dim: int = 128
@@ -209,6 +244,7 @@ class BwdSm90Config(AttnKernelConfig):
     det_rotate: bool = False
     dq_direct: bool = False
     ds_from_p16: bool = False
+    two_cta: bool = False
 
     KERNEL: ClassVar[str] = "fa4.bwd.sm90:FlashBwdSm90"
     REQUIRED_SASS: ClassVar[tuple] = ("HGMMA", "UTMALDG")  # checked by tests/test_compile.py
@@ -218,16 +254,26 @@ class BwdSm90Config(AttnKernelConfig):
         return 128 * self.num_wg
 
     @property
+    def cluster_n(self) -> int:
+        """CTAs per cluster along the K blocks (Note [Two-CTA dQ])."""
+        return 2 if self.two_cta else 1
+
+    @property
+    def dq_rows(self) -> int:
+        """Rows of dQ this CTA adds per step: the step's ``tile_m``, or its half with ``two_cta``."""
+        return self.tile_m // self.cluster_n
+
+    @property
     def dq_swap(self) -> bool:
-        """dQ^T = K^T dS^T (the head dim as wgmma's M) for steps of rows that are no multiple of 64."""
-        return self.tile_m % 64 != 0
+        """dQ^T = K^T dS^T (the head dim as wgmma's M) for dQ tiles of rows that are no multiple of 64."""
+        return self.dq_rows % 64 != 0
 
     @property
     def dq_atoms(self) -> tuple[int, int]:
         """Warpgroups of the dQ wgmma along its (M, N): (rows, head dim), swapped (head dim, rows)."""
         if self.dq_swap:
             return self.num_wg, 1
-        am = min(self.tile_m // 64, self.num_wg)
+        am = min(self.dq_rows // 64, self.num_wg)
         return am, self.num_wg // am
 
     @property
@@ -263,12 +309,16 @@ class BwdSm90Config(AttnKernelConfig):
         rows = self.rows_stride * self.q_stages
         fields = [("mbar_kv", "i64", 2, 8), ("mbar_q", "i64", 2 * self.q_stages, 8),
                   ("mbar_do", "i64", 2 * self.q_stages, 8), ("sLSE", "f32", rows, 128), ("sD", "f32", rows, 128)]
+        if self.two_cta:  # ds_full, ds_empty per P/dS stage (Note [Two-CTA dQ])
+            fields.append(("mbar_ds", "i64", 2 * self.pds_stages, 8))
         if self.dkv_rs:  # a placeholder of one element, in the slack before the aligned tiles
             fields.append(("sP", "16b", 1, 16))
         fields += [("sQ", "16b", sizes["sQ"], 1024), ("sdO", "16b", sizes["sQ"], 1024), ("sK", "16b", sizes["sK"], 1024),
                    ("sV", "16b", sizes["sK"], 1024), ("sdS", "16b", sizes["sdS"], 1024)]
+        if self.two_cta:  # the partner's K tile and the half of its dS^T that this CTA's dQ rows need
+            fields += [("sK_peer", "16b", sizes["sK"], 1024), ("sdS_in", "16b", sizes["sdS"] // 2, 1024)]
         if not self.dq_direct:
-            fields.append(("sdQ", "f32", m * d * self.dq_stages, 1024))
+            fields.append(("sdQ", "f32", self.dq_rows * d * self.dq_stages, 1024))
         if not self.dkv_rs:
             fields.append(("sP", "16b", sizes["sdS"], 1024))
         return fields
@@ -298,7 +348,7 @@ class FlashBwdSm90:
         self.q_stages, self.pds_stages = cfg.q_stages, cfg.pds_stages
         self.rs = cfg.dkv_rs
         # Floats of dq_accum per consumer thread, and per warpgroup (one bulk reduce each).
-        self.dq_frag_size = cfg.tile_m * cfg.head_dim // self.num_consumer_threads
+        self.dq_frag_size = cfg.dq_rows * cfg.head_dim // self.num_consumer_threads
         self.dq_chunk = self.dq_frag_size * 128
 
     @property
@@ -340,8 +390,8 @@ class FlashBwdSm90:
         if cfg.tile_m not in (64, 80, 128):
             raise ValueError(f"{name}.tile_m (KernelOptions.bwd_tile_m) must be 64, 80 or 128, got {cfg.tile_m}")
         if cfg.dq_swap and not (cfg.dkv_rs and cfg.head_dim % (64 * cfg.num_wg) == 0):
-            raise ValueError(f"{name}: tile_m {cfg.tile_m} (the swapped dQ wgmma) needs dkv_rs and a head dim that "
-                             f"splits into {cfg.num_wg} warpgroups of 64, got head_dim {cfg.head_dim}")
+            raise ValueError(f"{name}: dQ tiles of {cfg.dq_rows} rows (the swapped dQ wgmma) need dkv_rs and a head "
+                             f"dim that splits into {cfg.num_wg} warpgroups of 64, got head_dim {cfg.head_dim}")
         want_n = 64 * cfg.num_wg if cfg.dkv_rs else 64
         if cfg.tile_n != want_n:
             raise ValueError(f"{name}.tile_n (KernelOptions.bwd_tile_n) must be {want_n} with dkv_rs={cfg.dkv_rs} "
@@ -349,10 +399,13 @@ class FlashBwdSm90:
         if not cfg.dkv_rs and cfg.tile_m % (16 * cfg.num_wg):
             raise ValueError(f"{name}: tile_m {cfg.tile_m} does not split into {cfg.num_wg} warpgroups' S^T columns")
         am, an = cfg.dq_atoms
-        mm, nn = cfg.dq_fragment.mma_shape(cfg.tile_m, cfg.head_dim)
+        mm, nn = cfg.dq_fragment.mma_shape(cfg.dq_rows, cfg.head_dim)
         if mm % (64 * am) or nn % (8 * an) or nn // an > 256:
-            raise ValueError(f"{name}: a {cfg.tile_m}x{cfg.head_dim} dQ tile does not split into {am}x{an} "
+            raise ValueError(f"{name}: a {cfg.dq_rows}x{cfg.head_dim} dQ tile does not split into {am}x{an} "
                              "warpgroup wgmmas")
+        if cfg.two_cta and not (cfg.dkv_rs and cfg.pds_stages == 2 and not cfg.deterministic):
+            raise ValueError(f"{name}.two_cta (Note [Two-CTA dQ]) needs dkv_rs (head dim <= 128), two P/dS stages "
+                             "and deterministic=False")
         if cfg.q_stages not in (1, 2) or cfg.pds_stages not in (1, 2) or cfg.dq_stages not in (1, 2):
             raise ValueError(f"{name}.q_stages / pds_stages / dq_stages must be 1 or 2, got {cfg.q_stages} / "
                              f"{cfg.pds_stages} / {cfg.dq_stages}")
@@ -385,6 +438,12 @@ class FlashBwdSm90:
         self.sQ_layout = smem_layout_sm90(dt, m, hd, self.q_stages, atom_cols=self.atom_cols(hd // self.dkv_split))
         self.sK_layout = smem_layout_sm90(dt, n, hd, atom_cols=self.atom_cols(hd // self.cfg.dq_hd_split))
         self.sPdS_layout = smem_layout_sm90(dt, n, m, self.pds_stages)  # P^T / dS^T: queries contiguous
+        # two_cta: the same tile in swizzle atoms of half its queries, halves outermost (memory: half,
+        # stage, keys), so that each stage's half of the queries is one contiguous block, the unit of
+        # the exchange with the partner CTA; sdS_in and the halves are (keys, queries / 2, stage) tiles.
+        self.sHalf_layout = smem_layout_sm90(dt, n, m // 2, self.pds_stages)
+        if const_expr(self.cfg.two_cta):
+            self.sPdS_layout = smem_layout_sm90(dt, n, m, self.pds_stages, atom_cols=m // 2, order=(0, 2, 1))
         wg = self.num_wg
         if const_expr(self.rs):
             sdp_atoms, sdp_tile = (wg, 1, 1), (64, m)
@@ -394,10 +453,11 @@ class FlashBwdSm90:
             sdp_atoms, sdp_tile = (1, wg, 1), (64, m // wg)
             self.tiled_mma_dkv = sm90_utils.make_trivial_tiled_mma(dt, dt, K, MN, Float32, (1, wg, 1), (64, hd // wg))
         self.tiled_mma_sdp = sm90_utils.make_trivial_tiled_mma(dt, dt, K, K, Float32, sdp_atoms, sdp_tile)
-        self.tiled_mma_dq = dq_tiled_mma(self.cfg.dq_fragment, dt, m, hd)
+        self.tiled_mma_dq = dq_tiled_mma(self.cfg.dq_fragment, dt, self.cfg.dq_rows, hd)
         # Transaction bytes of a stage (Python ints: trace-time constants of the kernel).
         self.tma_bytes_q = m * hd * dt.width // 8 + 4 * m
-        self.tma_bytes_kv = 2 * n * hd * dt.width // 8
+        self.tma_bytes_kv = (3 if self.cfg.two_cta else 2) * n * hd * dt.width // 8  # K, V (and the peer's K)
+        self.half_bytes = n * (m // 2) * dt.width // 8  # a stage's half of dS^T (two_cta)
 
         pds_elems = cute.cosize(self.sPdS_layout)
 
@@ -439,7 +499,8 @@ class FlashBwdSm90:
                 raise TypeError("q, k, v, dout, dk, dv must have the configured dtype")
         self._setup()
         num_batch, seqlen_k = grid_extent(mK, mCuSeqlensK, max_seqlen_k)
-        num_x = cute.ceil_div(seqlen_k, self.tile_n)
+        # Grid units along the K blocks: blocks, or with two_cta pairs of adjacent blocks (a cluster).
+        num_x = cute.ceil_div(cute.ceil_div(seqlen_k, self.tile_n), self.cfg.cluster_n)
         section = cutlass.max(cutlass.min(section_pairs, mK.shape[2] * num_batch), 1)
         prescale, scale_log2 = score_scales(softmax_scale, softcap, self.cfg.has_softcap)
         if const_expr(not self.cfg.has_softcap):
@@ -459,11 +520,12 @@ class FlashBwdSm90:
             mSeqUsedK, mSemaphore, tma_q, tma_k, tma_v, tma_do, tma_lse, tma_dpsum, softmax_scale, prescale,
             scale_log2,
             window_left, window_right, num_x, num_batch, section, mQ.shape[1], mK.shape[1], mQ.shape[2],
-            self.sQ_layout, self.sK_layout, self.sPdS_layout, self.tiled_mma_sdp, self.tiled_mma_dkv,
-            self.tiled_mma_dq,
+            self.sQ_layout, self.sK_layout, self.sPdS_layout, self.sHalf_layout, self.tiled_mma_sdp,
+            self.tiled_mma_dkv, self.tiled_mma_dq,
         ).launch(
-            grid=(num_x * mK.shape[2] * num_batch, 1, 1),
+            grid=(num_x * self.cfg.cluster_n * mK.shape[2] * num_batch, 1, 1),
             block=[self.num_threads, 1, 1],
+            cluster=(self.cfg.cluster_n, 1, 1),
             smem=self.SharedStorage.size_in_bytes(),
             stream=stream,
             min_blocks_per_mp=1,
@@ -509,6 +571,7 @@ class FlashBwdSm90:
         sQ_layout: cute.ComposedLayout,
         sK_layout: cute.ComposedLayout,
         sPdS_layout: cute.ComposedLayout,
+        sHalf_layout: cute.ComposedLayout,
         tiled_mma_sdp: cute.TiledMma,
         tiled_mma_dkv: cute.TiledMma,
         tiled_mma_dq: cute.TiledMma,
@@ -522,15 +585,26 @@ class FlashBwdSm90:
                 cpasync.prefetch_descriptor(atom)
         storage = cutlass.memory.SmemAllocator().allocate(self.SharedStorage)
         pipes = self.make_pipelines(storage)
+        if const_expr(self.cfg.two_cta):
+            if warp_idx == 0:
+                with cute.arch.elect_one():
+                    for s in cutlass.range_constexpr(self.pds_stages):
+                        cute.arch.mbarrier_init(storage.mbar_ds.data_ptr() + s, 1)  # ds_full
+                        cute.arch.mbarrier_init(storage.mbar_ds.data_ptr() + self.pds_stages + s, self.num_wg)
         cute.arch.mbarrier_init_fence()
-        cute.arch.sync_threads()
+        if const_expr(self.cfg.two_cta):
+            # The partner sends into this CTA's smem and arrives on its barriers: both are initialized.
+            cute.arch.cluster_arrive()
+            cute.arch.cluster_wait()
+        else:
+            cute.arch.sync_threads()
 
         # Each role builds its own view of the CTA's work and of the smem tensors: objects handed to
         # one role's loops must not be read by another role's branch.
         work = partial(self.work_info, cute.arch.block_idx()[0], num_x, num_batch, section, num_heads, mdK.shape[2],
                        mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, seqlen_q_static, seqlen_k_static, window_left,
                        window_right)
-        smem = partial(self.smem_tensors, storage, sQ_layout, sK_layout, sPdS_layout)
+        smem = partial(self.smem_tensors, storage, sQ_layout, sK_layout, sPdS_layout, sHalf_layout)
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
@@ -544,9 +618,15 @@ class FlashBwdSm90:
             self.mma(mdK, mdV, mdQaccum, smem(), pipes, work(), softmax_scale, prescale, scale_log2,
                      cute.arch.thread_idx()[0] - 128)
 
-    def smem_tensors(self, storage, sQ_layout, sK_layout, sPdS_layout) -> SimpleNamespace:
+    def smem_tensors(self, storage, sQ_layout, sK_layout, sPdS_layout, sHalf_layout) -> SimpleNamespace:
         """The shared-memory tensors (module docstring)."""
+        two = self.cfg.two_cta
         return SimpleNamespace(
+            sK_peer=storage.sK_peer.get_tensor(sK_layout.outer, swizzle=sK_layout.inner) if const_expr(two) else None,
+            sdS_in=storage.sdS_in.get_tensor(sHalf_layout.outer, swizzle=sHalf_layout.inner) if const_expr(two) else None,
+            # Half h (runtime) of sdS (two_cta): (keys, queries / 2, stage), at element h * its size.
+            sdS_half=partial(self.half_tensor, storage, sHalf_layout) if const_expr(two) else None,
+            mbar_ds=storage.mbar_ds.data_ptr() if const_expr(two) else None,
             sQ=storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner),
             sdO=storage.sdO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner),
             sK=storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner),
@@ -556,8 +636,14 @@ class FlashBwdSm90:
             sLSE=storage.sLSE.get_tensor(cute.make_layout((self.tile_m, self.q_stages), stride=(1, self.cfg.rows_stride))),
             sD=storage.sD.get_tensor(cute.make_layout((self.tile_m, self.q_stages), stride=(1, self.cfg.rows_stride))),
             sdQ=None if const_expr(self.cfg.dq_direct) else storage.sdQ.get_tensor(
-                cute.make_layout((self.tile_m * self.hd, self.cfg.dq_stages))),
+                cute.make_layout((self.cfg.dq_rows * self.hd, self.cfg.dq_stages))),
         )
+
+    @staticmethod
+    def half_tensor(storage, sHalf_layout, h) -> cute.Tensor:
+        """Half ``h`` of the queries of sdS (two_cta; the layout's halves are outermost)."""
+        base = storage.sdS.get_tensor(sHalf_layout.outer, swizzle=sHalf_layout.inner)
+        return cute.make_tensor(base.iterator + h * cute.cosize(sHalf_layout.outer), sHalf_layout.outer)
 
     def work_info(self, block: Int32, num_x: Int32, num_batch: Int32, section: Int32, num_heads: Int32,
                   num_heads_k: Int32, mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, seqlen_q_static: Int32,
@@ -566,14 +652,35 @@ class FlashBwdSm90:
         (``head_kv``, ``batch``) (Note [Launch order] in fa4/bwd/common.py), sequence, mask,
         m_blocks ``[m_min, m_min + num_m)`` (none for a block no query sees, or past
         ``seqused_k``), ``num_steps`` (``group`` q heads per m_block) and ``rows_k``, the dK/dV rows
-        it owns (<= 0: the block is past its sequence and the CTA does nothing)."""
-        n_block, head_kv, batch = section_tile(block, num_x, num_heads_k, num_batch, section, False)
-        seq, mask, m_min, num_m, rows_k = self.block_range(n_block, batch, mCuSeqlensQ, mCuSeqlensK, mSeqUsedK,
-                                                           seqlen_q_static, seqlen_k_static, window_left,
-                                                           window_right)
+        it owns (<= 0: the block is past its sequence, and has no steps). With ``two_cta`` the grid
+        unit is a pair of adjacent K blocks, one per CTA of the cluster, and both walk the union of
+        the two blocks' m_blocks (Note [Two-CTA dQ])."""
+        cn = self.cfg.cluster_n
+        rank = block % cn if const_expr(cn > 1) else Int32(0)
+        x, head_kv, batch = section_tile(block // cn if const_expr(cn > 1) else block, num_x, num_heads_k,
+                                         num_batch, section, False)
+        n_block = x * cn + rank if const_expr(cn > 1) else x
+        args = (batch, mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, seqlen_q_static, seqlen_k_static, window_left,
+                window_right)
+        seq, mask, m_min, num_m, rows_k = self.block_range(n_block, *args)
+        if const_expr(cn > 1):
+            _, _, m_min_p, num_m_p, _ = self.block_range(x * cn + 1 - rank, *args)
+            m_min, num_m = self.range_union(m_min, num_m, m_min_p, num_m_p)
         group = num_heads // num_heads_k
         num_n = cutlass.max(cute.ceil_div(seq.seqlen_k, self.tile_n), 1)
-        return CtaWork(seq, mask, n_block, head_kv, batch, group, m_min, num_m, num_m * group, rows_k, num_n)
+        return CtaWork(seq, mask, n_block, head_kv, batch, group, m_min, num_m, num_m * group, rows_k, num_n, rank)
+
+    @cute.jit
+    def range_union(self, m_min: Int32, num_m: Int32, m_min_p: Int32, num_m_p: Int32):
+        """The m_blocks of both K blocks of a pair (each range contiguous, the two adjacent or
+        overlapping, so their union is one range); either may be empty."""
+        lo, n = m_min, num_m
+        if num_m == 0:
+            lo, n = m_min_p, num_m_p
+        elif num_m_p > 0:
+            lo = cutlass.min(m_min, m_min_p)
+            n = cutlass.max(m_min + num_m, m_min_p + num_m_p) - lo
+        return lo, n
 
     def make_pipelines(self, storage):
         """The K/V, Q and dO pipelines (arrive counts: module docstring)."""
@@ -636,17 +743,21 @@ class FlashBwdSm90:
 
     @cute.jit
     def load(self, mQ, mK, mV, mdO, mLSElog2, mDpsum, sm, tmas, pipes, work) -> None:
-        """Warp 0: K and V once, then per step Q + lse_log2 rows and dO + dpsum rows (all by TMA)."""
+        """Warp 0: K and V once (with ``two_cta`` also the partner's K), then per step Q + lse_log2 rows
+        and dO + dpsum rows (all by TMA)."""
         pipe_kv, pipe_q, pipe_do = pipes
         tma_q, tma_k, tma_v, tma_do, tma_lse, tma_dpsum = tmas
-        if work.rows_k > 0 and work.num_steps > 0:
+        if work.num_steps > 0:  # (none for a block past its sequence: rows_k <= 0, unless two_cta)
             seq, batch = work.seq, work.batch
             one = cute.make_layout(1)
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
             pipe_kv.producer_acquire(kv_state)
             bar = pipe_kv.producer_get_barrier(kv_state)
-            for tma, mT, sT in ((tma_k, mK, sm.sK), (tma_v, mV, sm.sV)):
-                gT = cute.local_tile(seq.k_view_sd(mT, batch, work.head_kv), (self.tile_n, self.hd), (work.n_block, 0))
+            tiles = [(tma_k, mK, sm.sK, work.n_block), (tma_v, mV, sm.sV, work.n_block)]
+            if const_expr(self.cfg.two_cta):
+                tiles.append((tma_k, mK, sm.sK_peer, work.n_block + 1 - 2 * work.rank))
+            for tma, mT, sT, n in tiles:
+                gT = cute.local_tile(seq.k_view_sd(mT, batch, work.head_kv), (self.tile_n, self.hd), (n, 0))
                 tTsT, tTgT = cpasync.tma_partition(tma, 0, one, cute.group_modes(sT, 0, 2), cute.group_modes(gT, 0, 2))
                 cute.copy(tma, tTgT, tTsT, tma_bar_ptr=bar)
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.q_stages)
@@ -682,7 +793,7 @@ class FlashBwdSm90:
     def store_dq(self, mdQaccum, mSemaphore, sdQ, work) -> None:
         """Warp 1: per step and consumer warpgroup, the bulk reduce-add of its dQ part from sdQ into
         dq_accum (barriers: module docstring; deterministic: Note [Deterministic dQ])."""
-        if work.rows_k > 0 and work.num_steps > 0:
+        if work.num_steps > 0:
             det = self.cfg.deterministic
             stages = self.cfg.dq_stages
             lane = cute.arch.lane_idx()
@@ -698,8 +809,7 @@ class FlashBwdSm90:
                     if ahead < work.num_steps:
                         cute.arch.barrier_arrive(barrier_id=self.dq_bar(_BAR.dq_empty, w, ahead),
                                                  number_of_threads=128 + 32)
-                gdQ = cute.local_tile(dq_accum_view(mdQaccum, work.seq, work.batch, head, self.tile_m),
-                                      (self.tile_m, self.hd), (m_block, 0))
+                gdQ = self.dq_tile(mdQaccum, work, head, m_block)
                 sdQ_t = sdQ[None, t % stages if const_expr(stages > 1) else 0]
                 if const_expr(det):
                     rank = self.dq_rank(work, m_block)
@@ -732,6 +842,14 @@ class FlashBwdSm90:
                     semaphore.publish(self.dq_semaphore(mSemaphore, work, last_head, last_m), True)
             cute.arch.cp_async_bulk_wait_group(0, read=True)
 
+    def dq_tile(self, mdQaccum: cute.Tensor, work, head: Int32, m_block: Int32) -> cute.Tensor:
+        """The dq_accum tile this CTA adds step (head, m_block) into: the m_block's ``tile_m`` rows,
+        or with ``two_cta`` its half ``rank`` (the halves are contiguous: Note [Two-CTA dQ])."""
+        view = dq_accum_view(mdQaccum, work.seq, work.batch, head, self.tile_m)
+        if const_expr(self.cfg.two_cta):
+            return cute.local_tile(view, (self.cfg.dq_rows, self.hd), (m_block * 2 + work.rank, 0))
+        return cute.local_tile(view, (self.tile_m, self.hd), (m_block, 0))
+
     @staticmethod
     def dq_semaphore(mSemaphore: cute.Tensor, work, head: Int32, m_block: Int32) -> cute.Pointer:
         """The counter of the dq_accum slot (batch, head, m_block) (Note [Deterministic dQ])."""
@@ -760,21 +878,22 @@ class FlashBwdSm90:
             tdKrQt=wg_dkv.make_fragment_B(wg_dkv.partition_B(transposed(sm.sQ))),
             tdVrPt=None, tdKrdSt=None,
         )
-        if const_expr(self.cfg.dq_swap):
-            # dQ^T = K^T dS^T (A: hd x keys, the MN-major view of sK; B: queries x keys, of sdS).
-            c.tdQrKt = wg_dq.make_fragment_A(wg_dq.partition_A(transposed(sm.sK)))
-            c.tdQrdS = wg_dq.make_fragment_B(wg_dq.partition_B(transposed(sm.sdS)))
+        if const_expr(self.cfg.two_cta):
+            # Note [Two-CTA dQ]: this CTA's half of the queries of its own dS^T, over its K, and the
+            # partner's half (sdS_in, received), over the partner's K.
+            c.tdQrdS, c.tdQrKt = self.dq_operands(wg_dq, sm.sdS_half(work.rank), sm.sK)
+            c.tdQrdS_in, c.tdQrKt_peer = self.dq_operands(wg_dq, sm.sdS_in, sm.sK_peer)
+            c.sdS_send, c.sdS_in = sm.sdS_half(1 - work.rank), sm.sdS_in
         else:
-            # dQ = dS K (A: queries x keys, the MN-major view of sdS; B: hd x keys, of sK).
-            c.tdQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(transposed(sm.sdS)))
-            c.tdQrKt = wg_dq.make_fragment_B(wg_dq.partition_B(transposed(sm.sK)))
+            c.tdQrdS, c.tdQrKt = self.dq_operands(wg_dq, sm.sdS, sm.sK)
         if const_expr(not self.rs):
             c.tdVrPt = wg_dkv.make_fragment_A(wg_dkv.partition_A(sm.sP))
             c.tdKrdSt = wg_dkv.make_fragment_A(wg_dkv.partition_A(sm.sdS))
         shape_S = (self.tile_n, self.tile_m)
         c.acc_S = thr_sdp.make_fragment_C(thr_sdp.partition_shape_C(shape_S))
         c.acc_dP = thr_sdp.make_fragment_C(thr_sdp.partition_shape_C(shape_S))
-        c.acc_dQ = thr_dq.make_fragment_C(thr_dq.partition_shape_C(self.cfg.dq_fragment.mma_shape(self.tile_m, self.hd)))
+        c.acc_dQ = thr_dq.make_fragment_C(thr_dq.partition_shape_C(self.cfg.dq_fragment.mma_shape(self.cfg.dq_rows,
+                                                                                                   self.hd)))
         acc_dK = thr_dkv.make_fragment_C(thr_dkv.partition_shape_C((self.tile_n, self.hd)))
         acc_dV = thr_dkv.make_fragment_C(thr_dkv.partition_shape_C((self.tile_n, self.hd)))
         acc_dK.fill(0.0)
@@ -787,41 +906,72 @@ class FlashBwdSm90:
         c.sdQ = sm.sdQ
         c.tidx = tidx
 
+        # (num_steps = 0 for a block past its sequence, rows_k <= 0, unless two_cta: its partner's.)
+        if work.num_steps > 0:
+            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+            pipe_kv.consumer_wait(kv_state)
+            if const_expr(self.cfg.has_seqused_k):
+                self.clear_kv_tail(sm.sK, sm.sV, work.seq.seqlen_k - work.n_block * self.tile_n, tidx)
+                if const_expr(self.cfg.two_cta):
+                    n_peer = work.n_block + 1 - 2 * work.rank
+                    self.clear_kv_tail(sm.sK_peer, None, work.seq.seqlen_k - n_peer * self.tile_n, tidx)
+            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.q_stages)
+            do_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.q_stages)
+            m_no_mask = work.mask.m_block_max_no_window_mask(work.n_block)
+            seqlen_partial = (work.n_block + 1) * self.tile_n > work.seq.seqlen_k
+            for t in cutlass.range(work.num_steps, unroll=1):
+                head, m_block = self.step_slot(work, t)
+                gdQ = None
+                if const_expr(self.cfg.dq_direct):
+                    gdQ = self.dq_tile(mdQaccum, work, head, m_block)
+                need_mask = seqlen_partial
+                if const_expr(self.cfg.local):
+                    need_mask = Boolean(True)
+                elif const_expr(self.cfg.causal):
+                    need_mask = need_mask or m_block < m_no_mask
+                self.mma_step(c, sm, pipe_q, pipe_do, work, q_state, do_state, t, m_block, need_mask, wg,
+                              prescale, scale_log2, gdQ)
+                q_state.advance()
+                do_state.advance()
+            if const_expr(self.cfg.two_cta):
+                self.drain_exchange(sm, work.num_steps)
         if work.rows_k > 0:
-            if work.num_steps > 0:
-                kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-                pipe_kv.consumer_wait(kv_state)
-                if const_expr(self.cfg.has_seqused_k):
-                    self.clear_kv_tail(sm, work.seq.seqlen_k - work.n_block * self.tile_n, tidx)
-                q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.q_stages)
-                do_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.q_stages)
-                m_no_mask = work.mask.m_block_max_no_window_mask(work.n_block)
-                seqlen_partial = (work.n_block + 1) * self.tile_n > work.seq.seqlen_k
-                for t in cutlass.range(work.num_steps, unroll=1):
-                    head, m_block = self.step_slot(work, t)
-                    gdQ = None
-                    if const_expr(self.cfg.dq_direct):
-                        gdQ = cute.local_tile(dq_accum_view(mdQaccum, work.seq, work.batch, head, self.tile_m),
-                                              (self.tile_m, self.hd), (m_block, 0))
-                    need_mask = seqlen_partial
-                    if const_expr(self.cfg.local):
-                        need_mask = Boolean(True)
-                    elif const_expr(self.cfg.causal):
-                        need_mask = need_mask or m_block < m_no_mask
-                    self.mma_step(c, sm, pipe_q, pipe_do, work, q_state, do_state, t, m_block, need_mask, wg,
-                                  prescale, scale_log2, gdQ)
-                    q_state.advance()
-                    do_state.advance()
             self.epilogue(acc_dK, acc_dV, mdK, mdV, sm, work, softmax_scale, tidx)
 
     @cute.jit
-    def clear_kv_tail(self, sm, rows_used: Int32, tidx: Int32) -> None:
-        """Note [K/V rows past seqused_k]: zero the K and V rows ``>= rows_used`` in smem."""
+    def clear_kv_tail(self, sK, sV, rows_used: Int32, tidx: Int32) -> None:
+        """Note [K/V rows past seqused_k]: zero the K (and V) rows ``>= rows_used`` in smem."""
         if rows_used < self.tile_n:
-            zero_rows_from(sm.sK, rows_used, tidx, self.num_consumer_threads)
-            zero_rows_from(sm.sV, rows_used, tidx, self.num_consumer_threads)
+            zero_rows_from(sK, rows_used, tidx, self.num_consumer_threads)
+            if const_expr(sV is not None):
+                zero_rows_from(sV, rows_used, tidx, self.num_consumer_threads)
             cute.arch.fence_proxy("async.shared", space="cta")
             cute.arch.barrier(barrier_id=_BAR.epi, number_of_threads=self.num_consumer_threads)
+
+    def dq_operands(self, wg_dq, sdS: cute.Tensor, sK: cute.Tensor):
+        """(dS, K) fragments of the dQ wgmma over ``sdS`` ((keys, queries, stage), stored as dS^T) and
+        ``sK``: dQ = dS K (A: the MN-major view of sdS, B: of sK), or swapped, dQ^T = K^T dS^T."""
+        if const_expr(self.cfg.dq_swap):
+            return (wg_dq.make_fragment_B(wg_dq.partition_B(transposed(sdS))),
+                    wg_dq.make_fragment_A(wg_dq.partition_A(transposed(sK))))
+        return (wg_dq.make_fragment_A(wg_dq.partition_A(transposed(sdS))),
+                wg_dq.make_fragment_B(wg_dq.partition_B(transposed(sK))))
+
+    def gemm_dq(self, acc, tdS, tKt, zero_init: bool) -> None:
+        """One dQ wgmma group (:meth:`dq_operands`)."""
+        if const_expr(self.cfg.dq_swap):
+            gemm_sm90(self.tiled_mma_dq, acc, tKt, tdS, zero_init=zero_init)
+        else:
+            gemm_sm90(self.tiled_mma_dq, acc, tdS, tKt, zero_init=zero_init)
+
+    @cute.jit
+    def drain_exchange(self, sm, num_steps: Int32) -> None:
+        """Two-CTA: before the CTA may exit, the partner has read the last dS^T half sent into each of
+        its sdS_in stages (so its remote arrives on this CTA's ds_empty barriers have landed)."""
+        for s in cutlass.range_constexpr(self.pds_stages):
+            uses = (num_steps - s + self.pds_stages - 1) // self.pds_stages
+            if uses > 0:
+                cute.arch.mbarrier_wait(sm.mbar_ds + self.pds_stages + s, (uses & 1) ^ 1)
 
     @cute.jit
     def mma_step(self, c, sm, pipe_q, pipe_do, work, q_state, do_state, t: Int32, m_block: Int32, need_mask,
@@ -889,22 +1039,39 @@ class FlashBwdSm90:
             softcap_grad(c.acc_dP, tanh_S)
         rdS = cute.make_rmem_tensor_like(c.acc_dP, self.dtype)
         convert_f32_to_half(c.acc_dP, rdS)
+        use = t // self.pds_stages  # of this P/dS stage
+        if const_expr(self.cfg.two_cta):
+            # The partner has read the half that this stage sent it last time (so the bulk copy has
+            # read this CTA's sdS stage too): ds_empty's completion number ``use`` (Note [Two-CTA dQ]).
+            cute.arch.mbarrier_wait(sm.mbar_ds + self.pds_stages + pds, (use & 1) ^ 1)
         cute.copy(c.r2s, c.r2s.retile(rdS), c.r2s.partition_D(sm.sdS[None, None, pds]))
         cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.barrier(barrier_id=_BAR.pds, number_of_threads=self.num_consumer_threads)
+        if const_expr(self.cfg.two_cta):
+            # Expect the partner's half into sdS_in, and send it the half of its dQ rows.
+            full = sm.mbar_ds + pds
+            dst, src = c.sdS_in[None, None, pds].iterator, c.sdS_send[None, None, pds].iterator
+            if c.tidx == 0:
+                cute.arch.mbarrier_arrive_and_expect_tx(full, self.half_bytes)
+                bulk_copy_to_peer(dst, src, full, 1 - work.rank, self.half_bytes)
 
         if const_expr(not self.rs):
             gemm_sm90(self.tiled_mma_dkv, c.acc_dV, c.tdVrPt[None, None, None, pds], c.tdVrdOt[None, None, None, di])
-        if const_expr(self.cfg.dq_swap):
-            gemm_sm90(self.tiled_mma_dq, c.acc_dQ, c.tdQrKt, c.tdQrdS[None, None, None, pds], zero_init=True)
-        else:
-            gemm_sm90(self.tiled_mma_dq, c.acc_dQ, c.tdQrdS[None, None, None, pds], c.tdQrKt, zero_init=True)
+        self.gemm_dq(c.acc_dQ, c.tdQrdS[None, None, None, pds], c.tdQrKt, True)
+        if const_expr(self.cfg.two_cta):
+            cute.arch.mbarrier_wait(sm.mbar_ds + pds, use & 1)  # the partner's half has landed
+            self.gemm_dq(c.acc_dQ, c.tdQrdS_in[None, None, None, pds], c.tdQrKt_peer, False)
         if const_expr(self.rs):
             gemm_sm90(self.tiled_mma_dkv, c.acc_dK, make_acc_as_A(rdS), c.tdKrQt[None, None, None, qi])
         else:
             gemm_sm90(self.tiled_mma_dkv, c.acc_dK, c.tdKrdSt[None, None, None, pds], c.tdKrQt[None, None, None, qi])
         warpgroup.wait_group(1)  # dV, dQ
         pipe_do.consumer_release(do_state)
+        if const_expr(self.cfg.two_cta):
+            # This warpgroup has read sdS_in's stage: the partner may send into it again.
+            if c.tidx % 128 == 0:
+                cute.arch.mbarrier_arrive(sm.mbar_ds + self.pds_stages + pds, 1 - work.rank,
+                                          scope=nvvm.MemScopeKind.CLUSTER)
 
         if const_expr(self.cfg.dq_direct):
             # Note [Direct dQ]: this thread's fragment straight into dq_accum.
@@ -950,8 +1117,11 @@ FlashBwdSm90.kernel.set_name_prefix("fa4_bwd_sm90", remove_cutlass_symbol=True)
 # Tuning table, variants, launcher
 # --------------------------------------------------------------------------------------------
 
-# Padded head dim -> (tile_m, dkv_rs, q_stages, pds_stages, dq_stages, publish_lag, det_rotate, dq_direct).
-# 64-row steps; P/dS through smem above 128; two dQ buffers where smem allows (measured v0.6: +2% d128,
+# Padded head dim -> (tile_m, dkv_rs, q_stages, pds_stages, dq_stages, publish_lag, det_rotate, dq_direct,
+# ds_from_p16). 64-row steps, except d64: 128 rows with dS^T from the 16-bit P^T, which keeps the
+# step inside 240 registers without serialized wgmmas (v0.7: 439 -> 496 TFLOP/s, causal 406 -> 461;
+# deterministic 386 -> 450, causal 359 -> 420; s1k +14%, s16k +8%; the same max gradient error
+# against the float32 reference; at 64 rows it loses 2%: d64 429, d128 569 -> 556); P/dS through smem above 128; two dQ buffers where smem allows (measured v0.6: +2% d128,
 # +6% causal, +9% deterministic); the deterministic writer's publish lag where it measured faster
 # (v0.6: +4-8% at head dims 64 and 128, -2 to -6% at 256); the rotated deterministic order (where
 # :func:`rotate_ok`) where it measured faster (v0.6: d128 +4-5% at s8k in two runs, d256 +2%; d64 -7%
@@ -960,15 +1130,24 @@ FlashBwdSm90.kernel.set_name_prefix("fa4_bwd_sm90", remove_cutlass_symbol=True)
 # d256 303 -> 409 TFLOP/s, causal 285 -> 369, d192 366 -> 388; d128 -2%, d64 +0%: off there).
 # Deterministic runs need the writer warp (no dq_direct); make_config then drops stages to fit.
 TUNING = {
-    32: (64, True, 2, 2, 2, True, False, False),
-    64: (64, True, 2, 2, 2, True, False, False),
-    96: (64, True, 2, 2, 2, True, False, False),
-    128: (64, True, 2, 2, 2, True, True, False),
-    160: (64, False, 2, 2, 1, False, True, True),
-    192: (64, False, 2, 2, 1, False, True, True),
-    224: (64, False, 2, 1, 1, False, True, True),
-    256: (64, False, 2, 1, 1, False, True, True),
+    32: (64, True, 2, 2, 2, True, False, False, False),
+    64: (128, True, 2, 2, 2, True, False, False, True),
+    96: (64, True, 2, 2, 2, True, False, False, False),
+    128: (64, True, 2, 2, 2, True, True, False, False),
+    160: (64, False, 2, 2, 1, False, True, True, False),
+    192: (64, False, 2, 2, 1, False, True, True, False),
+    224: (64, False, 2, 1, 1, False, True, True, False),
+    256: (64, False, 2, 1, 1, False, True, True, False),
 }
+
+TWO_CTA: dict = {}
+"""Padded head dims whose default backward is the two-CTA kernel (Note [Two-CTA dQ]); chosen by
+measurement against the one-CTA kernel; ``KernelOptions.bwd_two_cta`` overrides. None: it measured
+slower everywhere it runs (v0.7, one lease, TFLOP/s one-CTA -> two-CTA with the writer warp / with
+direct adds): d128 s8k 567 -> 500 / 491, causal 517 -> 459 / 460, s2k 515 -> 449 / 440; d64 s8k
+498 -> 420 / 377, causal 483 -> 387. Halving the dQ reductions does not pay for the exchange, which
+couples the pair's steps (the partner's half gates the second dQ wgmma) and takes the second dQ
+buffer's smem (sK_peer, sdS_in)."""
 
 LAUNCH_ORDER = common.LaunchOrder(causal=16, det_no_mask=32, det_causal=64)
 """Pairs per launch section (Note [Launch order] in fa4/bwd/common.py); the sm80 family's values.
@@ -1000,7 +1179,7 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         raise NotImplementedError(
             f"the sm90 backward needs head_dim_v == head_dim, got {problem.head_dim_v} != {problem.head_dim}")
     hd = head_dim_padded(problem.head_dim)
-    tile_m, rs, q_stages, pds_stages, dq_stages, lag, rotate, direct = TUNING[hd]
+    tile_m, rs, q_stages, pds_stages, dq_stages, lag, rotate, direct, p16 = TUNING[hd]
     opts = options or KernelOptions()
     if opts.bwd_num_threads is not None and opts.bwd_num_threads != 384:
         raise ValueError(f"KernelOptions.bwd_num_threads={opts.bwd_num_threads}: the sm90 backward runs 384 threads "
@@ -1013,7 +1192,10 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         raise ValueError(f"KernelOptions.bwd_tile_n={opts.bwd_tile_n}: the sm90 backward at head_dim "
                          f"{problem.head_dim} uses tile_n {tile_n}")
     cfg = BwdSm90Config(
+        # ds_from_p16 belongs to the table's tile_m (it loses 2% at 64 rows, v0.7).
         arch=arch, dtype=problem.dtype, head_dim=hd, tile_m=opts.bwd_tile_m or tile_m, tile_n=tile_n, num_wg=2,
+        ds_from_p16=p16 and (opts.bwd_tile_m or tile_m) == tile_m,
+        two_cta=bool(opts.bwd_two_cta) if opts.bwd_two_cta is not None else TWO_CTA.get(hd, False) and not deterministic,
         dkv_rs=rs, q_stages=q_stages, pds_stages=pds_stages, dq_stages=dq_stages, deterministic=bool(deterministic),
         publish_lag=bool(deterministic) and lag,
         det_rotate=bool(deterministic) and rotate and rotate_ok(problem, tile_n), dq_direct=direct and not deterministic,
@@ -1027,16 +1209,24 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
     try:
         FlashBwdSm90.can_implement(cfg)
     except ValueError as e:
-        if opts.bwd_tile_m is not None:
-            raise ValueError(f"KernelOptions.bwd_tile_m={opts.bwd_tile_m}: {e}") from None
+        for name in ("bwd_tile_m", "bwd_two_cta"):
+            if getattr(opts, name) is not None:
+                raise ValueError(f"KernelOptions.{name}={getattr(opts, name)}: {e}") from None
         raise
     return cfg
 
 
 def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: BwdSm90Config) -> list[str]:
     """Lines for ``fa4.explain()``: the deterministic order in use, and where determinism costs a
-    path (the writer warp instead of ``dq_direct``, and the stages it leaves room for)."""
+    path (the writer warp instead of ``dq_direct``, and the stages it leaves room for); 1-CTA or
+    2-CTA."""
     notes = []
+    if cfg.two_cta:
+        notes.append("2-CTA backward: clusters of two CTAs on adjacent K blocks swap halves of dS through "
+                     "distributed shared memory, each adding half of the dQ rows (Note [Two-CTA dQ])")
+    else:
+        notes.append("1-CTA backward (one CTA per K block; KernelOptions(bwd_two_cta=True) selects the 2-CTA "
+                     "kernel where it applies: head dims <= 128, not deterministic)")
     if cfg.deterministic:
         order = ("the rotated order (Note [Rotated order] in fa4/bwd/common.py)" if cfg.det_rotate else
                  "K blocks in launch order, m_blocks walked down (Note [Deterministic dQ])")
@@ -1077,10 +1267,18 @@ def variants(arch: str) -> list[BwdSm90Config]:
         (P(224, causal=True), True),
     ]
     out = [make_config(p, None, arch, det) for p, det in cases]
-    out.append(replace(out[0], tile_m=128))
-    # The experiments of the config docstring (compiled, not yet run): 128-row steps at d64 and 80-row
-    # steps (the swapped dQ wgmma) at d128, both with dS from the 16-bit P.
-    out.append(replace(out[0], tile_m=128, ds_from_p16=True, causal=True))
+    # What bwd_tile_m gives off the table: 64-row steps at d64 (no ds_from_p16).
+    out.append(make_config(P(64), KernelOptions(bwd_tile_m=64), arch))
+    out.append(make_config(P(64, causal=True), None, arch, True))  # 128-row deterministic steps
+    # Two-CTA (Note [Two-CTA dQ]): d128 swapped half tiles, with the writer warp or direct adds;
+    # masks, varlen and seqused_k; d64's 64-row halves; GQA is a runtime size.
+    two = KernelOptions(bwd_two_cta=True)
+    out.append(make_config(P(128), two, arch))
+    out.append(replace(make_config(P(128, causal=True), two, arch), dq_direct=True))
+    out.append(make_config(P(128, "fp16", local=True, varlen=True, seqused_k=True), two, arch))
+    out.append(make_config(P(64, causal=True, varlen=True), two, arch))
+    out.append(make_config(P(64, softcap=30.0), two, arch))
+    # The experiment of the config docstring: 80-row steps (the swapped dQ wgmma) at d128.
     out.append(replace(out[1], tile_m=80, dq_stages=1, ds_from_p16=True))
     out.append(replace(out[2], dq_stages=1, publish_lag=not out[2].publish_lag))  # one dQ buffer, deterministic
     return out
