@@ -290,8 +290,10 @@ def smem_to_gmem_pred(copy: cute.TiledCopy, sT: cute.Tensor, gT: cute.Tensor, ro
                       ragged: cutlass.Constexpr[bool] = False):
     """Copy a ``(tile_rows, tile_cols)`` smem tile to gmem with ``copy`` (16-byte chunks); only rows
     ``< rows`` and column chunks ``< cols`` are written. ``ragged``: the copy's rows per pass do not
-    divide ``tile_rows`` (80-row tiles), so the last pass's smem reads are predicated on the tile too
-    (unpredicated they read past the tile: compute-sanitizer, RESULTS v0.7)."""
+    divide ``tile_rows`` (80-row tiles), so the last pass reaches past the tile: its smem reads and
+    its gmem writes are limited to the tile too (unlimited, the reads left the tile, which
+    compute-sanitizer caught, and the writes put rows never loaded over the next tile's first rows,
+    which a review caught: RESULTS v0.7)."""
     thr = copy.get_slice(tidx)
     tile_rows = cute.size(sT, mode=[0])
     tcT = thr.partition_S(cute.make_identity_tensor((tile_rows, cute.size(sT, mode=[1]))))
@@ -299,8 +301,9 @@ def smem_to_gmem_pred(copy: cute.TiledCopy, sT: cute.Tensor, gT: cute.Tensor, ro
     tgT = thr.partition_D(gT)
     rT = cute.make_rmem_tensor_like(tgT)
     if const_expr(ragged):
+        rows = cutlass.min(rows, tile_rows)
         for m in cutlass.range_constexpr(cute.size(tgT, mode=[1])):
-            if tcT[0, m, 0][0] < cutlass.min(rows, tile_rows):
+            if tcT[0, m, 0][0] < rows:
                 cute.autovec_copy(tsT[None, m, None], rT[None, m, None])
     else:
         cute.autovec_copy(tsT, rT)

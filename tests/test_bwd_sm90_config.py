@@ -91,7 +91,7 @@ def test_dq_fragment_and_postprocess_agree():
         post = postprocess.config_for(v)
         assert (post.mma, post.num_threads, post.atom_m, post.atom_n, post.swap, post.tile_m, post.head_dim) == (
             "sm90", frag.num_threads, frag.atom_m, frag.atom_n, frag.swap, v.dq_rows, v.head_dim)
-        assert post.ws_tile_m == (v.tile_m if v.two_cta else 0)
+        assert post.ws_tile_m == (v.tile_m if v.two_cta and v.varlen_q else 0)
         postprocess.BwdPostprocess.can_implement(post)
     assert sm90.make_config(_problem(64), KernelOptions(bwd_tile_m=128), "sm_90a").dq_atoms == (2, 1)
     assert sm90.make_config(_problem(128), None, "sm_90a").dq_atoms == (1, 2)
@@ -109,7 +109,7 @@ def test_make_config_rejects_bad_options_by_name(opts, name):
 
 
 def test_two_cta_configs_and_refusals():
-    """KernelOptions.bwd_two_cta: the cluster kernel where it applies (head dims <= 128, not
+    """KernelOptions.bwd_two_cta: the cluster kernel where it applies (padded head dims 64 and 128, not
     deterministic: Note [Two-CTA dQ]), a ValueError naming the option elsewhere, the grid in pairs
     of K blocks, and explain() saying which kernel runs."""
     two = KernelOptions(bwd_two_cta=True)

@@ -203,7 +203,8 @@ def config_for(bwd_cfg) -> BwdPostprocessConfig:
         frag = bwd_cfg.dq_fragment
         cfg = _configs[bwd_cfg] = BwdPostprocessConfig(
             arch=bwd_cfg.arch, dtype=bwd_cfg.dtype, head_dim=bwd_cfg.head_dim, tile_m=bwd_cfg.dq_rows,
-            ws_tile_m=bwd_cfg.tile_m if bwd_cfg.dq_rows != bwd_cfg.tile_m else 0,
+            # (Only a varlen sequence's first tile depends on it.)
+            ws_tile_m=bwd_cfg.tile_m if bwd_cfg.dq_rows != bwd_cfg.tile_m and bwd_cfg.varlen_q else 0,
             num_threads=frag.num_threads, atom_m=frag.atom_m, atom_n=frag.atom_n, mma=frag.mma, swap=frag.swap,
             varlen=bwd_cfg.varlen_q)
     return cfg

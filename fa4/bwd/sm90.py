@@ -389,6 +389,10 @@ class FlashBwdSm90:
             raise ValueError(f"{name}: causal and local are exclusive (local with window_right=0 is causal)")
         if cfg.tile_m not in (64, 80, 128):
             raise ValueError(f"{name}.tile_m (KernelOptions.bwd_tile_m) must be 64, 80 or 128, got {cfg.tile_m}")
+        if cfg.two_cta and not (cfg.head_dim in (64, 128) and cfg.tile_m in (64, 128)):
+            # (The exchange's half tiles must be whole swizzle atoms of tile_m / 2 columns.)
+            raise ValueError(f"{name}.two_cta (Note [Two-CTA dQ]) serves padded head dims 64 and 128 with tile_m 64 "
+                             f"or 128, got head_dim {cfg.head_dim}, tile_m {cfg.tile_m}")
         if cfg.dq_swap and not (cfg.dkv_rs and cfg.head_dim % (64 * cfg.num_wg) == 0):
             raise ValueError(f"{name}: dQ tiles of {cfg.dq_rows} rows (the swapped dQ wgmma) need dkv_rs and a head "
                              f"dim that splits into {cfg.num_wg} warpgroups of 64, got head_dim {cfg.head_dim}")
@@ -404,8 +408,8 @@ class FlashBwdSm90:
             raise ValueError(f"{name}: a {cfg.dq_rows}x{cfg.head_dim} dQ tile does not split into {am}x{an} "
                              "warpgroup wgmmas")
         if cfg.two_cta and not (cfg.dkv_rs and cfg.pds_stages == 2 and not cfg.deterministic):
-            raise ValueError(f"{name}.two_cta (Note [Two-CTA dQ]) needs dkv_rs (head dim <= 128), two P/dS stages "
-                             "and deterministic=False")
+            raise ValueError(f"{name}.two_cta (Note [Two-CTA dQ]) needs dkv_rs, two P/dS stages and "
+                             "deterministic=False")
         if cfg.q_stages not in (1, 2) or cfg.pds_stages not in (1, 2) or cfg.dq_stages not in (1, 2):
             raise ValueError(f"{name}.q_stages / pds_stages / dq_stages must be 1 or 2, got {cfg.q_stages} / "
                              f"{cfg.pds_stages} / {cfg.dq_stages}")
@@ -1209,9 +1213,11 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
     try:
         FlashBwdSm90.can_implement(cfg)
     except ValueError as e:
-        for name in ("bwd_tile_m", "bwd_two_cta"):
-            if getattr(opts, name) is not None:
-                raise ValueError(f"KernelOptions.{name}={getattr(opts, name)}: {e}") from None
+        # Name the options that asked for something other than the table's choice.
+        asked = [f"bwd_tile_m={opts.bwd_tile_m}"] if opts.bwd_tile_m is not None else []
+        asked += ["bwd_two_cta=True"] if opts.bwd_two_cta else []
+        if asked:
+            raise ValueError(f"KernelOptions.{', '.join(asked)}: {e}") from None
         raise
     return cfg
 
@@ -1226,7 +1232,7 @@ def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: B
                      "distributed shared memory, each adding half of the dQ rows (Note [Two-CTA dQ])")
     else:
         notes.append("1-CTA backward (one CTA per K block; KernelOptions(bwd_two_cta=True) selects the 2-CTA "
-                     "kernel where it applies: head dims <= 128, not deterministic)")
+                     "kernel where it applies: padded head dims 64 and 128, not deterministic)")
     if cfg.deterministic:
         order = ("the rotated order (Note [Rotated order] in fa4/bwd/common.py)" if cfg.det_rotate else
                  "K blocks in launch order, m_blocks walked down (Note [Deterministic dQ])")
