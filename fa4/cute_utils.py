@@ -265,9 +265,14 @@ def tiled_copy_rows_16B(copy_atom: cute.CopyAtom, num_threads: int, atom) -> cut
     row (64 or 32 elements), so gmem accesses are whole 128 / 64-byte runs and smem ones conflict free.
     ``atom`` may also be the row width in elements (64 or 32) of an unswizzled tile."""
     elems = 128 // copy_atom.value_type.width
-    per_row = (atom if isinstance(atom, int) else atom.outer.shape[1]) // elems
-    thr_layout = cute.make_ordered_layout((num_threads // per_row, per_row), order=(1, 0))
+    rows = rows_per_pass_16B(copy_atom.value_type, num_threads, atom)
+    thr_layout = cute.make_ordered_layout((rows, num_threads // rows), order=(1, 0))
     return cute.make_tiled_copy_tv(copy_atom, thr_layout, cute.make_layout((1, elems)))
+
+
+def rows_per_pass_16B(dtype: Type[cutlass.Numeric], num_threads: int, atom) -> int:
+    """Rows one pass of :func:`tiled_copy_rows_16B` covers: its threads over the lanes of a row."""
+    return num_threads // ((atom if isinstance(atom, int) else atom.outer.shape[1]) * dtype.width // 128)
 
 
 @cute.jit

@@ -254,8 +254,7 @@ def run_backward(cfg, problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_se
             q, k, v, dout, lse_log2, dpsum, dq_accum, dk_k, dv_k, cu_seqlens_q, cu_seqlens_k, seqused_k, sem,
             float(problem.softmax_scale), float(problem.softcap), int(problem.window_left),
             int(problem.window_right), int(max_seqlen_k),
-            order.section_pairs(num_batch * k.shape[2], cfg.causal, cfg.deterministic,
-                                getattr(cfg, "det_rotate", False)),
+            order.section_pairs(num_batch * k.shape[2], cfg.causal, cfg.deterministic, cfg.det_rotate),
         )
     else:
         dk_k.zero_()

@@ -27,7 +27,14 @@ from cutlass import Float32, Int32, const_expr
 from fa4.bwd.preprocess import _DTYPES
 from fa4.bwd.workspace import DqFragment, dq_accum_view, dq_tiled_mma, red_vec, thread_fragment
 from fa4.config import KernelConfig
-from fa4.cute_utils import acc_to_smem, smem_layout_atom_sm80, smem_to_gmem_pred, tiled_copy_rows_16B, transposed
+from fa4.cute_utils import (
+    acc_to_smem,
+    rows_per_pass_16B,
+    smem_layout_atom_sm80,
+    smem_to_gmem_pred,
+    tiled_copy_rows_16B,
+    transposed,
+)
 from fa4.seqlen import SeqlenInfo, grid_extent
 
 
@@ -137,9 +144,8 @@ class BwdPostprocess:
         copy_out = tiled_copy_rows_16B(
             cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128), self.num_threads, atom
         )
-        # Rows per pass of copy_out; a tile_m it does not divide (80) needs predicated smem reads.
-        per_row = (atom if isinstance(atom, int) else atom.outer.shape[1]) * self.dtype.width // 128
-        self.ragged = self.tile_m % (self.num_threads // per_row) != 0
+        # A tile_m that copy_out's rows per pass do not divide (80) needs its passes limited to the tile.
+        self.ragged = self.tile_m % rows_per_pass_16B(self.dtype, self.num_threads, atom) != 0
         tiled_mma = dq_tiled_mma(self.cfg.fragment, self.dtype, self.tile_m, self.head_dim)
         num_batch, seqlen = grid_extent(mdQ, mCuSeqlensQ, max_seqlen_q)
 

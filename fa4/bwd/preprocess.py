@@ -370,7 +370,8 @@ def run_preprocess(
     ``max_seqlen_q``); ``lse``/``dlse`` float32 ``(b, h, s)``, made contiguous here if they are not
     (an autograd ``dlse`` is often an expanded view); ``lse_log2``, ``dpsum`` float32
     :func:`fa4.bwd.workspace.rows_shape` and ``dq_accum`` float32
-    :func:`fa4.bwd.workspace.dq_accum_shape` for ``dq_tile_m`` (the main kernel's tile_m), contiguous, written whole tiles at a time;
+    :func:`fa4.bwd.workspace.dq_accum_shape` for ``dq_tile_m`` (the main kernel's tile_m),
+    contiguous, written whole tiles at a time;
     ``semaphore`` int32, any shape, contiguous, zeroed. ``arch``: code-generation target, default
     the device's.
     """

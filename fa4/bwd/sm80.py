@@ -115,8 +115,9 @@ class BwdSm80Config(AttnKernelConfig):
     KERNEL: ClassVar[str] = "fa4.bwd.sm80:FlashBwdSm80"
 
     # Shared with the sm90 config, for the family-independent driver: one CTA per K block, dQ
-    # tiles of tile_m rows.
+    # tiles of tile_m rows, the deterministic order of Note [Deterministic dQ] only.
     cluster_n: ClassVar[int] = 1
+    det_rotate: ClassVar[bool] = False
 
     @property
     def dq_rows(self) -> int:
