@@ -71,11 +71,14 @@ def _run(problem: AttnProblem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, o
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     need_lse = return_lse or grad
     forward_only = problem.has_seqused_q or problem.page_size
-    if grad and (forward_only or problem.head_dim_v != problem.head_dim):
-        name = ("seqused_q" if problem.has_seqused_q else "page_table" if problem.page_size else
-                f"head_dim_v != head_dim ({problem.head_dim_v} != {problem.head_dim})")
+    if grad and forward_only:
+        name = "seqused_q" if problem.has_seqused_q else "page_table"
         raise NotImplementedError(f"fa4's backward does not support {name} yet (forward only); call it under "
                                   f"torch.no_grad() or without inputs that require grad")
+    if grad and problem.head_dim_v != problem.head_dim and not torch.compiler.is_compiling():
+        # Only the sm90 backward serves head_dim_v != head_dim: ask the backward's family now (its
+        # make_config raises NotImplementedError), not after the forward has run.
+        ops.check_backward(problem, q.device, options, deterministic)
     if torch.compiler.is_compiling():
         pack = -1 if problem.pack_gqa is None else int(problem.pack_gqa)
         out, lse = ops.fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, problem.seqlen_q, problem.seqlen_k,

@@ -150,6 +150,12 @@ def _gather_pages(problem: AttnProblem, k, v, page_table):
     return kk, vv, None
 
 
+def check_backward(problem: AttnProblem, device: torch.device, options: KernelOptions, deterministic: bool) -> None:
+    """Raise now what the backward of ``problem`` would raise (its family's make_config), e.g. the
+    sm80 family's NotImplementedError for head_dim_v != head_dim."""
+    _plan("bwd", problem, options, device, deterministic)
+
+
 def backward(problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_k,
              options: KernelOptions, deterministic: bool):
     """Gradients (dq, dk, dv) of the attention forward, tensors in the user's layout as in
@@ -273,7 +279,7 @@ def bwd_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
            max_seqlen_k: int, softmax_scale: float, causal: bool, local: bool, window_left: int, window_right: int,
            softcap: float, deterministic: bool, options: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     p = _problem_from_op_args(q, k, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                              local, window_left, window_right, softcap, cu_seqlens_k=cu_seqlens_k)
+                              local, window_left, window_right, softcap, cu_seqlens_k=cu_seqlens_k, v=v)
     return backward(p, dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_k,
                     KernelOptions.from_str(options), deterministic)
 

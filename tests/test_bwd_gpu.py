@@ -215,6 +215,43 @@ def _check_case(case, opts):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("d,dv", [(192, 128), (128, 64), (64, 128)])
+@pytest.mark.parametrize("mask", ["none", "causal", "local"])
+@pytest.mark.parametrize("seqlens", [(1, 300), (113, 203), (1000, 1000)])
+def test_bwd_sm90_head_dim_v(d, dv, mask, seqlens):
+    """(head_dim, head_dim_v) pairs, DeepSeek's (192, 128) among them (the sm90 backward; V, dO,
+    dV have their own head dim): GQA, dense and varlen, deterministic for (192, 128), under the
+    pass rule."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the sm90 kernels need compute capability 9.x")
+    sq, sk = seqlens
+    kw = dict(causal=mask == "causal", window_size=_window(mask, sq, sk), softcap=0.0)
+    q, k, _ = random_qkv(2, sq, sk, 6, 2, d, torch.bfloat16, "cuda", seed=d + dv + sq)
+    v = torch.randn(2, sk, 2, dv, dtype=torch.bfloat16, device="cuda")
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    opts = fa4.KernelOptions(arch="sm90")
+    det = d == 192
+    out, _ = fa4.flash_attn_func(q, k, v, deterministic=det, kernel_options=opts, **kw)
+    assert out.shape == (2, sq, 6, dv)
+    g = torch.randn_like(out)
+    grads = _grads((out,), (q, k, v), (g,))
+    ref, pt = _reference_dense((q, k, v), kw, g, None)
+    _check_grads(("dq", "dk", "dv"), grads, ref, pt, (q, k, v), g)
+    if det:
+        again = _grads((fa4.flash_attn_func(q, k, v, deterministic=True, kernel_options=opts, **kw)[0],), (q, k, v), (g,))
+        assert all(torch.equal(a, b) for a, b in zip(grads, again))
+    # Varlen: the same batch packed.
+    cu_q = torch.tensor([0, sq, 2 * sq], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, sk, 2 * sk], dtype=torch.int32, device="cuda")
+    flat = [t.detach().flatten(0, 1).requires_grad_() for t in (q, k, v)]
+    out_v, _ = fa4.flash_attn_varlen_func(*flat, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, kernel_options=opts, **kw)
+    grads_v = _grads((out_v,), flat, (g.flatten(0, 1),))
+    for name, a, r, p in zip(("dq", "dk", "dv"), grads_v, ref, pt):
+        check_close(name, a.unflatten(0, (2, -1)), r, p,
+                    extra_atol=grad_noise_floor(q, k, v, g)[name])
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("mask", ["none", "causal", "local"])
 @pytest.mark.parametrize("seqlens", [(113, 203), (1000, 1000)])
 def test_bwd_grad_through_lse(mask, seqlens, family_2cta):

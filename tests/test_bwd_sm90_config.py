@@ -142,8 +142,12 @@ def test_can_implement_names_the_field():
                           (dict(q_stages=3), "q_stages"), (dict(causal=True, local=True), "causal")):
         with pytest.raises(ValueError, match=field):
             sm90.FlashBwdSm90.can_implement(dataclasses.replace(base, **change))
-    with pytest.raises(NotImplementedError, match="head_dim_v"):
-        sm90.make_config(dataclasses.replace(_problem(192), head_dim_v=128), None, "sm_90a")
+    # (head_dim, head_dim_v) = (192, 128): V, dO, dV of their own head dim, 64-row steps.
+    cfg = sm90.make_config(dataclasses.replace(_problem(192), head_dim_v=128), None, "sm_90a")
+    assert (cfg.head_dim, cfg.head_dim_v, cfg.hd_v, cfg.tile_m, cfg.dkv_rs) == (192, 128, 128, 64, False)
+    assert sm90.make_config(_problem(128), None, "sm_90a").head_dim_v == 0  # equal: 0, one compile key
+    with pytest.raises(ValueError, match="head_dim_v"):
+        sm90.FlashBwdSm90.can_implement(dataclasses.replace(base, head_dim_v=256))  # dkv_rs: dK + dV registers
 
 
 def test_workspaces_follow_the_tile():

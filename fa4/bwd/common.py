@@ -181,23 +181,25 @@ def fake_args(cfg) -> tuple:
     dtype = _DTYPES[cfg.dtype]
     b, sq, sk, h, hk = (cute.sym_int() for _ in range(5))
     d = cute.sym_int(divisibility=8)
+    # V, dO, dV: their own head dim where it differs (the sm90 family's head_dim_v).
+    dv = cute.sym_int(divisibility=8) if getattr(cfg, "head_dim_v", 0) else d
 
     # Mixed layouts (one side packed as (1, total, ...), the other batched): separate batch modes.
     bk = cute.sym_int() if cfg.varlen_q != cfg.varlen_k else b
 
-    def bshd(s, heads, batch=b):
+    def bshd(s, heads, batch=b, dim=d):
         strides = tuple(cute.sym_int64(divisibility=8) for _ in range(3)) + (1,)
-        return cute.runtime.make_fake_tensor(dtype, (batch, s, heads, d), strides, assumed_align=16)
+        return cute.runtime.make_fake_tensor(dtype, (batch, s, heads, dim), strides, assumed_align=16)
 
     def compact(dt, shape, align=4):
         order = tuple(range(len(shape) - 1, -1, -1))
         return cute.runtime.make_fake_compact_tensor(dt, shape, stride_order=order, assumed_align=align)
 
-    q, k, v, do = bshd(sq, h), bshd(sk, hk, bk), bshd(sk, hk, bk), bshd(sq, h)
+    q, k, v, do = bshd(sq, h), bshd(sk, hk, bk), bshd(sk, hk, bk, dv), bshd(sq, h, dim=dv)
     rows = cute.sym_int(divisibility=16)  # whole tiles of rows (Note [Padded row tiles] in fa4/bwd/workspace.py)
     lse_log2, dpsum = compact(Float32, (b, h, rows), 16), compact(Float32, (b, h, rows), 16)
     dq_accum = compact(Float32, (b, h, rows, cfg.head_dim), 16)
-    dk, dv = bshd(sk, hk, bk), bshd(sk, hk, bk)
+    dk, dv = bshd(sk, hk, bk), bshd(sk, hk, bk, dv)
     cu_q = compact(Int32, (cute.sym_int(),)) if cfg.varlen_q else None
     cu_k = compact(Int32, (cute.sym_int(),)) if cfg.varlen_k else None
     used_k = compact(Int32, (cute.sym_int(),)) if cfg.has_seqused_k else None
@@ -244,7 +246,8 @@ def run_backward(cfg, problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_se
     varlen_q = cu_seqlens_q is not None
     preprocess.run_preprocess(
         out, dout, lse, lse_log2, dpsum, dq_accum, dlse=dlse, cu_seqlens_q=cu_seqlens_q,
-        max_seqlen_q=problem.seqlen_q if varlen_q else None, semaphore=sem, dq_tile_m=cfg.tile_m, arch=cfg.arch)
+        max_seqlen_q=problem.seqlen_q if varlen_q else None, semaphore=sem, dq_tile_m=cfg.tile_m,
+        dq_head_dim=q.shape[-1], arch=cfg.arch)
     dk_k, dv_k = kernel_ready(dk), kernel_ready(dv)
     max_seqlen_k = problem.seqlen_k if cu_seqlens_k is not None else k.shape[1]
     num_batch = cu_seqlens_k.shape[0] - 1 if cu_seqlens_k is not None else k.shape[0]

@@ -52,10 +52,12 @@ class BwdPreprocessConfig(KernelConfig):
     ``head_dim`` is the padded head dim (:func:`head_dim_padded`); the real one is read from the
     tensors at run time and columns past it are predicated off. ``varlen``: ``cu_seqlens_q`` given,
     tensors packed as ``(1, total_q, ...)``. ``has_dlse``: subtract the LSE gradient.
-    ``has_semaphore``: zero the deterministic-mode semaphores.
+    ``has_semaphore``: zero the deterministic-mode semaphores. ``dq_head_dim``: dq_accum's padded
+    head dim (q's) where it differs from O's (``head_dim_v != head_dim``), else 0.
     """
 
     head_dim: int = 128
+    dq_head_dim: int = 0
     tile_m: int = 128
     num_threads: int = 128
     varlen: bool = False
@@ -83,6 +85,7 @@ class BwdPreprocess:
         self.dtype = _DTYPES[cfg.dtype]
         self.tile_m = cfg.tile_m
         self.head_dim = cfg.head_dim
+        self.dq_head_dim = cfg.dq_head_dim or cfg.head_dim
         self.num_threads = cfg.num_threads
         self.lanes = _vector_cols(self.dtype.width, cfg.head_dim) // (128 // self.dtype.width)
 
@@ -129,7 +132,8 @@ class BwdPreprocess:
         lse_log2, dpsum = rows_padded(), rows_padded()
         # Its own row count: whole tiles (Note [dQ accumulator layout]).
         dq_accum = cute.runtime.make_fake_compact_tensor(
-            Float32, (b, h, cute.sym_int(), cfg.head_dim), stride_order=(3, 2, 1, 0), assumed_align=16
+            Float32, (b, h, cute.sym_int(), cfg.dq_head_dim or cfg.head_dim), stride_order=(3, 2, 1, 0),
+            assumed_align=16
         )
         semaphore = (
             cute.runtime.make_fake_compact_tensor(Int32, (cute.sym_int(),), assumed_align=4)
@@ -149,7 +153,7 @@ class BwdPreprocess:
             cute.make_ordered_layout((self.num_threads // lanes, lanes), order=(1, 0)),
             cute.make_layout((1, elems)),
         )
-        cols_acc = _vector_cols(Float32.width, self.head_dim)
+        cols_acc = _vector_cols(Float32.width, self.dq_head_dim)
         lanes_acc = cols_acc // 4
         copy_acc = cute.make_tiled_copy_tv(
             cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=128),
@@ -291,7 +295,7 @@ class BwdPreprocess:
     def zero_dq_accum(
         self, mdQ_bh: cute.Tensor, m_block: Int32, rows_left: Int32, copy_acc: cute.TiledCopy, tidx: Int32
     ):
-        tile = (self.tile_m, self.head_dim)
+        tile = (self.tile_m, self.dq_head_dim)
         thr = copy_acc.get_slice(tidx)
         tAgA = thr.partition_D(cute.local_tile(mdQ_bh, tile, (m_block, 0)))
         tAcA = thr.partition_D(cute.make_identity_tensor(tile))
@@ -337,12 +341,16 @@ def _target(arch: Optional[str], device) -> str:
 
 @functools.lru_cache(maxsize=256)  # once per call signature: it is on every backward call's host path
 def make_config(
-    dtype: str, head_dim: int, arch: str, *, varlen: bool = False, has_dlse: bool = False, has_semaphore: bool = False
+    dtype: str, head_dim: int, arch: str, *, varlen: bool = False, has_dlse: bool = False, has_semaphore: bool = False,
+    dq_head_dim: int = 0,
 ) -> BwdPreprocessConfig:
+    """``head_dim``: O's; ``dq_head_dim``: q's where it differs (0: the same)."""
+    dq = head_dim_padded(dq_head_dim) if dq_head_dim else 0
     return BwdPreprocessConfig(
         arch=arch,
         dtype=dtype,
         head_dim=head_dim_padded(head_dim),
+        dq_head_dim=dq if dq != head_dim_padded(head_dim) else 0,
         varlen=varlen,
         has_dlse=has_dlse,
         has_semaphore=has_semaphore,
@@ -362,6 +370,7 @@ def run_preprocess(
     max_seqlen_q: Optional[int] = None,
     semaphore=None,
     dq_tile_m: int = 64,
+    dq_head_dim: Optional[int] = None,
     arch: Optional[str] = None,
 ) -> None:
     """Launch the preprocess on torch tensors (layouts in the module docstring).
@@ -387,7 +396,8 @@ def run_preprocess(
     if dq_tile_m not in (16, 32, 64, 80, 128):
         raise ValueError(f"dq_tile_m must be one of the main kernels' tile_m (16, 32, 64, 80, 128), got {dq_tile_m}")
     batch = cu_seqlens_q.shape[0] - 1 if varlen else out.shape[0]
-    want = dq_accum_shape(batch, out.shape[2], out.shape[1], head_dim_padded(d), dq_tile_m, varlen)
+    dq_d = dq_head_dim or d  # q's head dim (dq_accum's), where head_dim_v != head_dim
+    want = dq_accum_shape(batch, out.shape[2], out.shape[1], head_dim_padded(dq_d), dq_tile_m, varlen)
     if tuple(dq_accum.shape) != want or not dq_accum.is_contiguous():
         raise ValueError(f"dq_accum must be a contiguous float32 tensor of shape {want}, got {tuple(dq_accum.shape)}")
     want_rows = rows_shape(batch, out.shape[2], out.shape[1], dq_tile_m, varlen)
@@ -407,6 +417,7 @@ def run_preprocess(
         varlen=varlen,
         has_dlse=dlse is not None,
         has_semaphore=semaphore is not None,
+        dq_head_dim=dq_d,
     )
     sem_flat = semaphore.view(-1) if semaphore is not None else None
     get_kernel(cfg)(

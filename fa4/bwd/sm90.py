@@ -213,7 +213,8 @@ class BwdSm90Config(AttnKernelConfig):
     """Compile key of :class:`FlashBwdSm90`.
 
     ``head_dim``: the head dim rounded up to 32 (:func:`fa4.bwd.workspace.head_dim_padded`); the
-    real one is a runtime size. ``tile_m`` x ``tile_n``: Q rows per step x K rows per CTA.
+    real one is a runtime size. ``head_dim_v``: that of V, dO and dV when it differs (DeepSeek's
+    (192, 128)), else 0 (:attr:`hd_v`). ``tile_m`` x ``tile_n``: Q rows per step x K rows per CTA.
     ``num_wg``: consumer warpgroups. ``dkv_rs``: P^T, dS^T stay in registers as the A operands of
     dV, dK (``tile_n = 64 * num_wg``), else they go through smem (``tile_n = 64``; module
     docstring). ``q_stages``: smem stages of Q/lse and dO/dpsum; ``pds_stages``: of dS^T (and P^T);
@@ -232,6 +233,7 @@ class BwdSm90Config(AttnKernelConfig):
     """
 
     head_dim: int = 128
+    head_dim_v: int = 0
     tile_m: int = 64
     tile_n: int = 128
     num_wg: int = 2
@@ -252,6 +254,11 @@ class BwdSm90Config(AttnKernelConfig):
     @property
     def num_threads(self) -> int:
         return 128 * self.num_wg
+
+    @property
+    def hd_v(self) -> int:
+        """The padded head dim of V, dO and dV."""
+        return self.head_dim_v or self.head_dim
 
     @property
     def cluster_n(self) -> int:
@@ -304,8 +311,9 @@ class BwdSm90Config(AttnKernelConfig):
         """The fields of the kernel's shared storage, in order: ``(name, type, count, alignment)``
         (``sizes``: element counts of the smem layouts, traced; default: whole tiles). One list for
         :meth:`smem_bytes` and ``FlashBwdSm90._setup``, so the estimate is the struct's size."""
-        d, m, n = self.head_dim, self.tile_m, self.tile_n
-        sizes = sizes or {"sQ": m * d * self.q_stages, "sK": n * d, "sdS": n * m * self.pds_stages}
+        d, dv, m, n = self.head_dim, self.hd_v, self.tile_m, self.tile_n
+        sizes = sizes or {"sQ": m * d * self.q_stages, "sdO": m * dv * self.q_stages, "sK": n * d, "sV": n * dv,
+                          "sdS": n * m * self.pds_stages}
         rows = self.rows_stride * self.q_stages
         fields = [("mbar_kv", "i64", 2, 8), ("mbar_q", "i64", 2 * self.q_stages, 8),
                   ("mbar_do", "i64", 2 * self.q_stages, 8), ("sLSE", "f32", rows, 128), ("sD", "f32", rows, 128)]
@@ -313,8 +321,8 @@ class BwdSm90Config(AttnKernelConfig):
             fields.append(("mbar_ds", "i64", 2 * self.pds_stages, 8))
         if self.dkv_rs:  # a placeholder of one element, in the slack before the aligned tiles
             fields.append(("sP", "16b", 1, 16))
-        fields += [("sQ", "16b", sizes["sQ"], 1024), ("sdO", "16b", sizes["sQ"], 1024), ("sK", "16b", sizes["sK"], 1024),
-                   ("sV", "16b", sizes["sK"], 1024), ("sdS", "16b", sizes["sdS"], 1024)]
+        fields += [("sQ", "16b", sizes["sQ"], 1024), ("sdO", "16b", sizes["sdO"], 1024), ("sK", "16b", sizes["sK"], 1024),
+                   ("sV", "16b", sizes["sV"], 1024), ("sdS", "16b", sizes["sdS"], 1024)]
         if self.two_cta:  # the partner's K tile and the half of its dS^T that this CTA's dQ rows need
             fields += [("sK_peer", "16b", sizes["sK"], 1024), ("sdS_in", "16b", sizes["sdS"] // 2, 1024)]
         if not self.dq_direct:
@@ -340,7 +348,7 @@ class FlashBwdSm90:
     def __init__(self, cfg: BwdSm90Config):
         self.cfg = cfg
         self.dtype = _DTYPES[cfg.dtype]
-        self.tile_m, self.tile_n, self.hd = cfg.tile_m, cfg.tile_n, cfg.head_dim
+        self.tile_m, self.tile_n, self.hd, self.hd_v = cfg.tile_m, cfg.tile_n, cfg.head_dim, cfg.hd_v
         self.num_wg = cfg.num_wg
         self.num_consumer_threads = 128 * cfg.num_wg
         self.num_threads = 128 * (cfg.num_wg + 1)
@@ -407,6 +415,9 @@ class FlashBwdSm90:
         if mm % (64 * am) or nn % (8 * an) or nn // an > 256:
             raise ValueError(f"{name}: a {cfg.dq_rows}x{cfg.head_dim} dQ tile does not split into {am}x{an} "
                              "warpgroup wgmmas")
+        if cfg.head_dim_v and (cfg.head_dim_v % 32 or not 32 <= cfg.head_dim_v <= (128 if cfg.dkv_rs else 256)):
+            raise ValueError(f"{name}.head_dim_v must be a multiple of 32 in [32, {128 if cfg.dkv_rs else 256}] "
+                             f"(dK and dV share a warpgroup's registers with dkv_rs), got {cfg.head_dim_v}")
         if cfg.two_cta and not (cfg.dkv_rs and cfg.pds_stages == 2 and not cfg.deterministic):
             raise ValueError(f"{name}.two_cta (Note [Two-CTA dQ]) needs dkv_rs, two P/dS stages and "
                              "deterministic=False")
@@ -439,8 +450,13 @@ class FlashBwdSm90:
         K, MN = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
         # MN-major views: sQ^T and sdO^T are the B operands of dK / dV (head dim split over the
         # warpgroups without dkv_rs), sK^T that of dQ (split over its warpgroups along the head dim).
+        hdv = self.hd_v
         self.sQ_layout = smem_layout_sm90(dt, m, hd, self.q_stages, atom_cols=self.atom_cols(hd // self.dkv_split))
+        self.sdO_layout = smem_layout_sm90(dt, m, hdv, self.q_stages, atom_cols=self.atom_cols(hdv // self.dkv_split))
         self.sK_layout = smem_layout_sm90(dt, n, hd, atom_cols=self.atom_cols(hd // self.cfg.dq_hd_split))
+        # sV: also the dV epilogue's staging tile, stored per warpgroup's columns (whole swizzle atoms).
+        self.sV_layout = self.sK_layout if const_expr(hdv == hd) else smem_layout_sm90(
+            dt, n, hdv, atom_cols=self.atom_cols(hdv // self.dkv_split))
         self.sPdS_layout = smem_layout_sm90(dt, n, m, self.pds_stages)  # P^T / dS^T: queries contiguous
         # two_cta: the same tile in swizzle atoms of half its queries, halves outermost (memory: half,
         # stage, keys), so that each stage's half of the queries is one contiguous block, the unit of
@@ -449,24 +465,28 @@ class FlashBwdSm90:
         if const_expr(self.cfg.two_cta):
             self.sPdS_layout = smem_layout_sm90(dt, n, m, self.pds_stages, atom_cols=m // 2, order=(0, 2, 1))
         wg = self.num_wg
+        # dK += dS^T Q and dV += P^T dO: the same tiling over their head dims (hd, hdv).
         if const_expr(self.rs):
             sdp_atoms, sdp_tile = (wg, 1, 1), (64, m)
-            self.tiled_mma_dkv = sm90_utils.make_trivial_tiled_mma(
-                dt, dt, K, MN, Float32, (wg, 1, 1), (64, hd), warpgroup.OperandSource.RMEM)
+            self.tiled_mma_dk, self.tiled_mma_dv = (sm90_utils.make_trivial_tiled_mma(
+                dt, dt, K, MN, Float32, (wg, 1, 1), (64, d), warpgroup.OperandSource.RMEM) for d in (hd, hdv))
         else:
             sdp_atoms, sdp_tile = (1, wg, 1), (64, m // wg)
-            self.tiled_mma_dkv = sm90_utils.make_trivial_tiled_mma(dt, dt, K, MN, Float32, (1, wg, 1), (64, hd // wg))
+            self.tiled_mma_dk, self.tiled_mma_dv = (sm90_utils.make_trivial_tiled_mma(
+                dt, dt, K, MN, Float32, (1, wg, 1), (64, d // wg)) for d in (hd, hdv))
         self.tiled_mma_sdp = sm90_utils.make_trivial_tiled_mma(dt, dt, K, K, Float32, sdp_atoms, sdp_tile)
         self.tiled_mma_dq = dq_tiled_mma(self.cfg.dq_fragment, dt, self.cfg.dq_rows, hd)
         # Transaction bytes of a stage (Python ints: trace-time constants of the kernel).
         self.tma_bytes_q = m * hd * dt.width // 8 + 4 * m
-        self.tma_bytes_kv = (3 if self.cfg.two_cta else 2) * n * hd * dt.width // 8  # K, V (and the peer's K)
+        self.tma_bytes_do = m * hdv * dt.width // 8 + 4 * m
+        self.tma_bytes_kv = ((2 if self.cfg.two_cta else 1) * hd + hdv) * n * dt.width // 8  # K, V (, peer's K)
         self.half_bytes = n * (m // 2) * dt.width // 8  # a stage's half of dS^T (two_cta)
 
         pds_elems = cute.cosize(self.sPdS_layout)
 
         types = {"i64": cutlass.Int64, "f32": Float32, "16b": dt}
-        sizes = {"sQ": cute.cosize(self.sQ_layout), "sK": cute.cosize(self.sK_layout), "sdS": pds_elems}
+        sizes = {"sQ": cute.cosize(self.sQ_layout), "sdO": cute.cosize(self.sdO_layout),
+                 "sK": cute.cosize(self.sK_layout), "sV": cute.cosize(self.sV_layout), "sdS": pds_elems}
         fields = {}
         for name, ty, count, align in self.cfg.smem_fields(sizes):
             field = cute.struct.MemRange[types[ty], count]
@@ -513,9 +533,10 @@ class FlashBwdSm90:
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         q_tile = cute.select(self.sQ_layout, mode=[0, 1])
         tma_q, mQ_tma = cpasync.make_tiled_tma_atom(g2s, to_sdhb(mQ), q_tile, (self.tile_m, self.hd))
-        tma_do, mdO_tma = cpasync.make_tiled_tma_atom(g2s, to_sdhb(mdO), q_tile, (self.tile_m, self.hd))
+        do_tile = cute.select(self.sdO_layout, mode=[0, 1])
+        tma_do, mdO_tma = cpasync.make_tiled_tma_atom(g2s, to_sdhb(mdO), do_tile, (self.tile_m, self.hd_v))
         tma_k, mK_tma = cpasync.make_tiled_tma_atom(g2s, to_sdhb(mK), self.sK_layout, (self.tile_n, self.hd))
-        tma_v, mV_tma = cpasync.make_tiled_tma_atom(g2s, to_sdhb(mV), self.sK_layout, (self.tile_n, self.hd))
+        tma_v, mV_tma = cpasync.make_tiled_tma_atom(g2s, to_sdhb(mV), self.sV_layout, (self.tile_n, self.hd_v))
         row_tile = cute.make_layout(self.tile_m)
         tma_lse, mLSE_tma = cpasync.make_tiled_tma_atom(g2s, rows_tma_order(mLSElog2), row_tile, (self.tile_m,))
         tma_dpsum, mDpsum_tma = cpasync.make_tiled_tma_atom(g2s, rows_tma_order(mDpsum), row_tile, (self.tile_m,))
@@ -524,8 +545,8 @@ class FlashBwdSm90:
             mSeqUsedK, mSemaphore, tma_q, tma_k, tma_v, tma_do, tma_lse, tma_dpsum, softmax_scale, prescale,
             scale_log2,
             window_left, window_right, num_x, num_batch, section, mQ.shape[1], mK.shape[1], mQ.shape[2],
-            self.sQ_layout, self.sK_layout, self.sPdS_layout, self.sHalf_layout, self.tiled_mma_sdp,
-            self.tiled_mma_dkv, self.tiled_mma_dq,
+            self.sQ_layout, self.sdO_layout, self.sK_layout, self.sV_layout, self.sPdS_layout, self.sHalf_layout,
+            self.tiled_mma_sdp, self.tiled_mma_dk, self.tiled_mma_dv, self.tiled_mma_dq,
         ).launch(
             grid=(num_x * self.cfg.cluster_n * mK.shape[2] * num_batch, 1, 1),
             block=[self.num_threads, 1, 1],
@@ -573,16 +594,20 @@ class FlashBwdSm90:
         seqlen_k_static: Int32,
         num_heads: Int32,
         sQ_layout: cute.ComposedLayout,
+        sdO_layout: cute.ComposedLayout,
         sK_layout: cute.ComposedLayout,
+        sV_layout: cute.ComposedLayout,
         sPdS_layout: cute.ComposedLayout,
         sHalf_layout: cute.ComposedLayout,
         tiled_mma_sdp: cute.TiledMma,
-        tiled_mma_dkv: cute.TiledMma,
+        tiled_mma_dk: cute.TiledMma,
+        tiled_mma_dv: cute.TiledMma,
         tiled_mma_dq: cute.TiledMma,
     ):
         # Layouts and MMAs arrive as kernel arguments (values of the host function cannot be used
         # in the kernel's region); the role methods read them from self.
-        self.tiled_mma_sdp, self.tiled_mma_dkv, self.tiled_mma_dq = tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq
+        self.tiled_mma_sdp, self.tiled_mma_dq = tiled_mma_sdp, tiled_mma_dq
+        self.tiled_mma_dk, self.tiled_mma_dv = tiled_mma_dk, tiled_mma_dv
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
             for atom in (tma_q, tma_k, tma_v, tma_do, tma_lse, tma_dpsum):
@@ -608,7 +633,8 @@ class FlashBwdSm90:
         work = partial(self.work_info, cute.arch.block_idx()[0], num_x, num_batch, section, num_heads, mdK.shape[2],
                        mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, seqlen_q_static, seqlen_k_static, window_left,
                        window_right)
-        smem = partial(self.smem_tensors, storage, sQ_layout, sK_layout, sPdS_layout, sHalf_layout)
+        smem = partial(self.smem_tensors, storage, sQ_layout, sdO_layout, sK_layout, sV_layout, sPdS_layout,
+                       sHalf_layout)
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
@@ -622,7 +648,8 @@ class FlashBwdSm90:
             self.mma(mdK, mdV, mdQaccum, smem(), pipes, work(), softmax_scale, prescale, scale_log2,
                      cute.arch.thread_idx()[0] - 128)
 
-    def smem_tensors(self, storage, sQ_layout, sK_layout, sPdS_layout, sHalf_layout) -> SimpleNamespace:
+    def smem_tensors(self, storage, sQ_layout, sdO_layout, sK_layout, sV_layout, sPdS_layout,
+                     sHalf_layout) -> SimpleNamespace:
         """The shared-memory tensors (module docstring)."""
         two = self.cfg.two_cta
         return SimpleNamespace(
@@ -632,9 +659,9 @@ class FlashBwdSm90:
             sdS_half=partial(self.half_tensor, storage, sHalf_layout) if const_expr(two) else None,
             mbar_ds=storage.mbar_ds.data_ptr() if const_expr(two) else None,
             sQ=storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner),
-            sdO=storage.sdO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner),
+            sdO=storage.sdO.get_tensor(sdO_layout.outer, swizzle=sdO_layout.inner),
             sK=storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner),
-            sV=storage.sV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner),
+            sV=storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner),
             sdS=storage.sdS.get_tensor(sPdS_layout.outer, swizzle=sPdS_layout.inner),
             sP=None if const_expr(self.rs) else storage.sP.get_tensor(sPdS_layout.outer, swizzle=sPdS_layout.inner),
             sLSE=storage.sLSE.get_tensor(cute.make_layout((self.tile_m, self.q_stages), stride=(1, self.cfg.rows_stride))),
@@ -697,7 +724,7 @@ class FlashBwdSm90:
         return (
             mk(barrier_storage=storage.mbar_kv.data_ptr(), num_stages=1, tx_count=self.tma_bytes_kv),
             mk(barrier_storage=storage.mbar_q.data_ptr(), num_stages=self.q_stages, tx_count=self.tma_bytes_q),
-            mk(barrier_storage=storage.mbar_do.data_ptr(), num_stages=self.q_stages, tx_count=self.tma_bytes_q),
+            mk(barrier_storage=storage.mbar_do.data_ptr(), num_stages=self.q_stages, tx_count=self.tma_bytes_do),
         )
 
     @cute.jit
@@ -757,11 +784,11 @@ class FlashBwdSm90:
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
             pipe_kv.producer_acquire(kv_state)
             bar = pipe_kv.producer_get_barrier(kv_state)
-            tiles = [(tma_k, mK, sm.sK, work.n_block), (tma_v, mV, sm.sV, work.n_block)]
+            tiles = [(tma_k, mK, sm.sK, work.n_block, self.hd), (tma_v, mV, sm.sV, work.n_block, self.hd_v)]
             if const_expr(self.cfg.two_cta):
-                tiles.append((tma_k, mK, sm.sK_peer, work.n_block + 1 - 2 * work.rank))
-            for tma, mT, sT, n in tiles:
-                gT = cute.local_tile(seq.k_view_sd(mT, batch, work.head_kv), (self.tile_n, self.hd), (n, 0))
+                tiles.append((tma_k, mK, sm.sK_peer, work.n_block + 1 - 2 * work.rank, self.hd))
+            for tma, mT, sT, n, d in tiles:
+                gT = cute.local_tile(seq.k_view_sd(mT, batch, work.head_kv), (self.tile_n, d), (n, 0))
                 tTsT, tTgT = cpasync.tma_partition(tma, 0, one, cute.group_modes(sT, 0, 2), cute.group_modes(gT, 0, 2))
                 cute.copy(tma, tTgT, tTsT, tma_bar_ptr=bar)
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.q_stages)
@@ -769,21 +796,21 @@ class FlashBwdSm90:
             for t in cutlass.range(work.num_steps, unroll=1):
                 head, m_block = self.step_slot(work, t)
                 self.load_rows_tile(tma_q, tma_lse, mQ, mLSElog2, sm.sQ, sm.sLSE, pipe_q, q_state, seq, batch, head,
-                                    m_block)
+                                    m_block, self.hd)
                 self.load_rows_tile(tma_do, tma_dpsum, mdO, mDpsum, sm.sdO, sm.sD, pipe_do, do_state, seq, batch, head,
-                                    m_block)
+                                    m_block, self.hd_v)
                 q_state.advance()
                 do_state.advance()
 
     @cute.jit
     def load_rows_tile(self, tma, tma_rows, mT, mRows, sT, sRows, pipe, state, seq: SeqlenInfo, batch: Int32,
-                       head: Int32, m_block: Int32) -> None:
-        """One stage: the ``(tile_m, hd)`` tile of Q (or dO) and its ``tile_m`` row statistics, both
+                       head: Int32, m_block: Int32, d: cutlass.Constexpr[int]) -> None:
+        """One stage: the ``(tile_m, d)`` tile of Q (or dO) and its ``tile_m`` row statistics, both
         by TMA completing on the stage's mbarrier."""
         pipe.producer_acquire(state)
         bar = pipe.producer_get_barrier(state)
         one = cute.make_layout(1)
-        gT = cute.local_tile(seq.q_view_sd(mT, batch, head), (self.tile_m, self.hd), (m_block, 0))
+        gT = cute.local_tile(seq.q_view_sd(mT, batch, head), (self.tile_m, d), (m_block, 0))
         tTsT, tTgT = cpasync.tma_partition(tma, 0, one, cute.group_modes(sT, 0, 2), cute.group_modes(gT, 0, 2))
         cute.copy(tma, tTgT, tTsT[None, state.index], tma_bar_ptr=bar)
         gRows = cute.local_tile(rows_view_tma(mRows, seq, batch, head, self.tile_m), (self.tile_m,), (m_block,))
@@ -867,9 +894,9 @@ class FlashBwdSm90:
         """Consumer warpgroups: the step loop (:meth:`mma_step`), then :meth:`epilogue`."""
         pipe_kv, pipe_q, pipe_do = pipes
         wg = cute.arch.make_warp_uniform(tidx // 128)
-        sdp, dkv, dq = self.tiled_mma_sdp, self.tiled_mma_dkv, self.tiled_mma_dq
-        thr_sdp, thr_dkv, thr_dq = sdp.get_slice(tidx), dkv.get_slice(tidx), dq.get_slice(tidx)
-        wg_sdp, wg_dkv, wg_dq = sdp.get_slice(wg * 128), dkv.get_slice(wg * 128), dq.get_slice(wg * 128)
+        sdp, dk, dv, dq = self.tiled_mma_sdp, self.tiled_mma_dk, self.tiled_mma_dv, self.tiled_mma_dq
+        thr_sdp, thr_dk, thr_dv, thr_dq = (m.get_slice(tidx) for m in (sdp, dk, dv, dq))
+        wg_sdp, wg_dk, wg_dv, wg_dq = (m.get_slice(wg * 128) for m in (sdp, dk, dv, dq))
 
         # S^T = K Q^T, dP^T = V dO^T (A: keys x hd, B: queries x hd; both K-major).
         c = SimpleNamespace(
@@ -878,8 +905,8 @@ class FlashBwdSm90:
             tdPrV=wg_sdp.make_fragment_A(wg_sdp.partition_A(sm.sV)),
             tdPrdO=wg_sdp.make_fragment_B(wg_sdp.partition_B(sm.sdO)),
             # dV += P^T dO, dK += dS^T Q (B: hd x queries, MN-major views of sdO, sQ).
-            tdVrdOt=wg_dkv.make_fragment_B(wg_dkv.partition_B(transposed(sm.sdO))),
-            tdKrQt=wg_dkv.make_fragment_B(wg_dkv.partition_B(transposed(sm.sQ))),
+            tdVrdOt=wg_dv.make_fragment_B(wg_dv.partition_B(transposed(sm.sdO))),
+            tdKrQt=wg_dk.make_fragment_B(wg_dk.partition_B(transposed(sm.sQ))),
             tdVrPt=None, tdKrdSt=None,
         )
         if const_expr(self.cfg.two_cta):
@@ -891,15 +918,15 @@ class FlashBwdSm90:
         else:
             c.tdQrdS, c.tdQrKt = self.dq_operands(wg_dq, sm.sdS, sm.sK)
         if const_expr(not self.rs):
-            c.tdVrPt = wg_dkv.make_fragment_A(wg_dkv.partition_A(sm.sP))
-            c.tdKrdSt = wg_dkv.make_fragment_A(wg_dkv.partition_A(sm.sdS))
+            c.tdVrPt = wg_dv.make_fragment_A(wg_dv.partition_A(sm.sP))
+            c.tdKrdSt = wg_dk.make_fragment_A(wg_dk.partition_A(sm.sdS))
         shape_S = (self.tile_n, self.tile_m)
         c.acc_S = thr_sdp.make_fragment_C(thr_sdp.partition_shape_C(shape_S))
         c.acc_dP = thr_sdp.make_fragment_C(thr_sdp.partition_shape_C(shape_S))
         c.acc_dQ = thr_dq.make_fragment_C(thr_dq.partition_shape_C(self.cfg.dq_fragment.mma_shape(self.cfg.dq_rows,
                                                                                                    self.hd)))
-        acc_dK = thr_dkv.make_fragment_C(thr_dkv.partition_shape_C((self.tile_n, self.hd)))
-        acc_dV = thr_dkv.make_fragment_C(thr_dkv.partition_shape_C((self.tile_n, self.hd)))
+        acc_dK = thr_dk.make_fragment_C(thr_dk.partition_shape_C((self.tile_n, self.hd)))
+        acc_dV = thr_dv.make_fragment_C(thr_dv.partition_shape_C((self.tile_n, self.hd_v)))
         acc_dK.fill(0.0)
         acc_dV.fill(0.0)
         c.acc_dK, c.acc_dV = acc_dK, acc_dV
@@ -1020,7 +1047,7 @@ class FlashBwdSm90:
             # The other warpgroups' wgmmas of the previous step have read this P/dS stage.
             cute.arch.barrier(barrier_id=_BAR.pds_free, number_of_threads=self.num_consumer_threads)
         if const_expr(self.rs):
-            gemm_sm90(self.tiled_mma_dkv, c.acc_dV, make_acc_as_A(rP), c.tdVrdOt[None, None, None, di])
+            gemm_sm90(self.tiled_mma_dv, c.acc_dV, make_acc_as_A(rP), c.tdVrdOt[None, None, None, di])
         else:
             cute.copy(c.r2s, c.r2s.retile(rP), c.r2s.partition_D(sm.sP[None, None, pds]))
         rD = cute.make_rmem_tensor(ncol, Float32)
@@ -1060,15 +1087,15 @@ class FlashBwdSm90:
                 bulk_copy_to_peer(dst, src, full, 1 - work.rank, self.half_bytes)
 
         if const_expr(not self.rs):
-            gemm_sm90(self.tiled_mma_dkv, c.acc_dV, c.tdVrPt[None, None, None, pds], c.tdVrdOt[None, None, None, di])
+            gemm_sm90(self.tiled_mma_dv, c.acc_dV, c.tdVrPt[None, None, None, pds], c.tdVrdOt[None, None, None, di])
         self.gemm_dq(c.acc_dQ, c.tdQrdS[None, None, None, pds], c.tdQrKt, True)
         if const_expr(self.cfg.two_cta):
             cute.arch.mbarrier_wait(sm.mbar_ds + pds, use & 1)  # the partner's half has landed
             self.gemm_dq(c.acc_dQ, c.tdQrdS_in[None, None, None, pds], c.tdQrKt_peer, False)
         if const_expr(self.rs):
-            gemm_sm90(self.tiled_mma_dkv, c.acc_dK, make_acc_as_A(rdS), c.tdKrQt[None, None, None, qi])
+            gemm_sm90(self.tiled_mma_dk, c.acc_dK, make_acc_as_A(rdS), c.tdKrQt[None, None, None, qi])
         else:
-            gemm_sm90(self.tiled_mma_dkv, c.acc_dK, c.tdKrdSt[None, None, None, pds], c.tdKrQt[None, None, None, qi])
+            gemm_sm90(self.tiled_mma_dk, c.acc_dK, c.tdKrdSt[None, None, None, pds], c.tdKrQt[None, None, None, qi])
         warpgroup.wait_group(1)  # dV, dQ
         pipe_do.consumer_release(do_state)
         if const_expr(self.cfg.two_cta):
@@ -1099,18 +1126,17 @@ class FlashBwdSm90:
         """dK *= softmax_scale; dK, dV -> 16 bits -> smem (over sK, sV) -> gmem, 16-byte stores of
         the rows the sequence owns (zeros for a block no query sees)."""
         acc_dK.store(acc_dK.load() * softmax_scale)
-        r2s = cute.make_tiled_copy_C(self.stmatrix_atom(), self.tiled_mma_dkv).get_slice(tidx)
         # Every warpgroup is done reading sK and sV (its last wgmmas completed before this).
         cute.arch.barrier(barrier_id=_BAR.epi, number_of_threads=self.num_consumer_threads)
-        for acc, sT in ((acc_dK, sm.sK), (acc_dV, sm.sV)):
+        for acc, sT, mma in ((acc_dK, sm.sK, self.tiled_mma_dk), (acc_dV, sm.sV, self.tiled_mma_dv)):
+            r2s = cute.make_tiled_copy_C(self.stmatrix_atom(), mma).get_slice(tidx)
             rT = cute.make_rmem_tensor_like(acc, self.dtype)
             convert_f32_to_half(acc, rT)
             cute.copy(r2s, r2s.retile(rT), r2s.partition_D(sT))
         cute.arch.barrier(barrier_id=_BAR.epi, number_of_threads=self.num_consumer_threads)
-        for mT, sT in ((mdK, sm.sK), (mdV, sm.sV)):
-            gT = cute.local_tile(work.seq.k_view(mT, work.batch, work.head_kv), (self.tile_n, self.hd),
-                                 (work.n_block, 0))
-            store_rows_16B(sT, gT, work.rows_k, mdK.shape[3], tidx, self.num_consumer_threads)
+        for mT, sT, d in ((mdK, sm.sK, self.hd), (mdV, sm.sV, self.hd_v)):
+            gT = cute.local_tile(work.seq.k_view(mT, work.batch, work.head_kv), (self.tile_n, d), (work.n_block, 0))
+            store_rows_16B(sT, gT, work.rows_k, mT.shape[3], tidx, self.num_consumer_threads)
 
 
 FlashBwdSm90.kernel.set_name_prefix("fa4_bwd_sm90", remove_cutlass_symbol=True)
@@ -1179,11 +1205,11 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
                 deterministic: bool = False) -> BwdSm90Config:
     """The tuning table for the padded head dim with ``options.bwd_tile_m`` on top (ValueError
     naming the option when the kernel cannot run it)."""
-    if problem.head_dim != problem.head_dim_v:
-        raise NotImplementedError(
-            f"the sm90 backward needs head_dim_v == head_dim, got {problem.head_dim_v} != {problem.head_dim}")
     hd = head_dim_padded(problem.head_dim)
+    hd_v = head_dim_padded(problem.head_dim_v)
     tile_m, rs, q_stages, pds_stages, dq_stages, lag, rotate, direct, p16 = TUNING[hd]
+    if hd_v != hd:  # (head_dim, head_dim_v) pairs: the table's path with 64-row steps, which fit any pair
+        tile_m, p16 = 64, False
     opts = options or KernelOptions()
     if opts.bwd_num_threads is not None and opts.bwd_num_threads != 384:
         raise ValueError(f"KernelOptions.bwd_num_threads={opts.bwd_num_threads}: the sm90 backward runs 384 threads "
@@ -1197,7 +1223,8 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
                          f"{problem.head_dim} uses tile_n {tile_n}")
     cfg = BwdSm90Config(
         # ds_from_p16 belongs to the table's tile_m (it loses 2% at 64 rows, v0.7).
-        arch=arch, dtype=problem.dtype, head_dim=hd, tile_m=opts.bwd_tile_m or tile_m, tile_n=tile_n, num_wg=2,
+        arch=arch, dtype=problem.dtype, head_dim=hd, head_dim_v=hd_v if hd_v != hd else 0,
+        tile_m=opts.bwd_tile_m or tile_m, tile_n=tile_n, num_wg=2,
         ds_from_p16=p16 and (opts.bwd_tile_m or tile_m) == tile_m,
         two_cta=bool(opts.bwd_two_cta) if opts.bwd_two_cta is not None else TWO_CTA.get(hd, False) and not deterministic,
         dkv_rs=rs, q_stages=q_stages, pds_stages=pds_stages, dq_stages=dq_stages, deterministic=bool(deterministic),
@@ -1273,6 +1300,13 @@ def variants(arch: str) -> list[BwdSm90Config]:
         (P(224, causal=True), True),
     ]
     out = [make_config(p, None, arch, det) for p, det in cases]
+    # (head_dim, head_dim_v) pairs: DeepSeek's (192, 128) (P/dS through smem), deterministic and
+    # varlen causal; (128, 64) and (64, 128) with P/dS in registers.
+    V = lambda p, dv: replace(p, head_dim_v=dv)  # noqa: E731
+    out.append(make_config(V(P(192), 128), None, arch))
+    out.append(make_config(V(P(192, causal=True, varlen=True, seqused_k=True), 128), None, arch, True))
+    out.append(make_config(V(P(128, "fp16", local=True), 64), None, arch))
+    out.append(make_config(V(P(64, causal=True), 128), None, arch))
     # What bwd_tile_m gives off the table: 64-row steps at d64 (no ds_from_p16).
     out.append(make_config(P(64), KernelOptions(bwd_tile_m=64), arch))
     out.append(make_config(P(64, causal=True), None, arch, True))  # 128-row deterministic steps
