@@ -406,12 +406,10 @@ def test_bwd_sm90_rotated_order(layout, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("d, fields", [
-    # Known bug (RESULTS v0.7): NaN gradients on the GPU; the experiment is refused by make_config and
-    # measured slower than the default (580 vs 598 TFLOP/s at d128 s8k), so it is not pursued. Its
-    # likely cause (the postprocess's unlimited gmem writes of 80-row tiles) was fixed after the last
-    # GPU run: an XPASS here means the fix holds; then drop the xfail.
-    pytest.param(128, dict(tile_m=80, dq_stages=1, ds_from_p16=True),
-                 marks=pytest.mark.xfail(strict=True, reason="80-row experiment: NaN gradients (RESULTS v0.7)")),
+    # The 80-row experiment (refused by make_config; measured slower than the default, 580 vs 598
+    # TFLOP/s at d128 s8k) gave NaN gradients until the postprocess limited its gmem writes to the
+    # tile (RESULTS v0.7, GPU-confirmed in v0.8).
+    (128, dict(tile_m=80, dq_stages=1, ds_from_p16=True)),
     (128, dict(ds_from_p16=True)),
 ])
 @pytest.mark.parametrize("causal", [False, True])
