@@ -240,3 +240,7 @@ def test_l2_section_size():
     assert l2_section_size(8192, 512, 4, 1000) == 24  # GQA: 4 q heads share a kv head
     assert l2_section_size(10**7, 1024, 1, 64) == 1
     assert l2_section_size(1, 64, 1, 7) == 7
+    assert l2_section_size(8192, 512, 1, 1000, budget=8 << 20) == 2
+    assert l2_section_size(1, 64, 4, 7, budget=0) == 1  # the sm90 persistent order: one pair per section
+    # One pair per section: m-blocks fastest, pairs in order.
+    assert [section_tile(t, 3, 2, 1, 1, False) for t in range(4)] == [(0, 0, 0), (1, 0, 0), (2, 0, 0), (0, 1, 0)]

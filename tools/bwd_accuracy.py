@@ -3,7 +3,8 @@ technique may not make the error larger than the same kernel with it off, beyond
 
     python tools/bwd_accuracy.py "d64" "d64 tile_m=128 ds_from_p16=True" ...
 
-An experiment: ``d<head_dim> [causal] [field=value ...]`` (fields override make_config). Each runs
+An experiment: ``d<head_dim> [causal] [peer] [field=value ...]`` (fields override make_config;
+``peer`` runs flash-attn-4's ``flash_attn.cute`` on the same inputs instead of fa4). Each runs
 on three seeds of (b 2, s_q 1000, s_k 777, 6 q / 2 kv heads) and at two score scales (randn inputs,
 and x3 for peaked softmaxes); prints the max |error| of dq, dk, dv against the float32 reference and
 the ratio to the first experiment of its head dim.
@@ -21,10 +22,10 @@ from fa4.testing import attention_ref, random_qkv
 
 
 def parse(text):
-    shape, over = dict(d=128, causal=False), {}
+    shape, over = dict(d=128, causal=False, peer=False), {}
     for w in text.split():
-        if w == "causal":
-            shape["causal"] = True
+        if w in ("causal", "peer"):
+            shape[w] = True
         elif "=" in w:
             k, v = w.split("=", 1)
             over[k] = ast.literal_eval(v)
@@ -46,8 +47,13 @@ def errors(shape, over):
                 q, k, v = random_qkv(2, 1000, 777, 6, 2, shape["d"], torch.bfloat16, "cuda", seed=seed)
                 q = (q.float() * scale).bfloat16()
                 q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
-                out, _ = fa4.flash_attn_func(q, k, v, causal=shape["causal"],
-                                             kernel_options=fa4.KernelOptions(arch="sm90"))
+                if shape["peer"]:
+                    from flash_attn.cute import flash_attn_func as peer
+                    out = peer(q, k, v, causal=shape["causal"])
+                    out = out[0] if isinstance(out, tuple) else out
+                else:
+                    out, _ = fa4.flash_attn_func(q, k, v, causal=shape["causal"],
+                                                 kernel_options=fa4.KernelOptions(arch="sm90"))
                 torch.manual_seed(seed)
                 g = torch.randn_like(out)
                 got = torch.autograd.grad(out, (q, k, v), g)

@@ -5,7 +5,7 @@
 # sanitize (compute-sanitizer memcheck/racecheck on tools/sanitize_sm90.py), bench (fwd+bwd grid),
 # benchbwd, det (deterministic bench), latency, sweep (tools/sweep_bwd.py), ncu (tools/ncu_bwd.py),
 # issue9 (pack GQA / split-KV / combine / paged / flash_attn.cute call GPU tests), decode (bench --decode),
-# nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
+# sweepfwd (tools/sweep_fwd.py $SWEEP_FWD), ncufwd (ncu of the fa4 and flash-attn-4 forwards, tools/ncu_fwd.py), nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
 set -uo pipefail
 steps=${1:-bwd90}
 out=${OUT:-/tmp/out}; mkdir -p "$out"
@@ -79,3 +79,17 @@ if has ncu; then
   echo "ncu rc=$?"; grep -E "fa4_bwd|Duration|Throughput|Pipe|Stall|Issue|Eligible|Active Warps|Registers|L2 Hit|Mem Busy|Max Bandwidth" "$out/ncu.txt" | cut -c1-150 | head -70
 fi
 echo "total $(( $(date +%s) - t0 ))s"
+if has ncufwd; then
+  # fa4 and flash-attn-4 forward side by side (NCU_FWD_SHAPES: d,s,causal ...); the third launch of each.
+  for impl in fa4 peer; do
+    timeout 150 ncu --clock-control none --kernel-name regex:'(?i)(fwd|forward)' --launch-skip 2 --launch-count 1 \
+      --section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis --section InstructionStats \
+      --section LaunchStats --section Occupancy --section SchedulerStats --metrics smsp__inst_executed.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,smsp__inst_executed_pipe_xu.sum,smsp__inst_executed_pipe_fma.sum,smsp__inst_executed_pipe_alu.sum \
+      python3 tools/ncu_fwd.py $impl ${NCU_FWD_SHAPES:-128,8192,0} > "$out/ncufwd_$impl.txt" 2>&1
+    echo "ncufwd $impl rc=$?"; grep -E "Kernel|Duration|SM Busy|Issue Slots|Executed Ipc|Stall|Eligible|Registers|hmma|inst_executed|No Eligible|Theoretical Occ" "$out/ncufwd_$impl.txt" | cut -c1-140 | head -40
+  done
+fi
+if has sweepfwd; then
+  timeout ${SWEEP_TIMEOUT:-300} python3 tools/sweep_fwd.py ${SWEEP_FWD:-} > "$out/sweepfwd.log" 2>&1
+  echo "sweepfwd rc=$?"; grep -v Warning "$out/sweepfwd.log" | grep -v "exe_args" | tail -60
+fi

@@ -17,7 +17,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
 from fa4.config import AttnProblem
-from fa4.sched.tile import l2_section_size
+from fa4.sched.tile import L2_BUDGET_BYTES, l2_section_size
 
 DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
 
@@ -67,12 +67,14 @@ def fake_args(cfg, extra: tuple = ()) -> tuple:
 
 def grid_extent(mQ: cute.Tensor, mK: cute.Tensor, mCuSeqlensQ: Optional[cute.Tensor],
                 mCuSeqlensK: Optional[cute.Tensor], max_seqlen_q: Int32, tile_m: int, kv_row_bytes: int,
-                qhead_per_kvhead: int = 1, num_splits=1, mPageTable: Optional[cute.Tensor] = None):
+                qhead_per_kvhead: int = 1, num_splits=1, mPageTable: Optional[cute.Tensor] = None,
+                l2_budget: int = L2_BUDGET_BYTES):
     """Host side of a forward ``__call__`` (traced inline): ``(num_batch, num_m_blocks, section)``,
     the L2 section of :func:`fa4.sched.tile.l2_section_size` for K/V rows of ``kv_row_bytes``.
     ``qhead_per_kvhead > 1``: packed tiles (Note [Pack GQA] in fa4/pack_gqa.py), ``seqlen_q * g``
     rows per kv head. ``num_splits``: split-KV, each (head, batch) pair is ``num_splits`` scheduler
-    heads reading a share of its K/V each. Returns also the scheduler's head count."""
+    heads reading a share of its K/V each. ``l2_budget``: the section's K/V bytes. Returns also the
+    scheduler's head count."""
     num_heads = mQ.shape[2]
     if const_expr(mCuSeqlensQ is not None):
         num_batch = mCuSeqlensQ.shape[0] - 1
@@ -86,7 +88,7 @@ def grid_extent(mQ: cute.Tensor, mK: cute.Tensor, mCuSeqlensQ: Optional[cute.Ten
     sched_heads = (num_heads // qhead_per_kvhead) * num_splits
     # q heads (scheduler heads) that share one kv head's K/V rows in L2.
     share = (num_heads // mK.shape[2] if const_expr(qhead_per_kvhead == 1) else 1) * num_splits
-    section = l2_section_size(seqlen_k_avg, kv_row_bytes, share, sched_heads * num_batch)
+    section = l2_section_size(seqlen_k_avg, kv_row_bytes, share, sched_heads * num_batch, l2_budget)
     return num_batch, num_m_blocks, section, sched_heads
 
 

@@ -125,7 +125,9 @@ class FwdSm90Config(AttnFwdConfig):
     right after the softmax. The next ``Q K^T`` always overlaps the softmax (Note
     [intra-warpgroup overlap]). ``qhead_per_kvhead > 1``: pack GQA, the tile's rows are that
     many q heads of one kv head (Note [Pack GQA] in fa4/pack_gqa.py); ``split_kv``: O and LSE are
-    float32 partials of a runtime number of K splits (Note [Split-KV partials] there)."""
+    float32 partials of a runtime number of K splits (Note [Split-KV partials] there).
+    ``l2_section_mb``: the K/V megabytes of one L2 section of the tile order
+    (:mod:`fa4.sched.tile`)."""
 
     head_dim: int = 128
     head_dim_v: int = 128
@@ -141,6 +143,7 @@ class FwdSm90Config(AttnFwdConfig):
     rescale_o_before_pv: bool = False
     qhead_per_kvhead: int = 1
     split_kv: bool = False
+    l2_section_mb: int = 0
 
     KERNEL = "fa4.fwd.sm90:FlashFwdSm90"
     REQUIRED_SASS = ("HGMMA", "UTMALDG")  # checked in the SASS of every compile variant (tests/test_compile.py)
@@ -309,7 +312,7 @@ class FlashFwdSm90:
         seqlen_k_static = mK.shape[1] if const_expr(not self.page_rows) else mPageTable.shape[1] * mK.shape[1]
         num_batch, num_m_blocks, section, sched_heads = fwd_common.grid_extent(
             mQ, mK, mCuSeqlensQ, mCuSeqlensK, max_seqlen_q, self.tile_m, 2 * (self.tile_hdim + self.tile_hdimv),
-            cfg.qhead_per_kvhead, num_splits, mPageTable)
+            cfg.qhead_per_kvhead, num_splits, mPageTable, cfg.l2_section_mb << 20)
         prescale, scale_log2 = score_scales(softmax_scale, softcap, cfg.has_softcap)
 
         # TMA atoms over (s, d, h, b) views (Note [TMA and varlen / padding]).
@@ -781,17 +784,18 @@ DEFAULT_EXP2_EMU_FRAC = 0.0  # measured: 0.1 / 0.25 are 0-14% slower on the sm90
 # normalizes by the rounded P (Note [Normalizing by the rounded P]).
 DEFAULT_RESCALE_THRESHOLD = 0.0
 SUM_ROUNDED_WITH_THRESHOLD = True  # tools/rescale_accuracy.py turns it off to measure the difference
-# Persistent grid (snake order) or one tile per CTA, measured (docs/RESULTS.md, sm90 sweeps): the
-# persistent grid wins where tiles are short (s_k <= 4096 non-causal: +2-9%; s_k <= 1024 causal:
-# +7%), the hardware's own dynamic assignment wins for long causal rows (+6-26%) and at 16k / d256.
-PERSISTENT_MAX_SEQLEN_K = 4096
-PERSISTENT_MAX_SEQLEN_K_MASKED = 1024
+# Persistent grid (snake order) or one tile per CTA, and the L2 section of the tile order, measured
+# (docs/RESULTS.md v0.8, sm90 sweeps): with sections of one (head, batch) pair (m-blocks fastest, so
+# the CTAs resident at once read the K/V of one or two heads, each block once from DRAM) the
+# persistent grid wins every non-causal row (+3-10% over v0.3's choice) and the masked rows up to
+# s_k 4096; longer masked rows keep the hardware's dynamic block assignment, with 8 MB sections.
+PERSISTENT_MAX_SEQLEN_K_MASKED = 4096
+L2_SECTION_MB_PERSISTENT = 0  # one pair per section
+L2_SECTION_MB_GRID = 8
 
 
 def _persistent(problem: AttnProblem) -> bool:
-    masked = problem.causal or problem.local
-    limit = PERSISTENT_MAX_SEQLEN_K_MASKED if masked else PERSISTENT_MAX_SEQLEN_K
-    return problem.seqlen_k <= limit and not (problem.head_dim > 128 and problem.seqlen_k > 2048)
+    return not (problem.causal or problem.local) or problem.seqlen_k <= PERSISTENT_MAX_SEQLEN_K_MASKED
 
 
 def _bucket(d: int) -> int:
@@ -812,6 +816,7 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
     tile_n = options.tile_n if options.tile_n is not None else tile_n
     splits = fwd_common.split_count(problem, tile_m, tile_n, g, num_sms)
     tau = float(options.rescale_threshold) if options.rescale_threshold is not None else DEFAULT_RESCALE_THRESHOLD
+    persistent = _persistent(problem)
     cfg = FwdSm90Config(
         arch=arch,
         dtype=problem.dtype,
@@ -822,7 +827,8 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         num_stages=options.num_stages if options.num_stages is not None else stages,
         pingpong=pingpong and tile_m == 128,
         rescale_o_before_pv=problem.head_dim_v >= RESCALE_O_BEFORE_PV_MIN_DV,
-        persistent=_persistent(problem),
+        persistent=persistent,
+        l2_section_mb=L2_SECTION_MB_PERSISTENT if persistent else L2_SECTION_MB_GRID,
         has_lse=need_lse or splits > 1,
         exp2_emu_frac=float(options.exp2_emu_frac) if options.exp2_emu_frac is not None else DEFAULT_EXP2_EMU_FRAC,
         rescale_threshold=tau,

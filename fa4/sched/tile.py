@@ -33,12 +33,12 @@ class TileScheduler(Protocol):
         ...
 
 
-def l2_section_size(seqlen_k, kv_row_bytes: int, qhead_per_kvhead, num_pairs):
-    """Pairs per section: as many (head, batch) pairs as share ``L2_BUDGET_BYTES`` of K/V
+def l2_section_size(seqlen_k, kv_row_bytes: int, qhead_per_kvhead, num_pairs, budget: int = L2_BUDGET_BYTES):
+    """Pairs per section: as many (head, batch) pairs as share ``budget`` bytes of K/V
     (``seqlen_k * kv_row_bytes`` per kv head, shared by ``qhead_per_kvhead`` q heads), at least
     one, at most ``num_pairs``. Works on Python ints and on DSL Int32 (host side of a jit)."""
     # budget // (row_bytes * seqlen_k), dividing twice to stay in 32 bits.
-    per_section = (L2_BUDGET_BYTES // kv_row_bytes) // cutlass.max(seqlen_k, 1)
+    per_section = (budget // kv_row_bytes) // cutlass.max(seqlen_k, 1)
     return cutlass.min(cutlass.max(per_section * qhead_per_kvhead, 1), num_pairs)
 
 
