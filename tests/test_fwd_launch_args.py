@@ -28,9 +28,30 @@ def test_run_passes_the_signature(monkeypatch, mod, local):
     # cu_seqlens_q / _k, seqused_q / _k, page table
     assert args[:10] == (q, k, v, out, lse, None, None, None, None, None)
     assert args[10:15] == (0.125, 1.0, 30 if local else 0, 5 if local else 0, 100)
-    assert args[15:] == ((132, 1) if mod is sm90 else (1,))  # ([persistent grid,] K splits)
+    # ([persistent grid,] K splits[, the dynamic scheduler's claims counter])
+    assert args[15:] == ((132, 1, None) if mod is sm90 else (1,))
     # as many runtime arguments as the compiled signature (fake_args without the stream)
     assert len(args) == len(jit.kernel_class(cfg).fake_args(cfg)) - 1
+
+
+def test_sm90_dynamic_scheduler_gets_a_zeroed_counter(monkeypatch):
+    """The dynamic persistent scheduler claims tiles from a counter that must be zero at launch: the
+    launcher passes a fresh zeroed int32 (one per call, so concurrent streams cannot share it)."""
+    calls = []
+    monkeypatch.setattr(jit, "get_kernel", lambda cfg: lambda *a: calls.append(a))
+    monkeypatch.setattr(sm90, "_num_sms", lambda device: 132)
+    q, k, v = (torch.empty(2, 100, h, 64, dtype=torch.bfloat16) for h in (4, 2, 2))
+    with validate.allow_any_device():
+        problem = validate.check_dense(q, k, v, 0.125, True, (None, None), 0.0)
+    cfg = dataclasses.replace(sm90.make_config(problem, None, "sm_90a", True), persistent=True, dynamic_sched=True)
+    for _ in range(2):
+        sm90.run(cfg, problem, q, k, v, torch.empty_like(q), torch.empty(2, 4, 100))
+    (a1, a2) = calls
+    assert a1[15:17] == (132, 1) and a1[17].dtype == torch.int32 and a1[17].tolist() == [0]
+    assert a2[17] is not a1[17]
+    assert len(a1) == len(jit.kernel_class(cfg).fake_args(cfg)) - 1
+    with pytest.raises(ValueError, match="dynamic_sched needs persistent"):
+        sm90.FlashFwdSm90.can_implement(dataclasses.replace(cfg, persistent=False))
 
 
 def test_sm80_split_launch(monkeypatch):

@@ -22,14 +22,14 @@ def test_tuning_table(d, expect):
     assert not cfg.pingpong
 
 
-@pytest.mark.parametrize("sk,causal,persistent", [(1024, False, True), (16384, False, True), (1024, True, True),
-                                                  (4096, True, True), (8192, True, False)])
-def test_persistent_grid_by_length(sk, causal, persistent):
-    """The measured choice (RESULTS v0.8): persistent with one-pair L2 sections, except long masked
-    rows (one tile per CTA, 8 MB sections)."""
+@pytest.mark.parametrize("sk,causal,dynamic", [(1024, False, False), (16384, False, False), (1024, True, False),
+                                               (1025, True, True), (8192, True, True)])
+def test_grid_order_by_length(sk, causal, dynamic):
+    """The measured choice (RESULTS v0.8): always persistent; static with one-pair L2 sections,
+    except masked rows past s_k 1024 (tiles claimed dynamically, 8 MB sections)."""
     cfg = sm90.make_config(_problem(sq=sk, sk=sk, causal=causal), None, "sm_90a", True)
-    assert cfg.persistent == persistent
-    assert cfg.l2_section_mb == (sm90.L2_SECTION_MB_PERSISTENT if persistent else sm90.L2_SECTION_MB_GRID)
+    assert cfg.persistent and cfg.dynamic_sched == dynamic
+    assert cfg.l2_section_mb == (sm90.L2_SECTION_MB_DYNAMIC if dynamic else sm90.L2_SECTION_MB_STATIC)
 
 
 def test_decode_and_options():

@@ -5,7 +5,7 @@
 # sanitize (compute-sanitizer memcheck/racecheck on tools/sanitize_sm90.py), bench (fwd+bwd grid),
 # benchbwd, det (deterministic bench), latency, sweep (tools/sweep_bwd.py), ncu (tools/ncu_bwd.py),
 # issue9 (pack GQA / split-KV / combine / paged / flash_attn.cute call GPU tests), decode (bench --decode),
-# sweepfwd (tools/sweep_fwd.py $SWEEP_FWD), ncufwd (ncu of the fa4 and flash-attn-4 forwards, tools/ncu_fwd.py), nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
+# ncustall (stall reasons, fa4 vs flash-attn-4), sweepfwd (tools/sweep_fwd.py $SWEEP_FWD), ncufwd (ncu of the fa4 and flash-attn-4 forwards, tools/ncu_fwd.py), nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
 set -uo pipefail
 steps=${1:-bwd90}
 out=${OUT:-/tmp/out}; mkdir -p "$out"
@@ -92,4 +92,15 @@ fi
 if has sweepfwd; then
   timeout ${SWEEP_TIMEOUT:-300} python3 tools/sweep_fwd.py ${SWEEP_FWD:-} > "$out/sweepfwd.log" 2>&1
   echo "sweepfwd rc=$?"; grep -v Warning "$out/sweepfwd.log" | grep -v "exe_args" | tail -60
+fi
+if has ncustall; then
+  # Stall reasons per issued instruction, fa4 and flash-attn-4 forwards (NCU_FWD_SHAPES as ncufwd).
+  for impl in fa4 peer; do
+    timeout 150 ncu --clock-control none --kernel-name regex:'(?i)(fwd|forward)' --launch-skip 2 --launch-count 1 \
+      --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
+      python3 tools/ncu_fwd.py $impl ${NCU_FWD_SHAPES:-128,8192,0} > "$out/ncustall_$impl.txt" 2>&1
+    echo "ncustall $impl rc=$?"
+  done
+  paste <(grep stalled "$out/ncustall_fa4.txt" | awk '{print $1, $NF}') <(grep stalled "$out/ncustall_peer.txt" | awk '{print $NF}') \
+    | sed 's/smsp__average_warps_issue_stalled_//; s/_per_issue_active.ratio//' | awk '$2 > 0.05 || $3 > 0.05'
 fi

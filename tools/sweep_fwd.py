@@ -3,11 +3,12 @@
 default config and its variants with the median of ``triton.testing.do_bench``, fa4 only (peers:
 ``python -m fa4.bench``).
 
-    python tools/sweep_fwd.py [--hdim 64,128] [--seqlen 8192] [--jobs 15] VARIANT [VARIANT ...]
+    python tools/sweep_fwd.py [--hdim 64,128] [--seqlen 8192] [--causal yes|no] [--repeat 3] [--jobs 15] VARIANT ...
 
 A VARIANT is ``name:field=value,field=value`` of :class:`fa4.fwd.sm90.FwdSm90Config` fields, e.g.
 ``np:persistent=False`` or ``n176:tile_n=176``; ``hd=64,128`` inside a variant limits it to those
-head dims and ``causal=yes|no`` to one mask.
+head dims and ``causal=yes|no`` to one mask. ``--repeat N`` times every cell N times in interleaved
+rounds (all cells once, then again) and prints the median, for choices within the run-to-run noise.
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ def main() -> None:
     ap.add_argument("--hdim", type=bench._int_list)
     ap.add_argument("--seqlen", type=bench._int_list)
     ap.add_argument("--jobs", type=int, default=15)
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--causal", choices=("yes", "no"))
     ap.add_argument("--family", default="sm90", help="forward family module: sm90 or sm80")
     ap.add_argument("variants", nargs="*")
     args = ap.parse_args()
@@ -67,6 +70,8 @@ def main() -> None:
     variants = [("default", {}, None, None)] + [_parse(s) for s in args.variants]
     shapes = bench.select_grid(args.hdim, args.seqlen)
     plan = []
+    if args.causal:
+        shapes = [sh for sh in shapes if sh.causal == (args.causal == "yes")]
     for shape in shapes:
         base = fam.make_config(_problem(shape), None, "sm_90a", False)
         for name, fields, hd, causal in variants:
@@ -88,18 +93,26 @@ def main() -> None:
     from fa4 import ops
 
     rows: dict = {}
-    for shape, name, cfg in plan:
-        q, k, v, _ = bench._inputs(shape, torch.bfloat16, "cuda", 0)
-        out = torch.empty_like(q)
-        problem = _problem(shape)
-        try:
-            fn = lambda: fam.run(cfg, problem, q, k, v, out, None)  # noqa: E731
-            fn()
-            ms = timer(fn)
-            rows.setdefault(bench.shape_label(shape), {})[name] = f"{bench.tflops(shape, 'fwd', ms):.1f}"
-        except Exception as e:  # noqa: BLE001
-            rows.setdefault(bench.shape_label(shape), {})[name] = "err"
-            print(f"{name} {bench.shape_label(shape)}: {type(e).__name__}: {str(e)[:200]}")
+    inputs = {}
+    for _ in range(args.repeat):
+        for shape, name, cfg in plan:
+            if shape not in inputs:
+                q, k, v, _ = bench._inputs(shape, torch.bfloat16, "cuda", 0)
+                inputs[shape] = (q, k, v, torch.empty_like(q))
+            q, k, v, out = inputs[shape]
+            problem = _problem(shape)
+            cell = rows.setdefault(bench.shape_label(shape), {}).setdefault(name, [])
+            try:
+                fn = lambda: fam.run(cfg, problem, q, k, v, out, None)  # noqa: E731
+                fn()
+                cell.append(bench.tflops(shape, "fwd", timer(fn)))
+            except Exception as e:  # noqa: BLE001
+                cell.append(float("nan"))
+                print(f"{name} {bench.shape_label(shape)}: {type(e).__name__}: {str(e)[:200]}")
+    for cells in rows.values():
+        for name, vals in cells.items():
+            vals = sorted(vals)
+            cells[name] = f"{vals[len(vals) // 2]:.1f}" + (f" ({vals[0]:.0f}-{vals[-1]:.0f})" if len(vals) > 1 else "")
     names = [v[0] for v in variants]
     print("shape | " + " | ".join(names))
     for label, cells in rows.items():

@@ -27,6 +27,11 @@ expected transaction bytes; a consumer arrive is one per warp, from lane 0)
       ``i`` of a tile uses stage ``i % num_stages`` for both). Consumers: ``num_wg * 4`` arrives.
       Producer order per tile: K[last], Q, then K[n] before V[n + 1], then V[first]; the
       consumers use K one block ahead of V (Note [intra-warpgroup overlap]).
+    * ``pipes["sched"]`` (``dynamic_sched`` only; ``cutlass.pipeline.PipelineAsync``, 2 stages):
+      the next tile's index in smem (:class:`fa4.sched.tile.DynamicTileScheduler`). Producer: the
+      TMA warp's 32 lanes, once it has issued a tile's loads it claims the next tile from the
+      global counter (32 arrives); consumers: every consumer thread after its tile's epilogue
+      (``num_wg * 128`` arrives).
 
 Named barriers: 1 = epilogue (all consumer threads); 2, 3 = the ping-pong of two consumer
 warpgroups (Note [ping-pong]); 4 = V rows past ``seqused_k`` zeroed (all consumer threads,
@@ -100,7 +105,7 @@ from fa4.mask import AttentionMask
 from fa4.pack_gqa import (
     TileRows, batch_slot, load_q_rows, partial_slot, store_acc_rows, store_lse_rows, store_rows,
 )
-from fa4.sched.tile import PersistentTileScheduler, split_head, split_range
+from fa4.sched.tile import DynamicTileScheduler, PersistentTileScheduler, split_head, split_range
 from fa4.seqlen import SeqlenInfo, to_sdhb
 from fa4.softmax import OnlineSoftmax, apply_softcap, rescale_rows, score_scales
 
@@ -127,7 +132,9 @@ class FwdSm90Config(AttnFwdConfig):
     many q heads of one kv head (Note [Pack GQA] in fa4/pack_gqa.py); ``split_kv``: O and LSE are
     float32 partials of a runtime number of K splits (Note [Split-KV partials] there).
     ``l2_section_mb``: the K/V megabytes of one L2 section of the tile order
-    (:mod:`fa4.sched.tile`)."""
+    (:mod:`fa4.sched.tile`); ``dynamic_sched`` (with ``persistent``): tiles after the first are
+    claimed from a global counter (:class:`fa4.sched.tile.DynamicTileScheduler`) instead of the
+    static snake."""
 
     head_dim: int = 128
     head_dim_v: int = 128
@@ -144,6 +151,7 @@ class FwdSm90Config(AttnFwdConfig):
     qhead_per_kvhead: int = 1
     split_kv: bool = False
     l2_section_mb: int = 0
+    dynamic_sched: bool = False
 
     KERNEL = "fa4.fwd.sm90:FlashFwdSm90"
     REQUIRED_SASS = ("HGMMA", "UTMALDG")  # checked in the SASS of every compile variant (tests/test_compile.py)
@@ -232,12 +240,17 @@ class FlashFwdSm90:
         if cfg.page_rows and (cfg.page_rows % 8 or cfg.tile_n % cfg.page_rows):
             raise ValueError(f"FwdSm90Config.page_rows must be a multiple of 8 dividing tile_n={cfg.tile_n} (a TMA "
                              f"box of whole 8-row swizzle atoms), got {cfg.page_rows}")
+        if cfg.dynamic_sched and not cfg.persistent:
+            raise ValueError("FwdSm90Config.dynamic_sched needs persistent (a grid of at most one CTA per SM)")
         if cfg.split_kv and not cfg.has_lse:
             raise ValueError("FwdSm90Config.split_kv needs has_lse (the combine reads every split's LSE)")
 
     @staticmethod
     def fake_args(cfg: FwdSm90Config) -> tuple:
-        return fwd_common.fake_args(cfg, extra=(Int32(1), Int32(1)))
+        counter = None
+        if cfg.dynamic_sched:
+            counter = cute.runtime.make_fake_compact_tensor(Int32, (1,), assumed_align=4)
+        return fwd_common.fake_args(cfg, extra=(Int32(1), Int32(1), counter))
 
     def _setup(self):
         """Smem layouts, tiled MMAs and the shared storage struct (trace-time constants)."""
@@ -263,6 +276,8 @@ class FlashFwdSm90:
 
         @cute.struct
         class SharedStorage:
+            mbar_sched: cute.struct.MemRange[cutlass.Int64, 4]
+            next_idx: cute.struct.MemRange[Int32, 2]
             mbar_q: cute.struct.MemRange[cutlass.Int64, 2]
             mbar_k: cute.struct.MemRange[cutlass.Int64, 2 * stages]
             mbar_v: cute.struct.MemRange[cutlass.Int64, 2 * stages]
@@ -302,6 +317,7 @@ class FlashFwdSm90:
         max_seqlen_q: Int32,  # longest query sequence (= s_q when not varlen): sizes the grid
         max_ctas: Int32,  # persistent grid size (the SM count); ignored unless cfg.persistent
         num_splits: Int32,  # split-KV: K splits per tile (1 unless cfg.split_kv)
+        mTileCounter: Optional[cute.Tensor],  # (1,) int32, zero: the dynamic scheduler's claims
         stream,
     ):
         self._setup()
@@ -334,7 +350,7 @@ class FlashFwdSm90:
         max_grid = max_ctas if const_expr(cfg.persistent) else num_m_blocks * sched_heads * num_batch
         self.kernel(
             mQ_tma, mK_tma, mV_tma, mO_tma if const_expr(self.tma_o) else mO, mLSE,
-            mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ, mSeqUsedK, mPageTable, tma_q, tma_k, tma_v, tma_o,
+            mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ, mSeqUsedK, mPageTable, mTileCounter, tma_q, tma_k, tma_v, tma_o,
             scale_log2, prescale, window_left, window_right, num_m_blocks, sched_heads, num_batch, num_splits,
             section, mQ.shape[1], seqlen_k_static,
             self.sQ_layout, self.sK_layout, self.sV_layout, self.sO_layout, self.tiled_mma_qk, self.tiled_mma_pv,
@@ -363,6 +379,7 @@ class FlashFwdSm90:
         mSeqUsedQ: Optional[cute.Tensor],
         mSeqUsedK: Optional[cute.Tensor],
         mPageTable: Optional[cute.Tensor],
+        mTileCounter: Optional[cute.Tensor],
         tma_q: Optional[cute.CopyAtom],
         tma_k: cute.CopyAtom,
         tma_v: cute.CopyAtom,
@@ -398,7 +415,13 @@ class FlashFwdSm90:
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
-        sched = PersistentTileScheduler(num_m_blocks, sched_heads, num_batch, section, reverse=self.cfg.lpt)
+        if const_expr(self.cfg.dynamic_sched):
+            sched = DynamicTileScheduler(num_m_blocks, sched_heads, num_batch, section, reverse=self.cfg.lpt,
+                                         counter=mTileCounter.iterator,
+                                         next_idx=storage.next_idx.get_tensor(cute.make_layout(2)),
+                                         pipe=pipes["sched"])
+        else:
+            sched = PersistentTileScheduler(num_m_blocks, sched_heads, num_batch, section, reverse=self.cfg.lpt)
         tile_info = partial(self.tile_info, sched=sched, mCuSeqlensQ=mCuSeqlensQ, mCuSeqlensK=mCuSeqlensK,
                             mSeqUsedK=mSeqUsedK, mSeqUsedQ=mSeqUsedQ, seqlen_q_static=seqlen_q_static,
                             seqlen_k_static=seqlen_k_static, window_left=window_left, window_right=window_right,
@@ -425,7 +448,14 @@ class FlashFwdSm90:
         group = partial(pipeline.CooperativeGroup, pipeline.Agent.Thread)
         consumer_warps = self.num_consumer_threads // 32
         mk = partial(pipeline.PipelineTmaAsync.create, producer_group=group(1), defer_sync=True)
+        pipes = {}
+        if const_expr(self.cfg.dynamic_sched):
+            # Tile claims (DynamicTileScheduler): the producer warp's lanes -> every consumer thread.
+            pipes["sched"] = pipeline.PipelineAsync.create(
+                barrier_storage=storage.mbar_sched.data_ptr(), num_stages=2, producer_group=group(32),
+                consumer_group=group(self.num_consumer_threads), defer_sync=True)
         return dict(
+            pipes,
             q=mk(barrier_storage=storage.mbar_q.data_ptr(), num_stages=1, tx_count=self.tma_bytes_q,
                  consumer_group=group(1 if self.o_in_q else consumer_warps)),
             k=mk(barrier_storage=storage.mbar_k.data_ptr(), num_stages=self.num_stages, tx_count=self.tma_bytes_k,
@@ -464,6 +494,7 @@ class FlashFwdSm90:
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         head_ratio = mQ.shape[2] // mK.shape[2]
+        t_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 2)
         idx = sched.first()
         while sched.valid(idx):
             m_block, head, split, batch, seqlen, mask, n_min, n_max, active = tile_info(idx)
@@ -501,7 +532,7 @@ class FlashFwdSm90:
                     kv_state.advance()
                     v_state.advance()
                 self.load_block(tma_v, pv, tVgV, tVsV, n_min, v_state)
-            idx = sched.next(idx)
+            idx, t_state = sched.next_producer(idx, t_state)
 
     @cute.jit
     def load_block(self, tma, pipe, tXgX, tXsX, n: Int32, state) -> None:
@@ -581,6 +612,7 @@ class FlashFwdSm90:
 
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        t_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 2)
         idx = sched.first()
         while sched.valid(idx):
             m_block, head, split, batch, seqlen, mask, n_min, n_max, active = tile_info(idx)
@@ -650,7 +682,7 @@ class FlashFwdSm90:
                             if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 4:
                                 pq.consumer_release(q_state)
                         q_state.advance()
-            idx = sched.next(idx)
+            idx, t_state = sched.next_consumer(idx, t_state)
         if const_expr(self.tma_o):
             if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 4:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
@@ -784,18 +816,23 @@ DEFAULT_EXP2_EMU_FRAC = 0.0  # measured: 0.1 / 0.25 are 0-14% slower on the sm90
 # normalizes by the rounded P (Note [Normalizing by the rounded P]).
 DEFAULT_RESCALE_THRESHOLD = 0.0
 SUM_ROUNDED_WITH_THRESHOLD = True  # tools/rescale_accuracy.py turns it off to measure the difference
-# Persistent grid (snake order) or one tile per CTA, and the L2 section of the tile order, measured
-# (docs/RESULTS.md v0.8, sm90 sweeps): with sections of one (head, batch) pair (m-blocks fastest, so
-# the CTAs resident at once read the K/V of one or two heads, each block once from DRAM) the
-# persistent grid wins every non-causal row (+3-10% over v0.3's choice) and the masked rows up to
-# s_k 4096; longer masked rows keep the hardware's dynamic block assignment, with 8 MB sections.
-PERSISTENT_MAX_SEQLEN_K_MASKED = 4096
-L2_SECTION_MB_PERSISTENT = 0  # one pair per section
-L2_SECTION_MB_GRID = 8
+# The grid and tile order, measured (docs/RESULTS.md v0.8, sm90 sweeps). Non-causal rows and short
+# masked rows: the static persistent grid (snake order) with L2 sections of one (head, batch) pair
+# (m-blocks fastest, so the CTAs resident at once read the K/V of one or two heads, each block once
+# from DRAM): +3-10% over v0.3's choice. Masked rows with s_k > 1024: the dynamic persistent grid
+# (tiles claimed in LPT order from a counter) with 8 MB sections, +3-6% over one tile per CTA
+# (medians of three) except at s16k (-3%, within that row's noise). One tile per CTA
+# (``persistent=False``) stays an option.
+DYNAMIC_MIN_SEQLEN_K_MASKED = 1025
+L2_SECTION_MB_STATIC = 0  # one pair per section
+L2_SECTION_MB_DYNAMIC = 8
 
 
-def _persistent(problem: AttnProblem) -> bool:
-    return not (problem.causal or problem.local) or problem.seqlen_k <= PERSISTENT_MAX_SEQLEN_K_MASKED
+def _grid_order(problem: AttnProblem) -> dict:
+    """``persistent``, ``dynamic_sched`` and ``l2_section_mb`` of the measured choice above."""
+    dynamic = (problem.causal or problem.local) and problem.seqlen_k >= DYNAMIC_MIN_SEQLEN_K_MASKED
+    return dict(persistent=True, dynamic_sched=dynamic,
+                l2_section_mb=L2_SECTION_MB_DYNAMIC if dynamic else L2_SECTION_MB_STATIC)
 
 
 def _bucket(d: int) -> int:
@@ -816,7 +853,6 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
     tile_n = options.tile_n if options.tile_n is not None else tile_n
     splits = fwd_common.split_count(problem, tile_m, tile_n, g, num_sms)
     tau = float(options.rescale_threshold) if options.rescale_threshold is not None else DEFAULT_RESCALE_THRESHOLD
-    persistent = _persistent(problem)
     cfg = FwdSm90Config(
         arch=arch,
         dtype=problem.dtype,
@@ -827,8 +863,7 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         num_stages=options.num_stages if options.num_stages is not None else stages,
         pingpong=pingpong and tile_m == 128,
         rescale_o_before_pv=problem.head_dim_v >= RESCALE_O_BEFORE_PV_MIN_DV,
-        persistent=persistent,
-        l2_section_mb=L2_SECTION_MB_PERSISTENT if persistent else L2_SECTION_MB_GRID,
+        **_grid_order(problem),
         has_lse=need_lse or splits > 1,
         exp2_emu_frac=float(options.exp2_emu_frac) if options.exp2_emu_frac is not None else DEFAULT_EXP2_EMU_FRAC,
         rescale_threshold=tau,
@@ -860,8 +895,9 @@ def paged_supported(page_size: int) -> bool:
 def variants(arch: str) -> list[FwdSm90Config]:
     """A covering set of compile variants for sm_90a (none for other archs): every head-dim bucket
     (64/96/128/192/256, an unpadded 72 and the (192, 128) pair), every flag value, both dtypes,
-    1-3 consumer warpgroups, persistent or not, ping-pong, O rescaled before P V, the threshold
-    with l of the rounded P, pack GQA (g = 4, 6) and split-KV, alone and together."""
+    1-3 consumer warpgroups, persistent (static or dynamic) or not, ping-pong, O rescaled before
+    P V, the threshold with l of the rounded P, pack GQA (g = 4, 6) and split-KV, alone and
+    together."""
     if arch != "sm_90a":
         return []
     base = FwdSm90Config(arch=arch, dtype="bf16")
@@ -874,6 +910,7 @@ def variants(arch: str) -> list[FwdSm90Config]:
     return [
         cfg(128),
         cfg(128, causal=True),
+        cfg(128, causal=True, dynamic_sched=True),
         cfg(128, persistent=False, pingpong=True),
         cfg(256, rescale_o_before_pv=True, rescale_threshold=8.0, sum_rounded=True),
         cfg(64, dtype="fp16", has_lse=False),
@@ -890,7 +927,7 @@ def variants(arch: str) -> list[FwdSm90Config]:
         cfg(96, qhead_per_kvhead=6, local=True, varlen_q=True, varlen_k=True, dtype="fp16"),
         cfg(128, tile_m=64, pingpong=False, qhead_per_kvhead=4, page_rows=16, has_seqused_k=True, varlen_q=True),
         cfg(128, tile_m=64, pingpong=False, page_rows=128, has_seqused_k=True, split_kv=True, causal=True),
-        cfg(64, has_seqused_q=True, has_seqused_k=True, causal=True),
+        cfg(64, has_seqused_q=True, has_seqused_k=True, causal=True, dynamic_sched=True),
         cfg(64, qhead_per_kvhead=4),  # packed rows with three consumer warpgroups
         cfg(256, qhead_per_kvhead=4, causal=True),  # packed rows with O staged in Q's smem (o_in_q)
         cfg(128, varlen_q=True, causal=True),  # packed q with batched k/v (mixed layouts)
@@ -902,8 +939,13 @@ def run(cfg: FwdSm90Config, problem: AttnProblem, q, k, v, out, lse, cu_seqlens_
     """Launch (arguments: :func:`fa4.fwd.common.run`; the persistent grid is the SM count)."""
     num_sms = _num_sms(q.device)
     splits = fwd_common.launch_splits(cfg, problem, num_sms)
+    counter = None
+    if cfg.dynamic_sched:  # the claims counter, zero at launch (one per call: safe on any stream)
+        import torch
+
+        counter = torch.zeros(1, dtype=torch.int32, device=q.device)
     fwd_common.run(cfg, problem, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                   extra=(num_sms, splits), splits=splits, seqused_q=seqused_q, page_table=page_table)
+                   extra=(num_sms, splits, counter), splits=splits, seqused_q=seqused_q, page_table=page_table)
 
 
 _num_sms = fwd_common.default_num_sms  # (a module attribute: tests/test_fwd_launch_args.py replaces it)

@@ -17,7 +17,7 @@ length are empty and the kernel skips them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Tuple
+from typing import Any, Optional, Protocol, Tuple
 
 import cutlass
 import cutlass.cute as cute
@@ -110,6 +110,66 @@ class PersistentTileScheduler(SectionTileScheduler):
 
     def tile(self, idx: Int32) -> Tuple[Int32, Int32, Int32]:
         return section_tile(idx, self.num_m_blocks, self.num_heads, self.num_batch, self.section, self.reverse)
+
+    # Warp-specialized kernels ask per role (the same sequence here; the dynamic scheduler hands
+    # the producer's claims to the consumers). ``state``: the role's tile-pipeline state, unused.
+    def next_producer(self, idx: Int32, state):
+        return self.next(idx), state
+
+    def next_consumer(self, idx: Int32, state):
+        return self.next(idx), state
+
+
+@dataclass(frozen=True)
+class DynamicTileScheduler(PersistentTileScheduler):
+    """Dynamic persistent order over the same tiles: a grid of ``G`` CTAs; CTA ``c`` starts with
+    tile ``c``, and each further tile is *claimed* in order from a global counter (``tile =
+    G + atomicAdd(counter, 1)``), so a CTA that finishes early takes the next tile of the LPT
+    order instead of one fixed in advance: no static imbalance, and the tile's loads start under
+    the previous tile's epilogue. The counter (int32 in global memory) must be zero at launch.
+
+    Warp-specialized protocol (Note [Tile claims]): the producer warp claims the next tile once it
+    has issued the current tile's loads (:meth:`next_producer`, every lane of the warp) and passes
+    the index to the consumer threads through a 2-stage smem ring (``next_idx``) guarded by an
+    mbarrier pipeline ``pipe`` (:class:`cutlass.pipeline.PipelineAsync`: producer arrive count 32,
+    the warp's lanes; consumer arrive count = the consumer threads); the consumers read it after
+    their tile (:meth:`next_consumer`). The last claim of every CTA is past the end: it ends both
+    loops.
+
+    Note [Tile claims]
+        Claims are ``atom.add.relaxed.gpu`` by lane 0, broadcast by a shuffle. Every claimed
+        index is distinct and the claims of all CTAs together are exactly ``G, G + 1, ...``, so
+        every tile below the total is run by exactly one CTA. Lane 0 stores the index into the
+        ring slot before its arrive (release, CTA scope); the consumers' wait on the same phase
+        acquires it. A slot is reused only after every consumer thread has read it (the empty
+        barrier), and the producer runs at most two claims ahead.
+    """
+
+    counter: Optional[cute.Pointer] = None
+    next_idx: Optional[cute.Tensor] = None
+    pipe: Any = None
+
+    @cute.jit
+    def next_producer(self, idx: Int32, state):
+        lane = cute.arch.lane_idx()
+        claim = Int32(0)
+        if lane == 0:
+            claim = cute.arch.atomic_add(self.counter, Int32(1), sem="relaxed", scope="gpu")
+        nxt = cute.arch.shuffle_sync(claim, 0) + Int32(cute.arch.grid_dim()[0])
+        self.pipe.producer_acquire(state)
+        if lane == 0:
+            self.next_idx[state.index] = nxt
+        self.pipe.producer_commit(state)
+        state.advance()
+        return nxt, state
+
+    @cute.jit
+    def next_consumer(self, idx: Int32, state):
+        self.pipe.consumer_wait(state)
+        nxt = self.next_idx[state.index]
+        self.pipe.consumer_release(state)
+        state.advance()
+        return nxt, state
 
 
 def snake_next(idx, cta, grid):
