@@ -96,6 +96,7 @@ def test_varlen(case):
 CONFIGS = [
     dict(persistent=False),
     dict(persistent=True, dynamic_sched=True),
+    dict(one_step_loop=True),
     dict(pingpong=False),
     dict(rescale_o_before_pv=True),
     dict(rescale_o_before_pv=True, rescale_threshold=8.0, sum_rounded=True),
@@ -156,21 +157,56 @@ def test_persistent_many_tiles():
         _check(out, lse, q, k, v, causal=causal)
 
 
-@pytest.fixture
-def dynamic_scheduler(monkeypatch):
-    """Every sm90 forward of the test on the dynamic persistent scheduler (tile claims from a
-    global counter, fa4.sched.tile.DynamicTileScheduler)."""
+def _force_fields(monkeypatch, **fields):
+    """Every sm90 forward of the test with these config fields on top of make_config's choice."""
     import dataclasses
 
     from fa4 import ops
     from fa4.fwd import sm90
 
     make = sm90.make_config
-    monkeypatch.setattr(sm90, "make_config", lambda *a, **kw: dataclasses.replace(
-        make(*a, **kw), persistent=True, dynamic_sched=True))
+    monkeypatch.setattr(sm90, "make_config", lambda *a, **kw: dataclasses.replace(make(*a, **kw), **fields))
     ops._plans.clear()
+
+
+@pytest.fixture
+def dynamic_scheduler(monkeypatch):
+    """Every sm90 forward of the test on the dynamic persistent scheduler (tile claims from a
+    global counter, fa4.sched.tile.DynamicTileScheduler)."""
+    from fa4 import ops
+
+    _force_fields(monkeypatch, persistent=True, dynamic_sched=True)
     yield
     ops._plans.clear()
+
+
+@pytest.fixture
+def one_step_loop(monkeypatch):
+    """Every sm90 forward of the test with one step body for masked and free K blocks."""
+    from fa4 import ops
+
+    _force_fields(monkeypatch, one_step_loop=True)
+    yield
+    ops._plans.clear()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("window", [(None, 0), (5, 0), (0, 70), (200, 1), (1, 300)])
+@pytest.mark.parametrize("seqlens", [(300, 300), (190, 450), (450, 190), (1000, 3000)])
+def test_one_step_loop_windows(one_step_loop, window, seqlens):
+    """Causal ((None, 0)) and local windows with the window mask as a runtime branch in one step
+    body: every block the window cuts is masked, no other."""
+    q, k, v = random_qkv(1, seqlens[0], seqlens[1], 2, 1, 128, torch.bfloat16, "cuda", seed=seqlens[0] + 3)
+    causal = window == (None, 0)
+    win = (None, None) if causal else window
+    out, lse = _dense(q, k, v, causal, win, 0.0)
+    _check(out, lse, q, k, v, causal=causal, window_size=win)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [c for c in VARLEN_CASES if c[4] != "none"], ids=lambda c: "-".join(map(str, c[:6])))
+def test_one_step_loop_varlen(one_step_loop, case):
+    run_varlen_case(case, SM90)
 
 
 @pytest.mark.gpu

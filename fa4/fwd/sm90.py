@@ -131,6 +131,8 @@ class FwdSm90Config(AttnFwdConfig):
     [intra-warpgroup overlap]). ``qhead_per_kvhead > 1``: pack GQA, the tile's rows are that
     many q heads of one kv head (Note [Pack GQA] in fa4/pack_gqa.py); ``split_kv``: O and LSE are
     float32 partials of a runtime number of K splits (Note [Split-KV partials] there).
+    ``one_step_loop`` (causal / local): one step body for every K block after the first, the window
+    mask a runtime branch in it, instead of a masked and a free loop (a smaller kernel to compile).
     ``l2_section_mb``: the K/V megabytes of one L2 section of the tile order
     (:mod:`fa4.sched.tile`); ``dynamic_sched`` (with ``persistent``): tiles after the first are
     claimed from a global counter (:class:`fa4.sched.tile.DynamicTileScheduler`) instead of the
@@ -152,6 +154,7 @@ class FwdSm90Config(AttnFwdConfig):
     split_kv: bool = False
     l2_section_mb: int = 0
     dynamic_sched: bool = False
+    one_step_loop: bool = False
 
     KERNEL = "fa4.fwd.sm90:FlashFwdSm90"
     REQUIRED_SASS = ("HGMMA", "UTMALDG")  # checked in the SASS of every compile variant (tests/test_compile.py)
@@ -648,7 +651,16 @@ class FlashFwdSm90:
                         self.clear_v_tail(pv, v_state, sV, seqlen.seqlen_k - (n_max - 1) * self.tile_n, tidx)
                     kv_state.advance()
                     step = partial(self.step, c, softmax, mask, m_block, prescale, wg)
-                    if const_expr(mask.has_window):
+                    if const_expr(mask.has_window and cfg.one_step_loop):
+                        # One step body for masked and free blocks (a smaller kernel to compile):
+                        # the window mask runs where a block needs it.
+                        n_a = mask.n_block_min_no_right_mask(m_block)
+                        n_b = mask.n_block_max_left_mask(m_block)
+                        for i in cutlass.range(n_max - 1 - n_min, unroll=1):
+                            n = n_max - 2 - i
+                            kv_state, v_state = step(n, kv_state, v_state, mask_window=True,
+                                                     window_if=(n >= n_a) | (n < n_b))
+                    elif const_expr(mask.has_window):
                         n_a = cutlass.max(cutlass.min(mask.n_block_min_no_right_mask(m_block), n_max - 1), n_min)
                         for i in cutlass.range(n_max - 1 - n_a, unroll=1):
                             kv_state, v_state = step(n_max - 2 - i, kv_state, v_state, mask_window=True)
@@ -701,16 +713,21 @@ class FlashFwdSm90:
 
     @cute.jit
     def scores(self, acc_S, mask: AttentionMask, thr_mma_qk, m_block: Int32, n: Int32, prescale,
-               mask_seqlen: cutlass.Constexpr[bool], mask_window: cutlass.Constexpr[bool]) -> None:
-        """Raw ``Q K^T`` of block ``n`` -> softcapped, masked scores (in place)."""
+               mask_seqlen: cutlass.Constexpr[bool], mask_window: cutlass.Constexpr[bool], window_if=None) -> None:
+        """Raw ``Q K^T`` of block ``n`` -> softcapped, masked scores (in place). ``window_if``: a
+        runtime Boolean, the window mask applied only where it is true (one step body for every
+        block, ``one_step_loop``)."""
         if const_expr(self.cfg.has_softcap):
             apply_softcap(acc_S, prescale)
-        if const_expr(mask_seqlen or mask_window):
+        if const_expr(window_if is not None):
+            if window_if:
+                mask.apply(acc_S, thr_mma_qk, m_block, n, mask_seqlen=False, mask_window=True)
+        elif const_expr(mask_seqlen or mask_window):
             mask.apply(acc_S, thr_mma_qk, m_block, n, mask_seqlen=mask_seqlen, mask_window=mask_window)
 
     @cute.jit
     def step(self, c: SimpleNamespace, softmax: OnlineSoftmax, mask: AttentionMask, m_block: Int32, prescale,
-             wg: Int32, n: Int32, kv_state, v_state, mask_window: cutlass.Constexpr[bool]):
+             wg: Int32, n: Int32, kv_state, v_state, mask_window: cutlass.Constexpr[bool], window_if=None):
         """One K block ``n`` after the first (Note [intra-warpgroup overlap]): ``S = Q K[n]^T`` and
         the previous block's ``O += P V`` in flight together; returns the advanced stage states."""
         c.pk.consumer_wait(kv_state)
@@ -723,7 +740,7 @@ class FlashFwdSm90:
         self.pp_arrive(wg)
         warpgroup.wait_group(1)
         c.pk.consumer_release(kv_state)
-        self.scores(c.acc_S, mask, c.thr_mma_qk, m_block, n, prescale, False, mask_window)
+        self.scores(c.acc_S, mask, c.thr_mma_qk, m_block, n, prescale, False, mask_window, window_if)
         row_scale, do_rescale = softmax.update(c.acc_S)
         warpgroup.wait_group(0)
         c.pv.consumer_release(v_state)
@@ -915,6 +932,7 @@ def variants(arch: str) -> list[FwdSm90Config]:
         cfg(256, rescale_o_before_pv=True, rescale_threshold=8.0, sum_rounded=True),
         cfg(64, dtype="fp16", has_lse=False),
         cfg(96, local=True, has_softcap=True),
+        cfg(96, local=True, one_step_loop=True),
         cfg(192, causal=True, varlen_q=True, varlen_k=True),
         cfg(256, local=True, varlen_q=True, varlen_k=True, has_seqused_k=True),
         cfg(72, causal=True, exp2_emu_frac=0.25, rescale_threshold=0.0),
