@@ -157,8 +157,9 @@ def test_persistent_many_tiles():
         _check(out, lse, q, k, v, causal=causal)
 
 
-def _force_fields(monkeypatch, **fields):
-    """Every sm90 forward of the test with these config fields on top of make_config's choice."""
+def _force_fields(monkeypatch, num_sms=None, **fields):
+    """Every sm90 forward of the test with these config fields on top of make_config's choice;
+    ``num_sms``: the persistent grid's size (few CTAs: every CTA claims or walks many tiles)."""
     import dataclasses
 
     from fa4 import ops
@@ -166,16 +167,19 @@ def _force_fields(monkeypatch, **fields):
 
     make = sm90.make_config
     monkeypatch.setattr(sm90, "make_config", lambda *a, **kw: dataclasses.replace(make(*a, **kw), **fields))
+    if num_sms is not None:
+        monkeypatch.setattr(sm90, "_num_sms", lambda device: num_sms)
     ops._plans.clear()
 
 
 @pytest.fixture
 def dynamic_scheduler(monkeypatch):
     """Every sm90 forward of the test on the dynamic persistent scheduler (tile claims from a
-    global counter, fa4.sched.tile.DynamicTileScheduler)."""
+    global counter, fa4.sched.tile.DynamicTileScheduler), on a grid of 7 CTAs so that small
+    problems make real claims too (with the SM count as grid, their first tiles cover them)."""
     from fa4 import ops
 
-    _force_fields(monkeypatch, persistent=True, dynamic_sched=True)
+    _force_fields(monkeypatch, num_sms=7, persistent=True, dynamic_sched=True)
     yield
     ops._plans.clear()
 
@@ -213,9 +217,10 @@ def test_one_step_loop_varlen(one_step_loop, case):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_dynamic_scheduler_many_tiles(dynamic_scheduler, d, causal):
-    """Far more tiles than SMs, claimed at run time: every tile runs exactly once (a skipped tile
-    leaves NaN, a doubled one races), and two runs are bit-identical (a tile's arithmetic does not
-    depend on the CTA that claims it)."""
+    """Far more tiles than CTAs, claimed at run time: every tile runs (a skipped one leaves the
+    NaN fill), and two runs are bit-identical (a tile's arithmetic does not depend on the CTA that
+    claims it). A tile run twice would write the same values: the sanitizer run
+    (tools/sanitize_sm90.py) covers the ring's synchronization."""
     q, k, v = random_qkv(4, 2048, 2048, 2048 // d, 2048 // d // 2, d, torch.bfloat16, "cuda", seed=d)
     out, lse = _dense(q, k, v, causal, (None, None), 0.0)
     _check(out, lse, q, k, v, causal=causal)

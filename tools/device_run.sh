@@ -5,7 +5,7 @@
 # sanitize (compute-sanitizer memcheck/racecheck on tools/sanitize_sm90.py), bench (fwd+bwd grid),
 # benchbwd, det (deterministic bench), latency, sweep (tools/sweep_bwd.py), ncu (tools/ncu_bwd.py),
 # issue9 (pack GQA / split-KV / combine / paged / flash_attn.cute call GPU tests), decode (bench --decode),
-# ncustall (stall reasons, fa4 vs flash-attn-4), sweepfwd (tools/sweep_fwd.py $SWEEP_FWD), ncufwd (ncu of the fa4 and flash-attn-4 forwards, tools/ncu_fwd.py), nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
+# ncusrc (source-level stall sampling, not yet run), ncustall (stall reasons, fa4 vs flash-attn-4), sweepfwd (tools/sweep_fwd.py $SWEEP_FWD), ncufwd (ncu of the fa4 and flash-attn-4 forwards, tools/ncu_fwd.py), nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
 set -uo pipefail
 steps=${1:-bwd90}
 out=${OUT:-/tmp/out}; mkdir -p "$out"
@@ -78,7 +78,6 @@ if has ncu; then
     > "$out/ncu.txt" 2>&1
   echo "ncu rc=$?"; grep -E "fa4_bwd|Duration|Throughput|Pipe|Stall|Issue|Eligible|Active Warps|Registers|L2 Hit|Mem Busy|Max Bandwidth" "$out/ncu.txt" | cut -c1-150 | head -70
 fi
-echo "total $(( $(date +%s) - t0 ))s"
 if has ncufwd; then
   # fa4 and flash-attn-4 forward side by side (NCU_FWD_SHAPES: d,s,causal ...); the third launch of each.
   for impl in fa4 peer; do
@@ -104,3 +103,15 @@ if has ncustall; then
   paste <(grep stalled "$out/ncustall_fa4.txt" | awk '{print $1, $NF}') <(grep stalled "$out/ncustall_peer.txt" | awk '{print $NF}') \
     | sed 's/smsp__average_warps_issue_stalled_//; s/_per_issue_active.ratio//' | awk '$2 > 0.05 || $3 > 0.05'
 fi
+if has ncusrc; then
+  # Source-level stall sampling of the fa4 and flash-attn-4 forwards (NCU_FWD_SHAPES as ncufwd): the SASS
+  # lines where warps wait, for the mainloop gap of RESULTS v0.8. Full reports land in $OUT.
+  for impl in fa4 peer; do
+    timeout 200 ncu --clock-control none --kernel-name regex:'(?i)(fwd|forward)' --launch-skip 2 --launch-count 1 \
+      --section SourceCounters --section WarpStateStats --export "$out/ncusrc_$impl" \
+      python3 tools/ncu_fwd.py $impl ${NCU_FWD_SHAPES:-128,8192,0} > "$out/ncusrc_$impl.txt" 2>&1
+    echo "ncusrc $impl rc=$?"; grep -iE "stall|sampl" "$out/ncusrc_$impl.txt" | cut -c1-150 | head -20
+    ncu --import "$out/ncusrc_$impl.ncu-rep" --page source --csv --print-source sass > "$out/ncusrc_${impl}_sass.csv" 2>/dev/null
+  done
+fi
+echo "total $(( $(date +%s) - t0 ))s"

@@ -2,7 +2,7 @@
 
     compute-sanitizer --tool racecheck python3 tools/sanitize_sm90.py
 
-Forward: the persistent and the plain grid, 1/2/3 consumer warpgroups, causal / local, varlen with
+Forward: the persistent (static and dynamic, on a 3-CTA grid) and the plain grid, 1/2/3 consumer warpgroups, causal / local, varlen with
 a length-1 sequence, an unpadded head dim, O through TMA and through plain stores. Backward: P/dS in
 registers (d128, GQA, causal) and through smem (d256), deterministic, varlen with seqused_k, 128-row
 steps (d64), the two-CTA backward (d128 causal GQA, d64, varlen with seqused_k). Issue 9: pack GQA, split-KV with the combine, paged K/V, seqused_q."""
@@ -16,11 +16,15 @@ from fa4.testing import random_qkv, random_varlen
 
 import fa4
 
+sm90._num_sms = lambda device: 3  # few CTAs: the persistent grids walk and claim many tiles
+
 CASES = [
     (2, 200, 300, 4, 2, 128, True, {}),
     (1, 130, 130, 2, 1, 64, False, {"tile_m": 192, "tile_n": 64}),
     (1, 100, 70, 2, 2, 256, True, {"persistent": False}),
     (2, 65, 129, 2, 1, 72, False, {"tile_m": 64}),
+    # the dynamic scheduler's claims and smem ring (40 tiles over the SM-count grid: make the grid small)
+    (2, 640, 700, 4, 2, 128, True, {"persistent": True, "dynamic_sched": True}),
 ]
 for b, sq, sk, h, hk, d, causal, fields in CASES:
     q, k, v = random_qkv(b, sq, sk, h, hk, d, torch.bfloat16, "cuda", seed=d)

@@ -6,7 +6,8 @@ default config and its variants with the median of ``triton.testing.do_bench``, 
     python tools/sweep_fwd.py [--hdim 64,128] [--seqlen 8192] [--causal yes|no] [--repeat 3] [--jobs 15] VARIANT ...
 
 A VARIANT is ``name:field=value,field=value`` of :class:`fa4.fwd.sm90.FwdSm90Config` fields, e.g.
-``np:persistent=False`` or ``n176:tile_n=176``; ``hd=64,128`` inside a variant limits it to those
+``np:persistent=False,dynamic_sched=False`` (the plain grid; ``dynamic_sched`` needs ``persistent``) or
+``n176:tile_n=176``; ``hd=64,128`` inside a variant limits it to those
 head dims and ``causal=yes|no`` to one mask. ``--repeat N`` times every cell N times in interleaved
 rounds (all cells once, then again) and prints the median, for choices within the run-to-run noise.
 """

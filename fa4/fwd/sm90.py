@@ -132,9 +132,9 @@ class FwdSm90Config(AttnFwdConfig):
     many q heads of one kv head (Note [Pack GQA] in fa4/pack_gqa.py); ``split_kv``: O and LSE are
     float32 partials of a runtime number of K splits (Note [Split-KV partials] there).
     ``one_step_loop`` (causal / local): one step body for every K block after the first, the window
-    mask a runtime branch in it, instead of a masked and a free loop (a smaller kernel to compile).
-    ``l2_section_mb``: the K/V megabytes of one L2 section of the tile order
-    (:mod:`fa4.sched.tile`); ``dynamic_sched`` (with ``persistent``): tiles after the first are
+    mask a runtime branch in it, instead of separate loops over masked and free blocks (two
+    causal, three local; a smaller kernel to compile). ``l2_section_mb``: the K/V megabytes of one
+    L2 section of the tile order (:mod:`fa4.sched.tile`; 0: one (head, batch) pair per section); ``dynamic_sched`` (with ``persistent``): tiles after the first are
     claimed from a global counter (:class:`fa4.sched.tile.DynamicTileScheduler`) instead of the
     static snake."""
 
@@ -837,7 +837,7 @@ SUM_ROUNDED_WITH_THRESHOLD = True  # tools/rescale_accuracy.py turns it off to m
 # masked rows: the static persistent grid (snake order) with L2 sections of one (head, batch) pair
 # (m-blocks fastest, so the CTAs resident at once read the K/V of one or two heads, each block once
 # from DRAM): +3-10% over v0.3's choice. Masked rows with s_k > 1024: the dynamic persistent grid
-# (tiles claimed in LPT order from a counter) with 8 MB sections, +3-6% over one tile per CTA
+# (tiles claimed from a counter in the tile order, LPT for masked rows) with 8 MB sections, +3-6% over one tile per CTA
 # (medians of three) except at s16k (-3%, within that row's noise). One tile per CTA
 # (``persistent=False``) stays an option.
 DYNAMIC_MIN_SEQLEN_K_MASKED = 1025
