@@ -248,10 +248,14 @@ class AttnKernelConfig(KernelConfig):
 class AttnFwdConfig(AttnKernelConfig):
     """Base of the forward kernels' compile keys: the forward-only flags. ``has_seqused_q``:
     ``seqused_q`` given; ``page_rows`` > 0: paged K/V, loaded ``page_rows`` rows at a time
-    (``gcd(page_size, tile_n)``: a chunk never straddles a page)."""
+    (``gcd(page_size, tile_n)``: a chunk never straddles a page). ``one_step_loop`` (causal /
+    local): the K blocks after a tile's first through one step body, the window mask a runtime
+    branch in it, instead of separate loops over masked and free blocks (two causal, three local;
+    a smaller kernel to compile; :func:`fa4.mask.walk_blocks`)."""
 
     has_seqused_q: bool = False
     page_rows: int = 0
+    one_step_loop: bool = False
 
     @staticmethod
     def fwd_flags(problem: AttnProblem) -> dict:

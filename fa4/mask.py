@@ -234,3 +234,38 @@ class AttentionMask:
                         else:
                             for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
                                 acc_mn[r, c] = -Float32.inf if t0ScS[0, c][Q] < q_first else acc_mn[r, c]
+
+
+@cute.jit
+def walk_blocks(mask: AttentionMask, m_block: Int32, n_min: Int32, n_max: Int32, step, carry,
+                one_body: cutlass.Constexpr[bool] = False):
+    """The K blocks of a forward tile after its first (the last block, ``n_max - 1``, which the
+    caller runs with the seqlen and window masks): ``n_max - 2`` down to ``n_min``, each through
+    ``carry = step(n, carry, mask_window, window_if)``. Without causal/local every block is free
+    (``mask_window=False``). With a window, blocks ``n >= n_a`` touch its right edge and (local)
+    ``n < n_b`` its left one: by default three loops, a masked, a free and (local) a masked one, so
+    each inlines its own copy of the step; with ``one_body`` one loop and one step body, the window
+    mask under the runtime (warp-uniform) ``window_if`` (a smaller kernel to compile). Both visit
+    the same blocks in the same order and mask the same ones (the clamps of ``n_a``, ``n_b`` only
+    matter where the other bound already holds). ``carry``: the step's loop state (e.g. pipeline
+    states)."""
+    if const_expr(mask.has_window and one_body):
+        n_a = mask.n_block_min_no_right_mask(m_block)
+        n_b = mask.n_block_max_left_mask(m_block)
+        for i in cutlass.range(n_max - 1 - n_min, unroll=1):
+            n = n_max - 2 - i
+            carry = step(n, carry, True, (n >= n_a) | (n < n_b))
+    elif const_expr(mask.has_window):
+        n_a = cutlass.max(cutlass.min(mask.n_block_min_no_right_mask(m_block), n_max - 1), n_min)
+        for i in cutlass.range(n_max - 1 - n_a, unroll=1):
+            carry = step(n_max - 2 - i, carry, True, None)
+        n_b = cutlass.max(cutlass.min(mask.n_block_max_left_mask(m_block), n_a), n_min)
+        for i in cutlass.range(n_a - n_b, unroll=1):
+            carry = step(n_a - 1 - i, carry, False, None)
+        if const_expr(mask.local):
+            for i in cutlass.range(n_b - n_min, unroll=1):
+                carry = step(n_b - 1 - i, carry, True, None)
+    else:
+        for i in cutlass.range(n_max - 1 - n_min, unroll=1):
+            carry = step(n_max - 2 - i, carry, False, None)
+    return carry

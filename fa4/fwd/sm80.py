@@ -68,7 +68,7 @@ from fa4.cute_utils import (
     tiled_mma_sm80,
 )
 from fa4.fwd import common as fwd_common
-from fa4.mask import AttentionMask
+from fa4.mask import AttentionMask, walk_blocks
 from fa4.pack_gqa import TileRows, partial_slot, store_acc_rows, store_lse_rows, store_rows
 from fa4.sched.tile import SectionTileScheduler, split_head, split_range
 from fa4.seqlen import SeqlenInfo
@@ -492,23 +492,15 @@ class FlashFwdSm80:
 
             step = partial(self.compute_one_n_block, p, acc_O, softmax, mask, seqlen, m_block,
                            n_min=n_min, n_max=n_max, prescale=prescale, tiled_mma=tiled_mma)
-            # 1) The last block: partial in seqlen_k and/or on the causal/local diagonal.
+            # The last block (partial in seqlen_k and/or on the causal/local diagonal), then the
+            # others through fa4.mask.walk_blocks (masked where the window cuts them).
             step(n_max - 1, is_first=True, mask_seqlen=True, mask_window=True)
-            if const_expr(mask.has_window):
-                # 2) Blocks n >= n_a touch the right edge of the window.
-                n_a = cutlass.max(cutlass.min(mask.n_block_min_no_right_mask(m_block), n_max - 1), n_min)
-                for i in cutlass.range(n_max - 1 - n_a, unroll=1):
-                    step(n_max - 2 - i, is_first=False, mask_seqlen=False, mask_window=True)
-                # 3) Interior blocks, then 4) blocks n < n_b touching the left edge of a local window.
-                n_b = cutlass.max(cutlass.min(mask.n_block_max_left_mask(m_block), n_a), n_min)
-                for i in cutlass.range(n_a - n_b, unroll=1):
-                    step(n_a - 1 - i, is_first=False, mask_seqlen=False, mask_window=False)
-                if const_expr(mask.local):
-                    for i in cutlass.range(n_b - n_min, unroll=1):
-                        step(n_b - 1 - i, is_first=False, mask_seqlen=False, mask_window=True)
-            else:
-                for i in cutlass.range(n_max - 1 - n_min, unroll=1):
-                    step(n_max - 2 - i, is_first=False, mask_seqlen=False, mask_window=False)
+            walk_blocks(mask, m_block, n_min, n_max, partial(self.step_carry, step), None, self.cfg.one_step_loop)
+
+    def step_carry(self, step, n, carry, mask_window, window_if):
+        """:meth:`compute_one_n_block` in the form :func:`fa4.mask.walk_blocks` drives (no carry)."""
+        step(n, is_first=False, mask_seqlen=False, mask_window=mask_window, window_if=window_if)
+        return carry
 
     @cute.jit
     def compute_one_n_block(
@@ -527,7 +519,10 @@ class FlashFwdSm80:
         is_first: cutlass.Constexpr[bool],
         mask_seqlen: cutlass.Constexpr[bool],
         mask_window: cutlass.Constexpr[bool],
+        window_if=None,
     ) -> None:
+        """One K block (Note [K/V pipeline]); ``window_if``: a runtime Boolean, the window mask
+        applied only where it is true (``one_step_loop``, :func:`fa4.mask.walk_blocks`)."""
         S = self.num_stages
         # Blocks are visited n_max-1, n_max-2, ...: the stage of block n is (n_max - 1 - n) % S.
         stage = 0
@@ -558,7 +553,10 @@ class FlashFwdSm80:
             cute.arch.cp_async_commit_group()
         if const_expr(self.cfg.has_softcap):
             apply_softcap(acc_S, prescale)
-        if const_expr(mask_seqlen or mask_window):
+        if const_expr(window_if is not None):
+            if window_if:
+                mask.apply(acc_S, p.thr_mma, m_block, n_block, mask_seqlen=False, mask_window=True)
+        elif const_expr(mask_seqlen or mask_window):
             mask.apply(acc_S, p.thr_mma, m_block, n_block, mask_seqlen=mask_seqlen, mask_window=mask_window)
         softmax.online_softmax(acc_S, acc_O, is_first=is_first)
         rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
@@ -741,6 +739,8 @@ def variants(arch: str) -> list[FwdSm80Config]:
         cfg(64, has_seqused_q=True, has_seqused_k=True, causal=True),
         cfg(128, varlen_q=True, causal=True),  # packed q with batched k/v (mixed layouts)
         cfg(128, varlen_k=True),  # batched q with packed k/v
+        cfg(128, causal=True, one_step_loop=True),
+        cfg(96, local=True, one_step_loop=True, num_stages=2),
     ]
 
 

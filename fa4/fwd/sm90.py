@@ -101,7 +101,7 @@ from fa4.cute_utils import (
     zero_rows_from,
 )
 from fa4.fwd import common as fwd_common
-from fa4.mask import AttentionMask
+from fa4.mask import AttentionMask, walk_blocks
 from fa4.pack_gqa import (
     TileRows, batch_slot, load_q_rows, partial_slot, store_acc_rows, store_lse_rows, store_rows,
 )
@@ -131,9 +131,7 @@ class FwdSm90Config(AttnFwdConfig):
     [intra-warpgroup overlap]). ``qhead_per_kvhead > 1``: pack GQA, the tile's rows are that
     many q heads of one kv head (Note [Pack GQA] in fa4/pack_gqa.py); ``split_kv``: O and LSE are
     float32 partials of a runtime number of K splits (Note [Split-KV partials] there).
-    ``one_step_loop`` (causal / local): one step body for every K block after the first, the window
-    mask a runtime branch in it, instead of separate loops over masked and free blocks (two
-    causal, three local; a smaller kernel to compile). ``l2_section_mb``: the K/V megabytes of one
+    ``l2_section_mb``: the K/V megabytes of one
     L2 section of the tile order (:mod:`fa4.sched.tile`; 0: one (head, batch) pair per section); ``dynamic_sched`` (with ``persistent``): tiles after the first are
     claimed from a global counter (:class:`fa4.sched.tile.DynamicTileScheduler`) instead of the
     static snake."""
@@ -154,7 +152,6 @@ class FwdSm90Config(AttnFwdConfig):
     split_kv: bool = False
     l2_section_mb: int = 0
     dynamic_sched: bool = False
-    one_step_loop: bool = False
 
     KERNEL = "fa4.fwd.sm90:FlashFwdSm90"
     REQUIRED_SASS = ("HGMMA", "UTMALDG")  # checked in the SASS of every compile variant (tests/test_compile.py)
@@ -650,29 +647,9 @@ class FlashFwdSm90:
                     if const_expr(cfg.has_seqused_k):
                         self.clear_v_tail(pv, v_state, sV, seqlen.seqlen_k - (n_max - 1) * self.tile_n, tidx)
                     kv_state.advance()
-                    step = partial(self.step, c, softmax, mask, m_block, prescale, wg)
-                    if const_expr(mask.has_window and cfg.one_step_loop):
-                        # One step body for masked and free blocks (a smaller kernel to compile):
-                        # the window mask runs where a block needs it.
-                        n_a = mask.n_block_min_no_right_mask(m_block)
-                        n_b = mask.n_block_max_left_mask(m_block)
-                        for i in cutlass.range(n_max - 1 - n_min, unroll=1):
-                            n = n_max - 2 - i
-                            kv_state, v_state = step(n, kv_state, v_state, mask_window=True,
-                                                     window_if=(n >= n_a) | (n < n_b))
-                    elif const_expr(mask.has_window):
-                        n_a = cutlass.max(cutlass.min(mask.n_block_min_no_right_mask(m_block), n_max - 1), n_min)
-                        for i in cutlass.range(n_max - 1 - n_a, unroll=1):
-                            kv_state, v_state = step(n_max - 2 - i, kv_state, v_state, mask_window=True)
-                        n_b = cutlass.max(cutlass.min(mask.n_block_max_left_mask(m_block), n_a), n_min)
-                        for i in cutlass.range(n_a - n_b, unroll=1):
-                            kv_state, v_state = step(n_a - 1 - i, kv_state, v_state, mask_window=False)
-                        if const_expr(mask.local):
-                            for i in cutlass.range(n_b - n_min, unroll=1):
-                                kv_state, v_state = step(n_b - 1 - i, kv_state, v_state, mask_window=True)
-                    else:
-                        for i in cutlass.range(n_max - 1 - n_min, unroll=1):
-                            kv_state, v_state = step(n_max - 2 - i, kv_state, v_state, mask_window=False)
+                    step = partial(self.step_carry, c, softmax, mask, m_block, prescale, wg)
+                    kv_state, v_state = walk_blocks(mask, m_block, n_min, n_max, step, (kv_state, v_state),
+                                                    cfg.one_step_loop)
                     if const_expr(self.tma_q and not self.o_in_q):
                         pq.consumer_release(q_state)
                     # Last P V.
@@ -724,6 +701,11 @@ class FlashFwdSm90:
                 mask.apply(acc_S, thr_mma_qk, m_block, n, mask_seqlen=False, mask_window=True)
         elif const_expr(mask_seqlen or mask_window):
             mask.apply(acc_S, thr_mma_qk, m_block, n, mask_seqlen=mask_seqlen, mask_window=mask_window)
+
+    def step_carry(self, c, softmax, mask, m_block, prescale, wg, n, carry, mask_window, window_if):
+        """:meth:`step` in the form :func:`fa4.mask.walk_blocks` drives: the carry is the stage states."""
+        kv_state, v_state = carry
+        return self.step(c, softmax, mask, m_block, prescale, wg, n, kv_state, v_state, mask_window, window_if)
 
     @cute.jit
     def step(self, c: SimpleNamespace, softmax: OnlineSoftmax, mask: AttentionMask, m_block: Int32, prescale,

@@ -1,0 +1,77 @@
+"""``one_step_loop`` (fa4.mask.walk_blocks): the K blocks after a tile's first through one step body
+with the window mask as a runtime branch. It visits the same blocks in the same order and masks the
+same ones as the default separate loops, so the outputs must be bit-identical to theirs (and pass
+the reference check), for both forward families, causal and local windows, dense and varlen."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+
+import pytest
+import torch
+
+import fa4
+from fa4 import ops
+from fa4.testing import random_qkv, random_varlen
+from fwd_cases import check
+
+FAMILIES = {"sm80": "fa4.fwd.sm80", "sm90": "fa4.fwd.sm90"}
+
+
+def _run(monkeypatch, family, one, call):
+    mod = importlib.import_module(FAMILIES[family])
+    make = mod.make_config
+    monkeypatch.setattr(mod, "make_config", lambda *a, **kw: dataclasses.replace(make(*a, **kw), one_step_loop=one))
+    ops._plans.clear()
+    try:
+        return call(fa4.KernelOptions(arch=family))
+    finally:
+        monkeypatch.setattr(mod, "make_config", make)
+        ops._plans.clear()
+
+
+@pytest.fixture(autouse=True)
+def _family_runs(request):
+    fam = request.node.callspec.params.get("family") if hasattr(request.node, "callspec") else None
+    if "gpu" in request.keywords and fam == "sm90" and torch.cuda.is_available() \
+            and torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the sm90 kernels run on compute capability 9.x only")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["sm80", "sm90"])
+@pytest.mark.parametrize("window", [None, (5, 0), (0, 70), (200, 1), (1, 300)])
+@pytest.mark.parametrize("seqlens", [(300, 300), (190, 450), (450, 190), (1000, 3000)])
+def test_same_bits_as_separate_loops(monkeypatch, family, window, seqlens):
+    q, k, v = random_qkv(2, seqlens[0], seqlens[1], 4, 2, 128, torch.bfloat16, "cuda", seed=seqlens[0])
+    causal = window is None
+    win = (None, None) if causal else window
+
+    def call(opts):
+        return fa4.flash_attn_func(q, k, v, causal=causal, window_size=win, return_lse=True, kernel_options=opts)
+
+    out0, lse0 = _run(monkeypatch, family, False, call)
+    out1, lse1 = _run(monkeypatch, family, True, call)
+    check(out1, lse1, q, k, v, causal=causal, window_size=win)
+    assert torch.equal(out0, out1) and torch.equal(lse0, lse1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["sm80", "sm90"])
+@pytest.mark.parametrize("mask", ["causal", "local"])
+def test_same_bits_varlen(monkeypatch, family, mask):
+    vb = random_varlen(5, 700, 4, 2, 64, torch.bfloat16, "cuda", max_seqlen_k=900, with_seqused_k=True, seed=11)
+    causal, win = (True, (None, None)) if mask == "causal" else (False, (100, 30))
+
+    def call(opts):
+        return fa4.flash_attn_varlen_func(
+            vb.q, vb.k, vb.v, cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k,
+            max_seqlen_q=vb.max_seqlen_q, max_seqlen_k=vb.max_seqlen_k, seqused_k=vb.seqused_k, causal=causal,
+            window_size=win, return_lse=True, kernel_options=opts)
+
+    out0, lse0 = _run(monkeypatch, family, False, call)
+    out1, lse1 = _run(monkeypatch, family, True, call)
+    check(out1, lse1, vb.q, vb.k, vb.v, cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k,
+          seqused_k=vb.seqused_k, causal=causal, window_size=win)
+    assert torch.equal(out0, out1) and torch.equal(lse0, lse1)
