@@ -146,6 +146,19 @@ class AttentionMask:
     # ----------------------------------------------------------------------------------------
 
     @cute.jit
+    def apply_block(self, acc_S: cute.Tensor, thr_mma, m_block: Int32, n_block: Int32,
+                    mask_seqlen: cutlass.Constexpr[bool], mask_window: cutlass.Constexpr[bool],
+                    window_if=None) -> None:
+        """The mask of one forward K block as :func:`walk_blocks` asks for it: :meth:`apply` with
+        the compile-time ``mask_seqlen`` / ``mask_window``, or, given the runtime Boolean
+        ``window_if`` (``one_step_loop``), the window mask only where it is true."""
+        if const_expr(window_if is not None):
+            if window_if:
+                self.apply(acc_S, thr_mma, m_block, n_block, mask_seqlen=False, mask_window=True)
+        elif const_expr(mask_seqlen or mask_window):
+            self.apply(acc_S, thr_mma, m_block, n_block, mask_seqlen=mask_seqlen, mask_window=mask_window)
+
+    @cute.jit
     def apply(
         self,
         acc_S: cute.Tensor,

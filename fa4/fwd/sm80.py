@@ -553,11 +553,7 @@ class FlashFwdSm80:
             cute.arch.cp_async_commit_group()
         if const_expr(self.cfg.has_softcap):
             apply_softcap(acc_S, prescale)
-        if const_expr(window_if is not None):
-            if window_if:
-                mask.apply(acc_S, p.thr_mma, m_block, n_block, mask_seqlen=False, mask_window=True)
-        elif const_expr(mask_seqlen or mask_window):
-            mask.apply(acc_S, p.thr_mma, m_block, n_block, mask_seqlen=mask_seqlen, mask_window=mask_window)
+        mask.apply_block(acc_S, p.thr_mma, m_block, n_block, mask_seqlen, mask_window, window_if)
         softmax.online_softmax(acc_S, acc_O, is_first=is_first)
         rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
         softmax.convert_P(acc_S, rP)

@@ -131,10 +131,10 @@ class FwdSm90Config(AttnFwdConfig):
     [intra-warpgroup overlap]). ``qhead_per_kvhead > 1``: pack GQA, the tile's rows are that
     many q heads of one kv head (Note [Pack GQA] in fa4/pack_gqa.py); ``split_kv``: O and LSE are
     float32 partials of a runtime number of K splits (Note [Split-KV partials] there).
-    ``l2_section_mb``: the K/V megabytes of one
-    L2 section of the tile order (:mod:`fa4.sched.tile`; 0: one (head, batch) pair per section); ``dynamic_sched`` (with ``persistent``): tiles after the first are
-    claimed from a global counter (:class:`fa4.sched.tile.DynamicTileScheduler`) instead of the
-    static snake."""
+    ``l2_section_mb``: the K/V megabytes of one L2 section of the tile order
+    (:mod:`fa4.sched.tile`; 0: one (head, batch) pair per section); ``dynamic_sched`` (with
+    ``persistent``): tiles after the first are claimed from a global counter
+    (:class:`fa4.sched.tile.DynamicTileScheduler`) instead of the static snake."""
 
     head_dim: int = 128
     head_dim_v: int = 128
@@ -696,11 +696,7 @@ class FlashFwdSm90:
         block, ``one_step_loop``)."""
         if const_expr(self.cfg.has_softcap):
             apply_softcap(acc_S, prescale)
-        if const_expr(window_if is not None):
-            if window_if:
-                mask.apply(acc_S, thr_mma_qk, m_block, n, mask_seqlen=False, mask_window=True)
-        elif const_expr(mask_seqlen or mask_window):
-            mask.apply(acc_S, thr_mma_qk, m_block, n, mask_seqlen=mask_seqlen, mask_window=mask_window)
+        mask.apply_block(acc_S, thr_mma_qk, m_block, n, mask_seqlen, mask_window, window_if)
 
     def step_carry(self, c, softmax, mask, m_block, prescale, wg, n, carry, mask_window, window_if):
         """:meth:`step` in the form :func:`fa4.mask.walk_blocks` drives: the carry is the stage states."""
@@ -819,9 +815,9 @@ SUM_ROUNDED_WITH_THRESHOLD = True  # tools/rescale_accuracy.py turns it off to m
 # masked rows: the static persistent grid (snake order) with L2 sections of one (head, batch) pair
 # (m-blocks fastest, so the CTAs resident at once read the K/V of one or two heads, each block once
 # from DRAM): +3-10% over v0.3's choice. Masked rows with s_k > 1024: the dynamic persistent grid
-# (tiles claimed from a counter in the tile order, LPT for masked rows) with 8 MB sections, +3-6% over one tile per CTA
-# (medians of three) except at s16k (-3%, within that row's noise). One tile per CTA
-# (``persistent=False``) stays an option.
+# (tiles claimed from a counter in the tile order, LPT for masked rows) with 8 MB sections, +3-6%
+# over one tile per CTA (medians of three) except at s16k (-3%, within that row's noise). One tile
+# per CTA (``persistent=False``) stays an option.
 DYNAMIC_MIN_SEQLEN_K_MASKED = 1025
 L2_SECTION_MB_STATIC = 0  # one pair per section
 L2_SECTION_MB_DYNAMIC = 8
