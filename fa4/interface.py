@@ -66,9 +66,10 @@ def _with_hints(problem: AttnProblem, num_splits, pack_gqa) -> AttnProblem:
 
 
 def _run(problem: AttnProblem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options: Optional[KernelOptions],
-         deterministic: bool, return_lse: bool, seqused_q=None, page_table=None):
+         deterministic: bool, return_lse: bool, seqused_q=None, page_table=None, sink=None):
     options = options if options is not None else _DEFAULT_OPTIONS
-    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
+                                        or (sink is not None and sink.requires_grad))
     need_lse = return_lse or grad
     forward_only = problem.has_seqused_q or problem.page_size
     if grad and forward_only:
@@ -87,28 +88,22 @@ def _run(problem: AttnProblem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, o
                               problem.num_splits, pack, seqused_q, page_table)
         return out, (lse if return_lse else None)
     if forward_only:
-        return ops.forward(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options, need_lse,
-                           seqused_q=seqused_q, page_table=page_table)
+        out, lse = ops.forward(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options, need_lse,
+                               seqused_q=seqused_q, page_table=page_table, sink=sink)
+        return out, (lse if return_lse else None)
     if grad:
         return ops.FlashAttnFunction.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, problem, options,
-                                           deterministic, return_lse, need_lse)
-    return ops.forward(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options, need_lse)
+                                           deterministic, return_lse, need_lse, sink)
+    out, lse = ops.forward(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options, need_lse, sink=sink)
+    return out, (lse if return_lse else None)
 
 
 def _apply_sink(out: torch.Tensor, lse: torch.Tensor, sink: torch.Tensor, packed_q: bool, return_lse: bool):
-    """Attention sinks (Note [Attention sinks]): one extra logit per q head in every row's softmax,
-    with a zero value vector. From the kernel's ``out`` and ``lse`` over the keys alone:
-    ``lse' = logaddexp(lse, sink)``, ``out' = out * exp(lse - lse')``; autograd through these two
-    elementwise steps gives q, k, v (via the kernel's backward, with its LSE gradient) and the sink
-    their gradients. A row that sees no key gets ``out' = 0``, ``lse' = sink``."""
-    s = sink.float()
-    s = s[:, None] if packed_q else s[None, :, None]  # lse: (h, total_q) or (b, h, s_q)
-    lse_all = torch.logaddexp(lse, s)
-    # A row with no key and a -inf sink: lse_all = -inf, and out stays 0 (not exp(-inf + inf) = NaN).
-    scale = torch.where(lse_all == -torch.inf, torch.zeros_like(lse_all), torch.exp(lse - lse_all))
-    scale = scale.transpose(0, 1) if packed_q else scale.transpose(1, 2)  # -> out's (.., s, h)
-    out_all = (out.float() * scale.unsqueeze(-1)).to(out.dtype)
+    """Attention sinks on the host (the torch.compile graph: :func:`fa4.ops.compose_sink`; the
+    eager path applies them in the kernels' softmax, Note [Attention sinks in the softmax])."""
+    out_all, lse_all = ops.compose_sink(out, lse, sink, packed_q)
     return out_all, (lse_all if return_lse else None)
+
 
 
 def _check_flags(kernel_options, deterministic, return_lse) -> None:
@@ -169,8 +164,11 @@ def flash_attn_func(
                           pack_gqa)
     if learnable_sink is not None:
         validate.check_sink(learnable_sink, problem.heads, q.device)
-        out, lse = _run(problem, q, k, v, None, None, None, kernel_options, deterministic, True)
-        return _apply_sink(out, lse, learnable_sink, False, return_lse)
+        if torch.compiler.is_compiling():  # the custom ops carry no sink: composed on the host
+            out, lse = _run(problem, q, k, v, None, None, None, kernel_options, deterministic, True)
+            return _apply_sink(out, lse, learnable_sink, False, return_lse)
+        return _run(dataclasses.replace(problem, has_sink=True), q, k, v, None, None, None, kernel_options,
+                    deterministic, return_lse, sink=learnable_sink)
     return _run(problem, q, k, v, None, None, None, kernel_options, deterministic, return_lse)
 
 
@@ -238,9 +236,12 @@ def flash_attn_varlen_func(
                           num_splits, pack_gqa)
     if learnable_sink is not None:
         validate.check_sink(learnable_sink, problem.heads, q.device)
-        out, lse = _run(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, kernel_options, deterministic, True,
-                        seqused_q, page_table)
-        return _apply_sink(out, lse, learnable_sink, problem.varlen_q, return_lse)
+        if torch.compiler.is_compiling():  # the custom ops carry no sink: composed on the host
+            out, lse = _run(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, kernel_options, deterministic,
+                            True, seqused_q, page_table)
+            return _apply_sink(out, lse, learnable_sink, problem.varlen_q, return_lse)
+        return _run(dataclasses.replace(problem, has_sink=True), q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                    kernel_options, deterministic, return_lse, seqused_q, page_table, sink=learnable_sink)
     return _run(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, kernel_options, deterministic, return_lse,
                 seqused_q, page_table)
 

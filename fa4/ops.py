@@ -80,12 +80,18 @@ def _as_user(t: Optional[torch.Tensor], varlen: bool) -> Optional[torch.Tensor]:
 def forward(problem: AttnProblem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_k: Optional[torch.Tensor],
             seqused_k: Optional[torch.Tensor], options: KernelOptions, need_lse: bool,
-            seqused_q: Optional[torch.Tensor] = None, page_table: Optional[torch.Tensor] = None):
+            seqused_q: Optional[torch.Tensor] = None, page_table: Optional[torch.Tensor] = None,
+            sink: Optional[torch.Tensor] = None):
     """Run the forward on the tensors as the user passed them ((b, s, h, d), or (total, h, d) for
     a packed side, which the kernels see as (1, total, h, d); paged k/v (num_pages, page_size, h_k,
     d)). Returns (out, lse); lse is (b, h, s_q) (packed q: (h, total_q)) float32, or None when not
-    needed."""
+    needed. ``sink`` ((h,), with ``problem.has_sink``): learnable sink logits, applied in the
+    kernel's softmax (Note [Attention sinks in the softmax] in fa4/softmax.py), or on the host after
+    a split-KV combine (:func:`compose_sink`); lse then includes the sink."""
     varlen = problem.varlen_q
+    if sink is not None:
+        need_lse = True  # the host composition of a split run, and the gradient, read it
+        sink = sink.float().contiguous()
     if page_table is not None and page_table.stride(-1) != 1:
         page_table = page_table.contiguous()  # (b, 1) tables may carry any stride
     if page_table is not None and not paged_in_kernel(_dispatch("fwd", q.device, options).family, problem.page_size):
@@ -110,8 +116,41 @@ def forward(problem: AttnProblem, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     else:
         mod, cfg = _plan("fwd", problem, options, q.device, need_lse)
         mod.run(cfg, problem, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q=seqused_q,
-                page_table=page_table)
-    return _as_user(out, varlen), _as_user(lse, varlen)
+                page_table=page_table, sink=sink)
+        if sink is None or not cfg.split_kv:
+            return _as_user(out, varlen), _as_user(lse, varlen)
+    # No kernel ran its softmax over the sink (no keys, or split partials merged by the combine).
+    out, lse = _as_user(out, varlen), _as_user(lse, varlen)
+    return compose_sink(out, lse, sink, varlen) if sink is not None else (out, lse)
+
+
+def compose_sink(out: torch.Tensor, lse: torch.Tensor, sink: torch.Tensor, packed_q: bool):
+    """Attention sinks applied to a finished ``out`` and ``lse`` over the keys alone (the host
+    path: split-KV, the torch.compile graph): ``lse' = logaddexp(lse, sink)``, ``out' = out *
+    exp(lse - lse')``; ``out`` is then rounded twice, the kernels' own sink once. A row that sees no
+    key gets ``out' = 0``, ``lse' = sink``. Differentiable (autograd through the two steps)."""
+    s = sink.float()
+    s = s[:, None] if packed_q else s[None, :, None]  # lse: (h, total_q) or (b, h, s_q)
+    lse_all = torch.logaddexp(lse, s)
+    # A row with no key and a -inf sink: lse_all = -inf, and out stays 0 (not exp(-inf + inf) = NaN).
+    scale = torch.where(lse_all == -torch.inf, torch.zeros_like(lse_all), torch.exp(lse - lse_all))
+    scale = scale.transpose(0, 1) if packed_q else scale.transpose(1, 2)  # -> out's (.., s, h)
+    return (out.float() * scale.unsqueeze(-1)).to(out.dtype), lse_all
+
+
+def sink_grad(sink: torch.Tensor, out: torch.Tensor, dout: torch.Tensor, lse: torch.Tensor,
+              dlse: Optional[torch.Tensor], packed_q: bool) -> torch.Tensor:
+    """``dsink`` of a forward whose ``lse`` includes the sink (Note [Attention sinks in the
+    softmax]): ``sum over batch and rows of p_sink * (dlse - D)``, ``p_sink = exp(sink - lse)``,
+    ``D = rowsum(dout * out)`` in float32."""
+    d = (dout.float() * out.float()).sum(-1)  # (b, s, h) or (total, h)
+    d = d.transpose(0, 1) if packed_q else d.transpose(1, 2)  # -> lse's layout
+    s = sink.float()
+    s = s[:, None] if packed_q else s[None, :, None]
+    p = torch.where(lse == -torch.inf, torch.zeros_like(lse), torch.exp(s - lse))
+    g = -d if dlse is None else dlse - d
+    dims = (1,) if packed_q else (0, 2)
+    return (p * g).sum(dims).to(sink.dtype)
 
 
 _gather_warned = [False]
@@ -184,24 +223,28 @@ class FlashAttnFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, problem: AttnProblem,
-                options: KernelOptions, deterministic: bool, return_lse: bool, need_lse: bool):
-        out, lse = forward(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options, need_lse)
-        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k)
+                options: KernelOptions, deterministic: bool, return_lse: bool, need_lse: bool, sink=None):
+        out, lse = forward(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options, need_lse, sink=sink)
+        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, sink)
         ctx.problem, ctx.options, ctx.deterministic, ctx.return_lse = problem, options, deterministic, return_lse
         ctx.set_materialize_grads(False)
         return out, (lse if return_lse else None)
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        q, k, v, out, lse, cu_q, cu_k, seqused_k = ctx.saved_tensors
+        q, k, v, out, lse, cu_q, cu_k, seqused_k, sink = ctx.saved_tensors
         p = ctx.problem
         if dout is None:
             dout = torch.zeros_like(out)
         if not ctx.return_lse:
             dlse = None
+        # With a sink, lse includes it: the kernels' P and D are the sink-inclusive ones.
         dq, dk, dv = backward(p, dout, q, k, v, out, lse, dlse, cu_q, cu_k, seqused_k, ctx.options,
                               ctx.deterministic)
-        return dq, dk, dv, None, None, None, None, None, None, None, None
+        dsink = None
+        if sink is not None and ctx.needs_input_grad[11]:
+            dsink = sink_grad(sink, out, dout, lse, dlse, p.varlen_q)
+        return dq, dk, dv, None, None, None, None, None, None, None, None, dsink
 
 
 # --------------------------------------------------------------------------------------------
