@@ -85,7 +85,7 @@ def _run(problem: AttnProblem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, o
         out, lse = ops.fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, problem.seqlen_q, problem.seqlen_k,
                               problem.softmax_scale, problem.causal, problem.local, problem.window_left,
                               problem.window_right, problem.softcap, need_lse, deterministic, options.to_str(),
-                              problem.num_splits, pack, seqused_q, page_table)
+                              problem.num_splits, pack, seqused_q, page_table, sink)
         return out, (lse if return_lse else None)
     if forward_only:
         out, lse = ops.forward(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options, need_lse,
@@ -98,12 +98,12 @@ def _run(problem: AttnProblem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, o
     return out, (lse if return_lse else None)
 
 
+
 def _apply_sink(out: torch.Tensor, lse: torch.Tensor, sink: torch.Tensor, packed_q: bool, return_lse: bool):
-    """Attention sinks on the host (the torch.compile graph: :func:`fa4.ops.compose_sink`; the
-    eager path applies them in the kernels' softmax, Note [Attention sinks in the softmax])."""
+    """The host composition of attention sinks (:func:`fa4.ops.compose_sink`), kept for the tests
+    and tools that compare it with the kernels' own sink (Note [Attention sinks in the softmax])."""
     out_all, lse_all = ops.compose_sink(out, lse, sink, packed_q)
     return out_all, (lse_all if return_lse else None)
-
 
 
 def _check_flags(kernel_options, deterministic, return_lse) -> None:
@@ -164,9 +164,6 @@ def flash_attn_func(
                           pack_gqa)
     if learnable_sink is not None:
         validate.check_sink(learnable_sink, problem.heads, q.device)
-        if torch.compiler.is_compiling():  # the custom ops carry no sink: composed on the host
-            out, lse = _run(problem, q, k, v, None, None, None, kernel_options, deterministic, True)
-            return _apply_sink(out, lse, learnable_sink, False, return_lse)
         return _run(dataclasses.replace(problem, has_sink=True), q, k, v, None, None, None, kernel_options,
                     deterministic, return_lse, sink=learnable_sink)
     return _run(problem, q, k, v, None, None, None, kernel_options, deterministic, return_lse)
@@ -236,10 +233,6 @@ def flash_attn_varlen_func(
                           num_splits, pack_gqa)
     if learnable_sink is not None:
         validate.check_sink(learnable_sink, problem.heads, q.device)
-        if torch.compiler.is_compiling():  # the custom ops carry no sink: composed on the host
-            out, lse = _run(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, kernel_options, deterministic,
-                            True, seqused_q, page_table)
-            return _apply_sink(out, lse, learnable_sink, problem.varlen_q, return_lse)
         return _run(dataclasses.replace(problem, has_sink=True), q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
                     kernel_options, deterministic, return_lse, seqused_q, page_table, sink=learnable_sink)
     return _run(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, kernel_options, deterministic, return_lse,

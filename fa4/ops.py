@@ -290,23 +290,28 @@ def fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: Opti
            max_seqlen_k: int, softmax_scale: float, causal: bool, local: bool, window_left: int, window_right: int,
            softcap: float, need_lse: bool, deterministic: bool, options: str, num_splits: int = 0,
            pack_gqa: int = -1, seqused_q: Optional[torch.Tensor] = None,
-           page_table: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+           page_table: Optional[torch.Tensor] = None,
+           learnable_sink: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Custom-op form of the forward; lse is an empty tensor when ``need_lse`` is False;
-    ``pack_gqa`` -1 / 0 / 1 = None / False / True."""
+    ``pack_gqa`` -1 / 0 / 1 = None / False / True; ``learnable_sink`` as :func:`forward`'s sink."""
     for name, t in (("q", q), ("k", k), ("v", v)):  # the only check a traced graph could not do
         validate.check_aligned(name, t)
     p = _problem_from_op_args(q, k, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                               local, window_left, window_right, softcap, num_splits, pack_gqa, cu_seqlens_k,
                               seqused_q, page_table, v)
+    if learnable_sink is not None:
+        p = dataclasses.replace(p, has_sink=True)
     out, lse = forward(p, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, KernelOptions.from_str(options), need_lse,
-                       seqused_q=seqused_q, page_table=page_table)
+                       seqused_q=seqused_q, page_table=page_table, sink=learnable_sink)
+    if not need_lse:
+        lse = None
     return out, (lse if lse is not None else q.new_empty((0,), dtype=torch.float32))
 
 
 @fwd_op.register_fake
 def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
               local, window_left, window_right, softcap, need_lse, deterministic, options, num_splits=0,
-              pack_gqa=-1, seqused_q=None, page_table=None):
+              pack_gqa=-1, seqused_q=None, page_table=None, learnable_sink=None):
     out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
     if not need_lse:
         return out, q.new_empty((0,), dtype=torch.float32)
@@ -335,19 +340,22 @@ def _bwd_fake(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused
 
 def _fwd_setup_context(ctx, inputs, output):
     (q, k, v, cu_q, cu_k, seqused_k, max_sq, max_sk, scale, causal, local, wl, wr, softcap, need_lse,
-     deterministic, options, _num_splits, _pack_gqa, _seqused_q, _page_table) = inputs
+     deterministic, options, _num_splits, _pack_gqa, _seqused_q, _page_table, sink) = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, seqused_k)
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, seqused_k, sink)
     ctx.scalars = (max_sq, max_sk, scale, causal, local, wl, wr, softcap, deterministic, options)
     ctx.return_lse = need_lse
 
 
 def _fwd_backward(ctx, dout, dlse):
-    q, k, v, out, lse, cu_q, cu_k, seqused_k = ctx.saved_tensors
+    q, k, v, out, lse, cu_q, cu_k, seqused_k, sink = ctx.saved_tensors
     max_sq, max_sk, scale, causal, local, wl, wr, softcap, deterministic, options = ctx.scalars
     dq, dk, dv = bwd_op(dout, q, k, v, out, lse, dlse, cu_q, cu_k, seqused_k, max_sq, max_sk, scale, causal, local,
                         wl, wr, softcap, deterministic, options)
-    return (dq, dk, dv) + (None,) * 18
+    # With a sink the saved lse includes it (the op's forward always computes it then).
+    dsink = None if sink is None else sink_grad(sink, out, dout, lse, dlse if ctx.return_lse else None,
+                                                cu_q is not None)
+    return (dq, dk, dv) + (None,) * 18 + (dsink,)
 
 
 fwd_op.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
