@@ -86,8 +86,8 @@ def forward(problem: AttnProblem, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     a packed side, which the kernels see as (1, total, h, d); paged k/v (num_pages, page_size, h_k,
     d)). Returns (out, lse); lse is (b, h, s_q) (packed q: (h, total_q)) float32, or None when not
     needed. ``sink`` ((h,), with ``problem.has_sink``): learnable sink logits, applied in the
-    kernel's softmax (Note [Attention sinks in the softmax] in fa4/softmax.py), or on the host after
-    a split-KV combine (:func:`compose_sink`); lse then includes the sink."""
+    kernel's softmax (Note [Attention sinks in the softmax] in fa4/softmax.py) or, with split-KV, by
+    the combine; lse then includes the sink."""
     varlen = problem.varlen_q
     if sink is not None:
         need_lse = True  # the host composition of a split run, and the gradient, read it
@@ -117,16 +117,15 @@ def forward(problem: AttnProblem, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
         mod, cfg = _plan("fwd", problem, options, q.device, need_lse)
         mod.run(cfg, problem, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q=seqused_q,
                 page_table=page_table, sink=sink)
-        if sink is None or not cfg.split_kv:
-            return _as_user(out, varlen), _as_user(lse, varlen)
-    # No kernel ran its softmax over the sink (no keys, or split partials merged by the combine).
+        return _as_user(out, varlen), _as_user(lse, varlen)
+    # No kernel ran (no queries or no keys): with a sink, lse = sink and out = 0.
     out, lse = _as_user(out, varlen), _as_user(lse, varlen)
     return compose_sink(out, lse, sink, varlen) if sink is not None else (out, lse)
 
 
 def compose_sink(out: torch.Tensor, lse: torch.Tensor, sink: torch.Tensor, packed_q: bool):
     """Attention sinks applied to a finished ``out`` and ``lse`` over the keys alone (the host
-    path: split-KV, the torch.compile graph): ``lse' = logaddexp(lse, sink)``, ``out' = out *
+    path: a call with no keys; the tests' reference): ``lse' = logaddexp(lse, sink)``, ``out' = out *
     exp(lse - lse')``; ``out`` is then rounded twice, the kernels' own sink once. A row that sees no
     key gets ``out' = 0``, ``lse' = sink``. Differentiable (autograd through the two steps)."""
     s = sink.float()

@@ -332,3 +332,22 @@ def test_learnable_sink_packed_q():
                                                                                          device="cuda"),
                                      return_lse=True)
     assert not out2.isnan().any() and (out2[:, :30] == 0).all() and (lse2[:, :, :30] == -torch.inf).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("num_splits", [1, 3, 8])
+def test_learnable_sink_with_split_kv(family, num_splits):
+    """A decode-like call with a sink and split-KV: the partials are over the keys alone and the
+    combine adds the sink (branch wip/sink-in-kernel); the same results as the reference with a
+    sink column, and as the unsplit call within the pass rule."""
+    b, sq, sk, h, hk, d = 4, 3, 2000, 8, 2, 128
+    q, k, v = random_qkv(b, sq, sk, h, hk, d, torch.bfloat16, "cuda", seed=num_splits)
+    torch.manual_seed(num_splits)
+    sink = torch.randn(h, device="cuda") * 3
+    out, lse = fa4.flash_attn_func(q, k, v, learnable_sink=sink, num_splits=num_splits, return_lse=True,
+                                   kernel_options=FAMILIES[family])
+    ref, lse_ref = _sink_ref(q, k, v, sink, False, True)
+    pt, lse_pt = _sink_ref(q, k, v, sink, False, False)
+    check_close("out", out, ref, pt)
+    check_close("lse", lse, lse_ref, lse_pt)

@@ -140,7 +140,7 @@ def run(cfg, problem: AttnProblem, q, k, v, out, lse, cu_seqlens_q=None, cu_seql
 
     if cfg.split_kv:
         run_split(cfg, problem, launch, q, out, lse, splits, cu_seqlens_q if cfg.varlen_q else None,
-                  seqused_q if cfg.has_seqused_q else None)
+                  seqused_q if cfg.has_seqused_q else None, sink if cfg.has_sink else None)
     else:
         launch(out, lse)
 
@@ -236,11 +236,12 @@ def default_num_sms(device=None) -> int:
 
 
 def run_split(cfg, problem: AttnProblem, fn_args_launch, q, out, lse, splits: int, cu_seqlens_q=None,
-              seqused_q=None) -> None:
+              seqused_q=None, sink=None) -> None:
     """Split-KV launch: the kernel writes float32 partials (Note [Split-KV partials]), then the
     combine kernel merges them into ``out`` / ``lse`` (``lse`` may be None). ``fn_args_launch(o, l)``
     launches the kernel on the partial tensors. Rows the kernel does not write (past ``seqused_q``)
-    are not combined either."""
+    are not combined either. ``sink``: the partials are over the keys alone and the combine adds
+    the sink term."""
     import torch
 
     from fa4.combine import combine_into
@@ -254,7 +255,7 @@ def run_split(cfg, problem: AttnProblem, fn_args_launch, q, out, lse, splits: in
     if cfg.varlen_q:  # packed rows: the combine's (splits, total_q, h, dv) form, bounded by cu_seqlens_q
         combine_into(o_part[:, 0], lse_part[:, 0].transpose(-1, -2), out[0],
                      lse[0].transpose(-1, -2) if lse is not None else None, cu_seqlens=cu_seqlens_q,
-                     seqused=seqused_q)
+                     seqused=seqused_q, sink=sink)
     else:
         combine_into(o_part, lse_part.transpose(-1, -2), out, lse.transpose(-1, -2) if lse is not None else None,
-                     seqused=seqused_q)
+                     seqused=seqused_q, sink=sink)
