@@ -68,15 +68,16 @@ def _with_hints(problem: AttnProblem, num_splits, pack_gqa) -> AttnProblem:
 def _run(problem: AttnProblem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options: Optional[KernelOptions],
          deterministic: bool, return_lse: bool, seqused_q=None, page_table=None, sink=None):
     options = options if options is not None else _DEFAULT_OPTIONS
-    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
-                                        or (sink is not None and sink.requires_grad))
+    grad_qkv = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    grad_sink = torch.is_grad_enabled() and sink is not None and sink.requires_grad
+    grad = grad_qkv or grad_sink
     need_lse = return_lse or grad
     forward_only = problem.has_seqused_q or problem.page_size
-    if grad and forward_only:
+    if grad_qkv and forward_only:
         name = "seqused_q" if problem.has_seqused_q else "page_table"
         raise NotImplementedError(f"fa4's backward does not support {name} yet (forward only); call it under "
                                   f"torch.no_grad() or without inputs that require grad")
-    if grad and problem.head_dim_v != problem.head_dim and not torch.compiler.is_compiling():
+    if grad_qkv and problem.head_dim_v != problem.head_dim and not torch.compiler.is_compiling():
         # Only the sm90 backward serves head_dim_v != head_dim: ask the backward's family now (its
         # make_config raises NotImplementedError), not after the forward has run.
         ops.check_backward(problem, q.device, options, deterministic)
@@ -88,8 +89,13 @@ def _run(problem: AttnProblem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, o
                               problem.num_splits, pack, seqused_q, page_table, sink)
         return out, (lse if return_lse else None)
     if forward_only:
-        out, lse = ops.forward(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options, need_lse,
-                               seqused_q=seqused_q, page_table=page_table, sink=sink)
+        if grad_sink:  # only the sink takes a gradient: the kernel without it, composed under autograd
+            out, lse = ops.forward(dataclasses.replace(problem, has_sink=False), q, k, v, cu_seqlens_q, cu_seqlens_k,
+                                   seqused_k, options, True, seqused_q=seqused_q, page_table=page_table)
+            out, lse = ops.compose_sink(out, lse, sink, problem.varlen_q)
+        else:
+            out, lse = ops.forward(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options, need_lse,
+                                   seqused_q=seqused_q, page_table=page_table, sink=sink)
         return out, (lse if return_lse else None)
     if grad:
         return ops.FlashAttnFunction.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, problem, options,

@@ -238,8 +238,10 @@ class FlashAttnFunction(torch.autograd.Function):
         if not ctx.return_lse:
             dlse = None
         # With a sink, lse includes it: the kernels' P and D are the sink-inclusive ones.
-        dq, dk, dv = backward(p, dout, q, k, v, out, lse, dlse, cu_q, cu_k, seqused_k, ctx.options,
-                              ctx.deterministic)
+        dq = dk = dv = None
+        if any(ctx.needs_input_grad[:3]):  # not when only the sink takes a gradient
+            dq, dk, dv = backward(p, dout, q, k, v, out, lse, dlse, cu_q, cu_k, seqused_k, ctx.options,
+                                  ctx.deterministic)
         dsink = None
         if sink is not None and ctx.needs_input_grad[11]:
             dsink = sink_grad(sink, out, dout, lse, dlse, p.varlen_q)
@@ -349,11 +351,14 @@ def _fwd_setup_context(ctx, inputs, output):
 def _fwd_backward(ctx, dout, dlse):
     q, k, v, out, lse, cu_q, cu_k, seqused_k, sink = ctx.saved_tensors
     max_sq, max_sk, scale, causal, local, wl, wr, softcap, deterministic, options = ctx.scalars
-    dq, dk, dv = bwd_op(dout, q, k, v, out, lse, dlse, cu_q, cu_k, seqused_k, max_sq, max_sk, scale, causal, local,
-                        wl, wr, softcap, deterministic, options)
+    dq = dk = dv = None
+    if any(ctx.needs_input_grad[:3]):  # not when only the sink takes a gradient
+        dq, dk, dv = bwd_op(dout, q, k, v, out, lse, dlse, cu_q, cu_k, seqused_k, max_sq, max_sk, scale, causal,
+                            local, wl, wr, softcap, deterministic, options)
     # With a sink the saved lse includes it (the op's forward always computes it then).
-    dsink = None if sink is None else sink_grad(sink, out, dout, lse, dlse if ctx.return_lse else None,
-                                                cu_q is not None)
+    dsink = None
+    if sink is not None and ctx.needs_input_grad[21]:
+        dsink = sink_grad(sink, out, dout, lse, dlse if ctx.return_lse else None, cu_q is not None)
     return (dq, dk, dv) + (None,) * 18 + (dsink,)
 
 

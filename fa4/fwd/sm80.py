@@ -744,7 +744,7 @@ def variants(arch: str) -> list[FwdSm80Config]:
         cfg(96, local=True, one_step_loop=True, num_stages=2),
         cfg(128, causal=True, has_sink=True),
         cfg(64, tile_m=64, qhead_per_kvhead=4, has_sink=True, varlen_q=True, varlen_k=True),
-        cfg(128, split_kv=True, has_sink=True),  # the partials skip the sink (the host adds it)
+        cfg(128, split_kv=True, has_sink=True),  # the partials skip the sink (the combine adds it)
     ]
 
 

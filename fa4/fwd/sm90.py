@@ -936,7 +936,7 @@ def variants(arch: str) -> list[FwdSm90Config]:
         cfg(128, causal=True, has_sink=True, dynamic_sched=True),
         cfg(64, tile_m=64, pingpong=False, qhead_per_kvhead=4, has_sink=True, page_rows=16, has_seqused_k=True,
             varlen_q=True),
-        cfg(128, split_kv=True, has_sink=True),  # the partials skip the sink (the host adds it)
+        cfg(128, split_kv=True, has_sink=True),  # the partials skip the sink (the combine adds it)
     ]
 
 
