@@ -91,7 +91,9 @@ class CombineConfig(KernelConfig):
     tensors at run time. ``varlen``: ``cu_seqlens`` given (packed partials). ``has_seqused``: rows
     past ``seqused`` are not written. ``has_lse``: the LSE is written. ``threads_per_row``: lanes
     per row (0: the default for the head dim, :func:`default_threads_per_row`). ``max_splits``:
-    shared-memory slots per row. ``unroll``: splits per step of the weighted sum.
+    shared-memory slots per row. ``unroll``: splits per step of the weighted sum. ``has_sink``: a
+    learnable sink logit per head joins every row's sum (the split-KV forward with
+    ``learnable_sink``; Note [Attention sinks in the softmax] in fa4/softmax.py).
     """
 
     head_dim: int = 128
@@ -102,6 +104,7 @@ class CombineConfig(KernelConfig):
     num_threads: int = 128
     max_splits: int = MAX_SPLITS
     unroll: int = 8
+    has_sink: bool = False
 
     KERNEL: ClassVar[str] = "fa4.combine:FlashCombine"
     # The partials are read by 128-bit loads (tests/test_compile.py disassembles every variant).
@@ -146,12 +149,12 @@ def check_config(cfg: CombineConfig) -> None:
 
 @functools.lru_cache(maxsize=256)  # once per call signature: it is on every call's host path
 def make_config(dtype: str, head_dim: int, arch: str, *, varlen: bool = False, has_seqused: bool = False,
-                has_lse: bool = True) -> CombineConfig:
+                has_lse: bool = True, has_sink: bool = False) -> CombineConfig:
     d = head_dim_bucket(head_dim)
     t = default_threads_per_row(d)
     _, vecs = lanes_and_vectors(d, t)
     return CombineConfig(arch=arch, dtype=dtype, head_dim=d, varlen=varlen, has_seqused=has_seqused,
-                         has_lse=has_lse, threads_per_row=t, unroll=8 // vecs)
+                         has_lse=has_lse, threads_per_row=t, unroll=8 // vecs, has_sink=has_sink)
 
 
 def variants(arch: str) -> list[CombineConfig]:
@@ -164,7 +167,8 @@ def variants(arch: str) -> list[CombineConfig]:
     out += [make_config("fp32", 256, arch), make_config("fp16", 256, arch, varlen=True, has_seqused=True)]
     out += [make_config("bf16", 128, arch, varlen=True), make_config("bf16", 128, arch, has_seqused=True),
             make_config("bf16", 128, arch, varlen=True, has_seqused=True),
-            make_config("fp32", 64, arch, has_lse=False), make_config("bf16", 256, arch, varlen=True, has_lse=False)]
+            make_config("fp32", 64, arch, has_lse=False), make_config("bf16", 256, arch, varlen=True, has_lse=False),
+            make_config("bf16", 128, arch, has_sink=True), make_config("bf16", 64, arch, varlen=True, has_sink=True)]
     return list(dict.fromkeys(out))
 
 
@@ -214,7 +218,7 @@ _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "f
 
 
 def combine_into(out_partial, lse_partial, out, lse, cu_seqlens=None, seqused=None, *, arch: Optional[str] = None,
-                 wpr: Optional[int] = None) -> None:
+                 wpr: Optional[int] = None, sink=None) -> None:
     """Launch the combine on tensors already checked (no validation; layouts in the module docstring).
 
     ``out_partial`` float32 ``(S, b, s, h, d)`` or packed ``(S, total_q, h, d)``; ``lse_partial``
@@ -224,7 +228,8 @@ def combine_into(out_partial, lse_partial, out, lse, cu_seqlens=None, seqused=No
     (packed: with ``cu_seqlens``; packed without ``cu_seqlens``: every token is written). Rows
     with an index >= 2**31 are not supported; ``1 <= S <= 256``. ``arch``: code-generation target
     (default the device's); ``wpr``: force :func:`warps_per_row` (tests, tuning; a power of two
-    up to the CTA's warp count).
+    up to the CTA's warp count). ``sink``: float32 ``(h,)`` learnable sink logits, one more term
+    of every row's sum (``CombineConfig.has_sink``).
     """
     from fa4.jit import get_kernel
 
@@ -243,7 +248,7 @@ def combine_into(out_partial, lse_partial, out, lse, cu_seqlens=None, seqused=No
 
         arch = target_arch(device_capability(dev))
     cfg = make_config(_DTYPE_NAMES[out.dtype], d, arch, varlen=cu_seqlens is not None,
-                      has_seqused=seqused is not None, has_lse=lse is not None)
+                      has_seqused=seqused is not None, has_lse=lse is not None, has_sink=sink is not None)
     if wpr is None:
         wpr = warps_per_row(cfg, rows, num_splits, _sm_count(dev))
     elif wpr & (wpr - 1) or not 1 <= wpr <= cfg.num_threads // 32:
@@ -252,7 +257,7 @@ def combine_into(out_partial, lse_partial, out, lse, cu_seqlens=None, seqused=No
         out_partial = _kernel_view(out_partial)
     if 1 in out.shape[:-1]:
         out = _kernel_view(out)
-    get_kernel(cfg)(out_partial, lse_partial, out, lse, cu_seqlens, seqused, wpr)
+    get_kernel(cfg)(out_partial, lse_partial, out, lse, cu_seqlens, seqused, sink, wpr)
 
 
 class CombineArgs(NamedTuple):

@@ -69,8 +69,10 @@ class FlashCombine:
                if cfg.varlen else None)
         mSeqused = (cute.runtime.make_fake_compact_tensor(Int32, (num_seqs,), assumed_align=4)
                     if cfg.has_seqused else None)
+        mSink = (cute.runtime.make_fake_compact_tensor(Float32, (cute.sym_int(),), assumed_align=4)
+                 if cfg.has_sink else None)
         stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-        return (mOp, mLSEp, mO, mLSE, mCu, mSeqused, Int32(1), stream)
+        return (mOp, mLSEp, mO, mLSE, mCu, mSeqused, mSink, Int32(1), stream)
 
     @cute.jit
     def __call__(
@@ -81,6 +83,7 @@ class FlashCombine:
         mLSE: Optional[cute.Tensor],  # (b, s, h) float32, any strides; varlen (1, total_q, h)
         mCuSeqlens: Optional[cute.Tensor],  # (batch + 1,) int32 (varlen)
         mSeqused: Optional[cute.Tensor],  # (batch,) int32: rows written per sequence
+        mSink: Optional[cute.Tensor],  # (h,) float32: learnable sink logits (cfg.has_sink)
         warps_per_row: Int32,  # wpr: warps sharing one group of rows (power of two <= num_warps)
         stream,
     ):
@@ -103,7 +106,8 @@ class FlashCombine:
         # min_blocks_per_mp=1 lifts ptxas's default register target (full occupancy, ~32
         # registers), under which it interleaves the loads of a step with their multiply-adds and
         # keeps only two 128-bit loads in flight per lane instead of `unroll` (seen in the SASS).
-        self.kernel(mOp, mLSEp, mO, mLSE, mCuSeqlens, mSeqused, warps_per_row, total_rows, SharedStorage).launch(
+        self.kernel(mOp, mLSEp, mO, mLSE, mCuSeqlens, mSeqused, mSink, warps_per_row, total_rows,
+                    SharedStorage).launch(
             grid=grid, block=[self.num_threads, 1, 1], smem=SharedStorage.size_in_bytes(), stream=stream,
             min_blocks_per_mp=1,
         )
@@ -117,6 +121,7 @@ class FlashCombine:
         mLSE: Optional[cute.Tensor],
         mCuSeqlens: Optional[cute.Tensor],
         mSeqused: Optional[cute.Tensor],
+        mSink: Optional[cute.Tensor],
         warps_per_row: Int32,
         total_rows: Int32,
         SharedStorage: cutlass.Constexpr,
@@ -143,7 +148,7 @@ class FlashCombine:
 
         b, s, h, active = self.row_coords(mO, mCuSeqlens, mSeqused, row, total_rows)
         num_splits = mOp.shape[0]
-        lse, inv_sum = self.lse_pass(mLSEp, sW, b, s, h, active, num_splits, lane_r)
+        lse, inv_sum = self.lse_pass(mLSEp, sW, b, s, h, active, num_splits, lane_r, mSink)
         cute.arch.sync_warp()  # sW of the row, written by its T lanes, is read by all of them
         acc = self.weighted_sum(mOp, sW, b, s, h, num_splits, phase, warps_per_row, lane_r)
 
@@ -191,11 +196,13 @@ class FlashCombine:
 
     @cute.jit
     def lse_pass(self, mLSEp: cute.Tensor, sW: cute.Tensor, b: Int32, s: Int32, h: Int32, active,
-                 num_splits: Int32, lane_r: Int32):
+                 num_splits: Int32, lane_r: Int32, mSink: Optional[cute.Tensor] = None):
         """The row's splits over its T lanes: ``m = max lse_s``, ``w_s = exp2((lse_s - m) log2 e)``
         into ``sW``, ``sum = sum_s w_s`` (per lane in split order, then a butterfly over the T
         lanes: a fixed order). Returns ``(lse, 1 / sum)``; a row whose splits are all ``-inf``
-        (or an inactive row) gets ``lse = -inf`` and ``1 / sum = 0``."""
+        (or an inactive row) gets ``lse = -inf`` and ``1 / sum = 0``. With ``mSink`` the head's sink
+        logit is one more term of the max and of the sum (lane 0 adds it, before the butterfly),
+        with no value vector: it only scales the weights down."""
         rL = cute.make_rmem_tensor((self.lse_per_lane,), Float32)
         rL.fill(-Float32.inf)
         # Every split's load is issued at once (unrolled to max_splits / T, predicated off past
@@ -206,11 +213,19 @@ class FlashCombine:
             if active and k < num_splits:
                 rL[i] = gLSEp[k]
         m = -Float32.inf
+        sink = -Float32.inf
+        if const_expr(mSink is not None):
+            if active:
+                sink = mSink[h]
+            m = sink
         for i in cutlass.range_constexpr(self.lse_per_lane):
             m = cute.arch.fmax(m, rL[i])
         m = warp_allreduce(m, cute.arch.fmax, width=self.lanes)
         m_safe = m if m != -Float32.inf else Float32(0.0)  # all -inf: every weight exp2(-inf) = 0
         row_sum = Float32(0.0)
+        if const_expr(mSink is not None):
+            if lane_r == 0:
+                row_sum = cute.math.exp2((sink - m_safe) * Float32(LOG2_E), fastmath=True)
         for i in cutlass.range_constexpr(self.lse_per_lane):
             # (lse_s - m) first: exact enough near 0, where the weights matter.
             w = cute.math.exp2((rL[i] - m_safe) * Float32(LOG2_E), fastmath=True)

@@ -141,7 +141,8 @@ class AttnProblem:
     Forward hints: ``num_splits`` (split-KV: 0 = chosen by fa4, 1 = no split, n = n splits),
     ``pack_gqa`` (None = chosen by fa4). Forward only: ``has_seqused_q`` (``seqused_q`` caps the
     queries of each sequence), ``page_size`` (> 0: paged K/V through a page table; ``seqlen_k`` is
-    then ``max_pages * page_size`` unless ``seqused_k`` gives each sequence's length).
+    then ``max_pages * page_size`` unless ``seqused_k`` gives each sequence's length), ``has_sink``
+    (a learnable sink logit per q head, applied in the forward's softmax).
     """
 
     dtype: str
@@ -167,6 +168,7 @@ class AttnProblem:
     pack_gqa: Optional[bool] = None
     has_seqused_q: bool = False
     page_size: int = 0
+    has_sink: bool = False
 
     @property
     def qhead_per_kvhead(self) -> int:
@@ -251,12 +253,15 @@ class AttnFwdConfig(AttnKernelConfig):
     (``gcd(page_size, tile_n)``: a chunk never straddles a page). ``one_step_loop`` (causal /
     local): the K blocks after a tile's first through one step body, the window mask a runtime
     branch in it, instead of separate loops over masked and free blocks (two causal, three local;
-    a smaller kernel to compile; :func:`fa4.mask.walk_blocks`)."""
+    a smaller kernel to compile; :func:`fa4.mask.walk_blocks`). ``has_sink``: a learnable sink
+    logit per q head in the softmax (Note [Attention sinks in the softmax] in fa4/softmax.py)."""
 
     has_seqused_q: bool = False
     page_rows: int = 0
     one_step_loop: bool = False
+    has_sink: bool = False
 
     @staticmethod
     def fwd_flags(problem: AttnProblem) -> dict:
-        return dict(AttnKernelConfig.problem_flags(problem), has_seqused_q=problem.has_seqused_q)
+        return dict(AttnKernelConfig.problem_flags(problem), has_seqused_q=problem.has_seqused_q,
+                    has_sink=problem.has_sink)

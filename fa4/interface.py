@@ -66,16 +66,18 @@ def _with_hints(problem: AttnProblem, num_splits, pack_gqa) -> AttnProblem:
 
 
 def _run(problem: AttnProblem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options: Optional[KernelOptions],
-         deterministic: bool, return_lse: bool, seqused_q=None, page_table=None):
+         deterministic: bool, return_lse: bool, seqused_q=None, page_table=None, sink=None):
     options = options if options is not None else _DEFAULT_OPTIONS
-    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    grad_qkv = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    grad_sink = torch.is_grad_enabled() and sink is not None and sink.requires_grad
+    grad = grad_qkv or grad_sink
     need_lse = return_lse or grad
     forward_only = problem.has_seqused_q or problem.page_size
-    if grad and forward_only:
+    if grad_qkv and forward_only:
         name = "seqused_q" if problem.has_seqused_q else "page_table"
         raise NotImplementedError(f"fa4's backward does not support {name} yet (forward only); call it under "
                                   f"torch.no_grad() or without inputs that require grad")
-    if grad and problem.head_dim_v != problem.head_dim and not torch.compiler.is_compiling():
+    if grad_qkv and problem.head_dim_v != problem.head_dim and not torch.compiler.is_compiling():
         # Only the sm90 backward serves head_dim_v != head_dim: ask the backward's family now (its
         # make_config raises NotImplementedError), not after the forward has run.
         ops.check_backward(problem, q.device, options, deterministic)
@@ -84,30 +86,29 @@ def _run(problem: AttnProblem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, o
         out, lse = ops.fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, problem.seqlen_q, problem.seqlen_k,
                               problem.softmax_scale, problem.causal, problem.local, problem.window_left,
                               problem.window_right, problem.softcap, need_lse, deterministic, options.to_str(),
-                              problem.num_splits, pack, seqused_q, page_table)
+                              problem.num_splits, pack, seqused_q, page_table, sink)
         return out, (lse if return_lse else None)
     if forward_only:
-        return ops.forward(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options, need_lse,
-                           seqused_q=seqused_q, page_table=page_table)
+        if grad_sink:  # only the sink takes a gradient: the kernel without it, composed under autograd
+            out, lse = ops.forward(dataclasses.replace(problem, has_sink=False), q, k, v, cu_seqlens_q, cu_seqlens_k,
+                                   seqused_k, options, True, seqused_q=seqused_q, page_table=page_table)
+            out, lse = ops.compose_sink(out, lse, sink, problem.varlen_q)
+        else:
+            out, lse = ops.forward(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options, need_lse,
+                                   seqused_q=seqused_q, page_table=page_table, sink=sink)
+        return out, (lse if return_lse else None)
     if grad:
         return ops.FlashAttnFunction.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, problem, options,
-                                           deterministic, return_lse, need_lse)
-    return ops.forward(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options, need_lse)
+                                           deterministic, return_lse, need_lse, sink)
+    out, lse = ops.forward(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options, need_lse, sink=sink)
+    return out, (lse if return_lse else None)
+
 
 
 def _apply_sink(out: torch.Tensor, lse: torch.Tensor, sink: torch.Tensor, packed_q: bool, return_lse: bool):
-    """Attention sinks (Note [Attention sinks]): one extra logit per q head in every row's softmax,
-    with a zero value vector. From the kernel's ``out`` and ``lse`` over the keys alone:
-    ``lse' = logaddexp(lse, sink)``, ``out' = out * exp(lse - lse')``; autograd through these two
-    elementwise steps gives q, k, v (via the kernel's backward, with its LSE gradient) and the sink
-    their gradients. A row that sees no key gets ``out' = 0``, ``lse' = sink``."""
-    s = sink.float()
-    s = s[:, None] if packed_q else s[None, :, None]  # lse: (h, total_q) or (b, h, s_q)
-    lse_all = torch.logaddexp(lse, s)
-    # A row with no key and a -inf sink: lse_all = -inf, and out stays 0 (not exp(-inf + inf) = NaN).
-    scale = torch.where(lse_all == -torch.inf, torch.zeros_like(lse_all), torch.exp(lse - lse_all))
-    scale = scale.transpose(0, 1) if packed_q else scale.transpose(1, 2)  # -> out's (.., s, h)
-    out_all = (out.float() * scale.unsqueeze(-1)).to(out.dtype)
+    """The host composition of attention sinks (:func:`fa4.ops.compose_sink`), kept for the tests
+    and tools that compare it with the kernels' own sink (Note [Attention sinks in the softmax])."""
+    out_all, lse_all = ops.compose_sink(out, lse, sink, packed_q)
     return out_all, (lse_all if return_lse else None)
 
 
@@ -169,8 +170,8 @@ def flash_attn_func(
                           pack_gqa)
     if learnable_sink is not None:
         validate.check_sink(learnable_sink, problem.heads, q.device)
-        out, lse = _run(problem, q, k, v, None, None, None, kernel_options, deterministic, True)
-        return _apply_sink(out, lse, learnable_sink, False, return_lse)
+        return _run(dataclasses.replace(problem, has_sink=True), q, k, v, None, None, None, kernel_options,
+                    deterministic, return_lse, sink=learnable_sink)
     return _run(problem, q, k, v, None, None, None, kernel_options, deterministic, return_lse)
 
 
@@ -238,9 +239,8 @@ def flash_attn_varlen_func(
                           num_splits, pack_gqa)
     if learnable_sink is not None:
         validate.check_sink(learnable_sink, problem.heads, q.device)
-        out, lse = _run(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, kernel_options, deterministic, True,
-                        seqused_q, page_table)
-        return _apply_sink(out, lse, learnable_sink, problem.varlen_q, return_lse)
+        return _run(dataclasses.replace(problem, has_sink=True), q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                    kernel_options, deterministic, return_lse, seqused_q, page_table, sink=learnable_sink)
     return _run(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, kernel_options, deterministic, return_lse,
                 seqused_q, page_table)
 

@@ -80,12 +80,18 @@ def _as_user(t: Optional[torch.Tensor], varlen: bool) -> Optional[torch.Tensor]:
 def forward(problem: AttnProblem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_k: Optional[torch.Tensor],
             seqused_k: Optional[torch.Tensor], options: KernelOptions, need_lse: bool,
-            seqused_q: Optional[torch.Tensor] = None, page_table: Optional[torch.Tensor] = None):
+            seqused_q: Optional[torch.Tensor] = None, page_table: Optional[torch.Tensor] = None,
+            sink: Optional[torch.Tensor] = None):
     """Run the forward on the tensors as the user passed them ((b, s, h, d), or (total, h, d) for
     a packed side, which the kernels see as (1, total, h, d); paged k/v (num_pages, page_size, h_k,
     d)). Returns (out, lse); lse is (b, h, s_q) (packed q: (h, total_q)) float32, or None when not
-    needed."""
+    needed. ``sink`` ((h,), with ``problem.has_sink``): learnable sink logits, applied in the
+    kernel's softmax (Note [Attention sinks in the softmax] in fa4/softmax.py) or, with split-KV, by
+    the combine; lse then includes the sink."""
     varlen = problem.varlen_q
+    if sink is not None:
+        need_lse = True  # the host composition of a split run, and the gradient, read it
+        sink = sink.float().contiguous()
     if page_table is not None and page_table.stride(-1) != 1:
         page_table = page_table.contiguous()  # (b, 1) tables may carry any stride
     if page_table is not None and not paged_in_kernel(_dispatch("fwd", q.device, options).family, problem.page_size):
@@ -110,8 +116,40 @@ def forward(problem: AttnProblem, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     else:
         mod, cfg = _plan("fwd", problem, options, q.device, need_lse)
         mod.run(cfg, problem, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q=seqused_q,
-                page_table=page_table)
-    return _as_user(out, varlen), _as_user(lse, varlen)
+                page_table=page_table, sink=sink)
+        return _as_user(out, varlen), _as_user(lse, varlen)
+    # No kernel ran (no queries or no keys): with a sink, lse = sink and out = 0.
+    out, lse = _as_user(out, varlen), _as_user(lse, varlen)
+    return compose_sink(out, lse, sink, varlen) if sink is not None else (out, lse)
+
+
+def compose_sink(out: torch.Tensor, lse: torch.Tensor, sink: torch.Tensor, packed_q: bool):
+    """Attention sinks applied to a finished ``out`` and ``lse`` over the keys alone (the host
+    path: a call with no keys; the tests' reference): ``lse' = logaddexp(lse, sink)``, ``out' = out *
+    exp(lse - lse')``; ``out`` is then rounded twice, the kernels' own sink once. A row that sees no
+    key gets ``out' = 0``, ``lse' = sink``. Differentiable (autograd through the two steps)."""
+    s = sink.float()
+    s = s[:, None] if packed_q else s[None, :, None]  # lse: (h, total_q) or (b, h, s_q)
+    lse_all = torch.logaddexp(lse, s)
+    # A row with no key and a -inf sink: lse_all = -inf, and out stays 0 (not exp(-inf + inf) = NaN).
+    scale = torch.where(lse_all == -torch.inf, torch.zeros_like(lse_all), torch.exp(lse - lse_all))
+    scale = scale.transpose(0, 1) if packed_q else scale.transpose(1, 2)  # -> out's (.., s, h)
+    return (out.float() * scale.unsqueeze(-1)).to(out.dtype), lse_all
+
+
+def sink_grad(sink: torch.Tensor, out: torch.Tensor, dout: torch.Tensor, lse: torch.Tensor,
+              dlse: Optional[torch.Tensor], packed_q: bool) -> torch.Tensor:
+    """``dsink`` of a forward whose ``lse`` includes the sink (Note [Attention sinks in the
+    softmax]): ``sum over batch and rows of p_sink * (dlse - D)``, ``p_sink = exp(sink - lse)``,
+    ``D = rowsum(dout * out)`` in float32."""
+    d = (dout.float() * out.float()).sum(-1)  # (b, s, h) or (total, h)
+    d = d.transpose(0, 1) if packed_q else d.transpose(1, 2)  # -> lse's layout
+    s = sink.float()
+    s = s[:, None] if packed_q else s[None, :, None]
+    p = torch.where(lse == -torch.inf, torch.zeros_like(lse), torch.exp(s - lse))
+    g = -d if dlse is None else dlse - d
+    dims = (1,) if packed_q else (0, 2)
+    return (p * g).sum(dims).to(sink.dtype)
 
 
 _gather_warned = [False]
@@ -184,24 +222,30 @@ class FlashAttnFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, problem: AttnProblem,
-                options: KernelOptions, deterministic: bool, return_lse: bool, need_lse: bool):
-        out, lse = forward(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options, need_lse)
-        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k)
+                options: KernelOptions, deterministic: bool, return_lse: bool, need_lse: bool, sink=None):
+        out, lse = forward(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options, need_lse, sink=sink)
+        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, sink)
         ctx.problem, ctx.options, ctx.deterministic, ctx.return_lse = problem, options, deterministic, return_lse
         ctx.set_materialize_grads(False)
         return out, (lse if return_lse else None)
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        q, k, v, out, lse, cu_q, cu_k, seqused_k = ctx.saved_tensors
+        q, k, v, out, lse, cu_q, cu_k, seqused_k, sink = ctx.saved_tensors
         p = ctx.problem
         if dout is None:
             dout = torch.zeros_like(out)
         if not ctx.return_lse:
             dlse = None
-        dq, dk, dv = backward(p, dout, q, k, v, out, lse, dlse, cu_q, cu_k, seqused_k, ctx.options,
-                              ctx.deterministic)
-        return dq, dk, dv, None, None, None, None, None, None, None, None
+        # With a sink, lse includes it: the kernels' P and D are the sink-inclusive ones.
+        dq = dk = dv = None
+        if any(ctx.needs_input_grad[:3]):  # not when only the sink takes a gradient
+            dq, dk, dv = backward(p, dout, q, k, v, out, lse, dlse, cu_q, cu_k, seqused_k, ctx.options,
+                                  ctx.deterministic)
+        dsink = None
+        if sink is not None and ctx.needs_input_grad[11]:
+            dsink = sink_grad(sink, out, dout, lse, dlse, p.varlen_q)
+        return dq, dk, dv, None, None, None, None, None, None, None, None, dsink
 
 
 # --------------------------------------------------------------------------------------------
@@ -247,23 +291,28 @@ def fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: Opti
            max_seqlen_k: int, softmax_scale: float, causal: bool, local: bool, window_left: int, window_right: int,
            softcap: float, need_lse: bool, deterministic: bool, options: str, num_splits: int = 0,
            pack_gqa: int = -1, seqused_q: Optional[torch.Tensor] = None,
-           page_table: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+           page_table: Optional[torch.Tensor] = None,
+           learnable_sink: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Custom-op form of the forward; lse is an empty tensor when ``need_lse`` is False;
-    ``pack_gqa`` -1 / 0 / 1 = None / False / True."""
+    ``pack_gqa`` -1 / 0 / 1 = None / False / True; ``learnable_sink`` as :func:`forward`'s sink."""
     for name, t in (("q", q), ("k", k), ("v", v)):  # the only check a traced graph could not do
         validate.check_aligned(name, t)
     p = _problem_from_op_args(q, k, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                               local, window_left, window_right, softcap, num_splits, pack_gqa, cu_seqlens_k,
                               seqused_q, page_table, v)
+    if learnable_sink is not None:
+        p = dataclasses.replace(p, has_sink=True)
     out, lse = forward(p, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, KernelOptions.from_str(options), need_lse,
-                       seqused_q=seqused_q, page_table=page_table)
+                       seqused_q=seqused_q, page_table=page_table, sink=learnable_sink)
+    if not need_lse:
+        lse = None
     return out, (lse if lse is not None else q.new_empty((0,), dtype=torch.float32))
 
 
 @fwd_op.register_fake
 def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
               local, window_left, window_right, softcap, need_lse, deterministic, options, num_splits=0,
-              pack_gqa=-1, seqused_q=None, page_table=None):
+              pack_gqa=-1, seqused_q=None, page_table=None, learnable_sink=None):
     out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
     if not need_lse:
         return out, q.new_empty((0,), dtype=torch.float32)
@@ -292,19 +341,25 @@ def _bwd_fake(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused
 
 def _fwd_setup_context(ctx, inputs, output):
     (q, k, v, cu_q, cu_k, seqused_k, max_sq, max_sk, scale, causal, local, wl, wr, softcap, need_lse,
-     deterministic, options, _num_splits, _pack_gqa, _seqused_q, _page_table) = inputs
+     deterministic, options, _num_splits, _pack_gqa, _seqused_q, _page_table, sink) = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, seqused_k)
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, seqused_k, sink)
     ctx.scalars = (max_sq, max_sk, scale, causal, local, wl, wr, softcap, deterministic, options)
     ctx.return_lse = need_lse
 
 
 def _fwd_backward(ctx, dout, dlse):
-    q, k, v, out, lse, cu_q, cu_k, seqused_k = ctx.saved_tensors
+    q, k, v, out, lse, cu_q, cu_k, seqused_k, sink = ctx.saved_tensors
     max_sq, max_sk, scale, causal, local, wl, wr, softcap, deterministic, options = ctx.scalars
-    dq, dk, dv = bwd_op(dout, q, k, v, out, lse, dlse, cu_q, cu_k, seqused_k, max_sq, max_sk, scale, causal, local,
-                        wl, wr, softcap, deterministic, options)
-    return (dq, dk, dv) + (None,) * 18
+    dq = dk = dv = None
+    if any(ctx.needs_input_grad[:3]):  # not when only the sink takes a gradient
+        dq, dk, dv = bwd_op(dout, q, k, v, out, lse, dlse, cu_q, cu_k, seqused_k, max_sq, max_sk, scale, causal,
+                            local, wl, wr, softcap, deterministic, options)
+    # With a sink the saved lse includes it (the op's forward always computes it then).
+    dsink = None
+    if sink is not None and ctx.needs_input_grad[21]:
+        dsink = sink_grad(sink, out, dout, lse, dlse if ctx.return_lse else None, cu_q is not None)
+    return (dq, dk, dv) + (None,) * 18 + (dsink,)
 
 
 fwd_op.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)

@@ -141,6 +141,21 @@ def store_acc_rows(acc_O: cute.Tensor, thr_mma, mO: cute.Tensor, rows: TileRows,
 
 
 @cute.jit
+def row_sinks(mSink: cute.Tensor, thr_mma, rows: TileRows, tile_cols: cutlass.Constexpr[int],
+              num_rows: cutlass.Constexpr[int]) -> cute.Tensor:
+    """The sink logit of each accumulator row of ``thr_mma``'s C partition of the ``(tile_m,
+    tile_cols)`` tile, times ``log2(e)`` (Note [Attention sinks in the softmax] in fa4/softmax.py):
+    ``mSink (h,)`` float32 read at the row's q head (packed rows: each row's own head)."""
+    cO = cute.make_identity_tensor((rows.tile_m, tile_cols))
+    tOcO = make_acc_mn_view(thr_mma.partition_C(cO))
+    sinks = cute.make_rmem_tensor(num_rows, Float32)
+    for r in cutlass.range_constexpr(num_rows):
+        _, head = rows.coord(tOcO[r, 0][0])
+        sinks[r] = mSink[head] * Float32(1.4426950408889634)
+    return sinks
+
+
+@cute.jit
 def store_lse_rows(lse: cute.Tensor, thr_mma, mLSE: cute.Tensor, rows: TileRows, seqlen: SeqlenInfo, slot: Int32,
                    tile_cols: cutlass.Constexpr[int]) -> None:
     """The per-row LSE (registers, one value per accumulator row of ``thr_mma``'s C partition of

@@ -30,6 +30,16 @@ Note [Normalizing by the rounded P]
     P in (1, 2**tau] instead of exactly 1 (exact in bf16), so without it the dominant weight carries
     a rounding error the classic rule does not have.
 
+Note [Attention sinks in the softmax]
+    A learnable sink is one more logit per q head, ``sink``, with a zero value vector: the row's
+    normalizer becomes ``l' = l * 2**(m - m') + 2**(sink * log2(e) - m')`` with ``m`` the row's
+    scaled max over its keys and ``m' = max(m, sink * log2(e))``, the output ``O * 2**(m - m') /
+    l'`` and the LSE ``(m' + log2(l')) * ln(2)``, all in float32 before the one rounding of the
+    output (:meth:`OnlineSoftmax.finalize`). A row that saw no key gets ``out = 0`` and ``lse =
+    sink``; with a ``-inf`` sink too, ``lse = -inf``. The backward needs nothing new: with the LSE
+    including the sink, ``P = exp(s - lse)`` and ``D = rowsum(dO * O)`` are the sink-inclusive ones,
+    and ``dsink = sum over rows of p_sink * (dlse - D)`` with ``p_sink = exp(sink - lse)``.
+
 Note [exp2 emulation]
     ``2**x = 2**n * 2**f`` with ``n = floor(x)``, ``f = x - n`` in [0, 1). ``floor`` comes from one
     round-toward-minus-infinity add of ``1.5 * 2**23`` (the integer lands in the low mantissa bits);
@@ -291,19 +301,32 @@ class OnlineSoftmax:
             rescale_rows(acc_O_mn, row_scale)
 
     @cute.jit
-    def finalize(self, acc_O: cute.Tensor) -> cute.Tensor:
+    def finalize(self, acc_O: cute.Tensor, sink_log2: Optional[cute.Tensor] = None) -> cute.Tensor:
         """Normalize ``acc_O`` by ``l`` (0 for rows with ``l = 0``) and return the per-row natural
-        LSE (-inf for rows with ``l = 0``), a register tensor of ``num_rows``."""
+        LSE (-inf for rows with ``l = 0``), a register tensor of ``num_rows``.
+
+        ``sink_log2`` (Note [Attention sinks in the softmax]): per row, the sink logit times
+        ``log2(e)``; the row's softmax then has one more term with a zero value vector."""
         acc_O_mn = make_acc_mn_view(acc_O)
         lse = cute.make_rmem_tensor(self.num_rows, Float32)
         for r in cutlass.range_constexpr(self.num_rows):
             row_sum = quad_allreduce_sum(self.row_sum[r])
-            empty = row_sum == 0.0
-            inv = 0.0 if empty else cute.arch.rcp_approx(row_sum)
-            lse[r] = (
-                -Float32.inf
-                if empty
-                else (self.row_max[r] * self.scale_log2 + cute.math.log2(row_sum, fastmath=True)) * LN_2
-            )
+            if const_expr(sink_log2 is None):
+                empty = row_sum == 0.0
+                inv = 0.0 if empty else cute.arch.rcp_approx(row_sum)
+                lse[r] = (
+                    -Float32.inf
+                    if empty
+                    else (self.row_max[r] * self.scale_log2 + cute.math.log2(row_sum, fastmath=True)) * LN_2
+                )
+            else:
+                m = -Float32.inf if self.row_max[r] == -Float32.inf else self.row_max[r] * self.scale_log2
+                m_all = cute.arch.fmax(m, sink_log2[r])
+                m_safe = 0.0 if m_all == -Float32.inf else m_all
+                keys = cute.math.exp2(m - m_safe, fastmath=True)  # 0 for a row that saw no key
+                total = row_sum * keys + cute.math.exp2(sink_log2[r] - m_safe, fastmath=True)
+                empty = total == 0.0
+                inv = 0.0 if empty else keys * cute.arch.rcp_approx(total)
+                lse[r] = -Float32.inf if empty else (m_safe + cute.math.log2(total, fastmath=True)) * LN_2
             acc_O_mn[r, None].store(acc_O_mn[r, None].load() * inv)
         return lse

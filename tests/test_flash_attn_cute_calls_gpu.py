@@ -332,3 +332,49 @@ def test_learnable_sink_packed_q():
                                                                                          device="cuda"),
                                      return_lse=True)
     assert not out2.isnan().any() and (out2[:, :30] == 0).all() and (lse2[:, :, :30] == -torch.inf).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("num_splits", [1, 3, 8])
+def test_learnable_sink_with_split_kv(family, num_splits):
+    """A decode-like call with a sink and split-KV: the partials are over the keys alone and the
+    combine adds the sink (branch wip/sink-in-kernel); the same results as the reference with a
+    sink column, and as the unsplit call within the pass rule."""
+    b, sq, sk, h, hk, d = 4, 3, 2000, 8, 2, 128
+    q, k, v = random_qkv(b, sq, sk, h, hk, d, torch.bfloat16, "cuda", seed=num_splits)
+    torch.manual_seed(num_splits)
+    sink = torch.randn(h, device="cuda") * 3
+    out, lse = fa4.flash_attn_func(q, k, v, learnable_sink=sink, num_splits=num_splits, return_lse=True,
+                                   kernel_options=FAMILIES[family])
+    ref, lse_ref = _sink_ref(q, k, v, sink, False, True)
+    pt, lse_pt = _sink_ref(q, k, v, sink, False, False)
+    check_close("out", out, ref, pt)
+    check_close("lse", lse, lse_ref, lse_pt)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_learnable_sink_gradient_alone(family):
+    """Only the sink takes a gradient (q, k, v frozen): no backward kernel is needed, and the
+    forward-only arguments (seqused_q) still work, as they did with the host composition."""
+    b, sq, sk, h, hk, d = 2, 40, 300, 8, 2, 64
+    q, k, v = random_qkv(b, sq, sk, h, hk, d, torch.bfloat16, "cuda", seed=5)
+    torch.manual_seed(5)
+    sink = (torch.randn(h, device="cuda") * 2).requires_grad_()
+    g = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16)
+    ref, _ = _sink_ref(q, k, v, sink, False, True)
+    want = torch.autograd.grad(ref, sink, g.float())[0]
+    out = fa4.flash_attn_func(q, k, v, learnable_sink=sink, kernel_options=FAMILIES[family])
+    out = out[0] if isinstance(out, tuple) else out
+    got = torch.autograd.grad(out, sink, g)[0]
+    torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=2e-2 * want.abs().max().item())
+    if family == "sm90":  # seqused_q is forward only: the sink's gradient comes from the composition
+        qp = q.reshape(b * sq, h, d)
+        cu = torch.arange(0, (b + 1) * sq, sq, dtype=torch.int32, device="cuda")
+        used = torch.full((b,), sq, dtype=torch.int32, device="cuda")
+        out2 = fa4.flash_attn_varlen_func(qp, k, v, cu_seqlens_q=cu, max_seqlen_q=sq, seqused_q=used,
+                                          learnable_sink=sink, kernel_options=FAMILIES[family])
+        out2 = out2[0] if isinstance(out2, tuple) else out2
+        got2 = torch.autograd.grad(out2, sink, g.reshape(b * sq, h, d))[0]
+        torch.testing.assert_close(got2.float(), want, rtol=2e-2, atol=2e-2 * want.abs().max().item())

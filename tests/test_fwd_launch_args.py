@@ -25,11 +25,11 @@ def test_run_passes_the_signature(monkeypatch, mod, local):
     out, lse = torch.empty_like(q), torch.empty(2, 4, 100)
     mod.run(cfg, problem, q, k, v, out, lse)
     (args,) = calls
-    # cu_seqlens_q / _k, seqused_q / _k, page table
-    assert args[:10] == (q, k, v, out, lse, None, None, None, None, None)
-    assert args[10:15] == (0.125, 1.0, 30 if local else 0, 5 if local else 0, 100)
+    # cu_seqlens_q / _k, seqused_q / _k, page table, sink
+    assert args[:11] == (q, k, v, out, lse, None, None, None, None, None, None)
+    assert args[11:16] == (0.125, 1.0, 30 if local else 0, 5 if local else 0, 100)
     # ([persistent grid,] K splits[, the dynamic scheduler's claims counter])
-    assert args[15:] == ((132, 1, None) if mod is sm90 else (1,))
+    assert args[16:] == ((132, 1, None) if mod is sm90 else (1,))
     # as many runtime arguments as the compiled signature (fake_args without the stream)
     assert len(args) == len(jit.kernel_class(cfg).fake_args(cfg)) - 1
 
@@ -47,8 +47,8 @@ def test_sm90_dynamic_scheduler_gets_a_zeroed_counter(monkeypatch):
     for _ in range(2):
         sm90.run(cfg, problem, q, k, v, torch.empty_like(q), torch.empty(2, 4, 100))
     (a1, a2) = calls
-    assert a1[15:17] == (132, 1) and a1[17].dtype == torch.int32 and a1[17].tolist() == [0]
-    assert a2[17] is not a1[17]
+    assert a1[16:18] == (132, 1) and a1[18].dtype == torch.int32 and a1[18].tolist() == [0]
+    assert a2[18] is not a1[18]
     assert len(a1) == len(jit.kernel_class(cfg).fake_args(cfg)) - 1
     with pytest.raises(ValueError, match="dynamic_sched needs persistent"):
         sm90.FlashFwdSm90.can_implement(dataclasses.replace(cfg, persistent=False))
@@ -74,7 +74,7 @@ def test_sm80_split_launch(monkeypatch):
     o_part, lse_part = args[3], args[4]
     assert o_part.dtype == lse_part.dtype == torch.float32
     assert o_part.shape == (6, 3, 8, 64) and lse_part.shape == (6, 8, 3)
-    assert args[15:] == (3,)
+    assert args[16:] == (3,)
     assert len(args) == len(jit.kernel_class(cfg).fake_args(cfg)) - 1
     (c,) = combined
     assert c[0].shape == (3, 2, 3, 8, 64) and c[2] is out and c[3] is None

@@ -15,7 +15,7 @@ class _Recorder:
     def __init__(self):
         self.calls = []
 
-    def run(self, cfg, problem, q, k, v, out, lse, cu_q, cu_k, seqused_k, seqused_q=None, page_table=None):
+    def run(self, cfg, problem, q, k, v, out, lse, cu_q, cu_k, seqused_k, seqused_q=None, page_table=None, sink=None):
         self.calls.append(dict(q=q, k=k, v=v, out=out, lse=lse))
         out.fill_(1.0)
         if lse is not None:

@@ -1,7 +1,7 @@
 """GPU diagnosis of the learnable-sink gradient (RESULTS v0.6 open bug): for the cases of
 tests/test_flash_attn_cute_calls_gpu.py::test_learnable_sink_forward_and_backward, the dsink error
 against the float32 reference of
-  fa4          fa4's kernel out/lse, composed on the host (interface._apply_sink),
+  fa4          fa4's learnable_sink (in the kernels' softmax since v0.9; composed on the host before),
   exact->bf16  the float32 attention (no sink) rounded to bf16, composed the same way,
   pt bf16      PyTorch in bf16 with an explicit sink column (the test's baseline),
   pt composed  PyTorch's bf16 attention without the sink, composed like fa4,

@@ -59,9 +59,12 @@ def fake_args(cfg, extra: tuple = ()) -> tuple:
     if cfg.page_rows:
         page_table = cute.runtime.make_fake_tensor(Int32, (cute.sym_int(), cute.sym_int()), (cute.sym_int64(), 1),
                                                    assumed_align=4)
+    sink = None
+    if cfg.has_sink:  # (h,) float32, one logit per q head
+        sink = cute.runtime.make_fake_compact_tensor(Float32, (cute.sym_int(),), assumed_align=4)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     return (mQ, mK, mV, mO, mLSE, vec(cfg.varlen_q), vec(cfg.varlen_k), vec(cfg.has_seqused_q),
-            vec(cfg.has_seqused_k), page_table,
+            vec(cfg.has_seqused_k), page_table, sink,
             Float32(1.0), Float32(0.0), Int32(0), Int32(0), Int32(1)) + tuple(extra) + (stream,)
 
 
@@ -117,11 +120,11 @@ def check_softmax_options(cfg) -> None:
 
 
 def run(cfg, problem: AttnProblem, q, k, v, out, lse, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None,
-        extra: tuple = (), splits: int = 1, seqused_q=None, page_table=None) -> None:
+        extra: tuple = (), splits: int = 1, seqused_q=None, page_table=None, sink=None) -> None:
     """Launch the kernel of ``cfg``: q/k/v/out 4D (varlen: (1, total, h, d); paged k/v:
     (num_pages, page_size, h_k, d)), lse (b, h, s_q) / (1, h, total_q) or None; outputs preallocated
     by the caller. With ``cfg.split_kv``, ``splits`` K splits through float32 partials and the
-    combine (:func:`run_split`)."""
+    combine (:func:`run_split`). ``sink``: float32 ``(h,)`` with ``cfg.has_sink``."""
     from fa4.jit import get_kernel
 
     fn = get_kernel(cfg)
@@ -131,13 +134,13 @@ def run(cfg, problem: AttnProblem, q, k, v, out, lse, cu_seqlens_q=None, cu_seql
         fn(q, k, v, o, l if cfg.has_lse else None,
            cu_seqlens_q if cfg.varlen_q else None, cu_seqlens_k if cfg.varlen_k else None,
            seqused_q if cfg.has_seqused_q else None, seqused_k if cfg.has_seqused_k else None,
-           page_table if cfg.page_rows else None,
+           page_table if cfg.page_rows else None, sink if cfg.has_sink else None,
            float(problem.softmax_scale), float(problem.softcap) if cfg.has_softcap else 1.0,
            int(window_left), int(window_right), int(max(problem.seqlen_q, 1)), *extra)
 
     if cfg.split_kv:
         run_split(cfg, problem, launch, q, out, lse, splits, cu_seqlens_q if cfg.varlen_q else None,
-                  seqused_q if cfg.has_seqused_q else None)
+                  seqused_q if cfg.has_seqused_q else None, sink if cfg.has_sink else None)
     else:
         launch(out, lse)
 
@@ -233,11 +236,12 @@ def default_num_sms(device=None) -> int:
 
 
 def run_split(cfg, problem: AttnProblem, fn_args_launch, q, out, lse, splits: int, cu_seqlens_q=None,
-              seqused_q=None) -> None:
+              seqused_q=None, sink=None) -> None:
     """Split-KV launch: the kernel writes float32 partials (Note [Split-KV partials]), then the
     combine kernel merges them into ``out`` / ``lse`` (``lse`` may be None). ``fn_args_launch(o, l)``
     launches the kernel on the partial tensors. Rows the kernel does not write (past ``seqused_q``)
-    are not combined either."""
+    are not combined either. ``sink``: the partials are over the keys alone and the combine adds
+    the sink term."""
     import torch
 
     from fa4.combine import combine_into
@@ -251,7 +255,7 @@ def run_split(cfg, problem: AttnProblem, fn_args_launch, q, out, lse, splits: in
     if cfg.varlen_q:  # packed rows: the combine's (splits, total_q, h, dv) form, bounded by cu_seqlens_q
         combine_into(o_part[:, 0], lse_part[:, 0].transpose(-1, -2), out[0],
                      lse[0].transpose(-1, -2) if lse is not None else None, cu_seqlens=cu_seqlens_q,
-                     seqused=seqused_q)
+                     seqused=seqused_q, sink=sink)
     else:
         combine_into(o_part, lse_part.transpose(-1, -2), out, lse.transpose(-1, -2) if lse is not None else None,
-                     seqused=seqused_q)
+                     seqused=seqused_q, sink=sink)

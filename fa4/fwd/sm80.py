@@ -69,7 +69,7 @@ from fa4.cute_utils import (
 )
 from fa4.fwd import common as fwd_common
 from fa4.mask import AttentionMask, walk_blocks
-from fa4.pack_gqa import TileRows, partial_slot, store_acc_rows, store_lse_rows, store_rows
+from fa4.pack_gqa import TileRows, partial_slot, row_sinks, store_acc_rows, store_lse_rows, store_rows
 from fa4.sched.tile import SectionTileScheduler, split_head, split_range
 from fa4.seqlen import SeqlenInfo
 from fa4.softmax import OnlineSoftmax, apply_softcap, score_scales
@@ -231,6 +231,7 @@ class FlashFwdSm80:
         mSeqUsedQ: Optional[cute.Tensor],  # (b,) int32
         mSeqUsedK: Optional[cute.Tensor],  # (b,) int32
         mPageTable: Optional[cute.Tensor],  # paged K/V: not implemented by this family (can_implement)
+        mSink: Optional[cute.Tensor],  # (h,) float32: learnable sink logits (cfg.has_sink)
         softmax_scale: Float32,
         softcap: Float32,
         window_left: Int32,
@@ -248,7 +249,7 @@ class FlashFwdSm80:
             cfg.qhead_per_kvhead, num_splits)
         prescale, scale_log2 = score_scales(softmax_scale, softcap, cfg.has_softcap)
         self.kernel(
-            mQ, mK, mV, mO, mLSE, mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ, mSeqUsedK,
+            mQ, mK, mV, mO, mLSE, mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ, mSeqUsedK, mSink,
             scale_log2, prescale, window_left, window_right, num_m_blocks, num_batch, section, num_splits,
             self.sQ_layout, self.sK_layout, self.sV_layout, self.sO_layout,
             self.gmem_copy_QK, self.gmem_copy_V, self.gmem_copy_O, self.tiled_mma,
@@ -275,6 +276,7 @@ class FlashFwdSm80:
         mCuSeqlensK: Optional[cute.Tensor],
         mSeqUsedQ: Optional[cute.Tensor],
         mSeqUsedK: Optional[cute.Tensor],
+        mSink: Optional[cute.Tensor],
         scale_log2: Float32,
         prescale: Optional[Float32],
         window_left: Int32,
@@ -330,7 +332,10 @@ class FlashFwdSm80:
                 n_min, n_max = split_range(n_min, n_max, split, num_splits)
             self.mainloop(p, acc_O, softmax, mask, seqlen, rows, mQ, batch, m_block, n_min, n_max, prescale,
                           tiled_mma)
-            lse = softmax.finalize(acc_O)
+            sinks = None
+            if const_expr(cfg.has_sink and not self.split):  # split-KV: the combine adds it
+                sinks = row_sinks(mSink, p.thr_mma, rows, self.tile_hdimv, softmax.num_rows)
+            lse = softmax.finalize(acc_O, sinks)
             sO = cute.make_tensor(sQ.iterator, sO_layout)
             # Batch index of O / LSE (0 for varlen Q); with split-KV the partial's slot (Note [Split-KV partials]).
             slot = partial_slot(split, batch, mQ.shape[0], cfg.varlen_q)
@@ -737,13 +742,16 @@ def variants(arch: str) -> list[FwdSm80Config]:
         cfg(128, varlen_k=True),  # batched q with packed k/v
         cfg(128, causal=True, one_step_loop=True),
         cfg(96, local=True, one_step_loop=True, num_stages=2),
+        cfg(128, causal=True, has_sink=True),
+        cfg(64, tile_m=64, qhead_per_kvhead=4, has_sink=True, varlen_q=True, varlen_k=True),
+        cfg(128, split_kv=True, has_sink=True),  # the partials skip the sink (the combine adds it)
     ]
 
 
 def run(cfg: FwdSm80Config, problem: AttnProblem, q, k, v, out, lse, cu_seqlens_q=None, cu_seqlens_k=None,
-        seqused_k=None, seqused_q=None, page_table=None) -> None:
+        seqused_k=None, seqused_q=None, page_table=None, sink=None) -> None:
     """Launch (arguments: :func:`fa4.fwd.common.run`; split-KV: :func:`fa4.fwd.common.split_count` K splits on this
     GPU, cached per problem and config)."""
     splits = fwd_common.launch_splits(cfg, problem, fwd_common.default_num_sms(q.device))
     fwd_common.run(cfg, problem, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, extra=(splits,),
-                   splits=splits, seqused_q=seqused_q, page_table=page_table)
+                   splits=splits, seqused_q=seqused_q, page_table=page_table, sink=sink)

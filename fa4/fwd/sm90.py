@@ -103,7 +103,7 @@ from fa4.cute_utils import (
 from fa4.fwd import common as fwd_common
 from fa4.mask import AttentionMask, walk_blocks
 from fa4.pack_gqa import (
-    TileRows, batch_slot, load_q_rows, partial_slot, store_acc_rows, store_lse_rows, store_rows,
+    TileRows, batch_slot, load_q_rows, partial_slot, row_sinks, store_acc_rows, store_lse_rows, store_rows,
 )
 from fa4.sched.tile import DynamicTileScheduler, PersistentTileScheduler, split_head, split_range
 from fa4.seqlen import SeqlenInfo, to_sdhb
@@ -310,6 +310,7 @@ class FlashFwdSm90:
         mSeqUsedQ: Optional[cute.Tensor],  # (b,) int32
         mSeqUsedK: Optional[cute.Tensor],  # (b,) int32
         mPageTable: Optional[cute.Tensor],  # (b, max_pages) int32; K/V then (num_pages, page_size, h_k, d)
+        mSink: Optional[cute.Tensor],  # (h,) float32: learnable sink logits (cfg.has_sink)
         softmax_scale: Float32,
         softcap: Float32,
         window_left: Int32,
@@ -350,7 +351,8 @@ class FlashFwdSm90:
         max_grid = max_ctas if const_expr(cfg.persistent) else num_m_blocks * sched_heads * num_batch
         self.kernel(
             mQ_tma, mK_tma, mV_tma, mO_tma if const_expr(self.tma_o) else mO, mLSE,
-            mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ, mSeqUsedK, mPageTable, mTileCounter, tma_q, tma_k, tma_v, tma_o,
+            mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ, mSeqUsedK, mPageTable, mSink, mTileCounter, tma_q, tma_k, tma_v,
+            tma_o,
             scale_log2, prescale, window_left, window_right, num_m_blocks, sched_heads, num_batch, num_splits,
             section, mQ.shape[1], seqlen_k_static,
             self.sQ_layout, self.sK_layout, self.sV_layout, self.sO_layout, self.tiled_mma_qk, self.tiled_mma_pv,
@@ -379,6 +381,7 @@ class FlashFwdSm90:
         mSeqUsedQ: Optional[cute.Tensor],
         mSeqUsedK: Optional[cute.Tensor],
         mPageTable: Optional[cute.Tensor],
+        mSink: Optional[cute.Tensor],
         mTileCounter: Optional[cute.Tensor],
         tma_q: Optional[cute.CopyAtom],
         tma_k: cute.CopyAtom,
@@ -441,7 +444,7 @@ class FlashFwdSm90:
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.mma_softmax(mQ, mO, mLSE, sQ, sK, sV, sO, tma_o, pipes, sched, tile_info, scale_log2, prescale,
-                             num_batch)
+                             num_batch, mSink)
 
     def make_pipelines(self, storage):
         """The Q, K and V pipelines (arrive counts: module docstring)."""
@@ -579,7 +582,7 @@ class FlashFwdSm90:
 
     @cute.jit
     def mma_softmax(self, mQ, mO, mLSE, sQ, sK, sV, sO, tma_o, pipes, sched, tile_info, scale_log2, prescale,
-                    num_batch) -> None:
+                    num_batch, mSink) -> None:
         """Consumer warpgroups: per tile, the K-block loop (Note [intra-warpgroup overlap]), then
         :meth:`epilogue`."""
         cfg = self.cfg
@@ -661,7 +664,10 @@ class FlashFwdSm90:
                     self.pp_arrive(wg)
                     warpgroup.wait_group(0)
                     pv.consumer_release(v_state)
-                lse = softmax.finalize(acc_O)
+                sinks = None
+                if const_expr(cfg.has_sink and not self.split):  # split-KV: the combine adds it
+                    sinks = row_sinks(mSink, thr_mma_pv, rows, self.tile_hdimv, softmax.num_rows)
+                lse = softmax.finalize(acc_O, sinks)
                 slot = partial_slot(split, batch, num_batch, cfg.varlen_q)
                 self.epilogue(acc_O, lse, mO, mLSE, sO, tma_o, seqlen, rows, slot, m_block, head, batch, thr_mma_pv,
                               tidx)
@@ -927,11 +933,15 @@ def variants(arch: str) -> list[FwdSm90Config]:
         cfg(64, qhead_per_kvhead=4),  # packed rows with three consumer warpgroups
         cfg(256, qhead_per_kvhead=4, causal=True),  # packed rows with O staged in Q's smem (o_in_q)
         cfg(128, varlen_q=True, causal=True),  # packed q with batched k/v (mixed layouts)
+        cfg(128, causal=True, has_sink=True, dynamic_sched=True),
+        cfg(64, tile_m=64, pingpong=False, qhead_per_kvhead=4, has_sink=True, page_rows=16, has_seqused_k=True,
+            varlen_q=True),
+        cfg(128, split_kv=True, has_sink=True),  # the partials skip the sink (the combine adds it)
     ]
 
 
 def run(cfg: FwdSm90Config, problem: AttnProblem, q, k, v, out, lse, cu_seqlens_q=None, cu_seqlens_k=None,
-        seqused_k=None, seqused_q=None, page_table=None) -> None:
+        seqused_k=None, seqused_q=None, page_table=None, sink=None) -> None:
     """Launch (arguments: :func:`fa4.fwd.common.run`; the persistent grid is the SM count)."""
     num_sms = _num_sms(q.device)
     splits = fwd_common.launch_splits(cfg, problem, num_sms)
@@ -941,7 +951,8 @@ def run(cfg: FwdSm90Config, problem: AttnProblem, q, k, v, out, lse, cu_seqlens_
 
         counter = torch.zeros(1, dtype=torch.int32, device=q.device)
     fwd_common.run(cfg, problem, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                   extra=(num_sms, splits, counter), splits=splits, seqused_q=seqused_q, page_table=page_table)
+                   extra=(num_sms, splits, counter), splits=splits, seqused_q=seqused_q, page_table=page_table,
+                   sink=sink)
 
 
 _num_sms = fwd_common.default_num_sms  # (a module attribute: tests/test_fwd_launch_args.py replaces it)
