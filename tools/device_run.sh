@@ -4,7 +4,7 @@
 # STEPS (comma list): bwd90 (the backward GPU tests, both families), gpu (the whole GPU suite),
 # sanitize (compute-sanitizer memcheck/racecheck on tools/sanitize_sm90.py), bench (fwd+bwd grid),
 # benchbwd, det (deterministic bench), latency, sweep (tools/sweep_bwd.py), ncu (tools/ncu_bwd.py),
-# issue9 (pack GQA / split-KV / combine / paged / flash_attn.cute call GPU tests), decode (bench --decode),
+# sink (learnable-sink GPU tests + tools/sink_diag.py), issue9 (pack GQA / split-KV / combine / paged / flash_attn.cute call GPU tests), decode (bench --decode),
 # pending (session 6's not-yet-run GPU tests), ncusrc (source-level stall sampling, not yet run), ncustall (stall reasons, fa4 vs flash-attn-4), sweepfwd (tools/sweep_fwd.py $SWEEP_FWD), ncufwd (ncu of the fa4 and flash-attn-4 forwards, tools/ncu_fwd.py), nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
 set -uo pipefail
 steps=${1:-bwd90}
@@ -29,6 +29,13 @@ if has issue9; then
     ${ISSUE9_K:+-k "$ISSUE9_K"} tests/test_fwd_splitkv_gpu.py tests/test_flash_attn_cute_calls_gpu.py tests/test_combine_gpu.py \
     > "$out/issue9.log" 2>&1
   echo "issue9 rc=$?"; grep -E "passed|failed|FAILED|ERROR|Timeout" "$out/issue9.log" | tail -40
+fi
+if has sink; then
+  # Learnable sinks in the kernels (issue 9 item 5): the GPU sink tests, then the dsink/out error table.
+  timeout 300 python3 -m pytest -m gpu -p no:cacheprovider $xd -q -rfE -k sink tests/test_flash_attn_cute_calls_gpu.py \
+    tests/test_fwd_splitkv_gpu.py tests/test_combine_gpu.py > "$out/sink.log" 2>&1
+  echo "sink rc=$?"; grep -E "passed|failed|FAILED|ERROR" "$out/sink.log" | tail -20
+  timeout 120 python3 tools/sink_diag.py > "$out/sink_diag.log" 2>&1; echo "sink_diag rc=$?"; cat "$out/sink_diag.log" | tail -16
 fi
 if has decode; then
   timeout 300 python3 -m fa4.bench --decode --out "$out/decode" ${BENCH_ARGS:-} > "$out/decode.log" 2>&1
