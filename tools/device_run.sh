@@ -4,7 +4,7 @@
 # STEPS (comma list): bwd90 (the backward GPU tests, both families), gpu (the whole GPU suite),
 # sanitize (compute-sanitizer memcheck/racecheck on tools/sanitize_sm90.py), bench (fwd+bwd grid),
 # benchbwd, det (deterministic bench), latency, sweep (tools/sweep_bwd.py), ncu (tools/ncu_bwd.py),
-# sink (learnable-sink GPU tests + tools/sink_diag.py), issue9 (pack GQA / split-KV / combine / paged / flash_attn.cute call GPU tests), decode (bench --decode),
+# pytests (pytest -m gpu $PYTESTS), sweepfwd80 (tools/sweep_fwd.py --family sm80 $SWEEP_FWD80), sink (learnable-sink GPU tests + tools/sink_diag.py), issue9 (pack GQA / split-KV / combine / paged / flash_attn.cute call GPU tests), decode (bench --decode),
 # pending (session 6's not-yet-run GPU tests), ncusrc (source-level stall sampling, not yet run), ncustall (stall reasons, fa4 vs flash-attn-4), sweepfwd (tools/sweep_fwd.py $SWEEP_FWD), ncufwd (ncu of the fa4 and flash-attn-4 forwards, tools/ncu_fwd.py), nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
 set -uo pipefail
 steps=${1:-bwd90}
@@ -29,6 +29,16 @@ if has issue9; then
     ${ISSUE9_K:+-k "$ISSUE9_K"} tests/test_fwd_splitkv_gpu.py tests/test_flash_attn_cute_calls_gpu.py tests/test_combine_gpu.py \
     > "$out/issue9.log" 2>&1
   echo "issue9 rc=$?"; grep -E "passed|failed|FAILED|ERROR|Timeout" "$out/issue9.log" | tail -40
+fi
+if has pytests; then
+  # Any GPU test files or node ids: PYTESTS="tests/a.py tests/b.py::test_x" (PYTESTS_K: a -k filter).
+  timeout ${PYTESTS_TIMEOUT:-300} python3 -m pytest -m gpu -p no:cacheprovider $xd -q -rfE --maxfail=20 \
+    ${PYTESTS_K:+-k "$PYTESTS_K"} $PYTESTS > "$out/pytests.log" 2>&1
+  echo "pytests rc=$?"; grep -E "passed|failed|FAILED|ERROR" "$out/pytests.log" | tail -25
+fi
+if has sweepfwd80; then
+  timeout ${SWEEP_TIMEOUT:-300} python3 tools/sweep_fwd.py --family sm80 ${SWEEP_FWD80:-} > "$out/sweepfwd80.log" 2>&1
+  echo "sweepfwd80 rc=$?"; grep -v Warning "$out/sweepfwd80.log" | grep -v "exe_args" | tail -30
 fi
 if has sink; then
   # Learnable sinks in the kernels (issue 9 item 5): the GPU sink tests, then the dsink/out error table.
