@@ -16,9 +16,6 @@ Note [Conditional rescale]
     sits behind the warp-uniform branch. If it rescales, every row of the warp takes its new max
     (rows that grew by less, too); otherwise every row keeps its stale max, so ``P <= 2**tau``
     (256 for tau = 8: fine for fp32 l and bf16/fp16 P). ``tau = 0`` is the classic rule: every row rescales whenever its max grows.
-    With ``tau = 0`` and ``skip_unchanged`` the multiplication of O is skipped, by the same
-    warp-uniform branch, when no row of the warp grew its max: every scale is then exactly 1
-    (``2**0``), so the result is bit-identical to the classic rule, only the 1.0 multiplies are gone.
     Normalization and LSE use the max the row actually used, so they are exact either way:
     ``out = O / l``, ``lse = (m * scale_log2 + log2(l)) * ln(2)``. A row with no visible key keeps
     ``m = -inf``, ``l = 0``: it gets ``out = 0`` and ``lse = -inf`` (exponentials use a "safe" max
@@ -196,7 +193,7 @@ class OnlineSoftmax:
     """
 
     def __init__(self, scale_log2: Float32, num_rows: int, exp2_emu_frac: float = 0.0,
-                 rescale_threshold: float = 0.0, round_p=None, skip_unchanged: bool = False):
+                 rescale_threshold: float = 0.0, round_p=None):
         self.scale_log2 = scale_log2
         # The 16-bit type P is rounded to before l sums it (Note [Normalizing by the rounded P]);
         # None: l sums the fp32 P.
@@ -204,9 +201,6 @@ class OnlineSoftmax:
         self.num_rows = num_rows
         self.exp2_emu_frac = float(exp2_emu_frac)
         self.rescale_threshold = float(rescale_threshold)
-        # tau = 0: skip the O multiplication when no row of the warp moved its max (Note
-        # [Conditional rescale]); exact.
-        self.skip_unchanged = bool(skip_unchanged) and self.rescale_threshold == 0.0
         self.row_max = cute.make_rmem_tensor(num_rows, Float32)
         self.row_sum = cute.make_rmem_tensor(num_rows, Float32)
 
@@ -246,7 +240,7 @@ class OnlineSoftmax:
         maxes and ``l`` are updated, and ``(row_scale, do_rescale)`` is returned for
         :meth:`rescale_O`, which the caller applies to O when O is free (a kernel whose previous
         ``P @ V`` is still in flight rescales after it completes). ``do_rescale`` is warp-uniform
-        (always true without a rescale threshold or ``skip_unchanged``); ``row_scale`` is 1 for rows that keep their max.
+        (always true without a rescale threshold); ``row_scale`` is 1 for rows that keep their max.
         With ``is_first`` there is nothing to rescale (the scales are not meaningful).
         With ``round_p``, P is rounded to 16 bits in place before ``l`` sums it (Note [Normalizing by
         the rounded P]); the caller then converts P with :meth:`convert_P`."""
@@ -267,12 +261,6 @@ class OnlineSoftmax:
                 for r in cutlass.range_constexpr(self.num_rows):
                     need = need | ((blk_max[r] - self.row_max[r]) * self.scale_log2 > self.rescale_threshold)
                 take_new = cute.arch.vote_any_sync(need)
-            elif const_expr(self.skip_unchanged):
-                # Every row takes its new max; O is multiplied only if some row's max grew.
-                grew = cutlass.Boolean(False)
-                for r in cutlass.range_constexpr(self.num_rows):
-                    grew = grew | (blk_max[r] > self.row_max[r])
-                take_new = cute.arch.vote_any_sync(grew)
             # Row scales (1 for rows that keep their max), computed branch-free; only the
             # multiplication of O is skipped when the whole warp keeps its maxes.
             for r in cutlass.range_constexpr(self.num_rows):
@@ -306,15 +294,11 @@ class OnlineSoftmax:
     def rescale_O(self, acc_O: cute.Tensor, row_scale: cute.Tensor, do_rescale) -> None:
         """``acc_O[r, :] *= row_scale[r]`` (skipped when the warp-uniform ``do_rescale`` is false)."""
         acc_O_mn = make_acc_mn_view(acc_O)
-        if const_expr(self.branches()):
+        if const_expr(self.rescale_threshold > 0.0):
             if do_rescale:
                 rescale_rows(acc_O_mn, row_scale)
         else:
             rescale_rows(acc_O_mn, row_scale)
-
-    def branches(self) -> bool:
-        """Whether :meth:`rescale_O` sits behind the warp-uniform ``do_rescale`` (compile-time)."""
-        return self.rescale_threshold > 0.0 or self.skip_unchanged
 
     @cute.jit
     def finalize(self, acc_O: cute.Tensor, sink_log2: Optional[cute.Tensor] = None) -> cute.Tensor:

@@ -603,14 +603,11 @@ class FlashFwdSm90:
         rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
         tOrP = make_acc_as_A(rP)
         softmax = OnlineSoftmax(scale_log2, cute.size(make_acc_mn_view(acc_S).shape[0]), cfg.exp2_emu_frac,
-                                cfg.rescale_threshold, self.dtype if cfg.sum_rounded else None, cfg.rescale_skip)
-        # Row scales of the last softmax, applied to O just before the next P V (rescale_o_before_pv),
-        # and whether to apply them (1: the warp-uniform do_rescale, when the softmax branches).
+                                cfg.rescale_threshold, self.dtype if cfg.sum_rounded else None)
+        # Row scales of the last softmax, applied to O just before the next P V (rescale_o_before_pv).
         row_scale_prev = cute.make_rmem_tensor(softmax.num_rows, Float32)
-        rescale_prev = cute.make_rmem_tensor(1, Int32)
-        rescale_prev[0] = 0
         c = SimpleNamespace(pk=pk, pv=pv, thr_mma_qk=thr_mma_qk, tSrQ=tSrQ, tSrK=tSrK, tOrVt=tOrVt, tOrP=tOrP,
-                            acc_S=acc_S, acc_O=acc_O, rP=rP, row_scale=row_scale_prev, rescale=rescale_prev)
+                            acc_S=acc_S, acc_O=acc_O, rP=rP, row_scale=row_scale_prev)
 
         if const_expr(self.pingpong):
             if wg == 1:
@@ -648,7 +645,6 @@ class FlashFwdSm90:
                     pk.consumer_release(kv_state)
                     self.scores(acc_S, mask, thr_mma_qk, m_block, n_max - 1, prescale, True, True)
                     row_scale_prev.store(softmax.update(acc_S, is_first=True)[0].load())
-                    rescale_prev[0] = 0  # scale 1 after the first block
                     softmax.convert_P(acc_S, rP)
                     v_state = kv_state.clone()
                     if const_expr(cfg.has_seqused_k):
@@ -661,7 +657,7 @@ class FlashFwdSm90:
                         pq.consumer_release(q_state)
                     # Last P V.
                     if const_expr(cfg.rescale_o_before_pv):
-                        self.rescale_before_pv(c, softmax)
+                        rescale_rows(make_acc_mn_view(acc_O), row_scale_prev)
                     pv.consumer_wait(v_state)
                     self.pp_sync(wg)
                     gemm_sm90(self.tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, v_state.index])
@@ -722,7 +718,7 @@ class FlashFwdSm90:
         self.pp_sync(wg)
         gemm_sm90(self.tiled_mma_qk, c.acc_S, c.tSrQ, c.tSrK[None, None, None, kv_state.index], zero_init=True)
         if const_expr(self.cfg.rescale_o_before_pv):
-            self.rescale_before_pv(c, softmax)  # under the Q K^T just issued
+            rescale_rows(make_acc_mn_view(c.acc_O), c.row_scale)  # under the Q K^T just issued
         c.pv.consumer_wait(v_state)
         gemm_sm90(self.tiled_mma_pv, c.acc_O, c.tOrP, c.tOrVt[None, None, None, v_state.index])
         self.pp_arrive(wg)
@@ -735,24 +731,12 @@ class FlashFwdSm90:
         if const_expr(self.cfg.rescale_o_before_pv):
             # Applied before the next P V (rows that keep their max have scale 1 exactly).
             c.row_scale.store(row_scale.load())
-            if const_expr(softmax.branches()):
-                c.rescale[0] = Int32(do_rescale)
         else:
             softmax.rescale_O(c.acc_O, row_scale, do_rescale)
         softmax.convert_P(c.acc_S, c.rP)
         kv_state.advance()
         v_state.advance()
         return kv_state, v_state
-
-    @cute.jit
-    def rescale_before_pv(self, c: SimpleNamespace, softmax: OnlineSoftmax) -> None:
-        """``rescale_o_before_pv``: O times the last softmax's row scales, before the next ``P V``
-        (behind the last softmax's warp-uniform ``do_rescale`` when it branches)."""
-        if const_expr(softmax.branches()):
-            if c.rescale[0] != 0:
-                rescale_rows(make_acc_mn_view(c.acc_O), c.row_scale)
-        else:
-            rescale_rows(make_acc_mn_view(c.acc_O), c.row_scale)
 
     @cute.jit
     def epilogue(self, acc_O, lse, mO, mLSE, sO, tma_o, seqlen: SeqlenInfo, rows: TileRows, slot: Int32,
@@ -953,9 +937,6 @@ def variants(arch: str) -> list[FwdSm90Config]:
         cfg(64, tile_m=64, pingpong=False, qhead_per_kvhead=4, has_sink=True, page_rows=16, has_seqused_k=True,
             varlen_q=True),
         cfg(128, split_kv=True, has_sink=True),  # the partials skip the sink (the combine adds it)
-        cfg(128, rescale_skip=True),
-        cfg(256, causal=True, rescale_skip=True, rescale_o_before_pv=True),
-        cfg(64, causal=True, rescale_skip=True, dynamic_sched=True),
     ]
 
 
