@@ -111,7 +111,7 @@ def test_explain_hopper_backward_is_native_and_says_deterministic():
 
 def test_explain_hopper_backward_notes_the_deterministic_path():
     """fa4.explain() says which deterministic order the sm90 backward takes, and that at head dim
-    256 determinism gives up the direct dQ adds and a Q/dO stage."""
+    256 it keeps the direct dQ adds, in order (Note [Ordered direct dQ])."""
     q = torch.empty(2, 1000, 8, 128, dtype=torch.bfloat16, requires_grad=True)
     text = str(fa4.explain(q, q, q, deterministic=True, capability=(9, 0)))
     assert "rotated order" in text and "ordered writer warp" not in text
@@ -119,7 +119,7 @@ def test_explain_hopper_backward_notes_the_deterministic_path():
     assert "launch order" in text
     q = torch.empty(2, 1000, 8, 256, dtype=torch.bfloat16, requires_grad=True)
     text = str(fa4.explain(q, q, q, deterministic=True, capability=(9, 0)))
-    assert "ordered writer warp, so 1 Q/dO stage(s) fit" in text and "with 2" in text
+    assert "added from registers" in text and "rank order" in text and "ordered writer warp" not in text
     assert "deterministic dQ" not in str(fa4.explain(q, q, q, capability=(9, 0)))
 
 

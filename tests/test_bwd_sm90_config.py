@@ -74,6 +74,8 @@ def test_variants_cover_buckets_flags_and_paths():
     assert {v.tile_m for v in vs} == {64, 80, 128}
     assert {v.q_stages for v in vs} == {1, 2} and {v.pds_stages for v in vs} == {1, 2}
     assert {(v.dq_stages, v.deterministic) for v in vs} >= {(1, True), (2, True), (2, False)}
+    # Deterministic with the ordered direct adds and with the ordered writer warp (Note [Ordered direct dQ]).
+    assert {(v.dq_direct, v.deterministic) for v in vs} == {(a, b) for a in (False, True) for b in (False, True)}
     for v in vs:
         sm90.FlashBwdSm90.can_implement(v)
         assert v.REQUIRED_SASS == ("HGMMA", "UTMALDG")
@@ -191,3 +193,22 @@ def test_no_import_cycle_in_bwd():
         visit(m, [])
     assert "fa4.bwd.common" in graph["fa4.bwd.sm80"] and "fa4.bwd.common" in graph["fa4.bwd.sm90"]
     assert not any(m.endswith(("sm80", "sm90")) for m in graph["fa4.bwd.postprocess"] | graph["fa4.bwd.common"])
+
+
+def test_deterministic_keeps_the_direct_adds():
+    """Note [Ordered direct dQ]: at head dims whose table adds dQ from registers the deterministic
+    config keeps them (the stages of the non-deterministic one, no publish lag); ``det_direct=False``
+    gives the ordered writer warp; publish_lag with dq_direct is refused by name."""
+    import dataclasses
+
+    for d in (192, 256):
+        free = sm90.make_config(_problem(d), None, "sm_90a")
+        det = sm90.make_config(_problem(d), None, "sm_90a", True)
+        assert free.dq_direct and det.dq_direct and det.deterministic and not det.publish_lag
+        assert (det.q_stages, det.pds_stages) == (free.q_stages, free.pds_stages)
+        writer = sm90.make_config(_problem(d), None, "sm_90a", True, det_direct=False)
+        assert not writer.dq_direct and writer.deterministic
+    assert not sm90.make_config(_problem(128), None, "sm_90a", True).dq_direct
+    bad = dataclasses.replace(sm90.make_config(_problem(256), None, "sm_90a", True), publish_lag=True)
+    with pytest.raises(ValueError, match="publish_lag"):
+        sm90.FlashBwdSm90.can_implement(bad)

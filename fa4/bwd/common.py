@@ -49,7 +49,7 @@ Note [Deterministic dQ]
     per pair and far apart in launch order, so they rarely wait; with sections of one pair (x
     fastest) all blocks of a pair start together and chain, each one step behind the previous.
     How a family waits and publishes is its own (sm80: Note [Split-phase] in
-    fa4/sched/semaphore.py; sm90: the dQ writer warp).
+    fa4/sched/semaphore.py; sm90: the dQ writer warp, or its sequencer of the direct adds).
 
 Note [Rotated order]
     Without a mask every K block of a pair visits every m_block, and in the order above all of them

@@ -26,7 +26,8 @@ Warp roles (``kernel`` dispatches; ``128 * (num_wg + 1)`` threads)
           dO + the ``dpsum`` rows;
         - warp 1, :meth:`store_dq` (not with ``dq_direct``): per step and warpgroup, waits for the
           warpgroup's dQ tile in smem, bulk-reduce-adds it into ``dq_accum`` (deterministic: after
-          the slot's earlier contributors, then publishes);
+          the slot's earlier contributors, then publishes); with ``dq_direct`` and
+          ``deterministic``, :meth:`sequence_dq` (Note [Ordered direct dQ]);
         - warps 2, 3 exit.
     * warpgroups 1..num_wg, the consumers (``setmaxnreg`` up to ``consumer_regs``): :meth:`mma`
       (the step loop, then :meth:`epilogue`: dK, dV through smem to gmem with 16-byte stores).
@@ -84,7 +85,22 @@ Note [Direct dQ]
     dq_accum itself, ``red.global.add.v4.f32`` in the fragment order (16 per thread per step at
     d256, with immediate offsets), and the smem goes to a second Q/dO stage: measured +35% at d256.
     At head dims <= 128 the steps are short and the reductions' issue cost shows (-2% at d128), so
-    the bulk reduce stays there. Not deterministic: the adds of a slot are unordered.
+    the bulk reduce stays there. Unordered by itself; deterministic runs order the adds of each
+    slot (Note [Ordered direct dQ]).
+
+Note [Ordered direct dQ]
+    With ``dq_direct`` and ``deterministic`` the consumers still add from registers, and warp 1
+    orders the adds of each slot instead of reducing a tile (:meth:`FlashBwdSm90.sequence_dq`). Per
+    step ``t``: its lane 0 spins until the slot's counter equals the CTA's rank (acquire), the warp
+    arrives on each consumer warpgroup's ``dq_full`` barrier, which the warpgroup syncs on just
+    before its adds; each warpgroup arrives on its ``dq_empty`` once its adds are issued, and the
+    warp, synced on all of them, publishes (``fence.acq_rel.gpu``, then +1: the CTA-barrier +
+    one-thread fence pattern of :func:`fa4.sched.semaphore.signal`). The counters, ranks and
+    launch order are those of Note [Deterministic dQ], so the adds into each float32 element
+    happen in the same order as with the writer warp, and the gradients are the same bits. The
+    spin for step ``t + 1`` and the publish of step ``t`` run on warp 1 while the consumers compute
+    step ``t + 1``; a consumer waits only when the slot's previous contributor is behind. The
+    warpgroups' fragments are disjoint, so their adds need no order between them.
 
 Note [Publish lag]
     Deterministic, the writer of each step waits for its slot's turn (spin), adds, waits for the adds
@@ -221,9 +237,9 @@ class BwdSm90Config(AttnKernelConfig):
     ``dq_stages``: of the float32 dQ tile handed to the writer warp. ``publish_lag`` (deterministic):
     the writer publishes a step's slot after spinning for the next step's (Note [Publish lag]).
     ``det_rotate`` (deterministic, no mask): the rotated order of Note [Rotated order] in
-    fa4/bwd/common.py. ``dq_direct`` (not deterministic): the consumers add their dQ fragments into
+    fa4/bwd/common.py. ``dq_direct``: the consumers add their dQ fragments into
     dq_accum with ``red.global.add.v4.f32`` from registers, no sdQ tile and no writer warp (Note
-    [Direct dQ]). ``ds_from_p16``: dS^T from the 16-bit P^T (the dV wgmma's operand), not the
+    [Direct dQ]; deterministic: in order, Note [Ordered direct dQ]). ``ds_from_p16``: dS^T from the 16-bit P^T (the dV wgmma's operand), not the
     float32 one, which frees S^T's registers early: the d64 default's 128-row steps fit 240
     registers without serialized wgmmas with it (and not without; the TUNING comment has the
     numbers). ``tile_m = 80`` runs the dQ wgmma swapped (``dq_swap``, dQ^T = K^T dS^T,
@@ -427,10 +443,9 @@ class FlashBwdSm90:
         if cfg.det_rotate and not (cfg.deterministic and not cfg.causal and not cfg.local):
             raise ValueError(f"{name}.det_rotate (Note [Rotated order]) needs deterministic=True and no causal or "
                              "local mask")
-        if cfg.dq_direct and cfg.deterministic:
-            raise ValueError(f"{name}.dq_direct adds dQ unordered from the consumers; it cannot be deterministic")
-        if cfg.publish_lag and not cfg.deterministic:
-            raise ValueError(f"{name}.publish_lag orders the deterministic dQ writer; it needs deterministic=True")
+        if cfg.publish_lag and not (cfg.deterministic and not cfg.dq_direct):
+            raise ValueError(f"{name}.publish_lag orders the deterministic dQ writer; it needs deterministic=True "
+                             "and no dq_direct (the ordered direct adds have their own overlap, Note [Ordered direct dQ])")
         if cfg.smem_bytes() > SMEM_CAPACITY:
             raise ValueError(f"{name}: {cfg.smem_bytes()} bytes of shared memory at head_dim {cfg.head_dim}, "
                              f"tile {cfg.tile_m}x{cfg.tile_n}, {cfg.q_stages} Q stages, {cfg.pds_stages} dS stages "
@@ -643,6 +658,9 @@ class FlashBwdSm90:
             if const_expr(not self.cfg.dq_direct):
                 if warp_idx == 1:
                     self.store_dq(mdQaccum, mSemaphore, smem().sdQ, work())
+            elif const_expr(self.cfg.deterministic):
+                if warp_idx == 1:
+                    self.sequence_dq(mSemaphore, work())
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.mma(mdK, mdV, mdQaccum, smem(), pipes, work(), softmax_scale, prescale, scale_log2,
@@ -872,6 +890,25 @@ class FlashBwdSm90:
                     last_head, last_m = self.step_slot(work, work.num_steps - 1)
                     semaphore.publish(self.dq_semaphore(mSemaphore, work, last_head, last_m), True)
             cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def sequence_dq(self, mSemaphore, work) -> None:
+        """Warp 1 with ``dq_direct`` and ``deterministic`` (Note [Ordered direct dQ]): per step, waits
+        for the slot's turn, lets every consumer warpgroup add (``dq_full``), waits until all of them
+        have issued their adds (``dq_empty``), and publishes."""
+        lane = cute.arch.lane_idx()
+        for t in cutlass.range(work.num_steps, unroll=1):
+            head, m_block = self.step_slot(work, t)
+            sem = self.dq_semaphore(mSemaphore, work, head, m_block)
+            if lane == 0:
+                semaphore.spin(sem, self.dq_rank(work, m_block))
+            cute.arch.sync_warp()
+            for w in cutlass.range_constexpr(self.num_wg):
+                cute.arch.barrier_arrive(barrier_id=self.dq_bar(_BAR.dq_full, w, t), number_of_threads=128 + 32)
+            for w in cutlass.range_constexpr(self.num_wg):
+                cute.arch.barrier(barrier_id=self.dq_bar(_BAR.dq_empty, w, t), number_of_threads=128 + 32)
+            if lane == 0:
+                semaphore.publish(sem, True)
 
     def dq_tile(self, mdQaccum: cute.Tensor, work, head: Int32, m_block: Int32) -> cute.Tensor:
         """The dq_accum tile this CTA adds step (head, m_block) into: the m_block's ``tile_m`` rows,
@@ -1105,8 +1142,14 @@ class FlashBwdSm90:
                                           scope=nvvm.MemScopeKind.CLUSTER)
 
         if const_expr(self.cfg.dq_direct):
-            # Note [Direct dQ]: this thread's fragment straight into dq_accum.
+            # Note [Direct dQ]: this thread's fragment straight into dq_accum; deterministic, once the
+            # sequencer warp says the slot is this CTA's turn, and then telling it the adds are issued
+            # (Note [Ordered direct dQ]).
+            if const_expr(self.cfg.deterministic):
+                cute.arch.barrier(barrier_id=self.dq_bar(_BAR.dq_full, wg, t), number_of_threads=128 + 32)
             red_add_fragment(c.acc_dQ, thread_fragment(gdQ, self.cfg.dq_fragment, self.dq_frag_size, 4, c.tidx), 4)
+            if const_expr(self.cfg.deterministic):
+                cute.arch.barrier_arrive(barrier_id=self.dq_bar(_BAR.dq_empty, wg, t), number_of_threads=128 + 32)
         else:
             # dQ -> this warpgroup's part of sdQ (fragment order), for the writer warp.
             sdQ_frag = thread_fragment(
@@ -1189,6 +1232,10 @@ rotated order, sections of 1, replaces it at d128); causal deterministic 16 / 64
 DET_ROTATE = True
 """Use the rotated deterministic order where it is safe (:func:`rotate_ok`); False: never."""
 
+DET_DIRECT = True
+"""Deterministic runs of the head dims whose table takes ``dq_direct`` keep it, with the ordered
+direct adds of Note [Ordered direct dQ]; False: they take the ordered writer warp instead."""
+
 
 def rotate_ok(problem: AttnProblem, tile_n: int) -> bool:
     """Whether the rotated deterministic order (Note [Rotated order] in fa4/bwd/common.py) serves
@@ -1202,12 +1249,14 @@ def rotate_ok(problem: AttnProblem, tile_n: int) -> bool:
 
 
 def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: str,
-                deterministic: bool = False) -> BwdSm90Config:
+                deterministic: bool = False, det_direct: Optional[bool] = None) -> BwdSm90Config:
     """The tuning table for the padded head dim with ``options.bwd_tile_m`` on top (ValueError
-    naming the option when the kernel cannot run it)."""
+    naming the option when the kernel cannot run it). ``det_direct``: whether a deterministic run
+    keeps the table's ``dq_direct`` (Note [Ordered direct dQ]); None: :data:`DET_DIRECT`."""
     hd = head_dim_padded(problem.head_dim)
     hd_v = head_dim_padded(problem.head_dim_v)
     tile_m, rs, q_stages, pds_stages, dq_stages, lag, rotate, direct, p16 = TUNING[hd]
+    det_direct = DET_DIRECT if det_direct is None else det_direct
     if hd_v != hd:  # (head_dim, head_dim_v) pairs: the table's path with 64-row steps, which fit any pair
         tile_m, p16 = 64, False
     opts = options or KernelOptions()
@@ -1228,12 +1277,13 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         ds_from_p16=p16 and (opts.bwd_tile_m or tile_m) == tile_m,
         two_cta=bool(opts.bwd_two_cta) if opts.bwd_two_cta is not None else TWO_CTA.get(hd, False) and not deterministic,
         dkv_rs=rs, q_stages=q_stages, pds_stages=pds_stages, dq_stages=dq_stages, deterministic=bool(deterministic),
-        publish_lag=bool(deterministic) and lag,
-        det_rotate=bool(deterministic) and rotate and rotate_ok(problem, tile_n), dq_direct=direct and not deterministic,
+        publish_lag=bool(deterministic) and lag and not (direct and det_direct),
+        det_rotate=bool(deterministic) and rotate and rotate_ok(problem, tile_n),
+        dq_direct=direct and (det_direct or not deterministic),
         **BwdSm90Config.problem_flags(problem))
     # What a larger tile_m leaves no room for: the second dQ buffer. What the sdQ tile of a
     # deterministic run (no dq_direct) leaves no room for: P/dS stages, then Q/dO stages.
-    fields = ("dq_stages", "pds_stages", "q_stages") if direct and deterministic else ("dq_stages",)
+    fields = ("dq_stages", "pds_stages", "q_stages") if direct and deterministic and not cfg.dq_direct else ("dq_stages",)
     for field in fields:
         if cfg.smem_bytes() > SMEM_CAPACITY and getattr(cfg, field) > 1:
             cfg = replace(cfg, **{field: 1})
@@ -1265,7 +1315,10 @@ def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: B
                  "K blocks in launch order, m_blocks walked down (Note [Deterministic dQ])")
         notes.append(f"deterministic dQ: {order}")
         free = make_config(problem, options, cfg.arch, False)
-        if free.dq_direct:
+        if cfg.dq_direct:
+            notes.append("deterministic dQ is added from registers like the non-deterministic kernel's, each slot's "
+                         "adds in rank order (Note [Ordered direct dQ])")
+        elif free.dq_direct:
             notes.append(f"deterministic dQ goes through the ordered writer warp, so {cfg.q_stages} Q/dO stage(s) "
                          f"fit where the non-deterministic kernel adds dQ from registers with {free.q_stages} "
                          "(measured 0.73-0.79x of its speed at head dim 256, docs/RESULTS.md v0.6)")
@@ -1321,4 +1374,8 @@ def variants(arch: str) -> list[BwdSm90Config]:
     # The experiment of the config docstring: 80-row steps (the swapped dQ wgmma) at d128.
     out.append(replace(out[1], tile_m=80, dq_stages=1, ds_from_p16=True))
     out.append(replace(out[2], dq_stages=1, publish_lag=not out[2].publish_lag))  # one dQ buffer, deterministic
+    # Deterministic with the writer warp where the table adds dQ directly (det_direct off), and
+    # with the ordered direct adds under a local mask, varlen and seqused_k.
+    out.append(make_config(P(256, causal=True), None, arch, True, det_direct=False))
+    out.append(make_config(P(256, "fp16", local=True, varlen=True, seqused_k=True), None, arch, True))
     return out
