@@ -45,6 +45,8 @@ for b, sq, sk, h, hk, d, causal, det, opts in [
     (1, 150, 100, 2, 2, 256, False, False, SM90),
     (1, 300, 300, 4, 2, 128, True, True, SM90),
     (1, 300, 300, 4, 2, 128, False, True, SM90),  # the rotated deterministic order
+    (1, 300, 200, 4, 2, 256, True, True, SM90),  # the ordered direct dQ adds (Note [Ordered direct dQ])
+    (1, 200, 300, 4, 2, 256, False, True, SM90),  # the same, rotated order
     (1, 257, 129, 2, 1, 64, False, False, fa4.KernelOptions(arch="sm90", bwd_tile_m=128)),
     # The two-CTA backward (Note [Two-CTA dQ]): 3 K blocks (the second pair's block past the keys),
     # causal GQA at d128; d64's 64-row halves.
