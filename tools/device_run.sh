@@ -4,7 +4,7 @@
 # STEPS (comma list): bwd90 (the backward GPU tests, both families), gpu (the whole GPU suite),
 # sanitize (compute-sanitizer memcheck/racecheck on tools/sanitize_sm90.py), bench (fwd+bwd grid),
 # benchbwd, det (deterministic bench), latency, sweep (tools/sweep_bwd.py), ncu (tools/ncu_bwd.py),
-# pytests (pytest -m gpu $PYTESTS), sweepfwd80 (tools/sweep_fwd.py --family sm80 $SWEEP_FWD80), sink (learnable-sink GPU tests + tools/sink_diag.py), issue9 (pack GQA / split-KV / combine / paged / flash_attn.cute call GPU tests), decode (bench --decode),
+# pytests (pytest -m gpu $PYTESTS), sweepfwd80 (tools/sweep_fwd.py --family sm80 $SWEEP_FWD80), detsec (tools/det_sections.py $DETSEC_ARGS), sink (learnable-sink GPU tests + tools/sink_diag.py), issue9 (pack GQA / split-KV / combine / paged / flash_attn.cute call GPU tests), decode (bench --decode),
 # pending (session 6's not-yet-run GPU tests), ncusrc (source-level stall sampling, not yet run), ncustall (stall reasons, fa4 vs flash-attn-4), sweepfwd (tools/sweep_fwd.py $SWEEP_FWD), ncufwd (ncu of the fa4 and flash-attn-4 forwards, tools/ncu_fwd.py), nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
 set -uo pipefail
 steps=${1:-bwd90}
@@ -39,6 +39,10 @@ fi
 if has sweepfwd80; then
   timeout ${SWEEP_TIMEOUT:-300} python3 tools/sweep_fwd.py --family sm80 ${SWEEP_FWD80:-} > "$out/sweepfwd80.log" 2>&1
   echo "sweepfwd80 rc=$?"; grep -v Warning "$out/sweepfwd80.log" | grep -v "exe_args" | tail -30
+fi
+if has detsec; then
+  timeout 200 python3 tools/det_sections.py ${DETSEC_ARGS:-} > "$out/detsec.log" 2>&1
+  echo "detsec rc=$?"; grep -E "^d[0-9]" "$out/detsec.log"; grep -E "Error|error" "$out/detsec.log" | tail -3
 fi
 if has sink; then
   # Learnable sinks in the kernels (issue 9 item 5): the GPU sink tests, then the dsink/out error table.
