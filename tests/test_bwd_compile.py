@@ -354,6 +354,14 @@ def test_section_pairs():
     o = dataclasses.replace(order, det_section=0, section=4)
     assert o.section_pairs(5, False, True) == 1
     assert o.section_pairs(32, True, False) == o.section_pairs(32, False, False) == 4
+    # The sm90 family's sections for causal deterministic runs with the ordered direct dQ adds.
+    from fa4.bwd import sm90
+
+    o = sm90.LAUNCH_ORDER
+    assert o.section_pairs(100, True, True, direct=True) == o.det_causal_direct != o.det_causal
+    assert o.section_pairs(100, True, True) == o.det_causal
+    assert o.section_pairs(100, False, True, direct=True) == o.det_no_mask
+    assert dataclasses.replace(o, det_section=3).section_pairs(100, True, True, direct=True) == 3
 
 
 def test_check_schedule_catches_bad_orders():

@@ -110,15 +110,18 @@ class LaunchOrder:
     det_causal: int
     section: Optional[int] = None
     det_section: Optional[int] = None
+    det_causal_direct: Optional[int] = None  # deterministic + causal with ordered direct dQ adds (None: det_causal)
 
-    def section_pairs(self, num_pairs: int, causal: bool, deterministic: bool, rotated: bool = False) -> int:
+    def section_pairs(self, num_pairs: int, causal: bool, deterministic: bool, rotated: bool = False,
+                      direct: bool = False) -> int:
         """Pairs per launch section, in [1, num_pairs]; the rotated deterministic order needs sections
-        of one pair (Note [Rotated order])."""
+        of one pair (Note [Rotated order]). ``direct``: the kernel adds dQ from registers."""
         if rotated:
             return 1
         if deterministic:
+            det_causal = self.det_causal_direct if direct and self.det_causal_direct is not None else self.det_causal
             want = self.det_section if self.det_section is not None else (
-                self.det_causal if causal else self.det_no_mask)
+                det_causal if causal else self.det_no_mask)
         else:
             want = self.section if self.section is not None else (self.causal if causal else 1)
         return max(1, min(want, num_pairs))
@@ -257,7 +260,8 @@ def run_backward(cfg, problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_se
             q, k, v, dout, lse_log2, dpsum, dq_accum, dk_k, dv_k, cu_seqlens_q, cu_seqlens_k, seqused_k, sem,
             float(problem.softmax_scale), float(problem.softcap), int(problem.window_left),
             int(problem.window_right), int(max_seqlen_k),
-            order.section_pairs(num_batch * k.shape[2], cfg.causal, cfg.deterministic, cfg.det_rotate),
+            order.section_pairs(num_batch * k.shape[2], cfg.causal, cfg.deterministic, cfg.det_rotate,
+                                getattr(cfg, "dq_direct", False)),
         )
     else:
         dk_k.zero_()
