@@ -134,6 +134,7 @@ if has ncusrc; then
     echo "ncusrc $impl rc=$?"; grep -iE "stall|sampl" "$out/ncusrc_$impl.txt" | cut -c1-150 | head -20
     ncu --import "$out/ncusrc_$impl.ncu-rep" --page source --csv --print-source sass > "$out/ncusrc_${impl}_sass.csv" 2>/dev/null
   done
+  python3 tools/ncu_src_top.py "$out/ncusrc_fa4_sass.csv" "$out/ncusrc_peer_sass.csv" --top 20 2>&1 | cut -c1-150
 fi
 if has pending; then
   # The GPU tests written in session 6 that no device has run yet (RESULTS v0.8): one_step_loop (both
