@@ -257,6 +257,17 @@ def test_deterministic_schedule_few_resident(sq, sk, resident):
                 assert final == contributors
 
 
+def test_deterministic_schedule_of_the_ordered_direct_adds():
+    """The sm90 order of the ordered direct dQ adds (Note [Ordered direct dQ]: the causal sections
+    of ``det_causal_direct`` pairs) keeps ranks in launch order and runs with few CTAs resident."""
+    from fa4.bwd import sm90
+
+    for heads_k in (3, 20):  # fewer pairs than a section, and more
+        visits, rank, _ = common.deterministic_schedule([700, 300], [900, 400], heads_k, 2, 64, 64, causal=True,
+                                                        order=sm90.LAUNCH_ORDER, direct=True)
+        check_schedule(visits, rank, resident=(1, 3, 7))
+
+
 @pytest.mark.parametrize("sq, sk", _SIZES + [(8192, 8192), (640, 1280)])
 def test_rotated_schedule(sq, sk):
     """Note [Rotated order]: every slot's ranks are a permutation of 0..n-1, adds happen in rank

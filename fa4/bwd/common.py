@@ -329,6 +329,7 @@ def deterministic_schedule(
     section: Optional[int] = None,
     order: Optional[LaunchOrder] = None,
     rotated: bool = False,
+    direct: bool = False,
 ):
     """The dQ accumulation schedule of a deterministic main kernel, as the device runs it.
 
@@ -337,14 +338,15 @@ def deterministic_schedule(
     None: ``order``'s default), each with its (batch, q head, m_block) slots in visiting order;
     ``rank(cta, slot)``, the count it waits for: ``n_block - n_min``; and ``ctas[c] = (x, kv head,
     batch, n_block)``. ``seqlens_k`` are the keys used (seqused_k when given). ``rotated``: the
-    rotated order of Note [Rotated order] (no mask; sections of one pair).
+    rotated order of Note [Rotated order] (no mask; sections of one pair). ``direct``: the kernel
+    adds dQ from registers (``order``'s sections for that case).
     """
     assert not (rotated and (causal or local)), "the rotated order is for unmasked attention"
     num_x = _cdiv(max(seqlens_k), tile_n)
     num_batch = len(seqlens_q)
     pairs = heads_k * num_batch
     if section is None:
-        sec = (order or LaunchOrder(1, 1, 1)).section_pairs(pairs, causal, True, rotated)
+        sec = (order or LaunchOrder(1, 1, 1)).section_pairs(pairs, causal, True, rotated, direct)
     else:
         sec = max(1, min(section, pairs))
     visits, n_of, ctas = [], [], []

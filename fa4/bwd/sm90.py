@@ -65,7 +65,11 @@ Named barriers (ids in ``_BAR``)
       previous step has read warpgroup ``w``'s part (with two buffers, for step ``t + 1`` while it
       handles step ``t``); the warpgroup syncs on it, stores, fences, and arrives on ``dq_full``,
       which the writer syncs on before its bulk reduce. One barrier per buffer, so that an arrive
-      for one step never lands in the generation of another.
+      for one step never lands in the generation of another. With ``dq_direct`` and
+      ``deterministic`` the direction is reversed (Note [Ordered direct dQ]): warp 1 arrives on
+      ``dq_full`` once the slot is this CTA's turn, the warpgroup syncs on it, adds, and arrives on
+      ``dq_empty``, which warp 1 syncs on before it publishes; warp 1 arrives for step ``t + 1``
+      only after that sync, so the generations never mix here either.
     * ``epi``: every consumer thread, around the dK/dV smem tiles (which reuse sK, sV) and the
       zeroing of K/V rows past ``seqused_k``.
 
@@ -1201,7 +1205,9 @@ FlashBwdSm90.kernel.set_name_prefix("fa4_bwd_sm90", remove_cutlass_symbol=True)
 # in two runs: 64-row steps of d64 are shorter than a publish, so a stagger of 2 steps still waits);
 # dQ added from registers above 128, which frees the smem of a second Q/dO (and P/dS) stage (v0.6:
 # d256 303 -> 409 TFLOP/s, causal 285 -> 369, d192 366 -> 388; d128 -2%, d64 +0%: off there).
-# Deterministic runs need the writer warp (no dq_direct); make_config then drops stages to fit.
+# Deterministic runs keep dq_direct, its adds ordered by warp 1 (Note [Ordered direct dQ], v0.9: d256
+# 299 -> 374, causal 293 -> 345); with det_direct off they take the writer warp, and make_config
+# then drops stages to fit.
 TUNING = {
     32: (64, True, 2, 2, 2, True, False, False, False),
     64: (128, True, 2, 2, 2, True, False, False, True),
