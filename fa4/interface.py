@@ -143,6 +143,8 @@ def flash_attn_func(
     block_sparse_tensors=None,
     block_sparse_tensors_bwd=None,
     return_lse: bool = False,
+    gather_bwd_recompute_p: bool = False,
+    gather_bwd_token_chunk: Optional[int] = None,
     *,
     kernel_options: Optional[KernelOptions] = None,
 ):
@@ -155,16 +157,20 @@ def flash_attn_func(
     caps scores as ``softcap * tanh(s / softcap)``. ``deterministic`` makes the backward bit-exact
     across runs. ``num_splits`` / ``pack_gqa``: split-KV and pack GQA (module docstring; results
     stay deterministic). ``kernel_options`` (fa4 only): tile sizes, stages, exp2 emulation, rescale
-    threshold, forced kernel family.
+    threshold, forced kernel family. ``gather_bwd_recompute_p`` / ``gather_bwd_token_chunk`` belong to
+    flash-attn-4's ``gather_kv_indices`` backward and, like it, raise ``NotImplementedError`` when set.
     """
     if (qv is not None or gather_kv_indices is not None or score_mod is not None
             or score_mod_bwd is not None or mask_mod is not None or aux_tensors is not None or aux_scalars is not None
-            or block_sparse_tensors is not None or block_sparse_tensors_bwd is not None):
+            or block_sparse_tensors is not None or block_sparse_tensors_bwd is not None
+            or gather_bwd_recompute_p is not False or gather_bwd_token_chunk is not None):
         validate.reject_unsupported(qv=qv, gather_kv_indices=gather_kv_indices,
                                     score_mod=score_mod, score_mod_bwd=score_mod_bwd, mask_mod=mask_mod,
                                     aux_tensors=aux_tensors, aux_scalars=aux_scalars,
                                     block_sparse_tensors=block_sparse_tensors,
-                                    block_sparse_tensors_bwd=block_sparse_tensors_bwd)
+                                    block_sparse_tensors_bwd=block_sparse_tensors_bwd,
+                                    gather_bwd_recompute_p=gather_bwd_recompute_p,
+                                    gather_bwd_token_chunk=gather_bwd_token_chunk)
     _check_flags(kernel_options, deterministic, return_lse)
     problem = _with_hints(validate.check_dense(q, k, v, softmax_scale, causal, window_size, softcap), num_splits,
                           pack_gqa)
@@ -207,6 +213,8 @@ def flash_attn_varlen_func(
     scheduler_metadata=None,
     seqlen_k_per_split: Optional[int] = None,
     disable_scheduler_metadata: bool = False,
+    gather_bwd_recompute_p: bool = False,
+    gather_bwd_token_chunk: Optional[int] = None,
     *,
     kernel_options: Optional[KernelOptions] = None,
 ):
@@ -229,7 +237,9 @@ def flash_attn_varlen_func(
                                 block_sparse_tensors=block_sparse_tensors, aux_tensors=aux_tensors,
                                 aux_scalars=aux_scalars, scheduler_metadata=scheduler_metadata,
                                 seqlen_k_per_split=seqlen_k_per_split,
-                                disable_scheduler_metadata=disable_scheduler_metadata)
+                                disable_scheduler_metadata=disable_scheduler_metadata,
+                                gather_bwd_recompute_p=gather_bwd_recompute_p,
+                                gather_bwd_token_chunk=gather_bwd_token_chunk)
     if min_seqlen_k is not None:
         _ignored_hint("min_seqlen_k", min_seqlen_k)
     _check_flags(kernel_options, deterministic, return_lse)

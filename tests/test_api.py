@@ -26,15 +26,35 @@ def test_import_does_not_load_the_dsl():
 
 
 def test_signature_matches_flash_attn_cute():
-    """Same positional order and names as flash-attn-4's flash_attn.cute (4.0.0b36)."""
+    """Same positional order and names as flash-attn-4's flash_attn.cute (4.0.0b36), every parameter
+    of it, then fa4's keyword-only ``kernel_options``."""
     params = list(inspect.signature(fa4.flash_attn_func).parameters)
-    assert params[:21] == ["q", "k", "v", "qv", "gather_kv_indices", "softmax_scale", "causal", "window_size",
-                           "learnable_sink", "softcap", "num_splits", "pack_gqa", "deterministic", "score_mod",
-                           "score_mod_bwd", "mask_mod", "aux_tensors", "aux_scalars", "block_sparse_tensors",
-                           "block_sparse_tensors_bwd", "return_lse"]
+    assert params == ["q", "k", "v", "qv", "gather_kv_indices", "softmax_scale", "causal", "window_size",
+                      "learnable_sink", "softcap", "num_splits", "pack_gqa", "deterministic", "score_mod",
+                      "score_mod_bwd", "mask_mod", "aux_tensors", "aux_scalars", "block_sparse_tensors",
+                      "block_sparse_tensors_bwd", "return_lse", "gather_bwd_recompute_p", "gather_bwd_token_chunk",
+                      "kernel_options"]
     params = list(inspect.signature(fa4.flash_attn_varlen_func).parameters)
-    assert params[:11] == ["q", "k", "v", "qv", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k",
-                           "min_seqlen_k", "seqused_q", "seqused_k"]
+    assert params == ["q", "k", "v", "qv", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k",
+                      "min_seqlen_k", "seqused_q", "seqused_k", "gather_kv_indices", "page_table", "softmax_scale",
+                      "causal", "window_size", "learnable_sink", "softcap", "num_splits", "pack_gqa", "deterministic",
+                      "score_mod", "score_mod_bwd", "mask_mod", "block_sparse_tensors", "aux_tensors", "aux_scalars",
+                      "return_lse", "scheduler_metadata", "seqlen_k_per_split", "disable_scheduler_metadata",
+                      "gather_bwd_recompute_p", "gather_bwd_token_chunk", "kernel_options"]
+    for f in (fa4.flash_attn_func, fa4.flash_attn_varlen_func):
+        assert inspect.signature(f).parameters["kernel_options"].kind is inspect.Parameter.KEYWORD_ONLY
+
+
+@pytest.mark.parametrize("name, value", [("gather_bwd_recompute_p", True), ("gather_bwd_token_chunk", 64)])
+def test_gather_backward_arguments_are_refused_by_name(name, value):
+    """flash-attn-4's gather_kv_indices backward knobs: accepted at their defaults (a drop-in call
+    passes them), NotImplementedError naming the argument when set."""
+    q = torch.empty(2, 10, 4, 64, dtype=torch.bfloat16)
+    with pytest.raises(NotImplementedError, match=name):
+        fa4.flash_attn_func(q, q, q, **{name: value})
+    cu = torch.tensor([0, 10], dtype=torch.int32)
+    with pytest.raises(NotImplementedError, match=name):
+        fa4.flash_attn_varlen_func(q[0], q[0], q[0], cu_seqlens_q=cu, cu_seqlens_k=cu, **{name: value})
 
 
 @pytest.mark.parametrize("opts", [
