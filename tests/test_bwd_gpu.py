@@ -466,6 +466,39 @@ def test_bwd_sm90_ordered_direct_dq(d, mask, layout, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("defer", [1, 2])
+@pytest.mark.parametrize("mask", ["none", "causal", "local"])
+def test_bwd_sm90_dq_defer_same_bits(defer, mask, monkeypatch):
+    """``dq_defer`` (BwdSm90Config): the ordered direct adds a step later give the same bits as the
+    default deterministic kernel (the same adds into each slot in the same order), over runs too."""
+    import dataclasses
+
+    from fa4.bwd import sm90
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the sm90 kernels need compute capability 9.x")
+    opts = fa4.KernelOptions(arch="sm90")
+    sq, sk = 700, 1100
+    kw = dict(causal=mask == "causal", window_size=_window(mask, sq, sk))
+    q, k, v = random_qkv(2, sq, sk, 6, 2, 256, torch.bfloat16, "cuda", requires_grad=True, seed=defer)
+    g = torch.randn_like(q)
+
+    def run():
+        out, _ = fa4.flash_attn_func(q, k, v, deterministic=True, kernel_options=opts, **kw)
+        return torch.autograd.grad(out, (q, k, v), g)
+    fa4.ops._plans.clear()
+    base = run()
+    make = sm90.make_config
+    monkeypatch.setattr(sm90, "make_config", lambda *a, **k: dataclasses.replace(make(*a, **k), dq_defer=defer))
+    fa4.ops._plans.clear()
+    got = _same_bits_over_runs(run, 3, f"dq_defer {defer}")
+    monkeypatch.setattr(sm90, "make_config", make)
+    fa4.ops._plans.clear()
+    for name, a, b in zip(("dq", "dk", "dv"), base, got):
+        assert torch.equal(a, b), f"{name}: dq_defer={defer} differs from the default deterministic kernel"
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
 def test_bwd_sm90_ordered_direct_dq_many_ctas(causal, monkeypatch):
     """The ordered direct dQ adds on a grid of 512 CTAs at d256, several times what the GPU holds at

@@ -250,6 +250,10 @@ class BwdSm90Config(AttnKernelConfig):
     DqFragment.swap) with one dQ buffer: an experiment, compiled but wrong on the GPU (NaN gradients,
     an xfail in tests/test_bwd_gpu.py::test_bwd_sm90_experiments) and slower than the default where
     timed (v0.7); make_config refuses ``bwd_tile_m=80``. ``two_cta``: Note [Two-CTA dQ].
+    ``dq_defer`` (with ``dq_direct``; an experiment for the ordered adds, not yet timed): a step's dQ
+    stays in its registers and is added during the next step, 1: after that step's S^T / dP^T
+    wgmmas are issued, 2: just before its dQ wgmma; the same adds in the same order (so the same
+    bits), with some of the step's registers spilled (16 / 32 values at d256, SASS on the CPU).
     """
 
     head_dim: int = 128
@@ -267,6 +271,7 @@ class BwdSm90Config(AttnKernelConfig):
     dq_direct: bool = False
     ds_from_p16: bool = False
     two_cta: bool = False
+    dq_defer: int = 0
 
     KERNEL: ClassVar[str] = "fa4.bwd.sm90:FlashBwdSm90"
     REQUIRED_SASS: ClassVar[tuple] = ("HGMMA", "UTMALDG")  # checked by tests/test_compile.py
@@ -447,6 +452,9 @@ class FlashBwdSm90:
         if cfg.det_rotate and not (cfg.deterministic and not cfg.causal and not cfg.local):
             raise ValueError(f"{name}.det_rotate (Note [Rotated order]) needs deterministic=True and no causal or "
                              "local mask")
+        if cfg.dq_defer not in (0, 1, 2) or (cfg.dq_defer and not cfg.dq_direct):
+            raise ValueError(f"{name}.dq_defer (BwdSm90Config) must be 0, or 1 / 2 with dq_direct (it defers the direct "
+                             f"dQ adds), got {cfg.dq_defer} with dq_direct={cfg.dq_direct}")
         if cfg.publish_lag and not (cfg.deterministic and not cfg.dq_direct):
             raise ValueError(f"{name}.publish_lag orders the deterministic dQ writer; it needs deterministic=True "
                              "and no dq_direct (the ordered direct adds have their own overlap, Note [Ordered direct dQ])")
@@ -1001,10 +1009,18 @@ class FlashBwdSm90:
                     need_mask = Boolean(True)
                 elif const_expr(self.cfg.causal):
                     need_mask = need_mask or m_block < m_no_mask
+                gdQ_prev = None
+                if const_expr(self.cfg.dq_defer):
+                    # Step t - 1's tile (read only for t > 0): its adds happen in this step.
+                    prev_head, prev_m = self.step_slot(work, t - 1)
+                    gdQ_prev = self.dq_tile(mdQaccum, work, prev_head, prev_m)
                 self.mma_step(c, sm, pipe_q, pipe_do, work, q_state, do_state, t, m_block, need_mask, wg,
-                              prescale, scale_log2, gdQ)
+                              prescale, scale_log2, gdQ, gdQ_prev)
                 q_state.advance()
                 do_state.advance()
+            if const_expr(self.cfg.dq_defer):
+                last_head, last_m = self.step_slot(work, work.num_steps - 1)
+                self.add_dq(c, wg, work.num_steps - 1, self.dq_tile(mdQaccum, work, last_head, last_m))
             if const_expr(self.cfg.two_cta):
                 self.drain_exchange(sm, work.num_steps)
         if work.rows_k > 0:
@@ -1047,7 +1063,8 @@ class FlashBwdSm90:
 
     @cute.jit
     def mma_step(self, c, sm, pipe_q, pipe_do, work, q_state, do_state, t: Int32, m_block: Int32, need_mask,
-                 wg: Int32, prescale: Float32, scale_log2: Float32, gdQ: Optional[cute.Tensor]) -> None:
+                 wg: Int32, prescale: Float32, scale_log2: Float32, gdQ: Optional[cute.Tensor],
+                 gdQ_prev: Optional[cute.Tensor] = None) -> None:
         """One (q head, m_block) step of a consumer warpgroup (module docstring)."""
         qi, di = q_state.index, do_state.index
         pds = t % self.pds_stages if const_expr(self.pds_stages > 1) else 0
@@ -1055,6 +1072,10 @@ class FlashBwdSm90:
         gemm_sm90(self.tiled_mma_sdp, c.acc_S, c.tSrK, c.tSrQ[None, None, None, qi], zero_init=True)
         pipe_do.consumer_wait(do_state)
         gemm_sm90(self.tiled_mma_sdp, c.acc_dP, c.tdPrV, c.tdPrdO[None, None, None, di], zero_init=True)
+        if const_expr(self.cfg.dq_defer == 1):
+            # Step t - 1's dQ, still in acc_dQ, added under this step's S^T and dP^T wgmmas.
+            if t > 0:
+                self.add_dq(c, wg, t - 1, gdQ_prev)
         ncol = cute.size(c.tScS_mn, mode=[1])
         # The row statistics of this thread's query columns: read ahead of the waits into registers,
         # or, where registers are short (``rows_late``), from smem as each column is used.
@@ -1129,6 +1150,11 @@ class FlashBwdSm90:
 
         if const_expr(not self.rs):
             gemm_sm90(self.tiled_mma_dv, c.acc_dV, c.tdVrPt[None, None, None, pds], c.tdVrdOt[None, None, None, di])
+        if const_expr(self.cfg.dq_defer == 2):
+            # Step t - 1's dQ, still in acc_dQ, added just before this step's dQ wgmma overwrites it
+            # (a step later, so the slot's previous contributor has had a step more to publish).
+            if t > 0:
+                self.add_dq(c, wg, t - 1, gdQ_prev)
         self.gemm_dq(c.acc_dQ, c.tdQrdS[None, None, None, pds], c.tdQrKt, True)
         if const_expr(self.cfg.two_cta):
             cute.arch.mbarrier_wait(sm.mbar_ds + pds, use & 1)  # the partner's half has landed
@@ -1146,14 +1172,8 @@ class FlashBwdSm90:
                                           scope=nvvm.MemScopeKind.CLUSTER)
 
         if const_expr(self.cfg.dq_direct):
-            # Note [Direct dQ]: this thread's fragment straight into dq_accum; deterministic, once the
-            # sequencer warp says the slot is this CTA's turn, and then telling it the adds are issued
-            # (Note [Ordered direct dQ]).
-            if const_expr(self.cfg.deterministic):
-                cute.arch.barrier(barrier_id=self.dq_bar(_BAR.dq_full, wg, t), number_of_threads=128 + 32)
-            red_add_fragment(c.acc_dQ, thread_fragment(gdQ, self.cfg.dq_fragment, self.dq_frag_size, 4, c.tidx), 4)
-            if const_expr(self.cfg.deterministic):
-                cute.arch.barrier_arrive(barrier_id=self.dq_bar(_BAR.dq_empty, wg, t), number_of_threads=128 + 32)
+            if const_expr(not self.cfg.dq_defer):
+                self.add_dq(c, wg, t, gdQ)
         else:
             # dQ -> this warpgroup's part of sdQ (fragment order), for the writer warp.
             sdQ_frag = thread_fragment(
@@ -1167,6 +1187,17 @@ class FlashBwdSm90:
             cute.arch.barrier_arrive(barrier_id=self.dq_bar(_BAR.dq_full, wg, t), number_of_threads=128 + 32)
         warpgroup.wait_group(0)  # dK
         pipe_q.consumer_release(q_state)
+
+    @cute.jit
+    def add_dq(self, c, wg: Int32, t: Int32, gdQ: cute.Tensor) -> None:
+        """Note [Direct dQ]: this thread's dQ fragment of step ``t`` straight into dq_accum;
+        deterministic, once the sequencer warp says the slot is this CTA's turn, and then telling it
+        the adds are issued (Note [Ordered direct dQ])."""
+        if const_expr(self.cfg.deterministic):
+            cute.arch.barrier(barrier_id=self.dq_bar(_BAR.dq_full, wg, t), number_of_threads=128 + 32)
+        red_add_fragment(c.acc_dQ, thread_fragment(gdQ, self.cfg.dq_fragment, self.dq_frag_size, 4, c.tidx), 4)
+        if const_expr(self.cfg.deterministic):
+            cute.arch.barrier_arrive(barrier_id=self.dq_bar(_BAR.dq_empty, wg, t), number_of_threads=128 + 32)
 
     @cute.jit
     def epilogue(self, acc_dK, acc_dV, mdK, mdV, sm, work, softmax_scale: Float32, tidx: Int32) -> None:
@@ -1387,4 +1418,7 @@ def variants(arch: str) -> list[BwdSm90Config]:
     # with the ordered direct adds under a local mask, varlen and seqused_k.
     out.append(make_config(P(256, causal=True), None, arch, True, det_direct=False))
     out.append(make_config(P(256, "fp16", local=True, varlen=True, seqused_k=True), None, arch, True))
+    # The deferred ordered adds (dq_defer, an experiment).
+    out.append(replace(make_config(P(256, causal=True), None, arch, True), dq_defer=1))
+    out.append(replace(make_config(P(192, varlen=True, seqused_k=True), None, arch, True), dq_defer=2))
     return out
