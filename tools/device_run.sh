@@ -5,7 +5,7 @@
 # sanitize (compute-sanitizer memcheck/racecheck on tools/sanitize_sm90.py), bench (fwd+bwd grid),
 # benchbwd, det (deterministic bench), latency, sweep (tools/sweep_bwd.py), ncu (tools/ncu_bwd.py),
 # pytests (pytest -m gpu $PYTESTS), sweepfwd80 (tools/sweep_fwd.py --family sm80 $SWEEP_FWD80), detsec (tools/det_sections.py $DETSEC_ARGS), sink (learnable-sink GPU tests + tools/sink_diag.py), issue9 (pack GQA / split-KV / combine / paged / flash_attn.cute call GPU tests), decode (bench --decode),
-# pending (session 6's not-yet-run GPU tests), ncusrc (source-level stall sampling, not yet run), ncustall (stall reasons, fa4 vs flash-attn-4), sweepfwd (tools/sweep_fwd.py $SWEEP_FWD), ncufwd (ncu of the fa4 and flash-attn-4 forwards, tools/ncu_fwd.py), nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
+# pending (session 6's not-yet-run GPU tests), pending7 (session 7's: dq_defer / 512-CTA tests and sweeps), ncusrc (source-level stall sampling, not yet run), ncustall (stall reasons, fa4 vs flash-attn-4), sweepfwd (tools/sweep_fwd.py $SWEEP_FWD), ncufwd (ncu of the fa4 and flash-attn-4 forwards, tools/ncu_fwd.py), nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
 set -uo pipefail
 steps=${1:-bwd90}
 out=${OUT:-/tmp/out}; mkdir -p "$out"
@@ -142,5 +142,20 @@ if has pending; then
   timeout 300 python3 -m pytest -m gpu -p no:cacheprovider $xd -q -rfE tests/test_one_step_loop_gpu.py \
     tests/test_fwd_sm90_gpu.py -k "one_step_loop or dynamic_scheduler or same_bits" > "$out/pending.log" 2>&1
   echo "pending rc=$?"; grep -E "passed|failed|FAILED|ERROR" "$out/pending.log" | tail -20
+fi
+if has pending7; then
+  # Session 7's not-yet-run work (RESULTS v0.9, "Next"): the dq_defer and 512-CTA GPU tests, the
+  # dq_defer timing at d256 / d192 deterministic, and ping-pong with O rescaled before P V at d128.
+  timeout 300 python3 -m pytest -m gpu -p no:cacheprovider $xd -q -rfE tests/test_bwd_gpu.py -k "many_ctas or dq_defer" \
+    > "$out/pending7.log" 2>&1
+  echo "pending7 tests rc=$?"; grep -E "passed|failed|FAILED|ERROR" "$out/pending7.log" | tail -10
+  timeout 300 python3 tools/sweep_bwd.py "d256 s8192 det" "d256 s8192 det dq_defer=1" "d256 s8192 det dq_defer=2" \
+    "d256 s8192 causal det" "d256 s8192 causal det dq_defer=1" "d256 s8192 causal det dq_defer=2" \
+    "d256 s8192" "d256 s8192 causal" "d256 s8192 det" "d256 s8192 det dq_defer=1" "d256 s8192 causal det dq_defer=1" \
+    > "$out/pending7_bwd.log" 2>&1
+  echo "pending7 bwd sweep rc=$?"; grep -v Warning "$out/pending7_bwd.log" | grep -v exe_args | tail -14
+  timeout 300 python3 tools/sweep_fwd.py --hdim 128 --repeat 3 pprb:pingpong=True,rescale_o_before_pv=True \
+    rb:rescale_o_before_pv=True pp:pingpong=True > "$out/pending7_fwd.log" 2>&1
+  echo "pending7 fwd sweep rc=$?"; grep -v Warning "$out/pending7_fwd.log" | grep -v exe_args | tail -14
 fi
 echo "total $(( $(date +%s) - t0 ))s"
