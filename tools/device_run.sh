@@ -145,8 +145,10 @@ if has pending; then
 fi
 if has pending7; then
   # Session 7's not-yet-run work (RESULTS v0.9, "Next"): the dq_defer and 512-CTA GPU tests, the
-  # dq_defer timing at d256 / d192 deterministic, and ping-pong with O rescaled before P V at d128.
-  timeout 300 python3 -m pytest -m gpu -p no:cacheprovider $xd -q -rfE tests/test_bwd_gpu.py -k "many_ctas or dq_defer" \
+  # dq_defer timing at d256 deterministic, sum_init_first on the forward grid, ping-pong with O rescaled
+  # before P V at d128.
+  timeout 300 python3 -m pytest -m gpu -p no:cacheprovider $xd -q -rfE tests/test_sum_init_first_gpu.py \
+    "tests/test_bwd_gpu.py::test_bwd_sm90_ordered_direct_dq_many_ctas" "tests/test_bwd_gpu.py::test_bwd_sm90_dq_defer_same_bits" \
     > "$out/pending7.log" 2>&1
   echo "pending7 tests rc=$?"; grep -E "passed|failed|FAILED|ERROR" "$out/pending7.log" | tail -10
   timeout 300 python3 tools/sweep_bwd.py "d256 s8192 det" "d256 s8192 det dq_defer=1" "d256 s8192 det dq_defer=2" \
@@ -154,8 +156,9 @@ if has pending7; then
     "d256 s8192" "d256 s8192 causal" "d256 s8192 det" "d256 s8192 det dq_defer=1" "d256 s8192 causal det dq_defer=1" \
     > "$out/pending7_bwd.log" 2>&1
   echo "pending7 bwd sweep rc=$?"; grep -v Warning "$out/pending7_bwd.log" | grep -v exe_args | tail -14
-  timeout 300 python3 tools/sweep_fwd.py --hdim 128 --repeat 3 pprb:pingpong=True,rescale_o_before_pv=True \
-    rb:rescale_o_before_pv=True pp:pingpong=True > "$out/pending7_fwd.log" 2>&1
+  timeout 330 python3 tools/sweep_fwd.py --repeat 3 sif:sum_init_first=True \
+    pprb:pingpong=True,rescale_o_before_pv=True,hd=128 sifpp:sum_init_first=True,pingpong=True,hd=128 \
+    > "$out/pending7_fwd.log" 2>&1
   echo "pending7 fwd sweep rc=$?"; grep -v Warning "$out/pending7_fwd.log" | grep -v exe_args | tail -14
 fi
 echo "total $(( $(date +%s) - t0 ))s"
