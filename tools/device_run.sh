@@ -160,5 +160,8 @@ if has pending7; then
     pprb:pingpong=True,rescale_o_before_pv=True,hd=128 sifpp:sum_init_first=True,pingpong=True,hd=128 \
     > "$out/pending7_fwd.log" 2>&1
   echo "pending7 fwd sweep rc=$?"; grep -v Warning "$out/pending7_fwd.log" | grep -v exe_args | tail -14
+  timeout 240 python3 tools/sweep_fwd.py --family sm80 --repeat 2 sif:sum_init_first=True \
+    > "$out/pending7_fwd80.log" 2>&1
+  echo "pending7 sm80 sweep rc=$?"; grep -v Warning "$out/pending7_fwd80.log" | grep -v exe_args | tail -14
 fi
 echo "total $(( $(date +%s) - t0 ))s"
