@@ -149,7 +149,7 @@ if has pending7; then
   # before P V at d128.
   timeout 300 python3 -m pytest -m gpu -p no:cacheprovider $xd -q -rfE tests/test_sum_init_first_gpu.py \
     "tests/test_bwd_gpu.py::test_bwd_sm90_ordered_direct_dq_many_ctas" "tests/test_bwd_gpu.py::test_bwd_sm90_dq_defer_same_bits" \
-    > "$out/pending7.log" 2>&1
+    "tests/test_fwd_sm90_gpu.py::test_configs" > "$out/pending7.log" 2>&1
   echo "pending7 tests rc=$?"; grep -E "passed|failed|FAILED|ERROR" "$out/pending7.log" | tail -10
   timeout 300 python3 tools/sweep_bwd.py "d256 s8192 det" "d256 s8192 det dq_defer=1" "d256 s8192 det dq_defer=2" \
     "d256 s8192 causal det" "d256 s8192 causal det dq_defer=1" "d256 s8192 causal det dq_defer=2" \
@@ -157,7 +157,8 @@ if has pending7; then
     > "$out/pending7_bwd.log" 2>&1
   echo "pending7 bwd sweep rc=$?"; grep -v Warning "$out/pending7_bwd.log" | grep -v exe_args | tail -14
   timeout 330 python3 tools/sweep_fwd.py --repeat 3 sif:sum_init_first=True \
-    pprb:pingpong=True,rescale_o_before_pv=True,hd=128 sifpp:sum_init_first=True,pingpong=True,hd=128 \
+    pprb:pingpong=True,rescale_o_before_pv=True,hd=128 sifpp:sum_init_first=True,pingpong=True,hd=128/64 \
+    pp:pingpong=True,hd=64 \
     > "$out/pending7_fwd.log" 2>&1
   echo "pending7 fwd sweep rc=$?"; grep -v Warning "$out/pending7_fwd.log" | grep -v exe_args | tail -14
   timeout 240 python3 tools/sweep_fwd.py --family sm80 --repeat 2 sif:sum_init_first=True \

@@ -57,11 +57,12 @@ Note [intra-warpgroup overlap]
     ``P V``.
 
 Note [ping-pong]
-    With two consumer warpgroups (``pingpong``), each brackets its wgmma issues by a sync on its
-    own named barrier and an arrive on the other's, so the two alternate on the tensor cores: one
-    issues GEMMs while the other runs its softmax. Warpgroup 1 arrives on warpgroup 0's barrier
-    once at the start. Both warpgroups of a tile issue the same number of groups (the first
-    ``Q K^T``, one per further K block, the last ``P V``), so the pairing never drifts.
+    With two or three consumer warpgroups (``pingpong``), each brackets its wgmma issues by a sync
+    on its own named barrier and an arrive on the next one's (round robin), so they take turns on
+    the tensor cores: one issues GEMMs while the others run their softmax. The last warpgroup
+    arrives on warpgroup 0's barrier once at the start. Every warpgroup of a tile issues the same
+    number of groups (the first ``Q K^T``, one per further K block, the last ``P V``), so the
+    order never drifts. Barrier ids: ``_BAR_PP0 + w`` for warpgroups 0 and 1, ``_BAR_PP2`` for 2.
 
 Note [TMA and varlen / padding]
     The TMA atoms see the kernel-boundary tensors as ``(s, d, h, b)`` (:func:`fa4.seqlen.to_sdhb`);
@@ -115,7 +116,7 @@ _DTYPES = fwd_common.DTYPES
 # (consumer, producer) registers per thread after setmaxnreg, by consumer warpgroups: the
 # 64K-register file split as 128 * (producer + num_wg * consumer) <= 65536.
 _REGS = {1: (256, 56), 2: (240, 24), 3: (160, 32)}
-_BAR_EPI, _BAR_PP0, _BAR_VTAIL, _BAR_Q = 1, 2, 4, 5
+_BAR_EPI, _BAR_PP0, _BAR_VTAIL, _BAR_Q, _BAR_PP2 = 1, 2, 4, 5, 6
 
 
 _pad32 = fwd_common.pad32
@@ -125,7 +126,7 @@ _pad32 = fwd_common.pad32
 class FwdSm90Config(AttnFwdConfig):
     """Compile key of the sm90 forward. ``tile_m`` = 64 x consumer warpgroups; ``persistent``: a
     grid of at most one CTA per SM looping over tiles (else one tile per CTA); ``pingpong``: two
-    consumer warpgroups alternate on the tensor cores (Note [ping-pong]); ``rescale_o_before_pv``:
+    or three consumer warpgroups take turns on the tensor cores (Note [ping-pong]); ``rescale_o_before_pv``:
     O is rescaled just before the next ``P V``, under the ``Q K^T`` already issued, instead of
     right after the softmax. The next ``Q K^T`` always overlaps the softmax (Note
     [intra-warpgroup overlap]). ``qhead_per_kvhead > 1``: pack GQA, the tile's rows are that
@@ -197,7 +198,7 @@ class FlashFwdSm90:
         self.num_consumer_threads = 128 * self.num_wg
         self.num_threads = 128 * (self.num_wg + 1)
         self.consumer_regs, self.producer_regs = _REGS[self.num_wg]
-        self.pingpong = cfg.pingpong and self.num_wg == 2
+        self.pingpong = cfg.pingpong and self.num_wg in (2, 3)
         self.pack = cfg.qhead_per_kvhead > 1
         self.split = cfg.split_kv
         self.o_in_q = cfg.o_in_q and cfg.o_via_smem
@@ -570,15 +571,24 @@ class FlashFwdSm90:
 
     # --- consumers --------------------------------------------------------------------------
 
+    def pp_bar(self, wg):
+        """The ping-pong barrier of warpgroup ``wg`` (Note [ping-pong])."""
+        if const_expr(self.num_wg == 2):
+            return _BAR_PP0 + wg
+        return _BAR_PP0 + wg + (wg // 2) * (_BAR_PP2 - _BAR_PP0 - 2)
+
     def pp_sync(self, wg: Int32) -> None:
         """Wait for this warpgroup's turn on the tensor cores (Note [ping-pong])."""
         if const_expr(self.pingpong):
-            cute.arch.barrier(barrier_id=_BAR_PP0 + wg, number_of_threads=256)
+            cute.arch.barrier(barrier_id=self.pp_bar(wg), number_of_threads=256)
 
     def pp_arrive(self, wg: Int32) -> None:
-        """Hand the tensor cores to the other warpgroup."""
+        """Hand the tensor cores to the next warpgroup."""
         if const_expr(self.pingpong):
-            cute.arch.barrier_arrive(barrier_id=_BAR_PP0 + 1 - wg, number_of_threads=256)
+            if const_expr(self.num_wg == 2):
+                cute.arch.barrier_arrive(barrier_id=_BAR_PP0 + 1 - wg, number_of_threads=256)
+            else:
+                cute.arch.barrier_arrive(barrier_id=self.pp_bar((wg + 1) % self.num_wg), number_of_threads=256)
 
     @cute.jit
     def mma_softmax(self, mQ, mO, mLSE, sQ, sK, sV, sO, tma_o, pipes, sched, tile_info, scale_log2, prescale,
@@ -610,7 +620,7 @@ class FlashFwdSm90:
                             acc_S=acc_S, acc_O=acc_O, rP=rP, row_scale=row_scale_prev)
 
         if const_expr(self.pingpong):
-            if wg == 1:
+            if wg == self.num_wg - 1:
                 cute.arch.barrier_arrive(barrier_id=_BAR_PP0, number_of_threads=256)
 
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
@@ -938,6 +948,7 @@ def variants(arch: str) -> list[FwdSm90Config]:
             varlen_q=True),
         cfg(128, split_kv=True, has_sink=True),  # the partials skip the sink (the combine adds it)
         cfg(128, sum_init_first=True),  # Note [Where l's old value enters the sum]
+        cfg(64, pingpong=True, sum_init_first=True),  # ping-pong of three warpgroups (192-row tiles)
         cfg(64, causal=True, sum_init_first=True, dynamic_sched=True),
     ]
 
