@@ -104,7 +104,6 @@ def _run(problem: AttnProblem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, o
     return out, (lse if return_lse else None)
 
 
-
 def _apply_sink(out: torch.Tensor, lse: torch.Tensor, sink: torch.Tensor, packed_q: bool, return_lse: bool):
     """The host composition of attention sinks (:func:`fa4.ops.compose_sink`), kept for the tests
     and tools that compare it with the kernels' own sink (Note [Attention sinks in the softmax])."""

@@ -30,6 +30,7 @@ from cutlass import Float32, Int32, const_expr
 
 from fa4.cute_utils import make_acc_mn_view
 from fa4.seqlen import SeqlenInfo
+from fa4.softmax import LOG2_E
 
 
 @dataclass(frozen=True)
@@ -151,7 +152,7 @@ def row_sinks(mSink: cute.Tensor, thr_mma, rows: TileRows, tile_cols: cutlass.Co
     sinks = cute.make_rmem_tensor(num_rows, Float32)
     for r in cutlass.range_constexpr(num_rows):
         _, head = rows.coord(tOcO[r, 0][0])
-        sinks[r] = mSink[head] * Float32(1.4426950408889634)
+        sinks[r] = mSink[head] * Float32(LOG2_E)
     return sinks
 
 

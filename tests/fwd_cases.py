@@ -10,6 +10,29 @@ import torch
 import fa4
 from fa4.testing import attention_ref, check_close, random_varlen
 
+FAMILY_MODULES = {"sm80": "fa4.fwd.sm80", "sm90": "fa4.fwd.sm90"}
+
+
+def run_with_fields(monkeypatch, family: str, fields: dict, call):
+    """``call(KernelOptions(arch=family))`` with the family's ``make_config`` results overridden by
+    ``fields`` (config fields the public options do not expose); the plan cache is cleared around
+    it, so the override takes effect and does not leak into later calls."""
+    import dataclasses
+    import importlib
+
+    from fa4 import ops
+
+    mod = importlib.import_module(FAMILY_MODULES[family])
+    make = mod.make_config
+    monkeypatch.setattr(mod, "make_config", lambda *a, **kw: dataclasses.replace(make(*a, **kw), **fields))
+    ops._plans.clear()
+    try:
+        return call(fa4.KernelOptions(arch=family))
+    finally:
+        monkeypatch.setattr(mod, "make_config", make)
+        ops._plans.clear()
+
+
 MASKS = ["none", "causal", "local"]
 SOFTCAPS = [0.0, 15.0]
 HEADS = [(4, 4), (6, 2), (4, 1)]  # MHA, GQA, MQA

@@ -5,30 +5,16 @@ the reference check), for both forward families, causal and local windows, dense
 
 from __future__ import annotations
 
-import dataclasses
-import importlib
-
 import pytest
 import torch
 
 import fa4
-from fa4 import ops
 from fa4.testing import random_qkv, random_varlen
-from fwd_cases import check
-
-FAMILIES = {"sm80": "fa4.fwd.sm80", "sm90": "fa4.fwd.sm90"}
+from fwd_cases import check, run_with_fields
 
 
 def _run(monkeypatch, family, one, call):
-    mod = importlib.import_module(FAMILIES[family])
-    make = mod.make_config
-    monkeypatch.setattr(mod, "make_config", lambda *a, **kw: dataclasses.replace(make(*a, **kw), one_step_loop=one))
-    ops._plans.clear()
-    try:
-        return call(fa4.KernelOptions(arch=family))
-    finally:
-        monkeypatch.setattr(mod, "make_config", make)
-        ops._plans.clear()
+    return run_with_fields(monkeypatch, family, dict(one_step_loop=one), call)
 
 
 @pytest.fixture(autouse=True)

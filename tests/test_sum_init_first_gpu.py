@@ -7,31 +7,16 @@ rescales, so the old sum's weight changes every block)."""
 
 from __future__ import annotations
 
-import dataclasses
-import importlib
-
 import pytest
 import torch
 
 import fa4
-from fa4 import ops
 from fa4.testing import attention_ref, random_qkv
-from fwd_cases import check
-
-FAMILIES = {"sm80": "fa4.fwd.sm80", "sm90": "fa4.fwd.sm90"}
+from fwd_cases import check, run_with_fields
 
 
 def _run(monkeypatch, family, on, call):
-    mod = importlib.import_module(FAMILIES[family])
-    make = mod.make_config
-    monkeypatch.setattr(mod, "make_config",
-                        lambda *a, **kw: dataclasses.replace(make(*a, **kw), sum_init_first=on))
-    ops._plans.clear()
-    try:
-        return call(fa4.KernelOptions(arch=family))
-    finally:
-        monkeypatch.setattr(mod, "make_config", make)
-        ops._plans.clear()
+    return run_with_fields(monkeypatch, family, dict(sum_init_first=on), call)
 
 
 @pytest.mark.gpu

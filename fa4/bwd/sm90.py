@@ -1072,10 +1072,7 @@ class FlashBwdSm90:
         gemm_sm90(self.tiled_mma_sdp, c.acc_S, c.tSrK, c.tSrQ[None, None, None, qi], zero_init=True)
         pipe_do.consumer_wait(do_state)
         gemm_sm90(self.tiled_mma_sdp, c.acc_dP, c.tdPrV, c.tdPrdO[None, None, None, di], zero_init=True)
-        if const_expr(self.cfg.dq_defer == 1):
-            # Step t - 1's dQ, still in acc_dQ, added under this step's S^T and dP^T wgmmas.
-            if t > 0:
-                self.add_dq(c, wg, t - 1, gdQ_prev)
+        self.add_deferred_dq(c, wg, t, gdQ_prev, 1)  # under this step's S^T and dP^T wgmmas
         ncol = cute.size(c.tScS_mn, mode=[1])
         # The row statistics of this thread's query columns: read ahead of the waits into registers,
         # or, where registers are short (``rows_late``), from smem as each column is used.
@@ -1150,11 +1147,7 @@ class FlashBwdSm90:
 
         if const_expr(not self.rs):
             gemm_sm90(self.tiled_mma_dv, c.acc_dV, c.tdVrPt[None, None, None, pds], c.tdVrdOt[None, None, None, di])
-        if const_expr(self.cfg.dq_defer == 2):
-            # Step t - 1's dQ, still in acc_dQ, added just before this step's dQ wgmma overwrites it
-            # (a step later, so the slot's previous contributor has had a step more to publish).
-            if t > 0:
-                self.add_dq(c, wg, t - 1, gdQ_prev)
+        self.add_deferred_dq(c, wg, t, gdQ_prev, 2)  # just before this step's dQ wgmma overwrites it
         self.gemm_dq(c.acc_dQ, c.tdQrdS[None, None, None, pds], c.tdQrKt, True)
         if const_expr(self.cfg.two_cta):
             cute.arch.mbarrier_wait(sm.mbar_ds + pds, use & 1)  # the partner's half has landed
@@ -1198,6 +1191,14 @@ class FlashBwdSm90:
         red_add_fragment(c.acc_dQ, thread_fragment(gdQ, self.cfg.dq_fragment, self.dq_frag_size, 4, c.tidx), 4)
         if const_expr(self.cfg.deterministic):
             cute.arch.barrier_arrive(barrier_id=self.dq_bar(_BAR.dq_empty, wg, t), number_of_threads=128 + 32)
+
+    @cute.jit
+    def add_deferred_dq(self, c, wg: Int32, t: Int32, gdQ_prev, at: cutlass.Constexpr[int]) -> None:
+        """``dq_defer == at``: step ``t - 1``'s dQ, still in acc_dQ, added during step ``t`` (a step
+        later, so the slot's previous contributor has had a step more to publish)."""
+        if const_expr(self.cfg.dq_defer == at):
+            if t > 0:
+                self.add_dq(c, wg, t - 1, gdQ_prev)
 
     @cute.jit
     def epilogue(self, acc_dK, acc_dV, mdK, mdV, sm, work, softmax_scale: Float32, tidx: Int32) -> None:
