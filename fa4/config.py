@@ -254,15 +254,12 @@ class AttnFwdConfig(AttnKernelConfig):
     local): the K blocks after a tile's first through one step body, the window mask a runtime
     branch in it, instead of separate loops over masked and free blocks (two causal, three local;
     a smaller kernel to compile; :func:`fa4.mask.walk_blocks`). ``has_sink``: a learnable sink
-    logit per q head in the softmax (Note [Attention sinks in the softmax] in fa4/softmax.py).
-    ``sum_init_first``: the softmax adds the row sum's old value at the head of its chain (Note
-    [Where l's old value enters the sum] in fa4/softmax.py; an experiment, not yet timed)."""
+    logit per q head in the softmax (Note [Attention sinks in the softmax] in fa4/softmax.py)."""
 
     has_seqused_q: bool = False
     page_rows: int = 0
     one_step_loop: bool = False
     has_sink: bool = False
-    sum_init_first: bool = False
 
     @staticmethod
     def fwd_flags(problem: AttnProblem) -> dict:

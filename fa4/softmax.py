@@ -40,15 +40,6 @@ Note [Attention sinks in the softmax]
     including the sink, ``P = exp(s - lse)`` and ``D = rowsum(dO * O)`` are the sink-inclusive ones,
     and ``dsink = sum over rows of p_sink * (dlse - D)`` with ``p_sink = exp(sink - lse)``.
 
-Note [Where l's old value enters the sum]
-    ``l`` of a block is ``l_old * scale + rowsum(P)``. Added last (the default), ``l_old * scale``
-    is needed only at the end of the row's sum, so ptxas issues the row scale's ``MUFU.EX2`` after
-    all of P's, and the O rescale, which waits for it, runs as one block of ``FMUL``s after the last
-    exponential (sm90 d128: 64 ``FMUL``s before the back-branch). With ``sum_init_first`` it heads
-    the first chain of the row's sum. The scale is then needed first, its exponential is issued
-    early, and ptxas interleaves the ``FMUL``s with P's exponentials, as in flash-attn-4's loop (SASS
-    on the CPU). The sums round in another order: not bit-identical, equally accurate.
-
 Note [exp2 emulation]
     ``2**x = 2**n * 2**f`` with ``n = floor(x)``, ``f = x - n`` in [0, 1). ``floor`` comes from one
     round-toward-minus-infinity add of ``1.5 * 2**23`` (the integer lands in the low mantissa bits);
@@ -202,7 +193,7 @@ class OnlineSoftmax:
     """
 
     def __init__(self, scale_log2: Float32, num_rows: int, exp2_emu_frac: float = 0.0,
-                 rescale_threshold: float = 0.0, round_p=None, sum_init_first: bool = False):
+                 rescale_threshold: float = 0.0, round_p=None):
         self.scale_log2 = scale_log2
         # The 16-bit type P is rounded to before l sums it (Note [Normalizing by the rounded P]);
         # None: l sums the fp32 P.
@@ -210,8 +201,6 @@ class OnlineSoftmax:
         self.num_rows = num_rows
         self.exp2_emu_frac = float(exp2_emu_frac)
         self.rescale_threshold = float(rescale_threshold)
-        # Note [Where l's old value enters the sum]
-        self.sum_init_first = bool(sum_init_first)
         self.row_max = cute.make_rmem_tensor(num_rows, Float32)
         self.row_sum = cute.make_rmem_tensor(num_rows, Float32)
 
@@ -292,7 +281,7 @@ class OnlineSoftmax:
         if const_expr(self.round_p is not None):
             round_to_half_(acc_S, self.round_p)  # P as P @ V will see it (the later conversion is exact)
         for r in cutlass.range_constexpr(self.num_rows):
-            self.row_sum[r] = fadd_reduce(acc_S_mn[r, None], init=self.row_sum[r], init_first=self.sum_init_first)
+            self.row_sum[r] = fadd_reduce(acc_S_mn[r, None], init=self.row_sum[r])
         return scale, take_new
 
     @cute.jit

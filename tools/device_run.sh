@@ -5,7 +5,7 @@
 # sanitize (compute-sanitizer memcheck/racecheck on tools/sanitize_sm90.py), bench (fwd+bwd grid),
 # benchbwd, det (deterministic bench), latency, sweep (tools/sweep_bwd.py), ncu (tools/ncu_bwd.py),
 # pytests (pytest -m gpu $PYTESTS), sweepfwd80 (tools/sweep_fwd.py --family sm80 $SWEEP_FWD80), detsec (tools/det_sections.py $DETSEC_ARGS), sink (learnable-sink GPU tests + tools/sink_diag.py), issue9 (pack GQA / split-KV / combine / paged / flash_attn.cute call GPU tests), decode (bench --decode),
-# pending (session 6's not-yet-run GPU tests), pending7 (session 7's: dq_defer / 512-CTA tests and sweeps), ncusrc (source-level stall sampling, not yet run), ncustall (stall reasons, fa4 vs flash-attn-4), sweepfwd (tools/sweep_fwd.py $SWEEP_FWD), ncufwd (ncu of the fa4 and flash-attn-4 forwards, tools/ncu_fwd.py), nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
+# ncusrc (source-level stall sampling of the forwards; NCUSRC_IMPLS), ncusrcbwd (the same for the backwards), ncustall (stall reasons, fa4 vs flash-attn-4), sweepfwd (tools/sweep_fwd.py $SWEEP_FWD), ncufwd (ncu of the fa4 and flash-attn-4 forwards, tools/ncu_fwd.py), nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
 set -uo pipefail
 steps=${1:-bwd90}
 out=${OUT:-/tmp/out}; mkdir -p "$out"
@@ -127,42 +127,28 @@ fi
 if has ncusrc; then
   # Source-level stall sampling of the fa4 and flash-attn-4 forwards (NCU_FWD_SHAPES as ncufwd): the SASS
   # lines where warps wait, for the mainloop gap of RESULTS v0.8. Full reports land in $OUT.
-  for impl in fa4 peer; do
+  # NCUSRC_IMPLS: the implementations (default "fa4 peer"; "fa4:field=value,..." overrides config fields).
+  csvs=()
+  for impl in ${NCUSRC_IMPLS:-fa4 peer}; do
+    tag=$(echo "$impl" | tr -c 'A-Za-z0-9_\n' '_')
     timeout 200 ncu --clock-control none --kernel-name regex:'(?i)(fwd|forward)' --launch-skip 2 --launch-count 1 \
-      --section SourceCounters --section WarpStateStats --export "$out/ncusrc_$impl" \
-      python3 tools/ncu_fwd.py $impl ${NCU_FWD_SHAPES:-128,8192,0} > "$out/ncusrc_$impl.txt" 2>&1
-    echo "ncusrc $impl rc=$?"; grep -iE "stall|sampl" "$out/ncusrc_$impl.txt" | cut -c1-150 | head -20
-    ncu --import "$out/ncusrc_$impl.ncu-rep" --page source --csv --print-source sass > "$out/ncusrc_${impl}_sass.csv" 2>/dev/null
+      --section SourceCounters --section WarpStateStats --export "$out/ncusrc_$tag" \
+      python3 tools/ncu_fwd.py $impl ${NCU_FWD_SHAPES:-128,8192,0} > "$out/ncusrc_$tag.txt" 2>&1
+    echo "ncusrc $impl rc=$?"; grep -iE "stall|sampl" "$out/ncusrc_$tag.txt" | cut -c1-150 | head -20
+    ncu --import "$out/ncusrc_$tag.ncu-rep" --page source --csv --print-source sass > "$out/ncusrc_${tag}_sass.csv" 2>/dev/null
+    csvs+=("$out/ncusrc_${tag}_sass.csv")
   done
-  python3 tools/ncu_src_top.py "$out/ncusrc_fa4_sass.csv" "$out/ncusrc_peer_sass.csv" --top 20 2>&1 | cut -c1-150
+  python3 tools/ncu_src_top.py "${csvs[@]}" --top 20 2>&1 | cut -c1-150
 fi
-if has pending; then
-  # The GPU tests written in session 6 that no device has run yet (RESULTS v0.8): one_step_loop (both
-  # families, bit-identity with the separate loops) and the dynamic scheduler on a 7-CTA grid.
-  timeout 300 python3 -m pytest -m gpu -p no:cacheprovider $xd -q -rfE tests/test_one_step_loop_gpu.py \
-    tests/test_fwd_sm90_gpu.py -k "one_step_loop or dynamic_scheduler or same_bits" > "$out/pending.log" 2>&1
-  echo "pending rc=$?"; grep -E "passed|failed|FAILED|ERROR" "$out/pending.log" | tail -20
-fi
-if has pending7; then
-  # Session 7's not-yet-run work (RESULTS v0.9, "Next"): the dq_defer and 512-CTA GPU tests, the
-  # dq_defer timing at d256 deterministic, sum_init_first on the forward grid, ping-pong with O rescaled
-  # before P V at d128.
-  timeout 300 python3 -m pytest -m gpu -p no:cacheprovider $xd -q -rfE tests/test_sum_init_first_gpu.py \
-    "tests/test_bwd_gpu.py::test_bwd_sm90_ordered_direct_dq_many_ctas" "tests/test_bwd_gpu.py::test_bwd_sm90_dq_defer_same_bits" \
-    "tests/test_fwd_sm90_gpu.py::test_configs" > "$out/pending7.log" 2>&1
-  echo "pending7 tests rc=$?"; grep -E "passed|failed|FAILED|ERROR" "$out/pending7.log" | tail -10
-  timeout 300 python3 tools/sweep_bwd.py "d256 s8192 det" "d256 s8192 det dq_defer=1" "d256 s8192 det dq_defer=2" \
-    "d256 s8192 causal det" "d256 s8192 causal det dq_defer=1" "d256 s8192 causal det dq_defer=2" \
-    "d256 s8192" "d256 s8192 causal" "d256 s8192 det" "d256 s8192 det dq_defer=1" "d256 s8192 causal det dq_defer=1" \
-    > "$out/pending7_bwd.log" 2>&1
-  echo "pending7 bwd sweep rc=$?"; grep -v Warning "$out/pending7_bwd.log" | grep -v exe_args | tail -14
-  timeout 330 python3 tools/sweep_fwd.py --repeat 3 sif:sum_init_first=True \
-    pprb:pingpong=True,rescale_o_before_pv=True,hd=128 sifpp:sum_init_first=True,pingpong=True,hd=128/64 \
-    pp:pingpong=True,hd=64 \
-    > "$out/pending7_fwd.log" 2>&1
-  echo "pending7 fwd sweep rc=$?"; grep -v Warning "$out/pending7_fwd.log" | grep -v exe_args | tail -14
-  timeout 240 python3 tools/sweep_fwd.py --family sm80 --repeat 2 sif:sum_init_first=True \
-    > "$out/pending7_fwd80.log" 2>&1
-  echo "pending7 sm80 sweep rc=$?"; grep -v Warning "$out/pending7_fwd80.log" | grep -v exe_args | tail -14
+if has ncusrcbwd; then
+  # The same for the backward main kernels, fa4 and flash-attn-4 (NCU_BWD_SHAPE, default d128 s8k).
+  for impl in fa4 peer; do
+    timeout 200 ncu --clock-control none --kernel-name regex:'(?i)bwd_sm90' --launch-count 1 \
+      --section SourceCounters --section WarpStateStats --export "$out/ncusrcbwd_$impl" \
+      python3 tools/ncu_bwd.py $impl ${NCU_BWD_SHAPE:-128,8192,0} > "$out/ncusrcbwd_$impl.txt" 2>&1
+    echo "ncusrcbwd $impl rc=$?"; grep -E "Kernel|Duration|==PROF==|rror" "$out/ncusrcbwd_$impl.txt" | cut -c1-150 | head -8
+    ncu --import "$out/ncusrcbwd_$impl.ncu-rep" --page source --csv --print-source sass > "$out/ncusrcbwd_${impl}_sass.csv" 2>/dev/null
+  done
+  python3 tools/ncu_src_top.py "$out/ncusrcbwd_fa4_sass.csv" "$out/ncusrcbwd_peer_sass.csv" --top 20 2>&1 | cut -c1-150
 fi
 echo "total $(( $(date +%s) - t0 ))s"

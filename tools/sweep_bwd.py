@@ -136,6 +136,12 @@ PLANS = {
         "d128 s1024 causal", "d128 s1024 causal det", "d64 s8192 causal", "d64 s8192 causal det",
         "d256 s8192", "d256 s8192 det",
     ],
+    # Session 8: the row statistics read before the wgmmas are issued (stats_early 1: lse, 2: also
+    # dpsum), against the default, twice in interleaved rounds.
+    "v12": [f"{shape} {v}".strip() for _ in range(2)
+            for shape in ("d128 s8192", "d128 s8192 causal", "d128 s1024", "d128 s16384", "d256 s8192",
+                          "d128 s8192 det", "d128 s4096 causal det")
+            for v in ("", "stats_early=1", "stats_early=2")],
 }
 
 

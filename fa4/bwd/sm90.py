@@ -250,10 +250,10 @@ class BwdSm90Config(AttnKernelConfig):
     DqFragment.swap) with one dQ buffer: an experiment, compiled but wrong on the GPU (NaN gradients,
     an xfail in tests/test_bwd_gpu.py::test_bwd_sm90_experiments) and slower than the default where
     timed (v0.7); make_config refuses ``bwd_tile_m=80``. ``two_cta``: Note [Two-CTA dQ].
-    ``dq_defer`` (with ``dq_direct``; an experiment for the ordered adds, not yet timed): a step's dQ
-    stays in its registers and is added during the next step, 1: after that step's S^T / dP^T
-    wgmmas are issued, 2: just before its dQ wgmma; the same adds in the same order (so the same
-    bits), with some of the step's registers spilled (16 / 32 values at d256, SASS on the CPU).
+    ``stats_early`` (without ``rows_late``): where the row statistics are read from smem into
+    registers: 0 after both S^T / dP^T wgmmas are issued, 1 lse before the S^T issue, 2 also dpsum
+    before the dP^T issue (an experiment: in ncu, d128 s8k, the first use of lse waited on its
+    ``LDS`` for 12.8% of the kernel's stall samples, the load queued behind the wgmmas' operand reads).
     """
 
     head_dim: int = 128
@@ -271,7 +271,7 @@ class BwdSm90Config(AttnKernelConfig):
     dq_direct: bool = False
     ds_from_p16: bool = False
     two_cta: bool = False
-    dq_defer: int = 0
+    stats_early: int = 0
 
     KERNEL: ClassVar[str] = "fa4.bwd.sm90:FlashBwdSm90"
     REQUIRED_SASS: ClassVar[tuple] = ("HGMMA", "UTMALDG")  # checked by tests/test_compile.py
@@ -440,6 +440,8 @@ class FlashBwdSm90:
         if mm % (64 * am) or nn % (8 * an) or nn // an > 256:
             raise ValueError(f"{name}: a {cfg.dq_rows}x{cfg.head_dim} dQ tile does not split into {am}x{an} "
                              "warpgroup wgmmas")
+        if cfg.stats_early not in (0, 1, 2):
+            raise ValueError(f"{name}.stats_early (BwdSm90Config) must be 0, 1 or 2, got {cfg.stats_early}")
         if cfg.head_dim_v and (cfg.head_dim_v % 32 or not 32 <= cfg.head_dim_v <= (128 if cfg.dkv_rs else 256)):
             raise ValueError(f"{name}.head_dim_v must be a multiple of 32 in [32, {128 if cfg.dkv_rs else 256}] "
                              f"(dK and dV share a warpgroup's registers with dkv_rs), got {cfg.head_dim_v}")
@@ -452,9 +454,6 @@ class FlashBwdSm90:
         if cfg.det_rotate and not (cfg.deterministic and not cfg.causal and not cfg.local):
             raise ValueError(f"{name}.det_rotate (Note [Rotated order]) needs deterministic=True and no causal or "
                              "local mask")
-        if cfg.dq_defer not in (0, 1, 2) or (cfg.dq_defer and not cfg.dq_direct):
-            raise ValueError(f"{name}.dq_defer (BwdSm90Config) must be 0, or 1 / 2 with dq_direct (it defers the direct "
-                             f"dQ adds), got {cfg.dq_defer} with dq_direct={cfg.dq_direct}")
         if cfg.publish_lag and not (cfg.deterministic and not cfg.dq_direct):
             raise ValueError(f"{name}.publish_lag orders the deterministic dQ writer; it needs deterministic=True "
                              "and no dq_direct (the ordered direct adds have their own overlap, Note [Ordered direct dQ])")
@@ -1009,18 +1008,10 @@ class FlashBwdSm90:
                     need_mask = Boolean(True)
                 elif const_expr(self.cfg.causal):
                     need_mask = need_mask or m_block < m_no_mask
-                gdQ_prev = None
-                if const_expr(self.cfg.dq_defer):
-                    # Step t - 1's tile (read only for t > 0): its adds happen in this step.
-                    prev_head, prev_m = self.step_slot(work, t - 1)
-                    gdQ_prev = self.dq_tile(mdQaccum, work, prev_head, prev_m)
                 self.mma_step(c, sm, pipe_q, pipe_do, work, q_state, do_state, t, m_block, need_mask, wg,
-                              prescale, scale_log2, gdQ, gdQ_prev)
+                              prescale, scale_log2, gdQ)
                 q_state.advance()
                 do_state.advance()
-            if const_expr(self.cfg.dq_defer):
-                last_head, last_m = self.step_slot(work, work.num_steps - 1)
-                self.add_dq(c, wg, work.num_steps - 1, self.dq_tile(mdQaccum, work, last_head, last_m))
             if const_expr(self.cfg.two_cta):
                 self.drain_exchange(sm, work.num_steps)
         if work.rows_k > 0:
@@ -1063,24 +1054,28 @@ class FlashBwdSm90:
 
     @cute.jit
     def mma_step(self, c, sm, pipe_q, pipe_do, work, q_state, do_state, t: Int32, m_block: Int32, need_mask,
-                 wg: Int32, prescale: Float32, scale_log2: Float32, gdQ: Optional[cute.Tensor],
-                 gdQ_prev: Optional[cute.Tensor] = None) -> None:
+                 wg: Int32, prescale: Float32, scale_log2: Float32, gdQ: Optional[cute.Tensor]) -> None:
         """One (q head, m_block) step of a consumer warpgroup (module docstring)."""
         qi, di = q_state.index, do_state.index
         pds = t % self.pds_stages if const_expr(self.pds_stages > 1) else 0
-        pipe_q.consumer_wait(q_state)
-        gemm_sm90(self.tiled_mma_sdp, c.acc_S, c.tSrK, c.tSrQ[None, None, None, qi], zero_init=True)
-        pipe_do.consumer_wait(do_state)
-        gemm_sm90(self.tiled_mma_sdp, c.acc_dP, c.tdPrV, c.tdPrdO[None, None, None, di], zero_init=True)
-        self.add_deferred_dq(c, wg, t, gdQ_prev, 1)  # under this step's S^T and dP^T wgmmas
         ncol = cute.size(c.tScS_mn, mode=[1])
         # The row statistics of this thread's query columns: read ahead of the waits into registers,
         # or, where registers are short (``rows_late``), from smem as each column is used.
+        # ``stats_early``: read before the wgmmas are issued, whose operand reads would queue them.
         late = self.cfg.rows_late
+        early = self.cfg.stats_early if const_expr(not late) else 0
         rLSE = cute.make_rmem_tensor(ncol, Float32)
-        if const_expr(not late):
-            for j in cutlass.range_constexpr(ncol):
-                rLSE[j] = sm.sLSE[c.tScS_mn[0, j][1], qi]
+        rD = cute.make_rmem_tensor(ncol, Float32)
+        pipe_q.consumer_wait(q_state)
+        if const_expr(early >= 1):
+            self.read_stats(c, sm.sLSE, qi, rLSE)
+        gemm_sm90(self.tiled_mma_sdp, c.acc_S, c.tSrK, c.tSrQ[None, None, None, qi], zero_init=True)
+        pipe_do.consumer_wait(do_state)
+        if const_expr(early >= 2):
+            self.read_stats(c, sm.sD, di, rD)
+        gemm_sm90(self.tiled_mma_sdp, c.acc_dP, c.tdPrV, c.tdPrdO[None, None, None, di], zero_init=True)
+        if const_expr(not late and early < 1):
+            self.read_stats(c, sm.sLSE, qi, rLSE)
         warpgroup.wait_group(1)  # S^T
 
         # P^T = exp2(S^T * scale_log2 - lse_log2[query]).
@@ -1109,10 +1104,8 @@ class FlashBwdSm90:
             gemm_sm90(self.tiled_mma_dv, c.acc_dV, make_acc_as_A(rP), c.tdVrdOt[None, None, None, di])
         else:
             cute.copy(c.r2s, c.r2s.retile(rP), c.r2s.partition_D(sm.sP[None, None, pds]))
-        rD = cute.make_rmem_tensor(ncol, Float32)
-        if const_expr(not late):
-            for j in cutlass.range_constexpr(ncol):
-                rD[j] = sm.sD[c.tScS_mn[0, j][1], di]
+        if const_expr(not late and early < 2):
+            self.read_stats(c, sm.sD, di, rD)
         # dP^T; with rows_late also dV, so that P^T's registers are free before dS^T.
         warpgroup.wait_group(1 if const_expr(self.rs and not late) else 0)
 
@@ -1147,7 +1140,6 @@ class FlashBwdSm90:
 
         if const_expr(not self.rs):
             gemm_sm90(self.tiled_mma_dv, c.acc_dV, c.tdVrPt[None, None, None, pds], c.tdVrdOt[None, None, None, di])
-        self.add_deferred_dq(c, wg, t, gdQ_prev, 2)  # just before this step's dQ wgmma overwrites it
         self.gemm_dq(c.acc_dQ, c.tdQrdS[None, None, None, pds], c.tdQrKt, True)
         if const_expr(self.cfg.two_cta):
             cute.arch.mbarrier_wait(sm.mbar_ds + pds, use & 1)  # the partner's half has landed
@@ -1165,8 +1157,7 @@ class FlashBwdSm90:
                                           scope=nvvm.MemScopeKind.CLUSTER)
 
         if const_expr(self.cfg.dq_direct):
-            if const_expr(not self.cfg.dq_defer):
-                self.add_dq(c, wg, t, gdQ)
+            self.add_dq(c, wg, t, gdQ)
         else:
             # dQ -> this warpgroup's part of sdQ (fragment order), for the writer warp.
             sdQ_frag = thread_fragment(
@@ -1182,6 +1173,12 @@ class FlashBwdSm90:
         pipe_q.consumer_release(q_state)
 
     @cute.jit
+    def read_stats(self, c, sStat, stage: Int32, rStat) -> None:
+        """This thread's query columns of a row-statistics tile (sLSE or sD, stage ``stage``) -> registers."""
+        for j in cutlass.range_constexpr(cute.size(rStat)):
+            rStat[j] = sStat[c.tScS_mn[0, j][1], stage]
+
+    @cute.jit
     def add_dq(self, c, wg: Int32, t: Int32, gdQ: cute.Tensor) -> None:
         """Note [Direct dQ]: this thread's dQ fragment of step ``t`` straight into dq_accum;
         deterministic, once the sequencer warp says the slot is this CTA's turn, and then telling it
@@ -1191,14 +1188,6 @@ class FlashBwdSm90:
         red_add_fragment(c.acc_dQ, thread_fragment(gdQ, self.cfg.dq_fragment, self.dq_frag_size, 4, c.tidx), 4)
         if const_expr(self.cfg.deterministic):
             cute.arch.barrier_arrive(barrier_id=self.dq_bar(_BAR.dq_empty, wg, t), number_of_threads=128 + 32)
-
-    @cute.jit
-    def add_deferred_dq(self, c, wg: Int32, t: Int32, gdQ_prev, at: cutlass.Constexpr[int]) -> None:
-        """``dq_defer == at``: step ``t - 1``'s dQ, still in acc_dQ, added during step ``t`` (a step
-        later, so the slot's previous contributor has had a step more to publish)."""
-        if const_expr(self.cfg.dq_defer == at):
-            if t > 0:
-                self.add_dq(c, wg, t - 1, gdQ_prev)
 
     @cute.jit
     def epilogue(self, acc_dK, acc_dV, mdK, mdV, sm, work, softmax_scale: Float32, tidx: Int32) -> None:
@@ -1270,6 +1259,15 @@ v0.9, causal deterministic with the ordered direct dQ adds (d256 s8k, four runs 
 of 8 pairs 344.7 / 345.4 / 344.3 / 342.6 against 333.9 / 335.9 / 334.8 / 332.3 with 64 (16: 334.6, 4:
 331.4), hence ``det_causal_direct``; at d128 16 or 32 against 64 moved by -7% to +6% between runs."""
 
+STATS_EARLY_MAX_HD = 128
+"""Padded head dims up to this read lse into registers before the S^T wgmma is issued
+(``stats_early=1``). v0.10, d128, one lease, two interleaved rounds (TFLOP/s, default -> 1 -> 2):
+s8k 592 / 572 -> 604 / 591 -> 568 / 536; causal 516 / 506 -> 548 / 527 -> 516 / 506; s1k 442 / 435 ->
+456 / 466; s16k 502 / 535 -> 597 / 587; deterministic 531 / 511 -> 538 / 516; causal deterministic s4k
+407 / 412 -> 412 / 416. d256: 412 / 407 -> 412 / 402 (no gain; not taken). Level 2 (dpsum too) lost
+to 1 everywhere but causal deterministic. d96 and 64-row d64 steps take it by the same mechanism,
+untimed; the d64 default's 128-row steps read the statistics late (``rows_late``) and are unchanged."""
+
 DET_ROTATE = True
 """Use the rotated deterministic order where it is safe (:func:`rotate_ok`); False: never."""
 
@@ -1321,6 +1319,7 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         publish_lag=bool(deterministic) and lag and not (direct and det_direct),
         det_rotate=bool(deterministic) and rotate and rotate_ok(problem, tile_n),
         dq_direct=direct and (det_direct or not deterministic),
+        stats_early=1 if hd <= STATS_EARLY_MAX_HD else 0,
         **BwdSm90Config.problem_flags(problem))
     # What a larger tile_m leaves no room for: the second dQ buffer. What the sdQ tile of a
     # deterministic run (no dq_direct) leaves no room for: P/dS stages, then Q/dO stages.
@@ -1419,7 +1418,7 @@ def variants(arch: str) -> list[BwdSm90Config]:
     # with the ordered direct adds under a local mask, varlen and seqused_k.
     out.append(make_config(P(256, causal=True), None, arch, True, det_direct=False))
     out.append(make_config(P(256, "fp16", local=True, varlen=True, seqused_k=True), None, arch, True))
-    # The deferred ordered adds (dq_defer, an experiment).
-    out.append(replace(make_config(P(256, causal=True), None, arch, True), dq_defer=1))
-    out.append(replace(make_config(P(192, varlen=True, seqused_k=True), None, arch, True), dq_defer=2))
+    # The row statistics read before the wgmmas are issued (stats_early, an experiment).
+    out.append(replace(out[1], stats_early=2))
+    out.append(replace(make_config(P(256, causal=True), None, arch, True), stats_early=1))
     return out

@@ -325,7 +325,7 @@ class FlashFwdSm80:
             acc_O.fill(0.0)
             softmax = OnlineSoftmax(scale_log2, cute.size(make_acc_mn_view(acc_O).shape[0]),
                                     cfg.exp2_emu_frac, cfg.rescale_threshold,
-                                    self.dtype if cfg.sum_rounded else None, cfg.sum_init_first)
+                                    self.dtype if cfg.sum_rounded else None)
             softmax.reset()
             n_min, n_max = mask.n_block_range(m_block)
             if const_expr(self.split):
@@ -745,7 +745,6 @@ def variants(arch: str) -> list[FwdSm80Config]:
         cfg(128, causal=True, has_sink=True),
         cfg(64, tile_m=64, qhead_per_kvhead=4, has_sink=True, varlen_q=True, varlen_k=True),
         cfg(128, split_kv=True, has_sink=True),  # the partials skip the sink (the combine adds it)
-        cfg(128, causal=True, sum_init_first=True),  # Note [Where l's old value enters the sum]
     ]
 
 

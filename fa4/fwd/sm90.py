@@ -613,7 +613,7 @@ class FlashFwdSm90:
         rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
         tOrP = make_acc_as_A(rP)
         softmax = OnlineSoftmax(scale_log2, cute.size(make_acc_mn_view(acc_S).shape[0]), cfg.exp2_emu_frac,
-                                cfg.rescale_threshold, self.dtype if cfg.sum_rounded else None, cfg.sum_init_first)
+                                cfg.rescale_threshold, self.dtype if cfg.sum_rounded else None)
         # Row scales of the last softmax, applied to O just before the next P V (rescale_o_before_pv).
         row_scale_prev = cute.make_rmem_tensor(softmax.num_rows, Float32)
         c = SimpleNamespace(pk=pk, pv=pv, thr_mma_qk=thr_mma_qk, tSrQ=tSrQ, tSrK=tSrK, tOrVt=tOrVt, tOrP=tOrP,
@@ -947,9 +947,7 @@ def variants(arch: str) -> list[FwdSm90Config]:
         cfg(64, tile_m=64, pingpong=False, qhead_per_kvhead=4, has_sink=True, page_rows=16, has_seqused_k=True,
             varlen_q=True),
         cfg(128, split_kv=True, has_sink=True),  # the partials skip the sink (the combine adds it)
-        cfg(128, sum_init_first=True),  # Note [Where l's old value enters the sum]
-        cfg(64, pingpong=True, sum_init_first=True),  # ping-pong of three warpgroups (192-row tiles)
-        cfg(64, causal=True, sum_init_first=True, dynamic_sched=True),
+        cfg(64, pingpong=True),  # ping-pong of three warpgroups (192-row tiles)
     ]
 
 
