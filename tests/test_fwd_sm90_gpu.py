@@ -108,8 +108,6 @@ CONFIGS = [
     dict(sum_rounded=True),
     dict(pingpong=True),
     dict(tile_m=192, pingpong=True, tile_n=64),  # three warpgroups in turn (Note [ping-pong])
-    dict(sum_init_first=True),  # Note [Where l's old value enters the sum] in fa4/softmax.py
-    dict(pingpong=True, sum_init_first=True),
 ]
 
 
