@@ -468,7 +468,7 @@ def test_bwd_sm90_ordered_direct_dq(d, mask, layout, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("early", [1, 2])
 @pytest.mark.parametrize("d,mask,det", [(128, "none", False), (128, "causal", True), (256, "local", False),
-                                        (96, "causal", False)])
+                                        (96, "causal", False), (64, "none", False), (64, "causal", True)])
 def test_bwd_sm90_stats_early_same_bits(early, d, mask, det, monkeypatch):
     """``stats_early`` (BwdSm90Config) moves only where lse / dpsum are read into registers: the
     gradients are the same bits as with ``stats_early=0`` (deterministic, or one run each of the

@@ -5,7 +5,7 @@
 # sanitize (compute-sanitizer memcheck/racecheck on tools/sanitize_sm90.py), bench (fwd+bwd grid),
 # benchbwd, det (deterministic bench), latency, sweep (tools/sweep_bwd.py), ncu (tools/ncu_bwd.py),
 # pytests (pytest -m gpu $PYTESTS), sweepfwd80 (tools/sweep_fwd.py --family sm80 $SWEEP_FWD80), detsec (tools/det_sections.py $DETSEC_ARGS), sink (learnable-sink GPU tests + tools/sink_diag.py), issue9 (pack GQA / split-KV / combine / paged / flash_attn.cute call GPU tests), decode (bench --decode),
-# ncusrc (source-level stall sampling of the forwards; NCUSRC_IMPLS), ncusrcbwd (the same for the backwards), ncustall (stall reasons, fa4 vs flash-attn-4), sweepfwd (tools/sweep_fwd.py $SWEEP_FWD), ncufwd (ncu of the fa4 and flash-attn-4 forwards, tools/ncu_fwd.py), nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
+# next8 (session 8's not-yet-run tests and sweeps), ncusrc (source-level stall sampling of the forwards; NCUSRC_IMPLS), ncusrcbwd (the same for the backwards), ncustall (stall reasons, fa4 vs flash-attn-4), sweepfwd (tools/sweep_fwd.py $SWEEP_FWD), ncufwd (ncu of the fa4 and flash-attn-4 forwards, tools/ncu_fwd.py), nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
 set -uo pipefail
 steps=${1:-bwd90}
 out=${OUT:-/tmp/out}; mkdir -p "$out"
@@ -141,14 +141,26 @@ if has ncusrc; then
   python3 tools/ncu_src_top.py "${csvs[@]}" --top 20 2>&1 | cut -c1-150
 fi
 if has ncusrcbwd; then
-  # The same for the backward main kernels, fa4 and flash-attn-4 (NCU_BWD_SHAPE, default d128 s8k).
+  # The same for the backward main kernels, fa4 and flash-attn-4 (NCU_BWD_SHAPE, default d128 s8k;
+  # NCU_BWD_DET=1: deterministic). The reports are removed once exported (too many files come back).
   for impl in fa4 peer; do
     timeout 200 ncu --clock-control none --kernel-name regex:'(?i)bwd_sm90' --launch-count 1 \
       --section SourceCounters --section WarpStateStats --export "$out/ncusrcbwd_$impl" \
-      python3 tools/ncu_bwd.py $impl ${NCU_BWD_SHAPE:-128,8192,0} > "$out/ncusrcbwd_$impl.txt" 2>&1
+      python3 tools/ncu_bwd.py $impl ${NCU_BWD_DET:+det} ${NCU_BWD_SHAPE:-128,8192,0} > "$out/ncusrcbwd_$impl.txt" 2>&1
     echo "ncusrcbwd $impl rc=$?"; grep -E "Kernel|Duration|==PROF==|rror" "$out/ncusrcbwd_$impl.txt" | cut -c1-150 | head -8
     ncu --import "$out/ncusrcbwd_$impl.ncu-rep" --page source --csv --print-source sass > "$out/ncusrcbwd_${impl}_sass.csv" 2>/dev/null
   done
   python3 tools/ncu_src_top.py "$out/ncusrcbwd_fa4_sass.csv" "$out/ncusrcbwd_peer_sass.csv" --top 20 2>&1 | cut -c1-150
+  rm -f "$out"/ncusrcbwd_*.ncu-rep
+fi
+if has next8; then
+  # Written in session 8, not yet run (RESULTS v0.10, "Next"): lse ahead of the wgmmas with the d64
+  # default's 128-row steps (bit identity, then its timing), and where the deterministic d128 backward waits.
+  timeout 200 python3 -m pytest -m gpu -p no:cacheprovider $xd -q -rfE \
+    "tests/test_bwd_gpu.py::test_bwd_sm90_stats_early_same_bits" > "$out/next8.log" 2>&1
+  echo "next8 tests rc=$?"; grep -E "passed|failed|FAILED|ERROR" "$out/next8.log" | tail -10
+  timeout 300 python3 tools/sweep_bwd.py --plan v13 > "$out/next8_v13.log" 2>&1
+  echo "next8 v13 rc=$?"; grep -v Warning "$out/next8_v13.log" | grep -v exe_args | tail -26
+  OUT="$out/det" NCU_BWD_DET=1 bash "$0" ncusrcbwd,nocompile
 fi
 echo "total $(( $(date +%s) - t0 ))s"

@@ -1,7 +1,7 @@
 """One forward + backward per shape, for ncu on the device (profile only the backward kernel):
 
     ncu --clock-control none --kernel-name regex:fa4_bwd_sm90 --launch-count 2 \\
-        --section SpeedOfLight --section WarpStateStats python3 tools/ncu_bwd.py [peer] [d,s,causal ...]
+        --section SpeedOfLight --section WarpStateStats python3 tools/ncu_bwd.py [peer] [det] [d,s,causal ...]
 
 Shapes default to FlashAttention's grid rows d128 s8192 and d256 s8192 (bf16, 16k tokens, 2048 model dim)."""
 import sys
@@ -14,6 +14,8 @@ args = sys.argv[1:]
 peer = bool(args) and args[0] == "peer"  # flash-attn-4's backward instead (``peer d,s,causal ...``)
 if args and args[0] in ("peer", "fa4"):
     args = args[1:]
+det = "det" in args  # deterministic=True (``[peer] det d,s,causal ...``)
+args = [a for a in args if a != "det"]
 if peer:
     from flash_attn.cute import flash_attn_func
 else:
@@ -22,7 +24,7 @@ shapes = [tuple(int(x) for x in a.split(",")) for a in args] or [(128, 8192, 0),
 for d, s, causal in shapes:
     b, h = 16384 // s, 2048 // d
     q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-    res = flash_attn_func(q, k, v, causal=bool(causal))
+    res = flash_attn_func(q, k, v, causal=bool(causal), deterministic=det)
     out = res[0] if isinstance(res, tuple) else res
     torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
     torch.cuda.synchronize()

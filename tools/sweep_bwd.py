@@ -142,6 +142,12 @@ PLANS = {
             for shape in ("d128 s8192", "d128 s8192 causal", "d128 s1024", "d128 s16384", "d256 s8192",
                           "d128 s8192 det", "d128 s4096 causal det")
             for v in ("", "stats_early=1", "stats_early=2")],
+    # Next: lse ahead of the wgmmas with the d64 default's 128-row steps (rows_late; written in v0.10,
+    # not yet timed), against the default, twice in interleaved rounds.
+    "v13": [f"{shape} {v}".strip() for _ in range(2)
+            for shape in ("d64 s8192", "d64 s8192 causal", "d64 s1024", "d64 s16384", "d64 s8192 det",
+                          "d64 s8192 causal det")
+            for v in ("", "stats_early=1")],
 }
 
 

@@ -250,10 +250,11 @@ class BwdSm90Config(AttnKernelConfig):
     DqFragment.swap) with one dQ buffer: an experiment, compiled but wrong on the GPU (NaN gradients,
     an xfail in tests/test_bwd_gpu.py::test_bwd_sm90_experiments) and slower than the default where
     timed (v0.7); make_config refuses ``bwd_tile_m=80``. ``two_cta``: Note [Two-CTA dQ].
-    ``stats_early`` (without ``rows_late``): where the row statistics are read from smem into
-    registers: 0 after both S^T / dP^T wgmmas are issued, 1 lse before the S^T issue, 2 also dpsum
-    before the dP^T issue (an experiment: in ncu, d128 s8k, the first use of lse waited on its
-    ``LDS`` for 12.8% of the kernel's stall samples, the load queued behind the wgmmas' operand reads).
+    ``stats_early``: where the row statistics are read from smem into registers: 0 after both
+    S^T / dP^T wgmmas are issued (with ``rows_late``: each where it is used), 1 lse before the S^T
+    issue (also with ``rows_late``), 2 also dpsum before the dP^T issue (not with ``rows_late``). In
+    ncu, d128 s8k, the first use of lse waited on its ``LDS`` for 12.8% of the kernel's stall
+    samples, the load queued behind the wgmmas' operand reads (:data:`STATS_EARLY_MAX_HD`).
     """
 
     head_dim: int = 128
@@ -1062,19 +1063,22 @@ class FlashBwdSm90:
         # The row statistics of this thread's query columns: read ahead of the waits into registers,
         # or, where registers are short (``rows_late``), from smem as each column is used.
         # ``stats_early``: read before the wgmmas are issued, whose operand reads would queue them.
+        # With ``rows_late``, ``stats_early`` >= 1 still reads lse ahead (dpsum stays late).
         late = self.cfg.rows_late
-        early = self.cfg.stats_early if const_expr(not late) else 0
+        lse_early = self.cfg.stats_early >= 1
+        d_early = self.cfg.stats_early >= 2 and not late
+        lse_in_regs = lse_early or not late
         rLSE = cute.make_rmem_tensor(ncol, Float32)
         rD = cute.make_rmem_tensor(ncol, Float32)
         pipe_q.consumer_wait(q_state)
-        if const_expr(early >= 1):
+        if const_expr(lse_early):
             self.read_stats(c, sm.sLSE, qi, rLSE)
         gemm_sm90(self.tiled_mma_sdp, c.acc_S, c.tSrK, c.tSrQ[None, None, None, qi], zero_init=True)
         pipe_do.consumer_wait(do_state)
-        if const_expr(early >= 2):
+        if const_expr(d_early):
             self.read_stats(c, sm.sD, di, rD)
         gemm_sm90(self.tiled_mma_sdp, c.acc_dP, c.tdPrV, c.tdPrdO[None, None, None, di], zero_init=True)
-        if const_expr(not late and early < 1):
+        if const_expr(not late and not lse_early):
             self.read_stats(c, sm.sLSE, qi, rLSE)
         warpgroup.wait_group(1)  # S^T
 
@@ -1088,7 +1092,7 @@ class FlashBwdSm90:
             work.mask.apply(c.acc_S, c.thr_sdp, m_block, work.n_block, mask_seqlen=True, mask_window=True,
                             transpose=True)
         acc_S_mn = make_acc_mn_view(c.acc_S)
-        if const_expr(late):
+        if const_expr(not lse_in_regs):
             for j in cutlass.range_constexpr(ncol):
                 lse = sm.sLSE[c.tScS_mn[0, j][1], qi]
                 for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
@@ -1104,7 +1108,7 @@ class FlashBwdSm90:
             gemm_sm90(self.tiled_mma_dv, c.acc_dV, make_acc_as_A(rP), c.tdVrdOt[None, None, None, di])
         else:
             cute.copy(c.r2s, c.r2s.retile(rP), c.r2s.partition_D(sm.sP[None, None, pds]))
-        if const_expr(not late and early < 2):
+        if const_expr(not late and not d_early):
             self.read_stats(c, sm.sD, di, rD)
         # dP^T; with rows_late also dV, so that P^T's registers are free before dS^T.
         warpgroup.wait_group(1 if const_expr(self.rs and not late) else 0)
@@ -1321,6 +1325,8 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         dq_direct=direct and (det_direct or not deterministic),
         stats_early=1 if hd <= STATS_EARLY_MAX_HD else 0,
         **BwdSm90Config.problem_flags(problem))
+    if cfg.rows_late:  # lse ahead with 128-row steps: written, not yet timed (v0.10)
+        cfg = replace(cfg, stats_early=0)
     # What a larger tile_m leaves no room for: the second dQ buffer. What the sdQ tile of a
     # deterministic run (no dq_direct) leaves no room for: P/dS stages, then Q/dO stages.
     fields = ("dq_stages", "pds_stages", "q_stages") if direct and deterministic and not cfg.dq_direct else ("dq_stages",)
@@ -1420,5 +1426,6 @@ def variants(arch: str) -> list[BwdSm90Config]:
     out.append(make_config(P(256, "fp16", local=True, varlen=True, seqused_k=True), None, arch, True))
     # The row statistics read before the wgmmas are issued (stats_early, an experiment).
     out.append(replace(out[1], stats_early=2))
+    out.append(replace(out[0], stats_early=1))  # lse ahead with the d64 default's 128-row steps (rows_late)
     out.append(replace(make_config(P(256, causal=True), None, arch, True), stats_early=1))
     return out
