@@ -365,6 +365,31 @@ def _same_bits_over_runs(run, runs: int, what: str):
     return first
 
 
+def _deterministic_run(layout: str, d: int, mask: str, opts, dense_lens, varlen_lens, seed: int):
+    """A deterministic forward + backward on GQA 6/2 inputs, bf16: ``(run, (q, k, v), g, kw)`` with
+    ``run() -> (dq, dk, dv)`` and ``kw`` the call's keyword arguments. ``dense_lens``: (s_q, s_k) of
+    a batch of 2; ``varlen_lens``: (max s_q, max s_k) of 4 sequences with seqused_k."""
+    if layout == "dense":
+        sq, sk = dense_lens
+        kw = dict(causal=mask == "causal", window_size=_window(mask, sq, sk))
+        q, k, v = random_qkv(2, sq, sk, 6, 2, d, torch.bfloat16, "cuda", requires_grad=True, seed=seed)
+        call = fa4.flash_attn_func
+    else:
+        vb = random_varlen(4, varlen_lens[0], 6, 2, d, torch.bfloat16, "cuda", max_seqlen_k=varlen_lens[1],
+                           with_seqused_k=True, requires_grad=True, seed=seed)
+        q, k, v = vb.q, vb.k, vb.v
+        kw = dict(cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k, seqused_k=vb.seqused_k,
+                  max_seqlen_q=vb.max_seqlen_q, max_seqlen_k=vb.max_seqlen_k, causal=mask == "causal",
+                  window_size=_window(mask, vb.max_seqlen_q, vb.max_seqlen_k))
+        call = fa4.flash_attn_varlen_func
+    g = torch.randn(q.shape, device="cuda", dtype=q.dtype)
+
+    def run():
+        out, _ = call(q, k, v, deterministic=True, kernel_options=opts, **kw)
+        return torch.autograd.grad(out, (q, k, v), g)
+    return run, (q, k, v), g, kw
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["dense", "varlen"])
 def test_bwd_sm90_rotated_order(layout, monkeypatch):
@@ -377,23 +402,8 @@ def test_bwd_sm90_rotated_order(layout, monkeypatch):
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the sm90 kernels need compute capability 9.x")
     opts = fa4.KernelOptions(arch="sm90")
-    if layout == "dense":
-        q, k, v = random_qkv(2, 2048, 1536, 6, 2, 128, torch.bfloat16, "cuda", requires_grad=True, seed=5)
-        g = torch.randn_like(q)
-
-        def run():
-            out, _ = fa4.flash_attn_func(q, k, v, deterministic=True, kernel_options=opts)
-            return torch.autograd.grad(out, (q, k, v), g)
-    else:
-        vb = random_varlen(4, 1500, 6, 2, 128, torch.bfloat16, "cuda", max_seqlen_k=1500, with_seqused_k=True,
-                           requires_grad=True, seed=17)
-        var = dict(cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k, seqused_k=vb.seqused_k,
-                   max_seqlen_q=vb.max_seqlen_q, max_seqlen_k=vb.max_seqlen_k)
-        g = torch.randn(vb.q.shape, device="cuda", dtype=vb.q.dtype)
-
-        def run():
-            out, _ = fa4.flash_attn_varlen_func(vb.q, vb.k, vb.v, deterministic=True, kernel_options=opts, **var)
-            return torch.autograd.grad(out, (vb.q, vb.k, vb.v), g)
+    run, (q, k, v), g, _ = _deterministic_run(layout, 128, "none", opts, (2048, 1536), (1500, 1500),
+                                              5 if layout == "dense" else 17)
     results = {}
     for rotate in (True, False):
         monkeypatch.setattr(sm90, "DET_ROTATE", rotate)
@@ -423,26 +433,8 @@ def test_bwd_sm90_ordered_direct_dq(d, mask, layout, monkeypatch):
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the sm90 kernels need compute capability 9.x")
     opts = fa4.KernelOptions(arch="sm90")
-    if layout == "dense":
-        sq, sk = 1000, 1500
-        kw = dict(causal=mask == "causal", window_size=_window(mask, sq, sk))
-        q, k, v = random_qkv(2, sq, sk, 6, 2, d, torch.bfloat16, "cuda", requires_grad=True, seed=d)
-        g = torch.randn_like(q)
-
-        def run():
-            out, _ = fa4.flash_attn_func(q, k, v, deterministic=True, kernel_options=opts, **kw)
-            return torch.autograd.grad(out, (q, k, v), g)
-    else:
-        vb = random_varlen(4, 900, 6, 2, d, torch.bfloat16, "cuda", max_seqlen_k=1300, with_seqused_k=True,
-                           requires_grad=True, seed=d + 1)
-        kw = dict(cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k, seqused_k=vb.seqused_k,
-                  max_seqlen_q=vb.max_seqlen_q, max_seqlen_k=vb.max_seqlen_k, causal=mask == "causal",
-                  window_size=_window(mask, vb.max_seqlen_q, vb.max_seqlen_k))
-        g = torch.randn(vb.q.shape, device="cuda", dtype=vb.q.dtype)
-
-        def run():
-            out, _ = fa4.flash_attn_varlen_func(vb.q, vb.k, vb.v, deterministic=True, kernel_options=opts, **kw)
-            return torch.autograd.grad(out, (vb.q, vb.k, vb.v), g)
+    run, (q, k, v), g, kw = _deterministic_run(layout, d, mask, opts, (1000, 1500), (900, 1300),
+                                               d if layout == "dense" else d + 1)
     results = {}
     for direct in (True, False):
         monkeypatch.setattr(sm90, "DET_DIRECT", direct)
@@ -460,7 +452,7 @@ def test_bwd_sm90_ordered_direct_dq(d, mask, layout, monkeypatch):
         _check_grads(("dq", "dk", "dv"), results[True], ref, pt, (q, k, v), g)
     else:
         dense = torch.autograd.grad(
-            fa4.flash_attn_varlen_func(vb.q, vb.k, vb.v, kernel_options=opts, **kw)[0], (vb.q, vb.k, vb.v), g)
+            fa4.flash_attn_varlen_func(q, k, v, kernel_options=opts, **kw)[0], (q, k, v), g)
         for a, b in zip(results[True], dense):  # against the non-deterministic sums (another order)
             torch.testing.assert_close(a.float(), b.float(), atol=2e-2, rtol=2e-2)
 

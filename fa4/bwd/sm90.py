@@ -1307,6 +1307,7 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         raise ValueError(f"KernelOptions.bwd_num_threads={opts.bwd_num_threads}: the sm90 backward runs 384 threads "
                          "(a producer and two consumer warpgroups)")
     tile_n = 128 if rs else 64
+    steps = opts.bwd_tile_m or tile_m  # Q rows per step
     if opts.bwd_tile_m not in (None, 64, 128):
         raise ValueError(f"KernelOptions.bwd_tile_m={opts.bwd_tile_m}: the sm90 backward runs 64 or 128 rows per "
                          "step (80, with the swapped dQ wgmma, is an experiment not yet run on a GPU)")
@@ -1316,17 +1317,16 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
     cfg = BwdSm90Config(
         # ds_from_p16 belongs to the table's tile_m (it loses 2% at 64 rows, v0.7).
         arch=arch, dtype=problem.dtype, head_dim=hd, head_dim_v=hd_v if hd_v != hd else 0,
-        tile_m=opts.bwd_tile_m or tile_m, tile_n=tile_n, num_wg=2,
-        ds_from_p16=p16 and (opts.bwd_tile_m or tile_m) == tile_m,
+        tile_m=steps, tile_n=tile_n, num_wg=2,
+        ds_from_p16=p16 and steps == tile_m,
         two_cta=bool(opts.bwd_two_cta) if opts.bwd_two_cta is not None else TWO_CTA.get(hd, False) and not deterministic,
         dkv_rs=rs, q_stages=q_stages, pds_stages=pds_stages, dq_stages=dq_stages, deterministic=bool(deterministic),
         publish_lag=bool(deterministic) and lag and not (direct and det_direct),
         det_rotate=bool(deterministic) and rotate and rotate_ok(problem, tile_n),
         dq_direct=direct and (det_direct or not deterministic),
-        stats_early=1 if hd <= STATS_EARLY_MAX_HD else 0,
+        # Not with more than 64 rows per step (``rows_late``): written, not yet timed (v0.10).
+        stats_early=1 if hd <= STATS_EARLY_MAX_HD and steps <= 64 else 0,
         **BwdSm90Config.problem_flags(problem))
-    if cfg.rows_late:  # lse ahead with 128-row steps: written, not yet timed (v0.10)
-        cfg = replace(cfg, stats_early=0)
     # What a larger tile_m leaves no room for: the second dQ buffer. What the sdQ tile of a
     # deterministic run (no dq_direct) leaves no room for: P/dS stages, then Q/dO stages.
     fields = ("dq_stages", "pds_stages", "q_stages") if direct and deterministic and not cfg.dq_direct else ("dq_stages",)
