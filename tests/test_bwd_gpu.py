@@ -497,6 +497,39 @@ def test_bwd_sm90_stats_early_same_bits(early, d, mask, det, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("d,mask,layout", [(128, "none", "dense"), (128, "causal", "dense"), (128, "none", "varlen"),
+                                           (64, "local", "varlen"), (256, "causal", "dense"), (256, "none", "varlen")])
+def test_bwd_sm90_lane_slots_same_bits(d, mask, layout, monkeypatch):
+    """Note [Writer slots] (fa4/bwd/sm90.py): the deterministic writer (and, at d256, the sequencing
+    warp of the ordered direct adds) reading its steps' slots from 32 lanes at once gives the same
+    bits as computing each step's slot in turn. The steps span several 32-step batches (GQA groups
+    of 3, up to 2048 rows), so the refresh and the clamp past the last step both run; the rotated
+    order (no mask), causal, local and varlen orders all take part."""
+    import dataclasses
+
+    from fa4.bwd import sm90
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the sm90 kernels need compute capability 9.x")
+    opts = fa4.KernelOptions(arch="sm90")
+    run, *_ = _deterministic_run(layout, d, mask, opts, (2048, 1536), (1500, 1100), d + 7)
+    make = sm90.make_config
+    got = {}
+    try:
+        for lanes in (False, True):
+            monkeypatch.setattr(sm90, "make_config",
+                                lambda *a, lanes=lanes, **k: dataclasses.replace(make(*a, **k), lane_slots=lanes))
+            fa4.ops._plans.clear()
+            got[lanes] = _same_bits_over_runs(run, 3, f"lane_slots {lanes}")
+    finally:
+        monkeypatch.setattr(sm90, "make_config", make)
+        fa4.ops._plans.clear()
+    for name, a, b in zip(("dq", "dk", "dv"), got[False], got[True]):
+        assert not torch.isnan(b).any(), f"{name}: NaN with the lane slots"
+        assert torch.equal(a, b), f"{name}: the lane slots differ from the per-step slots"
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
 def test_bwd_sm90_ordered_direct_dq_many_ctas(causal, monkeypatch):
     """The ordered direct dQ adds on a grid of 512 CTAs at d256, several times what the GPU holds at

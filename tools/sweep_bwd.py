@@ -148,6 +148,13 @@ PLANS = {
             for shape in ("d64 s8192", "d64 s8192 causal", "d64 s1024", "d64 s16384", "d64 s8192 det",
                           "d64 s8192 causal det")
             for v in ("", "stats_early=1")],
+    # v0.11: the writer's slots from 32 lanes at once (Note [Writer slots], default) against one slot
+    # per step, deterministic and not, twice in interleaved rounds.
+    "v14": [f"{shape} {v}".strip() for _ in range(2)
+            for shape in ("d128 s8192", "d128 s8192 det", "d128 s8192 causal det", "d128 s1024 causal det",
+                          "d128 s16384 det", "d64 s8192 det", "d64 s8192 causal det", "d256 s8192 det",
+                          "d256 s8192 causal det")
+            for v in ("lane_slots=False", "")],
 }
 
 

@@ -119,6 +119,19 @@ Note [Publish lag]
     more than it saved with the long steps of head dim 256 (measured; the tuning table turns it off
     there).
 
+Note [Writer slots]
+    The writer warp (and the sequencing warp of Note [Ordered direct dQ]) needs each step's slot:
+    its (q head, m_block), the dq_accum tile and counter they address, and the rank it waits for.
+    Those come from integer divisions by runtime values (the GQA group, the m_block count, the
+    rotation's stagger), about 250 dependent instructions a step for one warp, and deterministic,
+    that warp is what the consumers wait for (ncu, d128 s8k: they spent 20% of the kernel's stall
+    samples at the dQ-buffer barrier while the writer never waited for a tile). So its 32 lanes
+    compute the slots of 32 steps at once, lane ``l`` that of step ``32 c + l``
+    (:meth:`FlashBwdSm90.lane_slot`, the same formulas), and each step reads its own from lane
+    ``t % 32`` with three shuffles (:meth:`FlashBwdSm90.warp_slot`). Measured +2-6% in the rotated
+    order, where it is the default (``lane_slots``); in the plain orders -5% to +2%, so they keep a
+    slot per step (:data:`LANE_SLOTS_ROTATED`).
+
 Note [Two-CTA dQ]
     With ``two_cta`` a cluster of two CTAs takes two adjacent K blocks ``2x`` and ``2x + 1`` of a
     (batch, kv head), and both walk the union of the two blocks' (q head, m_block) steps in the same
@@ -255,6 +268,8 @@ class BwdSm90Config(AttnKernelConfig):
     issue (also with ``rows_late``), 2 also dpsum before the dP^T issue (not with ``rows_late``). In
     ncu, d128 s8k, the first use of lse waited on its ``LDS`` for 12.8% of the kernel's stall
     samples, the load queued behind the wgmmas' operand reads (:data:`STATS_EARLY_MAX_HD`).
+    ``lane_slots``: the dQ writer (or sequencing) warp computes 32 steps' slots at once, one per lane
+    (Note [Writer slots]; the default in the rotated order, :data:`LANE_SLOTS_ROTATED`).
     """
 
     head_dim: int = 128
@@ -273,6 +288,7 @@ class BwdSm90Config(AttnKernelConfig):
     ds_from_p16: bool = False
     two_cta: bool = False
     stats_early: int = 0
+    lane_slots: bool = False
 
     KERNEL: ClassVar[str] = "fa4.bwd.sm90:FlashBwdSm90"
     REQUIRED_SASS: ClassVar[tuple] = ("HGMMA", "UTMALDG")  # checked by tests/test_compile.py
@@ -853,7 +869,8 @@ class FlashBwdSm90:
     @cute.jit
     def store_dq(self, mdQaccum, mSemaphore, sdQ, work) -> None:
         """Warp 1: per step and consumer warpgroup, the bulk reduce-add of its dQ part from sdQ into
-        dq_accum (barriers: module docstring; deterministic: Note [Deterministic dQ])."""
+        dq_accum (barriers: module docstring; deterministic: Note [Deterministic dQ]; the step's
+        slot: Note [Writer slots])."""
         if work.num_steps > 0:
             det = self.cfg.deterministic
             stages = self.cfg.dq_stages
@@ -861,8 +878,12 @@ class FlashBwdSm90:
             if const_expr(stages > 1):  # step 0's buffer has not been used (num_steps >= 1)
                 for w in cutlass.range_constexpr(self.num_wg):
                     cute.arch.barrier_arrive(barrier_id=self.dq_bar(_BAR.dq_empty, w, 0), number_of_threads=128 + 32)
+            lane_head, lane_m, lane_rank = Int32(0), Int32(0), Int32(0)
+            prev_head, prev_m = Int32(0), Int32(0)
             for t in cutlass.range(work.num_steps, unroll=1):
-                head, m_block = self.step_slot(work, t)
+                if t % 32 == 0 or const_expr(not self.cfg.lane_slots):
+                    lane_head, lane_m, lane_rank = self.lane_slot(work, t + lane)
+                head, m_block, rank = self.warp_slot(t, lane_head, lane_m, lane_rank)
                 ahead = t + stages - 1  # the step whose buffer held step t - 1's dQ
                 for w in cutlass.range_constexpr(self.num_wg):
                     # Step t - 1's reduce of part w has read sdQ (parts commit in order).
@@ -873,7 +894,6 @@ class FlashBwdSm90:
                 gdQ = self.dq_tile(mdQaccum, work, head, m_block)
                 sdQ_t = sdQ[None, t % stages if const_expr(stages > 1) else 0]
                 if const_expr(det):
-                    rank = self.dq_rank(work, m_block)
                     if lane == 0:
                         semaphore.spin(self.dq_semaphore(mSemaphore, work, head, m_block), rank)
                         cute.arch.fence_proxy("async.global")  # the adds below follow the acquire
@@ -882,7 +902,6 @@ class FlashBwdSm90:
                         if t > 0:
                             cute.arch.cp_async_bulk_wait_group(0, read=False)
                             if lane == 0:
-                                prev_head, prev_m = self.step_slot(work, t - 1)
                                 semaphore.publish(self.dq_semaphore(mSemaphore, work, prev_head, prev_m), True)
                     cute.arch.sync_warp()
                 for w in cutlass.range_constexpr(self.num_wg):
@@ -896,24 +915,27 @@ class FlashBwdSm90:
                         cute.arch.cp_async_bulk_wait_group(0, read=False)  # the adds are complete
                         if lane == 0:
                             semaphore.publish(self.dq_semaphore(mSemaphore, work, head, m_block), True)
+                prev_head, prev_m = head, m_block
             if const_expr(det and self.cfg.publish_lag):
                 cute.arch.cp_async_bulk_wait_group(0, read=False)
                 if lane == 0:
-                    last_head, last_m = self.step_slot(work, work.num_steps - 1)
-                    semaphore.publish(self.dq_semaphore(mSemaphore, work, last_head, last_m), True)
+                    semaphore.publish(self.dq_semaphore(mSemaphore, work, prev_head, prev_m), True)
             cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
     def sequence_dq(self, mSemaphore, work) -> None:
         """Warp 1 with ``dq_direct`` and ``deterministic`` (Note [Ordered direct dQ]): per step, waits
         for the slot's turn, lets every consumer warpgroup add (``dq_full``), waits until all of them
-        have issued their adds (``dq_empty``), and publishes."""
+        have issued their adds (``dq_empty``), and publishes (the slot: Note [Writer slots])."""
         lane = cute.arch.lane_idx()
+        lane_head, lane_m, lane_rank = Int32(0), Int32(0), Int32(0)
         for t in cutlass.range(work.num_steps, unroll=1):
-            head, m_block = self.step_slot(work, t)
+            if t % 32 == 0 or const_expr(not self.cfg.lane_slots):
+                lane_head, lane_m, lane_rank = self.lane_slot(work, t + lane)
+            head, m_block, rank = self.warp_slot(t, lane_head, lane_m, lane_rank)
             sem = self.dq_semaphore(mSemaphore, work, head, m_block)
             if lane == 0:
-                semaphore.spin(sem, self.dq_rank(work, m_block))
+                semaphore.spin(sem, rank)
             cute.arch.sync_warp()
             for w in cutlass.range_constexpr(self.num_wg):
                 cute.arch.barrier_arrive(barrier_id=self.dq_bar(_BAR.dq_full, w, t), number_of_threads=128 + 32)
@@ -921,6 +943,28 @@ class FlashBwdSm90:
                 cute.arch.barrier(barrier_id=self.dq_bar(_BAR.dq_empty, w, t), number_of_threads=128 + 32)
             if lane == 0:
                 semaphore.publish(sem, True)
+
+    @cute.jit
+    def lane_slot(self, work, t: Int32):
+        """``(q head, m_block, rank)`` of step ``t`` (clamped to the last step): :meth:`step_slot`
+        and, deterministic, :meth:`dq_rank` (else rank 0). Note [Writer slots]."""
+        if const_expr(self.cfg.lane_slots):
+            t = cutlass.min(t, work.num_steps - 1)
+        else:
+            t = t - cute.arch.lane_idx()
+        head, m_block = self.step_slot(work, t)
+        rank = Int32(0)
+        if const_expr(self.cfg.deterministic):
+            rank = self.dq_rank(work, m_block)
+        return head, m_block, rank
+
+    def warp_slot(self, t: Int32, lane_head: Int32, lane_m: Int32, lane_rank: Int32):
+        """Step ``t``'s slot, from the lane that computed it (``t % 32``): Note [Writer slots]."""
+        if const_expr(not self.cfg.lane_slots):
+            return lane_head, lane_m, lane_rank
+        src = t % 32
+        return (cute.arch.shuffle_sync(lane_head, src), cute.arch.shuffle_sync(lane_m, src),
+                cute.arch.shuffle_sync(lane_rank, src))
 
     def dq_tile(self, mdQaccum: cute.Tensor, work, head: Int32, m_block: Int32) -> cute.Tensor:
         """The dq_accum tile this CTA adds step (head, m_block) into: the m_block's ``tile_m`` rows,
@@ -1272,6 +1316,14 @@ s8k 592 / 572 -> 604 / 591 -> 568 / 536; causal 516 / 506 -> 548 / 527 -> 516 / 
 to 1 everywhere but causal deterministic. d96 and 64-row d64 steps take it by the same mechanism,
 untimed; the d64 default's 128-row steps read the statistics late (``rows_late``) and are unchanged."""
 
+LANE_SLOTS_ROTATED = True
+"""The deterministic writer reads its slots from 32 lanes (``lane_slots``, Note [Writer slots]) in the
+rotated order only. v0.11, one lease, two interleaved rounds (TFLOP/s, per-step slots -> lane slots):
+rotated d128 s8k 565 / 556 -> 575 / 566, s16k 558 / 540 -> 584 / 574, d256 s8k 375 / 372 -> 390 / 378; the
+plain orders: d128 causal s8k 476 / 467 -> 481 / 465, s1k 282 / 287 -> 287 / 292, d64 causal 406 / 392 ->
+409 / 397, but d64 (no mask, sections of 32 pairs) 453 / 445 -> 432 / 424 and d256 causal (the ordered
+direct adds) 341 / 340 -> 325 / 335. Non-deterministic d128 s8k: 581 / 558 -> 578 / 560 (not taken)."""
+
 DET_ROTATE = True
 """Use the rotated deterministic order where it is safe (:func:`rotate_ok`); False: never."""
 
@@ -1324,7 +1376,7 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         publish_lag=bool(deterministic) and lag and not (direct and det_direct),
         det_rotate=bool(deterministic) and rotate and rotate_ok(problem, tile_n),
         dq_direct=direct and (det_direct or not deterministic),
-        # Not with more than 64 rows per step (``rows_late``): written, not yet timed (v0.10).
+        # Not with more than 64 rows per step (``rows_late``): measured 7-16% slower at d64 (v0.11).
         stats_early=1 if hd <= STATS_EARLY_MAX_HD and steps <= 64 else 0,
         **BwdSm90Config.problem_flags(problem))
     # What a larger tile_m leaves no room for: the second dQ buffer. What the sdQ tile of a
@@ -1333,6 +1385,7 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
     for field in fields:
         if cfg.smem_bytes() > SMEM_CAPACITY and getattr(cfg, field) > 1:
             cfg = replace(cfg, **{field: 1})
+    cfg = replace(cfg, lane_slots=cfg.det_rotate and LANE_SLOTS_ROTATED)
     try:
         FlashBwdSm90.can_implement(cfg)
     except ValueError as e:
@@ -1424,6 +1477,10 @@ def variants(arch: str) -> list[BwdSm90Config]:
     # with the ordered direct adds under a local mask, varlen and seqused_k.
     out.append(make_config(P(256, causal=True), None, arch, True, det_direct=False))
     out.append(make_config(P(256, "fp16", local=True, varlen=True, seqused_k=True), None, arch, True))
+    # The writer's slots from 32 lanes (Note [Writer slots]) outside the rotated order: the writer
+    # warp under a causal mask and the sequencing warp of the ordered direct adds.
+    out.append(replace(out[2], lane_slots=True))
+    out.append(replace(make_config(P(256, causal=True), None, arch, True), lane_slots=True))
     # The row statistics read before the wgmmas are issued (stats_early, an experiment).
     out.append(replace(out[1], stats_early=2))
     out.append(replace(out[0], stats_early=1))  # lse ahead with the d64 default's 128-row steps (rows_late)
