@@ -5,7 +5,7 @@
 # sanitize (compute-sanitizer memcheck/racecheck on tools/sanitize_sm90.py), bench (fwd+bwd grid),
 # benchbwd, det (deterministic bench), latency, sweep (tools/sweep_bwd.py), ncu (tools/ncu_bwd.py),
 # pytests (pytest -m gpu $PYTESTS), sweepfwd80 (tools/sweep_fwd.py --family sm80 $SWEEP_FWD80), detsec (tools/det_sections.py $DETSEC_ARGS), sink (learnable-sink GPU tests + tools/sink_diag.py), issue9 (pack GQA / split-KV / combine / paged / flash_attn.cute call GPU tests), decode (bench --decode),
-# next9 (session 9: lane slots, tests then sweep v14), next8 (session 8's not-yet-run tests and sweeps), ncusrc (source-level stall sampling of the forwards; NCUSRC_IMPLS), ncusrcbwd (the same for the backwards), ncustall (stall reasons, fa4 vs flash-attn-4), sweepfwd (tools/sweep_fwd.py $SWEEP_FWD), ncufwd (ncu of the fa4 and flash-attn-4 forwards, tools/ncu_fwd.py), nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
+# next9 (session 9: lane slots, tests then sweep v14), next10 (the rotated order at d64, v15), next8 (session 8's not-yet-run tests and sweeps), ncusrc (source-level stall sampling of the forwards; NCUSRC_IMPLS), ncusrcbwd (the same for the backwards), ncustall (stall reasons, fa4 vs flash-attn-4), sweepfwd (tools/sweep_fwd.py $SWEEP_FWD), ncufwd (ncu of the fa4 and flash-attn-4 forwards, tools/ncu_fwd.py), nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
 set -uo pipefail
 steps=${1:-bwd90}
 out=${OUT:-/tmp/out}; mkdir -p "$out"
@@ -173,5 +173,10 @@ if has next9; then
     timeout 300 python3 tools/sweep_bwd.py --plan v14 > "$out/next9_v14.log" 2>&1
     echo "next9 v14 rc=$?"; grep -v Warning "$out/next9_v14.log" | grep -v exe_args | tail -40
   fi
+fi
+if has next10; then
+  # Session 9, second run: the rotated order at d64 (v15).
+  timeout 240 python3 tools/sweep_bwd.py --plan v15 > "$out/next10_v15.log" 2>&1
+  echo "next10 v15 rc=$?"; grep -v Warning "$out/next10_v15.log" | grep -v exe_args | tail -22
 fi
 echo "total $(( $(date +%s) - t0 ))s"

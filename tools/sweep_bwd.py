@@ -155,6 +155,11 @@ PLANS = {
                           "d128 s16384 det", "d64 s8192 det", "d64 s8192 causal det", "d256 s8192 det",
                           "d256 s8192 causal det")
             for v in ("lane_slots=False", "")],
+    # v0.11: the rotated order at d64 again (v0.6 measured it -7% with 64-row steps; the default steps
+    # are 128 rows since v0.7), with and without the lane slots, twice in interleaved rounds.
+    "v15": [f"{shape} {v}".strip() for _ in range(2)
+            for shape in ("d64 s8192 det", "d64 s16384 det", "d64 s2048 det")
+            for v in ("", "det_rotate=True", "det_rotate=True lane_slots=True")] + ["d64 s8192", "d64 s16384"],
 }
 
 
