@@ -296,6 +296,34 @@ def test_rotated_schedule(sq, sk):
                     assert rank(c, slot) == sum(1 for j, _ in arrivals if j < i), (slot, arrivals)
 
 
+@pytest.mark.parametrize("group", [1, 2, 3])
+def test_rotated_schedule_with_the_publish_lag(group):
+    """Note [Publish lag] in fa4/bwd/sm90.py: the sm90 writer holds a slot's publish back until it
+    has waited for its next slot. In the rotated order that closes a cycle exactly where a pair has
+    as many m_blocks as K blocks with a GQA group of 1 (found by a hung d64 sweep, v0.11); with the
+    kernel's rule (no lag where the stagger is 1) every rotated schedule runs through, varlen
+    pairs of different staggers included."""
+    from fa4.bwd import sm90
+
+    tm, tn = 64, 128
+    for n in range(1, 11):
+        for m in range(n, 3 * n + 2):
+            seqs_q, seqs_k = [m * tm, max(1, m * tm // 3) + 5], [n * tn, max(1, n * tn // 2)]
+            visits, rank, ctas = common.deterministic_schedule(seqs_q, seqs_k, 1, group, tm, tn, rotated=True)
+            stagger = [-(-seqs_q[b] // tm) // -(-seqs_k[b] // tn) for b in range(2)]
+            kernel_lag = lambda c: stagger[ctas[c][2]] != 1  # noqa: E731  (ctas[c] = (x, kv head, batch, n))
+            num_x = -(-max(seqs_k) // tn)
+            simulate(visits, rank, num_x, publish_lag=kernel_lag)
+            simulate(visits, rank, num_x, seed=m, publish_lag=kernel_lag)
+            one = common.deterministic_schedule([m * tm], [n * tn], 1, group, tm, tn, rotated=True)
+            if m == n and n > 1 and group == 1:
+                with pytest.raises(AssertionError, match="deadlock"):
+                    simulate(one[0], one[1], n, publish_lag=True)
+            else:
+                simulate(one[0], one[1], n, publish_lag=True)
+    assert sm90.TUNING[128][5] and sm90.TUNING[128][6], "d128 takes both the lag and the rotation"
+
+
 def test_rotated_order_only_where_safe():
     """The sm90 backward uses the rotated order only deterministic, unmasked, and when a pair's K
     blocks fit on the GPU at once (132 SMs without a GPU); it launches sections of one pair."""

@@ -497,6 +497,43 @@ def test_bwd_sm90_stats_early_same_bits(early, d, mask, det, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("d,sq,sk,rotate_d64", [(128, 1024, 2048, False), (128, 1000, 2000, False),
+                                               (64, 1024, 1024, True), (64, 2048, 2048, True)])
+def test_bwd_sm90_rotated_stagger_one(d, sq, sk, rotate_d64, monkeypatch):
+    """Note [Publish lag] (fa4/bwd/sm90.py): the rotated deterministic order with as many m_blocks as
+    K blocks and no GQA (stagger 1), where the writer's held-back publish closed a cycle and the
+    kernel hung (d128 with s_q = s_k / 2 by default; d64's 128-row steps with the rotation forced,
+    the hung v0.11 sweep). It now finishes, bit-exact over runs and correct."""
+    import dataclasses
+
+    from fa4.bwd import sm90
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the sm90 kernels need compute capability 9.x")
+    if rotate_d64:
+        make = sm90.make_config
+
+        def rotated(problem, options, arch, deterministic=False, **kw):
+            cfg = make(problem, options, arch, deterministic, **kw)
+            return dataclasses.replace(cfg, det_rotate=True, lane_slots=True) if deterministic else cfg
+        monkeypatch.setattr(sm90, "make_config", rotated)
+    fa4.ops._plans.clear()
+    opts = fa4.KernelOptions(arch="sm90")
+    q, k, v = random_qkv(2, sq, sk, 3, 3, d, torch.bfloat16, "cuda", requires_grad=True, seed=sq + d)
+    g = torch.randn_like(q)
+
+    def run():
+        out, _ = fa4.flash_attn_func(q, k, v, deterministic=True, kernel_options=opts)
+        return torch.autograd.grad(out, (q, k, v), g)
+    try:
+        grads = _same_bits_over_runs(run, 3, "stagger 1")
+    finally:
+        fa4.ops._plans.clear()
+    ref, pt = _reference_dense((q, k, v), dict(causal=False, window_size=(None, None), softcap=0.0), g, None)
+    _check_grads(("dq", "dk", "dv"), grads, ref, pt, (q, k, v), g)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("d,mask,layout", [(128, "none", "dense"), (128, "causal", "dense"), (128, "none", "varlen"),
                                            (64, "local", "varlen"), (256, "causal", "dense"), (256, "none", "varlen")])
 def test_bwd_sm90_lane_slots_same_bits(d, mask, layout, monkeypatch):

@@ -175,8 +175,11 @@ if has next9; then
   fi
 fi
 if has next10; then
-  # Session 9, second run: the rotated order at d64 (v15).
-  timeout 240 python3 tools/sweep_bwd.py --plan v15 > "$out/next10_v15.log" 2>&1
+  # Session 9, second run: the rotated order with stagger 1 (the publish-lag cycle, fixed), then at d64 (v15).
+  timeout 200 python3 -m pytest -m gpu -p no:cacheprovider $xd -q -rfE --maxfail=5 tests/test_bwd_gpu.py \
+    -k "stagger_one or lane_slots or rotated" > "$out/next10.log" 2>&1
+  rc=$?; echo "next10 tests rc=$rc"; grep -E "passed|failed|FAILED|ERROR|Timeout" "$out/next10.log" | tail -12
+  [ $rc -eq 0 ] && timeout 240 python3 tools/sweep_bwd.py --plan v15 > "$out/next10_v15.log" 2>&1
   echo "next10 v15 rc=$?"; grep -v Warning "$out/next10_v15.log" | grep -v exe_args | tail -22
 fi
 echo "total $(( $(date +%s) - t0 ))s"

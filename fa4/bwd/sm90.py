@@ -117,7 +117,12 @@ Note [Publish lag]
     it (with the rotated order: only for blocks that reach the slot at an earlier step, Note
     [Rotated order]). The successors of slot ``t - 1`` see it later by up to the spin, which cost
     more than it saved with the long steps of head dim 256 (measured; the tuning table turns it off
-    there).
+    there). One exception: the rotated order with a stagger of 1 (as many m_blocks as K blocks, a
+    GQA group of 1), where block ``n``'s step ``t`` waits for block ``n + 1``'s step ``t - 1``, whose
+    publish waits for its own step ``t``, ... around the pair back to block ``n``: a cycle, which hung
+    the d64 sweep (v0.11) and would hang a d128 run with ``s_q`` near ``s_k / 2``. The writer
+    publishes at once there (stagger 1, any group: :func:`fa4.sched.semaphore.simulate` models the
+    lag, and the CPU tests find the cycle exactly at ``M == N``, group 1).
 
 Note [Writer slots]
     The writer warp (and the sequencing warp of Note [Ordered direct dQ]) needs each step's slot:
@@ -880,6 +885,11 @@ class FlashBwdSm90:
                     cute.arch.barrier_arrive(barrier_id=self.dq_bar(_BAR.dq_empty, w, 0), number_of_threads=128 + 32)
             lane_head, lane_m, lane_rank = Int32(0), Int32(0), Int32(0)
             prev_head, prev_m = Int32(0), Int32(0)
+            lagged, unlagged = Boolean(True), Boolean(False)
+            if const_expr(det and self.cfg.publish_lag and self.cfg.det_rotate):
+                # Stagger 1: the held-back publish would close a cycle (Note [Publish lag]).
+                unlagged = work.num_m // work.num_n == 1
+                lagged = work.num_m // work.num_n != 1
             for t in cutlass.range(work.num_steps, unroll=1):
                 if t % 32 == 0 or const_expr(not self.cfg.lane_slots):
                     lane_head, lane_m, lane_rank = self.lane_slot(work, t + lane)
@@ -900,9 +910,10 @@ class FlashBwdSm90:
                     if const_expr(self.cfg.publish_lag):
                         # Step t - 1's adds completed while this step's slot was awaited (Note [Publish lag]).
                         if t > 0:
-                            cute.arch.cp_async_bulk_wait_group(0, read=False)
-                            if lane == 0:
-                                semaphore.publish(self.dq_semaphore(mSemaphore, work, prev_head, prev_m), True)
+                            if lagged:
+                                cute.arch.cp_async_bulk_wait_group(0, read=False)
+                                if lane == 0:
+                                    semaphore.publish(self.dq_semaphore(mSemaphore, work, prev_head, prev_m), True)
                     cute.arch.sync_warp()
                 for w in cutlass.range_constexpr(self.num_wg):
                     cute.arch.barrier(barrier_id=self.dq_bar(_BAR.dq_full, w, t), number_of_threads=128 + 32)
@@ -912,15 +923,22 @@ class FlashBwdSm90:
                     cute.arch.cp_async_bulk_commit_group()
                 if const_expr(det):
                     if const_expr(not self.cfg.publish_lag):
-                        cute.arch.cp_async_bulk_wait_group(0, read=False)  # the adds are complete
-                        if lane == 0:
-                            semaphore.publish(self.dq_semaphore(mSemaphore, work, head, m_block), True)
+                        self.publish_dq(mSemaphore, work, head, m_block, lane)
+                    elif const_expr(self.cfg.det_rotate):
+                        if unlagged:
+                            self.publish_dq(mSemaphore, work, head, m_block, lane)
                 prev_head, prev_m = head, m_block
             if const_expr(det and self.cfg.publish_lag):
-                cute.arch.cp_async_bulk_wait_group(0, read=False)
-                if lane == 0:
-                    semaphore.publish(self.dq_semaphore(mSemaphore, work, prev_head, prev_m), True)
+                if lagged:
+                    self.publish_dq(mSemaphore, work, prev_head, prev_m, lane)
             cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def publish_dq(self, mSemaphore, work, head: Int32, m_block: Int32, lane: Int32) -> None:
+        """Once this CTA's adds into slot (head, m_block) are complete, publish them (lane 0)."""
+        cute.arch.cp_async_bulk_wait_group(0, read=False)
+        if lane == 0:
+            semaphore.publish(self.dq_semaphore(mSemaphore, work, head, m_block), True)
 
     @cute.jit
     def sequence_dq(self, mSemaphore, work) -> None:

@@ -59,7 +59,7 @@ Counters must be zero before the first contributor arrives (the backward preproc
 from __future__ import annotations
 
 import random
-from typing import Callable, Hashable, Iterable, Optional, Sequence
+from typing import Callable, Hashable, Iterable, Optional, Sequence, Union
 
 import cutlass.cute as cute
 from cutlass import Boolean, Int32
@@ -151,21 +151,25 @@ def simulate(
     rank: Callable[[int, Hashable], int],
     resident: int,
     seed: Optional[int] = None,
+    publish_lag: Union[bool, Callable[[int], bool]] = False,
 ) -> dict[Hashable, int]:
     """Run a schedule with at most ``resident`` CTAs on the machine at once.
 
     CTAs become resident in launch order as others finish (in-order dispatch). Each resident CTA
     runs its slots in order; in a slot it waits until the counter equals its rank, then adds and
-    publishes (count + 1) -- no wait separates an add from its publish (Note [Split-phase]). A
-    round advances every resident CTA by at most one slot (lockstep, in residency order; with
-    ``seed``, in a shuffled order each round). Raises AssertionError when a round advances no CTA
-    before all are done (a deadlock under this residency), or when a slot receives its adds out of
-    rank order. Returns the final count of every slot.
+    publishes (count + 1) -- no wait separates an add from its publish (Note [Split-phase]). With
+    ``publish_lag`` (the sm90 writer's Note [Publish lag]; a callable: per CTA) a CTA publishes a
+    slot only once its wait for the next slot is over (the last one when it finishes). A round advances every
+    resident CTA by at most one slot (lockstep, in residency order; with ``seed``, in a shuffled
+    order each round). Raises AssertionError when a round advances no CTA before all are done (a
+    deadlock under this residency), or when a slot receives its adds out of rank order. Returns
+    the final count of every slot.
     """
     rng = random.Random(seed) if seed is not None else None
     n = len(visits)
     count: dict[Hashable, int] = {}
     pos = [0] * n
+    pending: list[Optional[Hashable]] = [None] * n  # added, not yet published (publish_lag)
     running: list[int] = []
     launched = finished = 0
     while finished < n:
@@ -183,10 +187,17 @@ def simulate(
                 have = count.get(s, 0)
                 assert have <= r, f"slot {s!r}: CTA {c} (rank {r}) arrives after count {have}: added out of order"
                 if have == r:
-                    count[s] = r + 1
+                    if publish_lag(c) if callable(publish_lag) else publish_lag:
+                        if pending[c] is not None:
+                            count[pending[c]] = count.get(pending[c], 0) + 1
+                        pending[c] = s
+                    else:
+                        count[s] = r + 1
                     pos[c] += 1
                     progressed = True
             if pos[c] == len(visits[c]):
+                if pending[c] is not None:
+                    count[pending[c]] = count.get(pending[c], 0) + 1
                 running.remove(c)
                 finished += 1
                 progressed = True
