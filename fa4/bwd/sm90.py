@@ -1289,7 +1289,10 @@ FlashBwdSm90.kernel.set_name_prefix("fa4_bwd_sm90", remove_cutlass_symbol=True)
 # +6% causal, +9% deterministic); the deterministic writer's publish lag where it measured faster
 # (v0.6: +4-8% at head dims 64 and 128, -2 to -6% at 256); the rotated deterministic order (where
 # :func:`rotate_ok`) where it measured faster (v0.6: d128 +4-5% at s8k in two runs, d256 +2%; d64 -7%
-# in two runs: 64-row steps of d64 are shorter than a publish, so a stagger of 2 steps still waits);
+# in two runs with 64-row steps, shorter than a publish; v0.11, d64's 128-row steps, two rounds, plain ->
+# rotated -> rotated with lane slots: s8k 457 / 440 -> 465 / 465 -> 475 / 454, s16k 464 / 426 -> 474 / 474 ->
+# 426 / 484, s2k 413 / 414 -> 414 / 420 -> 436 / 412, so d64 rotates too; its stagger is 1 when s_q = s_k,
+# where the writer does not lag its publishes, Note [Publish lag]);
 # dQ added from registers above 128, which frees the smem of a second Q/dO (and P/dS) stage (v0.6:
 # d256 303 -> 409 TFLOP/s, causal 285 -> 369, d192 366 -> 388; d128 -2%, d64 +0%: off there).
 # Deterministic runs keep dq_direct, its adds ordered by warp 1 (Note [Ordered direct dQ], v0.9: d256
@@ -1297,7 +1300,7 @@ FlashBwdSm90.kernel.set_name_prefix("fa4_bwd_sm90", remove_cutlass_symbol=True)
 # then drops stages to fit.
 TUNING = {
     32: (64, True, 2, 2, 2, True, False, False, False),
-    64: (128, True, 2, 2, 2, True, False, False, True),
+    64: (128, True, 2, 2, 2, True, True, False, True),
     96: (64, True, 2, 2, 2, True, False, False, False),
     128: (64, True, 2, 2, 2, True, True, False, False),
     160: (64, False, 2, 2, 1, False, True, True, False),
@@ -1480,6 +1483,7 @@ def variants(arch: str) -> list[BwdSm90Config]:
     # What bwd_tile_m gives off the table: 64-row steps at d64 (no ds_from_p16).
     out.append(make_config(P(64), KernelOptions(bwd_tile_m=64), arch))
     out.append(make_config(P(64, causal=True), None, arch, True))  # 128-row deterministic steps
+    out.append(make_config(P(64), None, arch, True))  # ... rotated (stagger 1 at s_q = s_k: no publish lag)
     # Two-CTA (Note [Two-CTA dQ]): d128 swapped half tiles, with the writer warp or direct adds;
     # masks, varlen and seqused_k; d64's 64-row halves; GQA is a runtime size.
     two = KernelOptions(bwd_two_cta=True)
