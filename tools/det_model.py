@@ -1,0 +1,164 @@
+"""A timing model of the deterministic backward's dQ order (CPU, pure Python): how long a grid takes
+when every step's dQ add waits for the slot's earlier contributors, against the same grid without
+the waits.
+
+    python tools/det_model.py                      # the d128 s8k rows, default latencies
+    python tools/det_model.py --publish 0.6 --visible 0.3
+
+Discrete events, one CTA per SM, dispatched in launch order as SMs free up. A CTA's consumers
+compute its steps one after the other (``1.0`` each, the unit of time); its writer takes a step
+once the consumers have finished it and the slot's counter has reached the CTA's rank, holds the
+dQ buffer ``--read`` and publishes ``--publish`` after it starts; the count becomes visible to
+the other CTAs ``--visible`` later. The consumers run at most ``--stages`` steps ahead of the
+writer's reads (the dQ buffers). The writer publishes each step before it takes the next (no
+publish lag). The schedules are those of :func:`fa4.bwd.common.deterministic_schedule` (the
+kernel's), plus ``spt``: a causal order where each K block walks its m_blocks upwards from its
+diagonal, the blocks nearest the diagonal add first, and a pair's shortest blocks launch first.
+
+A model, not a measurement: it tells orders apart by their waits, nothing more.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from fa4.bwd import common  # noqa: E402
+from fa4.bwd.common import _cdiv, host_m_block_range, host_n_block_range  # noqa: E402
+from fa4.sched.tile import section_tile  # noqa: E402
+
+
+def spt_schedule(seqlen: int, pairs: int, tile_m: int, tile_n: int, section: int):
+    """Causal, one sequence length: K block ``n`` walks m_blocks up from its diagonal; rank in slot
+    ``m`` = ``n_max(m) - 1 - n`` (the diagonal block first); launch order: sections of ``section``
+    pairs, the pair index fastest, the K blocks from the last (shortest) down."""
+    num_x = _cdiv(seqlen, tile_n)
+    visits, n_of = [], []
+    for i in range(num_x * pairs):
+        x, p, _ = section_tile(i, num_x, pairs, 1, section, False)
+        n = num_x - 1 - x
+        m_min, m_max = host_m_block_range(n, seqlen, seqlen, tile_m, tile_n, True, False, 0, 0)
+        visits.append([(p, m) for m in range(m_min, m_max)])
+        n_of.append(n)
+
+    def rank(c, slot):
+        _, n_max = host_n_block_range(slot[1], seqlen, seqlen, tile_m, tile_n, True, False, 0, 0)
+        return n_max - 1 - n_of[c]
+    return visits, rank
+
+
+def run(visits, rank, resident: int, read: float, publish: float, visible: float, stages: int,
+        ordered: bool = True) -> float:
+    """The grid's makespan (``ordered``: with the slot waits)."""
+    n = len(visits)
+    events: list = []
+    seq = 0
+
+    def push(time, kind, c, arg=None):
+        nonlocal seq
+        heapq.heappush(events, (time, seq, kind, c, arg))
+        seq += 1
+
+    count: dict = {}
+    waiters: dict = {}
+    cons_next, cons_busy, cons_done = [0] * n, [False] * n, [0] * n
+    wr_next, wr_busy, reads = [0] * n, [False] * n, [0] * n
+    launched, finished, end = 0, 0, 0.0
+
+    def try_consumer(c, now):
+        t = cons_next[c]
+        if not cons_busy[c] and t < len(visits[c]) and reads[c] >= t - stages + 1:
+            cons_busy[c] = True
+            cons_next[c] += 1
+            push(now + 1.0, "cdone", c)
+
+    def try_writer(c, now):
+        t = wr_next[c]
+        if wr_busy[c] or t >= len(visits[c]) or cons_done[c] <= t:
+            return
+        slot = visits[c][t]
+        if ordered and count.get(slot, 0) != rank(c, slot):
+            waiters.setdefault(slot, set()).add(c)
+            return
+        wr_busy[c] = True
+        wr_next[c] += 1
+        push(now + read, "wread", c)
+        push(now + publish, "wpub", c, slot)
+
+    def launch(now):
+        nonlocal launched, finished
+        while launched < n:
+            c = launched
+            launched += 1
+            if visits[c]:
+                try_consumer(c, now)
+                return
+            finished += 1  # an empty CTA leaves at once
+
+    for _ in range(resident):
+        launch(0.0)
+    while events:
+        now, _, kind, c, arg = heapq.heappop(events)
+        if kind == "cdone":
+            cons_busy[c] = False
+            cons_done[c] += 1
+            try_consumer(c, now)
+            try_writer(c, now)
+        elif kind == "wread":
+            reads[c] += 1
+            try_consumer(c, now)
+        elif kind == "wpub":
+            wr_busy[c] = False
+            push(now + visible, "visible", c, arg)
+            if wr_next[c] == len(visits[c]):
+                finished += 1
+                end = max(end, now)
+                launch(now)
+            else:
+                try_writer(c, now)
+        else:  # visible
+            count[arg] = count.get(arg, 0) + 1
+            for w in sorted(waiters.pop(arg, ())):
+                try_writer(w, now)
+    assert finished == n, f"stuck: {finished} of {n} CTAs finished"
+    return end
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--read", type=float, default=0.3, help="the writer's smem read of a step's dQ (steps)")
+    ap.add_argument("--publish", type=float, default=0.6, help="from the writer's start to its publish (steps)")
+    ap.add_argument("--visible", type=float, default=0.3, help="publish -> count seen by a waiter (steps)")
+    ap.add_argument("--stages", type=int, default=2)
+    ap.add_argument("--sms", type=int, default=132)
+    ap.add_argument("--seqlen", type=int, default=8192)
+    ap.add_argument("--pairs", type=int, default=32, help="(batch, kv head) pairs (b2 h16 at s8k)")
+    args = ap.parse_args()
+    s, pairs, tm, tn = args.seqlen, args.pairs, 64, 128
+    lat = (args.read, args.publish, args.visible, args.stages)
+    rows = {
+        "no mask, plain order, sections of 32": common.deterministic_schedule([s], [s], pairs, 1, tm, tn, section=32)[:2],
+        "no mask, plain order, sections of 1": common.deterministic_schedule([s], [s], pairs, 1, tm, tn, section=1)[:2],
+        "no mask, rotated (the default)": common.deterministic_schedule([s], [s], pairs, 1, tm, tn, rotated=True)[:2],
+        "causal, LPT down, sections of 64 (the default)": common.deterministic_schedule(
+            [s], [s], pairs, 1, tm, tn, causal=True, section=64)[:2],
+        "causal, LPT down, sections of 16": common.deterministic_schedule(
+            [s], [s], pairs, 1, tm, tn, causal=True, section=16)[:2],
+        "causal, SPT up, sections of 16": spt_schedule(s, pairs, tm, tn, 16),
+        "causal, SPT up, sections of 1": spt_schedule(s, pairs, tm, tn, 1),
+    }
+    print(f"latencies (steps): read {args.read}, publish {args.publish}, visible {args.visible}; "
+          f"{args.stages} dQ buffers; {args.sms} SMs; s{s}, {pairs} pairs")
+    print(f"{'order':50s} {'free':>9s} {'ordered':>9s} {'ratio':>6s}")
+    for name, (visits, rank) in rows.items():
+        free = run(visits, rank, args.sms, *lat, ordered=False)
+        det = run(visits, rank, args.sms, *lat, ordered=True)
+        print(f"{name:50s} {free:9.1f} {det:9.1f} {free / det:6.3f}")
+
+
+if __name__ == "__main__":
+    main()
