@@ -71,7 +71,10 @@ Note [Rotated order]
     GPU. The host uses the rotated order only then (sm90: ``num_x <= SMs``, one CTA per SM), and
     only without a causal or local mask; ``k = 0`` (fewer m_blocks than K blocks) falls back to
     the plain order inside the kernel, per sequence. :func:`host_rotated_slot` and
-    :func:`host_rotated_rank` are the formulas' Python twins (the CPU model of the schedule).
+    :func:`host_rotated_rank` are the formulas' Python twins (the CPU model of the schedule). A
+    writer that holds a slot's publish back until its next slot's wait is over (sm90, Note [Publish
+    lag] in fa4/bwd/sm90.py) must not do so at stagger ``k = 1`` with ``M == N`` and one q head per
+    kv head: block ``n`` then waits for block ``n + 1`` one step back, around the pair to itself.
 """
 
 from __future__ import annotations
