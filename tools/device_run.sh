@@ -5,7 +5,7 @@
 # sanitize (compute-sanitizer memcheck/racecheck on tools/sanitize_sm90.py), bench (fwd+bwd grid),
 # benchbwd, det (deterministic bench), latency, sweep (tools/sweep_bwd.py), ncu (tools/ncu_bwd.py),
 # pytests (pytest -m gpu $PYTESTS), sweepfwd80 (tools/sweep_fwd.py --family sm80 $SWEEP_FWD80), detsec (tools/det_sections.py $DETSEC_ARGS), sink (learnable-sink GPU tests + tools/sink_diag.py), issue9 (pack GQA / split-KV / combine / paged / flash_attn.cute call GPU tests), decode (bench --decode),
-# next9 (session 9: lane slots, tests then sweep v14), next10 (the rotated order at d64, v15), next11 (d64 det rotated: tests, det bench), next8 (session 8's not-yet-run tests and sweeps), ncusrc (source-level stall sampling of the forwards; NCUSRC_IMPLS), ncusrcbwd (the same for the backwards), ncustall (stall reasons, fa4 vs flash-attn-4), sweepfwd (tools/sweep_fwd.py $SWEEP_FWD), ncufwd (ncu of the fa4 and flash-attn-4 forwards, tools/ncu_fwd.py), nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
+# next9 (session 9: lane slots, tests then sweep v14), next10 (the rotated order at d64, v15), next11 (d64 det rotated: tests, det bench), next12 (paged pages_ahead: same bits, decode timing; not yet run), next8 (session 8's not-yet-run tests and sweeps), ncusrc (source-level stall sampling of the forwards; NCUSRC_IMPLS), ncusrcbwd (the same for the backwards), ncustall (stall reasons, fa4 vs flash-attn-4), sweepfwd (tools/sweep_fwd.py $SWEEP_FWD), ncufwd (ncu of the fa4 and flash-attn-4 forwards, tools/ncu_fwd.py), nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
 set -uo pipefail
 steps=${1:-bwd90}
 out=${OUT:-/tmp/out}; mkdir -p "$out"
@@ -191,5 +191,14 @@ if has next11; then
     timeout 150 python3 -m fa4.bench --mode bwd --deterministic --hdim 64 --out "$out/det64" > "$out/det64.log" 2>&1
     echo "det64 rc=$?"; tail -8 "$out/det64.log"
   fi
+fi
+if has next12; then
+  # Written in session 9, not yet run: paged decode with both blocks' page reads ahead of the stage
+  # waits (FwdSm90Config.pages_ahead): same bits, then the interleaved decode timing.
+  timeout 200 python3 -m pytest -m gpu -p no:cacheprovider $xd -q -rfE --maxfail=5 \
+    tests/test_flash_attn_cute_calls_gpu.py -k "pages_ahead or paged" > "$out/next12.log" 2>&1
+  rc=$?; echo "next12 tests rc=$rc"; grep -E "passed|failed|FAILED|ERROR|Timeout" "$out/next12.log" | tail -12
+  [ $rc -eq 0 ] && timeout 200 python3 tools/decode_sweep.py --pages-ahead > "$out/next12_decode.log" 2>&1
+  echo "next12 decode rc=$?"; tail -8 "$out/next12_decode.log"
 fi
 echo "total $(( $(date +%s) - t0 ))s"

@@ -135,7 +135,9 @@ class FwdSm90Config(AttnFwdConfig):
     ``l2_section_mb``: the K/V megabytes of one L2 section of the tile order
     (:mod:`fa4.sched.tile`; 0: one (head, batch) pair per section); ``dynamic_sched`` (with
     ``persistent``): tiles after the first are claimed from a global counter
-    (:class:`fa4.sched.tile.DynamicTileScheduler`) instead of the static snake."""
+    (:class:`fa4.sched.tile.DynamicTileScheduler`) instead of the static snake. ``pages_ahead``
+    (paged K/V): each loop iteration reads the page indices of both its blocks (K ``n``, V ``n + 1``)
+    before its first stage wait (Note [Paged K/V]); an experiment, not yet run on a GPU."""
 
     head_dim: int = 128
     head_dim_v: int = 128
@@ -153,6 +155,7 @@ class FwdSm90Config(AttnFwdConfig):
     split_kv: bool = False
     l2_section_mb: int = 0
     dynamic_sched: bool = False
+    pages_ahead: bool = False
 
     KERNEL = "fa4.fwd.sm90:FlashFwdSm90"
     REQUIRED_SASS = ("HGMMA", "UTMALDG")  # checked in the SASS of every compile variant (tests/test_compile.py)
@@ -531,18 +534,32 @@ class FlashFwdSm90:
                 kv_state.advance()
                 for i in cutlass.range(n_max - 1 - n_min, unroll=1):
                     n = n_max - 2 - i
-                    self.load_block(tma_k, pk, tKgK, tKsK, n, kv_state)
-                    self.load_block(tma_v, pv, tVgV, tVsV, n + 1, v_state)
+                    k_pages, v_pages = None, None
+                    if const_expr(self.page_rows and self.cfg.pages_ahead):
+                        k_pages, v_pages = self.block_pages(tKsK, mK, n), self.block_pages(tVsV, mV, n + 1)
+                    self.load_block(tma_k, pk, tKgK, tKsK, n, kv_state, k_pages)
+                    self.load_block(tma_v, pv, tVgV, tVsV, n + 1, v_state, v_pages)
                     kv_state.advance()
                     v_state.advance()
                 self.load_block(tma_v, pv, tVgV, tVsV, n_min, v_state)
             idx, t_state = sched.next_producer(idx, t_state)
 
+    def block_pages(self, tXsX, mX, n: Int32) -> list:
+        """The page indices of paged block ``n``'s chunks (Note [Paged K/V]), clamped to the table:
+        rows past it (the last block's tail) read a valid page, masked / zeroed later."""
+        mPageTable, batch, _ = tXsX
+        page_size = mX.shape[0]  # TMA coordinates (page_size, d, h_k, num_pages)
+        last_slot = mPageTable.shape[1] - 1
+        rows = self.page_rows
+        return [mPageTable[batch, cutlass.min((n * self.tile_n + c * rows) // page_size, last_slot)]
+                for c in range(self.tile_n // rows)]
+
     @cute.jit
-    def load_block(self, tma, pipe, tXgX, tXsX, n: Int32, state) -> None:
+    def load_block(self, tma, pipe, tXgX, tXsX, n: Int32, state, pages=None) -> None:
         """Wait for the stage to be free, then TMA block ``n`` into it (completing on its mbarrier).
         Paged (``tXgX = (mX, sX)``, ``tXsX = (page table, batch, kv head)``): one TMA per chunk of
-        ``page_rows`` rows, from the page holding it (Note [Paged K/V])."""
+        ``page_rows`` rows, from the page holding it (Note [Paged K/V]); ``pages``: the block's page
+        indices when the caller read them already (:meth:`block_pages`)."""
         if const_expr(not self.page_rows):
             pipe.producer_acquire(state)
             cute.copy(tma, tXgX[None, n], tXsX[None, state.index], tma_bar_ptr=pipe.producer_get_barrier(state))
@@ -550,14 +567,12 @@ class FlashFwdSm90:
             (mX, sX), (mPageTable, batch, head_kv) = tXgX, tXsX
             rows, cols = self.page_rows, cute.size(sX, mode=[1])
             page_size = mX.shape[0]  # TMA coordinates (page_size, d, h_k, num_pages)
-            last_slot = mPageTable.shape[1] - 1
             one = cute.make_layout(1)
             # The block's page indices are read before waiting for the stage, so their latency
-            # hides under the wait. Rows past the table (the last block's tail) read a valid page:
-            # masked / zeroed later.
+            # hides under the wait.
             chunks = self.tile_n // rows
-            pages = [mPageTable[batch, cutlass.min((n * self.tile_n + c * rows) // page_size, last_slot)]
-                     for c in range(chunks)]
+            if const_expr(pages is None):
+                pages = self.block_pages(tXsX, mX, n)
             pipe.producer_acquire(state)
             for c in cutlass.range_constexpr(chunks):
                 row = n * self.tile_n + c * rows
@@ -939,6 +954,8 @@ def variants(arch: str) -> list[FwdSm90Config]:
         cfg(96, qhead_per_kvhead=6, local=True, varlen_q=True, varlen_k=True, dtype="fp16"),
         cfg(128, tile_m=64, pingpong=False, qhead_per_kvhead=4, page_rows=16, has_seqused_k=True, varlen_q=True),
         cfg(128, tile_m=64, pingpong=False, page_rows=128, has_seqused_k=True, split_kv=True, causal=True),
+        cfg(128, tile_m=64, pingpong=False, qhead_per_kvhead=4, page_rows=16, has_seqused_k=True, varlen_q=True,
+            pages_ahead=True),
         cfg(64, has_seqused_q=True, has_seqused_k=True, causal=True, dynamic_sched=True),
         cfg(64, qhead_per_kvhead=4),  # packed rows with three consumer warpgroups
         cfg(256, qhead_per_kvhead=4, causal=True),  # packed rows with O staged in Q's smem (o_in_q)
