@@ -108,6 +108,8 @@ CONFIGS = [
     dict(sum_rounded=True),
     dict(pingpong=True),
     dict(tile_m=192, pingpong=True, tile_n=64),  # three warpgroups in turn (Note [ping-pong])
+    dict(pingpong=True, pp_steps_only=True),  # the turns around the K-block steps only
+    dict(tile_m=192, pingpong=True, tile_n=64, pp_steps_only=True),
 ]
 
 
@@ -148,6 +150,21 @@ def test_snake_order_covers_every_tile_once():
                 seen.append(idx)
                 idx = snake_next(idx, cta, grid)
         assert sorted(seen) == list(range(tiles)), (tiles, grid)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fields", [dict(pingpong=True, pp_steps_only=True),
+                                    dict(tile_m=192, tile_n=64, pingpong=True, pp_steps_only=True)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_pp_steps_only_many_tiles(fields, causal):
+    """``pp_steps_only`` (Note [ping-pong]): with the turns around the K-block steps only, the last
+    arrive of one tile opens the next tile's first turn, so a persistent CTA walking many tiles of
+    different lengths (causal) must neither hang nor mix up its warpgroups' turns; two and three
+    warpgroups."""
+    d = 64 if fields.get("tile_m") == 192 else 128
+    q, k, v = random_qkv(4, 2048, 2048, 16, 4, d, torch.bfloat16, "cuda", seed=13)
+    out, lse = _run_config(q, k, v, causal, fields)
+    _check(out, lse, q, k, v, causal=causal)
 
 
 @pytest.mark.gpu

@@ -5,7 +5,7 @@
 # sanitize (compute-sanitizer memcheck/racecheck on tools/sanitize_sm90.py), bench (fwd+bwd grid),
 # benchbwd, det (deterministic bench), latency, sweep (tools/sweep_bwd.py), ncu (tools/ncu_bwd.py),
 # pytests (pytest -m gpu $PYTESTS), sweepfwd80 (tools/sweep_fwd.py --family sm80 $SWEEP_FWD80), detsec (tools/det_sections.py $DETSEC_ARGS), sink (learnable-sink GPU tests + tools/sink_diag.py), issue9 (pack GQA / split-KV / combine / paged / flash_attn.cute call GPU tests), decode (bench --decode),
-# next9 (session 9: lane slots, tests then sweep v14), next10 (the rotated order at d64, v15), next11 (d64 det rotated: tests, det bench), next12 (paged pages_ahead: same bits, decode timing; not yet run), next8 (session 8's not-yet-run tests and sweeps), ncusrc (source-level stall sampling of the forwards; NCUSRC_IMPLS), ncusrcbwd (the same for the backwards), ncustall (stall reasons, fa4 vs flash-attn-4), sweepfwd (tools/sweep_fwd.py $SWEEP_FWD), ncufwd (ncu of the fa4 and flash-attn-4 forwards, tools/ncu_fwd.py), nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
+# next9 (session 9: lane slots, tests then sweep v14), next10 (the rotated order at d64, v15), next11 (d64 det rotated: tests, det bench), next12 (paged pages_ahead: same bits, decode timing; not yet run), next13 (ping-pong around the steps only; not yet run), next14 (causal det: ncu, sweep v16; not yet run), next8 (session 8's not-yet-run tests and sweeps), ncusrc (source-level stall sampling of the forwards; NCUSRC_IMPLS), ncusrcbwd (the same for the backwards), ncustall (stall reasons, fa4 vs flash-attn-4), sweepfwd (tools/sweep_fwd.py $SWEEP_FWD), ncufwd (ncu of the fa4 and flash-attn-4 forwards, tools/ncu_fwd.py), nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
 set -uo pipefail
 steps=${1:-bwd90}
 out=${OUT:-/tmp/out}; mkdir -p "$out"
@@ -200,5 +200,23 @@ if has next12; then
   rc=$?; echo "next12 tests rc=$rc"; grep -E "passed|failed|FAILED|ERROR|Timeout" "$out/next12.log" | tail -12
   [ $rc -eq 0 ] && timeout 200 python3 tools/decode_sweep.py --pages-ahead > "$out/next12_decode.log" 2>&1
   echo "next12 decode rc=$?"; tail -8 "$out/next12_decode.log"
+fi
+if has next13; then
+  # Written in session 9, not yet run: ping-pong with the turns around the K-block steps only (the
+  # peer's placement, FwdSm90Config.pp_steps_only): the GPU tests, then fa4-only timing, 3 rounds.
+  timeout 200 python3 -m pytest -m gpu -p no:cacheprovider $xd -q -rfE --maxfail=5 tests/test_fwd_sm90_gpu.py \
+    -k "pp_steps_only" > "$out/next13.log" 2>&1
+  rc=$?; echo "next13 tests rc=$rc"; grep -E "passed|failed|FAILED|ERROR|Timeout" "$out/next13.log" | tail -12
+  [ $rc -eq 0 ] && timeout 330 python3 tools/sweep_fwd.py --hdim 64,128 --repeat 3 pp:hd=128,pingpong=True \
+    ppso:hd=128,pingpong=True,pp_steps_only=True pp3so:hd=64,pingpong=True,pp_steps_only=True \
+    > "$out/next13_sweep.log" 2>&1
+  echo "next13 sweep rc=$?"; grep -v Warning "$out/next13_sweep.log" | grep -v exe_args | tail -20
+fi
+if has next14; then
+  # Written in session 9, not yet run: where the causal deterministic d128 backward waits (ncu), then
+  # its launch sections and lane slots (sweep v16).
+  OUT="$out/detc" NCU_BWD_DET=1 NCU_BWD_SHAPE=128,8192,1 bash "$0" ncusrcbwd,nocompile
+  timeout 300 python3 tools/sweep_bwd.py --plan v16 > "$out/next14_v16.log" 2>&1
+  echo "next14 v16 rc=$?"; grep -v Warning "$out/next14_v16.log" | grep -v exe_args | tail -30
 fi
 echo "total $(( $(date +%s) - t0 ))s"

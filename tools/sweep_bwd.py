@@ -160,6 +160,12 @@ PLANS = {
     "v15": [f"{shape} {v}".strip() for _ in range(2)
             for shape in ("d64 s8192 det", "d64 s16384 det", "d64 s2048 det")
             for v in ("", "det_rotate=True", "det_rotate=True lane_slots=True")] + ["d64 s8192", "d64 s16384"],
+    # Next (written in v0.11, not yet run): the causal deterministic rows (0.82-0.91 of non-det): launch
+    # sections of 16 / 32 pairs against the default 64, and lane slots, twice in interleaved rounds.
+    "v16": [f"{shape} {v}".strip() for _ in range(2)
+            for shape in ("d128 s8192 causal det", "d128 s4096 causal det", "d64 s8192 causal det")
+            for v in ("", "section=16", "section=32", "lane_slots=True")]
+    + ["d128 s8192 causal", "d128 s4096 causal", "d64 s8192 causal"],
 }
 
 

@@ -63,6 +63,9 @@ Note [ping-pong]
     arrives on warpgroup 0's barrier once at the start. Every warpgroup of a tile issues the same
     number of groups (the first ``Q K^T``, one per further K block, the last ``P V``), so the
     order never drifts. Barrier ids: ``_BAR_PP0 + w`` for warpgroups 0 and 1, ``_BAR_PP2`` for 2.
+    ``pp_steps_only`` brackets the K-block steps only, as flash-attn-4 does: a tile's first ``Q K^T``
+    and last ``P V`` go without a turn. Every warpgroup of a tile still takes as many turns (one per
+    K block after the first), and the last arrive of a tile opens the next tile's first turn.
 
 Note [TMA and varlen / padding]
     The TMA atoms see the kernel-boundary tensors as ``(s, d, h, b)`` (:func:`fa4.seqlen.to_sdhb`);
@@ -137,7 +140,10 @@ class FwdSm90Config(AttnFwdConfig):
     ``persistent``): tiles after the first are claimed from a global counter
     (:class:`fa4.sched.tile.DynamicTileScheduler`) instead of the static snake. ``pages_ahead``
     (paged K/V): each loop iteration reads the page indices of both its blocks (K ``n``, V ``n + 1``)
-    before its first stage wait (Note [Paged K/V]); an experiment, not yet run on a GPU."""
+    before its first stage wait (Note [Paged K/V]); an experiment, not yet run on a GPU.
+    ``pp_steps_only`` (with ``pingpong``): the turns bracket only the K-block steps; a tile's first
+    ``Q K^T`` and last ``P V`` are issued without waiting for a turn (Note [ping-pong]); an
+    experiment, not yet run on a GPU."""
 
     head_dim: int = 128
     head_dim_v: int = 128
@@ -156,6 +162,7 @@ class FwdSm90Config(AttnFwdConfig):
     l2_section_mb: int = 0
     dynamic_sched: bool = False
     pages_ahead: bool = False
+    pp_steps_only: bool = False
 
     KERNEL = "fa4.fwd.sm90:FlashFwdSm90"
     REQUIRED_SASS = ("HGMMA", "UTMALDG")  # checked in the SASS of every compile variant (tests/test_compile.py)
@@ -592,14 +599,15 @@ class FlashFwdSm90:
             return _BAR_PP0 + wg
         return _BAR_PP0 + wg + (wg // 2) * (_BAR_PP2 - _BAR_PP0 - 2)
 
-    def pp_sync(self, wg: Int32) -> None:
-        """Wait for this warpgroup's turn on the tensor cores (Note [ping-pong])."""
-        if const_expr(self.pingpong):
+    def pp_sync(self, wg: Int32, edge: bool = False) -> None:
+        """Wait for this warpgroup's turn on the tensor cores (Note [ping-pong]). ``edge``: a tile's
+        first ``Q K^T`` or last ``P V``, outside the turns with ``pp_steps_only``."""
+        if const_expr(self.pingpong and not (edge and self.cfg.pp_steps_only)):
             cute.arch.barrier(barrier_id=self.pp_bar(wg), number_of_threads=256)
 
-    def pp_arrive(self, wg: Int32) -> None:
+    def pp_arrive(self, wg: Int32, edge: bool = False) -> None:
         """Hand the tensor cores to the next warpgroup."""
-        if const_expr(self.pingpong):
+        if const_expr(self.pingpong and not (edge and self.cfg.pp_steps_only)):
             if const_expr(self.num_wg == 2):
                 cute.arch.barrier_arrive(barrier_id=_BAR_PP0 + 1 - wg, number_of_threads=256)
             else:
@@ -663,9 +671,9 @@ class FlashFwdSm90:
 
                     # First block (the last K block): its Q K^T alone.
                     pk.consumer_wait(kv_state)
-                    self.pp_sync(wg)
+                    self.pp_sync(wg, edge=True)
                     gemm_sm90(self.tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], zero_init=True)
-                    self.pp_arrive(wg)
+                    self.pp_arrive(wg, edge=True)
                     warpgroup.wait_group(0)
                     pk.consumer_release(kv_state)
                     self.scores(acc_S, mask, thr_mma_qk, m_block, n_max - 1, prescale, True, True)
@@ -684,9 +692,9 @@ class FlashFwdSm90:
                     if const_expr(cfg.rescale_o_before_pv):
                         rescale_rows(make_acc_mn_view(acc_O), row_scale_prev)
                     pv.consumer_wait(v_state)
-                    self.pp_sync(wg)
+                    self.pp_sync(wg, edge=True)
                     gemm_sm90(self.tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, v_state.index])
-                    self.pp_arrive(wg)
+                    self.pp_arrive(wg, edge=True)
                     warpgroup.wait_group(0)
                     pv.consumer_release(v_state)
                 sinks = None
@@ -938,6 +946,7 @@ def variants(arch: str) -> list[FwdSm90Config]:
         cfg(128, causal=True),
         cfg(128, causal=True, dynamic_sched=True),
         cfg(128, persistent=False, pingpong=True),
+        cfg(128, causal=True, pingpong=True, pp_steps_only=True, dynamic_sched=True),
         cfg(256, rescale_o_before_pv=True, rescale_threshold=8.0, sum_rounded=True),
         cfg(64, dtype="fp16", has_lse=False),
         cfg(96, local=True, has_softcap=True),
