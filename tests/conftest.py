@@ -42,3 +42,20 @@ def _nan_fill_outputs(request):
         yield
     finally:
         ops.set_nan_fill(False)
+
+
+@pytest.fixture
+def hang_watchdog():
+    """For tests whose failure mode is a hang (a deadlocked kernel cannot be interrupted): if the test
+    runs longer than ``seconds`` (``hang_watchdog(seconds)``, default 180), the process prints every
+    thread's traceback and exits, so the run fails (a crashed worker under xdist) instead of waiting
+    forever."""
+    import faulthandler
+
+    def arm(seconds: float = 180.0):
+        faulthandler.dump_traceback_later(seconds, exit=True)
+
+    try:
+        yield arm
+    finally:
+        faulthandler.cancel_dump_traceback_later()

@@ -310,8 +310,8 @@ def test_rotated_schedule_with_the_publish_lag(group):
         for m in range(n, 3 * n + 2):
             seqs_q, seqs_k = [m * tm, max(1, m * tm // 3) + 5], [n * tn, max(1, n * tn // 2)]
             visits, rank, ctas = common.deterministic_schedule(seqs_q, seqs_k, 1, group, tm, tn, rotated=True)
-            stagger = [-(-seqs_q[b] // tm) // -(-seqs_k[b] // tn) for b in range(2)]
-            kernel_lag = lambda c: stagger[ctas[c][2]] != 1  # noqa: E731  (ctas[c] = (x, kv head, batch, n))
+            blocks = [(-(-seqs_q[b] // tm), -(-seqs_k[b] // tn)) for b in range(2)]
+            kernel_lag = lambda c: common.rotation_lags(*blocks[ctas[c][2]])  # noqa: E731  (ctas[c][2]: batch)
             num_x = -(-max(seqs_k) // tn)
             simulate(visits, rank, num_x, publish_lag=kernel_lag)
             simulate(visits, rank, num_x, seed=m, publish_lag=kernel_lag)

@@ -497,26 +497,28 @@ def test_bwd_sm90_stats_early_same_bits(early, d, mask, det, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("d,sq,sk,rotate_d64", [(128, 1024, 2048, False), (128, 1000, 2000, False),
-                                               (64, 1024, 1024, True), (64, 2048, 2048, True)])
-def test_bwd_sm90_rotated_stagger_one(d, sq, sk, rotate_d64, monkeypatch):
+@pytest.mark.parametrize("d,sq,sk,lane_slots", [(128, 1024, 2048, False), (128, 1000, 2000, False),
+                                               (64, 1024, 1024, False), (64, 2048, 2048, True)])
+def test_bwd_sm90_rotated_stagger_one(d, sq, sk, lane_slots, monkeypatch, hang_watchdog):
     """Note [Publish lag] (fa4/bwd/sm90.py): the rotated deterministic order with as many m_blocks as
     K blocks and no GQA (stagger 1), where the writer's held-back publish closed a cycle and the
-    kernel hung (d128 with s_q = s_k / 2 by default; d64's 128-row steps with the rotation forced,
-    the hung v0.11 sweep). It now finishes, bit-exact over runs and correct."""
+    kernel hung (d128 with s_q = s_k / 2; d64's 128-row steps at s_q = s_k, the hung v0.11 sweep;
+    both defaults now). It finishes (a hang fails through the watchdog), bit-exact over runs and
+    correct; at d64 also with the lane slots, which its default does not take."""
     import dataclasses
 
     from fa4.bwd import sm90
 
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the sm90 kernels need compute capability 9.x")
-    if rotate_d64:
+    hang_watchdog(240)
+    if lane_slots:
         make = sm90.make_config
 
-        def rotated(problem, options, arch, deterministic=False, **kw):
+        def with_lanes(problem, options, arch, deterministic=False, **kw):
             cfg = make(problem, options, arch, deterministic, **kw)
-            return dataclasses.replace(cfg, det_rotate=True, lane_slots=True) if deterministic else cfg
-        monkeypatch.setattr(sm90, "make_config", rotated)
+            return dataclasses.replace(cfg, lane_slots=True) if cfg.det_rotate else cfg
+        monkeypatch.setattr(sm90, "make_config", with_lanes)
     fa4.ops._plans.clear()
     opts = fa4.KernelOptions(arch="sm90")
     q, k, v = random_qkv(2, sq, sk, 3, 3, d, torch.bfloat16, "cuda", requires_grad=True, seed=sq + d)

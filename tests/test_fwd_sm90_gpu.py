@@ -156,11 +156,13 @@ def test_snake_order_covers_every_tile_once():
 @pytest.mark.parametrize("fields", [dict(pingpong=True, pp_steps_only=True),
                                     dict(tile_m=192, tile_n=64, pingpong=True, pp_steps_only=True)])
 @pytest.mark.parametrize("causal", [False, True])
-def test_pp_steps_only_many_tiles(fields, causal):
+def test_pp_steps_only_many_tiles(fields, causal, hang_watchdog):
     """``pp_steps_only`` (Note [ping-pong]): with the turns around the K-block steps only, the last
-    arrive of one tile opens the next tile's first turn, so a persistent CTA walking many tiles of
-    different lengths (causal) must neither hang nor mix up its warpgroups' turns; two and three
-    warpgroups."""
+    arrive of one tile opens the next tile's first turn. A persistent CTA walking many tiles of
+    different lengths (causal), two and three warpgroups: the kernel must not hang (the watchdog
+    fails the run) and its output must pass the reference check (the turn order itself cannot
+    change it)."""
+    hang_watchdog(240)
     d = 64 if fields.get("tile_m") == 192 else 128
     q, k, v = random_qkv(4, 2048, 2048, 16, 4, d, torch.bfloat16, "cuda", seed=13)
     out, lse = _run_config(q, k, v, causal, fields)

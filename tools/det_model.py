@@ -140,14 +140,14 @@ def main() -> None:
     args = ap.parse_args()
     s, pairs, tm, tn = args.seqlen, args.pairs, 64, 128
     lat = (args.read, args.publish, args.visible, args.stages)
+    def kernel(**kw):
+        return common.deterministic_schedule([s], [s], pairs, 1, tm, tn, **kw)[:2]
     rows = {
-        "no mask, plain order, sections of 32": common.deterministic_schedule([s], [s], pairs, 1, tm, tn, section=32)[:2],
-        "no mask, plain order, sections of 1": common.deterministic_schedule([s], [s], pairs, 1, tm, tn, section=1)[:2],
-        "no mask, rotated (the default)": common.deterministic_schedule([s], [s], pairs, 1, tm, tn, rotated=True)[:2],
-        "causal, LPT down, sections of 64 (the default)": common.deterministic_schedule(
-            [s], [s], pairs, 1, tm, tn, causal=True, section=64)[:2],
-        "causal, LPT down, sections of 16": common.deterministic_schedule(
-            [s], [s], pairs, 1, tm, tn, causal=True, section=16)[:2],
+        "no mask, plain order, sections of 32": kernel(section=32),
+        "no mask, plain order, sections of 1": kernel(section=1),
+        "no mask, rotated (the default)": kernel(rotated=True),
+        "causal, LPT down, sections of 64 (the default)": kernel(causal=True, section=64),
+        "causal, LPT down, sections of 16": kernel(causal=True, section=16),
         "causal, SPT up, sections of 16": spt_schedule(s, pairs, tm, tn, 16),
         "causal, SPT up, sections of 1": spt_schedule(s, pairs, tm, tn, 1),
     }

@@ -5,7 +5,12 @@
 # sanitize (compute-sanitizer memcheck/racecheck on tools/sanitize_sm90.py), bench (fwd+bwd grid),
 # benchbwd, det (deterministic bench), latency, sweep (tools/sweep_bwd.py), ncu (tools/ncu_bwd.py),
 # pytests (pytest -m gpu $PYTESTS), sweepfwd80 (tools/sweep_fwd.py --family sm80 $SWEEP_FWD80), detsec (tools/det_sections.py $DETSEC_ARGS), sink (learnable-sink GPU tests + tools/sink_diag.py), issue9 (pack GQA / split-KV / combine / paged / flash_attn.cute call GPU tests), decode (bench --decode),
-# next9 (session 9: lane slots, tests then sweep v14), next10 (the rotated order at d64, v15), next11 (d64 det rotated: tests, det bench), next12 (paged pages_ahead: same bits, decode timing; not yet run), next13 (ping-pong around the steps only; not yet run), next14 (causal det: ncu, sweep v16; not yet run), next8 (session 8's not-yet-run tests and sweeps), ncusrc (source-level stall sampling of the forwards; NCUSRC_IMPLS), ncusrcbwd (the same for the backwards), ncustall (stall reasons, fa4 vs flash-attn-4), sweepfwd (tools/sweep_fwd.py $SWEEP_FWD), ncufwd (ncu of the fa4 and flash-attn-4 forwards, tools/ncu_fwd.py), nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
+# next9 .. next11 (session 9: lane slots; the rotated order at d64; d64 det rotated), next12 (paged
+# pages_ahead; not yet run), next13 (ping-pong around the steps only; not yet run), next14 (causal det: ncu,
+# sweep v16; not yet run), next8 (session 8's not-yet-run tests and sweeps), ncusrc (source-level stall sampling
+# of the forwards; NCUSRC_IMPLS), ncusrcbwd (the same for the backwards), ncustall (stall reasons, fa4 vs
+# flash-attn-4), sweepfwd (tools/sweep_fwd.py $SWEEP_FWD), ncufwd (ncu of the fa4 and flash-attn-4 forwards,
+# tools/ncu_fwd.py), nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
 set -uo pipefail
 steps=${1:-bwd90}
 out=${OUT:-/tmp/out}; mkdir -p "$out"
@@ -179,8 +184,10 @@ if has next10; then
   timeout 200 python3 -m pytest -m gpu -p no:cacheprovider $xd -q -rfE --maxfail=5 tests/test_bwd_gpu.py \
     -k "stagger_one or lane_slots or rotated" > "$out/next10.log" 2>&1
   rc=$?; echo "next10 tests rc=$rc"; grep -E "passed|failed|FAILED|ERROR|Timeout" "$out/next10.log" | tail -12
-  [ $rc -eq 0 ] && timeout 240 python3 tools/sweep_bwd.py --plan v15 > "$out/next10_v15.log" 2>&1
-  echo "next10 v15 rc=$?"; grep -v Warning "$out/next10_v15.log" | grep -v exe_args | tail -22
+  if [ $rc -eq 0 ]; then
+    timeout 240 python3 tools/sweep_bwd.py --plan v15 > "$out/next10_v15.log" 2>&1
+    echo "next10 v15 rc=$?"; grep -v Warning "$out/next10_v15.log" | grep -v exe_args | tail -22
+  fi
 fi
 if has next11; then
   # Session 9, third run: d64 deterministic rotates (TUNING); its deterministic tests, then the det bench.
@@ -198,8 +205,10 @@ if has next12; then
   timeout 200 python3 -m pytest -m gpu -p no:cacheprovider $xd -q -rfE --maxfail=5 \
     tests/test_flash_attn_cute_calls_gpu.py -k "pages_ahead or paged" > "$out/next12.log" 2>&1
   rc=$?; echo "next12 tests rc=$rc"; grep -E "passed|failed|FAILED|ERROR|Timeout" "$out/next12.log" | tail -12
-  [ $rc -eq 0 ] && timeout 200 python3 tools/decode_sweep.py --pages-ahead > "$out/next12_decode.log" 2>&1
-  echo "next12 decode rc=$?"; tail -8 "$out/next12_decode.log"
+  if [ $rc -eq 0 ]; then
+    timeout 200 python3 tools/decode_sweep.py --pages-ahead > "$out/next12_decode.log" 2>&1
+    echo "next12 decode rc=$?"; tail -8 "$out/next12_decode.log"
+  fi
 fi
 if has next13; then
   # Written in session 9, not yet run: ping-pong with the turns around the K-block steps only (the
@@ -207,10 +216,12 @@ if has next13; then
   timeout 200 python3 -m pytest -m gpu -p no:cacheprovider $xd -q -rfE --maxfail=5 tests/test_fwd_sm90_gpu.py \
     -k "pp_steps_only" > "$out/next13.log" 2>&1
   rc=$?; echo "next13 tests rc=$rc"; grep -E "passed|failed|FAILED|ERROR|Timeout" "$out/next13.log" | tail -12
-  [ $rc -eq 0 ] && timeout 330 python3 tools/sweep_fwd.py --hdim 64,128 --repeat 3 pp:hd=128,pingpong=True \
-    ppso:hd=128,pingpong=True,pp_steps_only=True pp3so:hd=64,pingpong=True,pp_steps_only=True \
-    > "$out/next13_sweep.log" 2>&1
-  echo "next13 sweep rc=$?"; grep -v Warning "$out/next13_sweep.log" | grep -v exe_args | tail -20
+  if [ $rc -eq 0 ]; then
+    timeout 330 python3 tools/sweep_fwd.py --hdim 64,128 --repeat 3 pp:hd=128,pingpong=True \
+      ppso:hd=128,pingpong=True,pp_steps_only=True pp3so:hd=64,pingpong=True,pp_steps_only=True \
+      > "$out/next13_sweep.log" 2>&1
+    echo "next13 sweep rc=$?"; grep -v Warning "$out/next13_sweep.log" | grep -v exe_args | tail -20
+  fi
 fi
 if has next14; then
   # Written in session 9, not yet run: where the causal deterministic d128 backward waits (ncu), then

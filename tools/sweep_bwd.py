@@ -148,15 +148,17 @@ PLANS = {
             for shape in ("d64 s8192", "d64 s8192 causal", "d64 s1024", "d64 s16384", "d64 s8192 det",
                           "d64 s8192 causal det")
             for v in ("", "stats_early=1")],
-    # v0.11: the writer's slots from 32 lanes at once (Note [Writer slots], default) against one slot
-    # per step, deterministic and not, twice in interleaved rounds.
+    # v0.11 (historical: make_config now picks lane_slots and the d64 rotation itself, so some pairs
+    # below are the same config today): the writer's slots from 32 lanes at once (Note [Writer
+    # slots]) against one slot per step, deterministic and not, twice in interleaved rounds.
     "v14": [f"{shape} {v}".strip() for _ in range(2)
             for shape in ("d128 s8192", "d128 s8192 det", "d128 s8192 causal det", "d128 s1024 causal det",
                           "d128 s16384 det", "d64 s8192 det", "d64 s8192 causal det", "d256 s8192 det",
                           "d256 s8192 causal det")
             for v in ("lane_slots=False", "")],
-    # v0.11: the rotated order at d64 again (v0.6 measured it -7% with 64-row steps; the default steps
-    # are 128 rows since v0.7), with and without the lane slots, twice in interleaved rounds.
+    # v0.11 (historical: d64 now rotates by default): the rotated order at d64 again (v0.6 measured
+    # it -7% with 64-row steps; the default steps are 128 rows since v0.7), with and without the lane
+    # slots, twice in interleaved rounds.
     "v15": [f"{shape} {v}".strip() for _ in range(2)
             for shape in ("d64 s8192 det", "d64 s16384 det", "d64 s2048 det")
             for v in ("", "det_rotate=True", "det_rotate=True lane_slots=True")] + ["d64 s8192", "d64 s16384"],

@@ -162,6 +162,14 @@ def host_rotated_rank(n_block: int, m_block: int, num_m: int, num_n: int) -> int
     return (n0 - n_block + num_n) % num_n
 
 
+def rotation_lags(num_m, num_n):
+    """Whether the sm90 writer may hold a slot's publish back (Note [Publish lag] in
+    fa4/bwd/sm90.py) in the rotated order of a sequence with ``num_m`` m_blocks and ``num_n`` K
+    blocks: not at stagger 1, where it can close a cycle (Note [Rotated order]). Plain arithmetic:
+    traced inline on the device, and the same on Python ints (the CPU model)."""
+    return num_m // num_n != 1
+
+
 def step_slot(t, head_kv, group, m_min, num_m, deterministic: bool):
     """(q head, m_block) of step ``t`` of a main-kernel CTA: m_blocks slowest, the ``group`` q heads
     of its kv head fastest; the m_blocks go up from ``m_min``, or down from the last one when

@@ -121,8 +121,9 @@ Note [Publish lag]
     GQA group of 1), where block ``n``'s step ``t`` waits for block ``n + 1``'s step ``t - 1``, whose
     publish waits for its own step ``t``, ... around the pair back to block ``n``: a cycle, which hung
     the d64 sweep (v0.11) and would hang a d128 run with ``s_q`` near ``s_k / 2``. The writer
-    publishes at once there (stagger 1, any group: :func:`fa4.sched.semaphore.simulate` models the
-    lag, and the CPU tests find the cycle exactly at ``M == N``, group 1).
+    publishes at once there (:func:`fa4.bwd.common.rotation_lags`: at every stagger of 1, any group,
+    a margin around the cycle that :func:`fa4.sched.semaphore.simulate`, which models the lag, finds
+    exactly at ``M == N`` with group 1 in the CPU tests).
 
 Note [Writer slots]
     The writer warp (and the sequencing warp of Note [Ordered direct dQ]) needs each step's slot:
@@ -132,10 +133,11 @@ Note [Writer slots]
     that warp is what the consumers wait for (ncu, d128 s8k: they spent 20% of the kernel's stall
     samples at the dQ-buffer barrier while the writer never waited for a tile). So its 32 lanes
     compute the slots of 32 steps at once, lane ``l`` that of step ``32 c + l``
-    (:meth:`FlashBwdSm90.lane_slot`, the same formulas), and each step reads its own from lane
-    ``t % 32`` with three shuffles (:meth:`FlashBwdSm90.warp_slot`). Measured +2-6% in the rotated
-    order, where it is the default (``lane_slots``); in the plain orders -5% to +2%, so they keep a
-    slot per step (:data:`LANE_SLOTS_ROTATED`).
+    (the same formulas, :meth:`FlashBwdSm90.slot_of`), and each step reads its own from lane
+    ``t % 32`` with three shuffles (:meth:`FlashBwdSm90.next_slot`). Measured +1.5-6% in the rotated
+    order at head dims 128 and 256, where it is the default (``lane_slots``); in the plain orders -5%
+    to +2%, and at d64 in the rotated order -10% to +5% (noise, mean -1%), so those keep a slot per
+    step (:data:`LANE_SLOTS_ROTATED`, :data:`LANE_SLOTS_MIN_HD`).
 
 Note [Two-CTA dQ]
     With ``two_cta`` a cluster of two CTAs takes two adjacent K blocks ``2x`` and ``2x + 1`` of a
@@ -274,7 +276,7 @@ class BwdSm90Config(AttnKernelConfig):
     ncu, d128 s8k, the first use of lse waited on its ``LDS`` for 12.8% of the kernel's stall
     samples, the load queued behind the wgmmas' operand reads (:data:`STATS_EARLY_MAX_HD`).
     ``lane_slots``: the dQ writer (or sequencing) warp computes 32 steps' slots at once, one per lane
-    (Note [Writer slots]; the default in the rotated order, :data:`LANE_SLOTS_ROTATED`).
+    (Note [Writer slots]; the default in the rotated order from head dim 128, :data:`LANE_SLOTS_ROTATED`).
     """
 
     head_dim: int = 128
@@ -885,15 +887,12 @@ class FlashBwdSm90:
                     cute.arch.barrier_arrive(barrier_id=self.dq_bar(_BAR.dq_empty, w, 0), number_of_threads=128 + 32)
             lane_head, lane_m, lane_rank = Int32(0), Int32(0), Int32(0)
             prev_head, prev_m = Int32(0), Int32(0)
-            lagged, unlagged = Boolean(True), Boolean(False)
+            lagged = Boolean(True)
             if const_expr(det and self.cfg.publish_lag and self.cfg.det_rotate):
-                # Stagger 1: the held-back publish would close a cycle (Note [Publish lag]).
-                unlagged = work.num_m // work.num_n == 1
-                lagged = work.num_m // work.num_n != 1
+                lagged = common.rotation_lags(work.num_m, work.num_n)  # Note [Publish lag]
             for t in cutlass.range(work.num_steps, unroll=1):
-                if t % 32 == 0 or const_expr(not self.cfg.lane_slots):
-                    lane_head, lane_m, lane_rank = self.lane_slot(work, t + lane)
-                head, m_block, rank = self.warp_slot(t, lane_head, lane_m, lane_rank)
+                lane_head, lane_m, lane_rank, head, m_block, rank = self.next_slot(work, t, lane, lane_head, lane_m,
+                                                                                   lane_rank)
                 ahead = t + stages - 1  # the step whose buffer held step t - 1's dQ
                 for w in cutlass.range_constexpr(self.num_wg):
                     # Step t - 1's reduce of part w has read sdQ (parts commit in order).
@@ -911,9 +910,7 @@ class FlashBwdSm90:
                         # Step t - 1's adds completed while this step's slot was awaited (Note [Publish lag]).
                         if t > 0:
                             if lagged:
-                                cute.arch.cp_async_bulk_wait_group(0, read=False)
-                                if lane == 0:
-                                    semaphore.publish(self.dq_semaphore(mSemaphore, work, prev_head, prev_m), True)
+                                self.publish_dq(mSemaphore, work, prev_head, prev_m, lane)
                     cute.arch.sync_warp()
                 for w in cutlass.range_constexpr(self.num_wg):
                     cute.arch.barrier(barrier_id=self.dq_bar(_BAR.dq_full, w, t), number_of_threads=128 + 32)
@@ -925,7 +922,9 @@ class FlashBwdSm90:
                     if const_expr(not self.cfg.publish_lag):
                         self.publish_dq(mSemaphore, work, head, m_block, lane)
                     elif const_expr(self.cfg.det_rotate):
-                        if unlagged:
+                        if lagged:
+                            pass
+                        else:
                             self.publish_dq(mSemaphore, work, head, m_block, lane)
                 prev_head, prev_m = head, m_block
             if const_expr(det and self.cfg.publish_lag):
@@ -948,9 +947,8 @@ class FlashBwdSm90:
         lane = cute.arch.lane_idx()
         lane_head, lane_m, lane_rank = Int32(0), Int32(0), Int32(0)
         for t in cutlass.range(work.num_steps, unroll=1):
-            if t % 32 == 0 or const_expr(not self.cfg.lane_slots):
-                lane_head, lane_m, lane_rank = self.lane_slot(work, t + lane)
-            head, m_block, rank = self.warp_slot(t, lane_head, lane_m, lane_rank)
+            lane_head, lane_m, lane_rank, head, m_block, rank = self.next_slot(work, t, lane, lane_head, lane_m,
+                                                                               lane_rank)
             sem = self.dq_semaphore(mSemaphore, work, head, m_block)
             if lane == 0:
                 semaphore.spin(sem, rank)
@@ -963,26 +961,32 @@ class FlashBwdSm90:
                 semaphore.publish(sem, True)
 
     @cute.jit
-    def lane_slot(self, work, t: Int32):
-        """``(q head, m_block, rank)`` of step ``t`` (clamped to the last step): :meth:`step_slot`
-        and, deterministic, :meth:`dq_rank` (else rank 0). Note [Writer slots]."""
-        if const_expr(self.cfg.lane_slots):
-            t = cutlass.min(t, work.num_steps - 1)
-        else:
-            t = t - cute.arch.lane_idx()
+    def slot_of(self, work, t: Int32):
+        """``(q head, m_block, rank)`` of step ``t``: :meth:`step_slot` and, deterministic,
+        :meth:`dq_rank` (else rank 0)."""
         head, m_block = self.step_slot(work, t)
         rank = Int32(0)
         if const_expr(self.cfg.deterministic):
             rank = self.dq_rank(work, m_block)
         return head, m_block, rank
 
-    def warp_slot(self, t: Int32, lane_head: Int32, lane_m: Int32, lane_rank: Int32):
-        """Step ``t``'s slot, from the lane that computed it (``t % 32``): Note [Writer slots]."""
-        if const_expr(not self.cfg.lane_slots):
-            return lane_head, lane_m, lane_rank
-        src = t % 32
-        return (cute.arch.shuffle_sync(lane_head, src), cute.arch.shuffle_sync(lane_m, src),
-                cute.arch.shuffle_sync(lane_rank, src))
+    @cute.jit
+    def next_slot(self, work, t: Int32, lane: Int32, lane_head: Int32, lane_m: Int32, lane_rank: Int32):
+        """Step ``t``'s slot for the writer (or sequencing) warp, and the lanes' slots carried to the
+        next step: ``(lane_head, lane_m, lane_rank, head, m_block, rank)``. With ``lane_slots``
+        (Note [Writer slots]) every 32nd step refreshes the lanes' slots, lane ``l`` that of step
+        ``t + l`` (clamped to the last step), and step ``t`` reads its own from lane ``t % 32``;
+        otherwise each step computes its own."""
+        if const_expr(self.cfg.lane_slots):
+            if t % 32 == 0:
+                lane_head, lane_m, lane_rank = self.slot_of(work, cutlass.min(t + lane, work.num_steps - 1))
+            src = t % 32
+            head = cute.arch.shuffle_sync(lane_head, src)
+            m_block = cute.arch.shuffle_sync(lane_m, src)
+            rank = cute.arch.shuffle_sync(lane_rank, src)
+        else:
+            head, m_block, rank = self.slot_of(work, t)
+        return lane_head, lane_m, lane_rank, head, m_block, rank
 
     def dq_tile(self, mdQaccum: cute.Tensor, work, head: Int32, m_block: Int32) -> cute.Tensor:
         """The dq_accum tile this CTA adds step (head, m_block) into: the m_block's ``tile_m`` rows,
@@ -1338,8 +1342,11 @@ to 1 everywhere but causal deterministic. d96 and 64-row d64 steps take it by th
 untimed; the d64 default's 128-row steps read the statistics late (``rows_late``) and are unchanged."""
 
 LANE_SLOTS_ROTATED = True
+LANE_SLOTS_MIN_HD = 128
 """The deterministic writer reads its slots from 32 lanes (``lane_slots``, Note [Writer slots]) in the
-rotated order only. v0.11, one lease, two interleaved rounds (TFLOP/s, per-step slots -> lane slots):
+rotated order at padded head dims from LANE_SLOTS_MIN_HD only. At d64 (rotated since v0.11, sweep v15:
+rotated -> with lane slots, s8k 465 / 465 -> 475 / 454, s16k 474 / 474 -> 426 / 484, s2k 414 / 420 -> 436 /
+412) the lane slots showed no gain. v0.11, one lease, two interleaved rounds (TFLOP/s, per-step slots -> lane slots):
 rotated d128 s8k 565 / 556 -> 575 / 566, s16k 558 / 540 -> 584 / 574, d256 s8k 375 / 372 -> 390 / 378; the
 plain orders: d128 causal s8k 476 / 467 -> 481 / 465, s1k 282 / 287 -> 287 / 292, d64 causal 406 / 392 ->
 409 / 397, but d64 (no mask, sections of 32 pairs) 453 / 445 -> 432 / 424 and d256 causal (the ordered
@@ -1406,7 +1413,7 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
     for field in fields:
         if cfg.smem_bytes() > SMEM_CAPACITY and getattr(cfg, field) > 1:
             cfg = replace(cfg, **{field: 1})
-    cfg = replace(cfg, lane_slots=cfg.det_rotate and LANE_SLOTS_ROTATED)
+    cfg = replace(cfg, lane_slots=cfg.det_rotate and LANE_SLOTS_ROTATED and hd >= LANE_SLOTS_MIN_HD)
     try:
         FlashBwdSm90.can_implement(cfg)
     except ValueError as e:
@@ -1484,6 +1491,7 @@ def variants(arch: str) -> list[BwdSm90Config]:
     out.append(make_config(P(64), KernelOptions(bwd_tile_m=64), arch))
     out.append(make_config(P(64, causal=True), None, arch, True))  # 128-row deterministic steps
     out.append(make_config(P(64), None, arch, True))  # ... rotated (stagger 1 at s_q = s_k: no publish lag)
+    out.append(replace(out[-1], lane_slots=True))
     # Two-CTA (Note [Two-CTA dQ]): d128 swapped half tiles, with the writer warp or direct adds;
     # masks, varlen and seqused_k; d64's 64-row halves; GQA is a runtime size.
     two = KernelOptions(bwd_two_cta=True)

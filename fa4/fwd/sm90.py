@@ -140,7 +140,8 @@ class FwdSm90Config(AttnFwdConfig):
     ``persistent``): tiles after the first are claimed from a global counter
     (:class:`fa4.sched.tile.DynamicTileScheduler`) instead of the static snake. ``pages_ahead``
     (paged K/V): each loop iteration reads the page indices of both its blocks (K ``n``, V ``n + 1``)
-    before its first stage wait (Note [Paged K/V]); an experiment, not yet run on a GPU.
+    before its first stage wait (Note [Paged K/V]); an experiment, not yet run on a GPU (V ``n + 1``'s
+    pages are K ``n + 1``'s, read one iteration earlier: carrying them over would halve the reads).
     ``pp_steps_only`` (with ``pingpong``): the turns bracket only the K-block steps; a tile's first
     ``Q K^T`` and last ``P V`` are issued without waiting for a turn (Note [ping-pong]); an
     experiment, not yet run on a GPU."""
