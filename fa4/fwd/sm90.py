@@ -139,9 +139,10 @@ class FwdSm90Config(AttnFwdConfig):
     (:mod:`fa4.sched.tile`; 0: one (head, batch) pair per section); ``dynamic_sched`` (with
     ``persistent``): tiles after the first are claimed from a global counter
     (:class:`fa4.sched.tile.DynamicTileScheduler`) instead of the static snake. ``pages_ahead``
-    (paged K/V): each loop iteration reads the page indices of both its blocks (K ``n``, V ``n + 1``)
-    before its first stage wait (Note [Paged K/V]); an experiment, not yet run on a GPU (V ``n + 1``'s
-    pages are K ``n + 1``'s, read one iteration earlier: carrying them over would halve the reads).
+    (paged K/V): the V block of a loop iteration (``n + 1``) reuses the page indices the previous
+    iteration read for K ``n + 1`` instead of reading them after the K stage wait, so every page-table
+    read precedes the iteration's first wait and there are half as many (Note [Paged K/V]); an
+    experiment, not yet run on a GPU.
     ``pp_steps_only`` (with ``pingpong``): the turns bracket only the K-block steps; a tile's first
     ``Q K^T`` and last ``P V`` are issued without waiting for a turn (Note [ping-pong]); an
     experiment, not yet run on a GPU."""
@@ -529,7 +530,9 @@ class FlashFwdSm90:
                     tKgK, tKsK = (mK, sK), (mPageTable, batch, head_kv)
                     tVgV, tVsV = (mV, sV), (mPageTable, batch, head_kv)
 
-                self.load_block(tma_k, pk, tKgK, tKsK, n_max - 1, kv_state)
+                ahead = const_expr(bool(self.page_rows) and self.cfg.pages_ahead)
+                next_pages = self.block_pages(tKsK, mK, n_max - 1) if const_expr(ahead) else None
+                self.load_block(tma_k, pk, tKgK, tKsK, n_max - 1, kv_state, next_pages)
                 if const_expr(self.tma_q):  # (packed Q: the consumers load it, Note [Pack GQA])
                     gQ = cute.local_tile(seqlen.q_view_sd(mQ, batch, head), (self.tile_m, self.tile_hdim),
                                          (m_block, 0))
@@ -542,14 +545,16 @@ class FlashFwdSm90:
                 kv_state.advance()
                 for i in cutlass.range(n_max - 1 - n_min, unroll=1):
                     n = n_max - 2 - i
-                    k_pages, v_pages = None, None
-                    if const_expr(self.page_rows and self.cfg.pages_ahead):
-                        k_pages, v_pages = self.block_pages(tKsK, mK, n), self.block_pages(tVsV, mV, n + 1)
+                    # pages_ahead: K n's pages read before the first wait; V n + 1's are K n + 1's,
+                    # read one iteration earlier.
+                    k_pages = self.block_pages(tKsK, mK, n) if const_expr(ahead) else None
                     self.load_block(tma_k, pk, tKgK, tKsK, n, kv_state, k_pages)
-                    self.load_block(tma_v, pv, tVgV, tVsV, n + 1, v_state, v_pages)
+                    self.load_block(tma_v, pv, tVgV, tVsV, n + 1, v_state, next_pages)
+                    if const_expr(ahead):
+                        next_pages = k_pages
                     kv_state.advance()
                     v_state.advance()
-                self.load_block(tma_v, pv, tVgV, tVsV, n_min, v_state)
+                self.load_block(tma_v, pv, tVgV, tVsV, n_min, v_state, next_pages)
             idx, t_state = sched.next_producer(idx, t_state)
 
     def block_pages(self, tXsX, mX, n: Int32) -> list:
