@@ -16,6 +16,19 @@ steps=${1:-bwd90}
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 export FA4_CACHE_DIR=${FA4_CACHE_DIR:-/tmp/fa4c}
 has() { [[ ",$steps," == *",$1,"* ]]; }
+# gpu_tests NAME LIMIT PYTEST_ARGS...: GPU tests logged to $out/NAME.log, a summary printed; pytest's status.
+gpu_tests() {
+  local name=$1 limit=$2; shift 2
+  timeout "$limit" python3 -m pytest -m gpu -p no:cacheprovider $xd -q -rfE --maxfail=5 "$@" > "$out/$name.log" 2>&1
+  local rc=$?; echo "$name tests rc=$rc"; grep -E "passed|failed|FAILED|ERROR|Timeout" "$out/$name.log" | tail -12
+  return $rc
+}
+# logged NAME LIMIT LINES CMD...: a command under a timeout, logged to $out/NAME.log, its last LINES printed.
+logged() {
+  local name=$1 limit=$2 lines=$3; shift 3
+  timeout "$limit" "$@" > "$out/$name.log" 2>&1
+  echo "$name rc=$?"; grep -v Warning "$out/$name.log" | grep -v exe_args | tail -"$lines"
+}
 xd=""; python3 -c "import xdist" 2>/dev/null && xd="-n 12"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu,power.draw --format=csv,noheader | tee "$out/env.log"
 t0=$(date +%s)
@@ -171,63 +184,36 @@ fi
 if has next9; then
   # Session 9: the writer's slots from 32 lanes (Note [Writer slots]): same bits, the deterministic
   # tests, then the A/B sweep (v14), which runs only when the tests pass.
-  timeout 330 python3 -m pytest -m gpu -p no:cacheprovider $xd -q -rfE --maxfail=5 tests/test_bwd_gpu.py \
-    -k "lane_slots or deterministic or rotated or ordered_direct" > "$out/next9.log" 2>&1
-  rc=$?; echo "next9 tests rc=$rc"; grep -E "passed|failed|FAILED|ERROR|Timeout" "$out/next9.log" | tail -12
-  if [ $rc -eq 0 ]; then
-    timeout 300 python3 tools/sweep_bwd.py --plan v14 > "$out/next9_v14.log" 2>&1
-    echo "next9 v14 rc=$?"; grep -v Warning "$out/next9_v14.log" | grep -v exe_args | tail -40
-  fi
+  gpu_tests next9 330 tests/test_bwd_gpu.py -k "lane_slots or deterministic or rotated or ordered_direct" &&
+    logged next9_v14 300 40 python3 tools/sweep_bwd.py --plan v14
 fi
 if has next10; then
   # Session 9, second run: the rotated order with stagger 1 (the publish-lag cycle, fixed), then at d64 (v15).
-  timeout 200 python3 -m pytest -m gpu -p no:cacheprovider $xd -q -rfE --maxfail=5 tests/test_bwd_gpu.py \
-    -k "stagger_one or lane_slots or rotated" > "$out/next10.log" 2>&1
-  rc=$?; echo "next10 tests rc=$rc"; grep -E "passed|failed|FAILED|ERROR|Timeout" "$out/next10.log" | tail -12
-  if [ $rc -eq 0 ]; then
-    timeout 240 python3 tools/sweep_bwd.py --plan v15 > "$out/next10_v15.log" 2>&1
-    echo "next10 v15 rc=$?"; grep -v Warning "$out/next10_v15.log" | grep -v exe_args | tail -22
-  fi
+  gpu_tests next10 200 tests/test_bwd_gpu.py -k "stagger_one or lane_slots or rotated" &&
+    logged next10_v15 240 22 python3 tools/sweep_bwd.py --plan v15
 fi
 if has next11; then
   # Session 9, third run: d64 deterministic rotates (TUNING); its deterministic tests, then the det bench.
-  timeout 240 python3 -m pytest -m gpu -p no:cacheprovider $xd -q -rfE --maxfail=5 tests/test_bwd_gpu.py \
-    -k "deterministic or rotated or lane_slots or stagger_one" > "$out/next11.log" 2>&1
-  rc=$?; echo "next11 tests rc=$rc"; grep -E "passed|failed|FAILED|ERROR|Timeout" "$out/next11.log" | tail -12
-  if [ $rc -eq 0 ]; then
-    timeout 150 python3 -m fa4.bench --mode bwd --deterministic --hdim 64 --out "$out/det64" > "$out/det64.log" 2>&1
-    echo "det64 rc=$?"; tail -8 "$out/det64.log"
-  fi
+  gpu_tests next11 240 tests/test_bwd_gpu.py -k "deterministic or rotated or lane_slots or stagger_one" &&
+    logged det64 150 8 python3 -m fa4.bench --mode bwd --deterministic --hdim 64 --out "$out/det64"
 fi
 if has next12; then
-  # Written in session 9, not yet run: paged decode with both blocks' page reads ahead of the stage
-  # waits (FwdSm90Config.pages_ahead): same bits, then the interleaved decode timing.
-  timeout 200 python3 -m pytest -m gpu -p no:cacheprovider $xd -q -rfE --maxfail=5 \
-    tests/test_flash_attn_cute_calls_gpu.py -k "pages_ahead or paged" > "$out/next12.log" 2>&1
-  rc=$?; echo "next12 tests rc=$rc"; grep -E "passed|failed|FAILED|ERROR|Timeout" "$out/next12.log" | tail -12
-  if [ $rc -eq 0 ]; then
-    timeout 200 python3 tools/decode_sweep.py --pages-ahead > "$out/next12_decode.log" 2>&1
-    echo "next12 decode rc=$?"; tail -8 "$out/next12_decode.log"
-  fi
+  # Written in session 9, not yet run: paged decode whose V blocks reuse the page indices read for
+  # their K (FwdSm90Config.pages_ahead): same bits, then the interleaved decode timing.
+  gpu_tests next12 200 tests/test_flash_attn_cute_calls_gpu.py -k "pages_ahead or paged" &&
+    logged next12_decode 200 8 python3 tools/decode_sweep.py --pages-ahead
 fi
 if has next13; then
   # Written in session 9, not yet run: ping-pong with the turns around the K-block steps only (the
   # peer's placement, FwdSm90Config.pp_steps_only): the GPU tests, then fa4-only timing, 3 rounds.
-  timeout 200 python3 -m pytest -m gpu -p no:cacheprovider $xd -q -rfE --maxfail=5 tests/test_fwd_sm90_gpu.py \
-    -k "pp_steps_only" > "$out/next13.log" 2>&1
-  rc=$?; echo "next13 tests rc=$rc"; grep -E "passed|failed|FAILED|ERROR|Timeout" "$out/next13.log" | tail -12
-  if [ $rc -eq 0 ]; then
-    timeout 330 python3 tools/sweep_fwd.py --hdim 64,128 --repeat 3 pp:hd=128,pingpong=True \
-      ppso:hd=128,pingpong=True,pp_steps_only=True pp3so:hd=64,pingpong=True,pp_steps_only=True \
-      > "$out/next13_sweep.log" 2>&1
-    echo "next13 sweep rc=$?"; grep -v Warning "$out/next13_sweep.log" | grep -v exe_args | tail -20
-  fi
+  gpu_tests next13 200 tests/test_fwd_sm90_gpu.py -k "pp_steps_only" &&
+    logged next13_sweep 330 20 python3 tools/sweep_fwd.py --hdim 64,128 --repeat 3 pp:hd=128,pingpong=True \
+      ppso:hd=128,pingpong=True,pp_steps_only=True pp3so:hd=64,pingpong=True,pp_steps_only=True
 fi
 if has next14; then
   # Written in session 9, not yet run: where the causal deterministic d128 backward waits (ncu), then
   # its launch sections and lane slots (sweep v16).
   OUT="$out/detc" NCU_BWD_DET=1 NCU_BWD_SHAPE=128,8192,1 bash "$0" ncusrcbwd,nocompile
-  timeout 300 python3 tools/sweep_bwd.py --plan v16 > "$out/next14_v16.log" 2>&1
-  echo "next14 v16 rc=$?"; grep -v Warning "$out/next14_v16.log" | grep -v exe_args | tail -30
+  logged next14_v16 300 30 python3 tools/sweep_bwd.py --plan v16
 fi
 echo "total $(( $(date +%s) - t0 ))s"

@@ -137,7 +137,7 @@ Note [Writer slots]
     ``t % 32`` with three shuffles (:meth:`FlashBwdSm90.next_slot`). Measured +1.5-6% in the rotated
     order at head dims 128 and 256, where it is the default (``lane_slots``); in the plain orders -5%
     to +2%, and at d64 in the rotated order -10% to +5% (noise, mean -1%), so those keep a slot per
-    step (:data:`LANE_SLOTS_ROTATED`, :data:`LANE_SLOTS_MIN_HD`).
+    step (:data:`LANE_SLOTS_MIN_HD`).
 
 Note [Two-CTA dQ]
     With ``two_cta`` a cluster of two CTAs takes two adjacent K blocks ``2x`` and ``2x + 1`` of a
@@ -276,7 +276,7 @@ class BwdSm90Config(AttnKernelConfig):
     ncu, d128 s8k, the first use of lse waited on its ``LDS`` for 12.8% of the kernel's stall
     samples, the load queued behind the wgmmas' operand reads (:data:`STATS_EARLY_MAX_HD`).
     ``lane_slots``: the dQ writer (or sequencing) warp computes 32 steps' slots at once, one per lane
-    (Note [Writer slots]; the default in the rotated order from head dim 128, :data:`LANE_SLOTS_ROTATED`).
+    (Note [Writer slots]; the default in the rotated order from head dim 128, :data:`LANE_SLOTS_MIN_HD`).
     """
 
     head_dim: int = 128
@@ -1341,7 +1341,6 @@ s8k 592 / 572 -> 604 / 591 -> 568 / 536; causal 516 / 506 -> 548 / 527 -> 516 / 
 to 1 everywhere but causal deterministic. d96 and 64-row d64 steps take it by the same mechanism,
 untimed; the d64 default's 128-row steps read the statistics late (``rows_late``) and are unchanged."""
 
-LANE_SLOTS_ROTATED = True
 LANE_SLOTS_MIN_HD = 128
 """The deterministic writer reads its slots from 32 lanes (``lane_slots``, Note [Writer slots]) in the
 rotated order at padded head dims from LANE_SLOTS_MIN_HD only. At d64 (rotated since v0.11, sweep v15:
@@ -1394,6 +1393,7 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
     if opts.bwd_tile_n is not None and opts.bwd_tile_n != tile_n:
         raise ValueError(f"KernelOptions.bwd_tile_n={opts.bwd_tile_n}: the sm90 backward at head_dim "
                          f"{problem.head_dim} uses tile_n {tile_n}")
+    rotated = bool(deterministic) and rotate and rotate_ok(problem, tile_n)
     cfg = BwdSm90Config(
         # ds_from_p16 belongs to the table's tile_m (it loses 2% at 64 rows, v0.7).
         arch=arch, dtype=problem.dtype, head_dim=hd, head_dim_v=hd_v if hd_v != hd else 0,
@@ -1402,7 +1402,7 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         two_cta=bool(opts.bwd_two_cta) if opts.bwd_two_cta is not None else TWO_CTA.get(hd, False) and not deterministic,
         dkv_rs=rs, q_stages=q_stages, pds_stages=pds_stages, dq_stages=dq_stages, deterministic=bool(deterministic),
         publish_lag=bool(deterministic) and lag and not (direct and det_direct),
-        det_rotate=bool(deterministic) and rotate and rotate_ok(problem, tile_n),
+        det_rotate=rotated, lane_slots=rotated and hd >= LANE_SLOTS_MIN_HD,
         dq_direct=direct and (det_direct or not deterministic),
         # Not with more than 64 rows per step (``rows_late``): measured 7-16% slower at d64 (v0.11).
         stats_early=1 if hd <= STATS_EARLY_MAX_HD and steps <= 64 else 0,
@@ -1413,7 +1413,6 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
     for field in fields:
         if cfg.smem_bytes() > SMEM_CAPACITY and getattr(cfg, field) > 1:
             cfg = replace(cfg, **{field: 1})
-    cfg = replace(cfg, lane_slots=cfg.det_rotate and LANE_SLOTS_ROTATED and hd >= LANE_SLOTS_MIN_HD)
     try:
         FlashBwdSm90.can_implement(cfg)
     except ValueError as e:

@@ -530,7 +530,7 @@ class FlashFwdSm90:
                     tKgK, tKsK = (mK, sK), (mPageTable, batch, head_kv)
                     tVgV, tVsV = (mV, sV), (mPageTable, batch, head_kv)
 
-                ahead = const_expr(bool(self.page_rows) and self.cfg.pages_ahead)
+                ahead = bool(self.page_rows) and self.cfg.pages_ahead
                 next_pages = self.block_pages(tKsK, mK, n_max - 1) if const_expr(ahead) else None
                 self.load_block(tma_k, pk, tKgK, tKsK, n_max - 1, kv_state, next_pages)
                 if const_expr(self.tma_q):  # (packed Q: the consumers load it, Note [Pack GQA])

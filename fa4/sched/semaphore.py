@@ -159,8 +159,8 @@ def simulate(
     runs its slots in order; in a slot it waits until the counter equals its rank, then adds and
     publishes (count + 1) -- no wait separates an add from its publish (Note [Split-phase]). With
     ``publish_lag`` (the sm90 writer's Note [Publish lag]; a callable: per CTA) a CTA publishes a
-    slot only once its wait for the next slot is over (the last one when it finishes). A round advances every
-    resident CTA by at most one slot (lockstep, in residency order; with ``seed``, in a shuffled
+    slot only once its wait for the next slot is over (the last one when it finishes). A round
+    advances every resident CTA by at most one slot (lockstep, in residency order; with ``seed``, in a shuffled
     order each round). Raises AssertionError when a round advances no CTA before all are done (a
     deadlock under this residency), or when a slot receives its adds out of rank order. Returns
     the final count of every slot.
@@ -170,6 +170,10 @@ def simulate(
     count: dict[Hashable, int] = {}
     pos = [0] * n
     pending: list[Optional[Hashable]] = [None] * n  # added, not yet published (publish_lag)
+
+    def publish_pending(c):
+        if pending[c] is not None:
+            count[pending[c]] = count.get(pending[c], 0) + 1
     running: list[int] = []
     launched = finished = 0
     while finished < n:
@@ -188,16 +192,14 @@ def simulate(
                 assert have <= r, f"slot {s!r}: CTA {c} (rank {r}) arrives after count {have}: added out of order"
                 if have == r:
                     if publish_lag(c) if callable(publish_lag) else publish_lag:
-                        if pending[c] is not None:
-                            count[pending[c]] = count.get(pending[c], 0) + 1
+                        publish_pending(c)
                         pending[c] = s
                     else:
                         count[s] = r + 1
                     pos[c] += 1
                     progressed = True
             if pos[c] == len(visits[c]):
-                if pending[c] is not None:
-                    count[pending[c]] = count.get(pending[c], 0) + 1
+                publish_pending(c)
                 running.remove(c)
                 finished += 1
                 progressed = True
