@@ -14,7 +14,9 @@ d128, bf16), forward with default arguments, in microseconds per call (median of
 bandwidth of the K + V bytes each call must read; a row ``copy`` measures the GPU's copy bandwidth
 (``dst.copy_(src)`` of 1 GiB, bytes read + written per second) in the same run, and ``fa4/copy``
 is fa4's K + V bandwidth over it. ``fa4-paged16`` runs fa4 on the same K/V in a paged cache of
-16-row pages (vLLM's layout, pages shuffled), with its own ``paged/best`` and ``paged/copy``.
+16-row pages (vLLM's layout, pages shuffled), with its own ``paged/best`` (over the fastest peer on
+the contiguous cache) and ``paged/copy``; ``flash-attn-4-paged16`` runs flash-attn-4 on that same
+paged cache (when importable), and ``paged/peer`` is fa4's paged speed over it.
 
 Implementations: fa4 (``fa4.flash_attn_func``), torch SDPA with the flash (FA2) and the cuDNN
 backends, and flash-attn-4 (``flash_attn.cute``) when importable. Each one's output (and, for the
@@ -62,8 +64,10 @@ LATENCY_CALLS = 2000
 FA4 = "fa4"
 FA4_NONDET = "fa4-nondet"  # with --deterministic: fa4's own non-deterministic backward, same row
 FA4_PAGED = "fa4-paged16"  # with --decode: fa4 on the same K/V in a paged cache of 16-row pages
+PEER_PAGED = "flash-attn-4-paged16"  # with --decode: flash-attn-4 on that paged cache
 PAGE_SIZE = 16
 OWN = (FA4_NONDET, FA4_PAGED)  # fa4's own extra columns: never counted as peers
+PAGED = (FA4_PAGED, PEER_PAGED)  # the paged-cache columns: compared with each other, not in fa4/best
 EXIT_NO_GPU = 2
 NO_GPU_MESSAGE = (
     "fa4.bench: no CUDA GPU is visible (torch.cuda.is_available() is False); run the benchmark on the GPU machine."
@@ -262,21 +266,39 @@ def paged_cache(k: torch.Tensor, v: torch.Tensor, page_size: int, shuffle: bool 
     return kc, vc, perm.reshape(b, pages).to(torch.int32), used
 
 
-def fa4_paged_impl(page_size: int = PAGE_SIZE, name: str = FA4_PAGED) -> Impl:
-    """fa4's ``flash_attn_varlen_func`` on the same K/V scattered into a paged cache
-    (:func:`paged_cache`, pages shuffled, ``page_table`` + ``seqused_k``); built outside the timing."""
+def paged_impl(name: str, varlen_func: Callable[[], Callable], page_size: int = PAGE_SIZE) -> Impl:
+    """``varlen_func()``'s ``flash_attn_varlen_func`` (imported at setup, so a missing peer is n/a)
+    on the same K/V scattered into a paged cache (:func:`paged_cache`, pages shuffled,
+    ``page_table`` + ``seqused_k``); the cache is built outside the timing."""
 
     def setup(q, k, v, causal, requires_grad):
         if requires_grad:
             raise NotImplementedError("paged K/V is forward only")
+        func = varlen_func()
         kc, vc, table, used = paged_cache(k, v, page_size)
 
         def run():
-            return fa4.flash_attn_varlen_func(q, kc, vc, page_table=table, seqused_k=used, causal=causal)[0]
+            return func(q, kc, vc, page_table=table, seqused_k=used, causal=causal)[0]
 
         return Prepared(run, (q, k, v), bhsd=False)
 
     return Impl(name, setup)
+
+
+def fa4_paged_impl(page_size: int = PAGE_SIZE, name: str = FA4_PAGED) -> Impl:
+    """fa4 on the paged cache (:func:`paged_impl`)."""
+    return paged_impl(name, lambda: fa4.flash_attn_varlen_func, page_size)
+
+
+def peer_paged_impl(page_size: int = PAGE_SIZE, name: str = PEER_PAGED) -> Impl:
+    """flash-attn-4 on the paged cache (:func:`paged_impl`); n/a when not installed."""
+
+    def varlen_func():
+        from flash_attn.cute import flash_attn_varlen_func
+
+        return flash_attn_varlen_func
+
+    return paged_impl(name, varlen_func, page_size)
 
 
 def peer_impls(deterministic: bool) -> list[Impl]:
@@ -512,9 +534,11 @@ def _speed_ratio(row: dict[str, Record]) -> Optional[float]:
     return _ratio(row, FA4)
 
 
-def _ratio(row: dict[str, Record], name: str) -> Optional[float]:
-    """``name``'s speed over the fastest peer's in this row (fa4's own extra columns excluded)."""
-    ok = {n: rec for n, rec in row.items() if rec.status == "ok" and n not in OWN and n != FA4}
+def _ratio(row: dict[str, Record], name: str, peers: Optional[Sequence[str]] = None) -> Optional[float]:
+    """``name``'s speed over the fastest of ``peers`` in this row (default: every peer but the
+    paged-cache columns; fa4's own extra columns are never peers)."""
+    ok = {n: rec for n, rec in row.items() if rec.status == "ok" and n not in OWN and n != FA4
+          and (n in peers if peers is not None else n not in PAGED)}
     mine = row.get(name)
     if mine is None or mine.status != "ok" or not ok:
         return None
@@ -568,7 +592,7 @@ def summarize_decode(records: Sequence[Record], copy_tbs: Optional[float]) -> tu
     paged = FA4_PAGED in names
     columns = ["b", "sq", "sk", "h", "hk", "d"] + [f"{n} us (TB/s)" for n in names] + ["fa4/best", "fa4/copy"]
     if paged:
-        columns += ["paged/best", "paged/copy"]
+        columns += ["paged/best", "paged/copy"] + (["paged/peer"] if PEER_PAGED in names else [])
     columns += [f"diff {n}" for n in names]
     groups: dict[Shape, dict[str, Record]] = {}
     for rec in records:
@@ -590,6 +614,9 @@ def summarize_decode(records: Sequence[Record], copy_tbs: Optional[float]) -> tu
                 cells.append(f"{shape.kv_bytes / (rec.ms * 1e-3) / 1e12 / copy_tbs:.2f}")
             else:
                 cells.append("-")
+        if paged and PEER_PAGED in names:
+            ratio = _ratio(row, FA4_PAGED, peers=(PEER_PAGED,))
+            cells.append(f"{ratio:.2f}x" if ratio is not None else "-")
         cells += [_diff_cell(row.get(n)) for n in names]
         rows.append(dict(zip(columns, map(str, cells))))
     return columns, rows
@@ -811,7 +838,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     peers = peer_impls(args.deterministic)
     # fa4 runs last in each row, so a fault that poisons the CUDA context still leaves the peers measured.
     impls = peers + [fa4_impl(kernel_option_kwargs(args), args.deterministic)]
-    if args.decode:  # the paged cache (page size 16) beside the contiguous one
+    if args.decode:  # the paged cache (page size 16) beside the contiguous one, the peer's first
+        impls[len(peers):len(peers)] = [peer_paged_impl()]
         impls.append(fa4_paged_impl())
     if args.deterministic:  # the det / non-det ratio from one row (not counted as a peer in fa4/best)
         impls.insert(len(peers), fa4_impl(kernel_option_kwargs(args), False, name=FA4_NONDET))

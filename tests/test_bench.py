@@ -499,3 +499,8 @@ def test_decode_mode_shapes_and_table():
     records.append(Record(bench.FA4_PAGED, "fwd", shape, "ok", ms=1.0, maxdiff=1e-3))
     columns, rows = bench.summarize_decode(records, copy_tbs=4.0)
     assert rows[0]["paged/best"] == "0.50x" and rows[0]["fa4/best"] == "2.00x"  # fa4's own columns are no peers
+    assert "paged/peer" not in columns  # no peer on the paged cache in this run
+    # flash-attn-4 on the same paged cache: compared with fa4's paged column only, never in fa4/best
+    records.append(Record(bench.PEER_PAGED, "fwd", shape, "ok", ms=0.125, maxdiff=1e-3))
+    columns, rows = bench.summarize_decode(records, copy_tbs=4.0)
+    assert rows[0]["paged/peer"] == "0.12x" and rows[0]["fa4/best"] == "2.00x" and rows[0]["paged/best"] == "0.50x"

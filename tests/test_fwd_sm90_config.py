@@ -19,7 +19,14 @@ def test_tuning_table(d, expect):
     cfg = sm90.make_config(_problem(d), None, "sm_90a", True)
     assert (cfg.tile_m, cfg.tile_n, cfg.num_stages, cfg.rescale_o_before_pv) == expect
     assert cfg.rescale_threshold == 0.0 and not cfg.sum_rounded and cfg.exp2_emu_frac == 0.0
-    assert not cfg.pingpong
+    # d64's three warpgroups take turns around their K-block steps (v0.12); the others run free.
+    assert cfg.pingpong == (d == 64) and cfg.pp_steps_only == (d == 64)
+
+
+def test_pingpong_belongs_to_the_table_tile():
+    """A user's tile_m or a decode tile runs without the table's ping-pong."""
+    assert not sm90.make_config(_problem(64), KernelOptions(tile_m=128), "sm_90a", True).pingpong
+    assert not sm90.make_config(_problem(64, sq=1), None, "sm_90a", True).pingpong
 
 
 @pytest.mark.parametrize("sk,causal,dynamic", [(1024, False, False), (16384, False, False), (1024, True, False),

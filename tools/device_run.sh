@@ -10,7 +10,7 @@
 # sweep v16; not yet run), next8 (session 8's not-yet-run tests and sweeps), ncusrc (source-level stall sampling
 # of the forwards; NCUSRC_IMPLS), ncusrcbwd (the same for the backwards), ncustall (stall reasons, fa4 vs
 # flash-attn-4), sweepfwd (tools/sweep_fwd.py $SWEEP_FWD), ncufwd (ncu of the fa4 and flash-attn-4 forwards,
-# tools/ncu_fwd.py), nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
+# tools/ncu_fwd.py), v012b (session 10's side-by-side benches), nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
 set -uo pipefail
 steps=${1:-bwd90}
 out=${OUT:-/tmp/out}; mkdir -p "$out"
@@ -215,5 +215,13 @@ if has next14; then
   # its launch sections and lane slots (sweep v16).
   OUT="$out/detc" NCU_BWD_DET=1 NCU_BWD_SHAPE=128,8192,1 bash "$0" ncusrcbwd,nocompile
   logged next14_v16 300 30 python3 tools/sweep_bwd.py --plan v16
+fi
+if has v012b; then
+  # Session 10: the new defaults timed side by side (d64 forward ping-pong around the steps; causal
+  # deterministic sections of 16 pairs) and the decode table with flash-attn-4 on the paged cache.
+  logged v012_fwd64 200 8 python3 -m fa4.bench --mode fwd --hdim 64 --out "$out/fwd64"
+  logged v012_det128 300 10 python3 -m fa4.bench --mode bwd --deterministic --hdim 128 --out "$out/det128"
+  logged v012_det64 150 6 python3 -m fa4.bench --mode bwd --deterministic --hdim 64 --out "$out/det64"
+  logged v012_decode 200 8 python3 -m fa4.bench --decode --out "$out/decode"
 fi
 echo "total $(( $(date +%s) - t0 ))s"

@@ -21,6 +21,7 @@ sm90._num_sms = lambda device: 3  # few CTAs: the persistent grids walk and clai
 CASES = [
     (2, 200, 300, 4, 2, 128, True, {}),
     (1, 130, 130, 2, 1, 64, False, {"tile_m": 192, "tile_n": 64}),
+    (2, 500, 600, 4, 2, 64, True, {}),  # d64's default: three warpgroups taking turns around the steps
     (1, 100, 70, 2, 2, 256, True, {"persistent": False}),
     (2, 65, 129, 2, 1, 72, False, {"tile_m": 64}),
     # the dynamic scheduler's claims and smem ring (40 tiles over the SM-count grid: make the grid small)

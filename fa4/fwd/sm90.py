@@ -142,10 +142,10 @@ class FwdSm90Config(AttnFwdConfig):
     (paged K/V): the V block of a loop iteration (``n + 1``) reuses the page indices the previous
     iteration read for K ``n + 1`` instead of reading them after the K stage wait, so every page-table
     read precedes the iteration's first wait and there are half as many (Note [Paged K/V]); an
-    experiment, not yet run on a GPU.
+    option, off: same bits, but paged decode measured 0.6-1.2% slower with it (v0.12).
     ``pp_steps_only`` (with ``pingpong``): the turns bracket only the K-block steps; a tile's first
-    ``Q K^T`` and last ``P V`` are issued without waiting for a turn (Note [ping-pong]); an
-    experiment, not yet run on a GPU."""
+    ``Q K^T`` and last ``P V`` are issued without waiting for a turn (Note [ping-pong]); the d64
+    default's three warpgroups take it (v0.12)."""
 
     head_dim: int = 128
     head_dim_v: int = 128
@@ -837,11 +837,14 @@ class FlashFwdSm90:
 # --------------------------------------------------------------------------------------------
 
 # Per head-dim bucket: (tile_m, tile_n, num_stages, pingpong), measured on the H200 (docs/RESULTS.md,
-# sm90 sweeps): d64 with three consumer warpgroups (192-row tiles) +10% over 128 rows; ping-pong
-# measured 0-6% slower than letting the two warpgroups run free with intra-warpgroup overlap at
-# d128 (it stays an option); d256 128 x 80 is what fits 227 KB with two K/V stages.
+# sm90 sweeps): d64 with three consumer warpgroups (192-row tiles) +10% over 128 rows, which take
+# turns around their K-block steps (ping-pong with ``pp_steps_only``, v0.12, three interleaved rounds:
+# 521.7 -> 527.0 TFLOP/s, causal 471.9 -> 486.6; with the turns around the tile's edges too it was
+# 516.6 -> 484.6 and 462.3 -> 473.3 in v0.10); ping-pong measured 0-6% slower than letting the two
+# warpgroups run free with intra-warpgroup overlap at d128, and -1.5% to +5% in v0.12 (it stays an
+# option); d256 128 x 80 is what fits 227 KB with two K/V stages.
 TUNING = {
-    64: (192, 128, 2, False),
+    64: (192, 128, 2, True),
     96: (128, 128, 2, False),
     128: (128, 128, 2, False),
     192: (128, 112, 2, False),
@@ -850,6 +853,7 @@ TUNING = {
 # O rescaled under the next Q K^T (rescale_o_before_pv) for head_dim_v > 128: measured +3% / +6%
 # (d256 non-causal / causal); at d128 -10% to +3% (not taken).
 RESCALE_O_BEFORE_PV_MIN_DV = 129
+PP_STEPS_ONLY_WG3 = True  # three warpgroups' turns bracket the K-block steps only (TUNING comment)
 DEFAULT_EXP2_EMU_FRAC = 0.0  # measured: 0.1 / 0.25 are 0-14% slower on the sm90 path
 # The classic rule: a rescale threshold of 8 measured up to 1.4x the output error of tau = 0 on
 # inputs whose row maxes creep (docs/RESULTS.md). A threshold > 0 is still available; it then
@@ -886,10 +890,11 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
     (``num_sms``: the GPU's, default the current one's); raises ValueError naming the option when a
     user choice cannot be compiled."""
     options = options or KernelOptions()
-    tile_m, tile_n, stages, pingpong = TUNING[_bucket(max(problem.head_dim, problem.head_dim_v))]
+    table_tile_m, tile_n, stages, pingpong = TUNING[_bucket(max(problem.head_dim, problem.head_dim_v))]
     # Decode-like shapes: one consumer warpgroup, 64-row tiles.
-    g, tile_m, decode = fwd_common.rows_plan(problem, tile_m, options.tile_m)
-    pingpong = pingpong and not decode
+    g, tile_m, _ = fwd_common.rows_plan(problem, table_tile_m, options.tile_m)
+    # The table's ping-pong belongs to its tile (two or three warpgroups), not to a user's tile_m.
+    pingpong = pingpong and tile_m == table_tile_m
     tile_n = options.tile_n if options.tile_n is not None else tile_n
     splits = fwd_common.split_count(problem, tile_m, tile_n, g, num_sms)
     tau = float(options.rescale_threshold) if options.rescale_threshold is not None else DEFAULT_RESCALE_THRESHOLD
@@ -901,7 +906,8 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         tile_m=tile_m,
         tile_n=tile_n,
         num_stages=options.num_stages if options.num_stages is not None else stages,
-        pingpong=pingpong and tile_m == 128,
+        pingpong=pingpong,
+        pp_steps_only=pingpong and tile_m == 192 and PP_STEPS_ONLY_WG3,
         rescale_o_before_pv=problem.head_dim_v >= RESCALE_O_BEFORE_PV_MIN_DV,
         **_grid_order(problem),
         has_lse=need_lse or splits > 1,
@@ -944,7 +950,9 @@ def variants(arch: str) -> list[FwdSm90Config]:
 
     def cfg(d, dv=None, **kw):
         tile_m, tile_n, stages, pingpong = TUNING[_bucket(max(d, dv or d))]
-        kw = {"tile_m": tile_m, "tile_n": tile_n, "num_stages": stages, "pingpong": pingpong, **kw}
+        pp = pingpong and kw.get("tile_m", tile_m) == tile_m  # as make_config: the table tile's ping-pong
+        kw = {"tile_m": tile_m, "tile_n": tile_n, "num_stages": stages, "pingpong": pp,
+              "pp_steps_only": pp and tile_m == 192 and PP_STEPS_ONLY_WG3, **kw}
         return replace(base, head_dim=d, head_dim_v=dv or d, **kw)
 
     return [
@@ -979,7 +987,7 @@ def variants(arch: str) -> list[FwdSm90Config]:
         cfg(64, tile_m=64, pingpong=False, qhead_per_kvhead=4, has_sink=True, page_rows=16, has_seqused_k=True,
             varlen_q=True),
         cfg(128, split_kv=True, has_sink=True),  # the partials skip the sink (the combine adds it)
-        cfg(64, pingpong=True),  # ping-pong of three warpgroups (192-row tiles)
+        cfg(64, pingpong=True, pp_steps_only=False),  # three warpgroups' turns around the tile's edges too
     ]
 
 
