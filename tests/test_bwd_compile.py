@@ -510,3 +510,19 @@ def test_det_model_tells_the_orders_apart():
             assert det > 1.05 * free
     visits, rank = model.spt_schedule(2048, 4, 64, 128, 4)
     assert model.run(visits, rank, ordered=True, **lat) == model.run(visits, rank, ordered=False, **lat)
+
+
+def test_det_causal_sections_hold_four_waves():
+    """sm90's causal deterministic sections (v0.12, sweeps v16/v17): 16 pairs, or enough pairs for
+    four waves of CTAs when a pair has few K blocks; not for the direct adds, nor without a mask."""
+    from fa4.bwd import sm90
+
+    o = sm90.LAUNCH_ORDER
+    assert o.det_causal == 16 and o.det_causal_waves == 4
+    assert o.section_pairs(512, True, True, n_blocks=64, num_sms=132) == 16  # s8k: 16 pairs are 1024 CTAs
+    assert o.section_pairs(512, True, True, n_blocks=8, num_sms=132) == 66  # s1k: 66 * 8 >= 4 * 132
+    assert o.section_pairs(40, True, True, n_blocks=8, num_sms=132) == 40  # never more than the pairs
+    assert o.section_pairs(512, True, True, n_blocks=8, num_sms=132, direct=True) == o.det_causal_direct
+    assert o.section_pairs(512, False, True, n_blocks=8, num_sms=132) == o.det_no_mask
+    assert o.section_pairs(512, True, True) == 16  # without the grid's sizes: the table's value
+    assert dataclasses.replace(o, det_section=3).section_pairs(512, True, True, n_blocks=8, num_sms=132) == 3

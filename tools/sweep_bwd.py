@@ -168,6 +168,21 @@ PLANS = {
             for shape in ("d128 s8192 causal det", "d128 s4096 causal det", "d64 s8192 causal det")
             for v in ("", "section=16", "section=32", "lane_slots=True")]
     + ["d128 s8192 causal", "d128 s4096 causal", "d64 s8192 causal"],
+    # v0.12: the new default sections of 16 pairs (causal deterministic) where v16 did not look: s1k,
+    # s16k and d64, against 64 and 4, twice in interleaved rounds.
+    "v17": [f"{shape} {v}".strip() for _ in range(2)
+            for shape in ("d128 s1024 causal det", "d128 s16384 causal det", "d64 s8192 causal det")
+            for v in ("", "section=64", "section=4")]
+    + ["d128 s1024 causal", "d128 s16384 causal"],
+    # v0.12, after det_causal_waves: the s1k rows, the widest det / non-det gaps (causal 0.78-0.83,
+    # rotated 0.93): the default, then one writer or buffer knob changed; twice, interleaved.
+    "v18": [f"{shape} {v}".strip() for _ in range(2)
+            for shape, vs in (("d128 s1024 causal det", ("", "section=64", "publish_lag=False", "lane_slots=True",
+                                                          "stats_early=0")),
+                              ("d128 s1024 det", ("", "publish_lag=False", "lane_slots=False")),
+                              ("d128 s4096 causal det", ("", "section=16")))
+            for v in vs]
+    + ["d128 s1024 causal", "d128 s1024", "d128 s4096 causal"],
 }
 
 

@@ -114,15 +114,20 @@ class LaunchOrder:
     section: Optional[int] = None
     det_section: Optional[int] = None
     det_causal_direct: Optional[int] = None  # deterministic + causal with ordered direct dQ adds (None: det_causal)
+    det_causal_waves: int = 0  # deterministic + causal (not direct): sections of at least this many waves of CTAs
 
     def section_pairs(self, num_pairs: int, causal: bool, deterministic: bool, rotated: bool = False,
-                      direct: bool = False) -> int:
+                      direct: bool = False, n_blocks: int = 0, num_sms: int = 0) -> int:
         """Pairs per launch section, in [1, num_pairs]; the rotated deterministic order needs sections
-        of one pair (Note [Rotated order]). ``direct``: the kernel adds dQ from registers."""
+        of one pair (Note [Rotated order]). ``direct``: the kernel adds dQ from registers.
+        ``n_blocks`` (CTAs per pair) and ``num_sms``: with ``det_causal_waves``, a deterministic causal
+        section holds at least that many waves of CTAs (ceil(waves * num_sms / n_blocks) pairs)."""
         if rotated:
             return 1
         if deterministic:
             det_causal = self.det_causal_direct if direct and self.det_causal_direct is not None else self.det_causal
+            if causal and not direct and self.det_causal_waves and n_blocks > 0 and num_sms > 0:
+                det_causal = max(det_causal, -(-self.det_causal_waves * num_sms // n_blocks))
             want = self.det_section if self.det_section is not None else (
                 det_causal if causal else self.det_no_mask)
         else:
@@ -262,6 +267,8 @@ def run_backward(cfg, problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_se
         out, dout, lse, lse_log2, dpsum, dq_accum, dlse=dlse, cu_seqlens_q=cu_seqlens_q,
         max_seqlen_q=problem.seqlen_q if varlen_q else None, semaphore=sem, dq_tile_m=cfg.tile_m,
         dq_head_dim=q.shape[-1], arch=cfg.arch)
+    from fa4.arch import num_sms as arch_num_sms
+
     dk_k, dv_k = kernel_ready(dk), kernel_ready(dv)
     max_seqlen_k = problem.seqlen_k if cu_seqlens_k is not None else k.shape[1]
     num_batch = cu_seqlens_k.shape[0] - 1 if cu_seqlens_k is not None else k.shape[0]
@@ -272,7 +279,8 @@ def run_backward(cfg, problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_se
             float(problem.softmax_scale), float(problem.softcap), int(problem.window_left),
             int(problem.window_right), int(max_seqlen_k),
             order.section_pairs(num_batch * k.shape[2], cfg.causal, cfg.deterministic, cfg.det_rotate,
-                                getattr(cfg, "dq_direct", False)),
+                                getattr(cfg, "dq_direct", False), n_blocks=-(-max_seqlen_k // cfg.tile_n),
+                                num_sms=arch_num_sms(q.device.index)),
         )
     else:
         dk_k.zero_()
@@ -341,6 +349,7 @@ def deterministic_schedule(
     order: Optional[LaunchOrder] = None,
     rotated: bool = False,
     direct: bool = False,
+    num_sms: int = 132,
 ):
     """The dQ accumulation schedule of a deterministic main kernel, as the device runs it.
 
@@ -350,14 +359,16 @@ def deterministic_schedule(
     ``rank(cta, slot)``, the count it waits for: ``n_block - n_min``; and ``ctas[c] = (x, kv head,
     batch, n_block)``. ``seqlens_k`` are the keys used (seqused_k when given). ``rotated``: the
     rotated order of Note [Rotated order] (no mask; sections of one pair). ``direct``: the kernel
-    adds dQ from registers (``order``'s sections for that case).
+    adds dQ from registers (``order``'s sections for that case). ``num_sms``: the GPU's, for
+    ``order``'s ``det_causal_waves``.
     """
     assert not (rotated and (causal or local)), "the rotated order is for unmasked attention"
     num_x = _cdiv(max(seqlens_k), tile_n)
     num_batch = len(seqlens_q)
     pairs = heads_k * num_batch
     if section is None:
-        sec = (order or LaunchOrder(1, 1, 1)).section_pairs(pairs, causal, True, rotated, direct)
+        sec = (order or LaunchOrder(1, 1, 1)).section_pairs(pairs, causal, True, rotated, direct, n_blocks=num_x,
+                                                            num_sms=num_sms)
     else:
         sec = max(1, min(section, pairs))
     visits, n_of, ctas = [], [], []

@@ -1322,7 +1322,8 @@ direct adds): d128 s8k 567 -> 500 / 491, causal 517 -> 459 / 460, s2k 515 -> 449
 couples the pair's steps (the partner's half gates the second dQ wgmma) and takes the second dQ
 buffer's smem (sK_peer, sdS_in)."""
 
-LAUNCH_ORDER = common.LaunchOrder(causal=16, det_no_mask=32, det_causal=16, det_causal_direct=8)
+LAUNCH_ORDER = common.LaunchOrder(causal=16, det_no_mask=32, det_causal=16, det_causal_direct=8,
+                                   det_causal_waves=4)
 """Pairs per launch section (Note [Launch order] in fa4/bwd/common.py); the sm80 family's values.
 Measured for this kernel (v0.6, d128 s8k, one lease each, noisy): without a mask sections of 1 / 4 / 32
 pairs gave 640 / 594 / 541 TFLOP/s (1 is the default there); deterministic, plain order, 1 / 2 / 4 /
@@ -1333,7 +1334,11 @@ of 8 pairs 344.7 / 345.4 / 344.3 / 342.6 against 333.9 / 335.9 / 334.8 / 332.3 w
 331.4), hence ``det_causal_direct``; at d128 16 or 32 against 64 moved by -7% to +6% between runs.
 v0.12 (sweep v16, one lease, two interleaved rounds, causal deterministic, sections of 64 -> 16 -> 32):
 d128 s4k 424.7 / 425.3 -> 460.4 / 457.5 -> 465.0 / 461.8, s8k 497.1 / 486.0 -> 501.2 / 494.0 -> 488.6 /
-440.8; d64 s8k 449.8 / 395.8 -> 434.2 / 424.8 -> 440.2 / 408.6. Hence 16."""
+440.8; d64 s8k 449.8 / 395.8 -> 434.2 / 424.8 -> 440.2 / 408.6. Hence 16. Sweep v17 (same lease,
+sections of 16 -> 64 -> 4): d128 s1k 279.5 / 278.9 -> 294.1 / 293.8 -> 267.9 / 267.5, s16k 511.1 / 502.2
+-> 499.7 / 502.5 -> 498.9 / 465.5, d64 s8k 433.1 / 409.8 -> 381.7 / 408.1 -> 368.9 / 372.6: the best
+sections held 512-2048 CTAs, and at s1k 16 pairs are 128 CTAs, less than one wave. Hence
+``det_causal_waves``: at least four waves of CTAs per section (s1k: 66 pairs)."""
 
 STATS_EARLY_MAX_HD = 128
 """Padded head dims up to this read lse into registers before the S^T wgmma is issued
