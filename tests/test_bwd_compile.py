@@ -513,14 +513,17 @@ def test_det_model_tells_the_orders_apart():
 
 
 def test_det_causal_sections_hold_four_waves():
-    """sm90's causal deterministic sections (v0.12, sweeps v16/v17): 16 pairs, or enough pairs for
-    four waves of CTAs when a pair has few K blocks; not for the direct adds, nor without a mask."""
+    """sm90's causal deterministic sections (v0.12, sweeps v16-v18): 16 pairs, or about four waves of
+    CTAs in a power of two pairs when a pair has few K blocks; not for the direct adds, nor without a
+    mask."""
     from fa4.bwd import sm90
 
     o = sm90.LAUNCH_ORDER
     assert o.det_causal == 16 and o.det_causal_waves == 4
     assert o.section_pairs(512, True, True, n_blocks=64, num_sms=132) == 16  # s8k: 16 pairs are 1024 CTAs
-    assert o.section_pairs(512, True, True, n_blocks=8, num_sms=132) == 66  # s1k: 66 * 8 >= 4 * 132
+    assert o.section_pairs(512, True, True, n_blocks=8, num_sms=132) == 64  # s1k: 66 pairs, rounded to 2^6
+    assert o.section_pairs(512, True, True, n_blocks=32, num_sms=132) == 16  # s4k: 16.5 -> 16, not 17
+    assert o.section_pairs(512, True, True, n_blocks=4, num_sms=132) == 128  # 132 -> 128
     assert o.section_pairs(40, True, True, n_blocks=8, num_sms=132) == 40  # never more than the pairs
     assert o.section_pairs(512, True, True, n_blocks=8, num_sms=132, direct=True) == o.det_causal_direct
     assert o.section_pairs(512, False, True, n_blocks=8, num_sms=132) == o.det_no_mask

@@ -183,6 +183,11 @@ PLANS = {
                               ("d128 s4096 causal det", ("", "section=16")))
             for v in vs]
     + ["d128 s1024 causal", "d128 s1024", "d128 s4096 causal"],
+    # v0.12, the power-of-two sections: the default against the sections it should equal.
+    "v19": [f"{shape} {v}".strip() for _ in range(2)
+            for shape, vs in (("d128 s4096 causal det", ("", "section=16")),
+                              ("d128 s1024 causal det", ("", "section=64")))
+            for v in vs],
 }
 
 
