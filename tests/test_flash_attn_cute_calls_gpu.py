@@ -378,39 +378,3 @@ def test_learnable_sink_gradient_alone(family):
         out2 = out2[0] if isinstance(out2, tuple) else out2
         got2 = torch.autograd.grad(out2, sink, g.reshape(b * sq, h, d))[0]
         torch.testing.assert_close(got2.float(), want, rtol=2e-2, atol=2e-2 * want.abs().max().item())
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("page_size,d", [(16, 128), (48, 128), (128, 128), (16, 256)])
-@pytest.mark.parametrize("causal", [False, True])
-def test_paged_kv_pages_ahead_same_bits(page_size, d, causal, monkeypatch):
-    """``pages_ahead`` (FwdSm90Config: both blocks' page indices read before an iteration's first
-    stage wait) only moves the page-table reads: the same bits as the default paged kernel, on a
-    decode batch of ragged lengths (several K blocks, tails past the table) and a packed prefill."""
-    import dataclasses
-
-    from fa4.fwd import sm90
-
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("the sm90 kernels need compute capability 9.x")
-    gen = torch.Generator().manual_seed(page_size + d)
-    for b, sq, sk, h, hk in [(5, 1, 1000, 32, 8), (3, 40, 700, 8, 2)]:
-        q, k, v = random_qkv(b, sq, sk, h, hk, d, torch.bfloat16, "cuda", seed=page_size + sq)
-        lens = torch.randint(1, sk + 1, (b,), generator=gen).tolist()
-        lens[0] = sk
-        used = torch.tensor(lens, dtype=torch.int32, device="cuda")
-        kc, vc, pt = _paged(k, v, lens, page_size, gen)
-        make = sm90.make_config
-        got = {}
-        try:
-            for ahead in (False, True):
-                monkeypatch.setattr(sm90, "make_config", lambda *a, ahead=ahead, **kw: dataclasses.replace(
-                    make(*a, **kw), pages_ahead=ahead))
-                fa4.ops._plans.clear()
-                got[ahead] = fa4.flash_attn_varlen_func(q, kc, vc, page_table=pt, seqused_k=used, causal=causal,
-                                                        return_lse=True, kernel_options=fa4.KernelOptions(arch="sm90"))
-        finally:
-            monkeypatch.setattr(sm90, "make_config", make)
-            fa4.ops._plans.clear()
-        assert torch.equal(got[False][0], got[True][0]), "out differs with pages_ahead"
-        assert torch.equal(got[False][1], got[True][1]), "lse differs with pages_ahead"

@@ -2,8 +2,7 @@
 shuffled), over K/V stages and split counts; median of triton's do_bench, microseconds and K + V
 TB/s.  ``python3 tools/decode_sweep.py [--order]``: with ``--order``, only the default config,
 paged with the pages shuffled and in order (does the page order, i.e. DRAM locality, cost the
-paged cache its last percent?); with ``--pages-ahead``, the default paged kernel against
-``pages_ahead`` (FwdSm90Config) and the contiguous cache, in interleaved rounds."""
+paged cache its last percent?). (v0.12 removed ``--pages-ahead``, the timing of a rejected option.)"""
 import itertools
 import sys
 
@@ -29,38 +28,8 @@ def order_check():
         print(f"b{shape.batch} sk{shape.seqlen_k}: " + "; ".join(cells), flush=True)
 
 
-def pages_ahead_check(rounds: int = 3):
-    """Paged decode with ``pages_ahead`` (FwdSm90Config) against the default paged kernel and the
-    contiguous cache, in interleaved rounds (microseconds)."""
-    import dataclasses
-
-    from fa4.fwd import sm90
-
-    make = sm90.make_config
-    for shape in DECODE_SHAPES:
-        q, k, v = random_qkv(shape.batch, 1, shape.seqlen_k, shape.heads, shape.hk, shape.hdim, torch.bfloat16,
-                             "cuda", seed=0)
-        kc, vc, table, used = paged_cache(k, v, PAGE_SIZE)
-        for r in range(rounds):
-            contig = triton.testing.do_bench(lambda: fa4.flash_attn_func(q, k, v), warmup=25, rep=300)
-            cells = [f"contig {contig * 1e3:6.1f}"]
-            for ahead in (False, True):
-                sm90.make_config = lambda *a, ahead=ahead, **kw: dataclasses.replace(make(*a, **kw), pages_ahead=ahead)
-                fa4.ops._plans.clear()
-                ms = triton.testing.do_bench(lambda: fa4.flash_attn_varlen_func(q, kc, vc, page_table=table,
-                                                                                seqused_k=used), warmup=25, rep=300)
-                cells.append(f"paged16{' ahead' if ahead else ''} {ms * 1e3:6.1f}")
-            sm90.make_config = make
-            fa4.ops._plans.clear()
-            print(f"b{shape.batch} sk{shape.seqlen_k} round {r}: " + "; ".join(cells) + " us", flush=True)
-        del kc, vc
-
-
 if "--order" in sys.argv:
     order_check()
-    sys.exit(0)
-if "--pages-ahead" in sys.argv:
-    pages_ahead_check()
     sys.exit(0)
 
 for shape in DECODE_SHAPES:

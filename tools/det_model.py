@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import heapq
+import random
 import sys
 from pathlib import Path
 
@@ -52,9 +53,13 @@ def spt_schedule(seqlen: int, pairs: int, tile_m: int, tile_n: int, section: int
 
 
 def run(visits, rank, resident: int, read: float, publish: float, visible: float, stages: int,
-        ordered: bool = True) -> float:
-    """The grid's makespan (``ordered``: with the slot waits)."""
+        ordered: bool = True, jitter: float = 0.0, seed: int = 0) -> float:
+    """The grid's makespan (``ordered``: with the slot waits). ``jitter``: each step takes
+    ``1 + jitter * e`` with ``e`` exponential of mean 1 minus 1 (mean 1.0, a long tail), drawn per
+    (CTA, step) from ``seed``, so the ordered and free runs see the same step times."""
     n = len(visits)
+    rng = random.Random(seed)
+    durations = [[1.0 + jitter * (rng.expovariate(1.0) - 1.0) if jitter else 1.0 for _ in v] for v in visits]
     events: list = []
     seq = 0
 
@@ -74,7 +79,7 @@ def run(visits, rank, resident: int, read: float, publish: float, visible: float
         if not cons_busy[c] and t < len(visits[c]) and reads[c] >= t - stages + 1:
             cons_busy[c] = True
             cons_next[c] += 1
-            push(now + 1.0, "cdone", c)
+            push(now + max(durations[c][t], 0.05), "cdone", c)
 
     def try_writer(c, now):
         t = wr_next[c]
@@ -137,6 +142,7 @@ def main() -> None:
     ap.add_argument("--sms", type=int, default=132)
     ap.add_argument("--seqlen", type=int, default=8192)
     ap.add_argument("--pairs", type=int, default=32, help="(batch, kv head) pairs (b2 h16 at s8k)")
+    ap.add_argument("--jitter", type=float, default=0.0, help="step-time spread (Run's jitter); 0: every step 1.0")
     args = ap.parse_args()
     s, pairs, tm, tn = args.seqlen, args.pairs, 64, 128
     lat = (args.read, args.publish, args.visible, args.stages)
@@ -148,15 +154,17 @@ def main() -> None:
         "no mask, rotated (the default)": kernel(rotated=True),
         "causal, LPT down, sections of 64 (the default)": kernel(causal=True, section=64),
         "causal, LPT down, sections of 16": kernel(causal=True, section=16),
+        "causal, LPT down, sections of 8": kernel(causal=True, section=8),
         "causal, SPT up, sections of 16": spt_schedule(s, pairs, tm, tn, 16),
+        "causal, SPT up, sections of 8": spt_schedule(s, pairs, tm, tn, 8),
         "causal, SPT up, sections of 1": spt_schedule(s, pairs, tm, tn, 1),
     }
     print(f"latencies (steps): read {args.read}, publish {args.publish}, visible {args.visible}; "
           f"{args.stages} dQ buffers; {args.sms} SMs; s{s}, {pairs} pairs")
     print(f"{'order':50s} {'free':>9s} {'ordered':>9s} {'ratio':>6s}")
     for name, (visits, rank) in rows.items():
-        free = run(visits, rank, args.sms, *lat, ordered=False)
-        det = run(visits, rank, args.sms, *lat, ordered=True)
+        free = run(visits, rank, args.sms, *lat, ordered=False, jitter=args.jitter)
+        det = run(visits, rank, args.sms, *lat, ordered=True, jitter=args.jitter)
         print(f"{name:50s} {free:9.1f} {det:9.1f} {free / det:6.3f}")
 
 

@@ -5,9 +5,8 @@
 # sanitize (compute-sanitizer memcheck/racecheck on tools/sanitize_sm90.py), bench (fwd+bwd grid),
 # benchbwd, det (deterministic bench), latency, sweep (tools/sweep_bwd.py), ncu (tools/ncu_bwd.py),
 # pytests (pytest -m gpu $PYTESTS), sweepfwd80 (tools/sweep_fwd.py --family sm80 $SWEEP_FWD80), detsec (tools/det_sections.py $DETSEC_ARGS), sink (learnable-sink GPU tests + tools/sink_diag.py), issue9 (pack GQA / split-KV / combine / paged / flash_attn.cute call GPU tests), decode (bench --decode),
-# next9 .. next11 (session 9: lane slots; the rotated order at d64; d64 det rotated), next12 (paged
-# pages_ahead; not yet run), next13 (ping-pong around the steps only; not yet run), next14 (causal det: ncu,
-# sweep v16; not yet run), next8 (session 8's not-yet-run tests and sweeps), ncusrc (source-level stall sampling
+# next9 .. next11 (session 9: lane slots; the rotated order at d64; d64 det rotated), next13 (ping-pong
+# around the steps only), next14 (causal det: ncu, sweep v16), next8 (session 8's not-yet-run tests and sweeps), ncusrc (source-level stall sampling
 # of the forwards; NCUSRC_IMPLS), ncusrcbwd (the same for the backwards), ncustall (stall reasons, fa4 vs
 # flash-attn-4), sweepfwd (tools/sweep_fwd.py $SWEEP_FWD), ncufwd (ncu of the fa4 and flash-attn-4 forwards,
 # tools/ncu_fwd.py), v012b (session 10's side-by-side benches), nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
@@ -197,21 +196,15 @@ if has next11; then
   gpu_tests next11 240 tests/test_bwd_gpu.py -k "deterministic or rotated or lane_slots or stagger_one" &&
     logged det64 150 8 python3 -m fa4.bench --mode bwd --deterministic --hdim 64 --out "$out/det64"
 fi
-if has next12; then
-  # Written in session 9, not yet run: paged decode whose V blocks reuse the page indices read for
-  # their K (FwdSm90Config.pages_ahead): same bits, then the interleaved decode timing.
-  gpu_tests next12 200 tests/test_flash_attn_cute_calls_gpu.py -k "pages_ahead or paged" &&
-    logged next12_decode 200 8 python3 tools/decode_sweep.py --pages-ahead
-fi
 if has next13; then
-  # Written in session 9, not yet run: ping-pong with the turns around the K-block steps only (the
+  # Written in session 9, run in session 10: ping-pong with the turns around the K-block steps only (the
   # peer's placement, FwdSm90Config.pp_steps_only): the GPU tests, then fa4-only timing, 3 rounds.
   gpu_tests next13 200 tests/test_fwd_sm90_gpu.py -k "pp_steps_only" &&
     logged next13_sweep 330 20 python3 tools/sweep_fwd.py --hdim 64,128 --repeat 3 pp:hd=128,pingpong=True \
       ppso:hd=128,pingpong=True,pp_steps_only=True pp3so:hd=64,pingpong=True,pp_steps_only=True
 fi
 if has next14; then
-  # Written in session 9, not yet run: where the causal deterministic d128 backward waits (ncu), then
+  # Written in session 9, run in session 10: where the causal deterministic d128 backward waits (ncu), then
   # its launch sections and lane slots (sweep v16).
   OUT="$out/detc" NCU_BWD_DET=1 NCU_BWD_SHAPE=128,8192,1 bash "$0" ncusrcbwd,nocompile
   logged next14_v16 300 30 python3 tools/sweep_bwd.py --plan v16

@@ -138,11 +138,7 @@ class FwdSm90Config(AttnFwdConfig):
     ``l2_section_mb``: the K/V megabytes of one L2 section of the tile order
     (:mod:`fa4.sched.tile`; 0: one (head, batch) pair per section); ``dynamic_sched`` (with
     ``persistent``): tiles after the first are claimed from a global counter
-    (:class:`fa4.sched.tile.DynamicTileScheduler`) instead of the static snake. ``pages_ahead``
-    (paged K/V): the V block of a loop iteration (``n + 1``) reuses the page indices the previous
-    iteration read for K ``n + 1`` instead of reading them after the K stage wait, so every page-table
-    read precedes the iteration's first wait and there are half as many (Note [Paged K/V]); an
-    option, off: same bits, but paged decode measured 0.6-1.2% slower with it (v0.12).
+    (:class:`fa4.sched.tile.DynamicTileScheduler`) instead of the static snake.
     ``pp_steps_only`` (with ``pingpong``): the turns bracket only the K-block steps; a tile's first
     ``Q K^T`` and last ``P V`` are issued without waiting for a turn (Note [ping-pong]); the d64
     default's three warpgroups take it (v0.12)."""
@@ -163,7 +159,6 @@ class FwdSm90Config(AttnFwdConfig):
     split_kv: bool = False
     l2_section_mb: int = 0
     dynamic_sched: bool = False
-    pages_ahead: bool = False
     pp_steps_only: bool = False
 
     KERNEL = "fa4.fwd.sm90:FlashFwdSm90"
@@ -530,9 +525,7 @@ class FlashFwdSm90:
                     tKgK, tKsK = (mK, sK), (mPageTable, batch, head_kv)
                     tVgV, tVsV = (mV, sV), (mPageTable, batch, head_kv)
 
-                ahead = bool(self.page_rows) and self.cfg.pages_ahead
-                next_pages = self.block_pages(tKsK, mK, n_max - 1) if const_expr(ahead) else None
-                self.load_block(tma_k, pk, tKgK, tKsK, n_max - 1, kv_state, next_pages)
+                self.load_block(tma_k, pk, tKgK, tKsK, n_max - 1, kv_state)
                 if const_expr(self.tma_q):  # (packed Q: the consumers load it, Note [Pack GQA])
                     gQ = cute.local_tile(seqlen.q_view_sd(mQ, batch, head), (self.tile_m, self.tile_hdim),
                                          (m_block, 0))
@@ -545,16 +538,11 @@ class FlashFwdSm90:
                 kv_state.advance()
                 for i in cutlass.range(n_max - 1 - n_min, unroll=1):
                     n = n_max - 2 - i
-                    # pages_ahead: K n's pages read before the first wait; V n + 1's are K n + 1's,
-                    # read one iteration earlier.
-                    k_pages = self.block_pages(tKsK, mK, n) if const_expr(ahead) else None
-                    self.load_block(tma_k, pk, tKgK, tKsK, n, kv_state, k_pages)
-                    self.load_block(tma_v, pv, tVgV, tVsV, n + 1, v_state, next_pages)
-                    if const_expr(ahead):
-                        next_pages = k_pages
+                    self.load_block(tma_k, pk, tKgK, tKsK, n, kv_state)
+                    self.load_block(tma_v, pv, tVgV, tVsV, n + 1, v_state)
                     kv_state.advance()
                     v_state.advance()
-                self.load_block(tma_v, pv, tVgV, tVsV, n_min, v_state, next_pages)
+                self.load_block(tma_v, pv, tVgV, tVsV, n_min, v_state)
             idx, t_state = sched.next_producer(idx, t_state)
 
     def block_pages(self, tXsX, mX, n: Int32) -> list:
@@ -568,11 +556,10 @@ class FlashFwdSm90:
                 for c in range(self.tile_n // rows)]
 
     @cute.jit
-    def load_block(self, tma, pipe, tXgX, tXsX, n: Int32, state, pages=None) -> None:
+    def load_block(self, tma, pipe, tXgX, tXsX, n: Int32, state) -> None:
         """Wait for the stage to be free, then TMA block ``n`` into it (completing on its mbarrier).
         Paged (``tXgX = (mX, sX)``, ``tXsX = (page table, batch, kv head)``): one TMA per chunk of
-        ``page_rows`` rows, from the page holding it (Note [Paged K/V]); ``pages``: the block's page
-        indices when the caller read them already (:meth:`block_pages`)."""
+        ``page_rows`` rows, from the page holding it (Note [Paged K/V])."""
         if const_expr(not self.page_rows):
             pipe.producer_acquire(state)
             cute.copy(tma, tXgX[None, n], tXsX[None, state.index], tma_bar_ptr=pipe.producer_get_barrier(state))
@@ -584,8 +571,7 @@ class FlashFwdSm90:
             # The block's page indices are read before waiting for the stage, so their latency
             # hides under the wait.
             chunks = self.tile_n // rows
-            if const_expr(pages is None):
-                pages = self.block_pages(tXsX, mX, n)
+            pages = self.block_pages(tXsX, mX, n)
             pipe.producer_acquire(state)
             for c in cutlass.range_constexpr(chunks):
                 row = n * self.tile_n + c * rows
@@ -977,8 +963,6 @@ def variants(arch: str) -> list[FwdSm90Config]:
         cfg(96, qhead_per_kvhead=6, local=True, varlen_q=True, varlen_k=True, dtype="fp16"),
         cfg(128, tile_m=64, pingpong=False, qhead_per_kvhead=4, page_rows=16, has_seqused_k=True, varlen_q=True),
         cfg(128, tile_m=64, pingpong=False, page_rows=128, has_seqused_k=True, split_kv=True, causal=True),
-        cfg(128, tile_m=64, pingpong=False, qhead_per_kvhead=4, page_rows=16, has_seqused_k=True, varlen_q=True,
-            pages_ahead=True),
         cfg(64, has_seqused_q=True, has_seqused_k=True, causal=True, dynamic_sched=True),
         cfg(64, qhead_per_kvhead=4),  # packed rows with three consumer warpgroups
         cfg(256, qhead_per_kvhead=4, causal=True),  # packed rows with O staged in Q's smem (o_in_q)
