@@ -529,3 +529,59 @@ def test_det_causal_sections_hold_four_waves():
     assert o.section_pairs(512, False, True, n_blocks=8, num_sms=132) == o.det_no_mask
     assert o.section_pairs(512, True, True) == 16  # without the grid's sizes: the table's value
     assert dataclasses.replace(o, det_section=3).section_pairs(512, True, True, n_blocks=8, num_sms=132) == 3
+
+
+@pytest.mark.parametrize("sq, sk", _SIZES + [(640, 1280)])
+def test_up_order_schedule(sq, sk):
+    """Note [Up order] (sm90's ``det_up``): ranks 0, 1, ... in launch order in every slot (no CTA
+    waits on one launched after it), so it runs through with 1, 3 or 7 CTAs resident, also with the
+    writer's publish lag (Note [Publish lag]) and in random interleavings; and at equal pace the
+    blocks reach each slot in rank order (a block's first slot never waits for one behind it)."""
+    from fa4.bwd import sm90
+
+    for tm, tn in _TILES:
+        for causal, local, wl, wr in _masks(sq, sk):
+            if not (causal or local):
+                continue
+            for section in _SECTIONS:
+                seqs_q, seqs_k = [sq, max(1, sq // 3)], [sk, max(1, sk // 2)]
+                visits, rank, ctas = common.deterministic_schedule(seqs_q, seqs_k, 2, 2, tm, tn, causal, local, wl,
+                                                                   wr, section, order=sm90.LAUNCH_ORDER, up=True)
+                check_schedule(visits, rank, resident=(1, 3, 7))
+                simulate(visits, rank, 3, publish_lag=True)
+                simulate(visits, rank, 7, seed=sq, publish_lag=True)
+                arrivals: dict = {}
+                for c, slots in enumerate(visits):
+                    for i, slot in enumerate(slots):
+                        arrivals.setdefault(slot, []).append((i, rank(c, slot)))
+                for slot, seen in arrivals.items():
+                    by_step = [r for _, r in sorted(seen)]
+                    assert by_step == sorted(by_step), (slot, seen)  # earlier arrivals add earlier
+                # SPT: within a pair the K blocks launch from the last one down.
+                firsts = {}
+                for x, hk, b, n in ctas:
+                    firsts.setdefault((hk, b), []).append(n)
+                assert all(ns == sorted(ns, reverse=True) for ns in firsts.values())
+
+
+def test_up_order_config():
+    """``det_up`` only for deterministic masked runs (ValueError otherwise); off by default
+    (``DET_UP``, an experiment); make_config takes it from ``DET_UP``."""
+    from fa4.bwd import sm90
+
+    def cfg(det=True, **kw):
+        return sm90.make_config(AttnProblem("bf16", 1, 4096, 4096, 8, 8, 128, 128, 128**-0.5, **kw), None,
+                                "sm_90a", det)
+
+    assert not sm90.DET_UP and not cfg(causal=True).det_up
+    with pytest.raises(ValueError, match="det_up"):
+        sm90.FlashBwdSm90.can_implement(dataclasses.replace(cfg(), det_up=True))
+    with pytest.raises(ValueError, match="det_up"):
+        sm90.FlashBwdSm90.can_implement(dataclasses.replace(cfg(False, causal=True), det_up=True))
+    sm90.FlashBwdSm90.can_implement(dataclasses.replace(cfg(causal=True), det_up=True))
+    old = sm90.DET_UP
+    try:
+        sm90.DET_UP = True
+        assert cfg(causal=True).det_up and not cfg().det_up and not cfg(False, causal=True).det_up
+    finally:
+        sm90.DET_UP = old

@@ -420,6 +420,42 @@ def test_bwd_sm90_rotated_order(layout, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("mask", ["causal", "local"])
+@pytest.mark.parametrize("layout", ["dense", "varlen"])
+def test_bwd_sm90_up_order(d, mask, layout, monkeypatch, hang_watchdog):
+    """Note [Up order] (fa4/bwd/common.py, ``DET_UP``): the deterministic backward with m_blocks
+    walked up from the diagonal and the shortest K blocks launched first is bit-exact over runs,
+    correct, and independent of the launch sections (one pair per section, and the default); GQA
+    6/2, odd lengths, varlen with seqused_k; the writer warp (d64, d128) and the ordered direct adds
+    (d256). A wrong rank hangs: the watchdog fails the run instead."""
+    from fa4.bwd import sm90
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the sm90 kernels need compute capability 9.x")
+    opts = fa4.KernelOptions(arch="sm90")
+    run, (q, k, v), g, kw = _deterministic_run(layout, d, mask, opts, (1000, 1500), (900, 1300),
+                                               d + (0 if layout == "dense" else 1))
+    monkeypatch.setattr(sm90, "DET_UP", True)
+    fa4.ops._plans.clear()
+    up = _same_bits_over_runs(run, 5, "up order")
+    monkeypatch.setattr(sm90.LAUNCH_ORDER, "det_section", 1)
+    fa4.ops._plans.clear()
+    for name, a, b in zip(("dq", "dk", "dv"), up, run()):
+        assert torch.equal(a, b), f"{name} depends on the launch sections in the up order"
+    monkeypatch.setattr(sm90.LAUNCH_ORDER, "det_section", None)
+    monkeypatch.setattr(sm90, "DET_UP", False)
+    fa4.ops._plans.clear()
+    down = run()
+    fa4.ops._plans.clear()
+    if layout == "dense":
+        ref, pt = _reference_dense((q, k, v), dict(kw, softcap=0.0), g, None)
+        _check_grads(("dq", "dk", "dv"), up, ref, pt, (q, k, v), g)
+    for a, b in zip(up, down):  # the down order: the same sums in another order
+        torch.testing.assert_close(a.float(), b.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("d", [192, 256])
 @pytest.mark.parametrize("mask", ["none", "causal", "local"])
 @pytest.mark.parametrize("layout", ["dense", "varlen"])

@@ -12,8 +12,7 @@ dQ buffer ``--read`` and publishes ``--publish`` after it starts; the count beco
 the other CTAs ``--visible`` later. The consumers run at most ``--stages`` steps ahead of the
 writer's reads (the dQ buffers). The writer publishes each step before it takes the next (no
 publish lag). The schedules are those of :func:`fa4.bwd.common.deterministic_schedule` (the
-kernel's), plus ``spt``: a causal order where each K block walks its m_blocks upwards from its
-diagonal, the blocks nearest the diagonal add first, and a pair's shortest blocks launch first.
+kernel's), the up order (``det_up``, Note [Up order]: flash-attn-4's causal order) included.
 
 A model, not a measurement: it tells orders apart by their waits, nothing more.
 """
@@ -29,27 +28,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fa4.bwd import common  # noqa: E402
-from fa4.bwd.common import _cdiv, host_m_block_range, host_n_block_range  # noqa: E402
-from fa4.sched.tile import section_tile  # noqa: E402
-
-
-def spt_schedule(seqlen: int, pairs: int, tile_m: int, tile_n: int, section: int):
-    """Causal, one sequence length: K block ``n`` walks m_blocks up from its diagonal; rank in slot
-    ``m`` = ``n_max(m) - 1 - n`` (the diagonal block first); launch order: sections of ``section``
-    pairs, the pair index fastest, the K blocks from the last (shortest) down."""
-    num_x = _cdiv(seqlen, tile_n)
-    visits, n_of = [], []
-    for i in range(num_x * pairs):
-        x, p, _ = section_tile(i, num_x, pairs, 1, section, False)
-        n = num_x - 1 - x
-        m_min, m_max = host_m_block_range(n, seqlen, seqlen, tile_m, tile_n, True, False, 0, 0)
-        visits.append([(p, m) for m in range(m_min, m_max)])
-        n_of.append(n)
-
-    def rank(c, slot):
-        _, n_max = host_n_block_range(slot[1], seqlen, seqlen, tile_m, tile_n, True, False, 0, 0)
-        return n_max - 1 - n_of[c]
-    return visits, rank
 
 
 def run(visits, rank, resident: int, read: float, publish: float, visible: float, stages: int,
@@ -155,9 +133,9 @@ def main() -> None:
         "causal, LPT down, sections of 64 (the default)": kernel(causal=True, section=64),
         "causal, LPT down, sections of 16": kernel(causal=True, section=16),
         "causal, LPT down, sections of 8": kernel(causal=True, section=8),
-        "causal, SPT up, sections of 16": spt_schedule(s, pairs, tm, tn, 16),
-        "causal, SPT up, sections of 8": spt_schedule(s, pairs, tm, tn, 8),
-        "causal, SPT up, sections of 1": spt_schedule(s, pairs, tm, tn, 1),
+        "causal, SPT up (det_up), sections of 16": kernel(causal=True, section=16, up=True),
+        "causal, SPT up (det_up), sections of 8": kernel(causal=True, section=8, up=True),
+        "causal, SPT up (det_up), sections of 1": kernel(causal=True, section=1, up=True),
     }
     print(f"latencies (steps): read {args.read}, publish {args.publish}, visible {args.visible}; "
           f"{args.stages} dQ buffers; {args.sms} SMs; s{s}, {pairs} pairs")

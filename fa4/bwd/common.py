@@ -75,6 +75,19 @@ Note [Rotated order]
     writer that holds a slot's publish back until its next slot's wait is over (sm90, Note [Publish
     lag] in fa4/bwd/sm90.py) must not do so at stagger ``k = 1`` with ``M == N`` and one q head per
     kv head: block ``n`` then waits for block ``n + 1`` one step back, around the pair to itself.
+
+Note [Up order]
+    An option of the sm90 family for causal and local masks (``det_up``), flash-attn-4's order. A
+    block walks its m_blocks *upwards*, from its diagonal; in every slot the block with the largest
+    ``n`` adds first (rank ``n_max - 1 - n``), and K block ``n`` is grid index ``x = num_x - 1 -
+    n``, so a pair's shortest blocks launch first (SPT instead of LPT). A block still waits only for
+    blocks launched before it, so any residency runs through, and a writer's publish lag cannot
+    close a cycle (block ``n`` waits only on larger ``n``; the last K block never waits). In the down
+    order, every block of a pair starts at the same (last) m_block, so block ``n + 1`` trails block
+    ``n`` by one publish and a slow step delays every block behind it. In the up order block ``n``
+    reaches a slot two steps (at ``tile_n = 2 tile_m``) after block ``n + 1``, which is slack. The
+    cost is the load balance of SPT: tools/det_model.py puts it at about 6% at s8k, and the waits of
+    the down order at 2-9% once step times vary.
 """
 
 from __future__ import annotations
@@ -179,14 +192,14 @@ def rotation_lags(num_m, num_n):
     return num_m // num_n != 1
 
 
-def step_slot(t, head_kv, group, m_min, num_m, deterministic: bool):
+def step_slot(t, head_kv, group, m_min, num_m, deterministic: bool, up: bool = False):
     """(q head, m_block) of step ``t`` of a main-kernel CTA: m_blocks slowest, the ``group`` q heads
     of its kv head fastest; the m_blocks go up from ``m_min``, or down from the last one when
-    deterministic (Note [Deterministic dQ]). Plain arithmetic: traced inline on the device, and
-    the same on Python ints."""
+    deterministic (Note [Deterministic dQ]) except in the up order (``up``, Note [Up order]). Plain
+    arithmetic: traced inline on the device, and the same on Python ints."""
     m_idx = t // group
     head = head_kv * group + (t - m_idx * group)
-    if const_expr(deterministic):
+    if const_expr(deterministic and not up):
         return head, m_min + num_m - 1 - m_idx
     return head, m_min + m_idx
 
@@ -354,6 +367,7 @@ def deterministic_schedule(
     rotated: bool = False,
     direct: bool = False,
     num_sms: int = 132,
+    up: bool = False,
 ):
     """The dQ accumulation schedule of a deterministic main kernel, as the device runs it.
 
@@ -364,9 +378,10 @@ def deterministic_schedule(
     batch, n_block)``. ``seqlens_k`` are the keys used (seqused_k when given). ``rotated``: the
     rotated order of Note [Rotated order] (no mask; sections of one pair). ``direct``: the kernel
     adds dQ from registers (``order``'s sections for that case). ``num_sms``: the GPU's, for
-    ``order``'s ``det_causal_waves``.
+    ``order``'s ``det_causal_waves``. ``up``: the up order of Note [Up order] (masked only).
     """
     assert not (rotated and (causal or local)), "the rotated order is for unmasked attention"
+    assert not (up and (rotated or not (causal or local))), "the up order is for masked attention"
     num_x = _cdiv(max(seqlens_k), tile_n)
     num_batch = len(seqlens_q)
     pairs = heads_k * num_batch
@@ -379,7 +394,7 @@ def deterministic_schedule(
     for i in range(num_x * pairs):
         x, hk, b = section_tile(i, num_x, heads_k, num_batch, sec, False)
         sq, sk = seqlens_q[b], seqlens_k[b]
-        n = x
+        n = num_x - 1 - x if up else x
         slots = []
         if n < _cdiv(sk, tile_n):
             m_min, m_max = host_m_block_range(n, sq, sk, tile_m, tile_n, causal, local, wl, wr)
@@ -388,7 +403,7 @@ def deterministic_schedule(
                 slots = [(b, *host_rotated_slot(t, hk, group, n, num_m, _cdiv(sk, tile_n)))
                          for t in range(num_m * group)]
             else:
-                slots = [(b, *step_slot(t, hk, group, m_min, num_m, True)) for t in range(num_m * group)]
+                slots = [(b, *step_slot(t, hk, group, m_min, num_m, True, up)) for t in range(num_m * group)]
         visits.append(slots)
         n_of.append(n)
         ctas.append((x, hk, b, n))
@@ -397,8 +412,8 @@ def deterministic_schedule(
         b, _, m = slot
         if rotated:
             return host_rotated_rank(n_of[cta], m, _cdiv(seqlens_q[b], tile_m), _cdiv(seqlens_k[b], tile_n))
-        n_min, _ = host_n_block_range(m, seqlens_q[b], seqlens_k[b], tile_m, tile_n, causal, local, wl, wr)
-        return n_of[cta] - n_min
+        n_min, n_max = host_n_block_range(m, seqlens_q[b], seqlens_k[b], tile_m, tile_n, causal, local, wl, wr)
+        return n_max - 1 - n_of[cta] if up else n_of[cta] - n_min
 
     return visits, rank, ctas
 

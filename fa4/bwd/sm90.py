@@ -277,6 +277,9 @@ class BwdSm90Config(AttnKernelConfig):
     samples, the load queued behind the wgmmas' operand reads (:data:`STATS_EARLY_MAX_HD`).
     ``lane_slots``: the dQ writer (or sequencing) warp computes 32 steps' slots at once, one per lane
     (Note [Writer slots]; the default in the rotated order from head dim 128, :data:`LANE_SLOTS_MIN_HD`).
+    ``det_up`` (deterministic, causal or local): the up order of Note [Up order] in
+    fa4/bwd/common.py (m_blocks walked up from the diagonal, the largest K block adds first, the
+    shortest blocks launch first); an experiment, not yet run on a GPU (:data:`DET_UP`).
     """
 
     head_dim: int = 128
@@ -296,6 +299,7 @@ class BwdSm90Config(AttnKernelConfig):
     two_cta: bool = False
     stats_early: int = 0
     lane_slots: bool = False
+    det_up: bool = False
 
     KERNEL: ClassVar[str] = "fa4.bwd.sm90:FlashBwdSm90"
     REQUIRED_SASS: ClassVar[tuple] = ("HGMMA", "UTMALDG")  # checked by tests/test_compile.py
@@ -478,6 +482,9 @@ class FlashBwdSm90:
         if cfg.det_rotate and not (cfg.deterministic and not cfg.causal and not cfg.local):
             raise ValueError(f"{name}.det_rotate (Note [Rotated order]) needs deterministic=True and no causal or "
                              "local mask")
+        if cfg.det_up and not (cfg.deterministic and (cfg.causal or cfg.local) and not cfg.det_rotate
+                               and not cfg.two_cta):
+            raise ValueError(f"{name}.det_up (Note [Up order]) needs deterministic=True and a causal or local mask")
         if cfg.publish_lag and not (cfg.deterministic and not cfg.dq_direct):
             raise ValueError(f"{name}.publish_lag orders the deterministic dQ writer; it needs deterministic=True "
                              "and no dq_direct (the ordered direct adds have their own overlap, Note [Ordered direct dQ])")
@@ -744,6 +751,8 @@ class FlashBwdSm90:
         x, head_kv, batch = section_tile(block // cn if const_expr(cn > 1) else block, num_x, num_heads_k,
                                          num_batch, section, False)
         n_block = x * cn + rank if const_expr(cn > 1) else x
+        if const_expr(self.cfg.det_up):  # the shortest blocks first (Note [Up order])
+            n_block = num_x - 1 - x
         args = (batch, mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, seqlen_q_static, seqlen_k_static, window_left,
                 window_right)
         seq, mask, m_min, num_m, rows_k = self.block_range(n_block, *args)
@@ -808,14 +817,18 @@ class FlashBwdSm90:
             head = work.head_kv * work.group + (t - m_idx * work.group)
             start = work.num_m - 1 - work.n_block * (work.num_m // work.num_n)
             return head, (start - m_idx + work.num_m) % work.num_m
-        return common.step_slot(t, work.head_kv, work.group, work.m_min, work.num_m, self.cfg.deterministic)
+        return common.step_slot(t, work.head_kv, work.group, work.m_min, work.num_m, self.cfg.deterministic,
+                                self.cfg.det_up)
 
     @cute.jit
     def dq_rank(self, work, m_block: Int32) -> Int32:
         """The count of the slot's counter this CTA waits for (Note [Deterministic dQ]; with
-        ``det_rotate`` Note [Rotated order], twin :func:`fa4.bwd.common.host_rotated_rank`)."""
-        n_min, _ = work.mask.n_block_range(m_block)
+        ``det_rotate`` Note [Rotated order], twin :func:`fa4.bwd.common.host_rotated_rank`; with
+        ``det_up`` Note [Up order]: the largest K block of the slot adds first)."""
+        n_min, n_max = work.mask.n_block_range(m_block)
         rank = work.n_block - n_min
+        if const_expr(self.cfg.det_up):
+            rank = n_max - 1 - work.n_block
         if const_expr(self.cfg.det_rotate):
             stagger = work.num_m // work.num_n
             if stagger > 0:
@@ -1363,6 +1376,10 @@ direct adds) 341 / 340 -> 325 / 335. Non-deterministic d128 s8k: 581 / 558 -> 57
 DET_ROTATE = True
 """Use the rotated deterministic order where it is safe (:func:`rotate_ok`); False: never."""
 
+DET_UP = False
+"""Deterministic causal / local runs take the up order (Note [Up order] in fa4/bwd/common.py,
+``det_up``); an experiment, not yet run on a GPU (tools/sweep_bwd.py --plan v20 times it)."""
+
 DET_DIRECT = True
 """Deterministic runs of the head dims whose table takes ``dq_direct`` keep it, with the ordered
 direct adds of Note [Ordered direct dQ]; False: they take the ordered writer warp instead."""
@@ -1412,6 +1429,7 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         dkv_rs=rs, q_stages=q_stages, pds_stages=pds_stages, dq_stages=dq_stages, deterministic=bool(deterministic),
         publish_lag=bool(deterministic) and lag and not (direct and det_direct),
         det_rotate=rotated, lane_slots=rotated and hd >= LANE_SLOTS_MIN_HD,
+        det_up=bool(deterministic) and (problem.causal or problem.local) and DET_UP and not rotated,
         dq_direct=direct and (det_direct or not deterministic),
         # Not with more than 64 rows per step (``rows_late``): measured 7-16% slower at d64 (v0.11).
         stats_early=1 if hd <= STATS_EARLY_MAX_HD and steps <= 64 else 0,
@@ -1447,6 +1465,8 @@ def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: B
                      "kernel where it applies: padded head dims 64 and 128, not deterministic)")
     if cfg.deterministic:
         order = ("the rotated order (Note [Rotated order] in fa4/bwd/common.py)" if cfg.det_rotate else
+                 "the up order: m_blocks walked up from the diagonal, the shortest K blocks launched first "
+                 "(Note [Up order] in fa4/bwd/common.py)" if cfg.det_up else
                  "K blocks in launch order, m_blocks walked down (Note [Deterministic dQ])")
         notes.append(f"deterministic dQ: {order}")
         free = make_config(problem, options, cfg.arch, False)
@@ -1523,4 +1543,9 @@ def variants(arch: str) -> list[BwdSm90Config]:
     out.append(replace(out[1], stats_early=2))
     out.append(replace(out[0], stats_early=1))  # lse ahead with the d64 default's 128-row steps (rows_late)
     out.append(replace(make_config(P(256, causal=True), None, arch, True), stats_early=1))
+    # The up order (Note [Up order], an experiment): the writer warp (causal, and local varlen with
+    # seqused_k) and the sequencing warp of the ordered direct adds.
+    out.append(replace(out[2], det_up=True))
+    out.append(replace(make_config(P(128, local=True, varlen=True, seqused_k=True), None, arch, True), det_up=True))
+    out.append(replace(make_config(P(256, causal=True), None, arch, True), det_up=True))
     return out
