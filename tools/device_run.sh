@@ -6,8 +6,8 @@
 # benchbwd, det (deterministic bench), latency, sweep (tools/sweep_bwd.py), ncu (tools/ncu_bwd.py),
 # pytests (pytest -m gpu $PYTESTS), sweepfwd80 (tools/sweep_fwd.py --family sm80 $SWEEP_FWD80), detsec (tools/det_sections.py $DETSEC_ARGS), sink (learnable-sink GPU tests + tools/sink_diag.py), issue9 (pack GQA / split-KV / combine / paged / flash_attn.cute call GPU tests), decode (bench --decode),
 # next9 .. next11 (session 9: lane slots; the rotated order at d64; d64 det rotated), next13 (ping-pong
-# around the steps only), next14 (causal det: ncu, sweep v16), next15 (the up order; not
-# yet run), next8 (session 8's not-yet-run tests and sweeps), ncusrc (source-level stall sampling
+# around the steps only), next14 (causal det: ncu, sweep v16), next15 (the up order; its
+# tests ran in session 10, the sweep not), next8 (session 8's not-yet-run tests and sweeps), ncusrc (source-level stall sampling
 # of the forwards; NCUSRC_IMPLS), ncusrcbwd (the same for the backwards), ncustall (stall reasons, fa4 vs
 # flash-attn-4), sweepfwd (tools/sweep_fwd.py $SWEEP_FWD), ncufwd (ncu of the fa4 and flash-attn-4 forwards,
 # tools/ncu_fwd.py), v012b (session 10's side-by-side benches), nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
@@ -219,8 +219,9 @@ if has v012b; then
   logged v012_decode 200 8 python3 -m fa4.bench --decode --out "$out/decode"
 fi
 if has next15; then
-  # Written in session 10, not yet run: the up order of the deterministic backward (DET_UP; Note [Up
-  # order]): its GPU tests (a hang fails them through the watchdog), then sweep v20.
+  # Written in session 10 (the tests and a 4-row timing ran there, the sweep not): the up order of the
+  # deterministic backward (DET_UP; Note [Up order]): its GPU tests (a hang fails them through the
+  # watchdog), then sweep v20.
   gpu_tests next15 240 tests/test_bwd_gpu.py -k "up_order" &&
     logged next15_v20 300 30 python3 tools/sweep_bwd.py --plan v20
 fi

@@ -87,7 +87,9 @@ Note [Up order]
     ``n`` by one publish and a slow step delays every block behind it. In the up order block ``n``
     reaches a slot two steps (at ``tile_n = 2 tile_m``) after block ``n + 1``, which is slack. The
     cost is the load balance of SPT: tools/det_model.py puts it at about 6% at s8k, and the waits of
-    the down order at 2-9% once step times vary.
+    the down order at 2-9% once step times vary. On the H200 it measured 15-29% slower than the
+    down order (d128 causal, s4k / s8k, v0.12), so it is off (``DET_UP``): the model misses what
+    makes it slow.
 """
 
 from __future__ import annotations
