@@ -7,7 +7,7 @@
 # pytests (pytest -m gpu $PYTESTS), sweepfwd80 (tools/sweep_fwd.py --family sm80 $SWEEP_FWD80), detsec (tools/det_sections.py $DETSEC_ARGS), sink (learnable-sink GPU tests + tools/sink_diag.py), issue9 (pack GQA / split-KV / combine / paged / flash_attn.cute call GPU tests), decode (bench --decode),
 # next9 .. next11 (session 9: lane slots; the rotated order at d64; d64 det rotated), next13 (ping-pong
 # around the steps only), next14 (causal det: ncu, sweep v16), next15 (the up order; its
-# tests ran in session 10, the sweep not), next8 (session 8's not-yet-run tests and sweeps), ncusrc (source-level stall sampling
+# tests ran in session 10, the sweep not), next16 (ncu: the up order against the down order), next8 (session 8's not-yet-run tests and sweeps), ncusrc (source-level stall sampling
 # of the forwards; NCUSRC_IMPLS), ncusrcbwd (the same for the backwards), ncustall (stall reasons, fa4 vs
 # flash-attn-4), sweepfwd (tools/sweep_fwd.py $SWEEP_FWD), ncufwd (ncu of the fa4 and flash-attn-4 forwards,
 # tools/ncu_fwd.py), v012b (session 10's side-by-side benches), nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
@@ -160,15 +160,17 @@ if has ncusrc; then
 fi
 if has ncusrcbwd; then
   # The same for the backward main kernels, fa4 and flash-attn-4 (NCU_BWD_SHAPE, default d128 s8k;
-  # NCU_BWD_DET=1: deterministic). The reports are removed once exported (too many files come back).
-  for impl in fa4 peer; do
+  # NCU_BWD_DET=1: deterministic; NCU_BWD_IMPLS: two of fa4, peer, fa4-up, default "fa4 peer"). The
+  # reports are removed once exported (too many files come back).
+  impls=(${NCU_BWD_IMPLS:-fa4 peer})
+  for impl in "${impls[@]}"; do
     timeout 200 ncu --clock-control none --kernel-name regex:'(?i)bwd_sm90' --launch-count 1 \
       --section SourceCounters --section WarpStateStats --export "$out/ncusrcbwd_$impl" \
-      python3 tools/ncu_bwd.py $impl ${NCU_BWD_DET:+det} ${NCU_BWD_SHAPE:-128,8192,0} > "$out/ncusrcbwd_$impl.txt" 2>&1
+      python3 tools/ncu_bwd.py ${impl/-/ } ${NCU_BWD_DET:+det} ${NCU_BWD_SHAPE:-128,8192,0} > "$out/ncusrcbwd_$impl.txt" 2>&1
     echo "ncusrcbwd $impl rc=$?"; grep -E "Kernel|Duration|==PROF==|rror" "$out/ncusrcbwd_$impl.txt" | cut -c1-150 | head -8
     ncu --import "$out/ncusrcbwd_$impl.ncu-rep" --page source --csv --print-source sass > "$out/ncusrcbwd_${impl}_sass.csv" 2>/dev/null
   done
-  python3 tools/ncu_src_top.py "$out/ncusrcbwd_fa4_sass.csv" "$out/ncusrcbwd_peer_sass.csv" --top 20 2>&1 | cut -c1-150
+  python3 tools/ncu_src_top.py "$out/ncusrcbwd_${impls[0]}_sass.csv" "$out/ncusrcbwd_${impls[1]}_sass.csv" --top 20 2>&1 | cut -c1-150
   rm -f "$out"/ncusrcbwd_*.ncu-rep
 fi
 if has next8; then
@@ -224,5 +226,10 @@ if has next15; then
   # watchdog), then sweep v20.
   gpu_tests next15 240 tests/test_bwd_gpu.py -k "up_order" &&
     logged next15_v20 300 30 python3 tools/sweep_bwd.py --plan v20
+fi
+if has next16; then
+  # Written in session 10, not yet run: where the up order (DET_UP, 15-29% slower) loses against the
+  # down order, causal deterministic d128 s8k (ncu source counters of both).
+  OUT="$out/up" NCU_BWD_IMPLS="fa4 fa4-up" NCU_BWD_DET=1 NCU_BWD_SHAPE=128,8192,1 bash "$0" ncusrcbwd,nocompile
 fi
 echo "total $(( $(date +%s) - t0 ))s"

@@ -1,7 +1,9 @@
 """One forward + backward per shape, for ncu on the device (profile only the backward kernel):
 
     ncu --clock-control none --kernel-name regex:fa4_bwd_sm90 --launch-count 2 \\
-        --section SpeedOfLight --section WarpStateStats python3 tools/ncu_bwd.py [peer] [det] [d,s,causal ...]
+        --section SpeedOfLight --section WarpStateStats python3 tools/ncu_bwd.py [peer] [det] [up] [d,s,causal ...]
+
+``up``: fa4's deterministic masked runs in the up order (``fa4.bwd.sm90.DET_UP``, Note [Up order]).
 
 Shapes default to FlashAttention's grid rows d128 s8192 and d256 s8192 (bf16, 16k tokens, 2048 model dim)."""
 import sys
@@ -15,7 +17,11 @@ peer = bool(args) and args[0] == "peer"  # flash-attn-4's backward instead (``pe
 if args and args[0] in ("peer", "fa4"):
     args = args[1:]
 det = "det" in args  # deterministic=True (``[peer] det d,s,causal ...``)
-args = [a for a in args if a != "det"]
+if "up" in args:
+    from fa4.bwd import sm90
+
+    sm90.DET_UP = True
+args = [a for a in args if a not in ("det", "up")]
 if peer:
     from flash_attn.cute import flash_attn_func
 else:
