@@ -7,7 +7,8 @@
 # pytests (pytest -m gpu $PYTESTS), sweepfwd80 (tools/sweep_fwd.py --family sm80 $SWEEP_FWD80), detsec (tools/det_sections.py $DETSEC_ARGS), sink (learnable-sink GPU tests + tools/sink_diag.py), issue9 (pack GQA / split-KV / combine / paged / flash_attn.cute call GPU tests), decode (bench --decode),
 # next9 .. next11 (session 9: lane slots; the rotated order at d64; d64 det rotated), next13 (ping-pong
 # around the steps only), next14 (causal det: ncu, sweep v16), next15 (the up order; its
-# tests ran in session 10, the sweep not), next16 (ncu: the up order against the down order), next8 (session 8's not-yet-run tests and sweeps), ncusrc (source-level stall sampling
+# tests ran in session 10, the sweep not), next16 (ncu: the up order against the down order), next17
+# (dv_late at d64; not yet run), next8 (session 8's not-yet-run tests and sweeps), ncusrc (source-level stall sampling
 # of the forwards; NCUSRC_IMPLS), ncusrcbwd (the same for the backwards), ncustall (stall reasons, fa4 vs
 # flash-attn-4), sweepfwd (tools/sweep_fwd.py $SWEEP_FWD), ncufwd (ncu of the fa4 and flash-attn-4 forwards,
 # tools/ncu_fwd.py), v012b (session 10's side-by-side benches), nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
@@ -226,6 +227,14 @@ if has next15; then
   # watchdog), then sweep v20.
   gpu_tests next15 240 tests/test_bwd_gpu.py -k "up_order" &&
     logged next15_v20 300 30 python3 tools/sweep_bwd.py --plan v20
+fi
+if has next17; then
+  # Written in session 10, not yet run: dV issued after dS^T (dv_late) with dS from the float32 P at
+  # d64: the experiment tests, sweep v21, then its accuracy against the default and flash-attn-4.
+  gpu_tests next17 200 tests/test_bwd_gpu.py -k "experiments" &&
+    logged next17_v21 300 40 python3 tools/sweep_bwd.py --plan v21 &&
+    logged next17_acc 200 12 python3 tools/bwd_accuracy.py "d64" "d64 ds_from_p16=False dv_late=True" "d64 peer" \
+      "d64 causal" "d64 causal ds_from_p16=False dv_late=True" "d64 causal peer"
 fi
 if has next16; then
   # Written in session 10, not yet run: where the up order (DET_UP, 15-29% slower) loses against the

@@ -280,7 +280,10 @@ class BwdSm90Config(AttnKernelConfig):
     ``det_up`` (deterministic, causal or local): the up order of Note [Up order] in
     fa4/bwd/common.py (m_blocks walked up from the diagonal, the largest K block adds first, the
     shortest blocks launch first); an option, off: correct and bit-exact on the H200 but 15-29%
-    slower than the down order (:data:`DET_UP`).
+    slower than the down order (:data:`DET_UP`). ``dv_late`` (with ``dkv_rs``): the dV wgmma is
+    issued after dS^T is computed and stored, next to dQ and dK (flash-attn-4's place), not right
+    after P^T, so the float32 P^T is dead before P^T's 16-bit registers are pinned by an in-flight
+    wgmma; an experiment for the d64 128-row steps without ``ds_from_p16``, not yet run on a GPU.
     """
 
     head_dim: int = 128
@@ -301,6 +304,7 @@ class BwdSm90Config(AttnKernelConfig):
     stats_early: int = 0
     lane_slots: bool = False
     det_up: bool = False
+    dv_late: bool = False
 
     KERNEL: ClassVar[str] = "fa4.bwd.sm90:FlashBwdSm90"
     REQUIRED_SASS: ClassVar[tuple] = ("HGMMA", "UTMALDG")  # checked by tests/test_compile.py
@@ -483,6 +487,8 @@ class FlashBwdSm90:
         if cfg.det_rotate and not (cfg.deterministic and not cfg.causal and not cfg.local):
             raise ValueError(f"{name}.det_rotate (Note [Rotated order]) needs deterministic=True and no causal or "
                              "local mask")
+        if cfg.dv_late and not cfg.dkv_rs:
+            raise ValueError(f"{name}.dv_late reorders the register-operand dV wgmma; it needs dkv_rs")
         if cfg.det_up and not (cfg.deterministic and (cfg.causal or cfg.local) and not cfg.det_rotate
                                and not cfg.two_cta):
             raise ValueError(f"{name}.det_up (Note [Up order]) needs deterministic=True and a causal or local mask")
@@ -1184,14 +1190,15 @@ class FlashBwdSm90:
         if const_expr(self.pds_stages == 1):
             # The other warpgroups' wgmmas of the previous step have read this P/dS stage.
             cute.arch.barrier(barrier_id=_BAR.pds_free, number_of_threads=self.num_consumer_threads)
-        if const_expr(self.rs):
+        dv_late = self.cfg.dv_late
+        if const_expr(self.rs and not dv_late):
             gemm_sm90(self.tiled_mma_dv, c.acc_dV, make_acc_as_A(rP), c.tdVrdOt[None, None, None, di])
-        else:
+        elif const_expr(not self.rs):
             cute.copy(c.r2s, c.r2s.retile(rP), c.r2s.partition_D(sm.sP[None, None, pds]))
         if const_expr(not late and not d_early):
             self.read_stats(c, sm.sD, di, rD)
         # dP^T; with rows_late also dV, so that P^T's registers are free before dS^T.
-        warpgroup.wait_group(1 if const_expr(self.rs and not late) else 0)
+        warpgroup.wait_group(1 if const_expr(self.rs and not late and not dv_late) else 0)
 
         # dS^T = P^T * (dP^T - D[query]).
         acc_dP_mn = make_acc_mn_view(c.acc_dP)
@@ -1224,6 +1231,8 @@ class FlashBwdSm90:
 
         if const_expr(not self.rs):
             gemm_sm90(self.tiled_mma_dv, c.acc_dV, c.tdVrPt[None, None, None, pds], c.tdVrdOt[None, None, None, di])
+        elif const_expr(dv_late):
+            gemm_sm90(self.tiled_mma_dv, c.acc_dV, make_acc_as_A(rP), c.tdVrdOt[None, None, None, di])
         self.gemm_dq(c.acc_dQ, c.tdQrdS[None, None, None, pds], c.tdQrKt, True)
         if const_expr(self.cfg.two_cta):
             cute.arch.mbarrier_wait(sm.mbar_ds + pds, use & 1)  # the partner's half has landed
@@ -1551,4 +1560,9 @@ def variants(arch: str) -> list[BwdSm90Config]:
     out.append(replace(out[2], det_up=True))
     out.append(replace(make_config(P(128, local=True, varlen=True, seqused_k=True), None, arch, True), det_up=True))
     out.append(replace(make_config(P(256, causal=True), None, arch, True), det_up=True))
+    # dV issued after dS^T (dv_late, an experiment): d64's 128-row steps with dS from the float32 P
+    # (plain and causal deterministic), and d128's 64-row steps.
+    out.append(replace(out[0], ds_from_p16=False, dv_late=True))
+    out.append(replace(make_config(P(64, causal=True), None, arch, True), ds_from_p16=False, dv_late=True))
+    out.append(replace(out[2], dv_late=True))
     return out
