@@ -421,6 +421,51 @@ def test_bwd_sm90_rotated_order(layout, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("mask", ["none", "causal", "local"])
+@pytest.mark.parametrize("det", [False, True, "up"])
+def test_bwd_sm90_step_cursor_same_bits(d, mask, det, monkeypatch, hang_watchdog):
+    """``step_cursor`` (BwdSm90Config: no division by the GQA group per step) visits the same steps
+    in the same order as the default, so the gradients are the same bits; varlen with seqused_k,
+    GQA 6/2 (three q heads a step of the cursor walks), deterministic in the down and the up order."""
+    import dataclasses
+
+    from fa4.bwd import sm90
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the sm90 kernels need compute capability 9.x")
+    if det == "up" and mask == "none":
+        pytest.skip("the up order is for masked attention")
+    opts = fa4.KernelOptions(arch="sm90")
+    vb = random_varlen(4, 900, 6, 2, d, torch.bfloat16, "cuda", max_seqlen_k=1300, with_seqused_k=True,
+                       requires_grad=True, seed=d + 3)
+    kw = dict(cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k, seqused_k=vb.seqused_k,
+              max_seqlen_q=vb.max_seqlen_q, max_seqlen_k=vb.max_seqlen_k, causal=mask == "causal",
+              window_size=_window(mask, vb.max_seqlen_q, vb.max_seqlen_k), deterministic=bool(det))
+    g = torch.randn(vb.q.shape, device="cuda", dtype=vb.q.dtype)
+    monkeypatch.setattr(sm90, "DET_UP", det == "up")
+    make = sm90.make_config
+    got = {}
+    try:
+        for cursor in (False, True):
+            monkeypatch.setattr(sm90, "make_config", lambda *a, cursor=cursor, **k: dataclasses.replace(
+                make(*a, **k), step_cursor=cursor and not make(*a, **k).det_rotate))
+            fa4.ops._plans.clear()
+            out, _ = fa4.flash_attn_varlen_func(vb.q, vb.k, vb.v, kernel_options=opts, **kw)
+            got[cursor] = torch.autograd.grad(out, (vb.q, vb.k, vb.v), g)
+    finally:
+        monkeypatch.setattr(sm90, "make_config", make)
+        fa4.ops._plans.clear()
+    for name, a, b in zip(("dq", "dk", "dv"), got[False], got[True]):
+        if det:
+            assert torch.equal(a, b), f"{name} differs with step_cursor"
+        else:  # the dQ adds race without determinism: the same sums in another order
+            torch.testing.assert_close(a.float(), b.float(), atol=2e-2, rtol=2e-2)
+            if name != "dq":
+                assert torch.equal(a, b), f"{name} differs with step_cursor"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("mask", ["causal", "local"])
 @pytest.mark.parametrize("layout", ["dense", "varlen"])
 def test_bwd_sm90_up_order(d, mask, layout, monkeypatch, hang_watchdog):
@@ -638,9 +683,11 @@ def test_bwd_sm90_ordered_direct_dq_many_ctas(causal, monkeypatch):
     # tile (RESULTS v0.7, GPU-confirmed in v0.8).
     (128, dict(tile_m=80, dq_stages=1, ds_from_p16=True)),
     (128, dict(ds_from_p16=True)),
-    # dV issued after dS^T (dv_late, v0.12): d64's 128-row steps with dS from the float32 P, and d128.
+    # dV issued after dS^T (dv_late, v0.12): d64's 128-row steps with dS from the float32 P, and d128;
+    # no per-step division by the GQA group (step_cursor, v0.12).
     (64, dict(ds_from_p16=False, dv_late=True)),
     (128, dict(dv_late=True)),
+    (128, dict(step_cursor=True)),
 ])
 @pytest.mark.parametrize("causal", [False, True])
 def test_bwd_sm90_experiments(d, fields, causal, monkeypatch):

@@ -230,8 +230,9 @@ if has next15; then
 fi
 if has next17; then
   # Written in session 10, not yet run: dV issued after dS^T (dv_late) with dS from the float32 P at
-  # d64: the experiment tests, sweep v21, then its accuracy against the default and flash-attn-4.
-  gpu_tests next17 200 tests/test_bwd_gpu.py -k "experiments" &&
+  # d64, and step_cursor: the experiment tests, sweep v21, then dv_late's accuracy against the
+  # default and flash-attn-4.
+  gpu_tests next17 240 tests/test_bwd_gpu.py -k "experiments or step_cursor" &&
     logged next17_v21 300 40 python3 tools/sweep_bwd.py --plan v21 &&
     logged next17_acc 200 12 python3 tools/bwd_accuracy.py "d64" "d64 ds_from_p16=False dv_late=True" "d64 peer" \
       "d64 causal" "d64 causal ds_from_p16=False dv_late=True" "d64 causal peer"

@@ -185,7 +185,8 @@ PLANS = {
     + ["d128 s1024 causal", "d128 s1024", "d128 s4096 causal"],
     # Next (written in v0.12, not yet run): dV issued after dS^T (dv_late) at d64 with dS from the
     # float32 P (the CPU SASS: no spills or serialized wgmmas, the step loop 760 -> 633
-    # instructions, flash-attn-4's 646), against the default; and at d128. Twice, interleaved.
+    # instructions, flash-attn-4's 646), against the default; and at d128. Also step_cursor (no
+    # division by the GQA group per step). Twice, interleaved.
     "v21": [f"{shape} {v}".strip() for _ in range(2)
             for shape, vs in (("d64 s8192", ("", "ds_from_p16=False dv_late=True")),
                               ("d64 s8192 causal", ("", "ds_from_p16=False dv_late=True")),
@@ -194,7 +195,9 @@ PLANS = {
                               ("d64 s8192 det", ("", "ds_from_p16=False dv_late=True")),
                               ("d64 s8192 causal det", ("", "ds_from_p16=False dv_late=True")),
                               ("d128 s8192", ("", "dv_late=True")),
-                              ("d128 s8192 causal", ("", "dv_late=True")))
+                              ("d128 s8192 causal", ("", "dv_late=True", "step_cursor=True")),
+                              ("d128 s8192 causal det", ("", "step_cursor=True")),
+                              ("d128 s1024 causal", ("", "step_cursor=True")))
             for v in vs],
     # The up order (Note [Up order], flash-attn-4's) against the down order on the causal deterministic
     # rows, twice, interleaved; its sections too (v0.12 ran four rows of it by hand: 15-29% slower).

@@ -284,6 +284,11 @@ class BwdSm90Config(AttnKernelConfig):
     issued after dS^T is computed and stored, next to dQ and dK (flash-attn-4's place), not right
     after P^T, so the float32 P^T is dead before P^T's 16-bit registers are pinned by an in-flight
     wgmma; an experiment for the d64 128-row steps without ``ds_from_p16``, not yet run on a GPU.
+    ``step_cursor`` (not with ``det_rotate``): no division of the step index by the runtime GQA group
+    in every step (:meth:`step_slot`: about 40 instructions of the d128 causal consumer loop's 503
+    in the CPU SASS). The producer advances its (q head, m_block) from the previous step's
+    (:meth:`FlashBwdSm90.next_step`); with a causal mask the consumers tell the masked steps by
+    the step index and compute the m_block on those only. An experiment, not yet run on a GPU.
     """
 
     head_dim: int = 128
@@ -305,6 +310,7 @@ class BwdSm90Config(AttnKernelConfig):
     lane_slots: bool = False
     det_up: bool = False
     dv_late: bool = False
+    step_cursor: bool = False
 
     KERNEL: ClassVar[str] = "fa4.bwd.sm90:FlashBwdSm90"
     REQUIRED_SASS: ClassVar[tuple] = ("HGMMA", "UTMALDG")  # checked by tests/test_compile.py
@@ -487,6 +493,8 @@ class FlashBwdSm90:
         if cfg.det_rotate and not (cfg.deterministic and not cfg.causal and not cfg.local):
             raise ValueError(f"{name}.det_rotate (Note [Rotated order]) needs deterministic=True and no causal or "
                              "local mask")
+        if cfg.step_cursor and cfg.det_rotate:
+            raise ValueError(f"{name}.step_cursor follows the plain and up orders, not det_rotate")
         if cfg.dv_late and not cfg.dkv_rs:
             raise ValueError(f"{name}.dv_late reorders the register-operand dV wgmma; it needs dkv_rs")
         if cfg.det_up and not (cfg.deterministic and (cfg.causal or cfg.local) and not cfg.det_rotate
@@ -827,6 +835,22 @@ class FlashBwdSm90:
         return common.step_slot(t, work.head_kv, work.group, work.m_min, work.num_m, self.cfg.deterministic,
                                 self.cfg.det_up)
 
+    def first_step(self, work):
+        """``(index in the GQA group, m_block)`` of step 0 (``step_cursor``): the order of
+        :meth:`step_slot` (m_blocks down when deterministic, except in the up order)."""
+        down = self.cfg.deterministic and not self.cfg.det_up
+        return Int32(0), (work.m_min + work.num_m - 1 if const_expr(down) else work.m_min)
+
+    @cute.jit
+    def next_step(self, work, h_i: Int32, m_block: Int32):
+        """The step after ``(h_i, m_block)`` (``step_cursor``): the next q head of the group, then the
+        next m_block (down when deterministic, except in the up order); twin of :meth:`step_slot`."""
+        h_i = h_i + 1
+        if h_i == work.group:
+            h_i = Int32(0)
+            m_block = m_block + (-1 if const_expr(self.cfg.deterministic and not self.cfg.det_up) else 1)
+        return h_i, m_block
+
     @cute.jit
     def dq_rank(self, work, m_block: Int32) -> Int32:
         """The count of the slot's counter this CTA waits for (Note [Deterministic dQ]; with
@@ -866,8 +890,15 @@ class FlashBwdSm90:
                 cute.copy(tma, tTgT, tTsT, tma_bar_ptr=bar)
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.q_stages)
             do_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.q_stages)
+            cursor = self.cfg.step_cursor
+            if const_expr(cursor):
+                h_i, m_cur = self.first_step(work)
             for t in cutlass.range(work.num_steps, unroll=1):
-                head, m_block = self.step_slot(work, t)
+                if const_expr(cursor):
+                    head, m_block = work.head_kv * work.group + h_i, m_cur
+                    h_i, m_cur = self.next_step(work, h_i, m_cur)
+                else:
+                    head, m_block = self.step_slot(work, t)
                 self.load_rows_tile(tma_q, tma_lse, mQ, mLSElog2, sm.sQ, sm.sLSE, pipe_q, q_state, seq, batch, head,
                                     m_block, self.hd)
                 self.load_rows_tile(tma_do, tma_dpsum, mdO, mDpsum, sm.sdO, sm.sD, pipe_do, do_state, seq, batch, head,
@@ -1085,14 +1116,25 @@ class FlashBwdSm90:
             do_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.q_stages)
             m_no_mask = work.mask.m_block_max_no_window_mask(work.n_block)
             seqlen_partial = (work.n_block + 1) * self.tile_n > work.seq.seqlen_k
+            # step_cursor, causal: which steps need the mask follows from the step index (the m_blocks
+            # below m_no_mask are the first or the last steps), so m_block is computed on those only.
+            lazy = self.cfg.step_cursor and self.cfg.causal and not self.cfg.local and not self.cfg.dq_direct
+            if const_expr(lazy):
+                down = self.cfg.deterministic and not self.cfg.det_up
+                masked_from = (work.m_min + work.num_m - m_no_mask) * work.group  # down: t >= this
+                masked_to = (m_no_mask - work.m_min) * work.group  # up: t < this
             for t in cutlass.range(work.num_steps, unroll=1):
-                head, m_block = self.step_slot(work, t)
+                m_block = None
+                if const_expr(not lazy):
+                    head, m_block = self.step_slot(work, t)
                 gdQ = None
                 if const_expr(self.cfg.dq_direct):
                     gdQ = self.dq_tile(mdQaccum, work, head, m_block)
                 need_mask = seqlen_partial
                 if const_expr(self.cfg.local):
                     need_mask = Boolean(True)
+                elif const_expr(lazy):
+                    need_mask = need_mask or (t >= masked_from if const_expr(down) else t < masked_to)
                 elif const_expr(self.cfg.causal):
                     need_mask = need_mask or m_block < m_no_mask
                 self.mma_step(c, sm, pipe_q, pipe_do, work, q_state, do_state, t, m_block, need_mask, wg,
@@ -1175,7 +1217,10 @@ class FlashBwdSm90:
             tanh_S = cute.make_rmem_tensor_like(c.acc_S)
             tanh_S.store(c.acc_S.load())
         if need_mask:
-            work.mask.apply(c.acc_S, c.thr_sdp, m_block, work.n_block, mask_seqlen=True, mask_window=True,
+            m_masked = m_block
+            if const_expr(m_block is None):  # step_cursor: only the masked steps compute it
+                _, m_masked = self.step_slot(work, t)
+            work.mask.apply(c.acc_S, c.thr_sdp, m_masked, work.n_block, mask_seqlen=True, mask_window=True,
                             transpose=True)
         acc_S_mn = make_acc_mn_view(c.acc_S)
         if const_expr(not lse_in_regs):
@@ -1565,4 +1610,11 @@ def variants(arch: str) -> list[BwdSm90Config]:
     out.append(replace(out[0], ds_from_p16=False, dv_late=True))
     out.append(replace(make_config(P(64, causal=True), None, arch, True), ds_from_p16=False, dv_late=True))
     out.append(replace(out[2], dv_late=True))
+    # No per-step division by the GQA group (step_cursor, an experiment): causal (the consumers'
+    # masked steps by index), deterministic causal, the up order, local, and the direct adds.
+    out.append(replace(out[1], step_cursor=True))
+    out.append(replace(out[2], step_cursor=True))
+    out.append(replace(out[2], step_cursor=True, det_up=True))
+    out.append(replace(make_config(P(128, local=True, varlen=True, seqused_k=True), None, arch), step_cursor=True))
+    out.append(replace(make_config(P(256, causal=True), None, arch, True), step_cursor=True))
     return out
