@@ -491,7 +491,8 @@ def test_block_ranges_cover_the_mask():
 def test_det_model_tells_the_orders_apart():
     """tools/det_model.py (the timing model of the deterministic dQ orders): waiting never makes a
     grid faster; the rotated order runs without waits at equal pace; a pair's K blocks launched
-    together in the plain order chain and wait once the publish latency is long."""
+    together in the plain order chain and wait once the publish latency is long; the up order
+    waits less than the down order when step times vary."""
     import importlib.util
     from pathlib import Path
 
@@ -508,8 +509,15 @@ def test_det_model_tells_the_orders_apart():
             assert det == free
         if kw.get("section") == 1:
             assert det > 1.05 * free
-    visits, rank = model.spt_schedule(2048, 4, 64, 128, 4)
+    # The up order (Note [Up order]) never waits at equal pace; with uneven steps (jitter, the same
+    # draws for both runs) it still waits less than the down order.
+    visits, rank, _ = common.deterministic_schedule([2048], [2048], 4, 1, 64, 128, causal=True, section=4, up=True)
     assert model.run(visits, rank, ordered=True, **lat) == model.run(visits, rank, ordered=False, **lat)
+    jit = dict(lat, jitter=0.3, seed=1)
+    up = model.run(visits, rank, ordered=True, **jit) / model.run(visits, rank, ordered=False, **jit)
+    visits, rank, _ = common.deterministic_schedule([2048], [2048], 4, 1, 64, 128, causal=True, section=4)
+    down = model.run(visits, rank, ordered=True, **jit) / model.run(visits, rank, ordered=False, **jit)
+    assert 1.0 <= up < down
 
 
 def test_det_causal_sections_hold_four_waves():
