@@ -365,6 +365,11 @@ class BwdSm90Config(AttnKernelConfig):
         return DqFragment("sm90", self.num_threads, am, an, self.dq_swap)
 
     @property
+    def walks_down(self) -> bool:
+        """A CTA walks its m_blocks down from the last one (deterministic, but not the up order)."""
+        return self.deterministic and not self.det_up
+
+    @property
     def rows_late(self) -> bool:
         """Read lse / dpsum from smem where each query column is used, not ahead into registers: for
         steps of more than 64 rows, where the accumulators leave no room for 2 x tile_m / 4 registers
@@ -838,8 +843,7 @@ class FlashBwdSm90:
     def first_step(self, work):
         """``(index in the GQA group, m_block)`` of step 0 (``step_cursor``): the order of
         :meth:`step_slot` (m_blocks down when deterministic, except in the up order)."""
-        down = self.cfg.deterministic and not self.cfg.det_up
-        return Int32(0), (work.m_min + work.num_m - 1 if const_expr(down) else work.m_min)
+        return Int32(0), (work.m_min + work.num_m - 1 if const_expr(self.cfg.walks_down) else work.m_min)
 
     @cute.jit
     def next_step(self, work, h_i: Int32, m_block: Int32):
@@ -848,7 +852,7 @@ class FlashBwdSm90:
         h_i = h_i + 1
         if h_i == work.group:
             h_i = Int32(0)
-            m_block = m_block + (-1 if const_expr(self.cfg.deterministic and not self.cfg.det_up) else 1)
+            m_block = m_block + (-1 if const_expr(self.cfg.walks_down) else 1)
         return h_i, m_block
 
     @cute.jit
@@ -973,9 +977,7 @@ class FlashBwdSm90:
                     if const_expr(not self.cfg.publish_lag):
                         self.publish_dq(mSemaphore, work, head, m_block, lane)
                     elif const_expr(self.cfg.det_rotate):
-                        if lagged:
-                            pass
-                        else:
+                        if not lagged:  # stagger 1: published at once (Note [Publish lag])
                             self.publish_dq(mSemaphore, work, head, m_block, lane)
                 prev_head, prev_m = head, m_block
             if const_expr(det and self.cfg.publish_lag):
@@ -1120,9 +1122,9 @@ class FlashBwdSm90:
             # below m_no_mask are the first or the last steps), so m_block is computed on those only.
             lazy = self.cfg.step_cursor and self.cfg.causal and not self.cfg.local and not self.cfg.dq_direct
             if const_expr(lazy):
-                down = self.cfg.deterministic and not self.cfg.det_up
-                masked_from = (work.m_min + work.num_m - m_no_mask) * work.group  # down: t >= this
-                masked_to = (m_no_mask - work.m_min) * work.group  # up: t < this
+                # Walking down the masked steps are the last ones (t >= edge), walking up the first (t < edge).
+                edge = (work.m_min + work.num_m - m_no_mask if const_expr(self.cfg.walks_down)
+                        else m_no_mask - work.m_min) * work.group
             for t in cutlass.range(work.num_steps, unroll=1):
                 m_block = None
                 if const_expr(not lazy):
@@ -1134,7 +1136,7 @@ class FlashBwdSm90:
                 if const_expr(self.cfg.local):
                     need_mask = Boolean(True)
                 elif const_expr(lazy):
-                    need_mask = need_mask or (t >= masked_from if const_expr(down) else t < masked_to)
+                    need_mask = need_mask or (t >= edge if const_expr(self.cfg.walks_down) else t < edge)
                 elif const_expr(self.cfg.causal):
                     need_mask = need_mask or m_block < m_no_mask
                 self.mma_step(c, sm, pipe_q, pipe_do, work, q_state, do_state, t, m_block, need_mask, wg,
@@ -1486,7 +1488,7 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         dkv_rs=rs, q_stages=q_stages, pds_stages=pds_stages, dq_stages=dq_stages, deterministic=bool(deterministic),
         publish_lag=bool(deterministic) and lag and not (direct and det_direct),
         det_rotate=rotated, lane_slots=rotated and hd >= LANE_SLOTS_MIN_HD,
-        det_up=bool(deterministic) and (problem.causal or problem.local) and DET_UP and not rotated,
+        det_up=bool(deterministic) and (problem.causal or problem.local) and DET_UP,
         dq_direct=direct and (det_direct or not deterministic),
         # Not with more than 64 rows per step (``rows_late``): measured 7-16% slower at d64 (v0.11).
         stats_early=1 if hd <= STATS_EARLY_MAX_HD and steps <= 64 else 0,

@@ -865,6 +865,14 @@ def _grid_order(problem: AttnProblem) -> dict:
                 l2_section_mb=L2_SECTION_MB_DYNAMIC if dynamic else L2_SECTION_MB_STATIC)
 
 
+def _turns(table_pingpong: bool, table_tile_m: int, tile_m: int) -> tuple[bool, bool]:
+    """``(pingpong, pp_steps_only)`` of a tile: the table's ping-pong belongs to the table's tile (two
+    or three warpgroups), not to a user's or a decode tile_m; three warpgroups take their turns
+    around the K-block steps only (:data:`PP_STEPS_ONLY_WG3`)."""
+    pingpong = table_pingpong and tile_m == table_tile_m
+    return pingpong, pingpong and tile_m == 192 and PP_STEPS_ONLY_WG3
+
+
 def _bucket(d: int) -> int:
     return fwd_common.bucket(TUNING, d, "sm90")
 
@@ -879,8 +887,7 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
     table_tile_m, tile_n, stages, pingpong = TUNING[_bucket(max(problem.head_dim, problem.head_dim_v))]
     # Decode-like shapes: one consumer warpgroup, 64-row tiles.
     g, tile_m, _ = fwd_common.rows_plan(problem, table_tile_m, options.tile_m)
-    # The table's ping-pong belongs to its tile (two or three warpgroups), not to a user's tile_m.
-    pingpong = pingpong and tile_m == table_tile_m
+    pingpong, pp_steps_only = _turns(pingpong, table_tile_m, tile_m)
     tile_n = options.tile_n if options.tile_n is not None else tile_n
     splits = fwd_common.split_count(problem, tile_m, tile_n, g, num_sms)
     tau = float(options.rescale_threshold) if options.rescale_threshold is not None else DEFAULT_RESCALE_THRESHOLD
@@ -893,7 +900,7 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         tile_n=tile_n,
         num_stages=options.num_stages if options.num_stages is not None else stages,
         pingpong=pingpong,
-        pp_steps_only=pingpong and tile_m == 192 and PP_STEPS_ONLY_WG3,
+        pp_steps_only=pp_steps_only,
         rescale_o_before_pv=problem.head_dim_v >= RESCALE_O_BEFORE_PV_MIN_DV,
         **_grid_order(problem),
         has_lse=need_lse or splits > 1,
@@ -936,9 +943,9 @@ def variants(arch: str) -> list[FwdSm90Config]:
 
     def cfg(d, dv=None, **kw):
         tile_m, tile_n, stages, pingpong = TUNING[_bucket(max(d, dv or d))]
-        pp = pingpong and kw.get("tile_m", tile_m) == tile_m  # as make_config: the table tile's ping-pong
-        kw = {"tile_m": tile_m, "tile_n": tile_n, "num_stages": stages, "pingpong": pp,
-              "pp_steps_only": pp and tile_m == 192 and PP_STEPS_ONLY_WG3, **kw}
+        pp, pp_steps = _turns(pingpong, tile_m, kw.get("tile_m", tile_m))  # as make_config
+        kw = {"tile_m": tile_m, "tile_n": tile_n, "num_stages": stages, "pingpong": pp, "pp_steps_only": pp_steps,
+              **kw}
         return replace(base, head_dim=d, head_dim_v=dv or d, **kw)
 
     return [
