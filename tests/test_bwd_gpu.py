@@ -683,17 +683,17 @@ def test_bwd_sm90_ordered_direct_dq_many_ctas(causal, monkeypatch):
     # tile (RESULTS v0.7, GPU-confirmed in v0.8).
     (128, dict(tile_m=80, dq_stages=1, ds_from_p16=True)),
     (128, dict(ds_from_p16=True)),
-    # dV issued after dS^T (dv_late, v0.12): d64's 128-row steps with dS from the float32 P, and d128;
-    # no per-step division by the GQA group (step_cursor, v0.12).
-    (64, dict(ds_from_p16=False, dv_late=True)),
+    # d64's 128-row steps with dS from the 16-bit P (the d64 default until v0.13, which issues the dV
+    # wgmma after dS^T instead); dv_late at d128; no per-step division by the GQA group (step_cursor, v0.12).
+    (64, dict(ds_from_p16=True, dv_late=False)),
     (128, dict(dv_late=True)),
     (128, dict(step_cursor=True)),
 ])
 @pytest.mark.parametrize("causal", [False, True])
 def test_bwd_sm90_experiments(d, fields, causal, monkeypatch):
-    """The sm90 backward's experiments (BwdSm90Config docstring: dS from the 16-bit P; 80-row steps
-    with the swapped dQ wgmma; dV issued late), which no default uses yet: correct under the pass
-    rule, odd sizes."""
+    """The sm90 backward's experiments (BwdSm90Config docstring: dS from the 16-bit P, the d64
+    default before v0.13; 80-row steps with the swapped dQ wgmma; dV issued late at d128;
+    step_cursor), which no default uses: correct under the pass rule, odd sizes."""
     import dataclasses
 
     from fa4.bwd import sm90

@@ -264,9 +264,9 @@ class BwdSm90Config(AttnKernelConfig):
     fa4/bwd/common.py. ``dq_direct``: the consumers add their dQ fragments into
     dq_accum with ``red.global.add.v4.f32`` from registers, no sdQ tile and no writer warp (Note
     [Direct dQ]; deterministic: in order, Note [Ordered direct dQ]). ``ds_from_p16``: dS^T from the 16-bit P^T (the dV wgmma's operand), not the
-    float32 one, which frees S^T's registers early: the d64 default's 128-row steps fit 240
-    registers without serialized wgmmas with it (and not without; the TUNING comment has the
-    numbers). ``tile_m = 80`` runs the dQ wgmma swapped (``dq_swap``, dQ^T = K^T dS^T,
+    float32 one, which frees S^T's registers early: d64's 128-row steps fit 240 registers without
+    serialized wgmmas with it (and not without, unless ``dv_late``; the TUNING comment has the
+    numbers); the d64 default until v0.13, now an option. ``tile_m = 80`` runs the dQ wgmma swapped (``dq_swap``, dQ^T = K^T dS^T,
     DqFragment.swap) with one dQ buffer: an experiment, compiled but wrong on the GPU (NaN gradients,
     an xfail in tests/test_bwd_gpu.py::test_bwd_sm90_experiments) and slower than the default where
     timed (v0.7); make_config refuses ``bwd_tile_m=80``. ``two_cta``: Note [Two-CTA dQ].
@@ -283,12 +283,15 @@ class BwdSm90Config(AttnKernelConfig):
     slower than the down order (:data:`DET_UP`). ``dv_late`` (with ``dkv_rs``): the dV wgmma is
     issued after dS^T is computed and stored, next to dQ and dK (flash-attn-4's place), not right
     after P^T, so the float32 P^T is dead before P^T's 16-bit registers are pinned by an in-flight
-    wgmma; an experiment for the d64 128-row steps without ``ds_from_p16``, not yet run on a GPU.
+    wgmma; the d64 default (128-row steps, dS from the float32 P: no spills or serialized wgmmas, and
+    a step loop of 633 instructions against 760 with ``ds_from_p16``; measured +1-4%, TUNING).
     ``step_cursor`` (not with ``det_rotate``): no division of the step index by the runtime GQA group
     in every step (:meth:`step_slot`: about 40 instructions of the d128 causal consumer loop's 503
     in the CPU SASS). The producer advances its (q head, m_block) from the previous step's
     (:meth:`FlashBwdSm90.next_step`); with a causal mask the consumers tell the masked steps by
-    the step index and compute the m_block on those only. An experiment, not yet run on a GPU.
+    the step index and compute the m_block on those only. An experiment: the same bits as the
+    default on the H200, and no clear gain (v0.13: d128 causal s8k 568 / 527 -> 558 / 547 TFLOP/s,
+    s1k 345 / 333 -> 306 / 338, causal deterministic 500 / 495 -> 504 / 494).
     """
 
     head_dim: int = 128
@@ -1356,10 +1359,15 @@ FlashBwdSm90.kernel.set_name_prefix("fa4_bwd_sm90", remove_cutlass_symbol=True)
 # --------------------------------------------------------------------------------------------
 
 # Padded head dim -> (tile_m, dkv_rs, q_stages, pds_stages, dq_stages, publish_lag, det_rotate, dq_direct,
-# ds_from_p16). 64-row steps, except d64: 128 rows with dS^T from the 16-bit P^T, which keeps the
-# step inside 240 registers without serialized wgmmas (v0.7: 439 -> 496 TFLOP/s, causal 406 -> 461;
-# deterministic 386 -> 450, causal 359 -> 420; s1k +14%, s16k +8%; the same max gradient error
-# against the float32 reference; at 64 rows it loses 2%: d64 429, d128 569 -> 556); P/dS through smem above 128; two dQ buffers where smem allows (measured v0.6: +2% d128,
+# dv_late). 64-row steps, except d64: 128 rows, which first fit 240 registers without serialized
+# wgmmas with dS^T from the 16-bit P^T (ds_from_p16; v0.7: 439 -> 496 TFLOP/s, causal 406 -> 461;
+# deterministic 386 -> 450, causal 359 -> 420; s1k +14%, s16k +8%; at 64 rows ds_from_p16 loses 2%: d64
+# 429, d128 569 -> 556), and since v0.13 with the dV wgmma issued after dS^T and dS from the float32 P
+# (dv_late; one lease, ds_from_p16 -> dv_late, TFLOP/s: s8k 486 / 487 -> 503 / 483, causal 469 / 449 ->
+# 470 / 466, s1k 394 / 387 -> 402 / 395, s16k 497 / 475 / 503 / 497 / 489 -> 432 / 508 / 512 / 514 / 508,
+# deterministic 478 / 474 -> 497 / 492, causal deterministic 441 / 434 -> 442 / 436; the same max
+# gradient error against the float32 reference as ds_from_p16 and flash-attn-4, tools/bwd_accuracy.py;
+# at d128's 64-row steps dv_late lost 1-12%: 592 / 557 -> 523 / 549); P/dS through smem above 128; two dQ buffers where smem allows (measured v0.6: +2% d128,
 # +6% causal, +9% deterministic); the deterministic writer's publish lag where it measured faster
 # (v0.6: +4-8% at head dims 64 and 128, -2 to -6% at 256); the rotated deterministic order (where
 # :func:`rotate_ok`) where it measured faster (v0.6: d128 +4-5% at s8k in two runs, d256 +2%; d64 -7%
@@ -1462,10 +1470,10 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
     keeps the table's ``dq_direct`` (Note [Ordered direct dQ]); None: :data:`DET_DIRECT`."""
     hd = head_dim_padded(problem.head_dim)
     hd_v = head_dim_padded(problem.head_dim_v)
-    tile_m, rs, q_stages, pds_stages, dq_stages, lag, rotate, direct, p16 = TUNING[hd]
+    tile_m, rs, q_stages, pds_stages, dq_stages, lag, rotate, direct, late = TUNING[hd]
     det_direct = DET_DIRECT if det_direct is None else det_direct
     if hd_v != hd:  # (head_dim, head_dim_v) pairs: the table's path with 64-row steps, which fit any pair
-        tile_m, p16 = 64, False
+        tile_m, late = 64, False
     opts = options or KernelOptions()
     if opts.bwd_num_threads is not None and opts.bwd_num_threads != 384:
         raise ValueError(f"KernelOptions.bwd_num_threads={opts.bwd_num_threads}: the sm90 backward runs 384 threads "
@@ -1480,10 +1488,10 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
                          f"{problem.head_dim} uses tile_n {tile_n}")
     rotated = bool(deterministic) and rotate and rotate_ok(problem, tile_n)
     cfg = BwdSm90Config(
-        # ds_from_p16 belongs to the table's tile_m (it loses 2% at 64 rows, v0.7).
+        # dv_late belongs to the table's tile_m (it loses at 64 rows, v0.13).
         arch=arch, dtype=problem.dtype, head_dim=hd, head_dim_v=hd_v if hd_v != hd else 0,
         tile_m=steps, tile_n=tile_n, num_wg=2,
-        ds_from_p16=p16 and steps == tile_m,
+        dv_late=late and steps == tile_m,
         two_cta=bool(opts.bwd_two_cta) if opts.bwd_two_cta is not None else TWO_CTA.get(hd, False) and not deterministic,
         dkv_rs=rs, q_stages=q_stages, pds_stages=pds_stages, dq_stages=dq_stages, deterministic=bool(deterministic),
         publish_lag=bool(deterministic) and lag and not (direct and det_direct),
@@ -1607,10 +1615,10 @@ def variants(arch: str) -> list[BwdSm90Config]:
     out.append(replace(out[2], det_up=True))
     out.append(replace(make_config(P(128, local=True, varlen=True, seqused_k=True), None, arch, True), det_up=True))
     out.append(replace(make_config(P(256, causal=True), None, arch, True), det_up=True))
-    # dV issued after dS^T (dv_late, an experiment): d64's 128-row steps with dS from the float32 P
-    # (plain and causal deterministic), and d128's 64-row steps.
-    out.append(replace(out[0], ds_from_p16=False, dv_late=True))
-    out.append(replace(make_config(P(64, causal=True), None, arch, True), ds_from_p16=False, dv_late=True))
+    # d64's 128-row steps with dS from the 16-bit P and the dV wgmma right after P^T (ds_from_p16,
+    # the d64 default until v0.13), plain and causal deterministic; dv_late at d128's 64-row steps.
+    out.append(replace(out[0], ds_from_p16=True, dv_late=False))
+    out.append(replace(make_config(P(64, causal=True), None, arch, True), ds_from_p16=True, dv_late=False))
     out.append(replace(out[2], dv_late=True))
     # No per-step division by the GQA group (step_cursor, an experiment): causal (the consumers'
     # masked steps by index), deterministic causal, the up order, local, and the direct adds.
