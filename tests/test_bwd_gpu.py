@@ -465,6 +465,45 @@ def test_bwd_sm90_step_cursor_same_bits(d, mask, det, monkeypatch, hang_watchdog
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("layout", ["dense", "varlen"])
+def test_bwd_sm90_causal_publish_lag_same_bits(d, layout, monkeypatch, hang_watchdog):
+    """Causal deterministic with DET_LAG_MAX_BLOCKS K blocks or more (s_k 4096) runs without the
+    writer's publish lag (fa4/bwd/sm90.py, RESULTS v0.13): bit-exact over runs, the same bits as
+    with the lag (the lag moves the publishes, not the order of the adds), and correct; GQA 6/2,
+    dense, and varlen with seqused_k."""
+    import dataclasses
+
+    from fa4.bwd import sm90
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the sm90 kernels need compute capability 9.x")
+    opts = fa4.KernelOptions(arch="sm90")
+    run, qkv, g, kw = _deterministic_run(layout, d, "causal", opts, (4096, 4096), (4096, 4096), seed=d + 17)
+    make = sm90.make_config
+    got, lags = {}, {}
+    try:
+        for lag in (None, True):  # None: the default
+            def patched(*a, lag=lag, **k):
+                cfg = make(*a, **k)
+                lags[lag] = cfg.publish_lag
+                return cfg if lag is None else dataclasses.replace(cfg, publish_lag=lag)
+            monkeypatch.setattr(sm90, "make_config", patched)
+            fa4.ops._plans.clear()
+            got[lag] = _same_bits_over_runs(run, 3, f"publish_lag={lag}")
+    finally:
+        monkeypatch.setattr(sm90, "make_config", make)
+        fa4.ops._plans.clear()
+    if layout == "dense":
+        assert lags[None] is False, "s_k 4096 should run without the publish lag"
+    for name, a, b in zip(("dq", "dk", "dv"), got[None], got[True]):
+        assert torch.equal(a, b), f"{name} differs with the publish lag"
+    if layout == "dense":
+        ref, pt = _reference_dense(qkv, dict(causal=True, window_size=(None, None), softcap=0.0), g, None)
+        _check_grads(("dq", "dk", "dv"), got[None], ref, pt, qkv, g)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("mask", ["causal", "local"])
 @pytest.mark.parametrize("layout", ["dense", "varlen"])

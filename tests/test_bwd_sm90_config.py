@@ -212,3 +212,25 @@ def test_deterministic_keeps_the_direct_adds():
     bad = dataclasses.replace(sm90.make_config(_problem(256), None, "sm_90a", True), publish_lag=True)
     with pytest.raises(ValueError, match="publish_lag"):
         sm90.FlashBwdSm90.can_implement(bad)
+
+
+def test_publish_lag_rule():
+    """Deterministic with a causal mask: the writer's publish lag only below DET_LAG_MAX_BLOCKS K
+    blocks (RESULTS v0.13); a local window and the rotated order (no mask) keep the table's lag;
+    the precompiled set holds both causal deterministic d128 kernels."""
+    import dataclasses
+
+    P = common.representative_problem
+    n = sm90.DET_LAG_MAX_BLOCKS
+    for hd in (64, 128):
+        for mask in (dict(causal=True), dict(local=True)):
+            for s, lag in ((128 * n - 128, True), (128 * n, False), (128 * 4 * n, False)):
+                p = dataclasses.replace(P(hd, **mask), seqlen_q=s, seqlen_k=s)
+                cfg = sm90.make_config(p, None, "sm_90a", True)
+                assert cfg.publish_lag == (lag or "local" in mask), (hd, mask, s)
+                assert not sm90.make_config(p, None, "sm_90a", False).publish_lag
+        long = dataclasses.replace(P(hd), seqlen_q=128 * 4 * n, seqlen_k=128 * 4 * n)
+        assert sm90.make_config(long, None, "sm_90a", True).publish_lag
+    vs = sm90.variants("sm_90a")
+    assert {v.publish_lag for v in vs if v.deterministic and v.causal and v.head_dim == 128 and v.dq_stages == 2} \
+        == {False, True}

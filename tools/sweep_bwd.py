@@ -199,6 +199,28 @@ PLANS = {
                               ("d128 s8192 causal det", ("", "step_cursor=True")),
                               ("d128 s1024 causal", ("", "step_cursor=True")))
             for v in vs],
+    # v0.13: the causal deterministic writer without its publish lag from DET_LAG_MAX_BLOCKS K blocks
+    # (the new default) against with it, three interleaved rounds; below the bound the other way round.
+    "v23": [f"{shape} {v}".strip() for _ in range(3)
+            for shape, vs in (("d128 s4096 causal det", ("", "publish_lag=True")),
+                              ("d128 s8192 causal det", ("", "publish_lag=True")),
+                              ("d128 s16384 causal det", ("", "publish_lag=True")),
+                              ("d128 s3072 causal det", ("", "publish_lag=False")),
+                              ("d64 s8192 causal det", ("", "publish_lag=True")),
+                              ("d64 s16384 causal det", ("", "publish_lag=True")))
+            for v in vs],
+    # v0.13: the ordered direct dQ adds (Note [Ordered direct dQ], d256's deterministic path) at head
+    # dims 64 and 128, where the deterministic writer warp falls behind under a causal mask (v0.12's
+    # ncu map); with the direct adds' sections of 8 pairs and the writer's 16.
+    "v22": [f"{shape} {v}".strip() for _ in range(2)
+            for shape, vs in (("d128 s8192 causal det", ("", "dq_direct=True publish_lag=False",
+                                                          "dq_direct=True publish_lag=False section=16")),
+                              ("d128 s4096 causal det", ("", "dq_direct=True publish_lag=False")),
+                              ("d128 s1024 causal det", ("", "dq_direct=True publish_lag=False")),
+                              ("d128 s16384 causal det", ("", "dq_direct=True publish_lag=False")),
+                              ("d128 s8192 det", ("", "dq_direct=True publish_lag=False")),
+                              ("d64 s8192 causal det", ("", "dq_direct=True publish_lag=False")))
+            for v in vs],
     # The up order (Note [Up order], flash-attn-4's) against the down order on the causal deterministic
     # rows, twice, interleaved; its sections too (v0.12 ran four rows of it by hand: 15-29% slower).
     "v20": [f"{shape} {v}".strip() for _ in range(2)

@@ -1438,6 +1438,17 @@ plain orders: d128 causal s8k 476 / 467 -> 481 / 465, s1k 282 / 287 -> 287 / 292
 409 / 397, but d64 (no mask, sections of 32 pairs) 453 / 445 -> 432 / 424 and d256 causal (the ordered
 direct adds) 341 / 340 -> 325 / 335. Non-deterministic d128 s8k: 581 / 558 -> 578 / 560 (not taken)."""
 
+DET_LAG_MAX_BLOCKS = 32
+"""Deterministic runs with a causal mask (no window) hold the writer's publishes back (``publish_lag``,
+Note [Publish lag]) only when a sequence has fewer K blocks than this (max seqlen_k over tile_n; a
+local window's blocks cover few m_blocks, like short sequences', and keep the lag: not measured).
+With the lag, block ``n + 1`` of a pair takes slot ``m`` only after block ``n`` has taken slot
+``m - 1``: in the down walk it trails by a whole step per rank, where without the lag it trails by
+one publish; without the lag the writer instead waits for each step's adds before its next spin.
+v0.13, one lease, d128 causal deterministic, lag -> no lag (TFLOP/s, two interleaved rounds): s2k
+391 -> 332, s4k 452 / 446 -> 462 / 459, s8k 527 / 489 -> 507 / 499, s16k 493 / 438 -> 522 / 516; d64
+s8k 432 -> 442. See docs/RESULTS.md v0.13 for the confirmation rounds."""
+
 DET_ROTATE = True
 """Use the rotated deterministic order where it is safe (:func:`rotate_ok`); False: never."""
 
@@ -1494,7 +1505,8 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         dv_late=late and steps == tile_m,
         two_cta=bool(opts.bwd_two_cta) if opts.bwd_two_cta is not None else TWO_CTA.get(hd, False) and not deterministic,
         dkv_rs=rs, q_stages=q_stages, pds_stages=pds_stages, dq_stages=dq_stages, deterministic=bool(deterministic),
-        publish_lag=bool(deterministic) and lag and not (direct and det_direct),
+        publish_lag=bool(deterministic) and lag and not (direct and det_direct) and not (
+            problem.causal and not problem.local and -(-problem.seqlen_k // tile_n) >= DET_LAG_MAX_BLOCKS),
         det_rotate=rotated, lane_slots=rotated and hd >= LANE_SLOTS_MIN_HD,
         det_up=bool(deterministic) and (problem.causal or problem.local) and DET_UP,
         dq_direct=direct and (det_direct or not deterministic),
@@ -1598,6 +1610,10 @@ def variants(arch: str) -> list[BwdSm90Config]:
     # The experiment of the config docstring: 80-row steps (the swapped dQ wgmma) at d128.
     out.append(replace(out[1], tile_m=80, dq_stages=1, ds_from_p16=True))
     out.append(replace(out[2], dq_stages=1, publish_lag=not out[2].publish_lag))  # one dQ buffer, deterministic
+    # Causal deterministic with DET_LAG_MAX_BLOCKS K blocks or more: no publish lag (d128, d64).
+    long = lambda p: replace(p, seqlen_q=8192, seqlen_k=8192)  # noqa: E731
+    out.append(make_config(long(P(128, causal=True)), None, arch, True))
+    out.append(make_config(long(P(64, causal=True, varlen=True)), None, arch, True))
     # Deterministic with the writer warp where the table adds dQ directly (det_direct off), and
     # with the ordered direct adds under a local mask, varlen and seqused_k.
     out.append(make_config(P(256, causal=True), None, arch, True, det_direct=False))
