@@ -518,6 +518,13 @@ def test_det_model_tells_the_orders_apart():
     visits, rank, _ = common.deterministic_schedule([2048], [2048], 4, 1, 64, 128, causal=True, section=4)
     down = model.run(visits, rank, ordered=True, **jit) / model.run(visits, rank, ordered=False, **jit)
     assert 1.0 <= up < down
+    # The publish lag (Note [Publish lag]): with sections of one causal pair, each block trails the
+    # previous one by a whole step, so the down order waits longer than without the lag when the
+    # writer's publish fits in a step; every CTA still finishes.
+    visits, rank, _ = common.deterministic_schedule([2048], [2048], 4, 1, 64, 128, causal=True, section=1)
+    short = dict(lat, publish=0.6, visible=0.3)
+    assert model.run(visits, rank, lag=True, **short) > model.run(visits, rank, **short) \
+        >= model.run(visits, rank, ordered=False, **short)
 
 
 def test_det_causal_sections_hold_four_waves():

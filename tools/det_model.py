@@ -10,8 +10,10 @@ compute its steps one after the other (``1.0`` each, the unit of time); its writ
 once the consumers have finished it and the slot's counter has reached the CTA's rank, holds the
 dQ buffer ``--read`` and publishes ``--publish`` after it starts; the count becomes visible to
 the other CTAs ``--visible`` later. The consumers run at most ``--stages`` steps ahead of the
-writer's reads (the dQ buffers). The writer publishes each step before it takes the next (no
-publish lag). The schedules are those of :func:`fa4.bwd.common.deterministic_schedule` (the
+writer's reads (the dQ buffers). The writer publishes each step before it takes the next;
+with ``--lag`` (the kernel's ``publish_lag``, Note [Publish lag] in fa4/bwd/sm90.py) it is free
+once its read of the step is done, and publishes a step only after it has taken the next one (or
+at the end). The schedules are those of :func:`fa4.bwd.common.deterministic_schedule` (the
 kernel's), the up order (``det_up``, Note [Up order]: flash-attn-4's causal order) included.
 
 A model, not a measurement: it tells orders apart by their waits, nothing more.
@@ -31,10 +33,11 @@ from fa4.bwd import common  # noqa: E402
 
 
 def run(visits, rank, resident: int, read: float, publish: float, visible: float, stages: int,
-        ordered: bool = True, jitter: float = 0.0, seed: int = 0) -> float:
+        ordered: bool = True, jitter: float = 0.0, seed: int = 0, lag: bool = False) -> float:
     """The grid's makespan (``ordered``: with the slot waits). ``jitter``: each step takes
     ``1 + jitter * e`` with ``e`` exponential of mean 1 minus 1 (mean 1.0, a long tail), drawn per
-    (CTA, step) from ``seed``, so the ordered and free runs see the same step times."""
+    (CTA, step) from ``seed``, so the ordered and free runs see the same step times. ``lag``: the
+    publish lag (module docstring)."""
     n = len(visits)
     rng = random.Random(seed)
     durations = [[1.0 + jitter * (rng.expovariate(1.0) - 1.0) if jitter else 1.0 for _ in v] for v in visits]
@@ -50,6 +53,7 @@ def run(visits, rank, resident: int, read: float, publish: float, visible: float
     waiters: dict = {}
     cons_next, cons_busy, cons_done = [0] * n, [False] * n, [0] * n
     wr_next, wr_busy, reads = [0] * n, [False] * n, [0] * n
+    held = [None] * n  # lag: (slot, time its adds complete) of the step whose publish is held back
     launched, finished, end = 0, 0, 0.0
 
     def try_consumer(c, now):
@@ -70,7 +74,12 @@ def run(visits, rank, resident: int, read: float, publish: float, visible: float
         wr_busy[c] = True
         wr_next[c] += 1
         push(now + read, "wread", c)
-        push(now + publish, "wpub", c, slot)
+        if not lag:
+            push(now + publish, "wpub", c, slot)
+            return
+        if held[c] is not None:  # the previous step's publish, held back until this slot was taken
+            push(max(now, held[c][1]) + visible, "visible", c, held[c][0])
+        held[c] = (slot, now + publish)
 
     def launch(now):
         nonlocal launched, finished
@@ -94,6 +103,14 @@ def run(visits, rank, resident: int, read: float, publish: float, visible: float
         elif kind == "wread":
             reads[c] += 1
             try_consumer(c, now)
+            if lag:
+                wr_busy[c] = False
+                if wr_next[c] == len(visits[c]):  # the last step publishes at once
+                    slot, done = held[c]
+                    held[c] = None
+                    push(max(now, done), "wpub", c, slot)
+                else:
+                    try_writer(c, now)
         elif kind == "wpub":
             wr_busy[c] = False
             push(now + visible, "visible", c, arg)
@@ -121,9 +138,23 @@ def main() -> None:
     ap.add_argument("--seqlen", type=int, default=8192)
     ap.add_argument("--pairs", type=int, default=32, help="(batch, kv head) pairs (b2 h16 at s8k)")
     ap.add_argument("--jitter", type=float, default=0.0, help="step-time spread (Run's jitter); 0: every step 1.0")
+    ap.add_argument("--lag", action="store_true", help="the writer's publish lag (run's lag)")
+    ap.add_argument("--causal-lag", action="store_true",
+                    help="only the causal rows, each with and without the publish lag")
     args = ap.parse_args()
     s, pairs, tm, tn = args.seqlen, args.pairs, 64, 128
     lat = (args.read, args.publish, args.visible, args.stages)
+    if args.causal_lag:
+        print(f"latencies (steps): read {args.read}, publish {args.publish}, visible {args.visible}; "
+              f"{args.stages} dQ buffers; {args.sms} SMs; s{s}, {pairs} pairs, jitter {args.jitter}")
+        print(f"{'causal, LPT down':24s} {'free':>9s} {'no lag':>9s} {'lag':>9s} {'ratio no lag':>13s} {'ratio lag':>10s}")
+        for section in (64, 16, 8):
+            visits, rank = common.deterministic_schedule([s], [s], pairs, 1, tm, tn, causal=True, section=section)[:2]
+            free = run(visits, rank, args.sms, *lat, ordered=False, jitter=args.jitter)
+            t = [run(visits, rank, args.sms, *lat, jitter=args.jitter, lag=lag) for lag in (False, True)]
+            print(f"{'sections of ' + str(section):24s} {free:9.1f} {t[0]:9.1f} {t[1]:9.1f} {free / t[0]:13.3f} "
+                  f"{free / t[1]:10.3f}")
+        return
     def kernel(**kw):
         return common.deterministic_schedule([s], [s], pairs, 1, tm, tn, **kw)[:2]
     rows = {
@@ -142,7 +173,7 @@ def main() -> None:
     print(f"{'order':50s} {'free':>9s} {'ordered':>9s} {'ratio':>6s}")
     for name, (visits, rank) in rows.items():
         free = run(visits, rank, args.sms, *lat, ordered=False, jitter=args.jitter)
-        det = run(visits, rank, args.sms, *lat, ordered=True, jitter=args.jitter)
+        det = run(visits, rank, args.sms, *lat, ordered=True, jitter=args.jitter, lag=args.lag)
         print(f"{name:50s} {free:9.1f} {det:9.1f} {free / det:6.3f}")
 
 

@@ -123,7 +123,12 @@ Note [Publish lag]
     the d64 sweep (v0.11) and would hang a d128 run with ``s_q`` near ``s_k / 2``. The writer
     publishes at once there (:func:`fa4.bwd.common.rotation_lags`: at every stagger of 1, any group,
     a margin around the cycle that :func:`fa4.sched.semaphore.simulate`, which models the lag, finds
-    exactly at ``M == N`` with group 1 in the CPU tests).
+    exactly at ``M == N`` with group 1 in the CPU tests). The lag has a cost in the causal down walk
+    too: there block ``n + 1`` takes slot ``m`` after block ``n`` has published it, and with the lag
+    that happens only once block ``n`` has taken slot ``m - 1``, so each rank trails the one before
+    it by a whole step (the last of eight blocks of a pair in one wave idles about seven steps before
+    its first add). From :data:`DET_LAG_MAX_BLOCKS` K blocks per sequence that costs more than the
+    serial writer does, and causal runs publish at once (measured, v0.13).
 
 Note [Writer slots]
     The writer warp (and the sequencing warp of Note [Ordered direct dQ]) needs each step's slot:
