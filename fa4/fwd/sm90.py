@@ -827,8 +827,9 @@ class FlashFwdSm90:
 # turns around their K-block steps (ping-pong with ``pp_steps_only``, v0.12, three interleaved rounds:
 # 521.7 -> 527.0 TFLOP/s, causal 471.9 -> 486.6; with the turns around the tile's edges too it was
 # 516.6 -> 484.6 and 462.3 -> 473.3 in v0.10); ping-pong measured 0-6% slower than letting the two
-# warpgroups run free with intra-warpgroup overlap at d128, and -1.5% to +5% in v0.12 (it stays an
-# option); d256 128 x 80 is what fits 227 KB with two K/V stages.
+# warpgroups run free with intra-warpgroup overlap at d128, -1.5% to +5% in v0.12 and -2% to +0.5% in
+# v0.13 (it stays an option; d256: +0.3% to +0.8%, inside the rounds' ranges); d256 128 x 80 is what
+# fits 227 KB with two K/V stages.
 TUNING = {
     64: (192, 128, 2, True),
     96: (128, 128, 2, False),
