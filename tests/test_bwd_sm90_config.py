@@ -234,3 +234,20 @@ def test_publish_lag_rule():
     vs = sm90.variants("sm_90a")
     assert {v.publish_lag for v in vs if v.deterministic and v.causal and v.head_dim == 128 and v.dq_stages == 2} \
         == {False, True}
+
+
+def test_publish_peek_is_refused_by_name_where_it_cannot_run():
+    """publish_peek (Note [Publish peek]) orders the deterministic writer warp: refused, naming the
+    field, with publish_lag, with the direct adds, or without determinism."""
+    import dataclasses
+
+    P = common.representative_problem
+    det = sm90.make_config(P(128, causal=True), None, "sm_90a", True)
+    assert det.publish_lag and not det.publish_peek
+    sm90.FlashBwdSm90.can_implement(dataclasses.replace(det, publish_lag=False, publish_peek=True))
+    bad = [dataclasses.replace(det, publish_peek=True),
+           dataclasses.replace(sm90.make_config(P(128), None, "sm_90a"), publish_peek=True),
+           dataclasses.replace(sm90.make_config(P(256, causal=True), None, "sm_90a", True), publish_peek=True)]
+    for cfg in bad:
+        with pytest.raises(ValueError, match="publish_peek"):
+            sm90.FlashBwdSm90.can_implement(cfg)

@@ -199,6 +199,13 @@ PLANS = {
                               ("d128 s8192 causal det", ("", "step_cursor=True")),
                               ("d128 s1024 causal", ("", "step_cursor=True")))
             for v in vs],
+    # v0.13: the writer's peeked slot (Note [Publish peek]) against the default (the lag below 32 K
+    # blocks and in the rotated order, none above), two interleaved rounds.
+    "v24": [f"{shape} {v}".strip() for _ in range(2)
+            for shape in ("d128 s1024 causal det", "d128 s2048 causal det", "d128 s4096 causal det",
+                          "d128 s8192 causal det", "d128 s16384 causal det", "d128 s1024 det", "d128 s8192 det",
+                          "d64 s8192 causal det", "d64 s8192 det")
+            for v in ("", "publish_lag=False publish_peek=True")],
     # v0.13: the causal deterministic writer without its publish lag from DET_LAG_MAX_BLOCKS K blocks
     # (the new default) against with it, three interleaved rounds; below the bound the other way round.
     "v23": [f"{shape} {v}".strip() for _ in range(3)

@@ -130,6 +130,17 @@ Note [Publish lag]
     its first add). From :data:`DET_LAG_MAX_BLOCKS` K blocks per sequence that costs more than the
     serial writer does, and causal runs publish at once (measured, v0.13).
 
+Note [Publish peek]
+    ``publish_peek`` keeps the lag's overlap without its coupling, the split-phase pattern of
+    Note [Split-phase] in fa4/sched/semaphore.py on the writer warp. Before step ``t``'s adds, lane 0
+    reads slot ``t``'s counter with a relaxed load, not waited for. The warp then waits for step
+    ``t - 1``'s adds to complete, and lane 0 publishes them: its ``fence.acq_rel.gpu`` is the release
+    of those adds, and, after the relaxed read, the acquire of the value read. Only if that value was
+    not yet the step's rank does lane 0 spin. So the counter's round trip overlaps the completion of
+    the adds, as with the lag, but a publish never waits for the next slot's turn: block ``n + 1``
+    trails block ``n`` by a publish, not by a step, and no cycle can close in any order (Note [No
+    deadlock] as without the lag). The cost is a second load when the slot is not ready.
+
 Note [Writer slots]
     The writer warp (and the sequencing warp of Note [Ordered direct dQ]) needs each step's slot:
     its (q head, m_block), the dq_accum tile and counter they address, and the rank it waits for.
@@ -265,7 +276,9 @@ class BwdSm90Config(AttnKernelConfig):
     docstring). ``q_stages``: smem stages of Q/lse and dO/dpsum; ``pds_stages``: of dS^T (and P^T);
     ``dq_stages``: of the float32 dQ tile handed to the writer warp. ``publish_lag`` (deterministic):
     the writer publishes a step's slot after spinning for the next step's (Note [Publish lag]).
-    ``det_rotate`` (deterministic, no mask): the rotated order of Note [Rotated order] in
+    ``publish_peek`` (deterministic, not with ``publish_lag``): Note [Publish peek]; an experiment, the
+    same bits as the default on the H200 and faster on 14 of 18 pairs of rounds (docs/RESULTS.md
+    v0.13), no default yet: its deterministic suite has not run as a default. ``det_rotate`` (deterministic, no mask): the rotated order of Note [Rotated order] in
     fa4/bwd/common.py. ``dq_direct``: the consumers add their dQ fragments into
     dq_accum with ``red.global.add.v4.f32`` from registers, no sdQ tile and no writer warp (Note
     [Direct dQ]; deterministic: in order, Note [Ordered direct dQ]). ``ds_from_p16``: dS^T from the 16-bit P^T (the dV wgmma's operand), not the
@@ -310,6 +323,7 @@ class BwdSm90Config(AttnKernelConfig):
     dq_stages: int = 1
     deterministic: bool = False
     publish_lag: bool = False
+    publish_peek: bool = False
     det_rotate: bool = False
     dq_direct: bool = False
     ds_from_p16: bool = False
@@ -513,6 +527,9 @@ class FlashBwdSm90:
         if cfg.det_up and not (cfg.deterministic and (cfg.causal or cfg.local) and not cfg.det_rotate
                                and not cfg.two_cta):
             raise ValueError(f"{name}.det_up (Note [Up order]) needs deterministic=True and a causal or local mask")
+        if cfg.publish_peek and not (cfg.deterministic and not cfg.dq_direct and not cfg.publish_lag):
+            raise ValueError(f"{name}.publish_peek (Note [Publish peek]) orders the deterministic dQ writer; it needs "
+                             "deterministic=True, no dq_direct and no publish_lag")
         if cfg.publish_lag and not (cfg.deterministic and not cfg.dq_direct):
             raise ValueError(f"{name}.publish_lag orders the deterministic dQ writer; it needs deterministic=True "
                              "and no dq_direct (the ordered direct adds have their own overlap, Note [Ordered direct dQ])")
@@ -965,7 +982,9 @@ class FlashBwdSm90:
                                                  number_of_threads=128 + 32)
                 gdQ = self.dq_tile(mdQaccum, work, head, m_block)
                 sdQ_t = sdQ[None, t % stages if const_expr(stages > 1) else 0]
-                if const_expr(det):
+                if const_expr(det and self.cfg.publish_peek):
+                    self.peek_publish_spin(mSemaphore, work, t, head, m_block, rank, prev_head, prev_m, lane)
+                elif const_expr(det):
                     if lane == 0:
                         semaphore.spin(self.dq_semaphore(mSemaphore, work, head, m_block), rank)
                         cute.arch.fence_proxy("async.global")  # the adds below follow the acquire
@@ -981,7 +1000,7 @@ class FlashBwdSm90:
                         bulk_reduce_add_f32(gdQ.iterator + w * self.dq_chunk, sdQ_t.iterator + w * self.dq_chunk,
                                             4 * self.dq_chunk)
                     cute.arch.cp_async_bulk_commit_group()
-                if const_expr(det):
+                if const_expr(det and not self.cfg.publish_peek):
                     if const_expr(not self.cfg.publish_lag):
                         self.publish_dq(mSemaphore, work, head, m_block, lane)
                     elif const_expr(self.cfg.det_rotate):
@@ -991,7 +1010,31 @@ class FlashBwdSm90:
             if const_expr(det and self.cfg.publish_lag):
                 if lagged:
                     self.publish_dq(mSemaphore, work, prev_head, prev_m, lane)
+            if const_expr(det and self.cfg.publish_peek):
+                self.publish_dq(mSemaphore, work, prev_head, prev_m, lane)
             cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def peek_publish_spin(self, mSemaphore, work, t: Int32, head: Int32, m_block: Int32, rank: Int32,
+                          prev_head: Int32, prev_m: Int32, lane: Int32) -> None:
+        """``publish_peek`` (Note [Publish peek]): before step ``t``'s adds, read slot ``t``'s
+        counter, publish step ``t - 1``'s adds once complete (its fence acquires the value read),
+        and spin only if the counter was not yet at ``rank``."""
+        sem = self.dq_semaphore(mSemaphore, work, head, m_block)
+        if t > 0:
+            seen = Int32(-1)
+            if lane == 0:
+                seen = semaphore.peek(sem)
+            self.publish_dq(mSemaphore, work, prev_head, prev_m, lane)  # waits for step t - 1's adds
+            if lane == 0:
+                if seen != rank:
+                    semaphore.spin(sem, rank)
+                cute.arch.fence_proxy("async.global")  # the adds below follow the acquire
+        else:
+            if lane == 0:
+                semaphore.spin(sem, rank)
+                cute.arch.fence_proxy("async.global")
+        cute.arch.sync_warp()
 
     @cute.jit
     def publish_dq(self, mSemaphore, work, head: Int32, m_block: Int32, lane: Int32) -> None:
@@ -1619,6 +1662,13 @@ def variants(arch: str) -> list[BwdSm90Config]:
     long = lambda p: replace(p, seqlen_q=8192, seqlen_k=8192)  # noqa: E731
     out.append(make_config(long(P(128, causal=True)), None, arch, True))
     out.append(make_config(long(P(64, causal=True, varlen=True)), None, arch, True))
+    # The writer's peeked slot (Note [Publish peek], an experiment): causal d128 and d64, the rotated
+    # order (with lane slots), one dQ buffer.
+    out.append(replace(out[-2], publish_peek=True))
+    out.append(replace(out[-2], publish_peek=True))
+    rot = make_config(long(P(128)), None, arch, True)
+    out.append(replace(rot, publish_peek=True, publish_lag=False))
+    out.append(replace(out[2], publish_peek=True, publish_lag=False, dq_stages=1))
     # Deterministic with the writer warp where the table adds dQ directly (det_direct off), and
     # with the ordered direct adds under a local mask, varlen and seqused_k.
     out.append(make_config(P(256, causal=True), None, arch, True, det_direct=False))
