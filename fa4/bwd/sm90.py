@@ -277,7 +277,7 @@ class BwdSm90Config(AttnKernelConfig):
     ``dq_stages``: of the float32 dQ tile handed to the writer warp. ``publish_lag`` (deterministic):
     the writer publishes a step's slot after spinning for the next step's (Note [Publish lag]).
     ``publish_peek`` (deterministic, not with ``publish_lag``): Note [Publish peek]; an experiment, the
-    same bits as the default on the H200 and faster on 14 of 18 pairs of rounds (docs/RESULTS.md
+    same bits as the default on the H200 and faster in 19 of 23 pairs of rounds (docs/RESULTS.md
     v0.13), no default yet: its deterministic suite has not run as a default. ``det_rotate`` (deterministic, no mask): the rotated order of Note [Rotated order] in
     fa4/bwd/common.py. ``dq_direct``: the consumers add their dQ fragments into
     dq_accum with ``red.global.add.v4.f32`` from registers, no sdQ tile and no writer warp (Note
