@@ -511,6 +511,7 @@ def _publish_modes(run, monkeypatch, modes):
     finally:
         monkeypatch.setattr(sm90, "make_config", make)
         fa4.ops._plans.clear()
+    assert set(lags) == set(got), "the patched make_config was not called for every mode"
     return got, lags
 
 

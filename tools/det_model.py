@@ -11,9 +11,9 @@ once the consumers have finished it and the slot's counter has reached the CTA's
 dQ buffer ``--read`` and publishes ``--publish`` after it starts; the count becomes visible to
 the other CTAs ``--visible`` later. The consumers run at most ``--stages`` steps ahead of the
 writer's reads (the dQ buffers). The writer publishes each step before it takes the next;
-with ``--lag`` (the kernel's ``publish_lag``, Note [Publish lag] in fa4/bwd/sm90.py) it is free
-once its read of the step is done, and publishes a step only after it has taken the next one (or
-at the end). The schedules are those of :func:`fa4.bwd.common.deterministic_schedule` (the
+with ``--lag`` (the kernel's ``publish_lag``, Note [Publish lag] in fa4/bwd/sm90.py) it publishes
+a step only after it has taken the next one (or at the end), and then, once the step's adds are
+complete, issues the next one's; it is free again once that step's read is done. The schedules are those of :func:`fa4.bwd.common.deterministic_schedule` (the
 kernel's), the up order (``det_up``, Note [Up order]: flash-attn-4's causal order) included.
 
 A model, not a measurement: it tells orders apart by their waits, nothing more.
@@ -73,13 +73,16 @@ def run(visits, rank, resident: int, read: float, publish: float, visible: float
             return
         wr_busy[c] = True
         wr_next[c] += 1
-        push(now + read, "wread", c)
         if not lag:
+            push(now + read, "wread", c)
             push(now + publish, "wpub", c, slot)
             return
-        if held[c] is not None:  # the previous step's publish, held back until this slot was taken
-            push(max(now, held[c][1]) + visible, "visible", c, held[c][0])
-        held[c] = (slot, now + publish)
+        start = now
+        if held[c] is not None:  # the previous step's publish, held back until this slot was taken;
+            start = max(now, held[c][1])  # the writer waits for those adds before it issues this step's
+            push(start + visible, "visible", c, held[c][0])
+        push(start + read, "wread", c)
+        held[c] = (slot, start + publish)
 
     def launch(now):
         nonlocal launched, finished

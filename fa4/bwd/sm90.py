@@ -136,8 +136,10 @@ Note [Publish peek]
     reads slot ``t``'s counter with a relaxed load, not waited for. The warp then waits for step
     ``t - 1``'s adds to complete, and lane 0 publishes them: its ``fence.acq_rel.gpu`` is the release
     of those adds, and, after the relaxed read, the acquire of the value read. Only if that value was
-    not yet the step's rank does lane 0 spin. So the counter's round trip overlaps the completion of
-    the adds, as with the lag, but a publish never waits for the next slot's turn: block ``n + 1``
+    not yet the step's rank does lane 0 spin. So the counter's round trip overlaps the wait for the
+    adds and the fence (in the CPU SASS the wait at the top of the step, for the reduces' reads,
+    already covers the adds' completion, so the load overlaps mostly the fence; issuing it before
+    that wait is untried), and a publish never waits for the next slot's turn: block ``n + 1``
     trails block ``n`` by a publish, not by a step, and no cycle can close in any order (Note [No
     deadlock] as without the lag). The cost is a second load when the slot is not ready.
 
@@ -1490,6 +1492,8 @@ DET_LAG_MAX_BLOCKS = 32
 """Deterministic runs with a causal mask (no window) hold the writer's publishes back (``publish_lag``,
 Note [Publish lag]) only when a sequence has fewer K blocks than this (max seqlen_k over tile_n; a
 local window's blocks cover few m_blocks, like short sequences', and keep the lag: not measured).
+The rule applies wherever the table takes the lag (head dims 32-128, the up order too); it was
+measured at head dims 64 and 128. The lag moves publishes only, so either choice is correct.
 With the lag, block ``n + 1`` of a pair takes slot ``m`` only after block ``n`` has taken slot
 ``m - 1``: in the down walk it trails by a whole step per rank, where without the lag it trails by
 one publish; without the lag the writer instead waits for each step's adds before its next spin.
