@@ -280,7 +280,8 @@ class BwdSm90Config(AttnKernelConfig):
     the writer publishes a step's slot after spinning for the next step's (Note [Publish lag]).
     ``publish_peek`` (deterministic, not with ``publish_lag``): Note [Publish peek]; an experiment, the
     same bits as the default on the H200 and faster in 19 of 23 pairs of rounds (docs/RESULTS.md
-    v0.13), no default yet: its deterministic suite has not run as a default. ``det_rotate`` (deterministic, no mask): the rotated order of Note [Rotated order] in
+    v0.13), no default yet: its deterministic suite has not run as a default.
+    ``det_rotate`` (deterministic, no mask): the rotated order of Note [Rotated order] in
     fa4/bwd/common.py. ``dq_direct``: the consumers add their dQ fragments into
     dq_accum with ``red.global.add.v4.f32`` from registers, no sdQ tile and no writer warp (Note
     [Direct dQ]; deterministic: in order, Note [Ordered direct dQ]). ``ds_from_p16``: dS^T from the 16-bit P^T (the dV wgmma's operand), not the
@@ -1664,14 +1665,14 @@ def variants(arch: str) -> list[BwdSm90Config]:
     out.append(replace(out[2], dq_stages=1, publish_lag=not out[2].publish_lag))  # one dQ buffer, deterministic
     # Causal deterministic with DET_LAG_MAX_BLOCKS K blocks or more: no publish lag (d128, d64).
     long = lambda p: replace(p, seqlen_q=8192, seqlen_k=8192)  # noqa: E731
-    out.append(make_config(long(P(128, causal=True)), None, arch, True))
-    out.append(make_config(long(P(64, causal=True, varlen=True)), None, arch, True))
+    causal128 = make_config(long(P(128, causal=True)), None, arch, True)
+    causal64 = make_config(long(P(64, causal=True, varlen=True)), None, arch, True)
+    rot = make_config(long(P(128)), None, arch, True)
+    out += [causal128, causal64]
     # The writer's peeked slot (Note [Publish peek], an experiment): causal d128 and d64, the rotated
     # order (with lane slots), one dQ buffer.
-    out.append(replace(out[-2], publish_peek=True))
-    out.append(replace(out[-2], publish_peek=True))
-    rot = make_config(long(P(128)), None, arch, True)
-    out.append(replace(rot, publish_peek=True, publish_lag=False))
+    out += [replace(causal128, publish_peek=True), replace(causal64, publish_peek=True),
+            replace(rot, publish_peek=True, publish_lag=False)]
     out.append(replace(out[2], publish_peek=True, publish_lag=False, dq_stages=1))
     # Deterministic with the writer warp where the table adds dQ directly (det_direct off), and
     # with the ordered direct adds under a local mask, varlen and seqused_k.
