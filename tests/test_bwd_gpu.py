@@ -468,18 +468,18 @@ def test_bwd_sm90_step_cursor_same_bits(d, mask, det, monkeypatch, hang_watchdog
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("layout", ["dense", "varlen"])
 def test_bwd_sm90_causal_publish_lag_same_bits(d, layout, monkeypatch, hang_watchdog):
-    """Causal deterministic with DET_LAG_MAX_BLOCKS K blocks or more (s_k 4096) runs without the
-    writer's publish lag (fa4/bwd/sm90.py, RESULTS v0.13): bit-exact over runs, the same bits as
-    with the lag and with the peeked slot (Note [Publish peek]: both move the publishes, not the
-    order of the adds), and correct; GQA 6/2, dense, and varlen with seqused_k."""
+    """Causal deterministic at s_k 4096 runs with the writer's peeked slot (Note [Publish peek],
+    PUBLISH_PEEK in fa4/bwd/sm90.py, RESULTS v0.14): bit-exact over runs, the same bits as with the
+    publish lag and with neither (the rule of v0.13 above DET_LAG_MAX_BLOCKS K blocks): all three
+    move the publishes, not the order of the adds; and correct; GQA 6/2, dense, and varlen with
+    seqused_k."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the sm90 kernels need compute capability 9.x")
     opts = fa4.KernelOptions(arch="sm90")
     run, qkv, g, kw = _deterministic_run(layout, d, "causal", opts, (4096, 4096), (4096, 4096), seed=d + 17)
-    got, lags = _publish_modes(run, monkeypatch, (None, dict(publish_lag=True),
-                                                  dict(publish_lag=False, publish_peek=True)))
-    if layout == "dense":
-        assert lags[None] is False, "s_k 4096 should run without the publish lag"
+    got, modes = _publish_modes(run, monkeypatch, (None, dict(publish_peek=False, publish_lag=True),
+                                                   dict(publish_peek=False, publish_lag=False)))
+    assert modes[None] == (False, True), "the deterministic default should peek, without the lag"
     for mode, grads in got.items():
         for name, a, b in zip(("dq", "dk", "dv"), got[None], grads):
             assert torch.equal(a, b), f"{name} differs with {mode}"
@@ -490,7 +490,8 @@ def test_bwd_sm90_causal_publish_lag_same_bits(d, layout, monkeypatch, hang_watc
 
 def _publish_modes(run, monkeypatch, modes):
     """``run()`` three times per mode of the sm90 dQ writer (None: the default; else config fields set
-    on it), bit-exact over the runs: ``({mode key: grads}, {mode key: the default's publish_lag})``."""
+    on it), bit-exact over the runs: ``({mode key: grads}, {mode key: the default's (publish_lag,
+    publish_peek)})``."""
     import dataclasses
 
     from fa4.bwd import sm90
@@ -503,7 +504,7 @@ def _publish_modes(run, monkeypatch, modes):
 
             def patched(*a, mode=mode, key=key, **k):
                 cfg = make(*a, **k)
-                lags[key] = cfg.publish_lag
+                lags[key] = (cfg.publish_lag, cfg.publish_peek)
                 return cfg if mode is None else dataclasses.replace(cfg, **mode)
             monkeypatch.setattr(sm90, "make_config", patched)
             fa4.ops._plans.clear()
@@ -519,16 +520,17 @@ def _publish_modes(run, monkeypatch, modes):
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("mask", ["none", "local"])
 def test_bwd_sm90_publish_peek_same_bits(d, mask, monkeypatch, hang_watchdog):
-    """The peeked slot (Note [Publish peek]) in the rotated order (no mask, s_q 2048 / 4096 against
-    s_k 2048: staggers 1 to 4; d64 at s_q = s_k has stagger 1, where the lag would close a cycle)
-    and under a local window (the plain order): bit-exact over runs, the same bits as the default;
-    GQA 6/2."""
+    """The peeked slot (Note [Publish peek], the default) in the rotated order (no mask, s_q 2048 /
+    4096 against s_k 2048: staggers 1 to 4; d64 at s_q = s_k has stagger 1, where the lag would
+    close a cycle) and under a local window (the plain order): bit-exact over runs, the same bits
+    as with the publish lag (the default of v0.13 there); GQA 6/2."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the sm90 kernels need compute capability 9.x")
     opts = fa4.KernelOptions(arch="sm90")
     for sq in (2048, 4096):
         run, _, _, _ = _deterministic_run("dense", d, mask, opts, (sq, 2048), (sq, 2048), seed=d + sq)
-        got, _ = _publish_modes(run, monkeypatch, (None, dict(publish_lag=False, publish_peek=True)))
+        got, modes = _publish_modes(run, monkeypatch, (None, dict(publish_peek=False, publish_lag=True)))
+        assert modes[None] == (False, True), "the deterministic default should peek"
         base = got.pop(None)
         for mode, grads in got.items():
             for name, a, b in zip(("dq", "dk", "dv"), base, grads):

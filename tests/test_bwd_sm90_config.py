@@ -214,12 +214,13 @@ def test_deterministic_keeps_the_direct_adds():
         sm90.FlashBwdSm90.can_implement(bad)
 
 
-def test_publish_lag_rule():
-    """Deterministic with a causal mask: the writer's publish lag only below DET_LAG_MAX_BLOCKS K
-    blocks (RESULTS v0.13); a local window and the rotated order (no mask) keep the table's lag;
-    the precompiled set holds both causal deterministic d128 kernels."""
+def test_publish_lag_rule(monkeypatch):
+    """PUBLISH_PEEK off (the rule of v0.13): deterministic with a causal mask, the writer's publish lag
+    only below DET_LAG_MAX_BLOCKS K blocks; a local window and the rotated order (no mask) keep the
+    table's lag; the precompiled set holds the causal d128 kernels with and without it."""
     import dataclasses
 
+    monkeypatch.setattr(sm90, "PUBLISH_PEEK", False)
     P = common.representative_problem
     n = sm90.DET_LAG_MAX_BLOCKS
     for hd in (64, 128):
@@ -228,13 +229,41 @@ def test_publish_lag_rule():
                 p = dataclasses.replace(P(hd, **mask), seqlen_q=s, seqlen_k=s)
                 cfg = sm90.make_config(p, None, "sm_90a", True)
                 assert cfg.publish_lag == (lag or "local" in mask), (hd, mask, s)
+                assert not cfg.publish_peek
                 assert not sm90.make_config(p, None, "sm_90a", False).publish_lag
         long = dataclasses.replace(P(hd), seqlen_q=128 * 4 * n, seqlen_k=128 * 4 * n)
         assert sm90.make_config(long, None, "sm_90a", True).publish_lag
-    vs = sm90.variants("sm_90a")
     long = dataclasses.replace(P(128, causal=True), seqlen_q=8192, seqlen_k=8192)
-    assert sm90.make_config(long, None, "sm_90a", True) in vs  # the no-lag default is precompiled
-    assert sm90.make_config(P(128, causal=True), None, "sm_90a", True) in vs
+    lag_cfgs = [sm90.make_config(long, None, "sm_90a", True), sm90.make_config(P(128, causal=True), None, "sm_90a", True)]
+    monkeypatch.setattr(sm90, "PUBLISH_PEEK", True)
+    vs = sm90.variants("sm_90a")
+    for cfg in lag_cfgs:
+        assert cfg in vs, cfg  # precompiled while PUBLISH_PEEK is on
+
+
+def test_publish_peek_is_the_deterministic_writer_default():
+    """PUBLISH_PEEK (RESULTS v0.14): every deterministic run with the writer warp peeks, with no
+    publish lag, in every order and at every length; the ordered direct adds and non-deterministic
+    runs do not; the precompiled set holds the defaults."""
+    import dataclasses
+
+    P = common.representative_problem
+    vs = sm90.variants("sm_90a")
+    for hd in (64, 96, 128):
+        for mask in (dict(), dict(causal=True), dict(local=True)):
+            for s in (1024, 4096, 16384):
+                p = dataclasses.replace(P(hd, **mask), seqlen_q=s, seqlen_k=s)
+                det = sm90.make_config(p, None, "sm_90a", True)
+                assert det.publish_peek and not det.publish_lag and not det.dq_direct, (hd, mask, s)
+                assert not sm90.make_config(p, None, "sm_90a", False).publish_peek
+    for hd in (192, 256):
+        direct = sm90.make_config(P(hd, causal=True), None, "sm_90a", True)
+        assert direct.dq_direct and not direct.publish_peek and not direct.publish_lag
+    assert sm90.make_config(P(256, causal=True), None, "sm_90a", True, det_direct=False).publish_peek
+    for cfg in (sm90.make_config(P(128, causal=True), None, "sm_90a", True),
+                sm90.make_config(P(64, causal=True), None, "sm_90a", True),
+                sm90.make_config(dataclasses.replace(P(128), seqlen_q=8192, seqlen_k=8192), None, "sm_90a", True)):
+        assert cfg in vs, cfg
 
 
 def test_publish_peek_is_refused_by_name_where_it_cannot_run():
@@ -244,9 +273,9 @@ def test_publish_peek_is_refused_by_name_where_it_cannot_run():
 
     P = common.representative_problem
     det = sm90.make_config(P(128, causal=True), None, "sm_90a", True)
-    assert det.publish_lag and not det.publish_peek
-    sm90.FlashBwdSm90.can_implement(dataclasses.replace(det, publish_lag=False, publish_peek=True))
-    bad = [dataclasses.replace(det, publish_peek=True),
+    assert det.publish_peek and not det.publish_lag
+    sm90.FlashBwdSm90.can_implement(det)
+    bad = [dataclasses.replace(det, publish_lag=True),
            dataclasses.replace(sm90.make_config(P(128), None, "sm_90a"), publish_peek=True),
            dataclasses.replace(sm90.make_config(P(256, causal=True), None, "sm_90a", True), publish_peek=True)]
     for cfg in bad:

@@ -199,6 +199,18 @@ PLANS = {
                               ("d128 s8192 causal det", ("", "step_cursor=True")),
                               ("d128 s1024 causal", ("", "step_cursor=True")))
             for v in vs],
+    # v0.14: the peeked slot as the default (PUBLISH_PEEK, its read at the top of the step) against
+    # v0.13's rule (the lag below 32 K blocks and in the rotated order, none above), three
+    # interleaved rounds.
+    "v25": [f"{shape} {v}".strip() for _ in range(3)
+            for shape, old in (("d128 s1024 causal det", "publish_peek=False publish_lag=True"),
+                               ("d128 s8192 causal det", "publish_peek=False"),
+                               ("d128 s16384 causal det", "publish_peek=False"),
+                               ("d128 s1024 det", "publish_peek=False publish_lag=True"),
+                               ("d128 s8192 det", "publish_peek=False publish_lag=True"),
+                               ("d64 s8192 causal det", "publish_peek=False"),
+                               ("d64 s8192 det", "publish_peek=False publish_lag=True"))
+            for v in ("", old)],
     # v0.13: the writer's peeked slot (Note [Publish peek]) against the default (the lag below 32 K
     # blocks and in the rotated order, none above), two interleaved rounds.
     "v24": [f"{shape} {v}".strip() for _ in range(2)

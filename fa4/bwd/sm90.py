@@ -976,6 +976,10 @@ class FlashBwdSm90:
             for t in cutlass.range(work.num_steps, unroll=1):
                 lane_head, lane_m, lane_rank, head, m_block, rank = self.next_slot(work, t, lane, lane_head, lane_m,
                                                                                    lane_rank)
+                seen = Int32(-1)
+                if const_expr(det and self.cfg.publish_peek):
+                    if lane == 0:  # read early: the round trip overlaps the waits below (Note [Publish peek])
+                        seen = semaphore.peek(self.dq_semaphore(mSemaphore, work, head, m_block))
                 ahead = t + stages - 1  # the step whose buffer held step t - 1's dQ
                 for w in cutlass.range_constexpr(self.num_wg):
                     # Step t - 1's reduce of part w has read sdQ (parts commit in order).
@@ -986,7 +990,7 @@ class FlashBwdSm90:
                 gdQ = self.dq_tile(mdQaccum, work, head, m_block)
                 sdQ_t = sdQ[None, t % stages if const_expr(stages > 1) else 0]
                 if const_expr(det and self.cfg.publish_peek):
-                    self.peek_publish_spin(mSemaphore, work, t, head, m_block, rank, prev_head, prev_m, lane)
+                    self.publish_then_spin(mSemaphore, work, t, head, m_block, rank, seen, prev_head, prev_m, lane)
                 elif const_expr(det):
                     if lane == 0:
                         semaphore.spin(self.dq_semaphore(mSemaphore, work, head, m_block), rank)
@@ -1018,25 +1022,19 @@ class FlashBwdSm90:
             cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
-    def peek_publish_spin(self, mSemaphore, work, t: Int32, head: Int32, m_block: Int32, rank: Int32,
+    def publish_then_spin(self, mSemaphore, work, t: Int32, head: Int32, m_block: Int32, rank: Int32, seen: Int32,
                           prev_head: Int32, prev_m: Int32, lane: Int32) -> None:
-        """``publish_peek`` (Note [Publish peek]): before step ``t``'s adds, read slot ``t``'s
-        counter, publish step ``t - 1``'s adds once complete (its fence acquires the value read),
-        and spin only if the counter was not yet at ``rank``."""
-        sem = self.dq_semaphore(mSemaphore, work, head, m_block)
+        """``publish_peek`` (Note [Publish peek]): ``seen`` is slot ``t``'s counter, read by lane 0 at
+        the top of the step. Publish step ``t - 1``'s adds once complete (the fence also acquires
+        ``seen``), and spin only if ``seen`` was not yet ``rank``."""
         if t > 0:
-            seen = Int32(-1)
-            if lane == 0:
-                seen = semaphore.peek(sem)
             self.publish_dq(mSemaphore, work, prev_head, prev_m, lane)  # waits for step t - 1's adds
-            if lane == 0:
-                if seen != rank:
-                    semaphore.spin(sem, rank)
-                cute.arch.fence_proxy("async.global")  # the adds below follow the acquire
-        else:
-            if lane == 0:
-                semaphore.spin(sem, rank)
-                cute.arch.fence_proxy("async.global")
+        if lane == 0:
+            if t == 0:
+                cute.arch.fence_acq_rel_gpu()  # the acquire of seen (no publish at step 0)
+            if seen != rank:
+                semaphore.spin(self.dq_semaphore(mSemaphore, work, head, m_block), rank)
+            cute.arch.fence_proxy("async.global")  # the adds below follow the acquire
         cute.arch.sync_warp()
 
     @cute.jit
@@ -1502,6 +1500,13 @@ v0.13, one lease, d128 causal deterministic, lag -> no lag (TFLOP/s, two interle
 391 -> 332, s4k 452 / 446 -> 462 / 459, s8k 527 / 489 -> 507 / 499, s16k 493 / 438 -> 522 / 516; d64
 s8k 432 -> 442. See docs/RESULTS.md v0.13 for the confirmation rounds."""
 
+PUBLISH_PEEK = True
+"""Deterministic runs with the writer warp take ``publish_peek`` (Note [Publish peek]) in every order,
+in place of the publish lag and :data:`DET_LAG_MAX_BLOCKS`' rule; False: the lag rule. v0.13, one
+lease, two interleaved rounds (TFLOP/s, lag rule -> peek): d128 causal s1k 298 / 293 -> 310 / 308,
+s2k 400 / 345 -> 421 / 388, s4k 469 / 455 -> 475 / 464; rotated d128 s8k 554 / 550 -> 581 / 576; d64
+causal s8k 446 / 446 -> 450 / 445 (docs/RESULTS.md v0.13, v0.14)."""
+
 DET_ROTATE = True
 """Use the rotated deterministic order where it is safe (:func:`rotate_ok`); False: never."""
 
@@ -1551,6 +1556,7 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         raise ValueError(f"KernelOptions.bwd_tile_n={opts.bwd_tile_n}: the sm90 backward at head_dim "
                          f"{problem.head_dim} uses tile_n {tile_n}")
     rotated = bool(deterministic) and rotate and rotate_ok(problem, tile_n)
+    writer = bool(deterministic) and not (direct and det_direct)  # the ordered writer warp
     cfg = BwdSm90Config(
         # dv_late belongs to the table's tile_m (it loses at 64 rows, v0.13).
         arch=arch, dtype=problem.dtype, head_dim=hd, head_dim_v=hd_v if hd_v != hd else 0,
@@ -1558,8 +1564,9 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         dv_late=late and steps == tile_m,
         two_cta=bool(opts.bwd_two_cta) if opts.bwd_two_cta is not None else TWO_CTA.get(hd, False) and not deterministic,
         dkv_rs=rs, q_stages=q_stages, pds_stages=pds_stages, dq_stages=dq_stages, deterministic=bool(deterministic),
-        publish_lag=bool(deterministic) and lag and not (direct and det_direct) and not (
+        publish_lag=writer and lag and not PUBLISH_PEEK and not (
             problem.causal and not problem.local and -(-problem.seqlen_k // tile_n) >= DET_LAG_MAX_BLOCKS),
+        publish_peek=writer and PUBLISH_PEEK,
         det_rotate=rotated, lane_slots=rotated and hd >= LANE_SLOTS_MIN_HD,
         det_up=bool(deterministic) and (problem.causal or problem.local) and DET_UP,
         dq_direct=direct and (det_direct or not deterministic),
@@ -1662,18 +1669,16 @@ def variants(arch: str) -> list[BwdSm90Config]:
     out.append(make_config(P(64, softcap=30.0), two, arch))
     # The experiment of the config docstring: 80-row steps (the swapped dQ wgmma) at d128.
     out.append(replace(out[1], tile_m=80, dq_stages=1, ds_from_p16=True))
-    out.append(replace(out[2], dq_stages=1, publish_lag=not out[2].publish_lag))  # one dQ buffer, deterministic
-    # Causal deterministic with DET_LAG_MAX_BLOCKS K blocks or more: no publish lag (d128, d64).
-    long = lambda p: replace(p, seqlen_q=8192, seqlen_k=8192)  # noqa: E731
-    causal128 = make_config(long(P(128, causal=True)), None, arch, True)
-    causal64 = make_config(long(P(64, causal=True, varlen=True)), None, arch, True)
-    rot = make_config(long(P(128)), None, arch, True)
-    out += [causal128, causal64]
-    # The writer's peeked slot (Note [Publish peek], an experiment): causal d128 and d64, the rotated
-    # order (with lane slots), one dQ buffer.
-    out += [replace(causal128, publish_peek=True), replace(causal64, publish_peek=True),
-            replace(rot, publish_peek=True, publish_lag=False)]
-    out.append(replace(out[2], publish_peek=True, publish_lag=False, dq_stages=1))
+    one_buffer = replace(out[2], dq_stages=1)  # one dQ buffer, deterministic
+    out.append(one_buffer)
+    # The rotated order at d128 (lane slots); the deterministic writer without the peeked slot
+    # (PUBLISH_PEEK off: the rule of v0.13), with the publish lag and without it: causal d128 and d64,
+    # the rotated order, one dQ buffer.
+    lagged = lambda c, lag=True: replace(c, publish_peek=False, publish_lag=lag)  # noqa: E731
+    causal64 = make_config(P(64, causal=True, varlen=True), None, arch, True)
+    rot = make_config(replace(P(128), seqlen_q=8192, seqlen_k=8192), None, arch, True)
+    out += [rot, lagged(out[2]), lagged(out[2], False), lagged(causal64), lagged(causal64, False), lagged(rot),
+            lagged(one_buffer)]
     # Deterministic with the writer warp where the table adds dQ directly (det_direct off), and
     # with the ordered direct adds under a local mask, varlen and seqused_k.
     out.append(make_config(P(256, causal=True), None, arch, True, det_direct=False))
