@@ -136,12 +136,13 @@ Note [Publish peek]
     reads slot ``t``'s counter with a relaxed load, not waited for. The warp then waits for step
     ``t - 1``'s adds to complete, and lane 0 publishes them: its ``fence.acq_rel.gpu`` is the release
     of those adds, and, after the relaxed read, the acquire of the value read. Only if that value was
-    not yet the step's rank does lane 0 spin. So the counter's round trip overlaps the wait for the
-    adds and the fence (in the CPU SASS the wait at the top of the step, for the reduces' reads,
-    already covers the adds' completion, so the load overlaps mostly the fence; issuing it before
-    that wait is untried), and a publish never waits for the next slot's turn: block ``n + 1``
-    trails block ``n`` by a publish, not by a step, and no cycle can close in any order (Note [No
-    deadlock] as without the lag). The cost is a second load when the slot is not ready.
+    not yet the step's rank does lane 0 spin. The read is issued at the top of the step, as soon
+    as the slot is known, before the wait for the reduces' smem reads (v0.13 issued it after that
+    wait), so its round trip overlaps both waits and the fence. A publish never waits for the next
+    slot's turn: block ``n + 1`` trails block ``n`` by a publish, not by a step, and no cycle can
+    close in any order (Note [No deadlock] as without the lag). The costs: a second load when the
+    slot is not ready, and the fence also waits for the read if the adds complete first. Step 0
+    has no publish and fences on its own. The default (:data:`PUBLISH_PEEK`).
 
 Note [Writer slots]
     The writer warp (and the sequencing warp of Note [Ordered direct dQ]) needs each step's slot:
@@ -278,9 +279,8 @@ class BwdSm90Config(AttnKernelConfig):
     docstring). ``q_stages``: smem stages of Q/lse and dO/dpsum; ``pds_stages``: of dS^T (and P^T);
     ``dq_stages``: of the float32 dQ tile handed to the writer warp. ``publish_lag`` (deterministic):
     the writer publishes a step's slot after spinning for the next step's (Note [Publish lag]).
-    ``publish_peek`` (deterministic, not with ``publish_lag``): Note [Publish peek]; an experiment, the
-    same bits as the default on the H200 and faster in 19 of 23 pairs of rounds (docs/RESULTS.md
-    v0.13), no default yet: its deterministic suite has not run as a default.
+    ``publish_peek`` (deterministic, not with ``publish_lag``): Note [Publish peek]; the default of
+    every deterministic run with the writer warp (:data:`PUBLISH_PEEK`, docs/RESULTS.md v0.14).
     ``det_rotate`` (deterministic, no mask): the rotated order of Note [Rotated order] in
     fa4/bwd/common.py. ``dq_direct``: the consumers add their dQ fragments into
     dq_accum with ``red.global.add.v4.f32`` from registers, no sdQ tile and no writer warp (Note
