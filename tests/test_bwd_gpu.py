@@ -471,15 +471,14 @@ def test_bwd_sm90_causal_publish_lag_same_bits(d, layout, monkeypatch, hang_watc
     """Causal deterministic at s_k 4096 runs with the writer's peeked slot (Note [Publish peek],
     PUBLISH_PEEK in fa4/bwd/sm90.py, RESULTS v0.14): bit-exact over runs, the same bits as with the
     publish lag and with neither (the rule of v0.13 above DET_LAG_MAX_BLOCKS K blocks): all three
-    move the publishes, not the order of the adds, and so does the writer's slot carried a step
-    ahead (``slot_ahead``); and correct; GQA 6/2, dense, and varlen with seqused_k."""
+    move the publishes, not the order of the adds; and correct; GQA 6/2, dense, and varlen with
+    seqused_k."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the sm90 kernels need compute capability 9.x")
     opts = fa4.KernelOptions(arch="sm90")
     run, qkv, g, kw = _deterministic_run(layout, d, "causal", opts, (4096, 4096), (4096, 4096), seed=d + 17)
     got, modes = _publish_modes(run, monkeypatch, (None, dict(publish_peek=False, publish_lag=True),
-                                                   dict(publish_peek=False, publish_lag=False),
-                                                   dict(slot_ahead=True)))
+                                                   dict(publish_peek=False, publish_lag=False)))
     assert modes[None] == (False, True), "the deterministic default should peek, without the lag"
     for mode, grads in got.items():
         for name, a, b in zip(("dq", "dk", "dv"), got[None], grads):
@@ -524,14 +523,13 @@ def test_bwd_sm90_publish_peek_same_bits(d, mask, monkeypatch, hang_watchdog):
     """The peeked slot (Note [Publish peek], the default) in the rotated order (no mask, s_q 2048 /
     4096 against s_k 2048: staggers 1 to 4; d64 at s_q = s_k has stagger 1, where the lag would
     close a cycle) and under a local window (the plain order): bit-exact over runs, the same bits
-    as with the publish lag (the default of v0.13 there) and with ``slot_ahead``; GQA 6/2."""
+    as with the publish lag (the default of v0.13 there); GQA 6/2."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the sm90 kernels need compute capability 9.x")
     opts = fa4.KernelOptions(arch="sm90")
     for sq in (2048, 4096):
         run, _, _, _ = _deterministic_run("dense", d, mask, opts, (sq, 2048), (sq, 2048), seed=d + sq)
-        got, modes = _publish_modes(run, monkeypatch, (None, dict(publish_peek=False, publish_lag=True),
-                                                       dict(slot_ahead=True)))
+        got, modes = _publish_modes(run, monkeypatch, (None, dict(publish_peek=False, publish_lag=True)))
         assert modes[None] == (False, True), "the deterministic default should peek"
         base = got.pop(None)
         for mode, grads in got.items():

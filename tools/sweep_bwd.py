@@ -199,12 +199,6 @@ PLANS = {
                               ("d128 s8192 causal det", ("", "step_cursor=True")),
                               ("d128 s1024 causal", ("", "step_cursor=True")))
             for v in vs],
-    # v0.14: the writer's next slot and counter read a step ahead (slot_ahead) against the peek
-    # default, three interleaved rounds.
-    "v26": [f"{shape} {v}".strip() for _ in range(3)
-            for shape in ("d128 s1024 causal det", "d128 s4096 causal det", "d128 s8192 causal det",
-                          "d128 s16384 causal det", "d128 s8192 det", "d64 s8192 causal det")
-            for v in ("", "slot_ahead=True")],
     # v0.14: the peeked slot as the default (PUBLISH_PEEK, its read at the top of the step) against
     # v0.13's rule (the lag below 32 K blocks and in the rotated order, none above), three
     # interleaved rounds.

@@ -313,11 +313,6 @@ class BwdSm90Config(AttnKernelConfig):
     the step index and compute the m_block on those only. An experiment: the same bits as the
     default on the H200, and no clear gain (v0.13: d128 causal s8k 568 / 527 -> 558 / 547 TFLOP/s,
     s1k 345 / 333 -> 306 / 338, causal deterministic 500 / 495 -> 504 / 494).
-    ``slot_ahead`` (the writer warp, not with ``publish_lag``): the writer computes step ``t + 1``'s
-    slot before it waits for step ``t``'s dQ tile, and with ``publish_peek`` reads that slot's
-    counter right after issuing step ``t``'s reduces, so the read is in flight beside the adds, and
-    the slot's integer divisions run while the writer waits for the consumers. An experiment (Note
-    [Publish peek]).
     """
 
     head_dim: int = 128
@@ -341,7 +336,6 @@ class BwdSm90Config(AttnKernelConfig):
     det_up: bool = False
     dv_late: bool = False
     step_cursor: bool = False
-    slot_ahead: bool = False
 
     KERNEL: ClassVar[str] = "fa4.bwd.sm90:FlashBwdSm90"
     REQUIRED_SASS: ClassVar[tuple] = ("HGMMA", "UTMALDG")  # checked by tests/test_compile.py
@@ -539,9 +533,6 @@ class FlashBwdSm90:
         if cfg.publish_peek and not (cfg.deterministic and not cfg.dq_direct and not cfg.publish_lag):
             raise ValueError(f"{name}.publish_peek (Note [Publish peek]) orders the deterministic dQ writer; it needs "
                              "deterministic=True, no dq_direct and no publish_lag")
-        if cfg.slot_ahead and (cfg.dq_direct or cfg.publish_lag):
-            raise ValueError(f"{name}.slot_ahead carries the dQ writer warp's next slot; it needs no dq_direct "
-                             "and no publish_lag")
         if cfg.publish_lag and not (cfg.deterministic and not cfg.dq_direct):
             raise ValueError(f"{name}.publish_lag orders the deterministic dQ writer; it needs deterministic=True "
                              "and no dq_direct (the ordered direct adds have their own overlap, Note [Ordered direct dQ])")
@@ -982,25 +973,13 @@ class FlashBwdSm90:
             lagged = Boolean(True)
             if const_expr(det and self.cfg.publish_lag and self.cfg.det_rotate):
                 lagged = common.rotation_lags(work.num_m, work.num_n)  # Note [Publish lag]
-            peek = det and self.cfg.publish_peek
-            slot_ahead = self.cfg.slot_ahead
-            # slot_ahead: step t + 1's slot and counter, carried from step t (Note [Publish peek]).
-            nx_head, nx_m, nx_rank, nx_seen = Int32(0), Int32(0), Int32(0), Int32(-1)
-            if const_expr(slot_ahead):
-                lane_head, lane_m, lane_rank, nx_head, nx_m, nx_rank = self.next_slot(
-                    work, Int32(0), lane, lane_head, lane_m, lane_rank)
-                if lane == 0:
-                    nx_seen = semaphore.peek(self.dq_semaphore(mSemaphore, work, nx_head, nx_m))
             for t in cutlass.range(work.num_steps, unroll=1):
-                if const_expr(slot_ahead):
-                    head, m_block, rank, seen = nx_head, nx_m, nx_rank, nx_seen
-                else:
-                    lane_head, lane_m, lane_rank, head, m_block, rank = self.next_slot(work, t, lane, lane_head,
-                                                                                       lane_m, lane_rank)
-                    seen = Int32(-1)
-                    if const_expr(peek):
-                        if lane == 0:  # read early: the round trip overlaps the waits below (Note [Publish peek])
-                            seen = semaphore.peek(self.dq_semaphore(mSemaphore, work, head, m_block))
+                lane_head, lane_m, lane_rank, head, m_block, rank = self.next_slot(work, t, lane, lane_head, lane_m,
+                                                                                   lane_rank)
+                seen = Int32(-1)
+                if const_expr(det and self.cfg.publish_peek):
+                    if lane == 0:  # read early: the round trip overlaps the waits below (Note [Publish peek])
+                        seen = semaphore.peek(self.dq_semaphore(mSemaphore, work, head, m_block))
                 ahead = t + stages - 1  # the step whose buffer held step t - 1's dQ
                 for w in cutlass.range_constexpr(self.num_wg):
                     # Step t - 1's reduce of part w has read sdQ (parts commit in order).
@@ -1022,19 +1001,12 @@ class FlashBwdSm90:
                             if lagged:
                                 self.publish_dq(mSemaphore, work, prev_head, prev_m, lane)
                     cute.arch.sync_warp()
-                if const_expr(slot_ahead):  # while the consumers finish step t
-                    lane_head, lane_m, lane_rank, nx_head, nx_m, nx_rank = self.next_slot(
-                        work, cutlass.min(t + 1, work.num_steps - 1), lane, lane_head, lane_m, lane_rank)
                 for w in cutlass.range_constexpr(self.num_wg):
                     cute.arch.barrier(barrier_id=self.dq_bar(_BAR.dq_full, w, t), number_of_threads=128 + 32)
                     with cute.arch.elect_one():
                         bulk_reduce_add_f32(gdQ.iterator + w * self.dq_chunk, sdQ_t.iterator + w * self.dq_chunk,
                                             4 * self.dq_chunk)
                     cute.arch.cp_async_bulk_commit_group()
-                if const_expr(slot_ahead and peek):  # in flight beside the adds just issued
-                    if lane == 0:
-                        if t + 1 < work.num_steps:
-                            nx_seen = semaphore.peek(self.dq_semaphore(mSemaphore, work, nx_head, nx_m))
                 if const_expr(det and not self.cfg.publish_peek):
                     if const_expr(not self.cfg.publish_lag):
                         self.publish_dq(mSemaphore, work, head, m_block, lane)
@@ -1697,12 +1669,6 @@ def variants(arch: str) -> list[BwdSm90Config]:
     out.append(make_config(P(64, softcap=30.0), two, arch))
     # The experiment of the config docstring: 80-row steps (the swapped dQ wgmma) at d128.
     out.append(replace(out[1], tile_m=80, dq_stages=1, ds_from_p16=True))
-    # The writer's next slot carried a step ahead (slot_ahead, an experiment): causal deterministic
-    # d128, the rotated order at d128 (lane slots), non-deterministic d128.
-    out.append(replace(out[2], slot_ahead=True))
-    out.append(replace(make_config(replace(P(128), seqlen_q=8192, seqlen_k=8192), None, arch, True),
-                       slot_ahead=True))
-    out.append(replace(out[1], slot_ahead=True))
     one_buffer = replace(out[2], dq_stages=1)  # one dQ buffer, deterministic
     out.append(one_buffer)
     # The rotated order at d128 (lane slots); the deterministic writer without the peeked slot
