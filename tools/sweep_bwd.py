@@ -199,6 +199,14 @@ PLANS = {
                               ("d128 s8192 causal det", ("", "step_cursor=True")),
                               ("d128 s1024 causal", ("", "step_cursor=True")))
             for v in vs],
+    # v0.14: the causal deterministic launch sections again with the peek default (v0.12 chose them
+    # with the lag: 64 pairs at s1k, 16 from s4k), two interleaved rounds.
+    "v27": [f"{shape} {v}".strip() for _ in range(2)
+            for shape, vs in (("d128 s1024 causal det", ("", "section=32", "section=128")),
+                              ("d128 s2048 causal det", ("", "section=16", "section=64")),
+                              ("d128 s4096 causal det", ("", "section=8", "section=32")),
+                              ("d128 s8192 causal det", ("", "section=8", "section=32")))
+            for v in vs],
     # v0.14: the peeked slot as the default (PUBLISH_PEEK, its read at the top of the step) against
     # v0.13's rule (the lag below 32 K blocks and in the rotated order, none above), three
     # interleaved rounds.
