@@ -199,6 +199,14 @@ PLANS = {
                               ("d128 s8192 causal det", ("", "step_cursor=True")),
                               ("d128 s1024 causal", ("", "step_cursor=True")))
             for v in vs],
+    # v0.14: the s1k / s2k causal deterministic sections at d128 and d64 (v27 and a warm rerun: d128 s1k
+    # took 32 pairs over 64 in four of four rounds), two more interleaved rounds.
+    "v28": [f"{shape} {v}".strip() for _ in range(2)
+            for shape, vs in (("d128 s1024 causal det", ("", "section=32", "section=16")),
+                              ("d64 s1024 causal det", ("", "section=32")),
+                              ("d64 s2048 causal det", ("", "section=32", "section=64")),
+                              ("d128 s2048 causal det", ("", "section=16")))
+            for v in vs],
     # v0.14: the causal deterministic launch sections again with the peek default (v0.12 chose them
     # with the lag: 64 pairs at s1k, 16 from s4k), two interleaved rounds.
     "v27": [f"{shape} {v}".strip() for _ in range(2)
