@@ -528,9 +528,9 @@ def test_det_model_tells_the_orders_apart():
 
 
 def test_det_causal_sections_hold_four_waves():
-    """sm90's causal deterministic sections (v0.12, sweeps v16-v18): 16 pairs, or about four waves of
-    CTAs in a power of two pairs when a pair has few K blocks; not for the direct adds, nor without a
-    mask."""
+    """sm90's causal deterministic sections (v0.12, sweeps v16-v18; v0.14): 16 pairs, or about four
+    waves of head-dim-64 work in a power of two pairs when a pair has few K blocks; not for the direct
+    adds, nor without a mask."""
     from fa4.bwd import sm90
 
     o = sm90.LAUNCH_ORDER
@@ -543,6 +543,12 @@ def test_det_causal_sections_hold_four_waves():
     assert o.section_pairs(512, True, True, n_blocks=8, num_sms=132, direct=True) == o.det_causal_direct
     assert o.section_pairs(512, False, True, n_blocks=8, num_sms=132) == o.det_no_mask
     assert o.section_pairs(512, True, True) == 16  # without the grid's sizes: the table's value
+    # The waves count head-dim-64 work (v0.14): half the pairs at d128, the same at d64 and below.
+    assert o.section_pairs(512, True, True, n_blocks=8, num_sms=132, head_dim=128) == 32  # d128 s1k
+    assert o.section_pairs(512, True, True, n_blocks=16, num_sms=132, head_dim=128) == 16  # d128 s2k
+    assert o.section_pairs(512, True, True, n_blocks=32, num_sms=132, head_dim=128) == 16  # the table's floor
+    assert o.section_pairs(512, True, True, n_blocks=8, num_sms=132, head_dim=64) == 64
+    assert o.section_pairs(512, True, True, n_blocks=8, num_sms=132, head_dim=32) == 64
     assert dataclasses.replace(o, det_section=3).section_pairs(512, True, True, n_blocks=8, num_sms=132) == 3
 
 

@@ -129,15 +129,16 @@ class LaunchOrder:
     section: Optional[int] = None
     det_section: Optional[int] = None
     det_causal_direct: Optional[int] = None  # deterministic + causal with ordered direct dQ adds (None: det_causal)
-    det_causal_waves: int = 0  # deterministic + causal (not direct): sections of about this many waves of CTAs
+    det_causal_waves: int = 0  # deterministic + causal (not direct): waves of head-dim-64 work per section
 
     def section_pairs(self, num_pairs: int, causal: bool, deterministic: bool, rotated: bool = False,
-                      direct: bool = False, n_blocks: int = 0, num_sms: int = 0) -> int:
+                      direct: bool = False, n_blocks: int = 0, num_sms: int = 0, head_dim: int = 64) -> int:
         """Pairs per launch section, in [1, num_pairs]; the rotated deterministic order needs sections
         of one pair (Note [Rotated order]). ``direct``: the kernel adds dQ from registers.
-        ``n_blocks`` (CTAs per pair) and ``num_sms``: with ``det_causal_waves``, a deterministic causal
-        section holds about that many waves of CTAs or more (waves * num_sms / n_blocks pairs, rounded
-        to the nearest power of two)."""
+        ``n_blocks`` (CTAs per pair), ``num_sms`` and ``head_dim`` (the kernel's, padded): with
+        ``det_causal_waves``, a deterministic causal section holds about that many waves of head-dim-64
+        CTAs' work or more (waves * num_sms / n_blocks * 64 / head_dim pairs from head dim 64 on,
+        rounded to the nearest power of two)."""
         if rotated:
             return 1
         if deterministic:
@@ -145,7 +146,7 @@ class LaunchOrder:
             if causal and not direct and self.det_causal_waves and n_blocks > 0 and num_sms > 0:
                 # The nearest power of two: sections that split the pairs evenly (17 pairs measured
                 # 5-8% slower than 16 at d128 s4k, v0.12).
-                pairs = self.det_causal_waves * num_sms / n_blocks
+                pairs = self.det_causal_waves * num_sms / n_blocks * 64 / max(head_dim, 64)
                 det_causal = max(det_causal, 2 ** round(math.log2(pairs)))
             want = self.det_section if self.det_section is not None else (
                 det_causal if causal else self.det_no_mask)
@@ -299,7 +300,7 @@ def run_backward(cfg, problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_se
             int(problem.window_right), int(max_seqlen_k),
             order.section_pairs(num_batch * k.shape[2], cfg.causal, cfg.deterministic, cfg.det_rotate,
                                 getattr(cfg, "dq_direct", False), n_blocks=-(-max_seqlen_k // cfg.tile_n),
-                                num_sms=arch_num_sms(q.device.index)),
+                                num_sms=arch_num_sms(q.device.index), head_dim=cfg.head_dim),
         )
     else:
         dk_k.zero_()
@@ -370,6 +371,7 @@ def deterministic_schedule(
     direct: bool = False,
     num_sms: int = 132,
     up: bool = False,
+    head_dim: int = 64,
 ):
     """The dQ accumulation schedule of a deterministic main kernel, as the device runs it.
 
@@ -380,7 +382,8 @@ def deterministic_schedule(
     batch, n_block)``. ``seqlens_k`` are the keys used (seqused_k when given). ``rotated``: the
     rotated order of Note [Rotated order] (no mask; sections of one pair). ``direct``: the kernel
     adds dQ from registers (``order``'s sections for that case). ``num_sms``: the GPU's, for
-    ``order``'s ``det_causal_waves``. ``up``: the up order of Note [Up order] (masked only).
+    ``order``'s ``det_causal_waves`` (with ``head_dim``, the kernel's padded head dim). ``up``: the up
+    order of Note [Up order] (masked only).
     """
     assert not (rotated and (causal or local)), "the rotated order is for unmasked attention"
     assert not (up and (rotated or not (causal or local))), "the up order is for masked attention"
@@ -389,7 +392,7 @@ def deterministic_schedule(
     pairs = heads_k * num_batch
     if section is None:
         sec = (order or LaunchOrder(1, 1, 1)).section_pairs(pairs, causal, True, rotated, direct, n_blocks=num_x,
-                                                            num_sms=num_sms)
+                                                            num_sms=num_sms, head_dim=head_dim)
     else:
         sec = max(1, min(section, pairs))
     visits, n_of, ctas = [], [], []

@@ -1466,7 +1466,13 @@ sections of 16 -> 64 -> 4): d128 s1k 279.5 / 278.9 -> 294.1 / 293.8 -> 267.9 / 2
 -> 499.7 / 502.5 -> 498.9 / 465.5, d64 s8k 433.1 / 409.8 -> 381.7 / 408.1 -> 368.9 / 372.6: the best
 sections held 512-2048 CTAs, and at s1k 16 pairs are 128 CTAs, less than one wave. Hence
 ``det_causal_waves``: about four waves of CTAs per section, rounded to a power of two pairs (s1k: 64).
-A first version without the rounding gave s4k 17 pairs: 413.0 / 440.3 against 447.1 / 456.9 with 16."""
+A first version without the rounding gave s4k 17 pairs: 413.0 / 440.3 against 447.1 / 456.9 with 16.
+v0.14 (the peek default; sweeps v27, v28 and a rerun, one lease, six rounds): d128 s1k 64 -> 32 pairs
+307.9 / 305.4 / 299.0 / 311.8 / 302.6 -> 324.5 / 322.4 / 317.8 / 325.9 / 313.2 (one more pair of
+rounds: 16 pairs, 313.0 / 304.7), while d64 s1k keeps 64 (278.3 / 277.3 / 277.2 against 266.3 / 267.5 /
+266.0 with 32), and d128 s2k is even between 16 and 32 (411.4 / 410.3 / 397.7 / 390.4 against 419.8 /
+418.1 / 371.6 / 392.4). So the waves count work, not CTAs: four waves of head-dim-64 steps, half as
+many CTAs per section at d128 (s1k 32 pairs, s2k 16, from s4k the table's 16 as before)."""
 
 STATS_EARLY_MAX_HD = 128
 """Padded head dims up to this read lse into registers before the S^T wgmma is issued
