@@ -761,10 +761,6 @@ def test_bwd_sm90_ordered_direct_dq_many_ctas(causal, monkeypatch):
     (64, dict(ds_from_p16=True, dv_late=False)),
     (128, dict(dv_late=True)),
     (128, dict(step_cursor=True)),
-    # P^T / dS^T through smem with 128 keys split over the warpgroups (the dK / dV wgmmas read them
-    # from smem): 80-row steps (flash-attn-4's non-causal d128 tile) and 64-row steps (v0.14).
-    (128, dict(dkv_rs=False, tile_n=128, tile_m=80, pds_stages=1, dq_stages=1, stats_early=0)),
-    (128, dict(dkv_rs=False, tile_n=128, pds_stages=2, dq_stages=1)),
 ])
 @pytest.mark.parametrize("causal", [False, True])
 def test_bwd_sm90_experiments(d, fields, causal, monkeypatch):

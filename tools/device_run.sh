@@ -8,7 +8,7 @@
 # next9 .. next11 (session 9: lane slots; the rotated order at d64; d64 det rotated), next13 (ping-pong
 # around the steps only), next14 (causal det: ncu, sweep v16), next15 (the up order; its
 # tests ran in session 10, the sweep not), next16 (ncu: the up order against the down order), next17
-# (dv_late at d64; run in session 11), next18 (publish_peek), next20 (publish_peek as the default), next22 (v27 sections, det bench), next23 (P/dS through smem, 128 keys), next8 (session 8's not-yet-run tests and sweeps), ncusrc (source-level stall sampling
+# (dv_late at d64; run in session 11), next18 (publish_peek), next20 (publish_peek as the default), next22 (v27 sections, det bench), next8 (session 8's not-yet-run tests and sweeps), ncusrc (source-level stall sampling
 # of the forwards; NCUSRC_IMPLS), ncusrcbwd (the same for the backwards), ncustall (stall reasons, fa4 vs
 # flash-attn-4), sweepfwd (tools/sweep_fwd.py $SWEEP_FWD), ncufwd (ncu of the fa4 and flash-attn-4 forwards,
 # tools/ncu_fwd.py), v012b (session 10's side-by-side benches), nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
@@ -256,12 +256,6 @@ if has next22; then
   # det bench.
   logged next22_v27 200 40 python3 tools/sweep_bwd.py --plan v27
   logged next22_det 300 14 python3 -m fa4.bench --mode bwd --deterministic --hdim 128,64 --out "$out/det2"
-fi
-if has next23; then
-  # Session 12: P^T / dS^T through smem with 128 keys (80- and 64-row steps): the experiment tests
-  # (with the older experiments), then sweep v29.
-  gpu_tests next23 150 tests/test_bwd_gpu.py -k "experiments" &&
-    logged next23_v29 120 20 python3 tools/sweep_bwd.py --plan v29
 fi
 if has next16; then
   # Written in session 10, not yet run: where the up order (DET_UP, 15-29% slower) loses against the

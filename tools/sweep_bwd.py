@@ -199,12 +199,6 @@ PLANS = {
                               ("d128 s8192 causal det", ("", "step_cursor=True")),
                               ("d128 s1024 causal", ("", "step_cursor=True")))
             for v in vs],
-    # v0.14: P^T / dS^T through smem with 128 keys split over the warpgroups, 80-row steps
-    # (flash-attn-4's non-causal d128 tile) and 64-row steps, against the default; two rounds.
-    "v29": [f"{shape} {v}".strip() for _ in range(2)
-            for shape in ("d128 s8192", "d128 s4096")
-            for v in ("", "dkv_rs=False tile_n=128 tile_m=80 pds_stages=1 dq_stages=1 stats_early=0",
-                      "dkv_rs=False tile_n=128 pds_stages=2 dq_stages=1")],
     # v0.14: the s1k / s2k causal deterministic sections at d128 and d64 (v27 and a warm rerun: d128 s1k
     # took 32 pairs over 64 in four of four rounds), two more interleaved rounds.
     "v28": [f"{shape} {v}".strip() for _ in range(2)

@@ -464,13 +464,10 @@ class FlashBwdSm90:
             return base + wg
         return base + wg * self.cfg.dq_stages + step % self.cfg.dq_stages
 
-    def stmatrix_atom(self, cols: int = 16) -> cute.CopyAtom:
+    def stmatrix_atom(self) -> cute.CopyAtom:
         """Register -> smem copy of 16-bit accumulator fragments: ``stmatrix`` of four 8x8 matrices
-        (one 16-byte row address per lane, where 32-bit stores needed one per element pair), or of
-        two where a warpgroup's fragment has ``cols`` columns that are no multiple of 16."""
-        return cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False,
-                                                                    num_matrices=4 if cols % 16 == 0 else 2),
-                                   self.dtype)
+        (one 16-byte row address per lane, where 32-bit stores needed one per element pair)."""
+        return cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
 
     @staticmethod
     def atom_cols(cols: int) -> int:
@@ -498,16 +495,14 @@ class FlashBwdSm90:
             # (The exchange's half tiles must be whole swizzle atoms of tile_m / 2 columns.)
             raise ValueError(f"{name}.two_cta (Note [Two-CTA dQ]) serves padded head dims 64 and 128 with tile_m 64 "
                              f"or 128, got head_dim {cfg.head_dim}, tile_m {cfg.tile_m}")
-        keys_split = cfg.tile_n == 64 * cfg.num_wg  # S^T split over the warpgroups by keys
-        if cfg.dq_swap and not (keys_split and cfg.head_dim % (64 * cfg.num_wg) == 0):
-            raise ValueError(f"{name}: dQ tiles of {cfg.dq_rows} rows (the swapped dQ wgmma) need tile_n "
-                             f"{64 * cfg.num_wg} and a head dim that splits into {cfg.num_wg} warpgroups of 64, got "
-                             f"tile_n {cfg.tile_n}, head_dim {cfg.head_dim}")
-        want_n = (64 * cfg.num_wg,) if cfg.dkv_rs else (64, 64 * cfg.num_wg)  # the second: an experiment
-        if cfg.tile_n not in want_n:
-            raise ValueError(f"{name}.tile_n (KernelOptions.bwd_tile_n) must be one of {want_n} with "
-                             f"dkv_rs={cfg.dkv_rs} and {cfg.num_wg} consumer warpgroups, got {cfg.tile_n}")
-        if not cfg.dkv_rs and not keys_split and cfg.tile_m % (16 * cfg.num_wg):
+        if cfg.dq_swap and not (cfg.dkv_rs and cfg.head_dim % (64 * cfg.num_wg) == 0):
+            raise ValueError(f"{name}: dQ tiles of {cfg.dq_rows} rows (the swapped dQ wgmma) need dkv_rs and a head "
+                             f"dim that splits into {cfg.num_wg} warpgroups of 64, got head_dim {cfg.head_dim}")
+        want_n = 64 * cfg.num_wg if cfg.dkv_rs else 64
+        if cfg.tile_n != want_n:
+            raise ValueError(f"{name}.tile_n (KernelOptions.bwd_tile_n) must be {want_n} with dkv_rs={cfg.dkv_rs} "
+                             f"and {cfg.num_wg} consumer warpgroups, got {cfg.tile_n}")
+        if not cfg.dkv_rs and cfg.tile_m % (16 * cfg.num_wg):
             raise ValueError(f"{name}: tile_m {cfg.tile_m} does not split into {cfg.num_wg} warpgroups' S^T columns")
         am, an = cfg.dq_atoms
         mm, nn = cfg.dq_fragment.mma_shape(cfg.dq_rows, cfg.head_dim)
@@ -581,9 +576,7 @@ class FlashBwdSm90:
             self.tiled_mma_dk, self.tiled_mma_dv = (sm90_utils.make_trivial_tiled_mma(
                 dt, dt, K, MN, Float32, (wg, 1, 1), (64, d), warpgroup.OperandSource.RMEM) for d in (hd, hdv))
         else:
-            # P^T / dS^T through smem: S^T split over the warpgroups by keys where tile_n holds 64 keys
-            # per warpgroup (an experiment at 128 keys), else by queries.
-            sdp_atoms, sdp_tile = ((wg, 1, 1), (64, m)) if n == 64 * wg else ((1, wg, 1), (64, m // wg))
+            sdp_atoms, sdp_tile = (1, wg, 1), (64, m // wg)
             self.tiled_mma_dk, self.tiled_mma_dv = (sm90_utils.make_trivial_tiled_mma(
                 dt, dt, K, MN, Float32, (1, wg, 1), (64, d // wg)) for d in (hd, hdv))
         self.tiled_mma_sdp = sm90_utils.make_trivial_tiled_mma(dt, dt, K, K, Float32, sdp_atoms, sdp_tile)
@@ -1159,8 +1152,7 @@ class FlashBwdSm90:
         c.acc_dK, c.acc_dV = acc_dK, acc_dV
         # Query (column) coordinate of each column of this thread's S^T view.
         c.tScS_mn = make_acc_mn_view(thr_sdp.partition_C(cute.make_identity_tensor(shape_S)))
-        c.r2s = cute.make_tiled_copy_C(self.stmatrix_atom(self.tile_m // (
-            1 if self.rs or self.tile_n == 64 * self.num_wg else self.num_wg)), sdp).get_slice(tidx)
+        c.r2s = cute.make_tiled_copy_C(self.stmatrix_atom(), sdp).get_slice(tidx)
         c.thr_sdp = thr_sdp
         c.sdQ = sm.sdQ
         c.tidx = tidx
@@ -1683,10 +1675,6 @@ def variants(arch: str) -> list[BwdSm90Config]:
     out.append(make_config(P(64, softcap=30.0), two, arch))
     # The experiment of the config docstring: 80-row steps (the swapped dQ wgmma) at d128.
     out.append(replace(out[1], tile_m=80, dq_stages=1, ds_from_p16=True))
-    # P^T / dS^T through smem with 128 keys split over the warpgroups (an experiment): 80-row steps
-    # (the swapped dQ wgmma) and 64-row steps, d128 without a mask.
-    out.append(replace(out[1], dkv_rs=False, tile_n=128, tile_m=80, pds_stages=1, dq_stages=1, stats_early=0))
-    out.append(replace(out[1], dkv_rs=False, tile_n=128, pds_stages=2, dq_stages=1))
     one_buffer = replace(out[2], dq_stages=1)  # one dQ buffer, deterministic
     out.append(one_buffer)
     # The rotated order at d128 (lane slots); the deterministic writer without the peeked slot
