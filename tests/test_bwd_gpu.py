@@ -497,14 +497,14 @@ def _publish_modes(run, monkeypatch, modes):
     from fa4.bwd import sm90
 
     make = sm90.make_config
-    got, lags = {}, {}
+    got, defaults = {}, {}
     try:
         for mode in modes:
             key = None if mode is None else tuple(sorted(mode.items()))
 
             def patched(*a, mode=mode, key=key, **k):
                 cfg = make(*a, **k)
-                lags[key] = (cfg.publish_lag, cfg.publish_peek)
+                defaults[key] = (cfg.publish_lag, cfg.publish_peek)
                 return cfg if mode is None else dataclasses.replace(cfg, **mode)
             monkeypatch.setattr(sm90, "make_config", patched)
             fa4.ops._plans.clear()
@@ -512,8 +512,8 @@ def _publish_modes(run, monkeypatch, modes):
     finally:
         monkeypatch.setattr(sm90, "make_config", make)
         fa4.ops._plans.clear()
-    assert set(lags) == set(got), "the patched make_config was not called for every mode"
-    return got, lags
+    assert set(defaults) == set(got), "the patched make_config was not called for every mode"
+    return got, defaults
 
 
 @pytest.mark.gpu

@@ -69,7 +69,7 @@ def test_variants_cover_buckets_flags_and_paths():
     assert {v.head_dim for v in vs} == set(sm90.TUNING)
     assert {v.dtype for v in vs} == {"bf16", "fp16"}
     for flag in ("causal", "local", "has_softcap", "varlen_q", "varlen_k", "has_seqused_k", "deterministic",
-                 "dkv_rs", "dq_direct", "det_rotate", "publish_lag", "ds_from_p16", "two_cta"):
+                 "dkv_rs", "dq_direct", "det_rotate", "publish_lag", "publish_peek", "ds_from_p16", "two_cta"):
         assert {getattr(v, flag) for v in vs} == {False, True}, flag
     assert {v.tile_m for v in vs} == {64, 80, 128}
     assert {v.q_stages for v in vs} == {1, 2} and {v.pds_stages for v in vs} == {1, 2}

@@ -49,6 +49,9 @@ def test_variant_compiles_for_its_arch(case, tmp_path):
     for c in cubins:
         assert 0 < c["registers"] <= 255, c
         assert c["frame_bytes"] <= 1024, f"{c['frame_bytes']} bytes of stack (spills): {cfg.key()}"
+        if type(cfg).__name__ == "BwdSm80Config":
+            # A few spilled words at most (the one-stage hdim-128 variant spills 16 bytes on sm_90a).
+            assert c["frame_bytes"] <= 64, c
     required = getattr(type(cfg), "REQUIRED_SASS", ())
     if required:
         # A family defined by its instructions (sm90: wgmma and TMA) must really use them.

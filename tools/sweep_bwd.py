@@ -227,6 +227,8 @@ PLANS = {
                                ("d64 s8192 causal det", "publish_peek=False"),
                                ("d64 s8192 det", "publish_peek=False publish_lag=True"))
             for v in ("", old)],
+    # (v22-v24 ran with v0.13's defaults, the lag rule; since v0.14's peek default their lag and
+    # direct variants need publish_peek=False to compile.)
     # v0.13: the writer's peeked slot (Note [Publish peek]) against the default (the lag below 32 K
     # blocks and in the rotated order, none above), two interleaved rounds.
     "v24": [f"{shape} {v}".strip() for _ in range(2)

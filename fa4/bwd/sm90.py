@@ -128,7 +128,8 @@ Note [Publish lag]
     that happens only once block ``n`` has taken slot ``m - 1``, so each rank trails the one before
     it by a whole step (the last of eight blocks of a pair in one wave idles about seven steps before
     its first add). From :data:`DET_LAG_MAX_BLOCKS` K blocks per sequence that costs more than the
-    serial writer does, and causal runs publish at once (measured, v0.13).
+    serial writer does, and causal runs publish at once (measured, v0.13). Since v0.14 this is the
+    rule with :data:`PUBLISH_PEEK` off; the default is Note [Publish peek].
 
 Note [Publish peek]
     ``publish_peek`` keeps the lag's overlap without its coupling, the split-phase pattern of
@@ -1003,7 +1004,7 @@ class FlashBwdSm90:
                     cute.arch.sync_warp()
                 for w in cutlass.range_constexpr(self.num_wg):
                     cute.arch.barrier(barrier_id=self.dq_bar(_BAR.dq_full, w, t), number_of_threads=128 + 32)
-                    with cute.arch.elect_one():
+                    with cute.arch.elect_one():  # lane 0 (sync_warp above orders it after lane 0's acquire)
                         bulk_reduce_add_f32(gdQ.iterator + w * self.dq_chunk, sdQ_t.iterator + w * self.dq_chunk,
                                             4 * self.dq_chunk)
                     cute.arch.cp_async_bulk_commit_group()
@@ -1417,7 +1418,7 @@ FlashBwdSm90.kernel.set_name_prefix("fa4_bwd_sm90", remove_cutlass_symbol=True)
 # deterministic 478 / 474 -> 497 / 492, causal deterministic 441 / 434 -> 442 / 436; the same max
 # gradient error against the float32 reference as ds_from_p16 and flash-attn-4, tools/bwd_accuracy.py;
 # at d128's 64-row steps dv_late lost 1-12%: 592 / 557 -> 523 / 549); P/dS through smem above 128; two dQ buffers where smem allows (measured v0.6: +2% d128,
-# +6% causal, +9% deterministic); the deterministic writer's publish lag where it measured faster
+# +6% causal, +9% deterministic); the deterministic writer's publish lag (with PUBLISH_PEEK off) where faster
 # (v0.6: +4-8% at head dims 64 and 128, -2 to -6% at 256); the rotated deterministic order (where
 # :func:`rotate_ok`) where it measured faster (v0.6: d128 +4-5% at s8k in two runs, d256 +2%; d64 -7%
 # in two runs with 64-row steps, shorter than a publish; v0.11, d64's 128-row steps, two rounds, plain ->
@@ -1467,12 +1468,13 @@ sections of 16 -> 64 -> 4): d128 s1k 279.5 / 278.9 -> 294.1 / 293.8 -> 267.9 / 2
 sections held 512-2048 CTAs, and at s1k 16 pairs are 128 CTAs, less than one wave. Hence
 ``det_causal_waves``: about four waves of CTAs per section, rounded to a power of two pairs (s1k: 64).
 A first version without the rounding gave s4k 17 pairs: 413.0 / 440.3 against 447.1 / 456.9 with 16.
-v0.14 (the peek default; sweeps v27, v28 and a rerun, one lease, six rounds): d128 s1k 64 -> 32 pairs
+v0.14 (the peek default; sweeps v27, v28 and a rerun, one lease, five rounds): d128 s1k 64 -> 32 pairs
 307.9 / 305.4 / 299.0 / 311.8 / 302.6 -> 324.5 / 322.4 / 317.8 / 325.9 / 313.2 (one more pair of
 rounds: 16 pairs, 313.0 / 304.7), while d64 s1k keeps 64 (278.3 / 277.3 / 277.2 against 266.3 / 267.5 /
 266.0 with 32), and d128 s2k is even between 16 and 32 (411.4 / 410.3 / 397.7 / 390.4 against 419.8 /
 418.1 / 371.6 / 392.4). So the waves count work, not CTAs: four waves of head-dim-64 steps, half as
-many CTAs per section at d128 (s1k 32 pairs, s2k 16, from s4k the table's 16 as before)."""
+many CTAs per section at d128 (s1k 32 pairs, s2k 16, from s4k the table's 16 as before). Head dim 96
+(s1k 32 pairs, s2k 16) follows the same rule unmeasured; (head_dim, head_dim_v) pairs by head_dim."""
 
 STATS_EARLY_MAX_HD = 128
 """Padded head dims up to this read lse into registers before the S^T wgmma is issued
@@ -1494,24 +1496,28 @@ plain orders: d128 causal s8k 476 / 467 -> 481 / 465, s1k 282 / 287 -> 287 / 292
 direct adds) 341 / 340 -> 325 / 335. Non-deterministic d128 s8k: 581 / 558 -> 578 / 560 (not taken)."""
 
 DET_LAG_MAX_BLOCKS = 32
-"""Deterministic runs with a causal mask (no window) hold the writer's publishes back (``publish_lag``,
-Note [Publish lag]) only when a sequence has fewer K blocks than this (max seqlen_k over tile_n; a
-local window's blocks cover few m_blocks, like short sequences', and keep the lag: not measured).
-The rule applies wherever the table takes the lag (head dims 32-128, the up order too); it was
-measured at head dims 64 and 128. The lag moves publishes only, so either choice is correct.
-With the lag, block ``n + 1`` of a pair takes slot ``m`` only after block ``n`` has taken slot
-``m - 1``: in the down walk it trails by a whole step per rank, where without the lag it trails by
-one publish; without the lag the writer instead waits for each step's adds before its next spin.
-v0.13, one lease, d128 causal deterministic, lag -> no lag (TFLOP/s, two interleaved rounds): s2k
-391 -> 332, s4k 452 / 446 -> 462 / 459, s8k 527 / 489 -> 507 / 499, s16k 493 / 438 -> 522 / 516; d64
-s8k 432 -> 442. See docs/RESULTS.md v0.13 for the confirmation rounds."""
+"""With :data:`PUBLISH_PEEK` off (v0.13's rule; the default since v0.14 is the peek): deterministic
+runs with a causal mask (no window) hold the writer's publishes back (``publish_lag``, Note [Publish
+lag]) only when a sequence has fewer K blocks than this (max seqlen_k over tile_n; a local window's
+blocks cover few m_blocks, like short sequences', and keep the lag: not measured). The rule applies
+wherever the table takes the lag (head dims 32-128, the up order too); it was measured at head dims
+64 and 128. The lag moves publishes only, so either choice is correct. With the lag, block ``n + 1``
+of a pair takes slot ``m`` only after block ``n`` has taken slot ``m - 1``: in the down walk it
+trails by a whole step per rank, where without the lag it trails by one publish; without the lag the
+writer instead waits for each step's adds before its next spin. v0.13, one lease, d128 causal
+deterministic, lag -> no lag (TFLOP/s, two interleaved rounds): s2k 391 -> 332, s4k 452 / 446 -> 462
+/ 459, s8k 527 / 489 -> 507 / 499, s16k 493 / 438 -> 522 / 516; d64 s8k 432 -> 442. See
+docs/RESULTS.md v0.13 for the confirmation rounds."""
 
 PUBLISH_PEEK = True
 """Deterministic runs with the writer warp take ``publish_peek`` (Note [Publish peek]) in every order,
 in place of the publish lag and :data:`DET_LAG_MAX_BLOCKS`' rule; False: the lag rule. v0.13, one
 lease, two interleaved rounds (TFLOP/s, lag rule -> peek): d128 causal s1k 298 / 293 -> 310 / 308,
 s2k 400 / 345 -> 421 / 388, s4k 469 / 455 -> 475 / 464; rotated d128 s8k 554 / 550 -> 581 / 576; d64
-causal s8k 446 / 446 -> 450 / 445 (docs/RESULTS.md v0.13, v0.14)."""
+causal s8k 446 / 446 -> 450 / 445. v0.14 (sweep v25, three rounds): d128 s1k causal +5-6%, s16k causal
++2-5%, rotated d128 up to +6.5% (5 of 6 pairs); d128 s8k causal is bimodal with the peek (about a third of
+its readings 445-485, against 493-520 for the no-lag rule), with a median at least as high (507-512
+against 501). docs/RESULTS.md v0.13, v0.14."""
 
 DET_ROTATE = True
 """Use the rotated deterministic order where it is safe (:func:`rotate_ok`); False: never."""
@@ -1663,7 +1669,7 @@ def variants(arch: str) -> list[BwdSm90Config]:
     # What bwd_tile_m gives off the table: 64-row steps at d64 (no ds_from_p16).
     out.append(make_config(P(64), KernelOptions(bwd_tile_m=64), arch))
     out.append(make_config(P(64, causal=True), None, arch, True))  # 128-row deterministic steps
-    out.append(make_config(P(64), None, arch, True))  # ... rotated (stagger 1 at s_q = s_k: no publish lag)
+    out.append(make_config(P(64), None, arch, True))  # ... rotated (stagger 1 at s_q = s_k)
     out.append(replace(out[-1], lane_slots=True))
     # Two-CTA (Note [Two-CTA dQ]): d128 swapped half tiles, with the writer warp or direct adds;
     # masks, varlen and seqused_k; d64's 64-row halves; GQA is a runtime size.
