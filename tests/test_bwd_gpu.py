@@ -538,6 +538,73 @@ def test_bwd_sm90_publish_peek_same_bits(d, mask, monkeypatch, hang_watchdog):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("d", [192, 256])
+@pytest.mark.parametrize("mask", ["none", "causal", "local"])
+@pytest.mark.parametrize("layout", ["dense", "varlen"])
+def test_bwd_sm90_sequence_peek_same_bits(d, mask, layout, monkeypatch, hang_watchdog):
+    """The sequencing warp of the ordered direct adds with the peeked slot (``publish_peek`` with
+    ``dq_direct``, :meth:`FlashBwdSm90.sequence_dq_peek`) and without it: bit-exact over runs, the
+    same bits (the peek moves the counter reads, not the order of the adds), and correct; the
+    rotated order (no mask, s_q 2048 / 4096 against s_k 2048: staggers 1 to 2), causal and local
+    (the plain order, per-step slots), dense and varlen with seqused_k; GQA 6/2."""
+    from fa4.bwd import sm90
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the sm90 kernels need compute capability 9.x")
+    opts = fa4.KernelOptions(arch="sm90")
+    for sq in ((2048, 4096) if mask == "none" else (1500,)):
+        sk = 2048 if mask == "none" else 1300
+        run, qkv, g, kw = _deterministic_run(layout, d, mask, opts, (sq, sk), (sq, sk), seed=d + sq)
+        got, modes = _publish_modes(run, monkeypatch, (dict(publish_peek=False), dict(publish_peek=True)))
+        assert all(lag is False for lag, _ in modes.values()), "the ordered direct adds have no publish lag"
+        off, on = got[(("publish_peek", False),)], got[(("publish_peek", True),)]
+        for name, a, b in zip(("dq", "dk", "dv"), off, on):
+            assert torch.equal(a, b), f"{name} differs with the sequencing warp's peek (s_q {sq})"
+        if layout == "dense" and mask != "none":
+            ref, pt = _reference_dense(qkv, dict(kw, softcap=0.0), g, None)
+            _check_grads(("dq", "dk", "dv"), on, ref, pt, qkv, g)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [128, 192, 256])
+@pytest.mark.parametrize("det", [False, True])
+def test_bwd_sm90_empty_tiles_varlen(d, det):
+    """Causal varlen with sequences whose queries outnumber their keys (forward tiles and
+    backward rows that see no key) beside sequences with work, on more CTAs than SMs: found with
+    wrong, run-to-run varying gradients at d192 / d256 in session 14, whose cause was the forward
+    (Note [Empty tiles and o_in_q] in fa4/fwd/sm90.py). Three runs: dk and dv identical (dq too
+    when deterministic), and the gradients under the pass rule."""
+    from fa4.testing import VarlenBatch, _cu_seqlens
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the sm90 kernels need compute capability 9.x")
+    lq, lk = [1, 840, 1451, 1500, 700, 2000], [1300, 949, 904, 1, 1500, 300]
+    gen = torch.Generator("cuda").manual_seed(d)
+    mk = lambda n, h: torch.randn(n, h, d, device="cuda", generator=gen).to(torch.bfloat16).requires_grad_()  # noqa: E731
+    vb = VarlenBatch(q=mk(sum(lq), 6), k=mk(sum(lk), 2), v=mk(sum(lk), 2), cu_seqlens_q=_cu_seqlens(lq, "cuda"),
+                     cu_seqlens_k=_cu_seqlens(lk, "cuda"), max_seqlen_q=max(lq), max_seqlen_k=max(lk),
+                     seqlens_q=lq, seqlens_k=lk, seqused_k=None)
+    var = dict(cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k, causal=True)
+    g = torch.randn(vb.q.shape, device="cuda", dtype=vb.q.dtype, generator=gen)
+    runs = []
+    for _ in range(3):
+        out, _ = fa4.flash_attn_varlen_func(vb.q, vb.k, vb.v, max_seqlen_q=vb.max_seqlen_q,
+                                            max_seqlen_k=vb.max_seqlen_k, deterministic=det,
+                                            kernel_options=fa4.KernelOptions(arch="sm90"), **var)
+        runs.append(_grads((out,), (vb.q, vb.k, vb.v), (g,)))
+    for other in runs[1:]:
+        for name, a, b in list(zip(("dq", "dk", "dv"), runs[0], other))[0 if det else 1:]:
+            assert torch.equal(a, b), f"{name} differs between runs"
+    q32 = _leaf32((vb.q, vb.k, vb.v))
+    out_ref, _ = attention_ref(*q32, upcast=True, **var)
+    ref = _grads((out_ref,), q32, (g.float(),))
+    qlp = [t.detach().requires_grad_() for t in (vb.q, vb.k, vb.v)]
+    out_pt, _ = attention_ref(*qlp, upcast=False, **var)
+    pt = _grads((out_pt,), qlp, (g,))
+    _check_grads(("dq", "dk", "dv"), runs[0], ref, pt, (vb.q, vb.k, vb.v), g)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("mask", ["causal", "local"])
 @pytest.mark.parametrize("layout", ["dense", "varlen"])

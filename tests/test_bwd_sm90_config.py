@@ -243,8 +243,9 @@ def test_publish_lag_rule(monkeypatch):
 
 def test_publish_peek_is_the_deterministic_writer_default():
     """PUBLISH_PEEK (RESULTS v0.14): every deterministic run with the writer warp peeks, with no
-    publish lag, in every order and at every length; the ordered direct adds and non-deterministic
-    runs do not; the precompiled set holds the defaults."""
+    publish lag, in every order and at every length; the ordered direct adds' sequencing warp peeks
+    in the plain orders only (SEQ_PEEK, v0.15); non-deterministic runs do not; the precompiled set
+    holds the defaults."""
     import dataclasses
 
     P = common.representative_problem
@@ -256,9 +257,13 @@ def test_publish_peek_is_the_deterministic_writer_default():
                 det = sm90.make_config(p, None, "sm_90a", True)
                 assert det.publish_peek and not det.publish_lag and not det.dq_direct, (hd, mask, s)
                 assert not sm90.make_config(p, None, "sm_90a", False).publish_peek
-    for hd in (192, 256):
-        direct = sm90.make_config(P(hd, causal=True), None, "sm_90a", True)
-        assert direct.dq_direct and not direct.publish_peek and not direct.publish_lag
+    for hd in (192, 256):  # the sequencing warp (SEQ_PEEK): peeks in the plain orders, not rotated
+        for mask in (dict(causal=True), dict(local=True)):
+            direct = sm90.make_config(P(hd, **mask), None, "sm_90a", True)
+            assert direct.dq_direct and direct.publish_peek == sm90.SEQ_PEEK and not direct.publish_lag
+        rot = sm90.make_config(dataclasses.replace(P(hd), seqlen_q=8192, seqlen_k=8192), None, "sm_90a", True)
+        assert rot.dq_direct and rot.det_rotate and not rot.publish_peek
+    assert sm90.make_config(P(256, causal=True), None, "sm_90a", True) in vs
     assert sm90.make_config(P(256, causal=True), None, "sm_90a", True, det_direct=False).publish_peek
     for cfg in (sm90.make_config(P(128, causal=True), None, "sm_90a", True),
                 sm90.make_config(P(64, causal=True), None, "sm_90a", True),
@@ -267,8 +272,9 @@ def test_publish_peek_is_the_deterministic_writer_default():
 
 
 def test_publish_peek_is_refused_by_name_where_it_cannot_run():
-    """publish_peek (Note [Publish peek]) orders the deterministic writer warp: refused, naming the
-    field, with publish_lag, with the direct adds, or without determinism."""
+    """publish_peek (Note [Publish peek]) orders the deterministic dQ adds (the writer warp, or the
+    sequencing warp of the ordered direct adds): refused, naming the field, with publish_lag, or
+    without determinism."""
     import dataclasses
 
     P = common.representative_problem
@@ -277,7 +283,9 @@ def test_publish_peek_is_refused_by_name_where_it_cannot_run():
     sm90.FlashBwdSm90.can_implement(det)
     bad = [dataclasses.replace(det, publish_lag=True),
            dataclasses.replace(sm90.make_config(P(128), None, "sm_90a"), publish_peek=True),
-           dataclasses.replace(sm90.make_config(P(256, causal=True), None, "sm_90a", True), publish_peek=True)]
+           dataclasses.replace(sm90.make_config(P(256, causal=True), None, "sm_90a"), publish_peek=True)]
+    sm90.FlashBwdSm90.can_implement(  # the sequencing warp of the ordered direct adds
+        dataclasses.replace(sm90.make_config(P(256, causal=True), None, "sm_90a", True), publish_peek=True))
     for cfg in bad:
         with pytest.raises(ValueError, match="publish_peek"):
             sm90.FlashBwdSm90.can_implement(cfg)

@@ -359,3 +359,45 @@ def test_head_dim_v(family, d, dv, mask, seqlens):
     if family == "sm80":
         with pytest.raises(NotImplementedError, match="head_dim_v"):
             fa4.flash_attn_func(q.requires_grad_(), k, v, causal=causal, kernel_options=opts)
+
+
+# Sequences whose queries outnumber their keys (causal: the first rows see no key, so whole tiles
+# have no K block), beside sequences with work, and one of seqused_k = 0 below; varlen GQA 6/2.
+EMPTY_TILE_LENS = ([1, 840, 1451, 1500, 700, 2000, 3, 1200], [1300, 949, 904, 1, 1500, 300, 5, 1200])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [128, 192, 256])
+@pytest.mark.parametrize("layout", ["varlen", "seqused", "dense"])
+def test_empty_tiles_beside_working_tiles(d, layout):
+    """Note [Empty tiles and o_in_q]: tiles whose rows see no key, on the same CTAs as tiles with
+    work, where sO is sQ's memory (d192, d256; d128 has its own sO). Before the fix the varlen
+    d256 case stored wrong O (Q's values, up to 3.8 off) in about half the runs: five runs, each
+    NaN-filled and against the reference, all bit-identical."""
+    from fa4.testing import VarlenBatch, _cu_seqlens
+
+    lq, lk = EMPTY_TILE_LENS
+    gen = torch.Generator("cuda").manual_seed(d)
+    if layout == "dense":
+        q, k, v = random_qkv(2, 2000, 300, 12, 4, d, torch.bfloat16, "cuda", seed=d)
+        run = lambda: _dense(q, k, v, True, (None, None), 0.0)  # noqa: E731
+        ref_kw = dict(causal=True)
+    else:
+        mk = lambda n, h: torch.randn(n, h, d, device="cuda", generator=gen).to(torch.bfloat16)  # noqa: E731
+        used = torch.tensor([min(n, 1000) for n in lk[:-1]] + [0], dtype=torch.int32, device="cuda")
+        vb = VarlenBatch(q=mk(sum(lq), 6), k=mk(sum(lk), 2), v=mk(sum(lk), 2), cu_seqlens_q=_cu_seqlens(lq, "cuda"),
+                         cu_seqlens_k=_cu_seqlens(lk, "cuda"), max_seqlen_q=max(lq), max_seqlen_k=max(lk),
+                         seqlens_q=lq, seqlens_k=lk, seqused_k=used if layout == "seqused" else None)
+        q, k, v = vb.q, vb.k, vb.v
+        ref_kw = dict(causal=True, cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k, seqused_k=vb.seqused_k)
+        run = lambda: fa4.flash_attn_varlen_func(  # noqa: E731
+            q, k, v, max_seqlen_q=vb.max_seqlen_q, max_seqlen_k=vb.max_seqlen_k, return_lse=True,
+            kernel_options=SM90, **ref_kw)
+    first = None
+    for _ in range(5):
+        out, lse = run()
+        if first is None:
+            check(out, lse, q, k, v, **ref_kw)
+            first = (out, lse)
+        else:
+            assert torch.equal(out, first[0]) and torch.equal(lse, first[1]), "a run differs from the first"

@@ -199,6 +199,17 @@ PLANS = {
                               ("d128 s8192 causal det", ("", "step_cursor=True")),
                               ("d128 s1024 causal", ("", "step_cursor=True")))
             for v in vs],
+    # v0.15: the sequencing warp of the ordered direct adds with the peeked slot (publish_peek with
+    # dq_direct, SEQ_PEEK) against without; the non-deterministic kernel for the ratio; three
+    # interleaved rounds.
+    "v30": [f"{shape} {v}".strip() for _ in range(3)
+            for shape, vs in (("d256 s8192 det", ("", "publish_peek=True")),
+                              ("d256 s8192 causal det", ("", "publish_peek=True")),
+                              ("d256 s8192", ("",)), ("d256 s8192 causal", ("",)),
+                              ("d192 s8192 det", ("", "publish_peek=True")),
+                              ("d192 s8192 causal det", ("", "publish_peek=True")),
+                              ("d192 s8192", ("",)))
+            for v in vs],
     # v0.14: the s1k / s2k causal deterministic sections at d128 and d64 (v27 and a warm rerun: d128 s1k
     # took 32 pairs over 64 in four of four rounds), two more interleaved rounds.
     "v28": [f"{shape} {v}".strip() for _ in range(2)

@@ -531,9 +531,9 @@ class FlashBwdSm90:
         if cfg.det_up and not (cfg.deterministic and (cfg.causal or cfg.local) and not cfg.det_rotate
                                and not cfg.two_cta):
             raise ValueError(f"{name}.det_up (Note [Up order]) needs deterministic=True and a causal or local mask")
-        if cfg.publish_peek and not (cfg.deterministic and not cfg.dq_direct and not cfg.publish_lag):
-            raise ValueError(f"{name}.publish_peek (Note [Publish peek]) orders the deterministic dQ writer; it needs "
-                             "deterministic=True, no dq_direct and no publish_lag")
+        if cfg.publish_peek and not (cfg.deterministic and not cfg.publish_lag):
+            raise ValueError(f"{name}.publish_peek (Note [Publish peek]) orders the deterministic dQ adds; it needs "
+                             "deterministic=True and no publish_lag")
         if cfg.publish_lag and not (cfg.deterministic and not cfg.dq_direct):
             raise ValueError(f"{name}.publish_lag orders the deterministic dQ writer; it needs deterministic=True "
                              "and no dq_direct (the ordered direct adds have their own overlap, Note [Ordered direct dQ])")
@@ -1049,22 +1049,67 @@ class FlashBwdSm90:
     def sequence_dq(self, mSemaphore, work) -> None:
         """Warp 1 with ``dq_direct`` and ``deterministic`` (Note [Ordered direct dQ]): per step, waits
         for the slot's turn, lets every consumer warpgroup add (``dq_full``), waits until all of them
-        have issued their adds (``dq_empty``), and publishes (the slot: Note [Writer slots])."""
-        lane = cute.arch.lane_idx()
-        lane_head, lane_m, lane_rank = Int32(0), Int32(0), Int32(0)
-        for t in cutlass.range(work.num_steps, unroll=1):
-            lane_head, lane_m, lane_rank, head, m_block, rank = self.next_slot(work, t, lane, lane_head, lane_m,
-                                                                               lane_rank)
-            sem = self.dq_semaphore(mSemaphore, work, head, m_block)
+        have issued their adds (``dq_empty``), and publishes (the slot: Note [Writer slots]). With
+        ``publish_peek`` the next slot's counter is read before that publish (Note [Publish peek])."""
+        if const_expr(self.cfg.publish_peek):
+            self.sequence_dq_peek(mSemaphore, work)
+        else:
+            lane = cute.arch.lane_idx()
+            lane_head, lane_m, lane_rank = Int32(0), Int32(0), Int32(0)
+            for t in cutlass.range(work.num_steps, unroll=1):
+                lane_head, lane_m, lane_rank, head, m_block, rank = self.next_slot(work, t, lane, lane_head, lane_m,
+                                                                                   lane_rank)
+                sem = self.dq_semaphore(mSemaphore, work, head, m_block)
+                if lane == 0:
+                    semaphore.spin(sem, rank)
+                cute.arch.sync_warp()
+                self.let_consumers_add(t)
+                if lane == 0:
+                    semaphore.publish(sem, True)
+
+    @cute.jit
+    def sequence_dq_peek(self, mSemaphore, work) -> None:
+        """:meth:`sequence_dq` with ``publish_peek``: once the consumers have issued step ``t``'s adds,
+        lane 0 reads slot ``t + 1``'s counter (relaxed), then publishes step ``t``: the fence that
+        waits for those adds is also the acquire of the value read, so the read's round trip and the
+        next slot's computation leave the chain from step ``t``'s adds to step ``t + 1``'s turn; lane 0
+        spins only if the value was not yet the rank. Step 0 fences on its own."""
+        if work.num_steps > 0:
+            lane = cute.arch.lane_idx()
+            lane_head, lane_m, lane_rank, head, m_block, rank = self.next_slot(work, Int32(0), lane, Int32(0),
+                                                                               Int32(0), Int32(0))
+            seen = Int32(-1)
             if lane == 0:
-                semaphore.spin(sem, rank)
-            cute.arch.sync_warp()
-            for w in cutlass.range_constexpr(self.num_wg):
-                cute.arch.barrier_arrive(barrier_id=self.dq_bar(_BAR.dq_full, w, t), number_of_threads=128 + 32)
-            for w in cutlass.range_constexpr(self.num_wg):
-                cute.arch.barrier(barrier_id=self.dq_bar(_BAR.dq_empty, w, t), number_of_threads=128 + 32)
-            if lane == 0:
-                semaphore.publish(sem, True)
+                seen = semaphore.peek(self.dq_semaphore(mSemaphore, work, head, m_block))
+                cute.arch.fence_acq_rel_gpu()  # the acquire of seen (no publish before step 0)
+            for t in cutlass.range(work.num_steps, unroll=1):
+                if lane == 0:
+                    if seen != rank:
+                        semaphore.spin(self.dq_semaphore(mSemaphore, work, head, m_block), rank)
+                cute.arch.sync_warp()
+                for w in cutlass.range_constexpr(self.num_wg):
+                    cute.arch.barrier_arrive(barrier_id=self.dq_bar(_BAR.dq_full, w, t), number_of_threads=128 + 32)
+                # Step t + 1's slot while the consumers compute (clamped: the last step computes its own
+                # slot again and reads nothing).
+                t_next = cutlass.min(t + 1, work.num_steps - 1)
+                lane_head, lane_m, lane_rank, head_n, m_n, rank_n = self.next_slot(work, t_next, lane, lane_head,
+                                                                                   lane_m, lane_rank)
+                for w in cutlass.range_constexpr(self.num_wg):
+                    cute.arch.barrier(barrier_id=self.dq_bar(_BAR.dq_empty, w, t), number_of_threads=128 + 32)
+                if lane == 0:
+                    if t + 1 < work.num_steps:
+                        seen = semaphore.peek(self.dq_semaphore(mSemaphore, work, head_n, m_n))
+                    semaphore.publish(self.dq_semaphore(mSemaphore, work, head, m_block), True)
+                head, m_block, rank = head_n, m_n, rank_n
+
+    @cute.jit
+    def let_consumers_add(self, t: Int32) -> None:
+        """Warp 1, step ``t`` of Note [Ordered direct dQ], once the slot is this CTA's turn: arrive on
+        every consumer warpgroup's ``dq_full``, then wait until each has issued its adds (``dq_empty``)."""
+        for w in cutlass.range_constexpr(self.num_wg):
+            cute.arch.barrier_arrive(barrier_id=self.dq_bar(_BAR.dq_full, w, t), number_of_threads=128 + 32)
+        for w in cutlass.range_constexpr(self.num_wg):
+            cute.arch.barrier(barrier_id=self.dq_bar(_BAR.dq_empty, w, t), number_of_threads=128 + 32)
 
     @cute.jit
     def slot_of(self, work, t: Int32):
@@ -1519,6 +1564,15 @@ causal s8k 446 / 446 -> 450 / 445. v0.14 (sweep v25, three rounds): d128 s1k cau
 its readings 445-485, against 493-520 for the no-lag rule), with a median at least as high (507-512
 against 501). docs/RESULTS.md v0.13, v0.14."""
 
+SEQ_PEEK = True
+"""Deterministic runs with the ordered direct adds (Note [Ordered direct dQ]) in the plain orders
+(causal, local: not the rotated one) take ``publish_peek`` on their sequencing warp
+(:meth:`FlashBwdSm90.sequence_dq_peek`). v0.15, sweep v30, one lease, three interleaved rounds
+(TFLOP/s, without -> with the peek): d256 s8k causal 345.8 / 329.4 / 332.8 -> 355.6 / 343.4 / 345.5,
+d192 causal 284.6 / 285.5 / 284.6 -> 322.7 / 325.2 / 322.8; rotated (no mask) d256 386.1 / 385.7 /
+373.9 -> 390.9 / 373.3 / 374.1 and d192 304.3 / 306.8 / 304.8 -> 301.3 / 301.0 / 300.0, so the rotated
+order keeps the plain spin."""
+
 DET_ROTATE = True
 """Use the rotated deterministic order where it is safe (:func:`rotate_ok`); False: never."""
 
@@ -1578,7 +1632,7 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         dkv_rs=rs, q_stages=q_stages, pds_stages=pds_stages, dq_stages=dq_stages, deterministic=bool(deterministic),
         publish_lag=writer and lag and not PUBLISH_PEEK and not (
             problem.causal and not problem.local and -(-problem.seqlen_k // tile_n) >= DET_LAG_MAX_BLOCKS),
-        publish_peek=writer and PUBLISH_PEEK,
+        publish_peek=(writer and PUBLISH_PEEK) or (bool(deterministic) and not writer and not rotated and SEQ_PEEK),
         det_rotate=rotated, lane_slots=rotated and hd >= LANE_SLOTS_MIN_HD,
         det_up=bool(deterministic) and (problem.causal or problem.local) and DET_UP,
         dq_direct=direct and (det_direct or not deterministic),
@@ -1699,6 +1753,14 @@ def variants(arch: str) -> list[BwdSm90Config]:
     # warp under a causal mask and the sequencing warp of the ordered direct adds.
     out.append(replace(out[2], lane_slots=True))
     out.append(replace(make_config(P(256, causal=True), None, arch, True), lane_slots=True))
+    # The sequencing warp of the ordered direct adds: the causal d256 default (peeked slot,
+    # SEQ_PEEK); with the peeked slot in the rotated order (d256, an option), and without it in the
+    # plain orders (SEQ_PEEK off: causal d256, local varlen d192 with seqused_k).
+    out.append(make_config(P(256, causal=True), None, arch, True))
+    out.append(replace(make_config(replace(P(256), seqlen_q=8192, seqlen_k=8192), None, arch, True), publish_peek=True))
+    out.append(replace(make_config(P(256, causal=True), None, arch, True), publish_peek=False))
+    out.append(replace(make_config(P(192, "fp16", local=True, varlen=True, seqused_k=True), None, arch, True),
+                       publish_peek=False))
     # The row statistics read before the wgmmas are issued (stats_early, an experiment).
     out.append(replace(out[1], stats_early=2))
     out.append(replace(out[0], stats_early=1))  # lse ahead with the d64 default's 128-row steps (rows_late)

@@ -22,7 +22,9 @@ expected transaction bytes; a consumer arrive is one per warp, from lane 0)
     * ``pipeline_q``: 1 stage (unused with packed rows). Consumers: every consumer warp
       (``num_wg * 4`` arrives) after its last ``Q K^T`` of the tile; when sO reuses sQ's memory
       (``o_in_q``, large head dims) only the storing warp arrives (1), once the TMA store of O has
-      finished reading smem.
+      finished reading smem. With ``o_in_q`` a tile with no K block (every row sees no key) takes
+      the stage too: its Q is loaded and waited for although unused, so that the epilogue's zero O
+      written over sQ cannot race the next tile's Q load (Note [Empty tiles and o_in_q]).
     * ``pipeline_k``, ``pipeline_v``: ``num_stages`` stages each, one shared stage counter (block
       ``i`` of a tile uses stage ``i % num_stages`` for both). Consumers: ``num_wg * 4`` arrives.
       Producer order per tile: K[last], Q, then K[n] before V[n + 1], then V[first]; the
@@ -66,6 +68,17 @@ Note [ping-pong]
     ``pp_steps_only`` brackets the K-block steps only, as flash-attn-4 does: a tile's first ``Q K^T``
     and last ``P V`` go without a turn. Every warpgroup of a tile still takes as many turns (one per
     K block after the first), and the last arrive of a tile opens the next tile's first turn.
+
+Note [Empty tiles and o_in_q]
+    A tile none of whose rows sees a key (causal with ``seqlen_q > seqlen_k``, ``seqused_k`` 0, a
+    window past the keys) has no K block: it writes O = 0 and LSE = -inf. Where sO is sQ's memory
+    (``o_in_q``), its epilogue writes sQ; had the producer skipped its Q (as it skips its K/V), the
+    stage would be free and the producer could already be loading the next tile's Q into sQ while
+    the zeros are written: the next tile then computed with zeros in Q, or this tile stored Q's
+    values as O (found on the H200 in session 14: varlen d256 causal, wrong O in about half the
+    runs). So with ``o_in_q`` the producer loads Q for every active tile, and the consumers of an
+    empty tile wait for it before the epilogue; the stage is released by the storing warp as for
+    any tile. (A wasted 16-bit Q tile per empty tile, which stores a tile of zeros anyway.)
 
 Note [TMA and varlen / padding]
     The TMA atoms see the kernel-boundary tensors as ``(s, d, h, b)`` (:func:`fa4.seqlen.to_sdhb`);
@@ -527,12 +540,7 @@ class FlashFwdSm90:
 
                 self.load_block(tma_k, pk, tKgK, tKsK, n_max - 1, kv_state)
                 if const_expr(self.tma_q):  # (packed Q: the consumers load it, Note [Pack GQA])
-                    gQ = cute.local_tile(seqlen.q_view_sd(mQ, batch, head), (self.tile_m, self.tile_hdim),
-                                         (m_block, 0))
-                    tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, one, cute.group_modes(sQ, 0, 2),
-                                                       cute.group_modes(gQ, 0, 2))
-                    pq.producer_acquire(q_state)
-                    cute.copy(tma_q, tQgQ, tQsQ, tma_bar_ptr=pq.producer_get_barrier(q_state))
+                    self.load_q(tma_q, mQ, sQ, pq, q_state, seqlen, batch, head, m_block)
                     q_state.advance()
                 v_state = kv_state.clone()
                 kv_state.advance()
@@ -543,7 +551,21 @@ class FlashFwdSm90:
                     kv_state.advance()
                     v_state.advance()
                 self.load_block(tma_v, pv, tVgV, tVsV, n_min, v_state)
+            if const_expr(self.tma_q and self.o_in_q):
+                if active and n_min >= n_max:  # no K block: its Q anyway (Note [Empty tiles and o_in_q])
+                    self.load_q(tma_q, mQ, sQ, pq, q_state, seqlen, batch, head, m_block)
+                    q_state.advance()
             idx, t_state = sched.next_producer(idx, t_state)
+
+    @cute.jit
+    def load_q(self, tma_q, mQ, sQ, pq, q_state, seqlen: SeqlenInfo, batch: Int32, head: Int32,
+               m_block: Int32) -> None:
+        """The tile's Q, by TMA completing on the Q stage's mbarrier."""
+        gQ = cute.local_tile(seqlen.q_view_sd(mQ, batch, head), (self.tile_m, self.tile_hdim), (m_block, 0))
+        tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
+                                           cute.group_modes(gQ, 0, 2))
+        pq.producer_acquire(q_state)
+        cute.copy(tma_q, tQgQ, tQsQ, tma_bar_ptr=pq.producer_get_barrier(q_state))
 
     def block_pages(self, tXsX, mX, n: Int32) -> list:
         """The page indices of paged block ``n``'s chunks (Note [Paged K/V]), clamped to the table:
@@ -689,6 +711,9 @@ class FlashFwdSm90:
                     self.pp_arrive(wg, edge=True)
                     warpgroup.wait_group(0)
                     pv.consumer_release(v_state)
+                if const_expr(self.tma_q and self.o_in_q):
+                    if not has_work:
+                        pq.consumer_wait(q_state)  # Note [Empty tiles and o_in_q]
                 sinks = None
                 if const_expr(cfg.has_sink and not self.split):  # split-KV: the combine adds it
                     sinks = row_sinks(mSink, thr_mma_pv, rows, self.tile_hdimv, softmax.num_rows)
@@ -696,11 +721,12 @@ class FlashFwdSm90:
                 slot = partial_slot(split, batch, num_batch, cfg.varlen_q)
                 self.epilogue(acc_O, lse, mO, mLSE, sO, tma_o, seqlen, rows, slot, m_block, head, batch, thr_mma_pv,
                               tidx)
-                if const_expr(self.tma_q):
+                if const_expr(self.tma_q and self.o_in_q):  # every tile took the stage
+                    if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 4:
+                        pq.consumer_release(q_state)
+                    q_state.advance()
+                elif const_expr(self.tma_q):
                     if has_work:
-                        if const_expr(self.o_in_q):
-                            if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 4:
-                                pq.consumer_release(q_state)
                         q_state.advance()
             idx, t_state = sched.next_consumer(idx, t_state)
         if const_expr(self.tma_o):
