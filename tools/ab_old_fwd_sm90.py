@@ -1,0 +1,1001 @@
+"""Hopper (sm90 family) attention forward: TMA + wgmma, warp-specialized, persistent.
+
+One CTA tile = ``tile_m`` query rows of one (batch, head) (packed GQA: of the q heads of one kv
+head, Note [Pack GQA] in fa4/pack_gqa.py), over the K blocks of its split (split-KV: Note
+[Split-KV partials] there); ``tile_m / 64`` consumer warpgroups each own 64 of the rows and every
+key of a K/V block. :class:`FlashFwdSm90`:
+
+Warp roles (``kernel`` dispatches; ``128 * (num_wg + 1)`` threads)
+    * warpgroup 0, the **producer** (``setmaxnreg`` down to ``producer_regs``): warp 0 runs
+      :meth:`load` (TMA loads of Q once per tile, unless packed, and of K and V per block, paged
+      K/V by page chunks: Note [Paged K/V]; all completing on the pipelines' mbarriers); warps
+      1-3 exit.
+    * warpgroups 1..num_wg, the **consumers** (``setmaxnreg`` up to ``consumer_regs``): run
+      :meth:`mma_softmax` (``S = Q K^T`` by wgmma from smem, mask, online softmax, P kept in
+      registers as the A operand of ``O += P V``) and :meth:`epilogue` (O through smem and a TMA
+      store, or row stores for varlen / ``seqused_q`` / packed rows; split-KV: float32 O straight
+      from registers into its partial slot; LSE from registers). Packed Q rows are loaded by the
+      consumers themselves (:func:`fa4.pack_gqa.load_q_rows`).
+
+Pipelines (``cutlass.pipeline.PipelineTmaAsync``; producer = the TMA warp, arriving once with the
+expected transaction bytes; a consumer arrive is one per warp, from lane 0)
+    * ``pipeline_q``: 1 stage (unused with packed rows). Consumers: every consumer warp
+      (``num_wg * 4`` arrives) after its last ``Q K^T`` of the tile; when sO reuses sQ's memory
+      (``o_in_q``, large head dims) only the storing warp arrives (1), once the TMA store of O has
+      finished reading smem.
+    * ``pipeline_k``, ``pipeline_v``: ``num_stages`` stages each, one shared stage counter (block
+      ``i`` of a tile uses stage ``i % num_stages`` for both). Consumers: ``num_wg * 4`` arrives.
+      Producer order per tile: K[last], Q, then K[n] before V[n + 1], then V[first]; the
+      consumers use K one block ahead of V (Note [intra-warpgroup overlap]).
+    * ``pipes["sched"]`` (``dynamic_sched`` only; ``cutlass.pipeline.PipelineAsync``, 2 stages):
+      the next tile's index in smem (:class:`fa4.sched.tile.DynamicTileScheduler`). Producer: the
+      TMA warp's 32 lanes, once it has issued a tile's loads it claims the next tile from the
+      global counter (32 arrives); consumers: every consumer thread after its tile's epilogue
+      (``num_wg * 128`` arrives).
+
+Named barriers: 1 = epilogue (all consumer threads); 2, 3 = the ping-pong of two consumer
+warpgroups (Note [ping-pong]); 4 = V rows past ``seqused_k`` zeroed (all consumer threads,
+:meth:`FlashFwdSm90.clear_v_tail`); 5 = packed Q rows (all consumer threads: once before the
+consumers overwrite sQ, every read of the last tile's Q is done; once after, the new Q is in).
+
+Note [Paged K/V]
+    With a page table, K and V are ``(num_pages, page_size, h_k, d)`` and the TMA atoms see them
+    as ``(page_size, d, h_k, num_pages)``. A K/V block of ``tile_n`` rows is ``tile_n /
+    page_rows`` TMA boxes of ``page_rows = gcd(page_size, tile_n)`` rows (a multiple of 8, so a
+    box is whole 128-byte swizzle atoms and lands at its rows of the stage), each from the page
+    that holds it: :meth:`FlashFwdSm90.load_block` reads the block's page indices (clamped to the
+    table) before it waits for the stage, then issues the boxes on the stage's one mbarrier (the
+    transaction count is the whole block's). Rows past ``seqused_k`` are masked (K) and zeroed
+    (V) as with any KV cache.
+
+Note [intra-warpgroup overlap]
+    A K-block step issues ``S_next = Q K[n]^T`` and then ``O += P V[n + 1]`` (P of the previous
+    block) as two wgmma groups, waits for the first only (``wait_group(1)``), runs mask and softmax
+    on ``S_next`` while the second runs on the tensor cores, then waits for it, rescales O (the
+    softmax's row scales, :meth:`fa4.softmax.OnlineSoftmax.update` / ``rescale_O``) and converts
+    ``S_next`` into the next P. The first block has only its ``Q K^T``, the tile ends with the last
+    ``P V``.
+
+Note [ping-pong]
+    With two or three consumer warpgroups (``pingpong``), each brackets its wgmma issues by a sync
+    on its own named barrier and an arrive on the next one's (round robin), so they take turns on
+    the tensor cores: one issues GEMMs while the others run their softmax. The last warpgroup
+    arrives on warpgroup 0's barrier once at the start. Every warpgroup of a tile issues the same
+    number of groups (the first ``Q K^T``, one per further K block, the last ``P V``), so the
+    order never drifts. Barrier ids: ``_BAR_PP0 + w`` for warpgroups 0 and 1, ``_BAR_PP2`` for 2.
+    ``pp_steps_only`` brackets the K-block steps only, as flash-attn-4 does: a tile's first ``Q K^T``
+    and last ``P V`` go without a turn. Every warpgroup of a tile still takes as many turns (one per
+    K block after the first), and the last arrive of a tile opens the next tile's first turn.
+
+Note [TMA and varlen / padding]
+    The TMA atoms see the kernel-boundary tensors as ``(s, d, h, b)`` (:func:`fa4.seqlen.to_sdhb`);
+    a varlen sequence is a coordinate offset into the packed ``(total, d, h, 1)`` tensor. Boxes
+    past the tensor's end read zeros; rows past a varlen sequence's end read the next sequence:
+    keys there are masked (``-inf``, P = 0), query rows there are never stored. With ``seqused_k``
+    the rows between the used length and the block's end are KV-cache slots that may hold
+    anything, NaN included, and ``P V`` would multiply them by P = 0: they are zeroed in smem
+    first (:meth:`FlashFwdSm90.clear_v_tail`; K there is harmless, its scores are masked to
+    ``-inf`` by value). Head dims are padded
+    to the tile's (a multiple of 32): the padded columns read as zeros and are never stored.
+
+Note [no ``from __future__ import annotations``]
+    ``cute.struct`` reads the field annotations of ``SharedStorage`` as objects.
+"""
+
+from dataclasses import dataclass, replace
+from functools import partial
+from types import SimpleNamespace
+from typing import Optional
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, const_expr, pipeline
+from cutlass.cute.nvgpu import cpasync, warpgroup
+import cutlass.utils.hopper_helpers as sm90_utils
+
+from fa4.config import AttnFwdConfig, AttnProblem, KernelOptions
+from fa4.cute_utils import (
+    convert_f32_to_half,
+    gemm_sm90,
+    make_acc_as_A,
+    make_acc_mn_view,
+    smem_layout_sm90,
+    store_rows_16B,
+    transposed,
+    zero_rows_from,
+)
+from fa4.fwd import common as fwd_common
+from fa4.mask import AttentionMask, walk_blocks
+from fa4.pack_gqa import (
+    TileRows, batch_slot, load_q_rows, partial_slot, row_sinks, store_acc_rows, store_lse_rows, store_rows,
+)
+from fa4.sched.tile import DynamicTileScheduler, PersistentTileScheduler, split_head, split_range
+from fa4.seqlen import SeqlenInfo, to_sdhb
+from fa4.softmax import OnlineSoftmax, apply_softcap, rescale_rows, score_scales
+
+SMEM_CAPACITY = 232448  # sm_90a: 227 KB of dynamic shared memory per CTA
+SMEM_RESERVED = 1024  # mbarriers and alignment
+_DTYPES = fwd_common.DTYPES
+# (consumer, producer) registers per thread after setmaxnreg, by consumer warpgroups: the
+# 64K-register file split as 128 * (producer + num_wg * consumer) <= 65536.
+_REGS = {1: (256, 56), 2: (240, 24), 3: (160, 32)}
+_BAR_EPI, _BAR_PP0, _BAR_VTAIL, _BAR_Q, _BAR_PP2 = 1, 2, 4, 5, 6
+
+
+_pad32 = fwd_common.pad32
+
+
+@dataclass(frozen=True)
+class FwdSm90Config(AttnFwdConfig):
+    """Compile key of the sm90 forward. ``tile_m`` = 64 x consumer warpgroups; ``persistent``: a
+    grid of at most one CTA per SM looping over tiles (else one tile per CTA); ``pingpong``: two
+    or three consumer warpgroups take turns on the tensor cores (Note [ping-pong]); ``rescale_o_before_pv``:
+    O is rescaled just before the next ``P V``, under the ``Q K^T`` already issued, instead of
+    right after the softmax. The next ``Q K^T`` always overlaps the softmax (Note
+    [intra-warpgroup overlap]). ``qhead_per_kvhead > 1``: pack GQA, the tile's rows are that
+    many q heads of one kv head (Note [Pack GQA] in fa4/pack_gqa.py); ``split_kv``: O and LSE are
+    float32 partials of a runtime number of K splits (Note [Split-KV partials] there).
+    ``l2_section_mb``: the K/V megabytes of one L2 section of the tile order
+    (:mod:`fa4.sched.tile`; 0: one (head, batch) pair per section); ``dynamic_sched`` (with
+    ``persistent``): tiles after the first are claimed from a global counter
+    (:class:`fa4.sched.tile.DynamicTileScheduler`) instead of the static snake.
+    ``pp_steps_only`` (with ``pingpong``): the turns bracket only the K-block steps; a tile's first
+    ``Q K^T`` and last ``P V`` are issued without waiting for a turn (Note [ping-pong]); the d64
+    default's three warpgroups take it (v0.12)."""
+
+    head_dim: int = 128
+    head_dim_v: int = 128
+    tile_m: int = 128
+    tile_n: int = 128
+    num_stages: int = 2
+    pingpong: bool = False
+    persistent: bool = True
+    has_lse: bool = True
+    exp2_emu_frac: float = 0.0
+    rescale_threshold: float = 0.0
+    sum_rounded: bool = False
+    rescale_o_before_pv: bool = False
+    qhead_per_kvhead: int = 1
+    split_kv: bool = False
+    l2_section_mb: int = 0
+    dynamic_sched: bool = False
+    pp_steps_only: bool = False
+
+    KERNEL = "fa4.fwd.sm90:FlashFwdSm90"
+    REQUIRED_SASS = ("HGMMA", "UTMALDG")  # checked in the SASS of every compile variant (tests/test_compile.py)
+
+    @property
+    def num_wg(self) -> int:
+        return self.tile_m // 64
+
+    @property
+    def lpt(self) -> bool:
+        return (self.causal or self.local or self.varlen_q or self.varlen_k or self.has_seqused_k
+                or self.has_seqused_q)
+
+    def smem_qkv_bytes(self) -> int:
+        d, dv = _pad32(self.head_dim), _pad32(self.head_dim_v)
+        return 2 * (self.tile_m * d + self.num_stages * self.tile_n * (d + dv))
+
+    @property
+    def o_in_q(self) -> bool:
+        """sO reuses sQ's memory when a separate O tile does not fit (Note in the class docstring)."""
+        so = 2 * self.tile_m * _pad32(self.head_dim_v)
+        return self.smem_qkv_bytes() + so + SMEM_RESERVED > SMEM_CAPACITY
+
+    @property
+    def o_via_smem(self) -> bool:
+        """O is staged in smem (16 bits); split-KV partials go to gmem straight from registers."""
+        return not self.split_kv
+
+    def smem_bytes(self) -> int:
+        so = 0 if (self.o_in_q or not self.o_via_smem) else 2 * self.tile_m * _pad32(self.head_dim_v)
+        return self.smem_qkv_bytes() + so + SMEM_RESERVED
+
+
+class FlashFwdSm90:
+    """See the module docstring."""
+
+    def __init__(self, cfg: FwdSm90Config):
+        self.cfg = cfg
+        self.dtype = _DTYPES[cfg.dtype]
+        self.tile_m, self.tile_n, self.num_stages = cfg.tile_m, cfg.tile_n, cfg.num_stages
+        self.tile_hdim, self.tile_hdimv = _pad32(cfg.head_dim), _pad32(cfg.head_dim_v)
+        self.num_wg = cfg.num_wg
+        self.num_consumer_threads = 128 * self.num_wg
+        self.num_threads = 128 * (self.num_wg + 1)
+        self.consumer_regs, self.producer_regs = _REGS[self.num_wg]
+        self.pingpong = cfg.pingpong and self.num_wg in (2, 3)
+        self.pack = cfg.qhead_per_kvhead > 1
+        self.split = cfg.split_kv
+        self.o_in_q = cfg.o_in_q and cfg.o_via_smem
+        self.tma_q = not self.pack  # packed rows are loaded row by row (Note [Pack GQA])
+        self.tma_o = not (cfg.varlen_q or cfg.has_seqused_q or self.pack or self.split)
+        self.page_rows = cfg.page_rows
+
+    # ----------------------------------------------------------------------------------------
+    # Host side
+    # ----------------------------------------------------------------------------------------
+
+    @staticmethod
+    def can_implement(cfg: FwdSm90Config) -> None:
+        cfg.check_target(_DTYPES)
+        if cfg.arch != "sm_90a":
+            raise ValueError(f"FwdSm90Config.arch must be sm_90a (wgmma, setmaxnreg), got {cfg.arch!r}")
+        fwd_common.check_head_dims(cfg)
+        if cfg.tile_m not in (64, 128, 192):
+            raise ValueError(f"FwdSm90Config.tile_m (KernelOptions.tile_m) must be 64, 128 or 192 (64 rows per "
+                             f"consumer warpgroup), got {cfg.tile_m}")
+        if cfg.tile_n % 16 or not 16 <= cfg.tile_n <= 256:
+            raise ValueError(f"FwdSm90Config.tile_n (KernelOptions.tile_n) must be a multiple of 16 in [16, 256], "
+                             f"got {cfg.tile_n}")
+        if cfg.num_stages not in (1, 2, 3, 4):
+            raise ValueError(f"FwdSm90Config.num_stages (KernelOptions.num_stages) must be 1-4, got {cfg.num_stages}")
+        if cfg.smem_bytes() > SMEM_CAPACITY:
+            raise ValueError(f"shared memory of tile_m={cfg.tile_m}, tile_n={cfg.tile_n}, num_stages={cfg.num_stages} "
+                             f"(KernelOptions) at head_dim {cfg.head_dim}/{cfg.head_dim_v} is {cfg.smem_bytes()} "
+                             f"bytes, over the {SMEM_CAPACITY} of sm_90a")
+        # fp32 accumulators per consumer thread: O, S, and (overlapped) the 16-bit P of the previous block.
+        acc = _pad32(cfg.head_dim_v) // 2 + cfg.tile_n // 2 + cfg.tile_n // 4
+        budget = _REGS[cfg.num_wg][0] - 32
+        if acc > budget:
+            raise ValueError(f"tile_n={cfg.tile_n} (KernelOptions) at head_dim_v {cfg.head_dim_v} needs {acc} "
+                             f"accumulator registers per thread, over the {budget} left with {cfg.num_wg} consumer "
+                             f"warpgroups: use a smaller tile_n or tile_m")
+        fwd_common.check_softmax_options(cfg)
+        if cfg.qhead_per_kvhead < 1:
+            raise ValueError(f"FwdSm90Config.qhead_per_kvhead must be >= 1, got {cfg.qhead_per_kvhead}")
+        if cfg.page_rows and (cfg.page_rows % 8 or cfg.tile_n % cfg.page_rows):
+            raise ValueError(f"FwdSm90Config.page_rows must be a multiple of 8 dividing tile_n={cfg.tile_n} (a TMA "
+                             f"box of whole 8-row swizzle atoms), got {cfg.page_rows}")
+        if cfg.dynamic_sched and not cfg.persistent:
+            raise ValueError("FwdSm90Config.dynamic_sched needs persistent (a grid of at most one CTA per SM)")
+        if cfg.split_kv and not cfg.has_lse:
+            raise ValueError("FwdSm90Config.split_kv needs has_lse (the combine reads every split's LSE)")
+
+    @staticmethod
+    def fake_args(cfg: FwdSm90Config) -> tuple:
+        counter = None
+        if cfg.dynamic_sched:
+            counter = cute.runtime.make_fake_compact_tensor(Int32, (1,), assumed_align=4)
+        return fwd_common.fake_args(cfg, extra=(Int32(1), Int32(1), counter))
+
+    def _setup(self):
+        """Smem layouts, tiled MMAs and the shared storage struct (trace-time constants)."""
+        dt = self.dtype
+        self.sQ_layout = smem_layout_sm90(dt, self.tile_m, self.tile_hdim)
+        self.sK_layout = smem_layout_sm90(dt, self.tile_n, self.tile_hdim, self.num_stages)
+        self.sV_layout = smem_layout_sm90(dt, self.tile_n, self.tile_hdimv, self.num_stages)
+        self.sO_layout = smem_layout_sm90(dt, self.tile_m, self.tile_hdimv)
+        K, MN = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
+        self.tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
+            dt, dt, K, K, Float32, (self.num_wg, 1, 1), (64, self.tile_n))
+        self.tiled_mma_pv = sm90_utils.make_trivial_tiled_mma(
+            dt, dt, K, MN, Float32, (self.num_wg, 1, 1), (64, self.tile_hdimv), warpgroup.OperandSource.RMEM)
+        self.tma_bytes_q = cute.size_in_bytes(dt, self.sQ_layout)
+        self.tma_bytes_k = cute.size_in_bytes(dt, cute.select(self.sK_layout, mode=[0, 1]))
+        self.tma_bytes_v = cute.size_in_bytes(dt, cute.select(self.sV_layout, mode=[0, 1]))
+
+        q_elems = cute.cosize(self.sQ_layout)
+        if const_expr(self.o_in_q):
+            q_elems = max(q_elems, cute.cosize(self.sO_layout))
+        o_elems = 0 if const_expr(self.o_in_q or self.split) else cute.cosize(self.sO_layout)
+        stages = self.num_stages
+
+        @cute.struct
+        class SharedStorage:
+            mbar_sched: cute.struct.MemRange[cutlass.Int64, 4]
+            next_idx: cute.struct.MemRange[Int32, 2]
+            mbar_q: cute.struct.MemRange[cutlass.Int64, 2]
+            mbar_k: cute.struct.MemRange[cutlass.Int64, 2 * stages]
+            mbar_v: cute.struct.MemRange[cutlass.Int64, 2 * stages]
+            sQ: cute.struct.Align[cute.struct.MemRange[dt, q_elems], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sV_layout)], 1024]
+            sO: cute.struct.Align[cute.struct.MemRange[dt, max(o_elems, 1)], 1024]
+
+        self.SharedStorage = SharedStorage
+
+    def kv_box_layout(self, s_layout, cols: int):
+        """The smem layout a K/V TMA box lands in: a whole stage, or (paged) the first
+        ``page_rows`` rows of one: the stage layout composed with ``(page_rows, cols):(1, tile_n)``,
+        so the box's rows keep the stage's swizzle and column-block strides."""
+        stage = cute.select(s_layout, mode=[0, 1])
+        if const_expr(not self.page_rows):
+            return stage
+        return cute.composition(stage, cute.make_layout((self.page_rows, cols), stride=(1, self.tile_n)))
+
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,  # (b, s_q, h, d); varlen (1, total_q, h, d)
+        mK: cute.Tensor,  # (b, s_k, h_k, d); varlen (1, total_k, h_k, d)
+        mV: cute.Tensor,  # (b, s_k, h_k, dv)
+        mO: cute.Tensor,  # (b, s_q, h, dv); split-KV: float32 (num_splits * b, s_q, h, dv)
+        mLSE: Optional[cute.Tensor],  # (b, h, s_q) float32; varlen (1, h, total_q); split: (num_splits * b, ...)
+        mCuSeqlensQ: Optional[cute.Tensor],  # (b + 1,) int32
+        mCuSeqlensK: Optional[cute.Tensor],  # (b + 1,) int32
+        mSeqUsedQ: Optional[cute.Tensor],  # (b,) int32
+        mSeqUsedK: Optional[cute.Tensor],  # (b,) int32
+        mPageTable: Optional[cute.Tensor],  # (b, max_pages) int32; K/V then (num_pages, page_size, h_k, d)
+        mSink: Optional[cute.Tensor],  # (h,) float32: learnable sink logits (cfg.has_sink)
+        softmax_scale: Float32,
+        softcap: Float32,
+        window_left: Int32,
+        window_right: Int32,
+        max_seqlen_q: Int32,  # longest query sequence (= s_q when not varlen): sizes the grid
+        max_ctas: Int32,  # persistent grid size (the SM count); ignored unless cfg.persistent
+        num_splits: Int32,  # split-KV: K splits per tile (1 unless cfg.split_kv)
+        mTileCounter: Optional[cute.Tensor],  # (1,) int32, zero: the dynamic scheduler's claims
+        stream,
+    ):
+        self._setup()
+        cfg = self.cfg
+        if const_expr(not self.split):
+            num_splits = Int32(1)
+        # Keys of a sequence without cu_seqlens_k / seqused_k: the K tensor's, or the page table's capacity.
+        seqlen_k_static = mK.shape[1] if const_expr(not self.page_rows) else mPageTable.shape[1] * mK.shape[1]
+        num_batch, num_m_blocks, section, sched_heads = fwd_common.grid_extent(
+            mQ, mK, mCuSeqlensQ, mCuSeqlensK, max_seqlen_q, self.tile_m, 2 * (self.tile_hdim + self.tile_hdimv),
+            cfg.qhead_per_kvhead, num_splits, mPageTable, cfg.l2_section_mb << 20)
+        prescale, scale_log2 = score_scales(softmax_scale, softcap, cfg.has_softcap)
+
+        # TMA atoms over (s, d, h, b) views (Note [TMA and varlen / padding]).
+        mQ_t, mK_t, mV_t, mO_t = (to_sdhb(t) for t in (mQ, mK, mV, mO))
+        g2s = cpasync.CopyBulkTensorTileG2SOp()
+        tma_q, mQ_tma = None, mQ
+        if const_expr(self.tma_q):
+            tma_q, mQ_tma = cpasync.make_tiled_tma_atom(g2s, mQ_t, self.sQ_layout, (self.tile_m, self.tile_hdim))
+        # Paged K/V: one TMA per chunk of page_rows rows (Note [Paged K/V]).
+        kv_rows = self.tile_n if const_expr(not self.page_rows) else self.page_rows
+        tma_k, mK_tma = cpasync.make_tiled_tma_atom(g2s, mK_t, self.kv_box_layout(self.sK_layout, self.tile_hdim),
+                                                    (kv_rows, self.tile_hdim))
+        tma_v, mV_tma = cpasync.make_tiled_tma_atom(g2s, mV_t, self.kv_box_layout(self.sV_layout, self.tile_hdimv),
+                                                    (kv_rows, self.tile_hdimv))
+        tma_o, mO_tma = None, None
+        if const_expr(self.tma_o):
+            tma_o, mO_tma = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mO_t, self.sO_layout,
+                                                        (self.tile_m, self.tile_hdimv))
+        max_grid = max_ctas if const_expr(cfg.persistent) else num_m_blocks * sched_heads * num_batch
+        self.kernel(
+            mQ_tma, mK_tma, mV_tma, mO_tma if const_expr(self.tma_o) else mO, mLSE,
+            mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ, mSeqUsedK, mPageTable, mSink, mTileCounter, tma_q, tma_k, tma_v,
+            tma_o,
+            scale_log2, prescale, window_left, window_right, num_m_blocks, sched_heads, num_batch, num_splits,
+            section, mQ.shape[1], seqlen_k_static,
+            self.sQ_layout, self.sK_layout, self.sV_layout, self.sO_layout, self.tiled_mma_qk, self.tiled_mma_pv,
+        ).launch(
+            grid=PersistentTileScheduler.grid(num_m_blocks, sched_heads, num_batch, max_grid),
+            block=[self.num_threads, 1, 1],
+            smem=self.SharedStorage.size_in_bytes(),
+            stream=stream,
+            min_blocks_per_mp=1,
+        )
+
+    # ----------------------------------------------------------------------------------------
+    # Device side
+    # ----------------------------------------------------------------------------------------
+
+    @cute.kernel
+    def kernel(
+        self,
+        mQ: cute.Tensor,  # TMA coordinates (s_q, d, h, b); packed: the (b, s_q, h, d) tensor
+        mK: cute.Tensor,  # TMA coordinates (s_k, d, h_k, b)
+        mV: cute.Tensor,  # TMA coordinates (s_k, dv, h_k, b)
+        mO: cute.Tensor,  # TMA coordinates (s_q, dv, h, b); varlen Q / packed / split: the (b, s_q, h, dv) tensor
+        mLSE: Optional[cute.Tensor],
+        mCuSeqlensQ: Optional[cute.Tensor],
+        mCuSeqlensK: Optional[cute.Tensor],
+        mSeqUsedQ: Optional[cute.Tensor],
+        mSeqUsedK: Optional[cute.Tensor],
+        mPageTable: Optional[cute.Tensor],
+        mSink: Optional[cute.Tensor],
+        mTileCounter: Optional[cute.Tensor],
+        tma_q: Optional[cute.CopyAtom],
+        tma_k: cute.CopyAtom,
+        tma_v: cute.CopyAtom,
+        tma_o: Optional[cute.CopyAtom],
+        scale_log2: Float32,
+        prescale: Optional[Float32],
+        window_left: Int32,
+        window_right: Int32,
+        num_m_blocks: Int32,
+        sched_heads: Int32,
+        num_batch: Int32,
+        num_splits: Int32,
+        section: Int32,
+        seqlen_q_static: Int32,
+        seqlen_k_static: Int32,
+        sQ_layout: cute.ComposedLayout,
+        sK_layout: cute.ComposedLayout,
+        sV_layout: cute.ComposedLayout,
+        sO_layout: cute.ComposedLayout,
+        tiled_mma_qk: cute.TiledMma,
+        tiled_mma_pv: cute.TiledMma,
+    ):
+        # Layouts and MMAs arrive as kernel arguments (values of the host function cannot be used
+        # in the kernel's region); the role methods read them from self.
+        self.tiled_mma_qk, self.tiled_mma_pv = tiled_mma_qk, tiled_mma_pv
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp_idx == 0:
+            for atom in (tma_q, tma_k, tma_v, tma_o):
+                if const_expr(atom is not None):
+                    cpasync.prefetch_descriptor(atom)
+        storage = cutlass.memory.SmemAllocator().allocate(self.SharedStorage)
+        pipes = self.make_pipelines(storage)
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+
+        if const_expr(self.cfg.dynamic_sched):
+            sched = DynamicTileScheduler(num_m_blocks, sched_heads, num_batch, section, reverse=self.cfg.lpt,
+                                         counter=mTileCounter.iterator,
+                                         next_idx=storage.next_idx.get_tensor(cute.make_layout(2)),
+                                         pipe=pipes["sched"])
+        else:
+            sched = PersistentTileScheduler(num_m_blocks, sched_heads, num_batch, section, reverse=self.cfg.lpt)
+        tile_info = partial(self.tile_info, sched=sched, mCuSeqlensQ=mCuSeqlensQ, mCuSeqlensK=mCuSeqlensK,
+                            mSeqUsedK=mSeqUsedK, mSeqUsedQ=mSeqUsedQ, seqlen_q_static=seqlen_q_static,
+                            seqlen_k_static=seqlen_k_static, window_left=window_left, window_right=window_right,
+                            num_splits=num_splits)
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+        if const_expr(self.o_in_q):
+            sO = storage.sQ.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
+        else:
+            sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
+
+        if warp_idx < 4:
+            cute.arch.setmaxregister_decrease(self.producer_regs)
+            if warp_idx == 0:
+                self.load(mQ, mK, mV, sQ, sK, sV, tma_q, tma_k, tma_v, pipes, sched, tile_info, mPageTable)
+        else:
+            cute.arch.setmaxregister_increase(self.consumer_regs)
+            self.mma_softmax(mQ, mO, mLSE, sQ, sK, sV, sO, tma_o, pipes, sched, tile_info, scale_log2, prescale,
+                             num_batch, mSink)
+
+    def make_pipelines(self, storage):
+        """The Q, K and V pipelines (arrive counts: module docstring)."""
+        group = partial(pipeline.CooperativeGroup, pipeline.Agent.Thread)
+        consumer_warps = self.num_consumer_threads // 32
+        mk = partial(pipeline.PipelineTmaAsync.create, producer_group=group(1), defer_sync=True)
+        pipes = {}
+        if const_expr(self.cfg.dynamic_sched):
+            # Tile claims (DynamicTileScheduler): the producer warp's lanes -> every consumer thread.
+            pipes["sched"] = pipeline.PipelineAsync.create(
+                barrier_storage=storage.mbar_sched.data_ptr(), num_stages=2, producer_group=group(32),
+                consumer_group=group(self.num_consumer_threads), defer_sync=True)
+        return dict(
+            pipes,
+            q=mk(barrier_storage=storage.mbar_q.data_ptr(), num_stages=1, tx_count=self.tma_bytes_q,
+                 consumer_group=group(1 if self.o_in_q else consumer_warps)),
+            k=mk(barrier_storage=storage.mbar_k.data_ptr(), num_stages=self.num_stages, tx_count=self.tma_bytes_k,
+                 consumer_group=group(consumer_warps)),
+            v=mk(barrier_storage=storage.mbar_v.data_ptr(), num_stages=self.num_stages, tx_count=self.tma_bytes_v,
+                 consumer_group=group(consumer_warps)),
+        )
+
+    @cute.jit
+    def tile_info(self, idx: Int32, sched, mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, mSeqUsedQ, seqlen_q_static,
+                  seqlen_k_static, window_left, window_right, num_splits):
+        """``(m_block, head, split, batch, seqlen, mask, n_min, n_max, active)`` of tile ``idx``:
+        ``head`` is the kv head when packed; ``[n_min, n_max)`` the K blocks of the tile's split
+        (may be empty); ``active`` is false for a varlen tile past its sequence."""
+        m_block, sched_head, batch = sched.tile(idx)
+        head, split = sched_head, Int32(0)
+        if const_expr(self.split):
+            head, split = split_head(sched_head, num_splits)
+        seqlen = SeqlenInfo.create(batch, seqlen_q_static, seqlen_k_static, mCuSeqlensQ, mCuSeqlensK, mSeqUsedK,
+                                   mSeqUsedQ)
+        mask = AttentionMask(self.tile_m, self.tile_n, self.cfg.causal, self.cfg.local, seqlen.seqlen_q,
+                             seqlen.seqlen_k, window_left, window_right, self.cfg.qhead_per_kvhead)
+        n_min, n_max = mask.n_block_range(m_block)
+        if const_expr(self.split):
+            n_min, n_max = split_range(n_min, n_max, split, num_splits)
+        active = m_block * self.tile_m < seqlen.seqlen_q * self.cfg.qhead_per_kvhead
+        return m_block, head, split, batch, seqlen, mask, n_min, n_max, active
+
+    # --- producer ---------------------------------------------------------------------------
+
+    @cute.jit
+    def load(self, mQ, mK, mV, sQ, sK, sV, tma_q, tma_k, tma_v, pipes, sched, tile_info, mPageTable) -> None:
+        """Warp 0: per tile, K[last], Q (by TMA unless packed), then K[n] / V[n + 1] pairs, then
+        V[first], over the K blocks of the tile's split (module docstring)."""
+        pq, pk, pv = pipes["q"], pipes["k"], pipes["v"]
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        head_ratio = mQ.shape[2] // mK.shape[2]
+        t_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 2)
+        idx = sched.first()
+        while sched.valid(idx):
+            m_block, head, split, batch, seqlen, mask, n_min, n_max, active = tile_info(idx)
+            if active and n_min < n_max:
+                head_kv = head if const_expr(self.pack) else head // head_ratio
+                one = cute.make_layout(1)
+                if const_expr(not self.page_rows):
+                    gK = cute.local_tile(seqlen.k_view_sd(mK, batch, head_kv), (self.tile_n, self.tile_hdim),
+                                         (None, 0))
+                    gV = cute.local_tile(seqlen.k_view_sd(mV, batch, head_kv), (self.tile_n, self.tile_hdimv),
+                                         (None, 0))
+                    tKsK, tKgK = cpasync.tma_partition(tma_k, 0, one, cute.group_modes(sK, 0, 2),
+                                                       cute.group_modes(gK, 0, 2))
+                    tVsV, tVgV = cpasync.tma_partition(tma_v, 0, one, cute.group_modes(sV, 0, 2),
+                                                       cute.group_modes(gV, 0, 2))
+                else:  # paged: (TMA operands, batch, kv head), each block chunked by load_block
+                    tKgK, tKsK = (mK, sK), (mPageTable, batch, head_kv)
+                    tVgV, tVsV = (mV, sV), (mPageTable, batch, head_kv)
+
+                self.load_block(tma_k, pk, tKgK, tKsK, n_max - 1, kv_state)
+                if const_expr(self.tma_q):  # (packed Q: the consumers load it, Note [Pack GQA])
+                    gQ = cute.local_tile(seqlen.q_view_sd(mQ, batch, head), (self.tile_m, self.tile_hdim),
+                                         (m_block, 0))
+                    tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, one, cute.group_modes(sQ, 0, 2),
+                                                       cute.group_modes(gQ, 0, 2))
+                    pq.producer_acquire(q_state)
+                    cute.copy(tma_q, tQgQ, tQsQ, tma_bar_ptr=pq.producer_get_barrier(q_state))
+                    q_state.advance()
+                v_state = kv_state.clone()
+                kv_state.advance()
+                for i in cutlass.range(n_max - 1 - n_min, unroll=1):
+                    n = n_max - 2 - i
+                    self.load_block(tma_k, pk, tKgK, tKsK, n, kv_state)
+                    self.load_block(tma_v, pv, tVgV, tVsV, n + 1, v_state)
+                    kv_state.advance()
+                    v_state.advance()
+                self.load_block(tma_v, pv, tVgV, tVsV, n_min, v_state)
+            idx, t_state = sched.next_producer(idx, t_state)
+
+    def block_pages(self, tXsX, mX, n: Int32) -> list:
+        """The page indices of paged block ``n``'s chunks (Note [Paged K/V]), clamped to the table:
+        rows past it (the last block's tail) read a valid page, masked / zeroed later."""
+        mPageTable, batch, _ = tXsX
+        page_size = mX.shape[0]  # TMA coordinates (page_size, d, h_k, num_pages)
+        last_slot = mPageTable.shape[1] - 1
+        rows = self.page_rows
+        return [mPageTable[batch, cutlass.min((n * self.tile_n + c * rows) // page_size, last_slot)]
+                for c in range(self.tile_n // rows)]
+
+    @cute.jit
+    def load_block(self, tma, pipe, tXgX, tXsX, n: Int32, state) -> None:
+        """Wait for the stage to be free, then TMA block ``n`` into it (completing on its mbarrier).
+        Paged (``tXgX = (mX, sX)``, ``tXsX = (page table, batch, kv head)``): one TMA per chunk of
+        ``page_rows`` rows, from the page holding it (Note [Paged K/V])."""
+        if const_expr(not self.page_rows):
+            pipe.producer_acquire(state)
+            cute.copy(tma, tXgX[None, n], tXsX[None, state.index], tma_bar_ptr=pipe.producer_get_barrier(state))
+        else:
+            (mX, sX), (mPageTable, batch, head_kv) = tXgX, tXsX
+            rows, cols = self.page_rows, cute.size(sX, mode=[1])
+            page_size = mX.shape[0]  # TMA coordinates (page_size, d, h_k, num_pages)
+            one = cute.make_layout(1)
+            # The block's page indices are read before waiting for the stage, so their latency
+            # hides under the wait.
+            chunks = self.tile_n // rows
+            pages = self.block_pages(tXsX, mX, n)
+            pipe.producer_acquire(state)
+            for c in cutlass.range_constexpr(chunks):
+                row = n * self.tile_n + c * rows
+                slot = row // page_size
+                page = pages[c]
+                gX = cute.local_tile(mX[None, None, head_kv, page], (rows, cols), (None, 0))
+                sC = cute.local_tile(sX[None, None, state.index], (rows, cols), (c, 0))
+                tXs, tXg = cpasync.tma_partition(tma, 0, one, cute.group_modes(sC, 0, 2), cute.group_modes(gX, 0, 2))
+                cute.copy(tma, tXg[None, (row - slot * page_size) // rows], tXs,
+                          tma_bar_ptr=pipe.producer_get_barrier(state))
+
+    # --- consumers --------------------------------------------------------------------------
+
+    def pp_bar(self, wg):
+        """The ping-pong barrier of warpgroup ``wg`` (Note [ping-pong])."""
+        if const_expr(self.num_wg == 2):
+            return _BAR_PP0 + wg
+        return _BAR_PP0 + wg + (wg // 2) * (_BAR_PP2 - _BAR_PP0 - 2)
+
+    def pp_sync(self, wg: Int32, edge: bool = False) -> None:
+        """Wait for this warpgroup's turn on the tensor cores (Note [ping-pong]). ``edge``: a tile's
+        first ``Q K^T`` or last ``P V``, outside the turns with ``pp_steps_only``."""
+        if const_expr(self.pingpong and not (edge and self.cfg.pp_steps_only)):
+            cute.arch.barrier(barrier_id=self.pp_bar(wg), number_of_threads=256)
+
+    def pp_arrive(self, wg: Int32, edge: bool = False) -> None:
+        """Hand the tensor cores to the next warpgroup."""
+        if const_expr(self.pingpong and not (edge and self.cfg.pp_steps_only)):
+            if const_expr(self.num_wg == 2):
+                cute.arch.barrier_arrive(barrier_id=_BAR_PP0 + 1 - wg, number_of_threads=256)
+            else:
+                cute.arch.barrier_arrive(barrier_id=self.pp_bar((wg + 1) % self.num_wg), number_of_threads=256)
+
+    @cute.jit
+    def mma_softmax(self, mQ, mO, mLSE, sQ, sK, sV, sO, tma_o, pipes, sched, tile_info, scale_log2, prescale,
+                    num_batch, mSink) -> None:
+        """Consumer warpgroups: per tile, the K-block loop (Note [intra-warpgroup overlap]), then
+        :meth:`epilogue`."""
+        cfg = self.cfg
+        pq, pk, pv = pipes["q"], pipes["k"], pipes["v"]
+        tidx = cute.arch.thread_idx()[0] - 128
+        wg = cute.arch.make_warp_uniform(tidx // 128)
+        thr_mma_qk = self.tiled_mma_qk.get_slice(tidx)
+        thr_mma_pv = self.tiled_mma_pv.get_slice(tidx)
+        wg_mma_qk = self.tiled_mma_qk.get_slice(wg * 128)
+        wg_mma_pv = self.tiled_mma_pv.get_slice(wg * 128)
+        # V^T (dv, tile_n, stages): the B operand of P @ V, MN-major.
+        sVt = transposed(sV)
+        tSrQ = wg_mma_qk.make_fragment_A(wg_mma_qk.partition_A(sQ))
+        tSrK = wg_mma_qk.make_fragment_B(wg_mma_qk.partition_B(sK))
+        tOrVt = wg_mma_pv.make_fragment_B(wg_mma_pv.partition_B(sVt))
+        acc_S = thr_mma_qk.make_fragment_C(thr_mma_qk.partition_shape_C((self.tile_m, self.tile_n)))
+        acc_O = thr_mma_pv.make_fragment_C(thr_mma_pv.partition_shape_C((self.tile_m, self.tile_hdimv)))
+        rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
+        tOrP = make_acc_as_A(rP)
+        softmax = OnlineSoftmax(scale_log2, cute.size(make_acc_mn_view(acc_S).shape[0]), cfg.exp2_emu_frac,
+                                cfg.rescale_threshold, self.dtype if cfg.sum_rounded else None)
+        # Row scales of the last softmax, applied to O just before the next P V (rescale_o_before_pv).
+        row_scale_prev = cute.make_rmem_tensor(softmax.num_rows, Float32)
+        c = SimpleNamespace(pk=pk, pv=pv, thr_mma_qk=thr_mma_qk, tSrQ=tSrQ, tSrK=tSrK, tOrVt=tOrVt, tOrP=tOrP,
+                            acc_S=acc_S, acc_O=acc_O, rP=rP, row_scale=row_scale_prev)
+
+        if const_expr(self.pingpong):
+            if wg == self.num_wg - 1:
+                cute.arch.barrier_arrive(barrier_id=_BAR_PP0, number_of_threads=256)
+
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        t_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 2)
+        idx = sched.first()
+        while sched.valid(idx):
+            m_block, head, split, batch, seqlen, mask, n_min, n_max, active = tile_info(idx)
+            if active:
+                softmax.reset()
+                acc_O.fill(0.0)
+                has_work = n_min < n_max
+                rows = TileRows.create(cfg.qhead_per_kvhead, self.tile_m, m_block, head, seqlen.seqlen_q)
+                if has_work:
+                    if const_expr(self.tma_q):
+                        pq.consumer_wait(q_state)
+                    else:
+                        # Packed rows (Note [Pack GQA]): every consumer is past its last read of sQ
+                        # (the previous tile's Q K^T) before the first write.
+                        cute.arch.barrier(barrier_id=_BAR_Q, number_of_threads=self.num_consumer_threads)
+                        load_q_rows(mQ, sQ, rows, seqlen, batch_slot(batch, cfg.varlen_q), cfg.head_dim, tidx,
+                                    self.num_consumer_threads)
+                        cute.arch.fence_proxy("async.shared", space="cta")
+                        cute.arch.barrier(barrier_id=_BAR_Q, number_of_threads=self.num_consumer_threads)
+
+                    # First block (the last K block): its Q K^T alone.
+                    pk.consumer_wait(kv_state)
+                    self.pp_sync(wg, edge=True)
+                    gemm_sm90(self.tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], zero_init=True)
+                    self.pp_arrive(wg, edge=True)
+                    warpgroup.wait_group(0)
+                    pk.consumer_release(kv_state)
+                    self.scores(acc_S, mask, thr_mma_qk, m_block, n_max - 1, prescale, True, True)
+                    row_scale_prev.store(softmax.update(acc_S, is_first=True)[0].load())
+                    softmax.convert_P(acc_S, rP)
+                    v_state = kv_state.clone()
+                    if const_expr(cfg.has_seqused_k):
+                        self.clear_v_tail(pv, v_state, sV, seqlen.seqlen_k - (n_max - 1) * self.tile_n, tidx)
+                    kv_state.advance()
+                    step = partial(self.step_carry, c, softmax, mask, m_block, prescale, wg)
+                    kv_state, v_state = walk_blocks(mask, m_block, n_min, n_max, step, (kv_state, v_state),
+                                                    cfg.one_step_loop)
+                    if const_expr(self.tma_q and not self.o_in_q):
+                        pq.consumer_release(q_state)
+                    # Last P V.
+                    if const_expr(cfg.rescale_o_before_pv):
+                        rescale_rows(make_acc_mn_view(acc_O), row_scale_prev)
+                    pv.consumer_wait(v_state)
+                    self.pp_sync(wg, edge=True)
+                    gemm_sm90(self.tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, v_state.index])
+                    self.pp_arrive(wg, edge=True)
+                    warpgroup.wait_group(0)
+                    pv.consumer_release(v_state)
+                sinks = None
+                if const_expr(cfg.has_sink and not self.split):  # split-KV: the combine adds it
+                    sinks = row_sinks(mSink, thr_mma_pv, rows, self.tile_hdimv, softmax.num_rows)
+                lse = softmax.finalize(acc_O, sinks)
+                slot = partial_slot(split, batch, num_batch, cfg.varlen_q)
+                self.epilogue(acc_O, lse, mO, mLSE, sO, tma_o, seqlen, rows, slot, m_block, head, batch, thr_mma_pv,
+                              tidx)
+                if const_expr(self.tma_q):
+                    if has_work:
+                        if const_expr(self.o_in_q):
+                            if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 4:
+                                pq.consumer_release(q_state)
+                        q_state.advance()
+            idx, t_state = sched.next_consumer(idx, t_state)
+        if const_expr(self.tma_o):
+            if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 4:
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def clear_v_tail(self, pv, v_state, sV, rows_used: Int32, tidx: Int32) -> None:
+        """Zero the V rows past ``seqused_k`` of the tile's first V block (the only one with such
+        rows) before any ``P V`` reads it: TMA loaded them from the KV cache's unused slots, which
+        may hold NaN (``P = 0`` there, but ``0 * NaN`` is NaN). Every consumer thread takes part;
+        outside the ping-pong brackets, so the barrier cannot interleave with them."""
+        if rows_used < self.tile_n:
+            pv.consumer_wait(v_state)
+            zero_rows_from(sV[None, None, v_state.index], rows_used, tidx, self.num_consumer_threads)
+            cute.arch.fence_proxy("async.shared", space="cta")
+            cute.arch.barrier(barrier_id=_BAR_VTAIL, number_of_threads=self.num_consumer_threads)
+
+    @cute.jit
+    def scores(self, acc_S, mask: AttentionMask, thr_mma_qk, m_block: Int32, n: Int32, prescale,
+               mask_seqlen: cutlass.Constexpr[bool], mask_window: cutlass.Constexpr[bool], window_if=None) -> None:
+        """Raw ``Q K^T`` of block ``n`` -> softcapped, masked scores (in place). ``window_if``: a
+        runtime Boolean, the window mask applied only where it is true (one step body for every
+        block, ``one_step_loop``)."""
+        if const_expr(self.cfg.has_softcap):
+            apply_softcap(acc_S, prescale)
+        mask.apply_block(acc_S, thr_mma_qk, m_block, n, mask_seqlen, mask_window, window_if)
+
+    def step_carry(self, c, softmax, mask, m_block, prescale, wg, n, carry, mask_window, window_if):
+        """:meth:`step` in the form :func:`fa4.mask.walk_blocks` drives: the carry is the stage states."""
+        kv_state, v_state = carry
+        return self.step(c, softmax, mask, m_block, prescale, wg, n, kv_state, v_state, mask_window, window_if)
+
+    @cute.jit
+    def step(self, c: SimpleNamespace, softmax: OnlineSoftmax, mask: AttentionMask, m_block: Int32, prescale,
+             wg: Int32, n: Int32, kv_state, v_state, mask_window: cutlass.Constexpr[bool], window_if=None):
+        """One K block ``n`` after the first (Note [intra-warpgroup overlap]): ``S = Q K[n]^T`` and
+        the previous block's ``O += P V`` in flight together; returns the advanced stage states."""
+        c.pk.consumer_wait(kv_state)
+        self.pp_sync(wg)
+        gemm_sm90(self.tiled_mma_qk, c.acc_S, c.tSrQ, c.tSrK[None, None, None, kv_state.index], zero_init=True)
+        if const_expr(self.cfg.rescale_o_before_pv):
+            rescale_rows(make_acc_mn_view(c.acc_O), c.row_scale)  # under the Q K^T just issued
+        c.pv.consumer_wait(v_state)
+        gemm_sm90(self.tiled_mma_pv, c.acc_O, c.tOrP, c.tOrVt[None, None, None, v_state.index])
+        self.pp_arrive(wg)
+        warpgroup.wait_group(1)
+        c.pk.consumer_release(kv_state)
+        self.scores(c.acc_S, mask, c.thr_mma_qk, m_block, n, prescale, False, mask_window, window_if)
+        row_scale, do_rescale = softmax.update(c.acc_S)
+        warpgroup.wait_group(0)
+        c.pv.consumer_release(v_state)
+        if const_expr(self.cfg.rescale_o_before_pv):
+            # Applied before the next P V (rows that keep their max have scale 1 exactly).
+            c.row_scale.store(row_scale.load())
+        else:
+            softmax.rescale_O(c.acc_O, row_scale, do_rescale)
+        softmax.convert_P(c.acc_S, c.rP)
+        kv_state.advance()
+        v_state.advance()
+        return kv_state, v_state
+
+    @cute.jit
+    def epilogue(self, acc_O, lse, mO, mLSE, sO, tma_o, seqlen: SeqlenInfo, rows: TileRows, slot: Int32,
+                 m_block: Int32, head: Int32, batch: Int32, thr_mma_pv, tidx: Int32) -> None:
+        """O (normalized) -> 16 bits -> sO -> TMA store (or row stores for varlen Q and packed
+        rows); LSE from registers. Split-KV: the float32 O and the LSE of the split go to their
+        slot of the partials straight from registers. With ``o_in_q`` the storing warp waits until
+        the store has read sO, then the caller releases Q. ``slot``: the batch index of the O / LSE
+        tensors (:func:`fa4.pack_gqa.partial_slot`)."""
+        cfg = self.cfg
+        if const_expr(cfg.has_lse):
+            store_lse_rows(lse, thr_mma_pv, mLSE, rows, seqlen, slot, self.tile_hdimv)
+        if const_expr(self.split):
+            store_acc_rows(acc_O, thr_mma_pv, mO, rows, seqlen, slot, cfg.head_dim_v, self.tile_hdimv)
+        else:
+            self.store_O(acc_O, mO, sO, tma_o, seqlen, rows, m_block, head, batch, tidx)
+
+    @cute.jit
+    def store_O(self, acc_O, mO, sO, tma_o, seqlen: SeqlenInfo, rows: TileRows, m_block: Int32, head: Int32,
+                batch: Int32, tidx: Int32) -> None:
+        """The 16-bit O tile through sO: TMA store, or row stores (varlen Q, packed rows)."""
+        store_warp = cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 4
+        rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
+        convert_f32_to_half(acc_O, rO)
+        if const_expr(self.tma_o):
+            if store_warp:
+                cute.arch.cp_async_bulk_wait_group(0, read=True)  # the last store has read sO
+        # Every consumer is done with sO (last store's reads) and, with o_in_q, with sQ.
+        cute.arch.barrier(barrier_id=_BAR_EPI, number_of_threads=self.num_consumer_threads)
+        r2s = cute.make_tiled_copy_C(
+            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=32), self.tiled_mma_pv
+        ).get_slice(tidx)
+        cute.copy(r2s, r2s.retile(rO), r2s.partition_D(sO))
+        if const_expr(self.tma_o):
+            cute.arch.fence_proxy("async.shared", space="cta")
+            cute.arch.barrier(barrier_id=_BAR_EPI, number_of_threads=self.num_consumer_threads)
+            if store_warp:
+                gO = cute.local_tile(seqlen.q_view_sd(mO, batch, head), (self.tile_m, self.tile_hdimv), (m_block, 0))
+                tOsO, tOgO = cpasync.tma_partition(tma_o, 0, cute.make_layout(1), cute.group_modes(sO, 0, 2),
+                                                   cute.group_modes(gO, 0, 2))
+                cute.copy(tma_o, tOsO, tOgO)
+                cute.arch.cp_async_bulk_commit_group()
+                if const_expr(self.o_in_q):
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
+        else:
+            cute.arch.barrier(barrier_id=_BAR_EPI, number_of_threads=self.num_consumer_threads)
+            if const_expr(self.pack):
+                store_rows(sO, mO, rows, seqlen, batch_slot(batch, self.cfg.varlen_q), self.cfg.head_dim_v, tidx,
+                           self.num_consumer_threads)
+            else:
+                gO = cute.local_tile(seqlen.q_view(mO, batch, head), (self.tile_m, self.tile_hdimv), (m_block, 0))
+                store_rows_16B(sO, gO, rows.rows_left(), self.cfg.head_dim_v, tidx, self.num_consumer_threads)
+            if const_expr(self.o_in_q):
+                cute.arch.barrier(barrier_id=_BAR_EPI, number_of_threads=self.num_consumer_threads)
+
+
+# --------------------------------------------------------------------------------------------
+# Tuning table, variants, launcher
+# --------------------------------------------------------------------------------------------
+
+# Per head-dim bucket: (tile_m, tile_n, num_stages, pingpong), measured on the H200 (docs/RESULTS.md,
+# sm90 sweeps): d64 with three consumer warpgroups (192-row tiles) +10% over 128 rows, which take
+# turns around their K-block steps (ping-pong with ``pp_steps_only``, v0.12, three interleaved rounds:
+# 521.7 -> 527.0 TFLOP/s, causal 471.9 -> 486.6; with the turns around the tile's edges too it was
+# 516.6 -> 484.6 and 462.3 -> 473.3 in v0.10); ping-pong measured 0-6% slower than letting the two
+# warpgroups run free with intra-warpgroup overlap at d128, -1.5% to +5% in v0.12 and -2% to +0.5% in
+# v0.13 (it stays an option; d256: +0.3% to +0.8%, inside the rounds' ranges); d256 128 x 80 is what
+# fits 227 KB with two K/V stages.
+TUNING = {
+    64: (192, 128, 2, True),
+    96: (128, 128, 2, False),
+    128: (128, 128, 2, False),
+    192: (128, 112, 2, False),
+    256: (128, 80, 2, False),
+}
+# O rescaled under the next Q K^T (rescale_o_before_pv) for head_dim_v > 128: measured +3% / +6%
+# (d256 non-causal / causal); at d128 -10% to +3% (not taken).
+RESCALE_O_BEFORE_PV_MIN_DV = 129
+PP_STEPS_ONLY_WG3 = True  # three warpgroups' turns bracket the K-block steps only (TUNING comment)
+DEFAULT_EXP2_EMU_FRAC = 0.0  # measured: 0.1 / 0.25 are 0-14% slower on the sm90 path
+# The classic rule: a rescale threshold of 8 measured up to 1.4x the output error of tau = 0 on
+# inputs whose row maxes creep (docs/RESULTS.md). A threshold > 0 is still available; it then
+# normalizes by the rounded P (Note [Normalizing by the rounded P]).
+DEFAULT_RESCALE_THRESHOLD = 0.0
+SUM_ROUNDED_WITH_THRESHOLD = True  # tools/rescale_accuracy.py turns it off to measure the difference
+# The grid and tile order, measured (docs/RESULTS.md v0.8, sm90 sweeps). Non-causal rows and short
+# masked rows: the static persistent grid (snake order) with L2 sections of one (head, batch) pair
+# (m-blocks fastest, so the CTAs resident at once read the K/V of one or two heads, each block once
+# from DRAM): +3-10% over v0.3's choice. Masked rows with s_k > 1024: the dynamic persistent grid
+# (tiles claimed from a counter in the tile order, LPT for masked rows) with 8 MB sections, +3-6%
+# over one tile per CTA (medians of three) except at s16k (-3%, within that row's noise). One tile
+# per CTA (``persistent=False``) stays an option.
+DYNAMIC_MIN_SEQLEN_K_MASKED = 1025
+L2_SECTION_MB_STATIC = 0  # one pair per section
+L2_SECTION_MB_DYNAMIC = 8
+
+
+def _grid_order(problem: AttnProblem) -> dict:
+    """``persistent``, ``dynamic_sched`` and ``l2_section_mb`` of the measured choice above."""
+    dynamic = (problem.causal or problem.local) and problem.seqlen_k >= DYNAMIC_MIN_SEQLEN_K_MASKED
+    return dict(persistent=True, dynamic_sched=dynamic,
+                l2_section_mb=L2_SECTION_MB_DYNAMIC if dynamic else L2_SECTION_MB_STATIC)
+
+
+def _turns(table_pingpong: bool, table_tile_m: int, tile_m: int) -> tuple[bool, bool]:
+    """``(pingpong, pp_steps_only)`` of a tile: the table's ping-pong belongs to the table's tile (two
+    or three warpgroups), not to a user's or a decode tile_m; three warpgroups take their turns
+    around the K-block steps only (:data:`PP_STEPS_ONLY_WG3`)."""
+    pingpong = table_pingpong and tile_m == table_tile_m
+    return pingpong, pingpong and tile_m == 192 and PP_STEPS_ONLY_WG3
+
+
+def _bucket(d: int) -> int:
+    return fwd_common.bucket(TUNING, d, "sm90")
+
+
+def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: str, need_lse: bool,
+                num_sms: Optional[int] = None) -> FwdSm90Config:
+    """The tuning table (by max(head_dim, head_dim_v)) with the user's options on top, pack GQA and
+    split-KV as :func:`fa4.fwd.common.pack_gqa` / :func:`fa4.fwd.common.num_splits` decide them
+    (``num_sms``: the GPU's, default the current one's); raises ValueError naming the option when a
+    user choice cannot be compiled."""
+    options = options or KernelOptions()
+    table_tile_m, tile_n, stages, pingpong = TUNING[_bucket(max(problem.head_dim, problem.head_dim_v))]
+    # Decode-like shapes: one consumer warpgroup, 64-row tiles.
+    g, tile_m, _ = fwd_common.rows_plan(problem, table_tile_m, options.tile_m)
+    pingpong, pp_steps_only = _turns(pingpong, table_tile_m, tile_m)
+    tile_n = options.tile_n if options.tile_n is not None else tile_n
+    splits = fwd_common.split_count(problem, tile_m, tile_n, g, num_sms)
+    tau = float(options.rescale_threshold) if options.rescale_threshold is not None else DEFAULT_RESCALE_THRESHOLD
+    cfg = FwdSm90Config(
+        arch=arch,
+        dtype=problem.dtype,
+        head_dim=problem.head_dim,
+        head_dim_v=problem.head_dim_v,
+        tile_m=tile_m,
+        tile_n=tile_n,
+        num_stages=options.num_stages if options.num_stages is not None else stages,
+        pingpong=pingpong,
+        pp_steps_only=pp_steps_only,
+        rescale_o_before_pv=problem.head_dim_v >= RESCALE_O_BEFORE_PV_MIN_DV,
+        **_grid_order(problem),
+        has_lse=need_lse or splits > 1,
+        exp2_emu_frac=float(options.exp2_emu_frac) if options.exp2_emu_frac is not None else DEFAULT_EXP2_EMU_FRAC,
+        rescale_threshold=tau,
+        sum_rounded=tau > 0.0 and SUM_ROUNDED_WITH_THRESHOLD,
+        qhead_per_kvhead=g,
+        split_kv=splits > 1,
+        page_rows=page_rows(problem.page_size, tile_n),
+        **FwdSm90Config.fwd_flags(problem),
+    )
+    FlashFwdSm90.can_implement(cfg)
+    return cfg
+
+
+def page_rows(page_size: int, tile_n: int) -> int:
+    """Rows per TMA box of a paged K/V block: ``gcd(page_size, tile_n)`` (0 when not paged)."""
+    import math
+
+    return math.gcd(page_size, tile_n) if page_size else 0
+
+
+def paged_supported(page_size: int) -> bool:
+    """Page sizes the TMA path loads: boxes of whole 8-row swizzle atoms, ``gcd(page_size,
+    tile_n) % 8 == 0``, which for this family's tiles (``tile_n`` a multiple of 16) means a page
+    size that is a multiple of 8. Others are gathered into a contiguous K/V first
+    (:func:`fa4.ops.forward`, with a one-time warning)."""
+    return page_size % 8 == 0
+
+
+def variants(arch: str) -> list[FwdSm90Config]:
+    """A covering set of compile variants for sm_90a (none for other archs): every head-dim bucket
+    (64/96/128/192/256, an unpadded 72 and the (192, 128) pair), every flag value, both dtypes,
+    1-3 consumer warpgroups, persistent (static or dynamic) or not, ping-pong, O rescaled before
+    P V, the threshold with l of the rounded P, pack GQA (g = 4, 6) and split-KV, alone and
+    together."""
+    if arch != "sm_90a":
+        return []
+    base = FwdSm90Config(arch=arch, dtype="bf16")
+
+    def cfg(d, dv=None, **kw):
+        tile_m, tile_n, stages, pingpong = TUNING[_bucket(max(d, dv or d))]
+        pp, pp_steps = _turns(pingpong, tile_m, kw.get("tile_m", tile_m))  # as make_config
+        kw = {"tile_m": tile_m, "tile_n": tile_n, "num_stages": stages, "pingpong": pp, "pp_steps_only": pp_steps,
+              **kw}
+        return replace(base, head_dim=d, head_dim_v=dv or d, **kw)
+
+    return [
+        cfg(128),
+        cfg(128, causal=True),
+        cfg(128, causal=True, dynamic_sched=True),
+        cfg(128, persistent=False, pingpong=True),
+        cfg(128, causal=True, pingpong=True, pp_steps_only=True, dynamic_sched=True),
+        cfg(256, rescale_o_before_pv=True, rescale_threshold=8.0, sum_rounded=True),
+        cfg(64, dtype="fp16", has_lse=False),
+        cfg(96, local=True, has_softcap=True),
+        cfg(96, local=True, one_step_loop=True),
+        cfg(192, causal=True, varlen_q=True, varlen_k=True),
+        cfg(256, local=True, varlen_q=True, varlen_k=True, has_seqused_k=True),
+        cfg(72, causal=True, exp2_emu_frac=0.25, rescale_threshold=0.0),
+        cfg(64, tile_m=64),
+        cfg(64, tile_m=192, tile_n=128),
+        cfg(192, 128, has_softcap=True),
+        cfg(128, tile_m=64, pingpong=False, qhead_per_kvhead=4),
+        cfg(128, tile_m=64, pingpong=False, qhead_per_kvhead=4, split_kv=True, causal=True),
+        cfg(128, split_kv=True, varlen_q=True, varlen_k=True, has_seqused_k=True),
+        cfg(96, qhead_per_kvhead=6, local=True, varlen_q=True, varlen_k=True, dtype="fp16"),
+        cfg(128, tile_m=64, pingpong=False, qhead_per_kvhead=4, page_rows=16, has_seqused_k=True, varlen_q=True),
+        cfg(128, tile_m=64, pingpong=False, page_rows=128, has_seqused_k=True, split_kv=True, causal=True),
+        cfg(64, has_seqused_q=True, has_seqused_k=True, causal=True, dynamic_sched=True),
+        cfg(64, qhead_per_kvhead=4),  # packed rows with three consumer warpgroups
+        cfg(256, qhead_per_kvhead=4, causal=True),  # packed rows with O staged in Q's smem (o_in_q)
+        cfg(128, varlen_q=True, causal=True),  # packed q with batched k/v (mixed layouts)
+        cfg(128, causal=True, has_sink=True, dynamic_sched=True),
+        cfg(64, tile_m=64, pingpong=False, qhead_per_kvhead=4, has_sink=True, page_rows=16, has_seqused_k=True,
+            varlen_q=True),
+        cfg(128, split_kv=True, has_sink=True),  # the partials skip the sink (the combine adds it)
+        cfg(64, pingpong=True, pp_steps_only=False),  # three warpgroups' turns around the tile's edges too
+    ]
+
+
+def run(cfg: FwdSm90Config, problem: AttnProblem, q, k, v, out, lse, cu_seqlens_q=None, cu_seqlens_k=None,
+        seqused_k=None, seqused_q=None, page_table=None, sink=None) -> None:
+    """Launch (arguments: :func:`fa4.fwd.common.run`; the persistent grid is the SM count)."""
+    num_sms = _num_sms(q.device)
+    splits = fwd_common.launch_splits(cfg, problem, num_sms)
+    counter = None
+    if cfg.dynamic_sched:  # the claims counter, zero at launch (one per call: safe on any stream)
+        import torch
+
+        counter = torch.zeros(1, dtype=torch.int32, device=q.device)
+    fwd_common.run(cfg, problem, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                   extra=(num_sms, splits, counter), splits=splits, seqused_q=seqused_q, page_table=page_table,
+                   sink=sink)
+
+
+_num_sms = fwd_common.default_num_sms  # (a module attribute: tests/test_fwd_launch_args.py replaces it)
