@@ -1,5 +1,6 @@
 # A/B of Note [Empty tiles and o_in_q]: the forward d256 causal s8k (no empty tiles) on the fixed
 # code and on the code before the fix (tools/ab_old_fwd_sm90.py), interleaved, one process each.
+# Before the device call: git show 9e858a5:fa4/fwd/sm90.py > tools/ab_old_fwd_sm90.py (not kept in the tree).
 export FA4_CACHE_DIR=/tmp/fa4c
 rm -rf /tmp/old && mkdir -p /tmp/old && cp -r fa4 /tmp/old/ && cp tools/ab_old_fwd_sm90.py /tmp/old/fa4/fwd/sm90.py
 for r in 1 2 3; do
