@@ -428,14 +428,32 @@ def random_varlen(
     cpu_gen = torch.Generator().manual_seed(seed) if seed is not None else torch.default_generator
     seqlens_q = _uneven_lengths(batch, max_seqlen, short_first=True, gen=cpu_gen)
     seqlens_k = _uneven_lengths(batch, max_seqlen_k, short_first=False, gen=cpu_gen)
+    used = None
+    if with_seqused_k:
+        used = [int(torch.randint(1, n + 1, (1,), generator=cpu_gen)) for n in seqlens_k]
+    return varlen_batch(seqlens_q, seqlens_k, heads, heads_k, d, dtype, device, seqused_k=used,
+                        requires_grad=requires_grad, seed=seed)
+
+
+def varlen_batch(
+    seqlens_q: Sequence[int],
+    seqlens_k: Sequence[int],
+    heads: int,
+    heads_k: int,
+    d: int,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    *,
+    seqused_k: Optional[Sequence[int]] = None,
+    requires_grad: bool = False,
+    seed: Optional[int] = None,
+) -> VarlenBatch:
+    """Random packed sequences of the given lengths (and ``seqused_k``, if given)."""
+    seqlens_q, seqlens_k = list(seqlens_q), list(seqlens_k)
     gen = _generator(device, seed)
     q = _randn_nonzero((sum(seqlens_q), heads, d), dtype, device, gen, requires_grad)
     k = _randn_nonzero((sum(seqlens_k), heads_k, d), dtype, device, gen, requires_grad)
     v = _randn_nonzero((sum(seqlens_k), heads_k, d), dtype, device, gen, requires_grad)
-    seqused_k = None
-    if with_seqused_k:
-        used = [int(torch.randint(1, n + 1, (1,), generator=cpu_gen)) for n in seqlens_k]
-        seqused_k = torch.tensor(used, dtype=torch.int32, device=device)
     return VarlenBatch(
         q=q,
         k=k,
@@ -446,7 +464,7 @@ def random_varlen(
         max_seqlen_k=max(seqlens_k),
         seqlens_q=seqlens_q,
         seqlens_k=seqlens_k,
-        seqused_k=seqused_k,
+        seqused_k=None if seqused_k is None else torch.tensor(list(seqused_k), dtype=torch.int32, device=device),
     )
 
 

@@ -574,16 +574,13 @@ def test_bwd_sm90_empty_tiles_varlen(d, det):
     wrong, run-to-run varying gradients at d192 / d256 in session 14, whose cause was the forward
     (Note [Empty tiles and o_in_q] in fa4/fwd/sm90.py). Three runs: dk and dv identical (dq too
     when deterministic), and the gradients under the pass rule."""
-    from fa4.testing import VarlenBatch, _cu_seqlens
+    from fa4.testing import varlen_batch
 
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the sm90 kernels need compute capability 9.x")
     lq, lk = [1, 840, 1451, 1500, 700, 2000], [1300, 949, 904, 1, 1500, 300]
+    vb = varlen_batch(lq, lk, 6, 2, d, torch.bfloat16, "cuda", requires_grad=True, seed=d)
     gen = torch.Generator("cuda").manual_seed(d)
-    mk = lambda n, h: torch.randn(n, h, d, device="cuda", generator=gen).to(torch.bfloat16).requires_grad_()  # noqa: E731
-    vb = VarlenBatch(q=mk(sum(lq), 6), k=mk(sum(lk), 2), v=mk(sum(lk), 2), cu_seqlens_q=_cu_seqlens(lq, "cuda"),
-                     cu_seqlens_k=_cu_seqlens(lk, "cuda"), max_seqlen_q=max(lq), max_seqlen_k=max(lk),
-                     seqlens_q=lq, seqlens_k=lk, seqused_k=None)
     var = dict(cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k, causal=True)
     g = torch.randn(vb.q.shape, device="cuda", dtype=vb.q.dtype, generator=gen)
     runs = []

@@ -374,20 +374,16 @@ def test_empty_tiles_beside_working_tiles(d, layout):
     work, where sO is sQ's memory (d192, d256; d128 has its own sO). Before the fix the varlen
     d256 case stored wrong O (Q's values, up to 3.8 off) in about half the runs: five runs, each
     NaN-filled and against the reference, all bit-identical."""
-    from fa4.testing import VarlenBatch, _cu_seqlens
+    from fa4.testing import varlen_batch
 
     lq, lk = EMPTY_TILE_LENS
-    gen = torch.Generator("cuda").manual_seed(d)
     if layout == "dense":
         q, k, v = random_qkv(2, 2000, 300, 12, 4, d, torch.bfloat16, "cuda", seed=d)
         run = lambda: _dense(q, k, v, True, (None, None), 0.0)  # noqa: E731
         ref_kw = dict(causal=True)
     else:
-        mk = lambda n, h: torch.randn(n, h, d, device="cuda", generator=gen).to(torch.bfloat16)  # noqa: E731
-        used = torch.tensor([min(n, 1000) for n in lk[:-1]] + [0], dtype=torch.int32, device="cuda")
-        vb = VarlenBatch(q=mk(sum(lq), 6), k=mk(sum(lk), 2), v=mk(sum(lk), 2), cu_seqlens_q=_cu_seqlens(lq, "cuda"),
-                         cu_seqlens_k=_cu_seqlens(lk, "cuda"), max_seqlen_q=max(lq), max_seqlen_k=max(lk),
-                         seqlens_q=lq, seqlens_k=lk, seqused_k=used if layout == "seqused" else None)
+        used = [min(n, 1000) for n in lk[:-1]] + [0] if layout == "seqused" else None
+        vb = varlen_batch(lq, lk, 6, 2, d, torch.bfloat16, "cuda", seqused_k=used, seed=d)
         q, k, v = vb.q, vb.k, vb.v
         ref_kw = dict(causal=True, cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k, seqused_k=vb.seqused_k)
         run = lambda: fa4.flash_attn_varlen_func(  # noqa: E731

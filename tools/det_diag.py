@@ -50,14 +50,10 @@ def main() -> None:
     opts = fa4.KernelOptions(arch="sm90")
     if a.varlen or a.lens:
         if a.lens:
-            from fa4.testing import VarlenBatch, _cu_seqlens
+            from fa4.testing import varlen_batch
 
             lq, lk = ([int(x) for x in part.split(",")] for part in a.lens.split("/"))
-            gen = torch.Generator("cuda").manual_seed(a.seed)
-            mk_t = lambda n, h: torch.randn(n, h, a.d, device="cuda", generator=gen).to(torch.bfloat16).requires_grad_()  # noqa: E731
-            vb = VarlenBatch(q=mk_t(sum(lq), 6), k=mk_t(sum(lk), 2), v=mk_t(sum(lk), 2),
-                             cu_seqlens_q=_cu_seqlens(lq, "cuda"), cu_seqlens_k=_cu_seqlens(lk, "cuda"),
-                             max_seqlen_q=max(lq), max_seqlen_k=max(lk), seqlens_q=lq, seqlens_k=lk, seqused_k=None)
+            vb = varlen_batch(lq, lk, 6, 2, a.d, torch.bfloat16, "cuda", requires_grad=True, seed=a.seed)
         else:
             b, mq, mk = (int(x) for x in a.varlen.split(","))
             vb = random_varlen(b, mq, 6, 2, a.d, torch.bfloat16, "cuda", max_seqlen_k=mk,

@@ -1063,7 +1063,8 @@ class FlashBwdSm90:
                 if lane == 0:
                     semaphore.spin(sem, rank)
                 cute.arch.sync_warp()
-                self.let_consumers_add(t)
+                self.open_dq_turn(t)
+                self.await_dq_adds(t)
                 if lane == 0:
                     semaphore.publish(sem, True)
 
@@ -1087,15 +1088,13 @@ class FlashBwdSm90:
                     if seen != rank:
                         semaphore.spin(self.dq_semaphore(mSemaphore, work, head, m_block), rank)
                 cute.arch.sync_warp()
-                for w in cutlass.range_constexpr(self.num_wg):
-                    cute.arch.barrier_arrive(barrier_id=self.dq_bar(_BAR.dq_full, w, t), number_of_threads=128 + 32)
+                self.open_dq_turn(t)
                 # Step t + 1's slot while the consumers compute (clamped: the last step computes its own
                 # slot again and reads nothing).
                 t_next = cutlass.min(t + 1, work.num_steps - 1)
                 lane_head, lane_m, lane_rank, head_n, m_n, rank_n = self.next_slot(work, t_next, lane, lane_head,
                                                                                    lane_m, lane_rank)
-                for w in cutlass.range_constexpr(self.num_wg):
-                    cute.arch.barrier(barrier_id=self.dq_bar(_BAR.dq_empty, w, t), number_of_threads=128 + 32)
+                self.await_dq_adds(t)
                 if lane == 0:
                     if t + 1 < work.num_steps:
                         seen = semaphore.peek(self.dq_semaphore(mSemaphore, work, head_n, m_n))
@@ -1103,11 +1102,15 @@ class FlashBwdSm90:
                 head, m_block, rank = head_n, m_n, rank_n
 
     @cute.jit
-    def let_consumers_add(self, t: Int32) -> None:
+    def open_dq_turn(self, t: Int32) -> None:
         """Warp 1, step ``t`` of Note [Ordered direct dQ], once the slot is this CTA's turn: arrive on
-        every consumer warpgroup's ``dq_full``, then wait until each has issued its adds (``dq_empty``)."""
+        every consumer warpgroup's ``dq_full``."""
         for w in cutlass.range_constexpr(self.num_wg):
             cute.arch.barrier_arrive(barrier_id=self.dq_bar(_BAR.dq_full, w, t), number_of_threads=128 + 32)
+
+    @cute.jit
+    def await_dq_adds(self, t: Int32) -> None:
+        """Warp 1, step ``t``: wait until every consumer warpgroup has issued its adds (``dq_empty``)."""
         for w in cutlass.range_constexpr(self.num_wg):
             cute.arch.barrier(barrier_id=self.dq_bar(_BAR.dq_empty, w, t), number_of_threads=128 + 32)
 
