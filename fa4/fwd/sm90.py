@@ -841,6 +841,11 @@ class FlashFwdSm90:
                 gO = cute.local_tile(seqlen.q_view(mO, batch, head), (self.tile_m, self.tile_hdimv), (m_block, 0))
                 store_rows_16B(sO, gO, rows.rows_left(), self.cfg.head_dim_v, tidx, self.num_consumer_threads)
             if const_expr(self.o_in_q):
+                if const_expr(self.tma_q):
+                    # The next tile's Q lands in this memory by TMA (the async proxy): this tile's
+                    # generic writes and reads of sO are ordered before it by a proxy fence, then
+                    # the barrier, then the storing warp's release of the Q stage.
+                    cute.arch.fence_proxy("async.shared", space="cta")
                 cute.arch.barrier(barrier_id=_BAR_EPI, number_of_threads=self.num_consumer_threads)
 
 
