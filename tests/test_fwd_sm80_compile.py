@@ -241,6 +241,42 @@ def test_l2_section_size():
     assert l2_section_size(10**7, 1024, 1, 64) == 1
     assert l2_section_size(1, 64, 1, 7) == 7
     assert l2_section_size(8192, 512, 1, 1000, budget=8 << 20) == 2
+    # Powers of two (Note [Section sizes], the sm90 forward): 6 -> 4, 24 -> 16, never 0.
+    assert l2_section_size(8192, 512, 1, 1000, pow2=True) == 4
+    assert l2_section_size(8192, 512, 4, 1000, pow2=True) == 16
+    assert l2_section_size(10**7, 1024, 1, 64, pow2=True) == 1
+    assert l2_section_size(8192, 1024, 1, 3, budget=32 << 20, pow2=True) == 3  # at most the pairs
+
+
+def test_floor_pow2():
+    from fa4.sched.tile import floor_pow2
+
+    for n in list(range(0, 70)) + [2**20 - 1, 2**20, 2**30 + 7]:
+        p = floor_pow2(n)
+        assert p == (1 if n < 2 else 1 << (n.bit_length() - 1)), n
+
+
+def test_section_tail_model():
+    """Note [Section sizes]: a greedy model of the dynamic scheduler (132 SMs, tile time = K blocks
+    + 2) on d256 s8k causal (b2 h8, 128 x 80 tiles) in the LPT section order: one-pair sections
+    leave SMs idle at the end, power-of-two sections of 2-8 pairs do not, 3 pairs (a small last
+    section) do again."""
+    import heapq
+    import math
+
+    def useful_share(pairs):
+        nm, heads, batch = 64, 8, 2
+        times = []
+        for idx in range(nm * heads * batch):
+            m, _, _ = section_tile(idx, nm, heads, batch, pairs, True)
+            times.append(min(math.ceil((m + 1) * 128 / 80), math.ceil(8192 / 80)) + 2)
+        free = [0.0] * 132
+        for t in times:
+            heapq.heappush(free, heapq.heappop(free) + t)
+        return sum(times) / 132 / max(free)
+
+    assert useful_share(1) < 0.92 and useful_share(3) < 0.9
+    assert min(useful_share(p) for p in (2, 4, 8)) > 0.99
     assert l2_section_size(1, 64, 4, 7, budget=0) == 1  # the sm90 persistent order: one pair per section
     # One pair per section: m-blocks fastest, pairs in order.
     assert [section_tile(t, 3, 2, 1, 1, False) for t in range(4)] == [(0, 0, 0), (1, 0, 0), (2, 0, 0), (0, 1, 0)]

@@ -29,14 +29,17 @@ def test_pingpong_belongs_to_the_table_tile():
     assert not sm90.make_config(_problem(64, sq=1), None, "sm_90a", True).pingpong
 
 
-@pytest.mark.parametrize("sk,causal,dynamic", [(1024, False, False), (16384, False, False), (1024, True, False),
-                                               (1025, True, True), (8192, True, True)])
-def test_grid_order_by_length(sk, causal, dynamic):
-    """The measured choice (RESULTS v0.8): always persistent; static with one-pair L2 sections,
-    except masked rows past s_k 1024 (tiles claimed dynamically, 8 MB sections)."""
-    cfg = sm90.make_config(_problem(sq=sk, sk=sk, causal=causal), None, "sm_90a", True)
+@pytest.mark.parametrize("d,sk,causal,dynamic,sections", [
+    (128, 1024, False, False, 0), (128, 16384, False, False, 0), (128, 1024, True, False, 0),
+    (128, 1025, True, True, 16), (128, 8192, True, True, 16), (256, 8192, True, True, 16),
+    (256, 8192, False, True, 0), (192, 2048, False, True, 0), (256, 1024, False, False, 0)])
+def test_grid_order_by_length(d, sk, causal, dynamic, sections):
+    """The measured choice (RESULTS v0.8, v0.16): always persistent; static with one-pair L2
+    sections, except masked rows past s_k 1024 (tiles claimed dynamically, 16 MB sections) and
+    rows without a mask past s_k 1024 at head dims > 128 (dynamic, one-pair sections)."""
+    cfg = sm90.make_config(_problem(d, sq=sk, sk=sk, causal=causal), None, "sm_90a", True)
     assert cfg.persistent and cfg.dynamic_sched == dynamic
-    assert cfg.l2_section_mb == (sm90.L2_SECTION_MB_DYNAMIC if dynamic else sm90.L2_SECTION_MB_STATIC)
+    assert cfg.l2_section_mb == sections
 
 
 def test_decode_and_options():

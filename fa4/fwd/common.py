@@ -71,12 +71,13 @@ def fake_args(cfg, extra: tuple = ()) -> tuple:
 def grid_extent(mQ: cute.Tensor, mK: cute.Tensor, mCuSeqlensQ: Optional[cute.Tensor],
                 mCuSeqlensK: Optional[cute.Tensor], max_seqlen_q: Int32, tile_m: int, kv_row_bytes: int,
                 qhead_per_kvhead: int = 1, num_splits=1, mPageTable: Optional[cute.Tensor] = None,
-                l2_budget: int = L2_BUDGET_BYTES):
+                l2_budget: int = L2_BUDGET_BYTES, pow2_sections: bool = False):
     """Host side of a forward ``__call__`` (traced inline): ``(num_batch, num_m_blocks, section)``,
     the L2 section of :func:`fa4.sched.tile.l2_section_size` for K/V rows of ``kv_row_bytes``.
     ``qhead_per_kvhead > 1``: packed tiles (Note [Pack GQA] in fa4/pack_gqa.py), ``seqlen_q * g``
     rows per kv head. ``num_splits``: split-KV, each (head, batch) pair is ``num_splits`` scheduler
-    heads reading a share of its K/V each. ``l2_budget``: the section's K/V bytes. Returns also the
+    heads reading a share of its K/V each. ``l2_budget``: the section's K/V bytes; ``pow2_sections``:
+    pairs per section rounded down to a power of two (Note [Section sizes]). Returns also the
     scheduler's head count."""
     num_heads = mQ.shape[2]
     if const_expr(mCuSeqlensQ is not None):
@@ -91,7 +92,7 @@ def grid_extent(mQ: cute.Tensor, mK: cute.Tensor, mCuSeqlensQ: Optional[cute.Ten
     sched_heads = (num_heads // qhead_per_kvhead) * num_splits
     # q heads (scheduler heads) that share one kv head's K/V rows in L2.
     share = (num_heads // mK.shape[2] if const_expr(qhead_per_kvhead == 1) else 1) * num_splits
-    section = l2_section_size(seqlen_k_avg, kv_row_bytes, share, sched_heads * num_batch, l2_budget)
+    section = l2_section_size(seqlen_k_avg, kv_row_bytes, share, sched_heads * num_batch, l2_budget, pow2_sections)
     return num_batch, num_m_blocks, section, sched_heads
 
 

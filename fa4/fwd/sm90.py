@@ -350,7 +350,7 @@ class FlashFwdSm90:
         seqlen_k_static = mK.shape[1] if const_expr(not self.page_rows) else mPageTable.shape[1] * mK.shape[1]
         num_batch, num_m_blocks, section, sched_heads = fwd_common.grid_extent(
             mQ, mK, mCuSeqlensQ, mCuSeqlensK, max_seqlen_q, self.tile_m, 2 * (self.tile_hdim + self.tile_hdimv),
-            cfg.qhead_per_kvhead, num_splits, mPageTable, cfg.l2_section_mb << 20)
+            cfg.qhead_per_kvhead, num_splits, mPageTable, cfg.l2_section_mb << 20, pow2_sections=True)
         prescale, scale_log2 = score_scales(softmax_scale, softcap, cfg.has_softcap)
 
         # TMA atoms over (s, d, h, b) views (Note [TMA and varlen / padding]).
@@ -885,16 +885,26 @@ SUM_ROUNDED_WITH_THRESHOLD = True  # tools/rescale_accuracy.py turns it off to m
 # (tiles claimed from a counter in the tile order, LPT for masked rows) with 8 MB sections, +3-6%
 # over one tile per CTA (medians of three) except at s16k (-3%, within that row's noise). One tile
 # per CTA (``persistent=False``) stays an option.
+# v0.16: masked rows take 16 MB sections (Note [Section sizes] in fa4/sched/tile.py: at d256 s8k
+# 8 MB is one pair, half a wave of tiles, and the LPT tail left 11% of the SM cycles idle; sweep,
+# three rounds, 8 -> 16 / 32 / 64 MB: d256 642.1 -> 677.1 / 672.3 / 662.8, d128 s4k 573.9 -> 592.3
+# / 586.3 / 564.6, s8k 638.1 -> 623.0 / 616.8 / 580.7, s16k 641.7 -> 651.9 / 643.3 / 633.5, d64
+# 483.2 -> 485.5 / 487.7 / 474.6); rows without a mask at head dims > 128 take the dynamic grid
+# too, with one-pair sections (d256 s8k, three leases: +2-5% over the static snake).
 DYNAMIC_MIN_SEQLEN_K_MASKED = 1025
+DYNAMIC_UNMASKED_MIN_HD = 129
 L2_SECTION_MB_STATIC = 0  # one pair per section
-L2_SECTION_MB_DYNAMIC = 8
+L2_SECTION_MB_DYNAMIC = 16
 
 
 def _grid_order(problem: AttnProblem) -> dict:
     """``persistent``, ``dynamic_sched`` and ``l2_section_mb`` of the measured choice above."""
-    dynamic = (problem.causal or problem.local) and problem.seqlen_k >= DYNAMIC_MIN_SEQLEN_K_MASKED
-    return dict(persistent=True, dynamic_sched=dynamic,
-                l2_section_mb=L2_SECTION_MB_DYNAMIC if dynamic else L2_SECTION_MB_STATIC)
+    long_k = problem.seqlen_k >= DYNAMIC_MIN_SEQLEN_K_MASKED
+    masked = problem.causal or problem.local
+    if masked and long_k:
+        return dict(persistent=True, dynamic_sched=True, l2_section_mb=L2_SECTION_MB_DYNAMIC)
+    wide = max(problem.head_dim, problem.head_dim_v) >= DYNAMIC_UNMASKED_MIN_HD
+    return dict(persistent=True, dynamic_sched=wide and long_k and not masked, l2_section_mb=L2_SECTION_MB_STATIC)
 
 
 def _turns(table_pingpong: bool, table_tile_m: int, tile_m: int) -> tuple[bool, bool]:
