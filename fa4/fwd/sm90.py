@@ -997,6 +997,7 @@ def variants(arch: str) -> list[FwdSm90Config]:
         cfg(128, persistent=False, pingpong=True),
         cfg(128, causal=True, pingpong=True, pp_steps_only=True, dynamic_sched=True),
         cfg(256, rescale_o_before_pv=True, rescale_threshold=8.0, sum_rounded=True),
+        cfg(256, rescale_o_before_pv=True, dynamic_sched=True),  # d256 without a mask: the dynamic grid (v0.16)
         cfg(64, dtype="fp16", has_lse=False),
         cfg(96, local=True, has_softcap=True),
         cfg(96, local=True, one_step_loop=True),

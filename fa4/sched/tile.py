@@ -43,10 +43,10 @@ class TileScheduler(Protocol):
 
 
 def floor_pow2(n):
-    """The largest power of two ``<= n`` (1 for ``n < 2``), for ``n < 2**31``; Python ints or DSL
-    Int32 (min / max / shifts only, no branch)."""
+    """The largest power of two ``<= min(n, 2**20)`` (1 for ``n < 2``); Python ints or DSL Int32
+    (min / max / shifts only, no branch; 20 steps, each traced op costs compile time)."""
     p = 1
-    for k in range(1, 31):
+    for k in range(1, 21):
         p = cutlass.max(p, cutlass.min(1 << k, (n >> k) << k))
     return p
 
