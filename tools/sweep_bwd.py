@@ -199,6 +199,12 @@ PLANS = {
                               ("d128 s8192 causal det", ("", "step_cursor=True")),
                               ("d128 s1024 causal", ("", "step_cursor=True")))
             for v in vs],
+    # v0.16 (written, not yet run): the non-deterministic causal launch sections at short sequences.
+    # The greedy tail model of RESULTS v0.16 gives d128 s1k 0.981 of the SMs' time with the default 16
+    # pairs and 0.992 with 64 (+1% at most); s4k 0.991 / 0.995. Three interleaved rounds.
+    "v31": [f"{shape} {v}".strip() for _ in range(3)
+            for shape in ("d128 s1024 causal", "d128 s2048 causal", "d128 s4096 causal", "d64 s1024 causal")
+            for v in ("", "section=32", "section=64")],
     # v0.15: the sequencing warp of the ordered direct adds with the peeked slot (publish_peek with
     # dq_direct, SEQ_PEEK) against without; the non-deterministic kernel for the ratio; three
     # interleaved rounds.
