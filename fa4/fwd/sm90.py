@@ -900,11 +900,10 @@ L2_SECTION_MB_DYNAMIC = 16
 def _grid_order(problem: AttnProblem) -> dict:
     """``persistent``, ``dynamic_sched`` and ``l2_section_mb`` of the measured choice above."""
     long_k = problem.seqlen_k >= DYNAMIC_MIN_SEQLEN_K_MASKED
-    masked = problem.causal or problem.local
-    if masked and long_k:
+    if long_k and (problem.causal or problem.local):
         return dict(persistent=True, dynamic_sched=True, l2_section_mb=L2_SECTION_MB_DYNAMIC)
     wide = max(problem.head_dim, problem.head_dim_v) >= DYNAMIC_UNMASKED_MIN_HD
-    return dict(persistent=True, dynamic_sched=wide and long_k and not masked, l2_section_mb=L2_SECTION_MB_STATIC)
+    return dict(persistent=True, dynamic_sched=long_k and wide, l2_section_mb=L2_SECTION_MB_STATIC)
 
 
 def _turns(table_pingpong: bool, table_tile_m: int, tile_m: int) -> tuple[bool, bool]:
