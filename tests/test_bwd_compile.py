@@ -480,6 +480,34 @@ def test_det_model_tells_the_orders_apart():
         >= model.run(visits, rank, ordered=False, **short)
 
 
+def test_causal_sections_by_l2_bytes():
+    """Note [Causal sections]: the sm90 non-deterministic causal sections hold about 32 MB of Q, dO
+    and dQ accumulator (the pairs per section rounded to the nearest power of two), never more than
+    the table's count; the sm80 family and the other modes are unchanged; ``section`` overrides."""
+    from fa4.bwd import common, sm90
+
+    o = sm90.LAUNCH_ORDER
+
+    def pairs(d, s, h, group=1, **kw):
+        b = 16384 // s
+        return o.section_pairs(b * h, True, False, pair_bytes=common.pair_bytes(s, group, d, d), **kw)
+
+    # The sweep's rows (RESULTS v0.17): d128 s1k / s2k / s4k / s8k / s16k, d64 s8k, d256 s8k.
+    assert [pairs(128, s, 16) for s in (1024, 2048, 4096, 8192, 16384)] == [16, 16, 8, 4, 2]
+    assert pairs(64, 8192, 32) == 8 and pairs(256, 8192, 8) == 2
+    assert pairs(128, 8192, 4, group=4) == 1  # GQA: a pair holds its group's q heads
+    assert common.pair_bytes(8192, 1, 128, 128) == 8192 * (2 * 256 + 4 * 128 + 8)
+    # A pair larger than the budget: one pair per section, never zero.
+    assert o.section_pairs(8, True, False, pair_bytes=1 << 40) == 1
+    # Not without a mask, not deterministic, not without the byte count, not on sm80, not over an override.
+    pb = common.pair_bytes(16384, 1, 128, 128)
+    assert o.section_pairs(16, False, False, pair_bytes=pb) == 1
+    assert o.section_pairs(16, True, False) == o.causal == 16
+    assert o.section_pairs(16, True, True, pair_bytes=pb) == o.section_pairs(16, True, True)
+    assert sm80.LAUNCH_ORDER.section_pairs(16, True, False, pair_bytes=pb) == sm80.LAUNCH_ORDER.causal
+    assert dataclasses.replace(o, section=8).section_pairs(16, True, False, pair_bytes=pb) == 8
+
+
 def test_det_causal_sections_hold_four_waves():
     """sm90's causal deterministic sections (v0.12, sweeps v16-v18; v0.14): 16 pairs, or about four
     waves of head-dim-64 work in a power of two pairs when a pair has few K blocks; not for the direct

@@ -11,7 +11,7 @@
 # (dv_late at d64; run in session 11), next18 (publish_peek), next20 (publish_peek as the default), next22 (v27 sections, det bench), next8 (session 8's not-yet-run tests and sweeps), ncusrc (source-level stall sampling
 # of the forwards; NCUSRC_IMPLS), ncusrcbwd (the same for the backwards), ncustall (stall reasons, fa4 vs
 # flash-attn-4), sweepfwd (tools/sweep_fwd.py $SWEEP_FWD), ncufwd (ncu of the fa4 and flash-attn-4 forwards,
-# tools/ncu_fwd.py), v012b (session 10's side-by-side benches), nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
+# tools/ncu_fwd.py), ncubwd (the same for the backwards, NCU_BWD_SHAPES), v012b (session 10's side-by-side benches), nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
 set -uo pipefail
 steps=${1:-bwd90}
 out=${OUT:-/tmp/out}; mkdir -p "$out"
@@ -126,6 +126,19 @@ if has ncufwd; then
       --section LaunchStats --section Occupancy --section SchedulerStats --metrics smsp__inst_executed.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,smsp__inst_executed_pipe_xu.sum,smsp__inst_executed_pipe_fma.sum,smsp__inst_executed_pipe_alu.sum \
       python3 tools/ncu_fwd.py $impl ${NCU_FWD_SHAPES:-128,8192,0} > "$out/ncufwd_$impl.txt" 2>&1
     echo "ncufwd $impl rc=$?"; grep -E "Kernel|Duration|SM Busy|Issue Slots|Executed Ipc|Stall|Eligible|Registers|hmma|inst_executed|No Eligible|Theoretical Occ" "$out/ncufwd_$impl.txt" | cut -c1-140 | head -40
+  done
+fi
+if has ncubwd; then
+  # fa4 and flash-attn-4 backward main kernels side by side (NCU_BWD_SHAPES: d,s,causal ...; one launch per
+  # shape): SM active share of elapsed cycles (the tail), IPC, tensor pipe, instruction mix.
+  shapes=(${NCU_BWD_SHAPES:-128,16384,1})
+  for impl in fa4 peer; do
+    timeout 200 ncu --clock-control none --kernel-name regex:'(?i)bwd_sm90' --launch-count ${#shapes[@]} \
+      --section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis --section InstructionStats \
+      --section LaunchStats --section Occupancy --section SchedulerStats --section MemoryWorkloadAnalysis \
+      --metrics smsp__inst_executed.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__cycles_active.avg,sm__cycles_elapsed.avg,smsp__inst_executed_pipe_lsu.sum,smsp__inst_executed_pipe_fma.sum,smsp__inst_executed_pipe_alu.sum,smsp__inst_executed_pipe_xu.sum,lts__t_sectors_srcunit_tex_op_red.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum \
+      python3 tools/ncu_bwd.py $impl ${NCU_BWD_DET:+det} "${shapes[@]}" > "$out/ncubwd_$impl.txt" 2>&1
+    echo "ncubwd $impl rc=$?"; grep -E "bwd_sm90|Duration|SM Busy|Issue Slots|Executed Ipc|Eligible|Registers|hmma|inst_executed|cycles_active|cycles_elapsed|No Eligible|Theoretical Occ|L2 Hit|bank|red.sum|Block Size|Grid Size" "$out/ncubwd_$impl.txt" | cut -c1-140 | head -60
   done
 fi
 if has sweepfwd; then

@@ -199,7 +199,26 @@ PLANS = {
                               ("d128 s8192 causal det", ("", "step_cursor=True")),
                               ("d128 s1024 causal", ("", "step_cursor=True")))
             for v in vs],
-    # v0.16 (written, not yet run): the non-deterministic causal launch sections at short sequences.
+    # v0.17: the 32 MB budget's picks against their neighbours where v32 could not tell them apart
+    # (d128 s16k 2 against 1, s8k 4 against 2, s2k 16 against 8, d256 s8k 2 against 1); four rounds.
+    "v33": [f"{shape} {v}".strip() for _ in range(4)
+            for shape, vs in (("d128 s16384 causal", ("", "section=1")),
+                              ("d128 s8192 causal", ("", "section=2")),
+                              ("d128 s2048 causal", ("", "section=8")),
+                              ("d256 s8192 causal", ("", "section=1")))
+            for v in vs],
+    # v0.17: the non-deterministic causal launch sections at long sequences, for the L2. ncu of d128
+    # s16k causal: L2 hit rate 84.9% for fa4 (one section of all 16 pairs: 16 heads' Q, dO and dQ
+    # accumulator in flight, 16 MB each) against 97.1% for flash-attn-4 (one head at a time).
+    # Three interleaved rounds.
+    "v32": [f"{shape} {v}".strip() for _ in range(3)
+            for shape, vs in (("d128 s16384 causal", ("", "section=1", "section=2", "section=4", "section=8")),
+                              ("d128 s8192 causal", ("", "section=2", "section=4", "section=8")),
+                              ("d128 s4096 causal", ("", "section=4", "section=8")),
+                              ("d64 s8192 causal", ("", "section=4", "section=8")),
+                              ("d256 s8192 causal", ("", "section=2", "section=4")))
+            for v in vs],
+    # v0.16 (run in v0.17: 16 kept): the non-deterministic causal launch sections at short sequences.
     # The greedy tail model of RESULTS v0.16 gives d128 s1k 0.981 of the SMs' time with the default 16
     # pairs and 0.992 with 64 (+1% at most); s4k 0.991 / 0.995. Three interleaved rounds.
     "v31": [f"{shape} {v}".strip() for _ in range(3)

@@ -24,6 +24,15 @@ Note [Launch order]
     blocks running together share the pair's Q and dO in L2. The section sizes are each family's
     measured :class:`LaunchOrder`.
 
+Note [Causal sections]
+    In a causal section the resident CTAs come from every pair of the section (``x`` is slowest),
+    so the Q, dO and dQ accumulator rows of all its pairs are in flight in L2 at once: sm90 d128
+    s16k, one section of all 16 pairs, 16 MB each, read at an L2 hit rate of 84.9% (ncu), where
+    flash-attn-4, one head at a time, reads at 97.1%. A family's ``causal_l2_bytes`` bounds a
+    section by bytes as well: about ``causal_l2_bytes / pair_bytes`` pairs, rounded to the nearest
+    power of two (a section count that divides the pairs), at most ``causal`` (the count measured
+    at short sequences, where the bound is not reached). Measured on sm90 (RESULTS v0.17).
+
 Note [Deterministic dQ]
     With ``deterministic``, the additions into the dQ accumulator of each (batch, q head, m_block)
     slot happen in a fixed order, serialized by an int32 counter per slot (:mod:`fa4.sched.semaphore`).
@@ -130,15 +139,19 @@ class LaunchOrder:
     det_section: Optional[int] = None
     det_causal_direct: Optional[int] = None  # deterministic + causal with ordered direct dQ adds (None: det_causal)
     det_causal_waves: int = 0  # deterministic + causal (not direct): waves of head-dim-64 work per section
+    causal_l2_bytes: int = 0  # non-deterministic causal: the L2 budget of a section's pairs (Note [Causal sections])
 
     def section_pairs(self, num_pairs: int, causal: bool, deterministic: bool, rotated: bool = False,
-                      direct: bool = False, n_blocks: int = 0, num_sms: int = 0, head_dim: int = 64) -> int:
+                      direct: bool = False, n_blocks: int = 0, num_sms: int = 0, head_dim: int = 64,
+                      pair_bytes: int = 0) -> int:
         """Pairs per launch section, in [1, num_pairs]; the rotated deterministic order needs sections
         of one pair (Note [Rotated order]). ``direct``: the kernel adds dQ from registers.
         ``n_blocks`` (CTAs per pair), ``num_sms`` and ``head_dim`` (the kernel's, padded): with
         ``det_causal_waves``, a deterministic causal section holds about that many waves of head-dim-64
         CTAs' work or more (waves * num_sms / n_blocks * 64 / head_dim pairs from head dim 64 on,
-        rounded to the nearest power of two)."""
+        rounded to the nearest power of two). ``pair_bytes``: what one pair's steps read and add
+        (:func:`pair_bytes`); with ``causal_l2_bytes``, a non-deterministic causal section holds at
+        most ``causal`` pairs and about ``causal_l2_bytes`` of them (Note [Causal sections])."""
         if rotated:
             return 1
         if deterministic:
@@ -152,7 +165,15 @@ class LaunchOrder:
                 det_causal if causal else self.det_no_mask)
         else:
             want = self.section if self.section is not None else (self.causal if causal else 1)
+            if causal and self.section is None and self.causal_l2_bytes and pair_bytes > 0:
+                want = min(want, 2 ** max(0, round(math.log2(self.causal_l2_bytes / pair_bytes))))
         return max(1, min(want, num_pairs))
+
+
+def pair_bytes(seqlen_q: int, group: int, head_dim: int, head_dim_v: int, elem_bytes: int = 2) -> int:
+    """Bytes of Q, dO, the float32 dQ accumulator and the row statistics that the steps of one
+    (batch, kv head) pair read or add: ``group`` q heads of ``seqlen_q`` rows (Note [Causal sections])."""
+    return seqlen_q * group * (elem_bytes * (head_dim + head_dim_v) + 4 * head_dim + 8)
 
 
 def launch_grid(cfg, num_batch: int, heads_k: int, max_seqlen_k: int) -> tuple[int, int, int]:
@@ -300,7 +321,9 @@ def run_backward(cfg, problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_se
             int(problem.window_right), int(max_seqlen_k),
             order.section_pairs(num_batch * k.shape[2], cfg.causal, cfg.deterministic, cfg.det_rotate,
                                 getattr(cfg, "dq_direct", False), n_blocks=-(-max_seqlen_k // cfg.tile_n),
-                                num_sms=arch_num_sms(q.device.index), head_dim=cfg.head_dim),
+                                num_sms=arch_num_sms(q.device.index), head_dim=cfg.head_dim,
+                                pair_bytes=pair_bytes(problem.seqlen_q, q.shape[-2] // k.shape[-2], q.shape[-1],
+                                                      v.shape[-1], q.element_size())),
         )
     else:
         dk_k.zero_()

@@ -1499,7 +1499,7 @@ couples the pair's steps (the partner's half gates the second dQ wgmma) and take
 buffer's smem (sK_peer, sdS_in)."""
 
 LAUNCH_ORDER = common.LaunchOrder(causal=16, det_no_mask=32, det_causal=16, det_causal_direct=8,
-                                   det_causal_waves=4)
+                                   det_causal_waves=4, causal_l2_bytes=32 << 20)
 """Pairs per launch section (Note [Launch order] in fa4/bwd/common.py); the sm80 family's values.
 Measured for this kernel (v0.6, d128 s8k, one lease each, noisy): without a mask sections of 1 / 4 / 32
 pairs gave 640 / 594 / 541 TFLOP/s (1 is the default there); deterministic, plain order, 1 / 2 / 4 /
@@ -1522,7 +1522,14 @@ rounds: 16 pairs, 313.0 / 304.7), while d64 s1k keeps 64 (278.3 / 277.3 / 277.2 
 266.0 with 32), and d128 s2k is even between 16 and 32 (411.4 / 410.3 / 397.7 / 390.4 against 419.8 /
 418.1 / 371.6 / 392.4). So the waves count work, not CTAs: four waves of head-dim-64 steps, half as
 many CTAs per section at d128 (s1k 32 pairs, s2k 16, from s4k the table's 16 as before). Head dim 96
-(s1k 32 pairs, s2k 16) follows the same rule unmeasured; (head_dim, head_dim_v) pairs by head_dim."""
+(s1k 32 pairs, s2k 16) follows the same rule unmeasured; (head_dim, head_dim_v) pairs by head_dim.
+v0.17 (sweeps v31 and v32, one lease, three interleaved rounds, medians; non-deterministic causal, Note
+[Causal sections]): at s1k / s2k / s4k 32 and 64 pairs lost to 16 (d128 s4k 498.1 -> 468.7 -> 438.5);
+from s4k smaller sections won, d128 s16k 549.8 -> 600.8 / 593.5 / 587.7 / 587.6 with 1 / 2 / 4 / 8 pairs,
+s8k 547.2 -> 562.0 / 557.6 / 557.9 with 2 / 4 / 8, s4k 508.5 -> 513.8 / 517.0 with 4 / 8, d64 s8k 464.0 ->
+472.6 / 470.2 with 4 / 8, d256 s8k 368.1 -> 394.2 / 386.6 with 2 / 4: a budget of 32 MB of Q, dO and dQ
+accumulator per section picks 2 / 4 / 8 / 8 / 2 there (within the noise of each best) and keeps 16 at
+s1k / s2k."""
 
 STATS_EARLY_MAX_HD = 128
 """Padded head dims up to this read lse into registers before the S^T wgmma is issued
