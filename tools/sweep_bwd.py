@@ -3,8 +3,9 @@
     python tools/sweep_bwd.py [--family sm90] "d128 s8192" "d128 s8192 causal tile_m=128" ...
     python tools/sweep_bwd.py --plan v1        # a named list of experiments (PLANS)
 
-An experiment: ``d<head_dim> s<seqlen> [causal] [det] [section=N] [field=value ...]`` on FlashAttention's
-grid shape (batch * seqlen = 16k tokens, heads * head_dim = 2048, bf16); the fields override the
+An experiment: ``d<head_dim> s<seqlen> [g<group>] [causal] [det] [section=N] [field=value ...]`` on
+FlashAttention's grid shape (batch * seqlen = 16k tokens, heads * head_dim = 2048, bf16; ``g4``: GQA,
+four q heads per kv head); the fields override the
 family's ``make_config`` (``dataclasses.replace``), ``section`` the launch order's pairs per
 section. Every config is compiled first, in parallel; then each experiment prints TFLOP/s (2.5x the
 forward's FLOPs), ms and the max difference of the gradients from a first run of the defaults.
@@ -199,6 +200,22 @@ PLANS = {
                               ("d128 s8192 causal det", ("", "step_cursor=True")),
                               ("d128 s1024 causal", ("", "step_cursor=True")))
             for v in vs],
+    # v0.17: GQA (four q heads per kv head), where a pair holds its group's rows: the 32 MB budget
+    # gives one pair per section at s8k (33.6 MB a pair) and two at s4k; the table's 16 before (capped
+    # by the 8 / 16 pairs). Three rounds.
+    "v35": [f"{shape} {v}".strip() for _ in range(3)
+            for shape, vs in (("d128 s8192 g4 causal", ("", "section=2", "section=8")),
+                              ("d128 s4096 g4 causal", ("", "section=4", "section=16")),
+                              ("d64 s8192 g4 causal", ("", "section=16")))
+            for v in vs],
+    # v0.17: the causal deterministic sections at long sequences, for the same L2 reason (after the
+    # first wave a section's K blocks start at the top while earlier ones are near their diagonal).
+    # v0.12 measured d128 s16k 16 -> 4 pairs as a loss (511 / 502 -> 499 / 465). Three rounds.
+    "v34": [f"{shape} {v}".strip() for _ in range(3)
+            for shape, vs in (("d128 s16384 causal det", ("", "section=4", "section=2")),
+                              ("d128 s8192 causal det", ("", "section=4")),
+                              ("d256 s8192 causal det", ("", "section=2")))
+            for v in vs],
     # v0.17: the 32 MB budget's picks against their neighbours where v32 could not tell them apart
     # (d128 s16k 2 against 1, s8k 4 against 2, s2k 16 against 8, d256 s8k 2 against 1); four rounds.
     "v33": [f"{shape} {v}".strip() for _ in range(4)
@@ -311,7 +328,7 @@ PLANS = {
 
 def parse(exp: str):
     words = exp.split()
-    shape = dict(d=128, s=8192, causal=False, det=False, section=None)
+    shape = dict(d=128, s=8192, g=1, causal=False, det=False, section=None)
     over = {}
     for w in words:
         if w == "causal":
@@ -323,7 +340,7 @@ def parse(exp: str):
         elif "=" in w:
             k, v = w.split("=", 1)
             over[k] = ast.literal_eval(v)
-        elif w[0] in "ds" and w[1:].isdigit():
+        elif w[0] in "dsg" and w[1:].isdigit():
             shape[w[0]] = int(w[1:])
         else:
             raise ValueError(f"bad word {w!r} in {exp!r}")
@@ -334,7 +351,8 @@ def _tensors(shape, grad=True):
     d, s = shape["d"], shape["s"]
     b, h = 16384 // s, 2048 // d
     torch.manual_seed(0)
-    return [torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=grad) for _ in range(3)]
+    return [torch.randn(b, s, h // (shape["g"] if i else 1), d, device="cuda", dtype=torch.bfloat16, requires_grad=grad)
+            for i in range(3)]
 
 
 def configs(family, shape, over):

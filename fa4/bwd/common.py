@@ -22,7 +22,8 @@ Note [Launch order]
     (one pair per section), which leaves a tail of long blocks at the end of the grid. Without a
     causal mask the blocks of a pair are equal, and sections of one pair (x fastest) let the
     blocks running together share the pair's Q and dO in L2. The section sizes are each family's
-    measured :class:`LaunchOrder`.
+    measured :class:`LaunchOrder`; with a causal mask they are bounded by L2 bytes as well (Note
+    [Causal sections]).
 
 Note [Causal sections]
     In a causal section the resident CTAs come from every pair of the section (``x`` is slowest),
