@@ -85,6 +85,21 @@ def num_sms(index: Optional[int] = None) -> int:
                                             ).multi_processor_count
 
 
+H200_L2_BYTES = 50 << 20
+
+
+@functools.lru_cache(maxsize=None)
+def l2_bytes(index: Optional[int] = None) -> int:
+    """L2 cache size of GPU ``index`` (default the current one), or an H100/H200's 50 MB on a
+    machine without a GPU; cached per index."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return H200_L2_BYTES
+    return torch.cuda.get_device_properties(index if index is not None else torch.cuda.current_device()
+                                            ).L2_cache_size or H200_L2_BYTES
+
+
 _warned: set = set()
 
 

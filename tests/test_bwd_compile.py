@@ -506,6 +506,10 @@ def test_causal_sections_by_l2_bytes():
     assert o.section_pairs(16, True, True, pair_bytes=pb) == o.section_pairs(16, True, True)
     assert sm80.LAUNCH_ORDER.section_pairs(16, True, False, pair_bytes=pb) == sm80.LAUNCH_ORDER.causal
     assert dataclasses.replace(o, section=8).section_pairs(16, True, False, pair_bytes=pb) == 8
+    # The budget scales with the GPU's L2: half the H200's at d128 s8k takes 2 pairs where 50 MB take 4.
+    pb8 = common.pair_bytes(8192, 1, 128, 128)
+    assert o.section_pairs(32, True, False, pair_bytes=pb8) == 4
+    assert o.section_pairs(32, True, False, pair_bytes=pb8, l2_bytes=25 << 20) == 2
 
 
 def test_det_causal_sections_hold_four_waves():

@@ -200,6 +200,13 @@ PLANS = {
                               ("d128 s8192 causal det", ("", "step_cursor=True")),
                               ("d128 s1024 causal", ("", "step_cursor=True")))
             for v in vs],
+    # v0.17: the sm80 family's causal sections on the H200 (``--family sm80``): its table's 16 pairs
+    # against the sm90 family's L2 picks and their neighbours. Two rounds.
+    "v36": [f"{shape} {v}".strip() for _ in range(2)
+            for shape, vs in (("d128 s16384 causal", ("", "section=1", "section=2", "section=4")),
+                              ("d128 s8192 causal", ("", "section=2", "section=4")),
+                              ("d64 s8192 causal", ("", "section=4", "section=8")))
+            for v in vs],
     # v0.17: GQA (four q heads per kv head), where a pair holds its group's rows: the 32 MB budget
     # gives one pair per section at s8k (33.6 MB a pair) and two at s4k; the table's 16 before (capped
     # by the 8 / 16 pairs). Three rounds.

@@ -32,7 +32,8 @@ Note [Causal sections]
     flash-attn-4, one head at a time, reads at 97.1%. A family's ``causal_l2_bytes`` bounds a
     section by bytes as well: about ``causal_l2_bytes / pair_bytes`` pairs, rounded to the nearest
     power of two (a section count that divides the pairs), at most ``causal`` (the count measured
-    at short sequences, where the bound is not reached). Measured on sm90 (RESULTS v0.17).
+    at short sequences, where the bound is not reached). Measured on sm90 on the H200 (RESULTS
+    v0.17: 32 MB of its 50 MB); other GPUs scale the budget by their L2 size (not measured).
 
 Note [Deterministic dQ]
     With ``deterministic``, the additions into the dQ accumulator of each (batch, q head, m_block)
@@ -140,11 +141,11 @@ class LaunchOrder:
     det_section: Optional[int] = None
     det_causal_direct: Optional[int] = None  # deterministic + causal with ordered direct dQ adds (None: det_causal)
     det_causal_waves: int = 0  # deterministic + causal (not direct): waves of head-dim-64 work per section
-    causal_l2_bytes: int = 0  # non-deterministic causal: the L2 budget of a section's pairs (Note [Causal sections])
+    causal_l2_bytes: int = 0  # non-deterministic causal: the L2 budget of a section's pairs on a 50 MB L2 (Note [Causal sections])
 
     def section_pairs(self, num_pairs: int, causal: bool, deterministic: bool, rotated: bool = False,
                       direct: bool = False, n_blocks: int = 0, num_sms: int = 0, head_dim: int = 64,
-                      pair_bytes: int = 0) -> int:
+                      pair_bytes: int = 0, l2_bytes: int = 50 << 20) -> int:
         """Pairs per launch section, in [1, num_pairs]; the rotated deterministic order needs sections
         of one pair (Note [Rotated order]). ``direct``: the kernel adds dQ from registers.
         ``n_blocks`` (CTAs per pair), ``num_sms`` and ``head_dim`` (the kernel's, padded): with
@@ -152,7 +153,8 @@ class LaunchOrder:
         CTAs' work or more (waves * num_sms / n_blocks * 64 / head_dim pairs from head dim 64 on,
         rounded to the nearest power of two). ``pair_bytes``: what one pair's steps read and add
         (:func:`pair_bytes`); with ``causal_l2_bytes``, a non-deterministic causal section holds at
-        most ``causal`` pairs and about ``causal_l2_bytes`` of them (Note [Causal sections])."""
+        most ``causal`` pairs and about ``causal_l2_bytes`` of them, scaled by the GPU's ``l2_bytes``
+        over the H200's 50 MB (Note [Causal sections])."""
         if rotated:
             return 1
         if deterministic:
@@ -167,7 +169,8 @@ class LaunchOrder:
         else:
             want = self.section if self.section is not None else (self.causal if causal else 1)
             if causal and self.section is None and self.causal_l2_bytes and pair_bytes > 0:
-                want = min(want, 2 ** max(0, round(math.log2(self.causal_l2_bytes / pair_bytes))))
+                budget = self.causal_l2_bytes * l2_bytes / (50 << 20)
+                want = min(want, 2 ** max(0, round(math.log2(budget / pair_bytes))))
         return max(1, min(want, num_pairs))
 
 
@@ -309,6 +312,7 @@ def run_backward(cfg, problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_se
         out, dout, lse, lse_log2, dpsum, dq_accum, dlse=dlse, cu_seqlens_q=cu_seqlens_q,
         max_seqlen_q=problem.seqlen_q if varlen_q else None, semaphore=sem, dq_tile_m=cfg.tile_m,
         dq_head_dim=q.shape[-1], arch=cfg.arch)
+    from fa4.arch import l2_bytes as arch_l2_bytes
     from fa4.arch import num_sms as arch_num_sms
 
     dk_k, dv_k = kernel_ready(dk), kernel_ready(dv)
@@ -324,7 +328,8 @@ def run_backward(cfg, problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_se
                                 getattr(cfg, "dq_direct", False), n_blocks=-(-max_seqlen_k // cfg.tile_n),
                                 num_sms=arch_num_sms(q.device.index), head_dim=cfg.head_dim,
                                 pair_bytes=pair_bytes(problem.seqlen_q, q.shape[-2] // k.shape[-2], q.shape[-1],
-                                                      v.shape[-1], q.element_size())),
+                                                      v.shape[-1], q.element_size()),
+                                l2_bytes=arch_l2_bytes(q.device.index)),
         )
     else:
         dk_k.zero_()
