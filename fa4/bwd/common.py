@@ -32,8 +32,13 @@ Note [Causal sections]
     flash-attn-4, one head at a time, reads at 97.1%. A family's ``causal_l2_bytes`` bounds a
     section by bytes as well: about ``causal_l2_bytes / pair_bytes`` pairs, rounded to the nearest
     power of two (a section count that divides the pairs), at most ``causal`` (the count measured
-    at short sequences, where the bound is not reached). Measured on sm90 on the H200 (RESULTS
-    v0.17: 32 MB of its 50 MB); other GPUs scale the budget by their L2 size (not measured).
+    at short sequences, where the bound is not reached). But a section also holds about one wave of
+    CTAs or more (``num_sms / n_blocks`` pairs, to the nearest power of two): a GQA pair holds its
+    group's rows, so one pair of d128 s8k with four q heads per kv head is 34 MB, but only 64 CTAs,
+    and a section of it leaves half the GPU to the next section's long blocks (-13%). Measured on
+    sm90 on the H200 (RESULTS v0.17: 32 MB of its 60 MB); other GPUs scale the budget by their L2
+    size (not measured). The sm80 family measured no gain from the bound on the H200 (v0.17) and
+    keeps its sections.
 
 Note [Deterministic dQ]
     With ``deterministic``, the additions into the dQ accumulator of each (batch, q head, m_block)
@@ -141,11 +146,11 @@ class LaunchOrder:
     det_section: Optional[int] = None
     det_causal_direct: Optional[int] = None  # deterministic + causal with ordered direct dQ adds (None: det_causal)
     det_causal_waves: int = 0  # deterministic + causal (not direct): waves of head-dim-64 work per section
-    causal_l2_bytes: int = 0  # non-deterministic causal: the L2 budget of a section's pairs on a 50 MB L2 (Note [Causal sections])
+    causal_l2_bytes: int = 0  # non-deterministic causal: the L2 budget of a section's pairs on a 60 MB L2 (Note [Causal sections])
 
     def section_pairs(self, num_pairs: int, causal: bool, deterministic: bool, rotated: bool = False,
                       direct: bool = False, n_blocks: int = 0, num_sms: int = 0, head_dim: int = 64,
-                      pair_bytes: int = 0, l2_bytes: int = 50 << 20) -> int:
+                      pair_bytes: int = 0, l2_bytes: int = 60 << 20) -> int:
         """Pairs per launch section, in [1, num_pairs]; the rotated deterministic order needs sections
         of one pair (Note [Rotated order]). ``direct``: the kernel adds dQ from registers.
         ``n_blocks`` (CTAs per pair), ``num_sms`` and ``head_dim`` (the kernel's, padded): with
@@ -154,7 +159,8 @@ class LaunchOrder:
         rounded to the nearest power of two). ``pair_bytes``: what one pair's steps read and add
         (:func:`pair_bytes`); with ``causal_l2_bytes``, a non-deterministic causal section holds at
         most ``causal`` pairs and about ``causal_l2_bytes`` of them, scaled by the GPU's ``l2_bytes``
-        over the H200's 50 MB (Note [Causal sections])."""
+        over the H200's 60 MB, and at least about one wave of CTAs (``num_sms / n_blocks`` pairs,
+        rounded to the nearest power of two) (Note [Causal sections])."""
         if rotated:
             return 1
         if deterministic:
@@ -169,8 +175,10 @@ class LaunchOrder:
         else:
             want = self.section if self.section is not None else (self.causal if causal else 1)
             if causal and self.section is None and self.causal_l2_bytes and pair_bytes > 0:
-                budget = self.causal_l2_bytes * l2_bytes / (50 << 20)
-                want = min(want, 2 ** max(0, round(math.log2(budget / pair_bytes))))
+                budget = self.causal_l2_bytes * l2_bytes / (60 << 20)
+                fit = 2 ** max(0, round(math.log2(budget / pair_bytes)))
+                wave = 2 ** max(0, round(math.log2(num_sms / n_blocks))) if num_sms > 0 and n_blocks > 0 else 1
+                want = min(want, max(fit, wave))
         return max(1, min(want, num_pairs))
 
 
