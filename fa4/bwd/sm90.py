@@ -1529,7 +1529,9 @@ from s4k smaller sections won, d128 s16k 549.8 -> 600.8 / 593.5 / 587.7 / 587.6 
 s8k 547.2 -> 562.0 / 557.6 / 557.9 with 2 / 4 / 8, s4k 508.5 -> 513.8 / 517.0 with 4 / 8, d64 s8k 464.0 ->
 472.6 / 470.2 with 4 / 8, d256 s8k 368.1 -> 394.2 / 386.6 with 2 / 4: a budget of 32 MB of Q, dO and dQ
 accumulator per section picks 2 / 4 / 8 / 8 / 2 there (within the noise of each best) and keeps 16 at
-s1k / s2k."""
+s1k / s2k. With GQA (sweep v35, four q heads per kv head) a section also holds about a wave of CTAs:
+d128 s8k 1 / 2 / 8 pairs 459.4 / 528.3 / 507.4, s4k 2 / 4 / 16 398.1 / 469.9 / 460.7. The 32 MB are for
+the H200's 60 MB L2; other GPUs scale them by theirs."""
 
 STATS_EARLY_MAX_HD = 128
 """Padded head dims up to this read lse into registers before the S^T wgmma is issued
