@@ -147,3 +147,23 @@ def test_explain_validates():
     q = torch.empty(2, 100, 8, 100, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="head_dim"):
         fa4.explain(q, q, q, capability=(9, 0))
+
+
+def test_explain_reports_backward_launch_sections():
+    """fa4.explain() names the sm90 backward's launch sections: bounded by L2 bytes with a causal
+    mask (Note [Causal sections]: 2 pairs at d128 s16k), one pair without a mask, the deterministic
+    table's count with one."""
+    def line(q, k, **kw):
+        text = str(fa4.explain(q, k, k, capability=(9, 0), **kw))
+        return [s for s in text.splitlines() if "launch order: sections" in s]
+
+    q = torch.randn(1, 16384, 16, 128, dtype=torch.bfloat16, device="meta")
+    (causal,) = line(q, q, causal=True)
+    assert "sections of 2 of the 16 (batch, kv head) pairs" in causal and "Causal sections" in causal
+    (plain,) = line(q, q)
+    assert "sections of 1 of the 16" in plain and "Causal sections" not in plain
+    (det,) = line(q, q, causal=True, deterministic=True)
+    assert "sections of 16 of the 16" in det
+    kv = torch.randn(2, 8192, 4, 128, dtype=torch.bfloat16, device="meta")  # GQA: the wave floor
+    (gqa,) = line(torch.randn(2, 8192, 16, 128, dtype=torch.bfloat16, device="meta"), kv, causal=True)
+    assert "sections of 2 of the 8" in gqa

@@ -182,6 +182,19 @@ class LaunchOrder:
         return max(1, min(want, num_pairs))
 
 
+def launch_sections(cfg, order: LaunchOrder, num_pairs: int, max_seqlen_k: int, seqlen_q: int, group: int,
+                    head_dim: int, head_dim_v: int, elem_bytes: int = 2, device_index: Optional[int] = None) -> int:
+    """Pairs per launch section of the main kernel with config ``cfg`` (its ``causal``,
+    ``deterministic``, ``tile_n``, padded ``head_dim``): :meth:`LaunchOrder.section_pairs` on this
+    GPU's SM count and L2 size. The launch and ``fa4.explain()`` both call it."""
+    from fa4.arch import l2_bytes, num_sms
+
+    return order.section_pairs(
+        num_pairs, cfg.causal, cfg.deterministic, cfg.det_rotate, getattr(cfg, "dq_direct", False),
+        n_blocks=-(-max_seqlen_k // cfg.tile_n), num_sms=num_sms(device_index), head_dim=cfg.head_dim,
+        pair_bytes=pair_bytes(seqlen_q, group, head_dim, head_dim_v, elem_bytes), l2_bytes=l2_bytes(device_index))
+
+
 def pair_bytes(seqlen_q: int, group: int, head_dim: int, head_dim_v: int, elem_bytes: int = 2) -> int:
     """Bytes of Q, dO, the float32 dQ accumulator and the row statistics that the steps of one
     (batch, kv head) pair read or add: ``group`` q heads of ``seqlen_q`` rows (Note [Causal sections])."""
@@ -320,9 +333,6 @@ def run_backward(cfg, problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_se
         out, dout, lse, lse_log2, dpsum, dq_accum, dlse=dlse, cu_seqlens_q=cu_seqlens_q,
         max_seqlen_q=problem.seqlen_q if varlen_q else None, semaphore=sem, dq_tile_m=cfg.tile_m,
         dq_head_dim=q.shape[-1], arch=cfg.arch)
-    from fa4.arch import l2_bytes as arch_l2_bytes
-    from fa4.arch import num_sms as arch_num_sms
-
     dk_k, dv_k = kernel_ready(dk), kernel_ready(dv)
     max_seqlen_k = problem.seqlen_k if cu_seqlens_k is not None else k.shape[1]
     num_batch = cu_seqlens_k.shape[0] - 1 if cu_seqlens_k is not None else k.shape[0]
@@ -332,12 +342,8 @@ def run_backward(cfg, problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_se
             q, k, v, dout, lse_log2, dpsum, dq_accum, dk_k, dv_k, cu_seqlens_q, cu_seqlens_k, seqused_k, sem,
             float(problem.softmax_scale), float(problem.softcap), int(problem.window_left),
             int(problem.window_right), int(max_seqlen_k),
-            order.section_pairs(num_batch * k.shape[2], cfg.causal, cfg.deterministic, cfg.det_rotate,
-                                getattr(cfg, "dq_direct", False), n_blocks=-(-max_seqlen_k // cfg.tile_n),
-                                num_sms=arch_num_sms(q.device.index), head_dim=cfg.head_dim,
-                                pair_bytes=pair_bytes(problem.seqlen_q, q.shape[-2] // k.shape[-2], q.shape[-1],
-                                                      v.shape[-1], q.element_size()),
-                                l2_bytes=arch_l2_bytes(q.device.index)),
+            launch_sections(cfg, order, num_batch * k.shape[2], max_seqlen_k, problem.seqlen_q,
+                            q.shape[-2] // k.shape[-2], q.shape[-1], v.shape[-1], q.element_size(), q.device.index),
         )
     else:
         dk_k.zero_()
