@@ -117,6 +117,7 @@ from typing import Optional
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
+from fa4 import arch
 from fa4.bwd import postprocess, preprocess
 from fa4.bwd.workspace import dq_accum_shape, rows_shape
 from fa4.config import AttnProblem
@@ -146,11 +147,11 @@ class LaunchOrder:
     det_section: Optional[int] = None
     det_causal_direct: Optional[int] = None  # deterministic + causal with ordered direct dQ adds (None: det_causal)
     det_causal_waves: int = 0  # deterministic + causal (not direct): waves of head-dim-64 work per section
-    causal_l2_bytes: int = 0  # non-deterministic causal: the L2 budget of a section's pairs on a 60 MB L2 (Note [Causal sections])
+    causal_l2_bytes: int = 0  # non-deterministic causal: the L2 budget of a section's pairs on the H200's L2 (Note [Causal sections])
 
     def section_pairs(self, num_pairs: int, causal: bool, deterministic: bool, rotated: bool = False,
                       direct: bool = False, n_blocks: int = 0, num_sms: int = 0, head_dim: int = 64,
-                      pair_bytes: int = 0, l2_bytes: int = 60 << 20) -> int:
+                      pair_bytes: int = 0, l2_bytes: int = arch.H200_L2_BYTES) -> int:
         """Pairs per launch section, in [1, num_pairs]; the rotated deterministic order needs sections
         of one pair (Note [Rotated order]). ``direct``: the kernel adds dQ from registers.
         ``n_blocks`` (CTAs per pair), ``num_sms`` and ``head_dim`` (the kernel's, padded): with
@@ -169,17 +170,22 @@ class LaunchOrder:
                 # The nearest power of two: sections that split the pairs evenly (17 pairs measured
                 # 5-8% slower than 16 at d128 s4k, v0.12).
                 pairs = self.det_causal_waves * num_sms / n_blocks * 64 / max(head_dim, 64)
-                det_causal = max(det_causal, 2 ** round(math.log2(pairs)))
+                det_causal = max(det_causal, nearest_pow2(pairs))
             want = self.det_section if self.det_section is not None else (
                 det_causal if causal else self.det_no_mask)
         else:
             want = self.section if self.section is not None else (self.causal if causal else 1)
             if causal and self.section is None and self.causal_l2_bytes and pair_bytes > 0:
-                budget = self.causal_l2_bytes * l2_bytes / (60 << 20)
-                fit = 2 ** max(0, round(math.log2(budget / pair_bytes)))
-                wave = 2 ** max(0, round(math.log2(num_sms / n_blocks))) if num_sms > 0 and n_blocks > 0 else 1
+                fit = nearest_pow2(self.causal_l2_bytes * l2_bytes / arch.H200_L2_BYTES / pair_bytes)
+                wave = nearest_pow2(num_sms / n_blocks) if num_sms > 0 and n_blocks > 0 else 1
                 want = min(want, max(fit, wave))
         return max(1, min(want, num_pairs))
+
+
+def nearest_pow2(x: float) -> int:
+    """The power of two nearest to ``x`` in log scale, at least 1 (section counts that split the
+    pairs evenly)."""
+    return 2 ** max(0, round(math.log2(x)))
 
 
 def launch_sections(cfg, order: LaunchOrder, num_pairs: int, max_seqlen_k: int, seqlen_q: int, group: int,
@@ -187,12 +193,11 @@ def launch_sections(cfg, order: LaunchOrder, num_pairs: int, max_seqlen_k: int, 
     """Pairs per launch section of the main kernel with config ``cfg`` (its ``causal``,
     ``deterministic``, ``tile_n``, padded ``head_dim``): :meth:`LaunchOrder.section_pairs` on this
     GPU's SM count and L2 size. The launch and ``fa4.explain()`` both call it."""
-    from fa4.arch import l2_bytes, num_sms
-
     return order.section_pairs(
         num_pairs, cfg.causal, cfg.deterministic, cfg.det_rotate, getattr(cfg, "dq_direct", False),
-        n_blocks=-(-max_seqlen_k // cfg.tile_n), num_sms=num_sms(device_index), head_dim=cfg.head_dim,
-        pair_bytes=pair_bytes(seqlen_q, group, head_dim, head_dim_v, elem_bytes), l2_bytes=l2_bytes(device_index))
+        n_blocks=-(-max_seqlen_k // cfg.tile_n), num_sms=arch.num_sms(device_index), head_dim=cfg.head_dim,
+        pair_bytes=pair_bytes(seqlen_q, group, head_dim, head_dim_v, elem_bytes),
+        l2_bytes=arch.l2_bytes(device_index))
 
 
 def pair_bytes(seqlen_q: int, group: int, head_dim: int, head_dim_v: int, elem_bytes: int = 2) -> int:

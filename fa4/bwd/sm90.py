@@ -1683,8 +1683,8 @@ def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: B
     pairs = problem.batch * problem.heads_k
     sec = common.launch_sections(cfg, LAUNCH_ORDER, pairs, problem.seqlen_k, problem.seqlen_q,
                                  problem.heads // problem.heads_k, problem.head_dim, problem.head_dim_v)
-    why = (" (their Q, dO and dQ accumulator bounded by 32 MB per 60 MB of L2, and at least about a wave of "
-           "CTAs: Note [Causal sections])" if cfg.causal and not cfg.deterministic and LAUNCH_ORDER.section is None else "")
+    why = (f" (their Q, dO and dQ accumulator bounded by {LAUNCH_ORDER.causal_l2_bytes >> 20} MB per "
+           f"{common.arch.H200_L2_BYTES >> 20} MB of L2, and at least about a wave of CTAs: Note [Causal sections])" if cfg.causal and not cfg.deterministic and LAUNCH_ORDER.section is None else "")
     notes.append(f"launch order: sections of {sec} of the {pairs} (batch, kv head) pairs{why}")
     if cfg.deterministic:
         order = ("the rotated order (Note [Rotated order] in fa4/bwd/common.py)" if cfg.det_rotate else
