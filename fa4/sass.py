@@ -81,3 +81,22 @@ def opcode_counts(sass: str) -> collections.Counter:
 def count(ops: collections.Counter, key: str) -> int:
     """Instructions whose opcode is ``key`` or ``key.<modifiers>``."""
     return sum(v for op, v in ops.items() if op == key or op.startswith(key + "."))
+
+
+def compile_report(cfg) -> dict:
+    """Compile ``cfg`` (uncached), export it, and report what the compile tests check: the cubins'
+    arch, registers and stack bytes, and the count of each opcode in the config's ``REQUIRED_SASS``.
+    A plain function of a picklable config, so a process pool can run it (tests/test_compile.py
+    compiles the covering set in parallel)."""
+    from fa4 import jit
+
+    fn = jit.compile_uncached(cfg)
+    with tempfile.TemporaryDirectory() as d:
+        obj = os.path.join(d, "k.o")
+        fn.export_to_c(obj, function_name=jit.EXPORT_SYMBOL)
+        report = {"cubins": jit.cubin_info(obj), "required": {}}
+        required = getattr(type(cfg), "REQUIRED_SASS", ())
+        if required:
+            ops = opcode_counts(disassemble_object(obj))
+            report["required"] = {op: count(ops, op) for op in required}
+    return report

@@ -5,11 +5,19 @@ flag value at least once; `fa4.arch.KERNEL_MODULES` lists the modules). Each com
 exported to an object file, and the cubin inside must be for the arch asked for, within the
 register file, without large spills. sm_100a objects are checked the same way; no Blackwell GPU
 ran them.
+
+The compiles of the selected cases run in a pool of processes, one per core (each compile is
+single-threaded; CI's wall time is mostly these compiles), in the order the tests run; each test
+waits for its own case. ``FA4_COMPILE_TEST_JOBS`` sets the pool size (1: compile in the test).
 """
+
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 
-from fa4 import arch, jit, sass
+from fa4 import arch, sass
 from fa4.config import ARCHS
 
 CASES = [(a, cfg) for a in ARCHS for cfg in arch.all_variants(a)]
@@ -35,14 +43,33 @@ def test_sm90_sass_check_has_a_disassembler():
     assert sass.nvdisasm_path() is not None
 
 
+@pytest.fixture(scope="module")
+def compiled(request):
+    """``cfg -> future of sass.compile_report(cfg)`` for the cases this session selected."""
+    cfgs = []
+    for item in request.session.items:
+        if getattr(item, "originalname", None) == "test_variant_compiles_for_its_arch":
+            cfg = item.callspec.params["case"][1]
+            if cfg not in cfgs:
+                cfgs.append(cfg)
+    jobs = int(os.environ.get("FA4_COMPILE_TEST_JOBS", "0")) or (os.cpu_count() or 1)
+    if jobs <= 1 or len(cfgs) <= 1:
+        yield None
+        return
+    # spawn, not fork: the pytest process holds torch's threads
+    ex = ProcessPoolExecutor(max_workers=min(jobs, len(cfgs)), mp_context=multiprocessing.get_context("spawn"))
+    try:
+        yield {cfg: ex.submit(sass.compile_report, cfg) for cfg in cfgs}
+    finally:
+        ex.shutdown(wait=True, cancel_futures=True)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])
-def test_variant_compiles_for_its_arch(case, tmp_path):
+def test_variant_compiles_for_its_arch(case, compiled):
     a, cfg = case
-    fn = jit.compile_uncached(cfg)
-    path = tmp_path / "k.o"
-    fn.export_to_c(str(path), function_name=jit.EXPORT_SYMBOL)
-    cubins = jit.cubin_info(path)
+    report = compiled[cfg].result() if compiled is not None else sass.compile_report(cfg)
+    cubins = report["cubins"]
     assert cubins, "no cubin in the exported object"
     want = int(a[3:].rstrip("a"))
     assert {c["sm"] for c in cubins} == {want}, cubins
@@ -53,8 +80,7 @@ def test_variant_compiles_for_its_arch(case, tmp_path):
             # A few spilled words at most (the one-stage hdim-128 variant spills 16 bytes on sm_90a).
             assert c["frame_bytes"] <= 64, c
     required = getattr(type(cfg), "REQUIRED_SASS", ())
-    if required:
-        # A family defined by its instructions (sm90: wgmma and TMA) must really use them.
-        ops = sass.opcode_counts(sass.disassemble_object(str(path)))
-        for op in required:
-            assert sass.count(ops, op) > 0, f"no {op} in the SASS of {cfg.key()}"
+    # A family defined by its instructions (sm90: wgmma and TMA) must really use them.
+    assert set(report["required"]) == set(required), report["required"]
+    for op in required:
+        assert report["required"][op] > 0, f"no {op} in the SASS of {cfg.key()}"
