@@ -456,8 +456,21 @@ def store_rows_16B(sT: cute.Tensor, gT: cute.Tensor, rows_left: Int32, cols: Int
 
 
 # --------------------------------------------------------------------------------------------
-# sm90 bulk reduction (no tensor map): one thread issues it
+# sm90 bulk copies smem -> gmem (no tensor map): one thread issues them
 # --------------------------------------------------------------------------------------------
+
+
+def _bulk_to_global(instr: str, dst_gmem: cute.Pointer, src_smem: cute.Pointer, num_bytes: int, loc, ip) -> None:
+    llvm.inline_asm(
+        None,
+        [dst_gmem.toint(loc=loc, ip=ip).ir_value(), Int32(src_smem.toint(loc=loc, ip=ip)).ir_value(loc=loc, ip=ip),
+         Int32(num_bytes).ir_value(loc=loc, ip=ip)],
+        f"{instr} [$0], [$1], $2;",
+        "l,r,r",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
 
 
 @dsl_user_op
@@ -466,16 +479,15 @@ def bulk_reduce_add_f32(dst_gmem: cute.Pointer, src_smem: cute.Pointer, num_byte
     """``cp.reduce.async.bulk .add.f32`` of ``num_bytes`` (a multiple of 16, 16-byte aligned) from
     shared memory into global memory, in the issuing thread's bulk async-group (commit it with
     ``cute.arch.cp_async_bulk_commit_group``, wait with ``cp_async_bulk_wait_group``)."""
-    llvm.inline_asm(
-        None,
-        [dst_gmem.toint(loc=loc, ip=ip).ir_value(), Int32(src_smem.toint(loc=loc, ip=ip)).ir_value(loc=loc, ip=ip),
-         Int32(num_bytes).ir_value(loc=loc, ip=ip)],
-        "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [$0], [$1], $2;",
-        "l,r,r",
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    )
+    _bulk_to_global("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32", dst_gmem, src_smem, num_bytes,
+                    loc, ip)
+
+
+@dsl_user_op
+def bulk_store(dst_gmem: cute.Pointer, src_smem: cute.Pointer, num_bytes: int, *, loc=None, ip=None) -> None:
+    """``cp.async.bulk`` of ``num_bytes`` (a multiple of 16, 16-byte aligned) from shared memory to
+    global memory, a plain store; bulk async-group as :func:`bulk_reduce_add_f32`."""
+    _bulk_to_global("cp.async.bulk.global.shared::cta.bulk_group", dst_gmem, src_smem, num_bytes, loc, ip)
 
 
 @dsl_user_op

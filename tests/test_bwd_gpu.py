@@ -516,6 +516,109 @@ def _publish_modes(run, monkeypatch, modes):
     return got, defaults
 
 
+def _first_store_runs(run, monkeypatch, runs: int):
+    """``run()`` with the sm90 backward's first store on and off (Note [First store] in
+    fa4/bwd/sm90.py, ``DQ_FIRST_STORE``), ``runs`` times each: ``{first_store: [grads per run]}``,
+    after checking that the patched default really took each mode."""
+    from fa4.bwd import sm90
+
+    make = sm90.make_config
+    got, seen = {}, {}
+    try:
+        for on in (True, False):
+            monkeypatch.setattr(sm90, "DQ_FIRST_STORE", on)
+
+            def spy(*a, on=on, **k):
+                cfg = make(*a, **k)
+                seen[on] = cfg.dq_first_store
+                return cfg
+            monkeypatch.setattr(sm90, "make_config", spy)
+            fa4.ops._plans.clear()
+            got[on] = [run() for _ in range(runs)]
+    finally:
+        monkeypatch.setattr(sm90, "make_config", make)
+        monkeypatch.setattr(sm90, "DQ_FIRST_STORE", True)
+        fa4.ops._plans.clear()
+    assert seen == {True: True, False: False}, f"first store not taken as asked: {seen}"
+    return got
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("mask", ["none", "causal", "local"])
+@pytest.mark.parametrize("layout", ["dense", "varlen"])
+def test_bwd_sm90_first_store_same_bits(d, mask, layout, monkeypatch, hang_watchdog):
+    """Deterministic, the rank-0 contributor's stored tile equals its add into a zeroed accumulator
+    (Note [First store]): the same bits with the first store on and off, over runs; GQA 6/2, dense
+    (s_q 1024 < s_k 2048: the rows of the first m_blocks see few K blocks) and varlen with seqused_k
+    (sequences of several lengths); the workspaces are NaN-filled (conftest), so a tile neither
+    stored nor zeroed fails. Correct against the float32 reference too (dense)."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the sm90 kernels need compute capability 9.x")
+    hang_watchdog()
+    opts = fa4.KernelOptions(arch="sm90")
+    run, qkv, g, kw = _deterministic_run(layout, d, mask, opts, (1024, 2048), (900, 1300), seed=d + 41)
+    got = _first_store_runs(run, monkeypatch, 2)
+    base = got[True][0]
+    for on, runs in got.items():
+        for grads in runs:
+            for name, a, b in zip(("dq", "dk", "dv"), base, grads):
+                assert torch.equal(a, b), f"{name} differs (first store {on})"
+    if layout == "dense":
+        ref, pt = _reference_dense(qkv, dict(kw, softcap=0.0), g, None)
+        _check_grads(("dq", "dk", "dv"), base, ref, pt, qkv, g)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("mask", ["none", "causal", "local"])
+@pytest.mark.parametrize("shape", ["wide", "rows_without_keys", "varlen"])
+def test_bwd_sm90_first_store_claims(d, mask, shape, monkeypatch, hang_watchdog):
+    """Not deterministic, each slot's first writer claims it and stores, the others add after the
+    store (Note [First store]): correct against the float32 reference with the first store on and
+    off, over repeated runs (a lost claim or an add before the store would show as a wrong or NaN
+    dq: the accumulator is NaN-filled, conftest). ``wide``: 16 heads of s 2048, every K block of a
+    pair starting at the same m_block without a mask (the claims contend); ``rows_without_keys``:
+    s_q 700 > s_k 300, causal rows that see no key (their tiles never written, dq = 0 from the slot
+    counter); ``varlen``: sequences of several lengths with seqused_k, GQA 6/2."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the sm90 kernels need compute capability 9.x")
+    hang_watchdog()
+    opts = fa4.KernelOptions(arch="sm90")
+    if shape == "varlen":
+        vb = random_varlen(4, 900, 6, 2, d, torch.bfloat16, "cuda", max_seqlen_k=1300, with_seqused_k=True,
+                           requires_grad=True, seed=d + 5)
+        q, k, v = vb.q, vb.k, vb.v
+        kw = dict(cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k, seqused_k=vb.seqused_k,
+                  max_seqlen_q=vb.max_seqlen_q, max_seqlen_k=vb.max_seqlen_k, causal=mask == "causal",
+                  window_size=_window(mask, vb.max_seqlen_q, vb.max_seqlen_k))
+        call = fa4.flash_attn_varlen_func
+    else:
+        b, sq, sk, h, hk = (2, 2048, 2048, 16, 16) if shape == "wide" else (2, 700, 300, 4, 2)
+        q, k, v = random_qkv(b, sq, sk, h, hk, d, torch.bfloat16, "cuda", requires_grad=True, seed=d + 9)
+        kw = dict(causal=mask == "causal", window_size=_window(mask, sq, sk))
+        call = fa4.flash_attn_func
+    g = torch.randn(q.shape, device="cuda", dtype=q.dtype)
+
+    def run():
+        out, _ = call(q, k, v, kernel_options=opts, **kw)
+        return torch.autograd.grad(out, (q, k, v), g)
+
+    got = _first_store_runs(run, monkeypatch, 3)
+    if shape == "varlen":  # against the zeroed accumulator's gradients: the same sums in another order
+        for grads in got[True]:
+            for a, b in zip(got[False][0], grads):
+                assert not b.isnan().any()
+                torch.testing.assert_close(a.float(), b.float(), atol=2e-2, rtol=2e-2)
+        return
+    ref, pt = _reference_dense((q, k, v), dict(kw, softcap=0.0), g, None)
+    for on, runs in got.items():
+        for grads in runs:
+            _check_grads(("dq", "dk", "dv"), grads, ref, pt, (q, k, v), g)
+    if shape == "rows_without_keys" and mask == "causal":
+        assert torch.equal(got[True][0][0][:, :400], torch.zeros_like(got[True][0][0][:, :400]))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("mask", ["none", "local"])

@@ -11,7 +11,7 @@
 # (dv_late at d64; run in session 11), next18 (publish_peek), next20 (publish_peek as the default), next22 (v27 sections, det bench), next8 (session 8's not-yet-run tests and sweeps), ncusrc (source-level stall sampling
 # of the forwards; NCUSRC_IMPLS), ncusrcbwd (the same for the backwards), ncustall (stall reasons, fa4 vs
 # flash-attn-4), sweepfwd (tools/sweep_fwd.py $SWEEP_FWD), ncufwd (ncu of the fa4 and flash-attn-4 forwards,
-# tools/ncu_fwd.py), ncubwd (the same for the backwards, NCU_BWD_SHAPES), v012b (session 10's side-by-side benches), nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
+# tools/ncu_fwd.py), ncubwd (the same for the backwards, NCU_BWD_SHAPES), v012b (session 10's side-by-side benches), firststore (session 17: Note [First store]'s tests and the backward profile), nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
 set -uo pipefail
 steps=${1:-bwd90}
 out=${OUT:-/tmp/out}; mkdir -p "$out"
@@ -274,5 +274,11 @@ if has next16; then
   # Written in session 10, not yet run: where the up order (DET_UP, 15-29% slower) loses against the
   # down order, causal deterministic d128 s8k (ncu source counters of both).
   OUT="$out/up" NCU_BWD_IMPLS="fa4 fa4-up" NCU_BWD_DET=1 NCU_BWD_SHAPE=128,8192,1 bash "$0" ncusrcbwd,nocompile
+fi
+if has firststore; then
+  # Session 17: the first store of each dq_accum slot (Note [First store], no zeroed accumulator):
+  # its tests, then where the backward's time goes (tools/bwd_profile.py), fa4 against the peers.
+  gpu_tests firststore 300 tests/test_bwd_gpu.py -k "first_store" &&
+    logged firststore_prof 240 40 python3 tools/bwd_profile.py
 fi
 echo "total $(( $(date +%s) - t0 ))s"

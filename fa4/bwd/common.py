@@ -293,7 +293,7 @@ def fake_args(cfg) -> tuple:
     cu_q = compact(Int32, (cute.sym_int(),)) if cfg.varlen_q else None
     cu_k = compact(Int32, (cute.sym_int(),)) if cfg.varlen_k else None
     used_k = compact(Int32, (cute.sym_int(),)) if cfg.has_seqused_k else None
-    sem = compact(Int32, (cute.sym_int(), h, cute.sym_int())) if cfg.deterministic else None
+    sem = compact(Int32, (cute.sym_int(), h, cute.sym_int())) if counts_slots(cfg) else None
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     return (q, k, v, do, lse_log2, dpsum, dq_accum, dk, dv, cu_q, cu_k, used_k, sem,
             Float32(1.0), Float32(0.0), Int32(0), Int32(0), Int32(1), Int32(1), stream)
@@ -307,9 +307,16 @@ def workspace_shapes(problem: AttnProblem, cfg, q_shape) -> dict:
     rows = rows_shape(batch, h, s, cfg.tile_m, varlen)
     shapes = {"lse_log2": rows, "dpsum": rows,
               "dq_accum": dq_accum_shape(batch, h, s, cfg.head_dim, cfg.tile_m, varlen)}
-    if cfg.deterministic:
+    if counts_slots(cfg):
         shapes["semaphore"] = (problem.batch, h, max(1, math.ceil(problem.seqlen_q / cfg.tile_m)))
     return shapes
+
+
+def counts_slots(cfg) -> bool:
+    """Whether the main kernel of ``cfg`` keeps a counter per dq_accum slot: deterministic (Note
+    [Deterministic dQ]), or storing each slot's first tile instead of adding it into a zeroed
+    accumulator (``dq_first_store``, Note [First store] in fa4/bwd/sm90.py)."""
+    return bool(cfg.deterministic or getattr(cfg, "dq_first_store", False))
 
 
 def run_backward(cfg, problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_k,
@@ -325,19 +332,21 @@ def run_backward(cfg, problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_se
     import torch
 
     from fa4.jit import get_kernel
+    from fa4.ops import _empty  # NaN-filled under the GPU tests: a tile that no kernel writes fails
 
     dout, q, k, v, out = (kernel_ready(t) for t in (dout, q, k, v, out))
     shapes = workspace_shapes(problem, cfg, q.shape)
     dev = q.device
-    lse_log2 = torch.empty(shapes["lse_log2"], dtype=torch.float32, device=dev)
-    dpsum = torch.empty(shapes["dpsum"], dtype=torch.float32, device=dev)
-    dq_accum = torch.empty(shapes["dq_accum"], dtype=torch.float32, device=dev)
-    sem = torch.empty(shapes["semaphore"], dtype=torch.int32, device=dev) if cfg.deterministic else None
+    lse_log2 = _empty(shapes["lse_log2"], torch.float32, dev)
+    dpsum = _empty(shapes["dpsum"], torch.float32, dev)
+    dq_accum = _empty(shapes["dq_accum"], torch.float32, dev)
+    sem = torch.empty(shapes["semaphore"], dtype=torch.int32, device=dev) if "semaphore" in shapes else None
+    first_store = bool(getattr(cfg, "dq_first_store", False))
     varlen_q = cu_seqlens_q is not None
     preprocess.run_preprocess(
         out, dout, lse, lse_log2, dpsum, dq_accum, dlse=dlse, cu_seqlens_q=cu_seqlens_q,
         max_seqlen_q=problem.seqlen_q if varlen_q else None, semaphore=sem, dq_tile_m=cfg.tile_m,
-        dq_head_dim=q.shape[-1], arch=cfg.arch)
+        dq_head_dim=q.shape[-1], arch=cfg.arch, zero_dq=not first_store)
     dk_k, dv_k = kernel_ready(dk), kernel_ready(dv)
     max_seqlen_k = problem.seqlen_k if cu_seqlens_k is not None else k.shape[1]
     num_batch = cu_seqlens_k.shape[0] - 1 if cu_seqlens_k is not None else k.shape[0]
@@ -360,7 +369,7 @@ def run_backward(cfg, problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_se
     dq_k = kernel_ready(dq)
     postprocess.run_postprocess(
         postprocess.config_for(cfg), dq_accum, dq_k, problem.softmax_scale, cu_seqlens_q=cu_seqlens_q,
-        max_seqlen_q=problem.seqlen_q if varlen_q else None)
+        max_seqlen_q=problem.seqlen_q if varlen_q else None, counters=sem if first_store else None)
     if dq_k is not dq:
         dq.copy_(dq_k)
 

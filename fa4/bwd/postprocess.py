@@ -7,10 +7,14 @@ per (m_block, head, batch) with the same number of threads and the same tiled MM
 layouts: it issues no MMA), so each thread reads back exactly the accumulator fragment that the
 main kernel's thread of that index added (``vec`` floats per load, whole cache lines per warp), scales it,
 rounds it once, puts it through shared memory at its (row, column), and writes dq with 128-bit
-stores. Rows at or past the sequence's length are not written. Layouts (varlen: ``b = 1``,
-``s = total_q``, with ``cu_seqlens_q``):
+stores. Rows at or past the sequence's length are not written. With ``counted`` the main kernel
+did not need a zeroed ``dq_accum`` (its first contributor of each slot stores the tile: Note [First
+store] in fa4/bwd/sm90.py) and the slot counters say which tiles it wrote: a tile whose counter is 0
+had no contributor (no key is visible to its rows) and is written as zeros, its accumulator not
+read. Layouts (varlen: ``b = 1``, ``s = total_q``, with ``cu_seqlens_q``):
 
     dq_accum  see fa4/bwd/workspace.py    float32
+    counters  (b, h, m_blocks)            int32, with ``counted`` (b: the sequences when varlen)
     dq        (b, s, h, d)                fp16/bf16, last dim contiguous, written
 """
 
@@ -46,7 +50,8 @@ class BwdPostprocessConfig(KernelConfig):
     are the main kernel's: they define the dq_accum tiles and their fragment order. ``ws_tile_m``
     (0: ``tile_m``): the rows of the workspace's tiles, where the main kernel's dQ tiles are a part
     of them (the sm90 two-CTA backward adds half tiles: Note [Two-CTA dQ] in fa4/bwd/sm90.py); it
-    places a varlen sequence's first tile."""
+    places a varlen sequence's first tile. ``counted``: the slot counters tell which tiles hold
+    data (module docstring)."""
 
     head_dim: int = 128
     tile_m: int = 64
@@ -57,6 +62,7 @@ class BwdPostprocessConfig(KernelConfig):
     mma: str = "sm80"
     swap: bool = False
     varlen: bool = False
+    counted: bool = False
 
     @property
     def fragment(self) -> DqFragment:
@@ -115,8 +121,11 @@ class BwdPostprocess:
         cu_seqlens_q = (
             cute.runtime.make_fake_compact_tensor(Int32, (cute.sym_int(),), assumed_align=4) if cfg.varlen else None
         )
+        counters = (cute.runtime.make_fake_compact_tensor(Int32, (cute.sym_int(), h, cute.sym_int()),
+                                                          stride_order=(2, 1, 0), assumed_align=4)
+                    if cfg.counted else None)
         stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-        return (dq_accum, dq, cu_seqlens_q, Float32(1.0), Int32(1), stream)
+        return (dq_accum, dq, cu_seqlens_q, counters, Float32(1.0), Int32(1), stream)
 
     @cute.jit
     def __call__(
@@ -124,6 +133,7 @@ class BwdPostprocess:
         mdQaccum: cute.Tensor,  # fa4/bwd/workspace.py
         mdQ: cute.Tensor,  # (b, s, h, d)
         mCuSeqlensQ: Optional[cute.Tensor],  # (b + 1,) int32
+        mCounters: Optional[cute.Tensor],  # (b, h, m_blocks) int32 (``counted``)
         softmax_scale: Float32,
         max_seqlen_q: Int32,  # longest sequence (varlen grid); ignored for fixed length
         stream,
@@ -155,7 +165,7 @@ class BwdPostprocess:
 
         grid = (cute.ceil_div(seqlen, self.tile_m), mdQ.shape[2], num_batch)
         self.kernel(
-            mdQaccum, mdQ, mCuSeqlensQ, softmax_scale, sdQ_layout, copy_out, tiled_mma, SharedStorage
+            mdQaccum, mdQ, mCuSeqlensQ, mCounters, softmax_scale, sdQ_layout, copy_out, tiled_mma, SharedStorage
         ).launch(grid=grid, block=[self.num_threads, 1, 1], smem=SharedStorage.size_in_bytes(), stream=stream)
 
     @cute.kernel
@@ -164,6 +174,7 @@ class BwdPostprocess:
         mdQaccum: cute.Tensor,
         mdQ: cute.Tensor,
         mCuSeqlensQ: Optional[cute.Tensor],
+        mCounters: Optional[cute.Tensor],
         softmax_scale: Float32,
         sdQ_layout,  # cute.ComposedLayout (swizzled) or cute.Layout (padded rows)
         copy_out: cute.TiledCopy,
@@ -185,9 +196,15 @@ class BwdPostprocess:
             gAcc = cute.local_tile(dq_accum_view(mdQaccum, seq, batch, head, ws_tile), tile, (m_block, 0))
             gFrag = thread_fragment(gAcc, self.cfg.fragment, cute.size(acc), self.vec, tidx)
             acc_v = cute.make_tensor(acc.iterator, cute.make_layout(gFrag.shape))
-            for v in cutlass.range_constexpr(cute.size(gFrag, mode=[1])):
-                acc_v[None, v].store(gFrag[None, v].load())
-            acc.store(acc.load() * softmax_scale)
+            written = True
+            if const_expr(self.cfg.counted):
+                written = mCounters[batch, head, m_block] > 0
+            if written:
+                for v in cutlass.range_constexpr(cute.size(gFrag, mode=[1])):
+                    acc_v[None, v].store(gFrag[None, v].load())
+                acc.store(acc.load() * softmax_scale)
+            else:  # no contributor: dq = 0 (the tile was never written)
+                acc.fill(0.0)
             if const_expr(frag.swap):  # dQ^T: a register pair is two rows of sdQ
                 acc_to_smem(acc, tiled_mma, transposed(sdQ), tidx, pairs=False)
             else:
@@ -212,7 +229,7 @@ def config_for(bwd_cfg) -> BwdPostprocessConfig:
             # (Only a varlen sequence's first tile depends on it.)
             ws_tile_m=bwd_cfg.tile_m if bwd_cfg.dq_rows != bwd_cfg.tile_m and bwd_cfg.varlen_q else 0,
             num_threads=frag.num_threads, atom_m=frag.atom_m, atom_n=frag.atom_n, mma=frag.mma, swap=frag.swap,
-            varlen=bwd_cfg.varlen_q)
+            varlen=bwd_cfg.varlen_q, counted=bool(getattr(bwd_cfg, "dq_first_store", False)))
     return cfg
 
 
@@ -224,19 +241,23 @@ def run_postprocess(
     *,
     cu_seqlens_q=None,
     max_seqlen_q: Optional[int] = None,
+    counters=None,
 ) -> None:
     """Launch the postprocess ``cfg`` (:func:`config_for` the main kernel that filled ``dq_accum``)
-    on torch tensors (layouts in the module docstring)."""
+    on torch tensors (layouts in the module docstring; ``counters``: the main kernel's slot counters,
+    exactly when ``cfg.counted``)."""
     from fa4.jit import get_kernel
 
     if (cu_seqlens_q is not None) != cfg.varlen:
         raise ValueError("cu_seqlens_q must be given exactly when the postprocess config is varlen")
+    if (counters is not None) != cfg.counted:
+        raise ValueError("counters must be given exactly when the postprocess config is counted")
     if cfg.varlen and max_seqlen_q is None:
         raise ValueError("max_seqlen_q is required with cu_seqlens_q")
     seqlen = max_seqlen_q if cfg.varlen else dq.shape[1]
     if seqlen == 0 or dq.numel() == 0:
         return
-    get_kernel(cfg)(dq_accum, dq, cu_seqlens_q, float(softmax_scale), seqlen)
+    get_kernel(cfg)(dq_accum, dq, cu_seqlens_q, counters, float(softmax_scale), seqlen)
 
 
 def variants(arch: str) -> list[BwdPostprocessConfig]:
@@ -259,4 +280,7 @@ def variants(arch: str) -> list[BwdPostprocessConfig]:
         # Half tiles of the two-CTA backward (32 rows swapped at d128) in 64-row workspace tiles.
         out.append(BwdPostprocessConfig(arch=arch, dtype="bf16", head_dim=128, tile_m=32, ws_tile_m=64, num_threads=256,
                                         atom_m=2, atom_n=1, mma="sm90", swap=True, varlen=True))
+        # After a main kernel that stores each slot's first tile (Note [First store] in fa4/bwd/sm90.py).
+        out.append(BwdPostprocessConfig(arch=arch, dtype="bf16", head_dim=128, tile_m=64, num_threads=256,
+                                        atom_m=1, atom_n=2, mma="sm90", varlen=True, counted=True))
     return out

@@ -12,7 +12,10 @@ For every query row ``i`` of every (batch, head) it writes
 * the padding rows of the last tile (``lse_log2 = +inf``, ``dpsum = 0``) and zeros into the float32
   ``dq_accum`` tiles of its rows: whole tiles of the main kernel's ``tile_m`` rows (Note [Padded row
   tiles] in fa4/bwd/workspace.py);
-* zeros into the deterministic-mode semaphores when given (a flat int32 array, grid-strided).
+* zeros into the dQ slot counters when given (a flat int32 array, grid-strided: the
+  deterministic mode's semaphores, or the counters of a main kernel whose first contributor to a
+  slot stores its tile, Note [First store] in fa4/bwd/sm90.py; that kernel needs no zeroed
+  ``dq_accum``: ``zero_dq`` off).
 
 One CTA per (m_block, head, batch); each row is read by ``threads_per_row`` adjacent lanes with
 128-bit loads and reduced with butterfly shuffles. Rows at or past the sequence's length are
@@ -52,7 +55,8 @@ class BwdPreprocessConfig(KernelConfig):
     ``head_dim`` is the padded head dim (:func:`head_dim_padded`); the real one is read from the
     tensors at run time and columns past it are predicated off. ``varlen``: ``cu_seqlens_q`` given,
     tensors packed as ``(1, total_q, ...)``. ``has_dlse``: subtract the LSE gradient.
-    ``has_semaphore``: zero the deterministic-mode semaphores. ``dq_head_dim``: dq_accum's padded
+    ``has_semaphore``: zero the dQ slot counters. ``zero_dq``: zero dq_accum (off where the main
+    kernel's first contributor of each slot stores its tile). ``dq_head_dim``: dq_accum's padded
     head dim (q's) where it differs from O's (``head_dim_v != head_dim``), else 0.
     """
 
@@ -63,6 +67,7 @@ class BwdPreprocessConfig(KernelConfig):
     varlen: bool = False
     has_dlse: bool = False
     has_semaphore: bool = False
+    zero_dq: bool = True
 
     KERNEL: ClassVar[str] = "fa4.bwd.preprocess:BwdPreprocess"
 
@@ -229,7 +234,8 @@ class BwdPreprocess:
             if rows_left > 0:
                 self.row_dot(mO_bh, mdO_bh, mDpsum_bh, mdLSE_bh, m_block, rows_left, copy_o, tidx)
             self.lse_to_log2(mLSE_bh, mLSElog2_bh, mDpsum_bh, row0, rows_left, rows_tiled, tidx)
-            self.zero_dq_accum(mdQ_bh, m_block, rows_tiled, copy_acc, tidx)
+            if const_expr(self.cfg.zero_dq):
+                self.zero_dq_accum(mdQ_bh, m_block, rows_tiled, copy_acc, tidx)
 
     @cute.jit
     def row_dot(
@@ -342,7 +348,7 @@ def _target(arch: Optional[str], device) -> str:
 @functools.lru_cache(maxsize=256)  # once per call signature: it is on every backward call's host path
 def make_config(
     dtype: str, head_dim: int, arch: str, *, varlen: bool = False, has_dlse: bool = False, has_semaphore: bool = False,
-    dq_head_dim: int = 0,
+    dq_head_dim: int = 0, zero_dq: bool = True,
 ) -> BwdPreprocessConfig:
     """``head_dim``: O's; ``dq_head_dim``: q's where it differs (0: the same)."""
     dq = head_dim_padded(dq_head_dim) if dq_head_dim else 0
@@ -354,6 +360,7 @@ def make_config(
         varlen=varlen,
         has_dlse=has_dlse,
         has_semaphore=has_semaphore,
+        zero_dq=zero_dq,
     )
 
 
@@ -372,6 +379,7 @@ def run_preprocess(
     dq_tile_m: int = 64,
     dq_head_dim: Optional[int] = None,
     arch: Optional[str] = None,
+    zero_dq: bool = True,
 ) -> None:
     """Launch the preprocess on torch tensors (layouts in the module docstring).
 
@@ -382,7 +390,8 @@ def run_preprocess(
     :func:`fa4.bwd.workspace.dq_accum_shape` for ``dq_tile_m`` (the main kernel's tile_m),
     contiguous, written whole tiles at a time;
     ``semaphore`` int32, any shape, contiguous, zeroed. ``arch``: code-generation target, default
-    the device's.
+    the device's. ``zero_dq``: zero ``dq_accum`` (off: the main kernel stores each slot's first
+    tile, and ``semaphore`` counts them).
     """
     import torch
 
@@ -418,6 +427,7 @@ def run_preprocess(
         has_dlse=dlse is not None,
         has_semaphore=semaphore is not None,
         dq_head_dim=dq_d,
+        zero_dq=zero_dq,
     )
     sem_flat = semaphore.view(-1) if semaphore is not None else None
     get_kernel(cfg)(
@@ -446,4 +456,5 @@ def variants(arch: str) -> list[BwdPreprocessConfig]:
     )
     out.append(BwdPreprocessConfig(arch=arch, dtype="fp16", head_dim=64, varlen=True))
     out.append(BwdPreprocessConfig(arch=arch, dtype="bf16", head_dim=96, has_dlse=True, has_semaphore=True))
+    out.append(BwdPreprocessConfig(arch=arch, dtype="bf16", head_dim=128, has_semaphore=True, zero_dq=False))
     return out

@@ -159,6 +159,27 @@ Note [Writer slots]
     to +2%, and at d64 in the rotated order -10% to +5% (noise, mean -1%), so those keep a slot per
     step (:data:`LANE_SLOTS_MIN_HD`).
 
+Note [First store]
+    The accumulator used to be zeroed by the preprocess before the main kernel added into it: at
+    head dim 128 a 64 x 128 float32 tile per 64 query rows, 134 MB at 16k tokens x 16 heads, which
+    took 40 of the preprocess's 68 us (the whole backward of d128 s1k causal is about 480 us). With
+    ``dq_first_store`` the first contributor to each slot *stores* its tile (``cp.async.bulk``)
+    and the others add on top of it, so ``dq_accum`` is never zeroed (preprocess ``zero_dq`` off);
+    the slot counters that the preprocess zeroes instead (4 bytes a tile) tell the postprocess which
+    tiles were written at all (a slot no key reaches is written as zeros, ``counted``).
+
+    Deterministic: the slot's rank-0 contributor stores, the order already makes it the first.
+    Otherwise the writer warp *claims* the slot at the top of the step, ``atom.cas.acquire`` of the
+    slot's counter from 0 to 1, while its consumers still compute the step's dQ. The claimant stores
+    and, once the store is complete, publishes it (``fence.acq_rel.gpu``, counter +1 to 2) at the top
+    of its next step, before it claims again; a later contributor that read 1 spins until 2
+    (acquire), one that read 2 has acquired the store with its CAS, and both bulk-add after a
+    ``fence.proxy.async.global``. No deadlock: a writer spins only while it holds no unpublished
+    claim, and a claimant publishes after its own consumers' dQ and its own store, which wait for
+    no other CTA. The non-deterministic walks (m_blocks up from the diagonal) rarely bring two
+    contributors to a slot at once with a causal mask; without a mask every K block of a pair
+    starts at the same m_block, and the later ones wait about one store for the claimant.
+
 Note [Two-CTA dQ]
     With ``two_cta`` a cluster of two CTAs takes two adjacent K blocks ``2x`` and ``2x + 1`` of a
     (batch, kv head), and both walk the union of the two blocks' (q head, m_block) steps in the same
@@ -216,6 +237,7 @@ from fa4.config import AttnKernelConfig, AttnProblem, KernelOptions
 from fa4.cute_utils import (
     bulk_copy_to_peer,
     bulk_reduce_add_f32,
+    bulk_store,
     convert_f32_to_half,
     gemm_sm90,
     make_acc_as_A,
@@ -314,6 +336,9 @@ class BwdSm90Config(AttnKernelConfig):
     the step index and compute the m_block on those only. An experiment: the same bits as the
     default on the H200, and no clear gain (v0.13: d128 causal s8k 568 / 527 -> 558 / 547 TFLOP/s,
     s1k 345 / 333 -> 306 / 338, causal deterministic 500 / 495 -> 504 / 494).
+    ``dq_first_store`` (the writer warp, not ``two_cta``): the first contributor of each dq_accum
+    slot stores its tile instead of adding it, so the preprocess does not zero the accumulator
+    (Note [First store]; the slot counters are allocated and zeroed in every mode then).
     """
 
     head_dim: int = 128
@@ -337,6 +362,7 @@ class BwdSm90Config(AttnKernelConfig):
     det_up: bool = False
     dv_late: bool = False
     step_cursor: bool = False
+    dq_first_store: bool = False
 
     KERNEL: ClassVar[str] = "fa4.bwd.sm90:FlashBwdSm90"
     REQUIRED_SASS: ClassVar[tuple] = ("HGMMA", "UTMALDG")  # checked by tests/test_compile.py
@@ -537,6 +563,9 @@ class FlashBwdSm90:
         if cfg.publish_lag and not (cfg.deterministic and not cfg.dq_direct):
             raise ValueError(f"{name}.publish_lag orders the deterministic dQ writer; it needs deterministic=True "
                              "and no dq_direct (the ordered direct adds have their own overlap, Note [Ordered direct dQ])")
+        if cfg.dq_first_store and (cfg.dq_direct or cfg.two_cta):
+            raise ValueError(f"{name}.dq_first_store (Note [First store]) is the dQ writer warp's; it needs "
+                             "dq_direct=False and two_cta=False")
         if cfg.smem_bytes() > SMEM_CAPACITY:
             raise ValueError(f"{name}: {cfg.smem_bytes()} bytes of shared memory at head_dim {cfg.head_dim}, "
                              f"tile {cfg.tile_m}x{cfg.tile_n}, {cfg.q_stages} Q stages, {cfg.pds_stages} dS stages "
@@ -964,6 +993,7 @@ class FlashBwdSm90:
         slot: Note [Writer slots])."""
         if work.num_steps > 0:
             det = self.cfg.deterministic
+            claims = self.cfg.dq_first_store and not det  # Note [First store]
             stages = self.cfg.dq_stages
             lane = cute.arch.lane_idx()
             if const_expr(stages > 1):  # step 0's buffer has not been used (num_steps >= 1)
@@ -971,6 +1001,7 @@ class FlashBwdSm90:
                     cute.arch.barrier_arrive(barrier_id=self.dq_bar(_BAR.dq_empty, w, 0), number_of_threads=128 + 32)
             lane_head, lane_m, lane_rank = Int32(0), Int32(0), Int32(0)
             prev_head, prev_m = Int32(0), Int32(0)
+            claim, prev_claim = Int32(1), Int32(1)  # the slot counter a claim read (0: this CTA stores first)
             lagged = Boolean(True)
             if const_expr(det and self.cfg.publish_lag and self.cfg.det_rotate):
                 lagged = common.rotation_lags(work.num_m, work.num_n)  # Note [Publish lag]
@@ -988,8 +1019,27 @@ class FlashBwdSm90:
                     if ahead < work.num_steps:
                         cute.arch.barrier_arrive(barrier_id=self.dq_bar(_BAR.dq_empty, w, ahead),
                                                  number_of_threads=128 + 32)
+                if const_expr(claims):
+                    if t > 0:
+                        if prev_claim == 0:  # this CTA stored step t - 1's slot: publish it before claiming
+                            self.publish_dq(mSemaphore, work, prev_head, prev_m, lane)
+                    if lane == 0:
+                        claim = cute.arch.atomic_cas(self.dq_semaphore(mSemaphore, work, head, m_block), cmp=Int32(0),
+                                                     val=Int32(1), sem="acquire", scope="gpu")
+                    claim = cute.arch.shuffle_sync(claim, 0)
                 gdQ = self.dq_tile(mdQaccum, work, head, m_block)
                 sdQ_t = sdQ[None, t % stages if const_expr(stages > 1) else 0]
+                first = Boolean(False)  # this CTA's tile is the slot's first: stored, not added
+                if const_expr(claims):
+                    first = claim == 0
+                    if lane == 0:
+                        if claim == 1:  # claimed, not yet stored
+                            semaphore.spin(self.dq_semaphore(mSemaphore, work, head, m_block), Int32(2))
+                        if claim != 0:
+                            cute.arch.fence_proxy("async.global")  # the adds below follow the acquire
+                    cute.arch.sync_warp()
+                elif const_expr(det and self.cfg.dq_first_store):
+                    first = rank == 0
                 if const_expr(det and self.cfg.publish_peek):
                     self.publish_then_spin(mSemaphore, work, t, head, m_block, rank, seen, prev_head, prev_m, lane)
                 elif const_expr(det):
@@ -1005,8 +1055,14 @@ class FlashBwdSm90:
                 for w in cutlass.range_constexpr(self.num_wg):
                     cute.arch.barrier(barrier_id=self.dq_bar(_BAR.dq_full, w, t), number_of_threads=128 + 32)
                     with cute.arch.elect_one():  # lane 0 (sync_warp above orders it after lane 0's acquire)
-                        bulk_reduce_add_f32(gdQ.iterator + w * self.dq_chunk, sdQ_t.iterator + w * self.dq_chunk,
-                                            4 * self.dq_chunk)
+                        dst, src = gdQ.iterator + w * self.dq_chunk, sdQ_t.iterator + w * self.dq_chunk
+                        if const_expr(self.cfg.dq_first_store):
+                            if first:
+                                bulk_store(dst, src, 4 * self.dq_chunk)
+                            else:
+                                bulk_reduce_add_f32(dst, src, 4 * self.dq_chunk)
+                        else:
+                            bulk_reduce_add_f32(dst, src, 4 * self.dq_chunk)
                     cute.arch.cp_async_bulk_commit_group()
                 if const_expr(det and not self.cfg.publish_peek):
                     if const_expr(not self.cfg.publish_lag):
@@ -1014,7 +1070,10 @@ class FlashBwdSm90:
                     elif const_expr(self.cfg.det_rotate):
                         if not lagged:  # stagger 1: published at once (Note [Publish lag])
                             self.publish_dq(mSemaphore, work, head, m_block, lane)
-                prev_head, prev_m = head, m_block
+                prev_head, prev_m, prev_claim = head, m_block, claim
+            if const_expr(claims):
+                if prev_claim == 0:
+                    self.publish_dq(mSemaphore, work, prev_head, prev_m, lane)
             if const_expr(det and self.cfg.publish_lag):
                 if lagged:
                     self.publish_dq(mSemaphore, work, prev_head, prev_m, lane)
@@ -1594,6 +1653,11 @@ DET_UP = False
 TFLOP/s, s4k 460.3 -> 393.0 (its 12 GPU tests passed: bit-exact, correct, independent of the
 sections). tools/det_model.py had put its cost at the 6% load balance of SPT."""
 
+DQ_FIRST_STORE = True
+"""Runs with the dQ writer warp (head dims <= 128 without a mask's ``dq_direct``, and deterministic
+runs that take the writer) store each dq_accum slot's first tile, so the preprocess does not zero the
+accumulator (Note [First store]); False: zeroed, every tile added. Measured: docs/RESULTS.md v0.18."""
+
 DET_DIRECT = True
 """Deterministic runs of the head dims whose table takes ``dq_direct`` keep it, with the ordered
 direct adds of Note [Ordered direct dQ]; False: they take the ordered writer warp instead."""
@@ -1635,19 +1699,21 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
                          f"{problem.head_dim} uses tile_n {tile_n}")
     rotated = bool(deterministic) and rotate and rotate_ok(problem, tile_n)
     writer = bool(deterministic) and not (direct and det_direct)  # the ordered writer warp
+    two_cta = bool(opts.bwd_two_cta) if opts.bwd_two_cta is not None else TWO_CTA.get(hd, False) and not deterministic
+    dq_direct = direct and (det_direct or not deterministic)
     cfg = BwdSm90Config(
         # dv_late belongs to the table's tile_m (it loses at 64 rows, v0.13).
         arch=arch, dtype=problem.dtype, head_dim=hd, head_dim_v=hd_v if hd_v != hd else 0,
         tile_m=steps, tile_n=tile_n, num_wg=2,
         dv_late=late and steps == tile_m,
-        two_cta=bool(opts.bwd_two_cta) if opts.bwd_two_cta is not None else TWO_CTA.get(hd, False) and not deterministic,
+        two_cta=two_cta,
         dkv_rs=rs, q_stages=q_stages, pds_stages=pds_stages, dq_stages=dq_stages, deterministic=bool(deterministic),
         publish_lag=writer and lag and not PUBLISH_PEEK and not (
             problem.causal and not problem.local and -(-problem.seqlen_k // tile_n) >= DET_LAG_MAX_BLOCKS),
         publish_peek=(writer and PUBLISH_PEEK) or (bool(deterministic) and not writer and not rotated and SEQ_PEEK),
         det_rotate=rotated, lane_slots=rotated and hd >= LANE_SLOTS_MIN_HD,
         det_up=bool(deterministic) and (problem.causal or problem.local) and DET_UP,
-        dq_direct=direct and (det_direct or not deterministic),
+        dq_direct=dq_direct, dq_first_store=DQ_FIRST_STORE and not dq_direct and not two_cta,
         # Not with more than 64 rows per step (``rows_late``): measured 7-16% slower at d64 (v0.11).
         stats_early=1 if hd <= STATS_EARLY_MAX_HD and steps <= 64 else 0,
         **BwdSm90Config.problem_flags(problem))
@@ -1800,4 +1866,8 @@ def variants(arch: str) -> list[BwdSm90Config]:
     out.append(replace(out[2], step_cursor=True, det_up=True))
     out.append(replace(make_config(P(128, local=True, varlen=True, seqused_k=True), None, arch), step_cursor=True))
     out.append(replace(make_config(P(256, causal=True), None, arch, True), step_cursor=True))
+    # Every tile added into a zeroed dq_accum (dq_first_store off, the rule before v0.18): plain and
+    # causal deterministic.
+    out.append(replace(out[1], dq_first_store=False))
+    out.append(replace(out[2], dq_first_store=False))
     return out

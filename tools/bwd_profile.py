@@ -1,0 +1,40 @@
+"""Where a backward call's time goes (issue 8): fa4 (non-deterministic and deterministic) and its
+peers on grid rows, timed as ``fa4.bench`` times the backward (median of do_bench of
+``torch.autograd.grad``) and profiled with ``torch.profiler`` (the average device time of each
+kernel of one call, and the call's device span). ``python3 tools/bwd_profile.py d,s,causal ...``,
+e.g. ``128,1024,1 128,8192,0``."""
+import sys
+
+import torch
+import triton
+
+from decode_profile import profile
+from fa4.bench import _results, flash_attn4_impl, fa4_impl, grid_shape, sdpa_impl
+from fa4.testing import random_qkv
+
+
+def main(rows):
+    impls = [fa4_impl({}, False), fa4_impl({}, True, name="fa4-det"), flash_attn4_impl(False),
+             sdpa_impl("cudnn", "CUDNN_ATTENTION")]
+    for row in rows:
+        d, s, causal = (int(x) for x in row.split(","))
+        shape = grid_shape(d, s, bool(causal))
+        q, k, v = random_qkv(shape.batch, s, s, shape.heads, shape.heads, d, torch.bfloat16, "cuda", seed=0)
+        dout = torch.randn_like(q)
+        print(f"== d{d} s{s} causal={bool(causal)} (b{shape.batch} h{shape.heads})", flush=True)
+        for impl in impls:
+            try:
+                prepared = impl.setup(q, k, v, bool(causal), True)
+                with prepared.context():
+                    fn, _ = _results(prepared, "bwd", dout)
+                    ms = triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
+                    kernels, span = profile(fn, calls=8)
+            except Exception as e:  # report and go on
+                print(f"{impl.name:14s} ERR {type(e).__name__}: {str(e)[:160]}", flush=True)
+                continue
+            ks = "; ".join(f"{n[:48]} {t:.1f}" for n, t in sorted(kernels.items(), key=lambda kv: -kv[1]))
+            print(f"{impl.name:14s} bench {ms * 1e3:7.1f} us  span {span:7.1f} us  kernels(us): {ks}", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:] or ["128,1024,1", "128,1024,0", "128,4096,1", "128,16384,0", "64,8192,0"])
