@@ -516,17 +516,17 @@ def _publish_modes(run, monkeypatch, modes):
     return got, defaults
 
 
-def _first_store_runs(run, monkeypatch, runs: int):
+def _first_store_runs(run, monkeypatch, runs: int, det: bool):
     """``run()`` with the sm90 backward's first store on and off (Note [First store] in
-    fa4/bwd/sm90.py, ``DQ_FIRST_STORE``), ``runs`` times each: ``{first_store: [grads per run]}``,
-    after checking that the patched default really took each mode."""
+    fa4/bwd/sm90.py, ``DQ_FIRST_STORE[det]``), ``runs`` times each: ``{first_store: [grads per
+    run]}``, after checking that the patched default really took each mode."""
     from fa4.bwd import sm90
 
     make = sm90.make_config
     got, seen = {}, {}
     try:
         for on in (True, False):
-            monkeypatch.setattr(sm90, "DQ_FIRST_STORE", on)
+            monkeypatch.setitem(sm90.DQ_FIRST_STORE, det, on)
 
             def spy(*a, on=on, **k):
                 cfg = make(*a, **k)
@@ -537,7 +537,6 @@ def _first_store_runs(run, monkeypatch, runs: int):
             got[on] = [run() for _ in range(runs)]
     finally:
         monkeypatch.setattr(sm90, "make_config", make)
-        monkeypatch.setattr(sm90, "DQ_FIRST_STORE", True)
         fa4.ops._plans.clear()
     assert seen == {True: True, False: False}, f"first store not taken as asked: {seen}"
     return got
@@ -558,7 +557,7 @@ def test_bwd_sm90_first_store_same_bits(d, mask, layout, monkeypatch, hang_watch
     hang_watchdog()
     opts = fa4.KernelOptions(arch="sm90")
     run, qkv, g, kw = _deterministic_run(layout, d, mask, opts, (1024, 2048), (900, 1300), seed=d + 41)
-    got = _first_store_runs(run, monkeypatch, 2)
+    got = _first_store_runs(run, monkeypatch, 2, det=True)
     base = got[True][0]
     for on, runs in got.items():
         for grads in runs:
@@ -574,8 +573,8 @@ def test_bwd_sm90_first_store_same_bits(d, mask, layout, monkeypatch, hang_watch
 @pytest.mark.parametrize("mask", ["none", "causal", "local"])
 @pytest.mark.parametrize("shape", ["wide", "rows_without_keys", "varlen"])
 def test_bwd_sm90_first_store_claims(d, mask, shape, monkeypatch, hang_watchdog):
-    """Not deterministic, each slot's first writer claims it and stores, the others add after the
-    store (Note [First store]): correct against the float32 reference with the first store on and
+    """Not deterministic, with the first store (an option, DQ_FIRST_STORE[False]) each slot's first
+    writer claims it and stores, the others add after the store (Note [First store]): correct against the float32 reference with the first store on and
     off, over repeated runs (a lost claim or an add before the store would show as a wrong or NaN
     dq: the accumulator is NaN-filled, conftest). ``wide``: 16 heads of s 2048, every K block of a
     pair starting at the same m_block without a mask (the claims contend); ``rows_without_keys``:
@@ -604,7 +603,7 @@ def test_bwd_sm90_first_store_claims(d, mask, shape, monkeypatch, hang_watchdog)
         out, _ = call(q, k, v, kernel_options=opts, **kw)
         return torch.autograd.grad(out, (q, k, v), g)
 
-    got = _first_store_runs(run, monkeypatch, 3)
+    got = _first_store_runs(run, monkeypatch, 3, det=False)
     if shape == "varlen":  # against the zeroed accumulator's gradients: the same sums in another order
         for grads in got[True]:
             for a, b in zip(got[False][0], grads):

@@ -168,8 +168,9 @@ Note [First store]
     the slot counters that the preprocess zeroes instead (4 bytes a tile) tell the postprocess which
     tiles were written at all (a slot no key reaches is written as zeros, ``counted``).
 
-    Deterministic: the slot's rank-0 contributor stores, the order already makes it the first.
-    Otherwise the writer warp *claims* the slot at the top of the step, ``atom.cas.acquire`` of the
+    Deterministic: the slot's rank-0 contributor stores, the order already makes it the first (the
+    default). Otherwise (an option, off: measured slower, :data:`DQ_FIRST_STORE`) the writer warp
+    *claims* the slot at the top of the step, ``atom.cas.acquire`` of the
     slot's counter from 0 to 1, while its consumers still compute the step's dQ. The claimant stores
     and, once the store is complete, publishes it (``fence.acq_rel.gpu``, counter +1 to 2) at the top
     of its next step, before it claims again; a later contributor that read 1 spins until 2
@@ -1653,10 +1654,16 @@ DET_UP = False
 TFLOP/s, s4k 460.3 -> 393.0 (its 12 GPU tests passed: bit-exact, correct, independent of the
 sections). tools/det_model.py had put its cost at the 6% load balance of SPT."""
 
-DQ_FIRST_STORE = True
-"""Runs with the dQ writer warp (head dims <= 128 without a mask's ``dq_direct``, and deterministic
-runs that take the writer) store each dq_accum slot's first tile, so the preprocess does not zero the
-accumulator (Note [First store]); False: zeroed, every tile added. Measured: docs/RESULTS.md v0.18."""
+DQ_FIRST_STORE = {True: True, False: False}
+"""Keyed by ``deterministic``: whether runs with the dQ writer warp (not ``dq_direct``, not ``two_cta``)
+store each dq_accum slot's first tile, so the preprocess does not zero the accumulator (Note [First
+store]). docs/RESULTS.md v0.18, one lease, d128 (16k tokens x 16 heads), us per call, zeroed -> first
+store: the preprocess 67.5 -> 41.5 in every mode; deterministic (rank 0 stores, no new wait) the main
+kernel unchanged (s1k causal 408.0 -> 409.2, s4k causal 1304.7 -> 1296.0), the call's span 529 -> 513
+and 1408 -> 1381. Without determinism the claims cost the main kernel more than the zeroing saves (s1k
+causal 360.1 -> 365.2, s1k 588.4 -> 643.6, s4k causal 1178.6 -> 1228.9, s16k 8474 -> 8736; d64 s8k
+5108 -> 5091): the CAS and the claimant's publish (store completion, ``MEMBAR.GPU``) lengthen the
+writer's step, and without a mask every K block of a pair claims the same slot at once. Off there."""
 
 DET_DIRECT = True
 """Deterministic runs of the head dims whose table takes ``dq_direct`` keep it, with the ordered
@@ -1713,7 +1720,7 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         publish_peek=(writer and PUBLISH_PEEK) or (bool(deterministic) and not writer and not rotated and SEQ_PEEK),
         det_rotate=rotated, lane_slots=rotated and hd >= LANE_SLOTS_MIN_HD,
         det_up=bool(deterministic) and (problem.causal or problem.local) and DET_UP,
-        dq_direct=dq_direct, dq_first_store=DQ_FIRST_STORE and not dq_direct and not two_cta,
+        dq_direct=dq_direct, dq_first_store=DQ_FIRST_STORE[bool(deterministic)] and not dq_direct and not two_cta,
         # Not with more than 64 rows per step (``rows_late``): measured 7-16% slower at d64 (v0.11).
         stats_early=1 if hd <= STATS_EARLY_MAX_HD and steps <= 64 else 0,
         **BwdSm90Config.problem_flags(problem))
@@ -1866,8 +1873,9 @@ def variants(arch: str) -> list[BwdSm90Config]:
     out.append(replace(out[2], step_cursor=True, det_up=True))
     out.append(replace(make_config(P(128, local=True, varlen=True, seqused_k=True), None, arch), step_cursor=True))
     out.append(replace(make_config(P(256, causal=True), None, arch, True), step_cursor=True))
-    # Every tile added into a zeroed dq_accum (dq_first_store off, the rule before v0.18): plain and
-    # causal deterministic.
-    out.append(replace(out[1], dq_first_store=False))
+    # The first store without determinism (claims, Note [First store]; an option): plain d128 and
+    # causal varlen d64; deterministic with every tile added into a zeroed dq_accum (the rule before v0.18).
+    out.append(replace(out[1], dq_first_store=True))
+    out.append(replace(make_config(P(64, causal=True, varlen=True), None, arch), dq_first_store=True))
     out.append(replace(out[2], dq_first_store=False))
     return out
