@@ -289,3 +289,51 @@ def test_publish_peek_is_refused_by_name_where_it_cannot_run():
     for cfg in bad:
         with pytest.raises(ValueError, match="publish_peek"):
             sm90.FlashBwdSm90.can_implement(cfg)
+
+
+def test_first_store_rule_and_wiring():
+    """Note [First store] (fa4/bwd/sm90.py): deterministic runs with the dQ writer warp store each
+    slot's first tile (DQ_FIRST_STORE[True]); non-deterministic runs, the ordered direct adds and the
+    two-CTA kernel add into a zeroed accumulator. Where it is on, the driver allocates the slot
+    counters (zeroed by the preprocess), the preprocess does not zero dq_accum and the postprocess
+    reads the counters; the precompiled set holds both modes with and without determinism."""
+    import dataclasses
+
+    P = common.representative_problem
+    for hd in (64, 96, 128):
+        for mask in (dict(), dict(causal=True), dict(local=True, varlen=True, seqused_k=True)):
+            det = sm90.make_config(P(hd, **mask), None, "sm_90a", True)
+            free = sm90.make_config(P(hd, **mask), None, "sm_90a", False)
+            assert det.dq_first_store == sm90.DQ_FIRST_STORE[True] and not det.dq_direct, (hd, mask)
+            assert free.dq_first_store == sm90.DQ_FIRST_STORE[False], (hd, mask)
+    assert sm90.DQ_FIRST_STORE == {True: True, False: False}
+    for cfg in (sm90.make_config(P(256, causal=True), None, "sm_90a", True),  # the ordered direct adds
+                sm90.make_config(P(128), KernelOptions(bwd_two_cta=True), "sm_90a")):
+        assert not cfg.dq_first_store
+    det = sm90.make_config(P(128, causal=True), None, "sm_90a", True)
+    free = sm90.make_config(P(128, causal=True), None, "sm_90a", False)
+    p = P(128, causal=True)
+    assert common.counts_slots(det) and "semaphore" in common.workspace_shapes(p, det, (2, 1024, 8, 128))
+    assert not common.counts_slots(free) and "semaphore" not in common.workspace_shapes(p, free, (2, 1024, 8, 128))
+    claims = dataclasses.replace(free, dq_first_store=True)  # the option without determinism
+    assert common.counts_slots(claims) and common.workspace_shapes(p, claims, (2, 1024, 8, 128))["semaphore"] == (
+        2, 8, 16)
+    assert postprocess.config_for(det).counted and postprocess.config_for(claims).counted
+    assert not postprocess.config_for(free).counted
+    fake = common.fake_args(claims)
+    assert fake[12] is not None and common.fake_args(free)[12] is None  # the counters argument
+    vs = sm90.variants("sm_90a")
+    assert {(v.dq_first_store, v.deterministic) for v in vs} == {(a, b) for a in (False, True) for b in (False, True)}
+
+
+def test_first_store_is_refused_by_name_where_it_cannot_run():
+    """dq_first_store is the writer warp's: refused, naming the field, with dq_direct or two_cta."""
+    import dataclasses
+
+    P = common.representative_problem
+    sm90.FlashBwdSm90.can_implement(dataclasses.replace(sm90.make_config(P(128), None, "sm_90a"),
+                                                        dq_first_store=True))
+    for cfg in (sm90.make_config(P(256), None, "sm_90a"),
+                sm90.make_config(P(128), KernelOptions(bwd_two_cta=True), "sm_90a")):
+        with pytest.raises(ValueError, match="dq_first_store"):
+            sm90.FlashBwdSm90.can_implement(dataclasses.replace(cfg, dq_first_store=True))
