@@ -1,21 +1,26 @@
 """Where a backward call's time goes (issue 8): fa4 (non-deterministic and deterministic) and its
 peers on grid rows, timed as ``fa4.bench`` times the backward (median of do_bench of
 ``torch.autograd.grad``) and profiled with ``torch.profiler`` (the average device time of each
-kernel of one call, and the call's device span). ``python3 tools/bwd_profile.py d,s,causal ...``,
-e.g. ``128,1024,1 128,8192,0``."""
+kernel of one call, and the call's device span). ``python3 tools/bwd_profile.py [--claims] d,s,causal
+...``, e.g. ``128,1024,1 128,8192,0``; ``--claims`` adds ``fa4-claims``, the non-deterministic kernel
+with the first store (Note [First store] in fa4/bwd/sm90.py, ``DQ_FIRST_STORE[False]``)."""
 import sys
 
 import torch
 import triton
 
+import fa4
 from decode_profile import profile
+from fa4.bwd import sm90
 from fa4.bench import _results, flash_attn4_impl, fa4_impl, grid_shape, sdpa_impl
 from fa4.testing import random_qkv
 
 
-def main(rows):
+def main(rows, claims=False):
     impls = [fa4_impl({}, False), fa4_impl({}, True, name="fa4-det"), flash_attn4_impl(False),
              sdpa_impl("cudnn", "CUDNN_ATTENTION")]
+    if claims:
+        impls.insert(1, fa4_impl({}, False, name="fa4-claims"))
     for row in rows:
         d, s, causal = (int(x) for x in row.split(","))
         shape = grid_shape(d, s, bool(causal))
@@ -23,6 +28,9 @@ def main(rows):
         dout = torch.randn_like(q)
         print(f"== d{d} s{s} causal={bool(causal)} (b{shape.batch} h{shape.heads})", flush=True)
         for impl in impls:
+            forced = impl.name == "fa4-claims"
+            sm90.DQ_FIRST_STORE[False] = forced  # the non-deterministic first store (plans re-made)
+            fa4.ops._plans.clear()
             try:
                 prepared = impl.setup(q, k, v, bool(causal), True)
                 with prepared.context():
@@ -37,4 +45,5 @@ def main(rows):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or ["128,1024,1", "128,1024,0", "128,4096,1", "128,16384,0", "64,8192,0"])
+    args = [a for a in sys.argv[1:] if a != "--claims"]
+    main(args or ["128,1024,1", "128,1024,0", "128,4096,1", "128,16384,0", "64,8192,0"], "--claims" in sys.argv)

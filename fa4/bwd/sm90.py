@@ -170,12 +170,11 @@ Note [First store]
 
     Deterministic: the slot's rank-0 contributor stores, the order already makes it the first (the
     default). Otherwise (an option, off: measured slower, :data:`DQ_FIRST_STORE`) the writer warp
-    *claims* the slot at the top of the step, ``atom.cas.acquire`` of the
-    slot's counter from 0 to 1, while its consumers still compute the step's dQ. The claimant stores
-    and, once the store is complete, publishes it (``fence.acq_rel.gpu``, counter +1 to 2) at the top
-    of its next step, before it claims again; a later contributor that read 1 spins until 2
-    (acquire), one that read 2 has acquired the store with its CAS, and both bulk-add after a
-    ``fence.proxy.async.global``. No deadlock: a writer spins only while it holds no unpublished
+    *claims* the slot at the top of the step, a relaxed ``atom.cas`` of the slot's counter from 0 to
+    1, not waited for while its consumers still compute the step's dQ. The claimant stores and, once
+    the store is complete, publishes it (``fence.acq_rel.gpu``, counter +1 to 2) at the top of its next
+    step, before it claims again; a later contributor (its CAS read 1 or 2) spins with
+    ``ld.acquire`` until 2 once its dQ is ready, and bulk-adds after a ``fence.proxy.async.global``. No deadlock: a writer spins only while it holds no unpublished
     claim, and a claimant publishes after its own consumers' dQ and its own store, which wait for
     no other CTA. The non-deterministic walks (m_blocks up from the diagonal) rarely bring two
     contributors to a slot at once with a causal mask; without a mask every K block of a pair
@@ -1024,22 +1023,13 @@ class FlashBwdSm90:
                     if t > 0:
                         if prev_claim == 0:  # this CTA stored step t - 1's slot: publish it before claiming
                             self.publish_dq(mSemaphore, work, prev_head, prev_m, lane)
-                    if lane == 0:
+                    if lane == 0:  # relaxed: not waited for until the step's dQ is ready
                         claim = cute.arch.atomic_cas(self.dq_semaphore(mSemaphore, work, head, m_block), cmp=Int32(0),
-                                                     val=Int32(1), sem="acquire", scope="gpu")
-                    claim = cute.arch.shuffle_sync(claim, 0)
+                                                     val=Int32(1), sem="relaxed", scope="gpu")
                 gdQ = self.dq_tile(mdQaccum, work, head, m_block)
                 sdQ_t = sdQ[None, t % stages if const_expr(stages > 1) else 0]
                 first = Boolean(False)  # this CTA's tile is the slot's first: stored, not added
-                if const_expr(claims):
-                    first = claim == 0
-                    if lane == 0:
-                        if claim == 1:  # claimed, not yet stored
-                            semaphore.spin(self.dq_semaphore(mSemaphore, work, head, m_block), Int32(2))
-                        if claim != 0:
-                            cute.arch.fence_proxy("async.global")  # the adds below follow the acquire
-                    cute.arch.sync_warp()
-                elif const_expr(det and self.cfg.dq_first_store):
+                if const_expr(det and self.cfg.dq_first_store):
                     first = rank == 0
                 if const_expr(det and self.cfg.publish_peek):
                     self.publish_then_spin(mSemaphore, work, t, head, m_block, rank, seen, prev_head, prev_m, lane)
@@ -1055,6 +1045,13 @@ class FlashBwdSm90:
                     cute.arch.sync_warp()
                 for w in cutlass.range_constexpr(self.num_wg):
                     cute.arch.barrier(barrier_id=self.dq_bar(_BAR.dq_full, w, t), number_of_threads=128 + 32)
+                    if const_expr(claims and w == 0):
+                        if lane == 0:
+                            if claim != 0:  # another CTA claimed the slot: acquire its store (waits while 1)
+                                semaphore.spin(self.dq_semaphore(mSemaphore, work, head, m_block), Int32(2))
+                                cute.arch.fence_proxy("async.global")  # the adds below follow the acquire
+                        claim = cute.arch.shuffle_sync(claim, 0)
+                        first = claim == 0
                     with cute.arch.elect_one():  # lane 0 (sync_warp above orders it after lane 0's acquire)
                         dst, src = gdQ.iterator + w * self.dq_chunk, sdQ_t.iterator + w * self.dq_chunk
                         if const_expr(self.cfg.dq_first_store):
