@@ -174,9 +174,9 @@ Note [First store]
     1, not waited for while its consumers still compute the step's dQ. The claimant stores and, once
     the store is complete, publishes it (``fence.acq_rel.gpu``, counter +1 to 2) at the top of its next
     step, before it claims again; a later contributor (its CAS read 1 or 2) spins with
-    ``ld.acquire`` until 2 once its dQ is ready, and bulk-adds after a ``fence.proxy.async.global``. No deadlock: a writer spins only while it holds no unpublished
-    claim, and a claimant publishes after its own consumers' dQ and its own store, which wait for
-    no other CTA. The non-deterministic walks (m_blocks up from the diagonal) rarely bring two
+    ``ld.acquire`` until 2 once its dQ is ready, and bulk-adds after a ``fence.proxy.async.global``.
+    No deadlock: a writer spins only while it holds no unpublished claim, and a claimant publishes
+    after its own consumers' dQ and its own store, which wait for no other CTA. The non-deterministic walks (m_blocks up from the diagonal) rarely bring two
     contributors to a slot at once with a causal mask; without a mask every K block of a pair
     starts at the same m_block, and the later ones wait about one store for the claimant.
 
