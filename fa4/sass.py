@@ -8,6 +8,7 @@ its family is about (HGMMA and UTMALDG for sm90).
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import re
 import shutil
@@ -58,14 +59,21 @@ def disassemble_object(obj_path: str) -> str:
     return "\n".join(texts)
 
 
-def disassemble(cfg) -> str:
-    """Compile ``cfg`` (uncached) and return its SASS."""
+@contextlib.contextmanager
+def exported(cfg) -> Iterator[str]:
+    """Compile ``cfg`` (uncached) and export it: the object file's path, for the ``with`` block."""
     from fa4 import jit
 
     fn = jit.compile_uncached(cfg)
     with tempfile.TemporaryDirectory() as d:
         obj = os.path.join(d, "k.o")
-        fn.export_to_c(obj, function_name="k")
+        fn.export_to_c(obj, function_name=jit.EXPORT_SYMBOL)
+        yield obj
+
+
+def disassemble(cfg) -> str:
+    """Compile ``cfg`` (uncached) and return its SASS."""
+    with exported(cfg) as obj:
         return disassemble_object(obj)
 
 
@@ -90,10 +98,7 @@ def compile_report(cfg) -> dict:
     compiles the covering set in parallel)."""
     from fa4 import jit
 
-    fn = jit.compile_uncached(cfg)
-    with tempfile.TemporaryDirectory() as d:
-        obj = os.path.join(d, "k.o")
-        fn.export_to_c(obj, function_name=jit.EXPORT_SYMBOL)
+    with exported(cfg) as obj:
         report = {"cubins": jit.cubin_info(obj), "required": {}}
         required = getattr(type(cfg), "REQUIRED_SASS", ())
         if required:
