@@ -341,12 +341,12 @@ def run_backward(cfg, problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_se
     dpsum = _empty(shapes["dpsum"], torch.float32, dev)
     dq_accum = _empty(shapes["dq_accum"], torch.float32, dev)
     sem = torch.empty(shapes["semaphore"], dtype=torch.int32, device=dev) if "semaphore" in shapes else None
-    first_store = bool(getattr(cfg, "dq_first_store", False))
+    post_cfg = postprocess.config_for(cfg)  # ``counted``: the main kernel stores first (Note [First store])
     varlen_q = cu_seqlens_q is not None
     preprocess.run_preprocess(
         out, dout, lse, lse_log2, dpsum, dq_accum, dlse=dlse, cu_seqlens_q=cu_seqlens_q,
         max_seqlen_q=problem.seqlen_q if varlen_q else None, semaphore=sem, dq_tile_m=cfg.tile_m,
-        dq_head_dim=q.shape[-1], arch=cfg.arch, zero_dq=not first_store)
+        dq_head_dim=q.shape[-1], arch=cfg.arch, zero_dq=not post_cfg.counted)
     dk_k, dv_k = kernel_ready(dk), kernel_ready(dv)
     max_seqlen_k = problem.seqlen_k if cu_seqlens_k is not None else k.shape[1]
     num_batch = cu_seqlens_k.shape[0] - 1 if cu_seqlens_k is not None else k.shape[0]
@@ -368,8 +368,8 @@ def run_backward(cfg, problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_se
         dv.copy_(dv_k)
     dq_k = kernel_ready(dq)
     postprocess.run_postprocess(
-        postprocess.config_for(cfg), dq_accum, dq_k, problem.softmax_scale, cu_seqlens_q=cu_seqlens_q,
-        max_seqlen_q=problem.seqlen_q if varlen_q else None, counters=sem if first_store else None)
+        post_cfg, dq_accum, dq_k, problem.softmax_scale, cu_seqlens_q=cu_seqlens_q,
+        max_seqlen_q=problem.seqlen_q if varlen_q else None, counters=sem if post_cfg.counted else None)
     if dq_k is not dq:
         dq.copy_(dq_k)
 

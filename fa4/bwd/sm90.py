@@ -1659,8 +1659,9 @@ store: the preprocess 67.5 -> 41.5 in every mode; deterministic (rank 0 stores, 
 kernel unchanged (s1k causal 408.0 -> 409.2, s4k causal 1304.7 -> 1296.0), the call's span 529 -> 513
 and 1408 -> 1381. Without determinism the claims cost the main kernel more than the zeroing saves (s1k
 causal 360.1 -> 365.2, s1k 588.4 -> 643.6, s4k causal 1178.6 -> 1228.9, s16k 8474 -> 8736; d64 s8k
-5108 -> 5091): the CAS and the claimant's publish (store completion, ``MEMBAR.GPU``) lengthen the
-writer's step, and without a mask every K block of a pair claims the same slot at once. Off there."""
+5108 -> 5091; the claim's first version, an acquire CAS waited for at the top of the step, now
+relaxed and not yet measured): the CAS and the claimant's publish (store completion, ``MEMBAR.GPU``)
+lengthen the writer's step, and without a mask every K block of a pair claims the same slot at once. Off there."""
 
 DET_DIRECT = True
 """Deterministic runs of the head dims whose table takes ``dq_direct`` keep it, with the ordered
