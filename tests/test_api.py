@@ -151,8 +151,8 @@ def test_explain_validates():
 
 def test_explain_reports_backward_launch_sections():
     """fa4.explain() names the sm90 backward's launch sections: bounded by L2 bytes with a causal
-    mask (Note [Causal sections]: 2 pairs at d128 s16k), one pair without a mask, the deterministic
-    table's count with one."""
+    mask (Note [Causal sections]: 2 pairs at d128 s16k), deterministic too in the up order (Note [Up
+    order]), one pair without a mask; the deterministic table's count in the down order (GQA)."""
     def line(q, k, **kw):
         text = str(fa4.explain(q, k, k, capability=(9, 0), **kw))
         return [s for s in text.splitlines() if "launch order: sections" in s]
@@ -163,7 +163,10 @@ def test_explain_reports_backward_launch_sections():
     (plain,) = line(q, q)
     assert "sections of 1 of the 16" in plain and "Causal sections" not in plain
     (det,) = line(q, q, causal=True, deterministic=True)
-    assert "sections of 16 of the 16" in det
+    assert "sections of 2 of the 16" in det and "Causal sections" in det
     kv = torch.randn(2, 8192, 4, 128, dtype=torch.bfloat16, device="meta")  # GQA: the wave floor
-    (gqa,) = line(torch.randn(2, 8192, 16, 128, dtype=torch.bfloat16, device="meta"), kv, causal=True)
+    q16 = torch.randn(2, 8192, 16, 128, dtype=torch.bfloat16, device="meta")
+    (gqa,) = line(q16, kv, causal=True)
     assert "sections of 2 of the 8" in gqa
+    (gqa_det,) = line(q16, kv, causal=True, deterministic=True)  # the down order's table: all 8 pairs
+    assert "sections of 8 of the 8" in gqa_det and "Causal sections" not in gqa_det

@@ -575,15 +575,34 @@ def test_up_order_schedule(sq, sk):
 
 
 def test_up_order_config():
-    """``det_up`` only for deterministic masked runs (ValueError otherwise); off by default
-    (``DET_UP``, an experiment); make_config takes it from ``DET_UP``."""
-    from fa4.bwd import sm90
+    """``det_up`` only for deterministic masked runs (ValueError otherwise); the default of causal
+    deterministic runs (``DET_UP``, v0.19), not of local windows (an option there); make_config takes
+    it from ``DET_UP``. Its launch sections are the non-deterministic causal kernel's (bounded by L2
+    bytes, Note [Causal sections]), unless ``det_section`` overrides them."""
+    from fa4.bwd import common, sm90
 
     def cfg(det=True, **kw):
         return sm90.make_config(AttnProblem("bf16", 1, 4096, 4096, 8, 8, 128, 128, 128**-0.5, **kw), None,
                                 "sm_90a", det)
 
-    assert not sm90.DET_UP and not cfg(causal=True).det_up
+    assert sm90.DET_UP and cfg(causal=True).det_up
+    assert not cfg(local=True, window_left=256, window_right=0).det_up
+    gqa = sm90.make_config(AttnProblem("bf16", 1, 4096, 4096, 8, 2, 128, 128, 128**-0.5, causal=True), None,
+                           "sm_90a", True)
+    assert not gqa.det_up and not sm90.DET_UP_GQA  # GQA keeps the down order (measured, v0.19)
+    # The same sections as without determinism: d128 s4k 8 pairs, s16k 2, s1k 16; d64 s8k 8; d256 s8k 2.
+    order = sm90.LAUNCH_ORDER
+    for hd, s, want in ((128, 4096, 8), (128, 16384, 2), (128, 1024, 16), (64, 8192, 8), (256, 8192, 2)):
+        p = AttnProblem("bf16", 16384 // s, s, s, 2048 // hd, 2048 // hd, hd, hd, hd**-0.5, causal=True)
+        det, free = (sm90.make_config(p, None, "sm_90a", d) for d in (True, False))
+        assert det.det_up
+        pairs = p.batch * p.heads_k
+        secs = [common.launch_sections(c, order, pairs, s, s, 1, hd, hd) for c in (det, free)]
+        assert secs == [want, want], (hd, s, secs)
+        down = dataclasses.replace(det, det_up=False)
+        assert common.launch_sections(down, order, pairs, s, s, 1, hd, hd) != want or want == 16
+        forced = dataclasses.replace(order, det_section=4)
+        assert common.launch_sections(det, forced, pairs, s, s, 1, hd, hd) == min(4, pairs)
     with pytest.raises(ValueError, match="det_up"):
         sm90.FlashBwdSm90.can_implement(dataclasses.replace(cfg(), det_up=True))
     with pytest.raises(ValueError, match="det_up"):

@@ -443,6 +443,7 @@ def test_bwd_sm90_step_cursor_same_bits(d, mask, det, monkeypatch, hang_watchdog
               window_size=_window(mask, vb.max_seqlen_q, vb.max_seqlen_k), deterministic=bool(det))
     g = torch.randn(vb.q.shape, device="cuda", dtype=vb.q.dtype)
     monkeypatch.setattr(sm90, "DET_UP", det == "up")
+    monkeypatch.setattr(sm90, "DET_UP_LOCAL", det == "up")
     make = sm90.make_config
     got = {}
     try:
@@ -579,10 +580,14 @@ def test_bwd_sm90_first_store_claims(d, mask, shape, monkeypatch, hang_watchdog)
     dq: the accumulator is NaN-filled, conftest). ``wide``: 16 heads of s 2048, every K block of a
     pair starting at the same m_block without a mask (the claims contend); ``rows_without_keys``:
     s_q 700 > s_k 300, causal rows that see no key (their tiles never written, dq = 0 from the slot
-    counter); ``varlen``: sequences of several lengths with seqused_k, GQA 6/2."""
+    counter); ``varlen``: sequences of several lengths with seqused_k, GQA 6/2. ``wide`` walks the
+    rotated order without a mask (CLAIM_ROTATE, an option), the others the plain one."""
+    from fa4.bwd import sm90
+
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the sm90 kernels need compute capability 9.x")
     hang_watchdog()
+    monkeypatch.setattr(sm90, "CLAIM_ROTATE", shape == "wide")
     opts = fa4.KernelOptions(arch="sm90")
     if shape == "varlen":
         vb = random_varlen(4, 900, 6, 2, d, torch.bfloat16, "cuda", max_seqlen_k=1300, with_seqused_k=True,
@@ -721,6 +726,7 @@ def test_bwd_sm90_up_order(d, mask, layout, monkeypatch, hang_watchdog):
     run, (q, k, v), g, kw = _deterministic_run(layout, d, mask, opts, (1000, 1500), (900, 1300),
                                                d + (0 if layout == "dense" else 1))
     monkeypatch.setattr(sm90, "DET_UP", True)
+    monkeypatch.setattr(sm90, "DET_UP_LOCAL", True)
     fa4.ops._plans.clear()
     up = _same_bits_over_runs(run, 5, "up order")
     monkeypatch.setattr(sm90.LAUNCH_ORDER, "det_section", 1)
@@ -729,6 +735,7 @@ def test_bwd_sm90_up_order(d, mask, layout, monkeypatch, hang_watchdog):
         assert torch.equal(a, b), f"{name} depends on the launch sections in the up order"
     monkeypatch.setattr(sm90.LAUNCH_ORDER, "det_section", None)
     monkeypatch.setattr(sm90, "DET_UP", False)
+    monkeypatch.setattr(sm90, "DET_UP_LOCAL", False)
     fa4.ops._plans.clear()
     down = run()
     fa4.ops._plans.clear()

@@ -337,3 +337,31 @@ def test_first_store_is_refused_by_name_where_it_cannot_run():
                 sm90.make_config(P(128), KernelOptions(bwd_two_cta=True), "sm_90a")):
         with pytest.raises(ValueError, match="dq_first_store"):
             sm90.FlashBwdSm90.can_implement(dataclasses.replace(cfg, dq_first_store=True))
+
+
+def test_claims_walk_the_rotated_order_without_a_mask(monkeypatch):
+    """With the claims of Note [First store] (DQ_FIRST_STORE[False] on) and CLAIM_ROTATE (an option) a
+    non-deterministic run without a mask takes the rotated order, so the K blocks of a pair do not claim the same slot
+    at once; with a mask, or with CLAIM_ROTATE off, or without the claims, the plain order. The kernel
+    refuses the rotated order for a non-deterministic config without the claims, naming the field."""
+    import dataclasses
+
+    P = common.representative_problem
+    plain = sm90.make_config(P(128), None, "sm_90a")
+    assert not plain.det_rotate and not plain.dq_first_store
+    with pytest.raises(ValueError, match="det_rotate"):
+        sm90.FlashBwdSm90.can_implement(dataclasses.replace(plain, det_rotate=True))
+    monkeypatch.setitem(sm90.DQ_FIRST_STORE, False, True)
+    monkeypatch.setattr(sm90, "CLAIM_ROTATE", True)
+    for hd in (64, 128):
+        cfg = sm90.make_config(P(hd), None, "sm_90a")
+        assert cfg.dq_first_store and cfg.det_rotate and not cfg.deterministic, hd
+        assert cfg.lane_slots == (hd >= sm90.LANE_SLOTS_MIN_HD)
+        sm90.FlashBwdSm90.can_implement(cfg)
+        # The sections of the rotated order: one pair, the non-deterministic default without a mask too.
+        assert common.launch_sections(cfg, sm90.LAUNCH_ORDER, 64, 8192, 8192, 1, hd, hd) == 1
+        causal = sm90.make_config(P(hd, causal=True), None, "sm_90a")
+        assert causal.dq_first_store and not causal.det_rotate
+    monkeypatch.setattr(sm90, "CLAIM_ROTATE", False)
+    assert not sm90.make_config(P(128), None, "sm_90a").det_rotate
+    assert any(v.dq_first_store and v.det_rotate and not v.deterministic for v in sm90.variants("sm_90a"))

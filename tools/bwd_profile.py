@@ -3,7 +3,9 @@ peers on grid rows, timed as ``fa4.bench`` times the backward (median of do_benc
 ``torch.autograd.grad``) and profiled with ``torch.profiler`` (the average device time of each
 kernel of one call, and the call's device span). ``python3 tools/bwd_profile.py [--claims] d,s,causal
 ...``, e.g. ``128,1024,1 128,8192,0``; ``--claims`` adds ``fa4-claims``, the non-deterministic kernel
-with the first store (Note [First store] in fa4/bwd/sm90.py, ``DQ_FIRST_STORE[False]``)."""
+with the first store (Note [First store] in fa4/bwd/sm90.py, ``DQ_FIRST_STORE[False]``; in the rotated
+order without a mask, ``CLAIM_ROTATE``), and ``fa4-claims-plain``, the same in the plain order (rows
+without a mask only)."""
 import sys
 
 import torch
@@ -20,8 +22,8 @@ def main(rows, claims=False):
     impls = [fa4_impl({}, False), fa4_impl({}, True, name="fa4-det"), flash_attn4_impl(False),
              sdpa_impl("cudnn", "CUDNN_ATTENTION")]
     if claims:
-        impls.insert(1, fa4_impl({}, False, name="fa4-claims"))
-    default = sm90.DQ_FIRST_STORE[False]
+        impls[1:1] = [fa4_impl({}, False, name="fa4-claims"), fa4_impl({}, False, name="fa4-claims-plain")]
+    default, rotate = sm90.DQ_FIRST_STORE[False], sm90.CLAIM_ROTATE
     for row in rows:
         d, s, causal = (int(x) for x in row.split(","))
         shape = grid_shape(d, s, bool(causal))
@@ -29,8 +31,11 @@ def main(rows, claims=False):
         dout = torch.randn_like(q)
         print(f"== d{d} s{s} causal={bool(causal)} (b{shape.batch} h{shape.heads})", flush=True)
         for impl in impls:
-            forced = impl.name == "fa4-claims"
+            if impl.name == "fa4-claims-plain" and causal:
+                continue  # (a mask: the plain order either way)
+            forced = impl.name.startswith("fa4-claims")
             sm90.DQ_FIRST_STORE[False] = forced or default  # the non-deterministic first store (plans re-made)
+            sm90.CLAIM_ROTATE = impl.name == "fa4-claims" or (rotate and impl.name != "fa4-claims-plain")
             fa4.ops._plans.clear()
             try:
                 prepared = impl.setup(q, k, v, bool(causal), True)

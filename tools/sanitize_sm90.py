@@ -4,7 +4,7 @@
 
 Forward: the persistent (static and dynamic, on a 3-CTA grid) and the plain grid, 1/2/3 consumer warpgroups, causal / local, varlen with
 a length-1 sequence, an unpadded head dim, O through TMA and through plain stores. Backward: P/dS in
-registers (d128, GQA, causal) and through smem (d256), deterministic, varlen with seqused_k, 128-row
+registers (d128, GQA, causal) and through smem (d256), deterministic (the up order without GQA), varlen with seqused_k, 128-row
 steps (d64), the two-CTA backward (d128 causal GQA, d64, varlen with seqused_k). Issue 9: pack GQA, split-KV with the combine, paged K/V, seqused_q."""
 import dataclasses
 
@@ -48,6 +48,11 @@ for b, sq, sk, h, hk, d, causal, det, opts in [
     (1, 300, 300, 4, 2, 128, False, True, SM90),  # the rotated deterministic order
     (1, 300, 200, 4, 2, 256, True, True, SM90),  # the ordered direct dQ adds (Note [Ordered direct dQ])
     (1, 200, 300, 4, 2, 256, False, True, SM90),  # the same, rotated order
+    # The up order (Note [Up order]), the causal deterministic default without GQA: the writer warp
+    # (d128; d64's 128-row steps) and the ordered direct adds (d256).
+    (1, 300, 300, 2, 2, 128, True, True, SM90),
+    (1, 257, 300, 2, 2, 64, True, True, SM90),
+    (1, 300, 200, 2, 2, 256, True, True, SM90),
     (1, 257, 129, 2, 1, 64, False, False, fa4.KernelOptions(arch="sm90", bwd_tile_m=128)),
     # The two-CTA backward (Note [Two-CTA dQ]): 3 K blocks (the second pair's block past the keys),
     # causal GQA at d128; d64's 64-row halves.

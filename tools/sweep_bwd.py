@@ -200,6 +200,32 @@ PLANS = {
                               ("d128 s8192 causal det", ("", "step_cursor=True")),
                               ("d128 s1024 causal", ("", "step_cursor=True")))
             for v in vs],
+    # v0.19: the up order (Note [Up order]) with the small sections that the L2 bound gives the
+    # non-deterministic causal kernel (which walks up too; Note [Causal sections]): v0.12 measured the
+    # up order only with the deterministic sections (16 / 64 pairs), 15-29% slower than the down order.
+    # The non-deterministic rows for the ratio. Two interleaved rounds.
+    "v37": [f"{shape} {v}".strip() for _ in range(2)
+            for shape, vs in (("d128 s4096 causal det", ("", "det_up=True", "det_up=True section=8",
+                                                         "det_up=True section=4", "det_up=True section=2")),
+                              ("d128 s8192 causal det", ("", "det_up=True section=4", "det_up=True section=2")),
+                              ("d128 s16384 causal det", ("", "det_up=True section=2", "det_up=True section=1")),
+                              ("d128 s1024 causal det", ("", "det_up=True", "det_up=True section=16")),
+                              ("d64 s8192 causal det", ("", "det_up=True section=8", "det_up=True section=4")),
+                              ("d256 s8192 causal det", ("", "det_up=True section=2", "det_up=True section=4")),
+                              ("d128 s4096 causal", ("",)), ("d128 s8192 causal", ("",)),
+                              ("d128 s16384 causal", ("",)), ("d128 s1024 causal", ("",)),
+                              ("d64 s8192 causal", ("",)), ("d256 s8192 causal", ("",)))
+            for v in vs],
+    # v0.19, with the up order the causal deterministic default: the down order (det_up=False) on the
+    # rows v37 did not cover (GQA, s2k), d256's sections of one pair. Two interleaved rounds.
+    "v38": [f"{shape} {v}".strip() for _ in range(2)
+            for shape, vs in (("d256 s8192 causal det", ("", "section=1", "det_up=False")),
+                              ("d128 s8192 g4 causal det", ("", "det_up=False")),
+                              ("d128 s4096 g4 causal det", ("", "det_up=False")),
+                              ("d128 s2048 causal det", ("", "det_up=False")),
+                              ("d64 s2048 causal det", ("", "det_up=False")),
+                              ("d128 s8192 g4 causal", ("",)), ("d128 s2048 causal", ("",)))
+            for v in vs],
     # v0.17: the sm80 family's causal sections on the H200 (``--family sm80``): its table's 16 pairs
     # against the sm90 family's L2 picks and their neighbours. Two rounds.
     "v36": [f"{shape} {v}".strip() for _ in range(2)

@@ -38,7 +38,8 @@ Note [Causal sections]
     and a section of it leaves half the GPU to the next section's long blocks (-13%). Measured on
     sm90 on the H200 (RESULTS v0.17: 32 MB of its 60 MB); other GPUs scale the budget by their L2
     size (not measured). The sm80 family measured no gain from the bound on the H200 (v0.17) and
-    keeps its sections.
+    keeps its sections. The deterministic up order (Note [Up order]) walks up as well and takes the
+    same sections (measured, v0.19); the down order keeps its own (its blocks share each tile).
 
 Note [Deterministic dQ]
     With ``deterministic``, the additions into the dQ accumulator of each (batch, q head, m_block)
@@ -93,7 +94,8 @@ Note [Rotated order]
     kv head: block ``n`` then waits for block ``n + 1`` one step back, around the pair to itself.
 
 Note [Up order]
-    An option of the sm90 family for causal and local masks (``det_up``), flash-attn-4's order. A
+    The sm90 family's deterministic order for causal masks (``det_up``, :data:`fa4.bwd.sm90.DET_UP`;
+    an option for local windows), flash-attn-4's order. A
     block walks its m_blocks *upwards*, from its diagonal; in every slot the block with the largest
     ``n`` adds first (rank ``n_max - 1 - n``), and K block ``n`` is grid index ``x = num_x - 1 -
     n``, so a pair's shortest blocks launch first (SPT instead of LPT). A block still waits only for
@@ -103,9 +105,14 @@ Note [Up order]
     ``n`` by one publish and a slow step delays every block behind it. In the up order block ``n``
     reaches a slot two steps (at ``tile_n = 2 tile_m``) after block ``n + 1``, which is slack. The
     cost is the load balance of SPT: tools/det_model.py puts it at about 6% at s8k, and the waits of
-    the down order at 2-9% once step times vary. On the H200 it measured 15-29% slower than the
-    down order (d128 causal, s4k / s8k, v0.12), so it is off (``DET_UP``): the model misses what
-    makes it slow.
+    the down order at 2-9% once step times vary. On the H200 it first measured 15-29% slower than
+    the down order (d128 causal, s4k / s8k, v0.12), with the deterministic sections (16 or more
+    pairs). What the model missed is the L2: the down order's blocks in flight read the same Q / dO
+    tile at the same step, while the up order's read tiles two steps apart, so a section's Q, dO and
+    dQ accumulator must stay in L2 between them, as in the non-deterministic kernel, which walks up
+    too. With that kernel's sections (bounded by L2 bytes, Note [Causal sections]:
+    :meth:`LaunchOrder.causal_sections`) the up order beats the down order on every causal row
+    measured (+1-8%, docs/RESULTS.md v0.19), and it is the causal default.
 """
 
 from __future__ import annotations
@@ -151,7 +158,7 @@ class LaunchOrder:
 
     def section_pairs(self, num_pairs: int, causal: bool, deterministic: bool, rotated: bool = False,
                       direct: bool = False, n_blocks: int = 0, num_sms: int = 0, head_dim: int = 64,
-                      pair_bytes: int = 0, l2_bytes: int = arch.H200_L2_BYTES) -> int:
+                      pair_bytes: int = 0, l2_bytes: int = arch.H200_L2_BYTES, up: bool = False) -> int:
         """Pairs per launch section, in [1, num_pairs]; the rotated deterministic order needs sections
         of one pair (Note [Rotated order]). ``direct``: the kernel adds dQ from registers.
         ``n_blocks`` (CTAs per pair), ``num_sms`` and ``head_dim`` (the kernel's, padded): with
@@ -161,9 +168,13 @@ class LaunchOrder:
         (:func:`pair_bytes`); with ``causal_l2_bytes``, a non-deterministic causal section holds at
         most ``causal`` pairs and about ``causal_l2_bytes`` of them, scaled by the GPU's ``l2_bytes``
         over the H200's 60 MB, and at least about one wave of CTAs (``num_sms / n_blocks`` pairs,
-        rounded to the nearest power of two) (Note [Causal sections])."""
+        rounded to the nearest power of two) (Note [Causal sections]). ``up``: the deterministic up
+        order (Note [Up order]), whose causal sections follow that same rule: its blocks walk up from
+        their diagonals as the non-deterministic ones do."""
         if rotated:
             return 1
+        if deterministic and up and causal and self.det_section is None:
+            return self.causal_sections(num_pairs, n_blocks, num_sms, pair_bytes, l2_bytes)
         if deterministic:
             det_causal = self.det_causal_direct if direct and self.det_causal_direct is not None else self.det_causal
             if causal and not direct and self.det_causal_waves and n_blocks > 0 and num_sms > 0:
@@ -173,12 +184,21 @@ class LaunchOrder:
                 det_causal = max(det_causal, nearest_pow2(pairs))
             want = self.det_section if self.det_section is not None else (
                 det_causal if causal else self.det_no_mask)
+        elif causal and self.section is None:
+            return self.causal_sections(num_pairs, n_blocks, num_sms, pair_bytes, l2_bytes)
         else:
-            want = self.section if self.section is not None else (self.causal if causal else 1)
-            if causal and self.section is None and self.causal_l2_bytes and pair_bytes > 0:
-                fit = nearest_pow2(self.causal_l2_bytes * l2_bytes / arch.H200_L2_BYTES / pair_bytes)
-                wave = nearest_pow2(num_sms / n_blocks) if num_sms > 0 and n_blocks > 0 else 1
-                want = min(want, max(fit, wave))
+            want = self.section if self.section is not None else 1
+        return max(1, min(want, num_pairs))
+
+    def causal_sections(self, num_pairs: int, n_blocks: int, num_sms: int, pair_bytes: int, l2_bytes: int) -> int:
+        """Pairs per section of a causal walk up from the diagonal (Note [Causal sections]): at most
+        ``causal``; with ``causal_l2_bytes``, about that budget of ``pair_bytes`` (scaled by ``l2_bytes``)
+        and at least about a wave of CTAs."""
+        want = self.causal
+        if self.causal_l2_bytes and pair_bytes > 0:
+            fit = nearest_pow2(self.causal_l2_bytes * l2_bytes / arch.H200_L2_BYTES / pair_bytes)
+            wave = nearest_pow2(num_sms / n_blocks) if num_sms > 0 and n_blocks > 0 else 1
+            want = min(want, max(fit, wave))
         return max(1, min(want, num_pairs))
 
 
@@ -197,7 +217,7 @@ def launch_sections(cfg, order: LaunchOrder, num_pairs: int, max_seqlen_k: int, 
         num_pairs, cfg.causal, cfg.deterministic, cfg.det_rotate, getattr(cfg, "dq_direct", False),
         n_blocks=-(-max_seqlen_k // cfg.tile_n), num_sms=arch.num_sms(device_index), head_dim=cfg.head_dim,
         pair_bytes=pair_bytes(seqlen_q, group, head_dim, head_dim_v, elem_bytes),
-        l2_bytes=arch.l2_bytes(device_index))
+        l2_bytes=arch.l2_bytes(device_index), up=getattr(cfg, "det_up", False))
 
 
 def pair_bytes(seqlen_q: int, group: int, head_dim: int, head_dim_v: int, elem_bytes: int = 2) -> int:
@@ -449,7 +469,7 @@ def deterministic_schedule(
     pairs = heads_k * num_batch
     if section is None:
         sec = (order or LaunchOrder(1, 1, 1)).section_pairs(pairs, causal, True, rotated, direct, n_blocks=num_x,
-                                                            num_sms=num_sms, head_dim=head_dim)
+                                                            num_sms=num_sms, head_dim=head_dim, up=up)
     else:
         sec = max(1, min(section, pairs))
     visits, n_of, ctas = [], [], []

@@ -304,8 +304,8 @@ class BwdSm90Config(AttnKernelConfig):
     the writer publishes a step's slot after spinning for the next step's (Note [Publish lag]).
     ``publish_peek`` (deterministic, not with ``publish_lag``): Note [Publish peek]; the default of
     every deterministic run with the writer warp (:data:`PUBLISH_PEEK`, docs/RESULTS.md v0.14).
-    ``det_rotate`` (deterministic, no mask): the rotated order of Note [Rotated order] in
-    fa4/bwd/common.py. ``dq_direct``: the consumers add their dQ fragments into
+    ``det_rotate`` (deterministic, or the claims of ``dq_first_store``; no mask): the rotated order of
+    Note [Rotated order] in fa4/bwd/common.py (:data:`CLAIM_ROTATE`). ``dq_direct``: the consumers add their dQ fragments into
     dq_accum with ``red.global.add.v4.f32`` from registers, no sdQ tile and no writer warp (Note
     [Direct dQ]; deterministic: in order, Note [Ordered direct dQ]). ``ds_from_p16``: dS^T from the 16-bit P^T (the dV wgmma's operand), not the
     float32 one, which frees S^T's registers early: d64's 128-row steps fit 240 registers without
@@ -547,9 +547,9 @@ class FlashBwdSm90:
         if cfg.q_stages not in (1, 2) or cfg.pds_stages not in (1, 2) or cfg.dq_stages not in (1, 2):
             raise ValueError(f"{name}.q_stages / pds_stages / dq_stages must be 1 or 2, got {cfg.q_stages} / "
                              f"{cfg.pds_stages} / {cfg.dq_stages}")
-        if cfg.det_rotate and not (cfg.deterministic and not cfg.causal and not cfg.local):
-            raise ValueError(f"{name}.det_rotate (Note [Rotated order]) needs deterministic=True and no causal or "
-                             "local mask")
+        if cfg.det_rotate and not ((cfg.deterministic or cfg.dq_first_store) and not cfg.causal and not cfg.local):
+            raise ValueError(f"{name}.det_rotate (Note [Rotated order]) needs deterministic=True (or the claims of "
+                             "dq_first_store) and no causal or local mask")
         if cfg.step_cursor and cfg.det_rotate:
             raise ValueError(f"{name}.step_cursor follows the plain and up orders, not det_rotate")
         if cfg.dv_late and not cfg.dkv_rs:
@@ -1645,11 +1645,33 @@ order keeps the plain spin."""
 DET_ROTATE = True
 """Use the rotated deterministic order where it is safe (:func:`rotate_ok`); False: never."""
 
-DET_UP = False
-"""Deterministic causal / local runs take the up order (Note [Up order] in fa4/bwd/common.py,
-``det_up``). Off: v0.12, one lease, causal deterministic d128, down -> up order: s8k 499.8 -> 356.5
-TFLOP/s, s4k 460.3 -> 393.0 (its 12 GPU tests passed: bit-exact, correct, independent of the
-sections). tools/det_model.py had put its cost at the 6% load balance of SPT."""
+DET_UP = True
+"""Deterministic causal runs without GQA take the up order (Note [Up order] in fa4/bwd/common.py, ``det_up``) with
+the non-deterministic causal kernel's sections (Note [Causal sections]); local windows keep the down
+order (the up order is an option there, not measured). v0.12 measured the up order with the
+deterministic sections (16 / 64 pairs): 15-29% slower than the down order (d128 s8k 499.8 -> 356.5
+TFLOP/s, s4k 460.3 -> 393.0). v0.19 (sweep v37, one lease, two interleaved rounds, TFLOP/s, down order
+-> up order with the L2-bounded sections): d128 s1k 356.5 / 342.6 -> 361.6 / 352.0 (16 pairs), s4k
+500.0 / 487.5 -> 511.7 / 504.8 (8), s8k 527.1 / 493.4 -> 542.3 / 533.0 (4), s16k 549.4 / 554.9 -> 563.1 /
+556.9 (2); d64 s8k 462.8 / 455.2 -> 489.7 / 477.6 (8); d256 s8k (the ordered direct adds) 360.7 / 343.9
+-> 375.4 / 360.8 (2). The up order at the deterministic sections lost again in the same run (d128 s4k,
+16 pairs: 450.1 / 443.1), and at d256 4 pairs lost (325.1 / 315.1): the order wants the L2 bound, as
+the non-deterministic kernel's (which walks up too) does. Sweep v38 (same lease, two rounds): d256 s8k
+372.6 / 367.2 against the down order's 356.6 / 334.7 (one pair per section: 373.5 / 341.8); d64 s2k 382.9
+/ 364.9 against 367.0 / 361.6; d128 s2k 366.2 / 419.4 against 418.5 / 400.4 (noise). With GQA it lost
+by 31%: :data:`DET_UP_GQA`."""
+
+DET_UP_LOCAL = False
+"""Deterministic runs with a local window take the up order too (an option: not measured there)."""
+
+DET_UP_GQA = False
+"""Deterministic causal runs with GQA / MQA (more than one q head per kv head) take the up order too.
+Off: v0.19 (sweep v38, one lease, two interleaved rounds, TFLOP/s, up -> down order), four q heads per
+kv head, d128 causal s8k 358.9 / 350.9 -> 522.5 / 524.2, s4k 325.3 / 330.0 -> 474.7 / 480.7 (the
+non-deterministic kernel: s8k 533.5 / 509.2). A pair's steps there cover its group's rows, four times
+the Q, dO and dQ accumulator bytes, and its sections (one wave of CTAs, 2 pairs at s8k) hold more than
+the L2 (67 MB), so the up order's blocks, which read tiles far apart, miss where the down order's,
+which read the same tile at the same step, do not. Not profiled."""
 
 DQ_FIRST_STORE = {True: True, False: False}
 """Keyed by ``deterministic``: whether runs with the dQ writer warp (not ``dq_direct``, not ``two_cta``)
@@ -1662,6 +1684,16 @@ causal 360.1 -> 365.2, s1k 588.4 -> 643.6, s4k causal 1178.6 -> 1228.9, s16k 847
 5108 -> 5091; the claim's first version, an acquire CAS waited for at the top of the step, now
 relaxed and not yet measured): the CAS and the claimant's publish (store completion, ``MEMBAR.GPU``)
 lengthen the writer's step, and without a mask every K block of a pair claims the same slot at once. Off there."""
+
+CLAIM_ROTATE = False
+"""Non-deterministic runs with the first store (the claims of Note [First store], ``DQ_FIRST_STORE[False]``)
+walk the rotated order of Note [Rotated order] where :func:`rotate_ok` allows it (no mask), not the plain
+one, so that the K blocks of a pair do not all claim the same slot at once (block ``n`` starts ``n *
+stagger`` m_blocks further on). An option, off: v0.19 (one lease, torch.profiler main-kernel us, the
+default -> relaxed claims rotated / plain): d128 s1k 614.2 -> 651.9 / 641.9, s16k 8487 -> 8540 / 8756; d64
+s8k 5244 -> 5154 / 4985 (that row's default read 5108 in v0.18). With a causal mask (the plain order
+either way) s1k 360.3 -> 383.1, s4k 1175.9 -> 1208.2: the claims cost the main kernel about what the
+unzeroed accumulator saves the preprocess (26 us), so they stay off (:data:`DQ_FIRST_STORE`)."""
 
 DET_DIRECT = True
 """Deterministic runs of the head dims whose table takes ``dq_direct`` keep it, with the ordered
@@ -1702,10 +1734,14 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
     if opts.bwd_tile_n is not None and opts.bwd_tile_n != tile_n:
         raise ValueError(f"KernelOptions.bwd_tile_n={opts.bwd_tile_n}: the sm90 backward at head_dim "
                          f"{problem.head_dim} uses tile_n {tile_n}")
-    rotated = bool(deterministic) and rotate and rotate_ok(problem, tile_n)
     writer = bool(deterministic) and not (direct and det_direct)  # the ordered writer warp
     two_cta = bool(opts.bwd_two_cta) if opts.bwd_two_cta is not None else TWO_CTA.get(hd, False) and not deterministic
     dq_direct = direct and (det_direct or not deterministic)
+    first_store = DQ_FIRST_STORE[bool(deterministic)] and not dq_direct and not two_cta
+    # Claims (the first store without determinism) walk the rotated order too, where it serves: the
+    # K blocks of a pair then reach each slot at different steps (:data:`CLAIM_ROTATE`).
+    claims_rotate = first_store and not deterministic and CLAIM_ROTATE
+    rotated = (bool(deterministic) or claims_rotate) and rotate and rotate_ok(problem, tile_n)
     cfg = BwdSm90Config(
         # dv_late belongs to the table's tile_m (it loses at 64 rows, v0.13).
         arch=arch, dtype=problem.dtype, head_dim=hd, head_dim_v=hd_v if hd_v != hd else 0,
@@ -1717,8 +1753,9 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
             problem.causal and not problem.local and -(-problem.seqlen_k // tile_n) >= DET_LAG_MAX_BLOCKS),
         publish_peek=(writer and PUBLISH_PEEK) or (bool(deterministic) and not writer and not rotated and SEQ_PEEK),
         det_rotate=rotated, lane_slots=rotated and hd >= LANE_SLOTS_MIN_HD,
-        det_up=bool(deterministic) and (problem.causal or problem.local) and DET_UP,
-        dq_direct=dq_direct, dq_first_store=DQ_FIRST_STORE[bool(deterministic)] and not dq_direct and not two_cta,
+        det_up=bool(deterministic) and ((problem.causal and DET_UP) or (problem.local and DET_UP_LOCAL))
+        and (problem.heads == problem.heads_k or DET_UP_GQA),
+        dq_direct=dq_direct, dq_first_store=first_store,
         # Not with more than 64 rows per step (``rows_late``): measured 7-16% slower at d64 (v0.11).
         stats_early=1 if hd <= STATS_EARLY_MAX_HD and steps <= 64 else 0,
         **BwdSm90Config.problem_flags(problem))
@@ -1755,12 +1792,15 @@ def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: B
     sec = common.launch_sections(cfg, LAUNCH_ORDER, pairs, problem.seqlen_k, problem.seqlen_q,
                                  problem.heads // problem.heads_k, problem.head_dim, problem.head_dim_v)
     why = (f" (their Q, dO and dQ accumulator bounded by {LAUNCH_ORDER.causal_l2_bytes >> 20} MB per "
-           f"{common.arch.H200_L2_BYTES >> 20} MB of L2, and at least about a wave of CTAs: Note [Causal sections])" if cfg.causal and not cfg.deterministic and LAUNCH_ORDER.section is None else "")
+           f"{common.arch.H200_L2_BYTES >> 20} MB of L2, and at least about a wave of CTAs: Note [Causal sections])"
+           if cfg.causal and ((not cfg.deterministic and LAUNCH_ORDER.section is None)
+                              or (cfg.det_up and LAUNCH_ORDER.det_section is None)) else "")
     notes.append(f"launch order: sections of {sec} of the {pairs} (batch, kv head) pairs{why}")
     if cfg.deterministic:
         order = ("the rotated order (Note [Rotated order] in fa4/bwd/common.py)" if cfg.det_rotate else
-                 "the up order: m_blocks walked up from the diagonal, the shortest K blocks launched first "
-                 "(Note [Up order] in fa4/bwd/common.py)" if cfg.det_up else
+                 "the up order: m_blocks walked up from the diagonal, the shortest K blocks launched first, "
+                 "sections bounded by L2 bytes as without determinism (Note [Up order] in fa4/bwd/common.py)"
+                 if cfg.det_up else
                  "K blocks in launch order, m_blocks walked down (Note [Deterministic dQ])")
         notes.append(f"deterministic dQ: {order}")
         free = make_config(problem, options, cfg.arch, False)
@@ -1854,11 +1894,12 @@ def variants(arch: str) -> list[BwdSm90Config]:
     out.append(replace(out[1], stats_early=2))
     out.append(replace(out[0], stats_early=1))  # lse ahead with the d64 default's 128-row steps (rows_late)
     out.append(replace(make_config(P(256, causal=True), None, arch, True), stats_early=1))
-    # The up order (Note [Up order], an option): the writer warp (causal, and local varlen with
-    # seqused_k) and the sequencing warp of the ordered direct adds.
-    out.append(replace(out[2], det_up=True))
+    # The up order (Note [Up order]) is the causal default (out[2]); the down order, now an option
+    # there: the writer warp and the sequencing warp of the ordered direct adds; the up order under
+    # a local window (an option: local varlen with seqused_k).
+    out.append(replace(out[2], det_up=False))
     out.append(replace(make_config(P(128, local=True, varlen=True, seqused_k=True), None, arch, True), det_up=True))
-    out.append(replace(make_config(P(256, causal=True), None, arch, True), det_up=True))
+    out.append(replace(make_config(P(256, causal=True), None, arch, True), det_up=False))
     # d64's 128-row steps with dS from the 16-bit P and the dV wgmma right after P^T (ds_from_p16,
     # the d64 default until v0.13), plain and causal deterministic; dv_late at d128's 64-row steps.
     out.append(replace(out[0], ds_from_p16=True, dv_late=False))
@@ -1868,12 +1909,15 @@ def variants(arch: str) -> list[BwdSm90Config]:
     # masked steps by index), deterministic causal, the up order, local, and the direct adds.
     out.append(replace(out[1], step_cursor=True))
     out.append(replace(out[2], step_cursor=True))
-    out.append(replace(out[2], step_cursor=True, det_up=True))
+    out.append(replace(out[2], step_cursor=True, det_up=False))
     out.append(replace(make_config(P(128, local=True, varlen=True, seqused_k=True), None, arch), step_cursor=True))
     out.append(replace(make_config(P(256, causal=True), None, arch, True), step_cursor=True))
     # The first store without determinism (claims, Note [First store]; an option): plain d128 and
     # causal varlen d64; deterministic with every tile added into a zeroed dq_accum (the rule before v0.18).
     out.append(replace(out[1], dq_first_store=True))
     out.append(replace(make_config(P(64, causal=True, varlen=True), None, arch), dq_first_store=True))
+    # ... in the rotated order (CLAIM_ROTATE, an option; no mask): d128 with lane slots, d64 without.
+    out.append(replace(out[1], dq_first_store=True, det_rotate=True, lane_slots=True))
+    out.append(replace(out[0], dq_first_store=True, det_rotate=True))
     out.append(replace(out[2], dq_first_store=False))
     return out
