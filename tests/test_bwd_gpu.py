@@ -710,6 +710,42 @@ def test_bwd_sm90_empty_tiles_varlen(d, det):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("heads", [(4, 4), (6, 2)])
+@pytest.mark.parametrize("causal", [True, False])
+def test_bwd_sm90_deterministic_batch_invariant(d, heads, causal, monkeypatch, hang_watchdog):
+    """A sample's deterministic gradients do not depend on the rest of its batch: every slot's adds
+    come in the order of their K blocks (Note [Deterministic dQ]; the up order, Note [Up order], the
+    causal default without GQA; the down order with GQA; the rotated order without a mask), not in
+    launch order, so the sections that a batch size brings do not change them. Sample 0 alone and in
+    a batch of 5 (more pairs, more sections), and with sections of one pair: the same bits."""
+    from fa4.bwd import sm90
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the sm90 kernels need compute capability 9.x")
+    hang_watchdog()
+    h, hk = heads
+    q, k, v = random_qkv(5, 1000, 1000, h, hk, d, torch.bfloat16, "cuda", seed=d + h)
+    g = torch.randn(q.shape, device="cuda", dtype=q.dtype)
+    opts = fa4.KernelOptions(arch="sm90")
+
+    def grads(b):
+        qq, kk, vv = (t[:b].detach().clone().requires_grad_() for t in (q, k, v))
+        out, _ = fa4.flash_attn_func(qq, kk, vv, causal=causal, deterministic=True, num_splits=1,
+                                     kernel_options=opts)
+        return torch.autograd.grad(out, (qq, kk, vv), g[:b])
+
+    alone, batch = grads(1), grads(5)
+    monkeypatch.setattr(sm90.LAUNCH_ORDER, "det_section", 1)
+    fa4.ops._plans.clear()
+    one_pair = grads(5)
+    fa4.ops._plans.clear()
+    for name, a, b, c in zip(("dq", "dk", "dv"), alone, batch, one_pair):
+        assert torch.equal(a[0], b[0]), f"{name} of sample 0 depends on its batch"
+        assert torch.equal(b, c), f"{name} depends on the launch sections"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("mask", ["causal", "local"])
 @pytest.mark.parametrize("layout", ["dense", "varlen"])
 def test_bwd_sm90_up_order(d, mask, layout, monkeypatch, hang_watchdog):
