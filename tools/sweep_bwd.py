@@ -216,6 +216,15 @@ PLANS = {
                               ("d128 s16384 causal", ("",)), ("d128 s1024 causal", ("",)),
                               ("d64 s8192 causal", ("",)), ("d256 s8192 causal", ("",)))
             for v in vs],
+    # v0.19: the claims at d64 (one profile read them 2-5% faster there, a row that moved 3% between
+    # leases) in the plain and rotated walks; the up order with GQA in sections bounded by bytes
+    # only (one or two pairs, half a wave or less). Three interleaved rounds.
+    "v39": [f"{shape} {v}".strip() for _ in range(3)
+            for shape, vs in (("d64 s8192", ("", "dq_first_store=True", "dq_first_store=True det_rotate=True")),
+                              ("d64 s8192 causal", ("", "dq_first_store=True")),
+                              ("d128 s8192 g4 causal det", ("", "det_up=True section=1", "det_up=True section=2")),
+                              ("d128 s4096 g4 causal det", ("", "det_up=True section=1", "det_up=True section=2")))
+            for v in vs],
     # v0.19, with the up order the causal deterministic default: the down order (det_up=False) on the
     # rows v37 did not cover (GQA, s2k), d256's sections of one pair. Two interleaved rounds.
     "v38": [f"{shape} {v}".strip() for _ in range(2)

@@ -1668,10 +1668,11 @@ DET_UP_GQA = False
 """Deterministic causal runs with GQA / MQA (more than one q head per kv head) take the up order too.
 Off: v0.19 (sweep v38, one lease, two interleaved rounds, TFLOP/s, up -> down order), four q heads per
 kv head, d128 causal s8k 358.9 / 350.9 -> 522.5 / 524.2, s4k 325.3 / 330.0 -> 474.7 / 480.7 (the
-non-deterministic kernel: s8k 533.5 / 509.2). A pair's steps there cover its group's rows, four times
-the Q, dO and dQ accumulator bytes, and its sections (one wave of CTAs, 2 pairs at s8k) hold more than
-the L2 (67 MB), so the up order's blocks, which read tiles far apart, miss where the down order's,
-which read the same tile at the same step, do not. Not profiled."""
+non-deterministic kernel: s8k 533.5 / 509.2); with sections of one or two pairs (sweep v39) s8k 375.0 /
+356.6 / 368.0 and 358.2 / 344.7 / 353.9 against 525.6 / 515.0 / 517.6, so not the L2: a GQA block walks
+its m_blocks once per q head, so its longest block (512 steps at s8k, about 1.2 ms of the kernel's 2.6)
+is four times longer against the grid, and the up order launches it last (its SPT tail, Note [Up
+order])."""
 
 DQ_FIRST_STORE = {True: True, False: False}
 """Keyed by ``deterministic``: whether runs with the dQ writer warp (not ``dq_direct``, not ``two_cta``)
