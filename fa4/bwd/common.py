@@ -112,7 +112,10 @@ Note [Up order]
     dQ accumulator must stay in L2 between them, as in the non-deterministic kernel, which walks up
     too. With that kernel's sections (bounded by L2 bytes, Note [Causal sections]:
     :meth:`LaunchOrder.causal_sections`) the up order beats the down order on every causal row
-    measured (+1-8%, docs/RESULTS.md v0.19), and it is the causal default.
+    measured (+1-8%, docs/RESULTS.md v0.19), and it is the causal default. What it still costs is
+    the SPT tail: each pair's longest block launches last, about 5% of the grid at d128 s8k-s16k
+    (the model's 6%), and with GQA, where a block walks its m_blocks once per q head of the group,
+    30%: GQA keeps the down order (:data:`fa4.bwd.sm90.DET_UP_GQA`).
 """
 
 from __future__ import annotations
