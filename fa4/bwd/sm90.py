@@ -1802,7 +1802,9 @@ def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: B
                  "the up order: m_blocks walked up from the diagonal, the shortest K blocks launched first, "
                  "sections bounded by L2 bytes as without determinism (Note [Up order] in fa4/bwd/common.py)"
                  if cfg.det_up else
-                 "K blocks in launch order, m_blocks walked down (Note [Deterministic dQ])")
+                 "K blocks in launch order, m_blocks walked down (Note [Deterministic dQ])"
+                 + (" (with GQA the up order's shortest-first launch leaves a long tail: DET_UP_GQA)"
+                    if cfg.causal and problem.heads != problem.heads_k and DET_UP and not DET_UP_GQA else ""))
         notes.append(f"deterministic dQ: {order}")
         free = make_config(problem, options, cfg.arch, False)
         if cfg.dq_direct:
