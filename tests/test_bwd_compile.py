@@ -614,3 +614,28 @@ def test_up_order_config():
         assert cfg(causal=True).det_up and not cfg().det_up and not cfg(False, causal=True).det_up
     finally:
         sm90.DET_UP = old
+
+
+@pytest.mark.parametrize("causal, up, rotated", [(True, True, False), (True, False, False), (False, False, True),
+                                                 (False, False, False)])
+def test_deterministic_add_order_is_the_pairs_own(causal, up, rotated):
+    """The deterministic orders add each slot's tiles in an order of K blocks that depends on the
+    (batch, kv head) pair alone, never on the launch position: the same order for pair 0 alone, in a
+    batch of five, and with any section size (the CPU side of the GPU test
+    test_bwd_sm90_deterministic_batch_invariant)."""
+    def order_of_pair0(batch, section):
+        visits, rank, ctas = common.deterministic_schedule([1000] * batch, [1000] * batch, 2, 1, 64, 128, causal,
+                                                           section=section, up=up, rotated=rotated)
+        slots = {}
+        for c, (x, hk, b, n) in enumerate(ctas):
+            if b == 0:
+                for s in visits[c]:
+                    slots.setdefault(s, []).append((rank(c, s), n))
+        return {s: [n for _, n in sorted(v)] for s, v in slots.items()}
+
+    base = order_of_pair0(1, 1)
+    assert base and all(len(v) >= 1 for v in base.values())
+    for batch, section in ((5, 1), (5, 2), (5, 16), (3, 4)):
+        if rotated and section != 1:
+            continue  # the rotated order launches sections of one pair
+        assert order_of_pair0(batch, section) == base, (batch, section)
