@@ -1897,12 +1897,12 @@ def variants(arch: str) -> list[BwdSm90Config]:
     out.append(replace(out[1], stats_early=2))
     out.append(replace(out[0], stats_early=1))  # lse ahead with the d64 default's 128-row steps (rows_late)
     out.append(replace(make_config(P(256, causal=True), None, arch, True), stats_early=1))
-    # The up order (Note [Up order]) is the causal default (out[2]); the down order, now an option
-    # there: the writer warp and the sequencing warp of the ordered direct adds; the up order under
-    # a local window (an option: local varlen with seqused_k).
-    out.append(replace(out[2], det_up=False))
+    # The up order (Note [Up order]; the causal default without GQA, whose config is the GQA
+    # problems' of these cases with det_up): the writer warp (causal, and local varlen with seqused_k,
+    # an option there) and the sequencing warp of the ordered direct adds.
+    out.append(replace(out[2], det_up=True))
     out.append(replace(make_config(P(128, local=True, varlen=True, seqused_k=True), None, arch, True), det_up=True))
-    out.append(replace(make_config(P(256, causal=True), None, arch, True), det_up=False))
+    out.append(replace(make_config(P(256, causal=True), None, arch, True), det_up=True))
     # d64's 128-row steps with dS from the 16-bit P and the dV wgmma right after P^T (ds_from_p16,
     # the d64 default until v0.13), plain and causal deterministic; dv_late at d128's 64-row steps.
     out.append(replace(out[0], ds_from_p16=True, dv_late=False))
@@ -1912,7 +1912,7 @@ def variants(arch: str) -> list[BwdSm90Config]:
     # masked steps by index), deterministic causal, the up order, local, and the direct adds.
     out.append(replace(out[1], step_cursor=True))
     out.append(replace(out[2], step_cursor=True))
-    out.append(replace(out[2], step_cursor=True, det_up=False))
+    out.append(replace(out[2], step_cursor=True, det_up=True))
     out.append(replace(make_config(P(128, local=True, varlen=True, seqused_k=True), None, arch), step_cursor=True))
     out.append(replace(make_config(P(256, causal=True), None, arch, True), step_cursor=True))
     # The first store without determinism (claims, Note [First store]; an option): plain d128 and
