@@ -170,3 +170,21 @@ def test_explain_reports_backward_launch_sections():
     assert "sections of 2 of the 8" in gqa
     (gqa_det,) = line(q16, kv, causal=True, deterministic=True)  # the down order's table: all 8 pairs
     assert "sections of 8 of the 8" in gqa_det and "Causal sections" not in gqa_det
+
+
+def test_explain_reports_the_down_tail():
+    """fa4.explain() names the deterministic up order's down tail (Note [Down tail]) with its kv head
+    count: two of 16 at d128, one of 8 at d256, none with 4 kv heads or with GQA (the down order)."""
+    def tail(q, k, **kw):
+        text = str(fa4.explain(q, k, k, capability=(9, 0), deterministic=True, **kw))
+        return [s for s in text.splitlines() if "down tail" in s]
+
+    q = torch.randn(1, 4096, 16, 128, dtype=torch.bfloat16, device="meta")
+    (d128,) = tail(q, q, causal=True)
+    assert "the last 2 of the 16 kv heads" in d128 and "Down tail" in d128
+    q256 = torch.randn(1, 4096, 8, 256, dtype=torch.bfloat16, device="meta")
+    (d256,) = tail(q256, q256, causal=True)
+    assert "the last 1 of the 8 kv heads" in d256
+    q4 = torch.randn(1, 4096, 4, 128, dtype=torch.bfloat16, device="meta")
+    assert tail(q4, q4, causal=True) == [] and tail(q, q) == []
+    assert tail(q, torch.randn(1, 4096, 4, 128, dtype=torch.bfloat16, device="meta"), causal=True) == []

@@ -574,6 +574,50 @@ def test_up_order_schedule(sq, sk):
                 assert all(ns == sorted(ns, reverse=True) for ns in firsts.values())
 
 
+@pytest.mark.parametrize("sq, sk", [(113, 203), (1000, 1000), (1024, 4096), (4096, 1024), (65, 129)])
+def test_down_tail_schedule(sq, sk):
+    """Note [Down tail] (sm90's ``det_tail``): the last ``heads_k // det_tail`` kv heads walk the
+    down order; ranks stay 0, 1, ... in launch order in every slot (runs through with 1, 3 or 7 CTAs
+    resident, with the publish lag too), every down-order CTA launches after every up-order one, no
+    section mixes the two, and the down pairs launch longest first (n ascending), the up ones
+    shortest first."""
+    from fa4.bwd import sm90
+
+    for tm, tn in ((64, 128), (128, 128)):
+        for causal, local, wl, wr in _masks(sq, sk):
+            if not (causal or local):
+                continue
+            for section, heads_k, tail in ((None, 4, 1), (1, 4, 2), (3, 4, 1), (2, 3, 1), (16, 8, 1)):
+                seqs_q, seqs_k = [sq, max(1, sq // 3), sq], [sk, max(1, sk // 2), sk]
+                visits, rank, ctas = common.deterministic_schedule(seqs_q, seqs_k, heads_k, 1, tm, tn, causal, local,
+                                                                   wl, wr, section, order=sm90.LAUNCH_ORDER, up=True,
+                                                                   tail=tail)
+                check_schedule(visits, rank, resident=(1, 3, 7))
+                simulate(visits, rank, 3, publish_lag=True)
+                downs = [hk >= heads_k - tail for _, hk, _, _ in ctas]
+                assert downs == sorted(downs) and any(downs) and not all(downs)
+                blocks: dict = {}
+                for x, hk, b, n in ctas:
+                    blocks.setdefault((hk, b), []).append(n)
+                for (hk, b), ns in blocks.items():
+                    assert ns == sorted(ns, reverse=hk < heads_k - tail), (hk, b, ns)
+    # The model (equal step times): the tail of down-order pairs takes back the SPT tail.
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("det_model", Path(__file__).parents[1] / "tools" / "det_model.py")
+    model = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(model)
+    lat = dict(resident=132, read=0.3, publish=0.6, visible=0.3, stages=2)
+    kw = dict(causal=True, section=8)  # the sections of the L2 rule at d128 s4k (test_up_order_config)
+    free = model.run(*common.deterministic_schedule([4096] * 4, [4096] * 4, 16, 1, 64, 128, **kw)[:2],
+                     ordered=False, **lat)
+    up = model.run(*common.deterministic_schedule([4096] * 4, [4096] * 4, 16, 1, 64, 128, up=True, **kw)[:2], **lat)
+    tail = model.run(*common.deterministic_schedule([4096] * 4, [4096] * 4, 16, 1, 64, 128, up=True, tail=2,
+                                                    **kw)[:2], **lat)
+    assert free / up < 0.96 and free / tail > 0.98, (free, up, tail)
+
+
 def test_up_order_config():
     """``det_up`` only for deterministic masked runs (ValueError otherwise); the default of causal
     deterministic runs (``DET_UP``, v0.19), not of local windows (an option there); make_config takes
@@ -603,6 +647,17 @@ def test_up_order_config():
         assert common.launch_sections(down, order, pairs, s, s, 1, hd, hd) != want or want == 16
         forced = dataclasses.replace(order, det_section=4)
         assert common.launch_sections(det, forced, pairs, s, s, 1, hd, hd) == min(4, pairs)
+    # det_tail (Note [Down tail]) follows det_up, as DET_TAIL says; only with det_up, not with step_cursor.
+    # The kv heads that walk down: at most det_tail, at most one in det_tail_share; none when off.
+    assert cfg(causal=True).det_tail == sm90.DET_TAIL and cfg().det_tail == 0 and gqa.det_tail == 0
+    assert (sm90.DET_TAIL, sm90.DET_TAIL_SHARE) == (2, 8)
+    assert [common.tail_heads(hk, 2, 8) for hk in (1, 4, 8, 15, 16, 32, 64)] == [0, 0, 1, 1, 2, 2, 2]
+    assert common.tail_heads(16, 0, 8) == 0 and common.tail_heads(4, 2, 2) == 2
+    sm90.FlashBwdSm90.can_implement(dataclasses.replace(cfg(causal=True), det_tail=8))
+    for bad in (dict(det_up=False, det_tail=8), dict(det_tail=8, step_cursor=True), dict(det_tail=-1),
+                dict(det_tail=2, det_tail_share=0)):
+        with pytest.raises(ValueError, match="det_tail"):
+            sm90.FlashBwdSm90.can_implement(dataclasses.replace(cfg(causal=True), **bad))
     with pytest.raises(ValueError, match="det_up"):
         sm90.FlashBwdSm90.can_implement(dataclasses.replace(cfg(), det_up=True))
     with pytest.raises(ValueError, match="det_up"):
@@ -616,16 +671,17 @@ def test_up_order_config():
         sm90.DET_UP = old
 
 
-@pytest.mark.parametrize("causal, up, rotated", [(True, True, False), (True, False, False), (False, False, True),
-                                                 (False, False, False)])
-def test_deterministic_add_order_is_the_pairs_own(causal, up, rotated):
+@pytest.mark.parametrize("causal, up, rotated, tail", [(True, True, False, 0), (True, False, False, 0),
+                                                       (False, False, True, 0), (False, False, False, 0),
+                                                       (True, True, False, 1)])
+def test_deterministic_add_order_is_the_pairs_own(causal, up, rotated, tail):
     """The deterministic orders add each slot's tiles in an order of K blocks that depends on the
     (batch, kv head) pair alone, never on the launch position: the same order for pair 0 alone, in a
     batch of five, and with any section size (the CPU side of the GPU test
     test_bwd_sm90_deterministic_batch_invariant)."""
     def order_of_pair0(batch, section):
         visits, rank, ctas = common.deterministic_schedule([1000] * batch, [1000] * batch, 2, 1, 64, 128, causal,
-                                                           section=section, up=up, rotated=rotated)
+                                                           section=section, up=up, rotated=rotated, tail=tail)
         slots = {}
         for c, (x, hk, b, n) in enumerate(ctas):
             if b == 0:

@@ -23,6 +23,7 @@ import pytest
 import torch
 
 import fa4
+from fa4.config import AttnProblem
 from fa4.testing import attention_ref, check_close, grad_noise_floor, random_qkv, random_varlen
 
 FAMILIES = ["sm80", "sm90"]
@@ -779,6 +780,77 @@ def test_bwd_sm90_up_order(d, mask, layout, monkeypatch, hang_watchdog):
         ref, pt = _reference_dense((q, k, v), dict(kw, softcap=0.0), g, None)
         _check_grads(("dq", "dk", "dv"), up, ref, pt, (q, k, v), g)
     for a, b in zip(up, down):  # the down order: the same sums in another order
+        torch.testing.assert_close(a.float(), b.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("mask", ["causal", "local"])
+@pytest.mark.parametrize("layout", ["dense", "varlen"])
+def test_bwd_sm90_down_tail(d, mask, layout, monkeypatch, hang_watchdog):
+    """Note [Down tail] (fa4/bwd/common.py, ``det_tail``): in the up order the last kv heads walk the
+    down order and launch last. MHA with 4 heads, two each way (``det_tail_share`` 2): bit-exact
+    over runs, the same bits with sections of one pair, sample 0 alone
+    and in its batch the same bits, under the pass rule (dense), and the sums of the plain up order
+    (another order of the same adds). The writer warp (d64, d128) and the ordered direct adds (d256);
+    odd lengths, varlen with seqused_k. A wrong rank hangs: the watchdog fails the run instead."""
+    from fa4.bwd import sm90
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the sm90 kernels need compute capability 9.x")
+    hang_watchdog()
+    opts = fa4.KernelOptions(arch="sm90")
+    seed = d + (0 if layout == "dense" else 1) + (0 if mask == "causal" else 2)
+    if layout == "dense":
+        q, k, v = random_qkv(3, 1000, 1300, 4, 4, d, torch.bfloat16, "cuda", requires_grad=True, seed=seed)
+        kw = dict(causal=mask == "causal", window_size=_window(mask, 1000, 1300))
+        call = fa4.flash_attn_func
+    else:
+        vb = random_varlen(4, 900, 4, 4, d, torch.bfloat16, "cuda", max_seqlen_k=1300, with_seqused_k=True,
+                           requires_grad=True, seed=seed)
+        q, k, v = vb.q, vb.k, vb.v
+        kw = dict(cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k, seqused_k=vb.seqused_k,
+                  max_seqlen_q=vb.max_seqlen_q, max_seqlen_k=vb.max_seqlen_k, causal=mask == "causal",
+                  window_size=_window(mask, vb.max_seqlen_q, vb.max_seqlen_k))
+        call = fa4.flash_attn_varlen_func
+    g = torch.randn(q.shape, device="cuda", dtype=q.dtype)
+
+    def run(batch=None):
+        if batch is None:
+            out, _ = call(q, k, v, deterministic=True, kernel_options=opts, num_splits=1, **kw)
+            return torch.autograd.grad(out, (q, k, v), g)
+        qq, kk, vv = (t[:batch].detach().clone().requires_grad_() for t in (q, k, v))
+        # num_splits=1: the forward's split count follows the batch size (and so would out / lse).
+        out, _ = call(qq, kk, vv, deterministic=True, kernel_options=opts, num_splits=1, **kw)
+        return torch.autograd.grad(out, (qq, kk, vv), g[:batch])
+
+    monkeypatch.setattr(sm90, "DET_UP", True)
+    monkeypatch.setattr(sm90, "DET_UP_LOCAL", True)
+    monkeypatch.setattr(sm90, "DET_TAIL", 2)
+    monkeypatch.setattr(sm90, "DET_TAIL_SHARE", 2)  # two of the four kv heads
+    fa4.ops._plans.clear()
+    problem = AttnProblem("bf16", 1, 1000, 1300, 4, 4, d, d, d**-0.5, causal=mask == "causal",
+                          local=mask == "local", window_left=100, window_right=0)
+    cfg = sm90.make_config(problem, None, "sm_90a", True)
+    assert cfg.det_up and cfg.det_tail == 2
+    tail = _same_bits_over_runs(run, 5, "down tail")
+    if layout == "dense":
+        alone = run(1)
+        for name, a, b in zip(("dq", "dk", "dv"), alone, tail):
+            assert torch.equal(a[0], b[0]), f"{name} of sample 0 depends on its batch (down tail)"
+    monkeypatch.setattr(sm90.LAUNCH_ORDER, "det_section", 1)
+    fa4.ops._plans.clear()
+    for name, a, b in zip(("dq", "dk", "dv"), tail, run()):
+        assert torch.equal(a, b), f"{name} depends on the launch sections (down tail)"
+    monkeypatch.setattr(sm90.LAUNCH_ORDER, "det_section", None)
+    monkeypatch.setattr(sm90, "DET_TAIL", 0)
+    fa4.ops._plans.clear()
+    up = run()
+    fa4.ops._plans.clear()
+    if layout == "dense":
+        ref, pt = _reference_dense((q, k, v), dict(kw, softcap=0.0), g, None)
+        _check_grads(("dq", "dk", "dv"), tail, ref, pt, (q, k, v), g)
+    for a, b in zip(tail, up):  # the plain up order: the same sums, two heads in another order
         torch.testing.assert_close(a.float(), b.float(), atol=2e-2, rtol=2e-2)
 
 

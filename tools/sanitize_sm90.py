@@ -86,5 +86,15 @@ kc = k.reshape(2 * 500 // 20, 20, 4, 64)[:, :16].contiguous()  # 50 pages of 16 
 pt = torch.randperm(50, device="cuda").to(torch.int32).reshape(2, 25)
 fa4.flash_attn_varlen_func(q, kc, kc, page_table=pt, seqused_k=torch.tensor([400, 7], dtype=torch.int32, device="cuda"),
                            kernel_options=SM90)
+# The down tail of the up order (Note [Down tail]): with det_tail 2 the last two of four kv heads walk
+# down and launch last; the writer warp (d128) and the ordered direct adds (d256).
+from fa4.bwd import sm90 as _bwd90  # noqa: E402
+
+_bwd90.DET_TAIL, _bwd90.DET_TAIL_SHARE = 2, 2  # two of the four kv heads walk down
+fa4.ops._plans.clear()
+for d in (128, 256):
+    q, k, v = random_qkv(2, 300, 300, 4, 4, d, torch.bfloat16, "cuda", requires_grad=True, seed=d + 7)
+    out, _ = fa4.flash_attn_func(q, k, v, causal=True, deterministic=True, kernel_options=SM90)
+    torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
 torch.cuda.synchronize()
 print("sanitize cases done")

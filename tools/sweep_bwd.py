@@ -219,6 +219,24 @@ PLANS = {
     # v0.19: the claims at d64 (one profile read them 2-5% faster there, a row that moved 3% between
     # leases) in the plain and rotated walks; the up order with GQA in sections bounded by bytes
     # only (one or two pairs, half a wave or less). Three interleaved rounds.
+    # v0.20: the down tail of the up order (Note [Down tail]): T kv heads per batch walk down and
+    # launch last, T = min(det_tail, heads_k // det_tail_share). Run with T = 0 / 2 / 1 at d128 (16 kv
+    # heads), 0 / 4 / 2 at d64 (32), 0 / 1 / 2 at d256 (8), written here in the fields' final meaning
+    # (the run's det_tail was the share: T = heads_k // det_tail). The non-deterministic rows for the
+    # ratio. Three interleaved rounds.
+    "v40": [f"{shape} {v}".strip() for _ in range(3)
+            for shape, vs in (("d128 s8192 causal det", ("det_tail=0", "det_tail=2", "det_tail=1")),
+                              ("d128 s16384 causal det", ("det_tail=0", "det_tail=2", "det_tail=1")),
+                              ("d128 s4096 causal det", ("det_tail=0", "det_tail=2", "det_tail=1")),
+                              ("d128 s1024 causal det", ("det_tail=0", "det_tail=2")),
+                              ("d64 s8192 causal det", ("det_tail=0", "det_tail=4 det_tail_share=8",
+                                                        "det_tail=2")),
+                              ("d256 s8192 causal det", ("det_tail=0", "det_tail=1",
+                                                         "det_tail=2 det_tail_share=4")),
+                              ("d128 s8192 causal", ("",)), ("d128 s16384 causal", ("",)),
+                              ("d128 s4096 causal", ("",)), ("d64 s8192 causal", ("",)),
+                              ("d256 s8192 causal", ("",)))
+            for v in vs],
     "v39": [f"{shape} {v}".strip() for _ in range(3)
             for shape, vs in (("d64 s8192", ("", "dq_first_store=True", "dq_first_store=True det_rotate=True")),
                               ("d64 s8192 causal", ("", "dq_first_store=True")),

@@ -116,6 +116,25 @@ Note [Up order]
     the SPT tail: each pair's longest block launches last, about 5% of the grid at d128 s8k-s16k
     (the model's 6%), and with GQA, where a block walks its m_blocks once per q head of the group,
     30%: GQA keeps the down order (:data:`fa4.bwd.sm90.DET_UP_GQA`).
+
+Note [Down tail]
+    The up order's SPT tail (Note [Up order]) comes from its launch: the last CTAs of the grid are
+    the last pairs' longest blocks. Only a pair's own blocks wait for each other, so a pair may take
+    either order, as long as the choice does not depend on the batch: the last ``T`` kv heads of
+    every batch walk the down order (LPT: block ``n = x``, m_blocks down, rank ``n - n_min``), and
+    their pairs launch after every up-order pair, in sections of their own (:func:`host_tail_tile`),
+    so the grid ends with short blocks again. ``T`` (:func:`tail_heads`) depends on ``heads_k``
+    only: at most ``det_tail`` (2), at most one kv head in ``det_tail_share`` (8). Which order a slot's adds
+    take depends on the kv head and ``heads_k`` only: the bits of a sample do not depend on its
+    batch, the section size or the SM count. Deadlock-free as both orders are: a block waits only
+    on blocks of its own pair with a smaller ``x``, which launch before it (a section holds whole
+    pairs, ``x`` slowest). tools/det_model.py (equal step times, no memory system): the up order at
+    0.940-0.951 of the LPT grid at d128 s4k-s16k, 0.986-0.998 with one or two kv heads of 16 in the
+    down order; the tail is filled by about ``2 * num_sms / n_blocks`` pairs (a triangle's worth of
+    work over the longest block's time), about 4 pairs at s8k. On the H200 (docs/RESULTS.md v0.20,
+    sweep v40, medians of three) two kv heads took +2-4% at d128 s4k-s16k and d64, one +2.5% at d256
+    (8 kv heads), while four (d64) and two (d256), a larger share in the down order, gained less or
+    lost: hence the cap and the share.
 """
 
 from __future__ import annotations
@@ -124,6 +143,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
+import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
@@ -269,16 +289,41 @@ def rotation_lags(num_m, num_n):
     return num_m // num_n != 1
 
 
-def step_slot(t, head_kv, group, m_min, num_m, deterministic: bool, up: bool = False):
+def step_slot(t, head_kv, group, m_min, num_m, deterministic: bool, up: bool = False, down=None):
     """(q head, m_block) of step ``t`` of a main-kernel CTA: m_blocks slowest, the ``group`` q heads
     of its kv head fastest; the m_blocks go up from ``m_min``, or down from the last one when
-    deterministic (Note [Deterministic dQ]) except in the up order (``up``, Note [Up order]). Plain
-    arithmetic: traced inline on the device, and the same on Python ints."""
+    deterministic (Note [Deterministic dQ]) except in the up order (``up``, Note [Up order]).
+    ``down`` (0 or 1, a runtime value; Note [Down tail]): the direction of this CTA's pair, which
+    then overrides the other two. Plain arithmetic: traced inline on the device, and the same on
+    Python ints."""
     m_idx = t // group
     head = head_kv * group + (t - m_idx * group)
+    if const_expr(down is not None):
+        return head, m_min + m_idx + down * (num_m - 1 - 2 * m_idx)
     if const_expr(deterministic and not up):
         return head, m_min + num_m - 1 - m_idx
     return head, m_min + m_idx
+
+
+def tail_heads(heads_k, det_tail: int, det_tail_share: int):
+    """kv heads of every batch that walk the down order (Note [Down tail]): at most ``det_tail`` and
+    at most one in ``det_tail_share`` (none with ``det_tail == 0``). Plain arithmetic (traced or not)."""
+    return cutlass.min(heads_k // det_tail_share, det_tail) if det_tail else 0
+
+
+def host_tail_tile(i: int, num_x: int, heads_k: int, num_batch: int, section: int,
+                   tail: int) -> tuple[int, int, int, int]:
+    """``(x, kv head, batch, down)`` of grid index ``i`` with ``tail`` down-order kv heads per batch
+    (Note [Down tail]): first the up-order pairs (kv heads ``< heads_k - tail``), then the down-order
+    ones, each set cut into its own sections of ``section`` pairs (so no section holds both).
+    Python twin of ``FlashBwdSm90.tail_tile``."""
+    up_heads = heads_k - tail
+    n_up_tiles = num_x * up_heads * num_batch
+    if i < n_up_tiles:
+        x, hk, b = section_tile(i, num_x, up_heads, num_batch, section, False)
+        return x, hk, b, 0
+    x, hk, b = section_tile(i - n_up_tiles, num_x, tail, num_batch, section, False)
+    return x, up_heads + hk, b, 1
 
 
 # --------------------------------------------------------------------------------------------
@@ -452,6 +497,7 @@ def deterministic_schedule(
     num_sms: int = 132,
     up: bool = False,
     head_dim: int = 64,
+    tail: int = 0,
 ):
     """The dQ accumulation schedule of a deterministic main kernel, as the device runs it.
 
@@ -463,7 +509,8 @@ def deterministic_schedule(
     rotated order of Note [Rotated order] (no mask; sections of one pair). ``direct``: the kernel
     adds dQ from registers (``order``'s sections for that case). ``num_sms``: the GPU's, for
     ``order``'s ``det_causal_waves`` (with ``head_dim``, the kernel's padded head dim). ``up``: the up
-    order of Note [Up order] (masked only).
+    order of Note [Up order] (masked only). ``tail``: with ``up``, the kv heads per batch that walk
+    down (:func:`tail_heads` of the kernel's config; Note [Down tail]).
     """
     assert not (rotated and (causal or local)), "the rotated order is for unmasked attention"
     assert not (up and (rotated or not (causal or local))), "the up order is for masked attention"
@@ -475,11 +522,15 @@ def deterministic_schedule(
                                                             num_sms=num_sms, head_dim=head_dim, up=up)
     else:
         sec = max(1, min(section, pairs))
-    visits, n_of, ctas = [], [], []
+    visits, n_of, ctas, down_of = [], [], [], []
+    n_tail = tail if up else 0
     for i in range(num_x * pairs):
         x, hk, b = section_tile(i, num_x, heads_k, num_batch, sec, False)
+        down = 0 if up else 1
+        if n_tail:
+            x, hk, b, down = host_tail_tile(i, num_x, heads_k, num_batch, sec, n_tail)
         sq, sk = seqlens_q[b], seqlens_k[b]
-        n = num_x - 1 - x if up else x
+        n = x if down else num_x - 1 - x
         slots = []
         if n < _cdiv(sk, tile_n):
             m_min, m_max = host_m_block_range(n, sq, sk, tile_m, tile_n, causal, local, wl, wr)
@@ -488,9 +539,10 @@ def deterministic_schedule(
                 slots = [(b, *host_rotated_slot(t, hk, group, n, num_m, _cdiv(sk, tile_n)))
                          for t in range(num_m * group)]
             else:
-                slots = [(b, *step_slot(t, hk, group, m_min, num_m, True, up)) for t in range(num_m * group)]
+                slots = [(b, *step_slot(t, hk, group, m_min, num_m, True, not down)) for t in range(num_m * group)]
         visits.append(slots)
         n_of.append(n)
+        down_of.append(down)
         ctas.append((x, hk, b, n))
 
     def rank(cta: int, slot) -> int:
@@ -498,7 +550,7 @@ def deterministic_schedule(
         if rotated:
             return host_rotated_rank(n_of[cta], m, _cdiv(seqlens_q[b], tile_m), _cdiv(seqlens_k[b], tile_n))
         n_min, n_max = host_n_block_range(m, seqlens_q[b], seqlens_k[b], tile_m, tile_n, causal, local, wl, wr)
-        return n_max - 1 - n_of[cta] if up else n_of[cta] - n_min
+        return n_of[cta] - n_min if down_of[cta] else n_max - 1 - n_of[cta]
 
     return visits, rank, ctas
 

@@ -288,6 +288,7 @@ class CtaWork:
     rows_k: Int32
     num_n: Int32  # K blocks with keys in this sequence (>= 1)
     rank: Int32  # in the cluster (two_cta), else 0
+    down: Optional[Int32] = None  # det_tail: 1 if this pair walks the down order (Note [Down tail]), else 0
 
 
 @dataclass(frozen=True)
@@ -323,8 +324,10 @@ class BwdSm90Config(AttnKernelConfig):
     (Note [Writer slots]; the default in the rotated order from head dim 128, :data:`LANE_SLOTS_MIN_HD`).
     ``det_up`` (deterministic, causal or local): the up order of Note [Up order] in
     fa4/bwd/common.py (m_blocks walked up from the diagonal, the largest K block adds first, the
-    shortest blocks launch first); an option, off: correct and bit-exact on the H200 but 15-29%
-    slower than the down order (:data:`DET_UP`). ``dv_late`` (with ``dkv_rs``): the dV wgmma is
+    shortest blocks launch first); the causal default without GQA (:data:`DET_UP`). ``det_tail``
+    (with ``det_up``; 0: off), ``det_tail_share``: the last ``min(det_tail, heads_k //
+    det_tail_share)`` kv heads of every batch walk the down order instead and launch last (Note
+    [Down tail], :data:`DET_TAIL`). ``dv_late`` (with ``dkv_rs``): the dV wgmma is
     issued after dS^T is computed and stored, next to dQ and dK (flash-attn-4's place), not right
     after P^T, so the float32 P^T is dead before P^T's 16-bit registers are pinned by an in-flight
     wgmma; the d64 default (128-row steps, dS from the float32 P: no spills or serialized wgmmas, and
@@ -363,6 +366,8 @@ class BwdSm90Config(AttnKernelConfig):
     dv_late: bool = False
     step_cursor: bool = False
     dq_first_store: bool = False
+    det_tail: int = 0
+    det_tail_share: int = 8
 
     KERNEL: ClassVar[str] = "fa4.bwd.sm90:FlashBwdSm90"
     REQUIRED_SASS: ClassVar[tuple] = ("HGMMA", "UTMALDG")  # checked by tests/test_compile.py
@@ -557,6 +562,9 @@ class FlashBwdSm90:
         if cfg.det_up and not (cfg.deterministic and (cfg.causal or cfg.local) and not cfg.det_rotate
                                and not cfg.two_cta):
             raise ValueError(f"{name}.det_up (Note [Up order]) needs deterministic=True and a causal or local mask")
+        if cfg.det_tail < 0 or cfg.det_tail_share < 1 or (cfg.det_tail and not (cfg.det_up and not cfg.step_cursor)):
+            raise ValueError(f"{name}.det_tail (Note [Down tail]) needs det_up and no step_cursor, det_tail >= 0 and "
+                             f"det_tail_share >= 1; got {cfg.det_tail} / {cfg.det_tail_share}")
         if cfg.publish_peek and not (cfg.deterministic and not cfg.publish_lag):
             raise ValueError(f"{name}.publish_peek (Note [Publish peek]) orders the deterministic dQ adds; it needs "
                              "deterministic=True and no publish_lag")
@@ -829,7 +837,11 @@ class FlashBwdSm90:
         x, head_kv, batch = section_tile(block // cn if const_expr(cn > 1) else block, num_x, num_heads_k,
                                          num_batch, section, False)
         n_block = x * cn + rank if const_expr(cn > 1) else x
-        if const_expr(self.cfg.det_up):  # the shortest blocks first (Note [Up order])
+        down = None
+        if const_expr(self.cfg.det_tail):  # the last kv heads walk down, launched last (Note [Down tail])
+            x, head_kv, batch, down = self.tail_tile(block, num_x, num_heads_k, num_batch, section)
+            n_block = x + (1 - down) * (num_x - 1 - 2 * x)
+        elif const_expr(self.cfg.det_up):  # the shortest blocks first (Note [Up order])
             n_block = num_x - 1 - x
         args = (batch, mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, seqlen_q_static, seqlen_k_static, window_left,
                 window_right)
@@ -839,7 +851,25 @@ class FlashBwdSm90:
             m_min, num_m = self.range_union(m_min, num_m, m_min_p, num_m_p)
         group = num_heads // num_heads_k
         num_n = cutlass.max(cute.ceil_div(seq.seqlen_k, self.tile_n), 1)
-        return CtaWork(seq, mask, n_block, head_kv, batch, group, m_min, num_m, num_m * group, rows_k, num_n, rank)
+        return CtaWork(seq, mask, n_block, head_kv, batch, group, m_min, num_m, num_m * group, rows_k, num_n, rank,
+                       down)
+
+    @cute.jit
+    def tail_tile(self, block: Int32, num_x: Int32, num_heads_k: Int32, num_batch: Int32, section: Int32):
+        """``(x, kv head, batch, down)`` of grid index ``block`` with ``det_tail`` (Note [Down tail]):
+        the up-order pairs' sections first, then the down-order ones'. Twin of
+        :func:`fa4.bwd.common.host_tail_tile`."""
+        tail = common.tail_heads(num_heads_k, self.cfg.det_tail, self.cfg.det_tail_share)
+        up_heads = num_heads_k - tail
+        n_up_tiles = num_x * up_heads * num_batch
+        x, head_kv, batch, down = Int32(0), Int32(0), Int32(0), Int32(0)
+        if block < n_up_tiles:
+            x, head_kv, batch = section_tile(block, num_x, up_heads, num_batch, section, False)
+        else:
+            x, head_kv, batch = section_tile(block - n_up_tiles, num_x, tail, num_batch, section, False)
+            head_kv = head_kv + up_heads
+            down = Int32(1)
+        return x, head_kv, batch, down
 
     @cute.jit
     def range_union(self, m_min: Int32, num_m: Int32, m_min_p: Int32, num_m_p: Int32):
@@ -896,7 +926,7 @@ class FlashBwdSm90:
             start = work.num_m - 1 - work.n_block * (work.num_m // work.num_n)
             return head, (start - m_idx + work.num_m) % work.num_m
         return common.step_slot(t, work.head_kv, work.group, work.m_min, work.num_m, self.cfg.deterministic,
-                                self.cfg.det_up)
+                                self.cfg.det_up, work.down)
 
     def first_step(self, work):
         """``(index in the GQA group, m_block)`` of step 0 (``step_cursor``): the order of
@@ -920,7 +950,10 @@ class FlashBwdSm90:
         ``det_up`` Note [Up order]: the largest K block of the slot adds first)."""
         n_min, n_max = work.mask.n_block_range(m_block)
         rank = work.n_block - n_min
-        if const_expr(self.cfg.det_up):
+        if const_expr(self.cfg.det_tail):  # Note [Down tail]: the down order's rank where down == 1
+            up_rank = n_max - 1 - work.n_block
+            rank = up_rank + work.down * (rank - up_rank)
+        elif const_expr(self.cfg.det_up):
             rank = n_max - 1 - work.n_block
         if const_expr(self.cfg.det_rotate):
             stagger = work.num_m // work.num_n
@@ -1674,6 +1707,15 @@ its m_blocks once per q head, so its longest block (512 steps at s8k, about 1.2 
 is four times longer against the grid, and the up order launches it last (its SPT tail, Note [Up
 order])."""
 
+DET_TAIL, DET_TAIL_SHARE = 2, 8
+"""``det_tail`` / ``det_tail_share`` of the up order (Note [Down tail] in fa4/bwd/common.py): the last
+``min(2, heads_k // 8)`` kv heads of every batch walk the down order and launch last. Sweep v40 (one
+lease, three interleaved rounds, TFLOP/s medians, causal deterministic; kv heads in the down order:
+none -> one -> two -> four): d128 s8k 529.3 -> 544.5 -> 551.1 (non-deterministic 536.9); s16k 548.7 ->
+558.2 -> 559.5 (573.3); s4k 498.9 -> 503.6 -> 509.7 (499.0); s1k 353.1 -> (two) 349.6; d64 s8k 457.5 ->
+(two) 475.1 -> (four) 463.4 (471.6); d256 s8k 370.5 -> 379.8 -> (two) 368.3 (393.4). tools/det_model.py
+puts the up order's SPT tail at 5-6% of the grid and the tail's fill at about 4 pairs at s8k."""
+
 DQ_FIRST_STORE = {True: True, False: False}
 """Keyed by ``deterministic``: whether runs with the dQ writer warp (not ``dq_direct``, not ``two_cta``)
 store each dq_accum slot's first tile, so the preprocess does not zero the accumulator (Note [First
@@ -1743,6 +1785,8 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
     # K blocks of a pair then reach each slot at different steps (:data:`CLAIM_ROTATE`).
     claims_rotate = first_store and not deterministic and CLAIM_ROTATE
     rotated = (bool(deterministic) or claims_rotate) and rotate and rotate_ok(problem, tile_n)
+    det_up = (bool(deterministic) and ((problem.causal and DET_UP) or (problem.local and DET_UP_LOCAL))
+              and (problem.heads == problem.heads_k or DET_UP_GQA))
     cfg = BwdSm90Config(
         # dv_late belongs to the table's tile_m (it loses at 64 rows, v0.13).
         arch=arch, dtype=problem.dtype, head_dim=hd, head_dim_v=hd_v if hd_v != hd else 0,
@@ -1754,8 +1798,7 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
             problem.causal and not problem.local and -(-problem.seqlen_k // tile_n) >= DET_LAG_MAX_BLOCKS),
         publish_peek=(writer and PUBLISH_PEEK) or (bool(deterministic) and not writer and not rotated and SEQ_PEEK),
         det_rotate=rotated, lane_slots=rotated and hd >= LANE_SLOTS_MIN_HD,
-        det_up=bool(deterministic) and ((problem.causal and DET_UP) or (problem.local and DET_UP_LOCAL))
-        and (problem.heads == problem.heads_k or DET_UP_GQA),
+        det_up=det_up, det_tail=DET_TAIL if det_up else 0, det_tail_share=DET_TAIL_SHARE,
         dq_direct=dq_direct, dq_first_store=first_store,
         # Not with more than 64 rows per step (``rows_late``): measured 7-16% slower at d64 (v0.11).
         stats_early=1 if hd <= STATS_EARLY_MAX_HD and steps <= 64 else 0,
@@ -1806,6 +1849,11 @@ def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: B
                  + (" (with GQA the up order's shortest-first launch leaves a long tail: DET_UP_GQA)"
                     if cfg.causal and problem.heads != problem.heads_k and DET_UP and not DET_UP_GQA else ""))
         notes.append(f"deterministic dQ: {order}")
+        tail = common.tail_heads(problem.heads_k, cfg.det_tail, cfg.det_tail_share)
+        if cfg.det_up and tail:
+            notes.append(f"deterministic dQ, down tail: the last {tail} of the {problem.heads_k} kv heads of every "
+                         "batch walk the down order and launch last, so the grid ends with short blocks (Note [Down "
+                         "tail] in fa4/bwd/common.py)")
         free = make_config(problem, options, cfg.arch, False)
         if cfg.dq_direct:
             notes.append("deterministic dQ is added from registers like the non-deterministic kernel's, each slot's "
@@ -1903,6 +1951,12 @@ def variants(arch: str) -> list[BwdSm90Config]:
     out.append(replace(out[2], det_up=True))
     out.append(replace(make_config(P(128, local=True, varlen=True, seqused_k=True), None, arch, True), det_up=True))
     out.append(replace(make_config(P(256, causal=True), None, arch, True), det_up=True))
+    # The down tail of the up order (Note [Down tail]): the writer warp (d128 causal, local varlen)
+    # and the sequencing warp of the ordered direct adds (d256 causal).
+    out.append(replace(out[2], det_up=True, det_tail=2))
+    out.append(replace(make_config(P(128, local=True, varlen=True, seqused_k=True), None, arch, True), det_up=True,
+                       det_tail=2))
+    out.append(replace(make_config(P(256, causal=True), None, arch, True), det_up=True, det_tail=2))
     # d64's 128-row steps with dS from the 16-bit P and the dV wgmma right after P^T (ds_from_p16,
     # the d64 default until v0.13), plain and causal deterministic; dv_late at d128's 64-row steps.
     out.append(replace(out[0], ds_from_p16=True, dv_late=False))
