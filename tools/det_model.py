@@ -14,7 +14,8 @@ writer's reads (the dQ buffers). The writer publishes each step before it takes 
 with ``--lag`` (the kernel's ``publish_lag``, Note [Publish lag] in fa4/bwd/sm90.py) it publishes
 a step only after it has taken the next one (or at the end), and then, once the step's adds are
 complete, issues the next one's; it is free again once that step's read is done. The schedules are those of :func:`fa4.bwd.common.deterministic_schedule` (the
-kernel's), the up order (``det_up``, Note [Up order]: flash-attn-4's causal order) included.
+kernel's), the up order (``det_up``, Note [Up order]: flash-attn-4's causal order) and its down tail
+(``det_tail``, Note [Down tail]) included.
 
 A model, not a measurement: it tells orders apart by their waits, nothing more. It has no memory
 system: it rates the down order above the up order (0.94-0.999 against 0.91-0.95 of the LPT grid at
@@ -163,17 +164,22 @@ def main() -> None:
                   f"{free / t[1]:10.3f}")
         return
     def kernel(**kw):
+        if kw.get("tail"):  # 16 kv heads per batch: the tail is per batch
+            nb = max(1, pairs // 16)
+            return common.deterministic_schedule([s] * nb, [s] * nb, pairs // nb, 1, tm, tn, **kw)[:2]
         return common.deterministic_schedule([s], [s], pairs, 1, tm, tn, **kw)[:2]
     rows = {
         "no mask, plain order, sections of 32": kernel(section=32),
         "no mask, plain order, sections of 1": kernel(section=1),
         "no mask, rotated (the default)": kernel(rotated=True),
-        "causal, LPT down, sections of 64 (the default)": kernel(causal=True, section=64),
+        "causal, LPT down, sections of 64 (GQA's table)": kernel(causal=True, section=64),
         "causal, LPT down, sections of 16": kernel(causal=True, section=16),
         "causal, LPT down, sections of 8": kernel(causal=True, section=8),
         "causal, SPT up (det_up), sections of 16": kernel(causal=True, section=16, up=True),
         "causal, SPT up (det_up), sections of 8": kernel(causal=True, section=8, up=True),
         "causal, SPT up (det_up), sections of 1": kernel(causal=True, section=1, up=True),
+        # Note [Down tail]: the last kv heads (of 16 per batch) walk down and launch last.
+        "causal, up + down tail of 2 (default), sections 4": kernel(causal=True, section=4, up=True, tail=2),
     }
     print(f"latencies (steps): read {args.read}, publish {args.publish}, visible {args.visible}; "
           f"{args.stages} dQ buffers; {args.sms} SMs; s{s}, {pairs} pairs")
