@@ -237,6 +237,17 @@ PLANS = {
                               ("d128 s4096 causal", ("",)), ("d64 s8192 causal", ("",)),
                               ("d256 s8192 causal", ("",)))
             for v in vs],
+    # v0.20: a counter per warpgroup part of each slot for the ordered direct adds (Note [Split
+    # counters], branch wip/split-counters: the field was removed again, rejected): d256 / d192
+    # without a mask (the rotated order at one step of slack); d256 causal without the peeked slot,
+    # with and without the split. Three interleaved rounds.
+    "v41": [f"{shape} {v}".strip() for _ in range(3)
+            for shape, vs in (("d256 s8192 det", ("", "dq_split_sem=True")),
+                              ("d192 s8192 det", ("", "dq_split_sem=True")),
+                              ("d256 s8192 causal det", ("", "publish_peek=False",
+                                                         "publish_peek=False dq_split_sem=True")),
+                              ("d256 s8192", ("",)), ("d192 s8192", ("",)))
+            for v in vs],
     "v39": [f"{shape} {v}".strip() for _ in range(3)
             for shape, vs in (("d64 s8192", ("", "dq_first_store=True", "dq_first_store=True det_rotate=True")),
                               ("d64 s8192 causal", ("", "dq_first_store=True")),
