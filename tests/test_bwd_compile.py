@@ -249,6 +249,51 @@ def test_rotated_schedule(sq, sk):
                     assert rank(c, slot) == sum(1 for j, _ in arrivals if j < i), (slot, arrivals)
 
 
+@pytest.mark.parametrize("sq, sk", [(113, 203), (1000, 1000), (1024, 4096), (4096, 1024), (65, 129), (4096, 4096)])
+def test_rotation_rounds_schedule(sq, sk):
+    """Note [Rotation rounds]: with R rounds every slot's ranks are still a permutation of 0..n-1
+    (run through with a pair's K blocks resident; lockstep, random interleavings, and the writer's
+    publish lag under the kernel's rule); round r's contributors hold ranks [r * per, r * per +
+    count) after every earlier round's; inside a round no block waits at equal pace (its rank is the
+    round's base plus the round's blocks that reached the slot earlier); the stagger at M == N
+    is R; and the launch sections hold R pairs."""
+    from fa4.bwd import sm90
+
+    assert sm90.LAUNCH_ORDER.section_pairs(64, False, True, True, rounds=2) == 2
+    for tm, tn in ((64, 64), (64, 128), (128, 128)):
+        for rounds in (2, 3):
+            seqs_q, seqs_k = [sq, max(1, sq // 3)], [sk, max(1, sk // 2)]
+            visits, rank, ctas = common.deterministic_schedule(seqs_q, seqs_k, 2, 2, tm, tn, rotated=True,
+                                                               rounds=rounds)
+            num_x = -(-max(seqs_k) // tn)
+            check_schedule(visits, rank, resident=(num_x, num_x + 3), launch_ordered=False)
+            simulate(visits, rank, num_x, seed=rounds)
+            blocks = [(-(-seqs_q[b] // tm), -(-seqs_k[b] // tn)) for b in range(2)]
+            kernel_lag = lambda c: common.rotation_lags(  # noqa: E731
+                blocks[ctas[c][2]][0], common.rotation_round(ctas[c][3], blocks[ctas[c][2]][1], rounds)[2])
+            simulate(visits, rank, num_x, publish_lag=kernel_lag)
+            by_pair: dict = {}
+            for c, (_, hk, b, n) in enumerate(ctas):
+                if visits[c]:
+                    by_pair.setdefault((hk, b), []).append(c)
+            for (hk, b), members in by_pair.items():
+                num_m, num_n = blocks[b]
+                arrivals: dict = {}
+                for c in members:
+                    base, _, count = common.rotation_round(ctas[c][3], num_n, rounds)
+                    for i, slot in enumerate(visits[c]):
+                        assert base <= rank(c, slot) < base + count
+                        arrivals.setdefault((slot, base), []).append((i, c))
+                if num_m < -(-num_n // rounds):
+                    continue  # a round with fewer m_blocks than K blocks: the plain order (stagger 0)
+                for (slot, base), seen in arrivals.items():
+                    for i, c in seen:
+                        assert rank(c, slot) - base == sum(1 for j, _ in seen if j < i), (slot, seen)
+    v, r, ctas = common.deterministic_schedule([4096], [4096], 1, 1, 64, 64, rotated=True, rounds=2)
+    starts = {ctas[c][3]: v[c][0][2] for c in range(len(v))}
+    assert starts[0] - starts[1] == 2 and starts[32] - starts[33] == 2  # the stagger in each round (M = N = 64)
+
+
 @pytest.mark.parametrize("group", [1, 2, 3])
 def test_rotated_schedule_with_the_publish_lag(group):
     """Note [Publish lag] in fa4/bwd/sm90.py: the sm90 writer holds a slot's publish back until it
@@ -616,6 +661,28 @@ def test_down_tail_schedule(sq, sk):
     tail = model.run(*common.deterministic_schedule([4096] * 4, [4096] * 4, 16, 1, 64, 128, up=True, tail=2,
                                                     **kw)[:2], **lat)
     assert free / up < 0.96 and free / tail > 0.98, (free, up, tail)
+
+
+def test_rotation_rounds_config():
+    """``det_rounds`` (Note [Rotation rounds]) only with the rotated deterministic order (ValueError
+    otherwise); make_config takes it from ``DET_ROUNDS`` there (two at head dim 192, measured), 1
+    elsewhere."""
+    from fa4.bwd import sm90
+
+    p = AttnProblem("bf16", 2, 8192, 8192, 8, 8, 256, 256, 256**-0.5)
+    cfg = sm90.make_config(p, None, "sm_90a", True)
+    assert cfg.det_rotate and cfg.det_rounds == 1 and sm90.DET_ROUNDS == {192: 2}
+    d192 = sm90.make_config(AttnProblem("bf16", 2, 8192, 8192, 10, 10, 192, 192, 192**-0.5), None, "sm_90a", True)
+    assert d192.det_rotate and d192.det_rounds == 2
+    assert sm90.make_config(AttnProblem("bf16", 2, 8192, 8192, 10, 10, 192, 192, 192**-0.5, causal=True), None,
+                            "sm_90a", True).det_rounds == 1
+    sm90.FlashBwdSm90.can_implement(dataclasses.replace(cfg, det_rounds=2))
+    causal = sm90.make_config(dataclasses.replace(p, causal=True), None, "sm_90a", True)
+    assert causal.det_rounds == 1
+    for bad in (dataclasses.replace(causal, det_rounds=2), dataclasses.replace(cfg, det_rounds=0),
+                dataclasses.replace(sm90.make_config(p, None, "sm_90a", False), det_rounds=2)):
+        with pytest.raises(ValueError, match="det_rounds"):
+            sm90.FlashBwdSm90.can_implement(bad)
 
 
 def test_up_order_config():

@@ -855,6 +855,39 @@ def test_bwd_sm90_down_tail(d, mask, layout, monkeypatch, hang_watchdog):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("d", [128, 192, 256])
+@pytest.mark.parametrize("layout", ["dense", "varlen"])
+def test_bwd_sm90_rotation_rounds(d, layout, monkeypatch, hang_watchdog):
+    """Note [Rotation rounds] (fa4/bwd/common.py, ``det_rounds``): the rotated deterministic order
+    in two rounds per pair (sections of two pairs) is bit-exact over runs and correct: the reference rule (dense) and the sums of
+    one round (another order of the same adds); the writer warp (d128) and the ordered direct adds
+    (d192, d256); GQA 6/2, odd lengths, varlen with seqused_k (rounds of a sequence's own K blocks).
+    A wrong rank hangs: the watchdog fails the run instead."""
+    from fa4.bwd import sm90
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the sm90 kernels need compute capability 9.x")
+    hang_watchdog()
+    opts = fa4.KernelOptions(arch="sm90")
+    run, (q, k, v), g, kw = _deterministic_run(layout, d, "none", opts, (1000, 1500), (900, 1300),
+                                               d + 9 + (0 if layout == "dense" else 1))
+    monkeypatch.setattr(sm90, "DET_ROUNDS", {})
+    fa4.ops._plans.clear()
+    one = run()
+    monkeypatch.setattr(sm90, "DET_ROUNDS", {d: 2})
+    fa4.ops._plans.clear()
+    problem = AttnProblem("bf16", 2, 1000, 1500, 6, 2, d, d, d**-0.5)
+    assert sm90.make_config(problem, None, "sm_90a", True).det_rounds == 2
+    rounds = _same_bits_over_runs(run, 3, "rotation rounds")
+    fa4.ops._plans.clear()
+    if layout == "dense":
+        ref, pt = _reference_dense((q, k, v), dict(kw, softcap=0.0), g, None)
+        _check_grads(("dq", "dk", "dv"), rounds, ref, pt, (q, k, v), g)
+    for a, b in zip(rounds, one):  # one round: the same sums in another order
+        torch.testing.assert_close(a.float(), b.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("d", [192, 256])
 @pytest.mark.parametrize("mask", ["none", "causal", "local"])
 @pytest.mark.parametrize("layout", ["dense", "varlen"])

@@ -96,5 +96,10 @@ for d in (128, 256):
     q, k, v = random_qkv(2, 300, 300, 4, 4, d, torch.bfloat16, "cuda", requires_grad=True, seed=d + 7)
     out, _ = fa4.flash_attn_func(q, k, v, causal=True, deterministic=True, kernel_options=SM90)
     torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+# The rotated order in two rounds (Note [Rotation rounds], the d192 default without a mask): 11 K
+# blocks, rounds of 6 and 5; GQA 4/2.
+q, k, v = random_qkv(2, 640, 700, 4, 2, 192, torch.bfloat16, "cuda", requires_grad=True, seed=11)
+out, _ = fa4.flash_attn_func(q, k, v, deterministic=True, kernel_options=SM90)
+torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
 torch.cuda.synchronize()
 print("sanitize cases done")

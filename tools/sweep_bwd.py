@@ -248,6 +248,16 @@ PLANS = {
                                                          "publish_peek=False dq_split_sem=True")),
                               ("d256 s8192", ("",)), ("d192 s8192", ("",)))
             for v in vs],
+    # v0.20: the rotated order in rounds (Note [Rotation rounds]): d256 / d192 without a mask (M == N,
+    # stagger 1 -> 2 in two rounds), d128 / d64 (stagger 2 already). Three interleaved rounds.
+    "v42": [f"{shape} {v}".strip() for _ in range(3)
+            for shape, vs in (("d256 s8192 det", ("", "det_rounds=2")),
+                              ("d192 s8192 det", ("", "det_rounds=2")),
+                              ("d128 s8192 det", ("", "det_rounds=2")),
+                              ("d64 s8192 det", ("", "det_rounds=2")),
+                              ("d256 s8192", ("",)), ("d192 s8192", ("",)), ("d128 s8192", ("",)),
+                              ("d64 s8192", ("",)))
+            for v in vs],
     "v39": [f"{shape} {v}".strip() for _ in range(3)
             for shape, vs in (("d64 s8192", ("", "dq_first_store=True", "dq_first_store=True det_rotate=True")),
                               ("d64 s8192 causal", ("", "dq_first_store=True")),

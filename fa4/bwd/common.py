@@ -93,6 +93,21 @@ Note [Rotated order]
     lag] in fa4/bwd/sm90.py) must not do so at stagger ``k = 1`` with ``M == N`` and one q head per
     kv head: block ``n`` then waits for block ``n + 1`` one step back, around the pair to itself.
 
+Note [Rotation rounds]
+    With ``M == N`` (head dims 192 / 256: 64 x 64 tiles, ``s_q == s_k``) the stagger is 1: every
+    slot takes an add at every step, so each contributor has one step from the previous one's
+    adds to its own turn, and that chain (the adds complete, the fence, the count seen) is about a
+    step at d256 and longer at d192 (docs/RESULTS.md v0.20: 0.94x and 0.85x of the non-deterministic
+    speed). No rotation of all ``N`` blocks gives more. With ``rounds = R`` the blocks of a pair run
+    in rounds of ``ceil(N / R)`` (contiguous ``n``): round ``r`` is rotated among itself with the
+    stagger ``M // (its blocks)`` (2 at ``R = 2``), and its ranks follow every rank of the earlier
+    rounds (:func:`rotation_round`). The launch sections hold ``R`` pairs (``x`` slowest), so the
+    first rounds of ``R`` pairs, about the blocks of one pair, run together, then their second
+    rounds. Still a fixed order per slot (bit-exact, batch-invariant); deadlock-free as the rotated
+    order is: a round waits only on its own blocks (all resident once the earlier rounds have
+    finished) and on earlier rounds (launched before it). The cost: CTAs of a second round that
+    start while the first still runs wait for it (4 of 132 SMs at ``N = 128``).
+
 Note [Up order]
     The sm90 family's deterministic order for causal masks (``det_up``, :data:`fa4.bwd.sm90.DET_UP`;
     an option for local windows), flash-attn-4's order. A
@@ -181,7 +196,8 @@ class LaunchOrder:
 
     def section_pairs(self, num_pairs: int, causal: bool, deterministic: bool, rotated: bool = False,
                       direct: bool = False, n_blocks: int = 0, num_sms: int = 0, head_dim: int = 64,
-                      pair_bytes: int = 0, l2_bytes: int = arch.H200_L2_BYTES, up: bool = False) -> int:
+                      pair_bytes: int = 0, l2_bytes: int = arch.H200_L2_BYTES, up: bool = False,
+                      rounds: int = 1) -> int:
         """Pairs per launch section, in [1, num_pairs]; the rotated deterministic order needs sections
         of one pair (Note [Rotated order]). ``direct``: the kernel adds dQ from registers.
         ``n_blocks`` (CTAs per pair), ``num_sms`` and ``head_dim`` (the kernel's, padded): with
@@ -194,8 +210,8 @@ class LaunchOrder:
         rounded to the nearest power of two) (Note [Causal sections]). ``up``: the deterministic up
         order (Note [Up order]), whose causal sections follow that same rule: its blocks walk up from
         their diagonals as the non-deterministic ones do."""
-        if rotated:
-            return 1
+        if rotated:  # one pair, or one per round (Note [Rotation rounds])
+            return max(1, min(rounds, num_pairs))
         if deterministic and up and causal and self.det_section is None:
             return self.causal_sections(num_pairs, n_blocks, num_sms, pair_bytes, l2_bytes)
         if deterministic:
@@ -240,7 +256,8 @@ def launch_sections(cfg, order: LaunchOrder, num_pairs: int, max_seqlen_k: int, 
         num_pairs, cfg.causal, cfg.deterministic, cfg.det_rotate, getattr(cfg, "dq_direct", False),
         n_blocks=-(-max_seqlen_k // cfg.tile_n), num_sms=arch.num_sms(device_index), head_dim=cfg.head_dim,
         pair_bytes=pair_bytes(seqlen_q, group, head_dim, head_dim_v, elem_bytes),
-        l2_bytes=arch.l2_bytes(device_index), up=getattr(cfg, "det_up", False))
+        l2_bytes=arch.l2_bytes(device_index), up=getattr(cfg, "det_up", False),
+        rounds=getattr(cfg, "det_rounds", 1))
 
 
 def pair_bytes(seqlen_q: int, group: int, head_dim: int, head_dim_v: int, elem_bytes: int = 2) -> int:
@@ -262,30 +279,46 @@ def launch_grid(cfg, num_batch: int, heads_k: int, max_seqlen_k: int) -> tuple[i
     return grid
 
 
-def host_rotated_slot(t: int, head_kv: int, group: int, n_block: int, num_m: int, num_n: int) -> tuple[int, int]:
-    """(q head, m_block) of step ``t`` in the rotated order (Note [Rotated order]; ``m_min = 0``).
-    Python twin of ``FlashBwdSm90.step_slot`` with ``det_rotate``."""
+def rotation_round(n_block, num_n, rounds: int):
+    """``(first rank, index, K blocks)`` of K block ``n_block``'s round in the rotated order with
+    ``rounds`` rounds (Note [Rotation rounds]): blocks ``[r * per, (r + 1) * per)`` form round ``r``
+    (``per = ceil(num_n / rounds)``). Plain arithmetic (traced or not)."""
+    if rounds == 1:
+        return 0, n_block, num_n
+    per = (num_n + rounds - 1) // rounds
+    r = n_block // per
+    return r * per, n_block - r * per, cutlass.min(per, num_n - r * per)
+
+
+def host_rotated_slot(t: int, head_kv: int, group: int, n_block: int, num_m: int, num_n: int,
+                      rounds: int = 1) -> tuple[int, int]:
+    """(q head, m_block) of step ``t`` in the rotated order (Note [Rotated order]; ``m_min = 0``), of
+    its round (Note [Rotation rounds]). Python twin of ``FlashBwdSm90.step_slot`` with ``det_rotate``."""
     m_idx = t // group
     head = head_kv * group + (t - m_idx * group)
-    start = num_m - 1 - n_block * (num_m // num_n)
+    _, n_r, num_r = rotation_round(n_block, num_n, rounds)
+    start = num_m - 1 - n_r * (num_m // num_r)
     return head, (start - m_idx + num_m) % num_m
 
 
-def host_rotated_rank(n_block: int, m_block: int, num_m: int, num_n: int) -> int:
-    """Rank of K block ``n_block`` in slot ``m_block`` (Note [Rotated order]). Python twin of
-    ``FlashBwdSm90.dq_rank`` with ``det_rotate``."""
-    stagger = num_m // num_n
+def host_rotated_rank(n_block: int, m_block: int, num_m: int, num_n: int, rounds: int = 1) -> int:
+    """Rank of K block ``n_block`` in slot ``m_block`` (Note [Rotated order]; Note [Rotation
+    rounds]: after every block of the earlier rounds). Python twin of ``FlashBwdSm90.dq_rank`` with
+    ``det_rotate``."""
+    base, n_r, num_r = rotation_round(n_block, num_n, rounds)
+    stagger = num_m // num_r
     if stagger == 0:
         return n_block
-    n0 = min((num_m - 1 - m_block) // stagger, num_n - 1)
-    return (n0 - n_block + num_n) % num_n
+    n0 = min((num_m - 1 - m_block) // stagger, num_r - 1)
+    return base + (n0 - n_r + num_r) % num_r
 
 
 def rotation_lags(num_m, num_n):
     """Whether the sm90 writer may hold a slot's publish back (Note [Publish lag] in
     fa4/bwd/sm90.py) in the rotated order of a sequence with ``num_m`` m_blocks and ``num_n`` K
-    blocks: not at stagger 1, where it can close a cycle (Note [Rotated order]). Plain arithmetic:
-    traced inline on the device, and the same on Python ints (the CPU model)."""
+    blocks (of its round, Note [Rotation rounds]): not at stagger 1, where it can close a cycle (Note
+    [Rotated order]). Plain arithmetic: traced inline on the device, and the same on Python ints (the
+    CPU model)."""
     return num_m // num_n != 1
 
 
@@ -498,6 +531,7 @@ def deterministic_schedule(
     up: bool = False,
     head_dim: int = 64,
     tail: int = 0,
+    rounds: int = 1,
 ):
     """The dQ accumulation schedule of a deterministic main kernel, as the device runs it.
 
@@ -519,7 +553,8 @@ def deterministic_schedule(
     pairs = heads_k * num_batch
     if section is None:
         sec = (order or LaunchOrder(1, 1, 1)).section_pairs(pairs, causal, True, rotated, direct, n_blocks=num_x,
-                                                            num_sms=num_sms, head_dim=head_dim, up=up)
+                                                            num_sms=num_sms, head_dim=head_dim, up=up,
+                                                            rounds=rounds)
     else:
         sec = max(1, min(section, pairs))
     visits, n_of, ctas, down_of = [], [], [], []
@@ -536,7 +571,7 @@ def deterministic_schedule(
             m_min, m_max = host_m_block_range(n, sq, sk, tile_m, tile_n, causal, local, wl, wr)
             num_m = max(m_max - m_min, 0)
             if rotated:
-                slots = [(b, *host_rotated_slot(t, hk, group, n, num_m, _cdiv(sk, tile_n)))
+                slots = [(b, *host_rotated_slot(t, hk, group, n, num_m, _cdiv(sk, tile_n), rounds))
                          for t in range(num_m * group)]
             else:
                 slots = [(b, *step_slot(t, hk, group, m_min, num_m, True, not down)) for t in range(num_m * group)]
@@ -548,7 +583,7 @@ def deterministic_schedule(
     def rank(cta: int, slot) -> int:
         b, _, m = slot
         if rotated:
-            return host_rotated_rank(n_of[cta], m, _cdiv(seqlens_q[b], tile_m), _cdiv(seqlens_k[b], tile_n))
+            return host_rotated_rank(n_of[cta], m, _cdiv(seqlens_q[b], tile_m), _cdiv(seqlens_k[b], tile_n), rounds)
         n_min, n_max = host_n_block_range(m, seqlens_q[b], seqlens_k[b], tile_m, tile_n, causal, local, wl, wr)
         return n_of[cta] - n_min if down_of[cta] else n_max - 1 - n_of[cta]
 

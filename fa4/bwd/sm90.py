@@ -327,7 +327,8 @@ class BwdSm90Config(AttnKernelConfig):
     shortest blocks launch first); the causal default without GQA (:data:`DET_UP`). ``det_tail``
     (with ``det_up``; 0: off), ``det_tail_share``: the last ``min(det_tail, heads_k //
     det_tail_share)`` kv heads of every batch walk the down order instead and launch last (Note
-    [Down tail], :data:`DET_TAIL`). ``dv_late`` (with ``dkv_rs``): the dV wgmma is
+    [Down tail], :data:`DET_TAIL`). ``det_rounds`` (with ``det_rotate``, deterministic): a pair's
+    K blocks rotate in that many rounds (Note [Rotation rounds], :data:`DET_ROUNDS`). ``dv_late`` (with ``dkv_rs``): the dV wgmma is
     issued after dS^T is computed and stored, next to dQ and dK (flash-attn-4's place), not right
     after P^T, so the float32 P^T is dead before P^T's 16-bit registers are pinned by an in-flight
     wgmma; the d64 default (128-row steps, dS from the float32 P: no spills or serialized wgmmas, and
@@ -368,6 +369,7 @@ class BwdSm90Config(AttnKernelConfig):
     dq_first_store: bool = False
     det_tail: int = 0
     det_tail_share: int = 8
+    det_rounds: int = 1
 
     KERNEL: ClassVar[str] = "fa4.bwd.sm90:FlashBwdSm90"
     REQUIRED_SASS: ClassVar[tuple] = ("HGMMA", "UTMALDG")  # checked by tests/test_compile.py
@@ -562,6 +564,9 @@ class FlashBwdSm90:
         if cfg.det_up and not (cfg.deterministic and (cfg.causal or cfg.local) and not cfg.det_rotate
                                and not cfg.two_cta):
             raise ValueError(f"{name}.det_up (Note [Up order]) needs deterministic=True and a causal or local mask")
+        if cfg.det_rounds < 1 or (cfg.det_rounds > 1 and not (cfg.det_rotate and cfg.deterministic)):
+            raise ValueError(f"{name}.det_rounds (Note [Rotation rounds]) needs det_rotate and deterministic=True, and "
+                             f"must be >= 1; got {cfg.det_rounds}")
         if cfg.det_tail < 0 or cfg.det_tail_share < 1 or (cfg.det_tail and not (cfg.det_up and not cfg.step_cursor)):
             raise ValueError(f"{name}.det_tail (Note [Down tail]) needs det_up and no step_cursor, det_tail >= 0 and "
                              f"det_tail_share >= 1; got {cfg.det_tail} / {cfg.det_tail_share}")
@@ -923,7 +928,8 @@ class FlashBwdSm90:
         if const_expr(self.cfg.det_rotate):
             m_idx = t // work.group
             head = work.head_kv * work.group + (t - m_idx * work.group)
-            start = work.num_m - 1 - work.n_block * (work.num_m // work.num_n)
+            _, n_r, num_r = common.rotation_round(work.n_block, work.num_n, self.cfg.det_rounds)
+            start = work.num_m - 1 - n_r * (work.num_m // num_r)
             return head, (start - m_idx + work.num_m) % work.num_m
         return common.step_slot(t, work.head_kv, work.group, work.m_min, work.num_m, self.cfg.deterministic,
                                 self.cfg.det_up, work.down)
@@ -955,11 +961,12 @@ class FlashBwdSm90:
             rank = up_rank + work.down * (rank - up_rank)
         elif const_expr(self.cfg.det_up):
             rank = n_max - 1 - work.n_block
-        if const_expr(self.cfg.det_rotate):
-            stagger = work.num_m // work.num_n
+        if const_expr(self.cfg.det_rotate):  # (Note [Rotation rounds]: after the earlier rounds)
+            base, n_r, num_r = common.rotation_round(work.n_block, work.num_n, self.cfg.det_rounds)
+            stagger = work.num_m // num_r
             if stagger > 0:
-                n0 = cutlass.min((work.num_m - 1 - m_block) // stagger, work.num_n - 1)
-                rank = (n0 - work.n_block + work.num_n) % work.num_n
+                n0 = cutlass.min((work.num_m - 1 - m_block) // stagger, num_r - 1)
+                rank = base + (n0 - n_r + num_r) % num_r
         return rank
 
     # --- producer ---------------------------------------------------------------------------
@@ -1037,7 +1044,8 @@ class FlashBwdSm90:
             claim, prev_claim = Int32(1), Int32(1)  # the slot counter a claim read (0: this CTA stores first)
             lagged = Boolean(True)
             if const_expr(det and self.cfg.publish_lag and self.cfg.det_rotate):
-                lagged = common.rotation_lags(work.num_m, work.num_n)  # Note [Publish lag]
+                num_r = common.rotation_round(work.n_block, work.num_n, self.cfg.det_rounds)[2]
+                lagged = common.rotation_lags(work.num_m, num_r)  # Note [Publish lag]
             for t in cutlass.range(work.num_steps, unroll=1):
                 lane_head, lane_m, lane_rank, head, m_block, rank = self.next_slot(work, t, lane, lane_head, lane_m,
                                                                                    lane_rank)
@@ -1716,6 +1724,15 @@ none -> one -> two -> four): d128 s8k 529.3 -> 544.5 -> 551.1 (non-deterministic
 (two) 475.1 -> (four) 463.4 (471.6); d256 s8k 370.5 -> 379.8 -> (two) 368.3 (393.4). tools/det_model.py
 puts the up order's SPT tail at 5-6% of the grid and the tail's fill at about 4 pairs at s8k."""
 
+DET_ROUNDS = {192: 2}
+"""``det_rounds`` of the rotated deterministic order by padded head dim (Note [Rotation rounds] in
+fa4/bwd/common.py; 1 where absent). Sweep v42 (one lease, three interleaved rounds, TFLOP/s, s8k
+without a mask, one round -> two): d192 308.9 / 309.0 / 308.1 -> 323.9 / 322.9 / 322.8 (+4.8%; not
+deterministic 381-388); d256 389.1 / 384.3 / 386.0 -> 384.8 / 377.1 / 371.7 (-2.4%; 399-411); d128 585.3
+/ 579.2 / 567.0 -> 569.9 / 547.9 / 555.3 (-3%, its stagger is 2 already); d64 502.0 / 502.1 / 502.4 ->
+494.6 / 475.2 / 475.3 (-5%). At d256 the chain's wait is smaller than what the rounds cost (CTAs of a
+second round resident before the first ends, sections of two pairs)."""
+
 DQ_FIRST_STORE = {True: True, False: False}
 """Keyed by ``deterministic``: whether runs with the dQ writer warp (not ``dq_direct``, not ``two_cta``)
 store each dq_accum slot's first tile, so the preprocess does not zero the accumulator (Note [First
@@ -1798,6 +1815,7 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
             problem.causal and not problem.local and -(-problem.seqlen_k // tile_n) >= DET_LAG_MAX_BLOCKS),
         publish_peek=(writer and PUBLISH_PEEK) or (bool(deterministic) and not writer and not rotated and SEQ_PEEK),
         det_rotate=rotated, lane_slots=rotated and hd >= LANE_SLOTS_MIN_HD,
+        det_rounds=DET_ROUNDS.get(hd, 1) if rotated and deterministic else 1,
         det_up=det_up, det_tail=DET_TAIL if det_up else 0, det_tail_share=DET_TAIL_SHARE,
         dq_direct=dq_direct, dq_first_store=first_store,
         # Not with more than 64 rows per step (``rows_late``): measured 7-16% slower at d64 (v0.11).
@@ -1841,7 +1859,9 @@ def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: B
                               or (cfg.det_up and LAUNCH_ORDER.det_section is None)) else "")
     notes.append(f"launch order: sections of {sec} of the {pairs} (batch, kv head) pairs{why}")
     if cfg.deterministic:
-        order = ("the rotated order (Note [Rotated order] in fa4/bwd/common.py)" if cfg.det_rotate else
+        rounds = (f", its K blocks in {cfg.det_rounds} rounds per pair (Note [Rotation rounds])"
+                  if cfg.det_rounds > 1 else "")
+        order = (f"the rotated order (Note [Rotated order] in fa4/bwd/common.py){rounds}" if cfg.det_rotate else
                  "the up order: m_blocks walked up from the diagonal, the shortest K blocks launched first, "
                  "sections bounded by L2 bytes as without determinism (Note [Up order] in fa4/bwd/common.py)"
                  if cfg.det_up else
@@ -1957,6 +1977,9 @@ def variants(arch: str) -> list[BwdSm90Config]:
     out.append(replace(make_config(P(128, local=True, varlen=True, seqused_k=True), None, arch, True), det_up=True,
                        det_tail=2))
     out.append(replace(make_config(P(256, causal=True), None, arch, True), det_up=True, det_tail=2))
+    # Rotation rounds (Note [Rotation rounds]): the ordered direct adds (d256) and the writer (d128).
+    out.append(replace(make_config(replace(P(256), seqlen_q=8192, seqlen_k=8192), None, arch, True), det_rounds=2))
+    out.append(replace(rot, det_rounds=2))
     # d64's 128-row steps with dS from the 16-bit P and the dV wgmma right after P^T (ds_from_p16,
     # the d64 default until v0.13), plain and causal deterministic; dv_late at d128's 64-row steps.
     out.append(replace(out[0], ds_from_p16=True, dv_late=False))
