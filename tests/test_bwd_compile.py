@@ -256,7 +256,7 @@ def test_rotation_rounds_schedule(sq, sk):
     publish lag under the kernel's rule); round r's contributors hold ranks [r * per, r * per +
     count) after every earlier round's; inside a round no block waits at equal pace (its rank is the
     round's base plus the round's blocks that reached the slot earlier); the stagger at M == N
-    is R; and the launch sections hold R pairs."""
+    (even N) is 2 with R = 2; and the launch sections hold R pairs."""
     from fa4.bwd import sm90
 
     assert sm90.LAUNCH_ORDER.section_pairs(64, False, True, True, rounds=2) == 2
@@ -621,8 +621,8 @@ def test_up_order_schedule(sq, sk):
 
 @pytest.mark.parametrize("sq, sk", [(113, 203), (1000, 1000), (1024, 4096), (4096, 1024), (65, 129)])
 def test_down_tail_schedule(sq, sk):
-    """Note [Down tail] (sm90's ``det_tail``): the last ``heads_k // det_tail`` kv heads walk the
-    down order; ranks stay 0, 1, ... in launch order in every slot (runs through with 1, 3 or 7 CTAs
+    """Note [Down tail] (sm90's ``det_tail``): the last ``tail`` kv heads (the kernel's
+    ``min(det_tail, heads_k // det_tail_share)``) walk the down order; ranks stay 0, 1, ... in launch order in every slot (runs through with 1, 3 or 7 CTAs
     resident, with the publish lag too), every down-order CTA launches after every up-order one, no
     section mixes the two, and the down pairs launch longest first (n ascending), the up ones
     shortest first."""

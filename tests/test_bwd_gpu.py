@@ -852,11 +852,12 @@ def test_bwd_sm90_down_tail(d, mask, layout, monkeypatch, hang_watchdog):
         _check_grads(("dq", "dk", "dv"), tail, ref, pt, (q, k, v), g)
     for a, b in zip(tail, up):  # the plain up order: the same sums, two heads in another order
         torch.testing.assert_close(a.float(), b.float(), atol=2e-2, rtol=2e-2)
+    assert not torch.equal(tail[0], up[0]), "dq has the plain up order's bits: the tail walked no head down"
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("d", [128, 192, 256])
-@pytest.mark.parametrize("layout", ["dense", "varlen"])
+@pytest.mark.parametrize("layout", ["dense", "square", "varlen"])
 def test_bwd_sm90_rotation_rounds(d, layout, monkeypatch, hang_watchdog):
     """Note [Rotation rounds] (fa4/bwd/common.py, ``det_rounds``): the rotated deterministic order
     in two rounds per pair (sections of two pairs) is bit-exact over runs and correct: the reference rule (dense) and the sums of
@@ -869,8 +870,10 @@ def test_bwd_sm90_rotation_rounds(d, layout, monkeypatch, hang_watchdog):
         pytest.skip("the sm90 kernels need compute capability 9.x")
     hang_watchdog()
     opts = fa4.KernelOptions(arch="sm90")
-    run, (q, k, v), g, kw = _deterministic_run(layout, d, "none", opts, (1000, 1500), (900, 1300),
-                                               d + 9 + (0 if layout == "dense" else 1))
+    # "square": s_q == s_k, so as many m_blocks as K blocks at 64 x 64 tiles (stagger 1 -> 2).
+    lens = (1024, 1024) if layout == "square" else (1000, 1500)
+    run, (q, k, v), g, kw = _deterministic_run("varlen" if layout == "varlen" else "dense", d, "none", opts, lens,
+                                               (900, 1300), d + 9 + (0 if layout == "dense" else 1))
     monkeypatch.setattr(sm90, "DET_ROUNDS", {})
     fa4.ops._plans.clear()
     one = run()
@@ -880,11 +883,12 @@ def test_bwd_sm90_rotation_rounds(d, layout, monkeypatch, hang_watchdog):
     assert sm90.make_config(problem, None, "sm_90a", True).det_rounds == 2
     rounds = _same_bits_over_runs(run, 3, "rotation rounds")
     fa4.ops._plans.clear()
-    if layout == "dense":
+    if layout != "varlen":
         ref, pt = _reference_dense((q, k, v), dict(kw, softcap=0.0), g, None)
         _check_grads(("dq", "dk", "dv"), rounds, ref, pt, (q, k, v), g)
     for a, b in zip(rounds, one):  # one round: the same sums in another order
         torch.testing.assert_close(a.float(), b.float(), atol=2e-2, rtol=2e-2)
+    assert not torch.equal(rounds[0], one[0]), "dq has one round's bits: the rounds changed no order"
 
 
 @pytest.mark.gpu

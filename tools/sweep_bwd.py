@@ -249,7 +249,7 @@ PLANS = {
                               ("d256 s8192", ("",)), ("d192 s8192", ("",)))
             for v in vs],
     # v0.20: the rotated order in rounds (Note [Rotation rounds]): d256 / d192 without a mask (M == N,
-    # stagger 1 -> 2 in two rounds), d128 / d64 (stagger 2 already). Three interleaved rounds.
+    # stagger 1 -> 2 in two rounds), d128 (stagger 2 already) and d64 (128 x 128 tiles: stagger 1 too). Three interleaved rounds.
     "v42": [f"{shape} {v}".strip() for _ in range(3)
             for shape, vs in (("d256 s8192 det", ("", "det_rounds=2")),
                               ("d192 s8192 det", ("", "det_rounds=2")),

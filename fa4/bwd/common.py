@@ -94,13 +94,15 @@ Note [Rotated order]
     kv head: block ``n`` then waits for block ``n + 1`` one step back, around the pair to itself.
 
 Note [Rotation rounds]
-    With ``M == N`` (head dims 192 / 256: 64 x 64 tiles, ``s_q == s_k``) the stagger is 1: every
+    With ``M == N`` (``s_q == s_k`` with ``tile_m == tile_n``: 64 x 64 at head dims 192 / 256, 128 x
+    128 at 64) the stagger is 1: every
     slot takes an add at every step, so each contributor has one step from the previous one's
     adds to its own turn, and that chain (the adds complete, the fence, the count seen) is about a
     step at d256 and longer at d192 (docs/RESULTS.md v0.20: 0.94x and 0.85x of the non-deterministic
     speed). No rotation of all ``N`` blocks gives more. With ``rounds = R`` the blocks of a pair run
     in rounds of ``ceil(N / R)`` (contiguous ``n``): round ``r`` is rotated among itself with the
-    stagger ``M // (its blocks)`` (2 at ``R = 2``), and its ranks follow every rank of the earlier
+    stagger ``M // (its blocks)`` (2 at ``R = 2`` and even ``N``; 1 in the first round of an odd
+    ``N``), and its ranks follow every rank of the earlier
     rounds (:func:`rotation_round`). The launch sections hold ``R`` pairs (``x`` slowest), so the
     first rounds of ``R`` pairs, about the blocks of one pair, run together, then their second
     rounds. Still a fixed order per slot (bit-exact, batch-invariant); deadlock-free as the rotated
@@ -199,7 +201,7 @@ class LaunchOrder:
                       pair_bytes: int = 0, l2_bytes: int = arch.H200_L2_BYTES, up: bool = False,
                       rounds: int = 1) -> int:
         """Pairs per launch section, in [1, num_pairs]; the rotated deterministic order needs sections
-        of one pair (Note [Rotated order]). ``direct``: the kernel adds dQ from registers.
+        of one pair (Note [Rotated order]), or ``rounds`` pairs (Note [Rotation rounds]). ``direct``: the kernel adds dQ from registers.
         ``n_blocks`` (CTAs per pair), ``num_sms`` and ``head_dim`` (the kernel's, padded): with
         ``det_causal_waves``, a deterministic causal section holds about that many waves of head-dim-64
         CTAs' work or more (waves * num_sms / n_blocks * 64 / head_dim pairs from head dim 64 on,
@@ -282,7 +284,9 @@ def launch_grid(cfg, num_batch: int, heads_k: int, max_seqlen_k: int) -> tuple[i
 def rotation_round(n_block, num_n, rounds: int):
     """``(first rank, index, K blocks)`` of K block ``n_block``'s round in the rotated order with
     ``rounds`` rounds (Note [Rotation rounds]): blocks ``[r * per, (r + 1) * per)`` form round ``r``
-    (``per = ceil(num_n / rounds)``). Plain arithmetic (traced or not)."""
+    (``per = ceil(num_n / rounds)``). Only for blocks with keys (``n_block < num_n``): past the
+    sequence the round is empty or negative, so callers stay under the CTA's ``num_steps > 0``
+    (a division by that count would be by zero). Plain arithmetic (traced or not)."""
     if rounds == 1:
         return 0, n_block, num_n
     per = (num_n + rounds - 1) // rounds
@@ -540,7 +544,8 @@ def deterministic_schedule(
     None: ``order``'s default), each with its (batch, q head, m_block) slots in visiting order;
     ``rank(cta, slot)``, the count it waits for: ``n_block - n_min``; and ``ctas[c] = (x, kv head,
     batch, n_block)``. ``seqlens_k`` are the keys used (seqused_k when given). ``rotated``: the
-    rotated order of Note [Rotated order] (no mask; sections of one pair). ``direct``: the kernel
+    rotated order of Note [Rotated order] (no mask; sections of one pair, or of ``rounds`` pairs with
+    ``rounds`` rounds per pair: Note [Rotation rounds]). ``direct``: the kernel
     adds dQ from registers (``order``'s sections for that case). ``num_sms``: the GPU's, for
     ``order``'s ``det_causal_waves`` (with ``head_dim``, the kernel's padded head dim). ``up``: the up
     order of Note [Up order] (masked only). ``tail``: with ``up``, the kv heads per batch that walk
