@@ -366,17 +366,20 @@ def _same_bits_over_runs(run, runs: int, what: str):
     return first
 
 
-def _deterministic_run(layout: str, d: int, mask: str, opts, dense_lens, varlen_lens, seed: int):
-    """A deterministic forward + backward on GQA 6/2 inputs, bf16: ``(run, (q, k, v), g, kw)`` with
-    ``run() -> (dq, dk, dv)`` and ``kw`` the call's keyword arguments. ``dense_lens``: (s_q, s_k) of
-    a batch of 2; ``varlen_lens``: (max s_q, max s_k) of 4 sequences with seqused_k."""
+def _deterministic_run(layout: str, d: int, mask: str, opts, dense_lens, varlen_lens, seed: int,
+                       heads=(6, 2), batch: int = 2, **call_kw):
+    """A deterministic forward + backward on GQA 6/2 inputs (``heads``), bf16: ``(run, (q, k, v), g,
+    kw)`` with ``run() -> (dq, dk, dv)`` and ``kw`` the call's keyword arguments (``call_kw``, e.g.
+    ``num_splits``, go to the call only). ``dense_lens``: (s_q, s_k) of a batch of ``batch``;
+    ``varlen_lens``: (max s_q, max s_k) of 4 sequences with seqused_k."""
+    h, hk = heads
     if layout == "dense":
         sq, sk = dense_lens
         kw = dict(causal=mask == "causal", window_size=_window(mask, sq, sk))
-        q, k, v = random_qkv(2, sq, sk, 6, 2, d, torch.bfloat16, "cuda", requires_grad=True, seed=seed)
+        q, k, v = random_qkv(batch, sq, sk, h, hk, d, torch.bfloat16, "cuda", requires_grad=True, seed=seed)
         call = fa4.flash_attn_func
     else:
-        vb = random_varlen(4, varlen_lens[0], 6, 2, d, torch.bfloat16, "cuda", max_seqlen_k=varlen_lens[1],
+        vb = random_varlen(4, varlen_lens[0], h, hk, d, torch.bfloat16, "cuda", max_seqlen_k=varlen_lens[1],
                            with_seqused_k=True, requires_grad=True, seed=seed)
         q, k, v = vb.q, vb.k, vb.v
         kw = dict(cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k, seqused_k=vb.seqused_k,
@@ -386,7 +389,7 @@ def _deterministic_run(layout: str, d: int, mask: str, opts, dense_lens, varlen_
     g = torch.randn(q.shape, device="cuda", dtype=q.dtype)
 
     def run():
-        out, _ = call(q, k, v, deterministic=True, kernel_options=opts, **kw)
+        out, _ = call(q, k, v, deterministic=True, kernel_options=opts, **call_kw, **kw)
         return torch.autograd.grad(out, (q, k, v), g)
     return run, (q, k, v), g, kw
 
@@ -801,28 +804,14 @@ def test_bwd_sm90_down_tail(d, mask, layout, monkeypatch, hang_watchdog):
     hang_watchdog()
     opts = fa4.KernelOptions(arch="sm90")
     seed = d + (0 if layout == "dense" else 1) + (0 if mask == "causal" else 2)
-    if layout == "dense":
-        q, k, v = random_qkv(3, 1000, 1300, 4, 4, d, torch.bfloat16, "cuda", requires_grad=True, seed=seed)
-        kw = dict(causal=mask == "causal", window_size=_window(mask, 1000, 1300))
-        call = fa4.flash_attn_func
-    else:
-        vb = random_varlen(4, 900, 4, 4, d, torch.bfloat16, "cuda", max_seqlen_k=1300, with_seqused_k=True,
-                           requires_grad=True, seed=seed)
-        q, k, v = vb.q, vb.k, vb.v
-        kw = dict(cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k, seqused_k=vb.seqused_k,
-                  max_seqlen_q=vb.max_seqlen_q, max_seqlen_k=vb.max_seqlen_k, causal=mask == "causal",
-                  window_size=_window(mask, vb.max_seqlen_q, vb.max_seqlen_k))
-        call = fa4.flash_attn_varlen_func
-    g = torch.randn(q.shape, device="cuda", dtype=q.dtype)
+    # num_splits=1: the forward's split count follows the batch size (and so would out / lse).
+    run, (q, k, v), g, kw = _deterministic_run(layout, d, mask, opts, (1000, 1300), (900, 1300), seed,
+                                               heads=(4, 4), batch=3, num_splits=1)
 
-    def run(batch=None):
-        if batch is None:
-            out, _ = call(q, k, v, deterministic=True, kernel_options=opts, num_splits=1, **kw)
-            return torch.autograd.grad(out, (q, k, v), g)
-        qq, kk, vv = (t[:batch].detach().clone().requires_grad_() for t in (q, k, v))
-        # num_splits=1: the forward's split count follows the batch size (and so would out / lse).
-        out, _ = call(qq, kk, vv, deterministic=True, kernel_options=opts, num_splits=1, **kw)
-        return torch.autograd.grad(out, (qq, kk, vv), g[:batch])
+    def alone():  # sample 0 of the dense batch on its own
+        qq, kk, vv = (t[:1].detach().clone().requires_grad_() for t in (q, k, v))
+        out, _ = fa4.flash_attn_func(qq, kk, vv, deterministic=True, kernel_options=opts, num_splits=1, **kw)
+        return torch.autograd.grad(out, (qq, kk, vv), g[:1])
 
     monkeypatch.setattr(sm90, "DET_UP", True)
     monkeypatch.setattr(sm90, "DET_UP_LOCAL", True)
@@ -835,8 +824,7 @@ def test_bwd_sm90_down_tail(d, mask, layout, monkeypatch, hang_watchdog):
     assert cfg.det_up and cfg.det_tail == 2
     tail = _same_bits_over_runs(run, 5, "down tail")
     if layout == "dense":
-        alone = run(1)
-        for name, a, b in zip(("dq", "dk", "dv"), alone, tail):
+        for name, a, b in zip(("dq", "dk", "dv"), alone(), tail):
             assert torch.equal(a[0], b[0]), f"{name} of sample 0 depends on its batch (down tail)"
     monkeypatch.setattr(sm90.LAUNCH_ORDER, "det_section", 1)
     fa4.ops._plans.clear()

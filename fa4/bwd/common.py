@@ -87,8 +87,8 @@ Note [Rotated order]
     in-order dispatch the earliest unfinished pair is wholly resident when ``num_x`` CTAs fit on the
     GPU. The host uses the rotated order only then (sm90: ``num_x <= SMs``, one CTA per SM), and
     only without a causal or local mask; ``k = 0`` (fewer m_blocks than K blocks) falls back to
-    the plain order inside the kernel, per sequence. :func:`host_rotated_slot` and
-    :func:`host_rotated_rank` are the formulas' Python twins (the CPU model of the schedule). A
+    the plain order inside the kernel, per sequence. :func:`rotated_slot` (the kernel's too) and
+    :func:`host_rotated_rank` (a Python twin) are the formulas (the CPU model of the schedule). A
     writer that holds a slot's publish back until its next slot's wait is over (sm90, Note [Publish
     lag] in fa4/bwd/sm90.py) must not do so at stagger ``k = 1`` with ``M == N`` and one q head per
     kv head: block ``n`` then waits for block ``n + 1`` one step back, around the pair to itself.
@@ -294,10 +294,10 @@ def rotation_round(n_block, num_n, rounds: int):
     return r * per, n_block - r * per, cutlass.min(per, num_n - r * per)
 
 
-def host_rotated_slot(t: int, head_kv: int, group: int, n_block: int, num_m: int, num_n: int,
-                      rounds: int = 1) -> tuple[int, int]:
+def rotated_slot(t, head_kv, group, n_block, num_m, num_n, rounds: int = 1):
     """(q head, m_block) of step ``t`` in the rotated order (Note [Rotated order]; ``m_min = 0``), of
-    its round (Note [Rotation rounds]). Python twin of ``FlashBwdSm90.step_slot`` with ``det_rotate``."""
+    its round (Note [Rotation rounds]): ``FlashBwdSm90.step_slot`` with ``det_rotate``. Plain
+    arithmetic: traced inline on the device, and the same on Python ints (the CPU model)."""
     m_idx = t // group
     head = head_kv * group + (t - m_idx * group)
     _, n_r, num_r = rotation_round(n_block, num_n, rounds)
@@ -565,10 +565,11 @@ def deterministic_schedule(
     visits, n_of, ctas, down_of = [], [], [], []
     n_tail = tail if up else 0
     for i in range(num_x * pairs):
-        x, hk, b = section_tile(i, num_x, heads_k, num_batch, sec, False)
-        down = 0 if up else 1
         if n_tail:
             x, hk, b, down = host_tail_tile(i, num_x, heads_k, num_batch, sec, n_tail)
+        else:
+            x, hk, b = section_tile(i, num_x, heads_k, num_batch, sec, False)
+            down = 0 if up else 1
         sq, sk = seqlens_q[b], seqlens_k[b]
         n = x if down else num_x - 1 - x
         slots = []
@@ -576,7 +577,7 @@ def deterministic_schedule(
             m_min, m_max = host_m_block_range(n, sq, sk, tile_m, tile_n, causal, local, wl, wr)
             num_m = max(m_max - m_min, 0)
             if rotated:
-                slots = [(b, *host_rotated_slot(t, hk, group, n, num_m, _cdiv(sk, tile_n), rounds))
+                slots = [(b, *rotated_slot(t, hk, group, n, num_m, _cdiv(sk, tile_n), rounds))
                          for t in range(num_m * group)]
             else:
                 slots = [(b, *step_slot(t, hk, group, m_min, num_m, True, not down)) for t in range(num_m * group)]

@@ -839,15 +839,16 @@ class FlashBwdSm90:
         the two blocks' m_blocks (Note [Two-CTA dQ])."""
         cn = self.cfg.cluster_n
         rank = block % cn if const_expr(cn > 1) else Int32(0)
-        x, head_kv, batch = section_tile(block // cn if const_expr(cn > 1) else block, num_x, num_heads_k,
-                                         num_batch, section, False)
-        n_block = x * cn + rank if const_expr(cn > 1) else x
         down = None
         if const_expr(self.cfg.det_tail):  # the last kv heads walk down, launched last (Note [Down tail])
             x, head_kv, batch, down = self.tail_tile(block, num_x, num_heads_k, num_batch, section)
             n_block = x + (1 - down) * (num_x - 1 - 2 * x)
-        elif const_expr(self.cfg.det_up):  # the shortest blocks first (Note [Up order])
-            n_block = num_x - 1 - x
+        else:
+            x, head_kv, batch = section_tile(block // cn if const_expr(cn > 1) else block, num_x, num_heads_k,
+                                             num_batch, section, False)
+            n_block = x * cn + rank if const_expr(cn > 1) else x
+            if const_expr(self.cfg.det_up):  # the shortest blocks first (Note [Up order])
+                n_block = num_x - 1 - x
         args = (batch, mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, seqlen_q_static, seqlen_k_static, window_left,
                 window_right)
         seq, mask, m_min, num_m, rows_k = self.block_range(n_block, *args)
@@ -924,13 +925,10 @@ class FlashBwdSm90:
 
     def step_slot(self, work, t: Int32):
         """(q head, m_block) of step ``t``: :func:`fa4.bwd.common.step_slot`, or the rotated order
-        (``det_rotate``; twin: :func:`fa4.bwd.common.host_rotated_slot`)."""
+        (``det_rotate``: :func:`fa4.bwd.common.rotated_slot`)."""
         if const_expr(self.cfg.det_rotate):
-            m_idx = t // work.group
-            head = work.head_kv * work.group + (t - m_idx * work.group)
-            _, n_r, num_r = common.rotation_round(work.n_block, work.num_n, self.cfg.det_rounds)
-            start = work.num_m - 1 - n_r * (work.num_m // num_r)
-            return head, (start - m_idx + work.num_m) % work.num_m
+            return common.rotated_slot(t, work.head_kv, work.group, work.n_block, work.num_m, work.num_n,
+                                       self.cfg.det_rounds)
         return common.step_slot(t, work.head_kv, work.group, work.m_min, work.num_m, self.cfg.deterministic,
                                 self.cfg.det_up, work.down)
 
