@@ -713,14 +713,14 @@ def test_bwd_sm90_empty_tiles_varlen(d, det):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("d", [64, 128, 192, 256])
 @pytest.mark.parametrize("heads", [(4, 4), (6, 2)])
 @pytest.mark.parametrize("causal", [True, False])
 def test_bwd_sm90_deterministic_batch_invariant(d, heads, causal, monkeypatch, hang_watchdog):
     """A sample's deterministic gradients do not depend on the rest of its batch: every slot's adds
     come in the order of their K blocks (Note [Deterministic dQ]; the up order, Note [Up order], the
-    causal default without GQA; the down order with GQA; the rotated order without a mask), not in
-    launch order, so the sections that a batch size brings do not change them. Sample 0 alone and in
+    causal default without GQA; the down order with GQA; the rotated order without a mask, in two
+    rounds at d192, Note [Rotation rounds]), not in launch order, so the sections that a batch size brings do not change them. Sample 0 alone and in
     a batch of 5 (more pairs, more sections), and with sections of one pair: the same bits."""
     from fa4.bwd import sm90
 
@@ -840,7 +840,11 @@ def test_bwd_sm90_down_tail(d, mask, layout, monkeypatch, hang_watchdog):
         _check_grads(("dq", "dk", "dv"), tail, ref, pt, (q, k, v), g)
     for a, b in zip(tail, up):  # the plain up order: the same sums, two heads in another order
         torch.testing.assert_close(a.float(), b.float(), atol=2e-2, rtol=2e-2)
-    assert not torch.equal(tail[0], up[0]), "dq has the plain up order's bits: the tail walked no head down"
+    # Only slots with three or more K blocks can change bits with the order (two adds commute), and
+    # dq comes out in bf16, which hides most one-ulp float32 differences: the varlen batch has such
+    # slots in one sequence only (its single causal query row), too few elements to show one.
+    if layout == "dense":
+        assert not torch.equal(tail[0], up[0]), "dq has the plain up order's bits: the tail walked no head down"
 
 
 @pytest.mark.gpu
