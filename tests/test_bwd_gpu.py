@@ -887,6 +887,49 @@ def test_bwd_sm90_rotation_rounds(d, layout, monkeypatch, hang_watchdog):
 @pytest.mark.parametrize("d", [192, 256])
 @pytest.mark.parametrize("mask", ["none", "causal", "local"])
 @pytest.mark.parametrize("layout", ["dense", "varlen"])
+@pytest.mark.parametrize("det", [False, True])
+def test_bwd_sm90_dq_pass(d, mask, layout, det, monkeypatch, hang_watchdog):
+    """Note [dQ pass] (fa4/bwd/dq_sm90.py, ``dq_pass``): the main kernel computes dK and dV only and
+    a second kernel dQ, queries stationary, without reductions. dK and dV have the default's bits;
+    dQ passes the reference rule (dense) and matches the default's sums; deterministic runs give
+    the same dQ bits every run; GQA 6/2, odd lengths, varlen with seqused_k."""
+    import dataclasses
+
+    from fa4.bwd import sm90
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the sm90 kernels need compute capability 9.x")
+    hang_watchdog()
+    opts = fa4.KernelOptions(arch="sm90")
+    run, (q, k, v), g, kw = _deterministic_run(layout, d, mask, opts, (1000, 777), (900, 1300),
+                                               d + 29 + (0 if layout == "dense" else 1))
+    call = fa4.flash_attn_func if layout == "dense" else fa4.flash_attn_varlen_func
+
+    def grads():
+        out, _ = call(q, k, v, kernel_options=opts, deterministic=det, **kw)
+        return torch.autograd.grad(out, (q, k, v), g)
+
+    fa4.ops._plans.clear()
+    base = grads()
+    make = sm90.make_config
+    monkeypatch.setattr(sm90, "make_config", lambda *a, **k: dataclasses.replace(make(*a, **k), dq_pass=True))
+    fa4.ops._plans.clear()
+    try:
+        passed = _same_bits_over_runs(grads, 3, "dq_pass") if det else grads()
+    finally:
+        fa4.ops._plans.clear()
+    for name, a, b in list(zip(("dq", "dk", "dv"), passed, base))[1:]:
+        assert torch.equal(a, b), f"{name} differs from the default's bits with dq_pass"
+    torch.testing.assert_close(passed[0].float(), base[0].float(), atol=2e-2, rtol=2e-2)
+    if layout == "dense":
+        ref, pt = _reference_dense((q, k, v), dict(kw, softcap=0.0), g, None)
+        _check_grads(("dq", "dk", "dv"), passed, ref, pt, (q, k, v), g)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [192, 256])
+@pytest.mark.parametrize("mask", ["none", "causal", "local"])
+@pytest.mark.parametrize("layout", ["dense", "varlen"])
 def test_bwd_sm90_ordered_direct_dq(d, mask, layout, monkeypatch):
     """Note [Ordered direct dQ] (fa4/bwd/sm90.py): the deterministic backward of the head dims that
     add dQ from registers is bit-exact over runs, gives the same bits as the ordered writer warp

@@ -250,6 +250,12 @@ PLANS = {
             for v in vs],
     # v0.20: the rotated order in rounds (Note [Rotation rounds]): d256 / d192 without a mask (M == N,
     # stagger 1 -> 2 in two rounds), d128 (stagger 2 already) and d64 (128 x 128 tiles: stagger 1 too). Three interleaved rounds.
+    # The dQ pass (Note [dQ pass], dq_pass; branch wip/dq-pass): dK / dV in the main kernel, dQ
+    # in a second kernel without reductions. Three interleaved rounds.
+    "v46": [f"{shape} {v}".strip() for _ in range(3)
+            for shape in ("d256 s8192", "d256 s8192 causal", "d256 s8192 det", "d192 s8192", "d192 s8192 det",
+                          "d256 s2048")
+            for v in ("", "dq_pass=True")],
     "v42": [f"{shape} {v}".strip() for _ in range(3)
             for shape, vs in (("d256 s8192 det", ("", "det_rounds=2")),
                               ("d192 s8192 det", ("", "det_rounds=2")),
@@ -441,6 +447,10 @@ def configs(family, shape, over):
     q, k, v = (t.detach() for t in _tensors(shape, grad=False)) if torch.cuda.is_available() else [None] * 3
     problem = validate.check_dense(q, k, v, None, shape["causal"], (None, None), 0.0)
     cfg = dataclasses.replace(mod.make_config(problem, None, "sm_90a", shape["det"]), **over)
+    if getattr(cfg, "dq_pass", False):  # Note [dQ pass]: the dQ kernel, no postprocess, no counters
+        from fa4.bwd import dq_sm90
+        return [cfg, dq_sm90.config_for(cfg),
+                preprocess.make_config("bf16", shape["d"], "sm_90a", has_semaphore=False, zero_dq=False)]
     pre = preprocess.make_config("bf16", shape["d"], "sm_90a", has_semaphore=shape["det"])
     return [cfg, postprocess.config_for(cfg), pre]
 

@@ -421,6 +421,8 @@ def counts_slots(cfg) -> bool:
     """Whether the main kernel of ``cfg`` keeps a counter per dq_accum slot: deterministic (Note
     [Deterministic dQ]), or storing each slot's first tile instead of adding it into a zeroed
     accumulator (``dq_first_store``, Note [First store] in fa4/bwd/sm90.py)."""
+    if getattr(cfg, "dq_pass", False):  # no dq_accum slots (Note [dQ pass] in fa4/bwd/dq_sm90.py)
+        return False
     return bool(cfg.deterministic or getattr(cfg, "dq_first_store", False))
 
 
@@ -447,11 +449,12 @@ def run_backward(cfg, problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_se
     dq_accum = _empty(shapes["dq_accum"], torch.float32, dev)
     sem = torch.empty(shapes["semaphore"], dtype=torch.int32, device=dev) if "semaphore" in shapes else None
     post_cfg = postprocess.config_for(cfg)  # ``counted``: the main kernel stores first (Note [First store])
+    dq_pass = getattr(cfg, "dq_pass", False)  # Note [dQ pass] in fa4/bwd/dq_sm90.py: no dq_accum
     varlen_q = cu_seqlens_q is not None
     preprocess.run_preprocess(
         out, dout, lse, lse_log2, dpsum, dq_accum, dlse=dlse, cu_seqlens_q=cu_seqlens_q,
         max_seqlen_q=problem.seqlen_q if varlen_q else None, semaphore=sem, dq_tile_m=cfg.tile_m,
-        dq_head_dim=q.shape[-1], arch=cfg.arch, zero_dq=not post_cfg.counted)
+        dq_head_dim=q.shape[-1], arch=cfg.arch, zero_dq=not post_cfg.counted and not dq_pass)
     dk_k, dv_k = kernel_ready(dk), kernel_ready(dv)
     max_seqlen_k = problem.seqlen_k if cu_seqlens_k is not None else k.shape[1]
     num_batch = cu_seqlens_k.shape[0] - 1 if cu_seqlens_k is not None else k.shape[0]
@@ -472,9 +475,18 @@ def run_backward(cfg, problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_se
     if dv_k is not dv:
         dv.copy_(dv_k)
     dq_k = kernel_ready(dq)
-    postprocess.run_postprocess(
-        post_cfg, dq_accum, dq_k, problem.softmax_scale, cu_seqlens_q=cu_seqlens_q,
-        max_seqlen_q=problem.seqlen_q if varlen_q else None, counters=sem if post_cfg.counted else None)
+    if dq_pass:
+        from fa4.bwd import dq_sm90
+
+        if q.shape[1] > 0:
+            get_kernel(dq_sm90.config_for(cfg))(
+                q, k, v, dout, lse_log2, dpsum, dq_k, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                float(problem.softmax_scale), float(problem.softcap), int(problem.window_left),
+                int(problem.window_right), int(problem.seqlen_q if varlen_q else q.shape[1]))
+    else:
+        postprocess.run_postprocess(
+            post_cfg, dq_accum, dq_k, problem.softmax_scale, cu_seqlens_q=cu_seqlens_q,
+            max_seqlen_q=problem.seqlen_q if varlen_q else None, counters=sem if post_cfg.counted else None)
     if dq_k is not dq:
         dq.copy_(dq_k)
 

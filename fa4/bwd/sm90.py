@@ -343,6 +343,8 @@ class BwdSm90Config(AttnKernelConfig):
     ``dq_first_store`` (the writer warp, not ``two_cta``): the first contributor of each dq_accum
     slot stores its tile instead of adding it, so the preprocess does not zero the accumulator
     (Note [First store]; the slot counters are allocated and zeroed in every mode then).
+    ``dq_pass`` (with ``dq_direct``; an experiment): no dQ here, dK and dV only; the dQ pass
+    (:mod:`fa4.bwd.dq_sm90`, Note [dQ pass]) computes dQ after this kernel, without reductions.
     """
 
     head_dim: int = 128
@@ -370,6 +372,7 @@ class BwdSm90Config(AttnKernelConfig):
     det_tail: int = 0
     det_tail_share: int = 8
     det_rounds: int = 1
+    dq_pass: bool = False
 
     KERNEL: ClassVar[str] = "fa4.bwd.sm90:FlashBwdSm90"
     REQUIRED_SASS: ClassVar[tuple] = ("HGMMA", "UTMALDG")  # checked by tests/test_compile.py
@@ -576,6 +579,8 @@ class FlashBwdSm90:
         if cfg.publish_lag and not (cfg.deterministic and not cfg.dq_direct):
             raise ValueError(f"{name}.publish_lag orders the deterministic dQ writer; it needs deterministic=True "
                              "and no dq_direct (the ordered direct adds have their own overlap, Note [Ordered direct dQ])")
+        if cfg.dq_pass and not (cfg.dq_direct and not cfg.two_cta):
+            raise ValueError(f"{name}.dq_pass (Note [dQ pass] in fa4/bwd/dq_sm90.py) needs dq_direct and two_cta=False")
         if cfg.dq_first_store and (cfg.dq_direct or cfg.two_cta):
             raise ValueError(f"{name}.dq_first_store (Note [First store]) is the dQ writer warp's; it needs "
                              "dq_direct=False and two_cta=False")
@@ -791,7 +796,7 @@ class FlashBwdSm90:
             if const_expr(not self.cfg.dq_direct):
                 if warp_idx == 1:
                     self.store_dq(mdQaccum, mSemaphore, smem().sdQ, work())
-            elif const_expr(self.cfg.deterministic):
+            elif const_expr(self.cfg.deterministic and not self.cfg.dq_pass):
                 if warp_idx == 1:
                     self.sequence_dq(mSemaphore, work())
         else:
@@ -1327,7 +1332,7 @@ class FlashBwdSm90:
                 if const_expr(not lazy):
                     head, m_block = self.step_slot(work, t)
                 gdQ = None
-                if const_expr(self.cfg.dq_direct):
+                if const_expr(self.cfg.dq_direct and not self.cfg.dq_pass):
                     gdQ = self.dq_tile(mdQaccum, work, head, m_block)
                 need_mask = seqlen_partial
                 if const_expr(self.cfg.local):
@@ -1477,7 +1482,8 @@ class FlashBwdSm90:
             gemm_sm90(self.tiled_mma_dv, c.acc_dV, c.tdVrPt[None, None, None, pds], c.tdVrdOt[None, None, None, di])
         elif const_expr(dv_late):
             gemm_sm90(self.tiled_mma_dv, c.acc_dV, make_acc_as_A(rP), c.tdVrdOt[None, None, None, di])
-        self.gemm_dq(c.acc_dQ, c.tdQrdS[None, None, None, pds], c.tdQrKt, True)
+        if const_expr(not self.cfg.dq_pass):
+            self.gemm_dq(c.acc_dQ, c.tdQrdS[None, None, None, pds], c.tdQrKt, True)
         if const_expr(self.cfg.two_cta):
             cute.arch.mbarrier_wait(sm.mbar_ds + pds, use & 1)  # the partner's half has landed
             self.gemm_dq(c.acc_dQ, c.tdQrdS_in[None, None, None, pds], c.tdQrKt_peer, False)
@@ -1493,7 +1499,9 @@ class FlashBwdSm90:
                 cute.arch.mbarrier_arrive(sm.mbar_ds + self.pds_stages + pds, 1 - work.rank,
                                           scope=nvvm.MemScopeKind.CLUSTER)
 
-        if const_expr(self.cfg.dq_direct):
+        if const_expr(self.cfg.dq_pass):
+            pass  # (dQ: the dQ pass, Note [dQ pass])
+        elif const_expr(self.cfg.dq_direct):
             self.add_dq(c, wg, t, gdQ)
         else:
             # dQ -> this warpgroup's part of sdQ (fragment order), for the writer warp.

@@ -1,0 +1,431 @@
+"""The dQ pass of the sm90 backward (Note [dQ pass]): dQ without global reductions.
+
+An EXPERIMENT (branch ``wip/dq-pass``), compiled on the CPU, not yet run on a GPU.
+
+The main kernel (:mod:`fa4.bwd.sm90` with ``dq_pass``) computes dK and dV only; this kernel then
+computes dQ with the queries stationary, as the forward does: one CTA per ``tile_m`` rows of one
+(batch, q head), looping over the K blocks that those queries see.
+
+Roles (3 warpgroups, ``setmaxnreg`` 24 / 240):
+* warp 0 (``load``): Q and dO of the tile once (``pipe_qdo``: 1 stage, producer 1 thread, consumers
+  the 8 consumer warps), then K and V of each K block (``pipe_kv``: ``num_stages`` stages, K and V
+  of a block in one stage, completing on one mbarrier; consumers the 8 consumer warps), walked as
+  the forward walks its blocks (:func:`fa4.mask.walk_blocks`: the last block first).
+* warpgroups 1-2 (``mma``): 64 query rows each. Per K block ``n``: S = Q K^T and dP = dO V^T
+  (wgmma, both operands in smem); P = exp2(S * scale_log2 - lse_log2[row]); dS = P * (dP -
+  dpsum[row]) (with the softcap's gradient); dQ += dS K (wgmma, dS from registers, K^T an MN-major
+  view of the K stage); then the stage is released. After the last block dQ *= softmax_scale goes out
+  in 16 bits through the Q tile's smem.
+
+Note [dQ pass]
+    The d192 / d256 main kernel spends a third of its time on the float32 reductions of dQ (without
+    them: 1.55-1.65x, docs/RESULTS.md v0.21): every K block adds a ``tile_m x head_dim`` tile per
+    step. Recomputing S and dP in a second pass with the queries stationary costs two more wgmmas
+    per (m, n) block (seven against five), but no reductions, no dQ accumulator (nor its zeroing in
+    the preprocess), no postprocess, and dQ is the same bits on every run: the K blocks of a tile add
+    into registers in a fixed order, so a deterministic run costs nothing more.
+"""
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import ClassVar
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32, const_expr, pipeline
+from cutlass.cute.nvgpu import cpasync, warpgroup
+
+from fa4.bwd.preprocess import _DTYPES
+from fa4.bwd.workspace import rows_view
+from fa4.config import AttnKernelConfig
+from fa4.cute_utils import (
+    convert_f32_to_half,
+    gemm_sm90,
+    make_acc_as_A,
+    make_acc_mn_view,
+    smem_layout_sm90,
+    store_rows_16B,
+    transposed,
+    zero_rows_from,
+)
+from fa4.mask import AttentionMask, walk_blocks
+from fa4.seqlen import SeqlenInfo, to_sdhb
+from fa4.softmax import apply_softcap, exp2_rows, score_scales, softcap_grad
+
+SMEM_CAPACITY = 232448  # sm_90a: 227 KB of dynamic shared memory per CTA
+_REGS = (240, 24)  # consumer, producer registers per thread (two consumer warpgroups)
+_BAR_EPI = 1  # named barrier of the consumer warpgroups (epilogue, K/V tail clears)
+
+
+@dataclass(frozen=True)
+class BwdDqSm90Config(AttnKernelConfig):
+    """Compile key of :class:`FlashBwdDqSm90`. ``head_dim``: the main kernel's padded head dim (the
+    real one is a runtime size); ``head_dim_v``: that of V and dO when it differs, else 0.
+    ``tile_m``: query rows per CTA (64 per consumer warpgroup); ``tile_n``: keys per K block;
+    ``num_stages``: K/V stages; ``rows_tile_m``: the tile of the lse_log2 / dpsum workspaces (the
+    main kernel's ``tile_m``, Note [Padded row tiles] in fa4/bwd/workspace.py)."""
+
+    head_dim: int = 256
+    head_dim_v: int = 0
+    tile_m: int = 128
+    tile_n: int = 48
+    num_stages: int = 2
+    rows_tile_m: int = 64
+
+    KERNEL: ClassVar[str] = "fa4.bwd.dq_sm90:FlashBwdDqSm90"
+    REQUIRED_SASS: ClassVar[tuple] = ("HGMMA", "UTMALDG")
+
+    @property
+    def hd_v(self) -> int:
+        return self.head_dim_v or self.head_dim
+
+    @property
+    def num_wg(self) -> int:
+        return self.tile_m // 64
+
+    def smem_bytes(self) -> int:
+        """Q, dO (stationary), K and V stages (16-bit), the mbarriers, 1 KB alignment each."""
+        tiles = [self.tile_m * self.head_dim, self.tile_m * self.hd_v,
+                 self.num_stages * self.tile_n * self.head_dim, self.num_stages * self.tile_n * self.hd_v]
+        return 1024 + sum((2 * t + 1023) // 1024 * 1024 for t in tiles)
+
+
+class FlashBwdDqSm90:
+    """See the module docstring."""
+
+    def __init__(self, cfg: BwdDqSm90Config):
+        self.cfg = cfg
+        self.dtype = _DTYPES[cfg.dtype]
+        self.tile_m, self.tile_n, self.hd, self.hd_v = cfg.tile_m, cfg.tile_n, cfg.head_dim, cfg.hd_v
+        self.num_wg = cfg.num_wg
+        self.num_consumer_threads = 128 * self.num_wg
+        self.num_threads = 128 * (self.num_wg + 1)
+        self.stages = cfg.num_stages
+
+    @staticmethod
+    def can_implement(cfg: BwdDqSm90Config) -> None:
+        name = type(cfg).__name__
+        cfg.check_target(_DTYPES, head_dim_multiple=32)
+        if cfg.arch != "sm_90a":
+            raise ValueError(f"{name}.arch must be sm_90a, got {cfg.arch!r}")
+        if cfg.tile_m != 128:
+            raise ValueError(f"{name}.tile_m must be 128 (two consumer warpgroups), got {cfg.tile_m}")
+        if cfg.tile_n % 16 or not 16 <= cfg.tile_n <= 128:
+            raise ValueError(f"{name}.tile_n must be a multiple of 16 in [16, 128], got {cfg.tile_n}")
+        if cfg.num_stages not in (1, 2):
+            raise ValueError(f"{name}.num_stages must be 1 or 2, got {cfg.num_stages}")
+        if cfg.smem_bytes() > SMEM_CAPACITY:
+            raise ValueError(f"{name}: {cfg.smem_bytes()} bytes of shared memory exceed sm_90a's {SMEM_CAPACITY}")
+        acc = cfg.head_dim // 2 + cfg.tile_n // 2 + cfg.tile_n // 4
+        if acc > _REGS[0] - 40:
+            raise ValueError(f"{name}: head_dim {cfg.head_dim} with tile_n {cfg.tile_n} needs {acc} accumulator "
+                             "registers per thread")
+
+    @staticmethod
+    def fake_args(cfg: BwdDqSm90Config) -> tuple:
+        dtype = _DTYPES[cfg.dtype]
+        b, sq, sk, h, hk = (cute.sym_int() for _ in range(5))
+        d = cute.sym_int(divisibility=8)
+        dv = cute.sym_int(divisibility=8) if cfg.head_dim_v else d
+        bk = cute.sym_int() if cfg.varlen_q != cfg.varlen_k else b
+
+        def bshd(s, heads, batch=b, dim=d):
+            strides = tuple(cute.sym_int64(divisibility=8) for _ in range(3)) + (1,)
+            return cute.runtime.make_fake_tensor(dtype, (batch, s, heads, dim), strides, assumed_align=16)
+
+        def compact(dt, shape, align=4):
+            order = tuple(range(len(shape) - 1, -1, -1))
+            return cute.runtime.make_fake_compact_tensor(dt, shape, stride_order=order, assumed_align=align)
+
+        rows = cute.sym_int(divisibility=16)
+        q, k, v, do, dq = bshd(sq, h), bshd(sk, hk, bk), bshd(sk, hk, bk, dv), bshd(sq, h, dim=dv), bshd(sq, h)
+        lse_log2, dpsum = compact(Float32, (b, h, rows), 16), compact(Float32, (b, h, rows), 16)
+        cu_q = compact(Int32, (cute.sym_int(),)) if cfg.varlen_q else None
+        cu_k = compact(Int32, (cute.sym_int(),)) if cfg.varlen_k else None
+        used_k = compact(Int32, (cute.sym_int(),)) if cfg.has_seqused_k else None
+        stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+        return (q, k, v, do, lse_log2, dpsum, dq, cu_q, cu_k, used_k, Float32(1.0), Float32(0.0), Int32(0), Int32(0),
+                Int32(1), stream)
+
+    # ----------------------------------------------------------------------------------------
+    # Host side
+    # ----------------------------------------------------------------------------------------
+
+    def _setup(self):
+        dt, m, n = self.dtype, self.tile_m, self.tile_n
+        K, MN = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
+        self.sQ_layout = smem_layout_sm90(dt, m, self.hd)
+        self.sdO_layout = smem_layout_sm90(dt, m, self.hd_v)
+        self.sK_layout = smem_layout_sm90(dt, n, self.hd, self.stages)
+        self.sV_layout = smem_layout_sm90(dt, n, self.hd_v, self.stages)
+        # S = Q K^T, dP = dO V^T: (64 rows per warpgroup) x tile_n; dQ = dS K: 64 x head dim, dS
+        # from registers, K^T the MN-major view of the K stage.
+        self.tiled_mma_s = sm90_utils.make_trivial_tiled_mma(dt, dt, K, K, Float32, (self.num_wg, 1, 1), (64, n))
+        self.tiled_mma_dq = sm90_utils.make_trivial_tiled_mma(
+            dt, dt, K, MN, Float32, (self.num_wg, 1, 1), (64, self.hd), warpgroup.OperandSource.RMEM)
+        self.tma_bytes_qdo = (m * self.hd + m * self.hd_v) * dt.width // 8
+        self.tma_bytes_kv = (n * self.hd + n * self.hd_v) * dt.width // 8
+        stages = self.stages
+
+        @cute.struct
+        class SharedStorage:
+            mbar_qdo: cute.struct.MemRange[cutlass.Int64, 2]
+            mbar_kv: cute.struct.MemRange[cutlass.Int64, 2 * stages]
+            sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sQ_layout)], 1024]
+            sdO: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sdO_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sV_layout)], 1024]
+
+        self.SharedStorage = SharedStorage
+
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,  # (b, s_q, h, d); varlen (1, total_q, h, d)
+        mK: cute.Tensor,  # (b, s_k, h_k, d)
+        mV: cute.Tensor,  # (b, s_k, h_k, dv)
+        mdO: cute.Tensor,  # (b, s_q, h, dv)
+        mLSElog2: cute.Tensor,  # (b, h, rows) float32 (the preprocess's lse * log2(e))
+        mDpsum: cute.Tensor,  # (b, h, rows) float32
+        mdQ: cute.Tensor,  # (b, s_q, h, d), written
+        mCuSeqlensQ,
+        mCuSeqlensK,
+        mSeqUsedK,
+        softmax_scale: Float32,
+        softcap: Float32,
+        window_left: Int32,
+        window_right: Int32,
+        max_seqlen_q: Int32,
+        stream,
+    ):
+        self._setup()
+        num_batch = mCuSeqlensQ.shape[0] - 1 if const_expr(mCuSeqlensQ is not None) else mQ.shape[0]
+        seqlen_q = max_seqlen_q if const_expr(mCuSeqlensQ is not None) else mQ.shape[1]
+        num_m = cute.ceil_div(seqlen_q, self.tile_m)
+        prescale, scale_log2 = score_scales(softmax_scale, softcap, self.cfg.has_softcap)
+        if const_expr(not self.cfg.has_softcap):
+            prescale = Float32(1.0)
+        g2s = cpasync.CopyBulkTensorTileG2SOp()
+        tma_q, mQ_t = cpasync.make_tiled_tma_atom(g2s, to_sdhb(mQ), self.sQ_layout, (self.tile_m, self.hd))
+        tma_do, mdO_t = cpasync.make_tiled_tma_atom(g2s, to_sdhb(mdO), self.sdO_layout, (self.tile_m, self.hd_v))
+        k_box = cute.select(self.sK_layout, mode=[0, 1])
+        v_box = cute.select(self.sV_layout, mode=[0, 1])
+        tma_k, mK_t = cpasync.make_tiled_tma_atom(g2s, to_sdhb(mK), k_box, (self.tile_n, self.hd))
+        tma_v, mV_t = cpasync.make_tiled_tma_atom(g2s, to_sdhb(mV), v_box, (self.tile_n, self.hd_v))
+        self.kernel(
+            mQ_t, mK_t, mV_t, mdO_t, mLSElog2, mDpsum, mdQ, mCuSeqlensQ, mCuSeqlensK, mSeqUsedK,
+            tma_q, tma_k, tma_v, tma_do, softmax_scale, prescale, scale_log2, window_left, window_right,
+            num_m, mQ.shape[1], mK.shape[1], mQ.shape[2] // mK.shape[2],
+            self.sQ_layout, self.sdO_layout, self.sK_layout, self.sV_layout, self.tiled_mma_s, self.tiled_mma_dq,
+        ).launch(
+            grid=(num_m, mQ.shape[2], num_batch),
+            block=[self.num_threads, 1, 1],
+            smem=self.SharedStorage.size_in_bytes(),
+            stream=stream,
+            min_blocks_per_mp=1,
+        )
+
+    # ----------------------------------------------------------------------------------------
+    # Device side
+    # ----------------------------------------------------------------------------------------
+
+    @cute.kernel
+    def kernel(self, mQ, mK, mV, mdO, mLSElog2, mDpsum, mdQ, mCuSeqlensQ, mCuSeqlensK, mSeqUsedK,
+               tma_q, tma_k, tma_v, tma_do, softmax_scale: Float32, prescale: Float32, scale_log2: Float32,
+               window_left: Int32, window_right: Int32, num_m: Int32, seqlen_q_static: Int32,
+               seqlen_k_static: Int32, group: Int32, sQ_layout: cute.ComposedLayout,
+               sdO_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
+               tiled_mma_s: cute.TiledMma, tiled_mma_dq: cute.TiledMma):
+        self.tiled_mma_s, self.tiled_mma_dq = tiled_mma_s, tiled_mma_dq
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp_idx == 0:
+            for atom in (tma_q, tma_k, tma_v, tma_do):
+                cpasync.prefetch_descriptor(atom)
+        storage = cutlass.memory.SmemAllocator().allocate(self.SharedStorage)
+        group_ = pipeline.CooperativeGroup
+        consumers = group_(pipeline.Agent.Thread, self.num_consumer_threads // 32)
+        pipe_qdo = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_qdo.data_ptr(), num_stages=1, producer_group=group_(pipeline.Agent.Thread, 1),
+            consumer_group=consumers, tx_count=self.tma_bytes_qdo, defer_sync=True)
+        pipe_kv = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_kv.data_ptr(), num_stages=self.stages,
+            producer_group=group_(pipeline.Agent.Thread, 1), consumer_group=consumers, tx_count=self.tma_bytes_kv,
+            defer_sync=True)
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+
+        m_block = num_m - 1 - cute.arch.block_idx()[0]  # the longest tiles first when causal
+        head, batch = cute.arch.block_idx()[1], cute.arch.block_idx()[2]
+        seq = SeqlenInfo.create(batch, seqlen_q_static, seqlen_k_static, mCuSeqlensQ, mCuSeqlensK, mSeqUsedK)
+        mask = AttentionMask(self.tile_m, self.tile_n, self.cfg.causal, self.cfg.local, seq.seqlen_q, seq.seqlen_k,
+                             window_left, window_right)
+        n_min, n_max = mask.n_block_range(m_block)
+        work = SimpleNamespace(seq=seq, mask=mask, m_block=m_block, head=head, head_kv=head // group, batch=batch,
+                               n_min=n_min, n_max=n_max,
+                               active=m_block * self.tile_m < seq.seqlen_q)
+        sm = SimpleNamespace(
+            sQ=storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner),
+            sdO=storage.sdO.get_tensor(sdO_layout.outer, swizzle=sdO_layout.inner),
+            sK=storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner),
+            sV=storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner),
+        )
+        if warp_idx < 4:
+            cute.arch.setmaxregister_decrease(_REGS[1])
+            if warp_idx == 0:
+                self.load(mQ, mK, mV, mdO, tma_q, tma_k, tma_v, tma_do, sm, pipe_qdo, pipe_kv, work)
+        else:
+            cute.arch.setmaxregister_increase(_REGS[0])
+            self.mma(mLSElog2, mDpsum, mdQ, sm, pipe_qdo, pipe_kv, work, softmax_scale, prescale, scale_log2,
+                     cute.arch.thread_idx()[0] - 128)
+
+    # --- producer ---------------------------------------------------------------------------
+
+    @cute.jit
+    def load(self, mQ, mK, mV, mdO, tma_q, tma_k, tma_v, tma_do, sm, pipe_qdo, pipe_kv, work) -> None:
+        """Warp 0: Q and dO once, then K and V of blocks ``n_max - 1`` down to ``n_min``."""
+        if work.active:
+            seq, one = work.seq, cute.make_layout(1)
+            qdo_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+            pipe_qdo.producer_acquire(qdo_state)
+            bar = pipe_qdo.producer_get_barrier(qdo_state)
+            for tma, mT, sT, d in ((tma_q, mQ, sm.sQ, self.hd), (tma_do, mdO, sm.sdO, self.hd_v)):
+                gT = cute.local_tile(seq.q_view_sd(mT, work.batch, work.head), (self.tile_m, d), (work.m_block, 0))
+                tTsT, tTgT = cpasync.tma_partition(tma, 0, one, cute.group_modes(sT, 0, 2), cute.group_modes(gT, 0, 2))
+                cute.copy(tma, tTgT, tTsT, tma_bar_ptr=bar)
+            gK = cute.local_tile(seq.k_view_sd(mK, work.batch, work.head_kv), (self.tile_n, self.hd), (None, 0))
+            gV = cute.local_tile(seq.k_view_sd(mV, work.batch, work.head_kv), (self.tile_n, self.hd_v), (None, 0))
+            tKsK, tKgK = cpasync.tma_partition(tma_k, 0, one, cute.group_modes(sm.sK, 0, 2), cute.group_modes(gK, 0, 2))
+            tVsV, tVgV = cpasync.tma_partition(tma_v, 0, one, cute.group_modes(sm.sV, 0, 2), cute.group_modes(gV, 0, 2))
+            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+            for i in cutlass.range(work.n_max - work.n_min, unroll=1):
+                n = work.n_max - 1 - i
+                pipe_kv.producer_acquire(kv_state)
+                bar = pipe_kv.producer_get_barrier(kv_state)
+                cute.copy(tma_k, tKgK[None, n], tKsK[None, kv_state.index], tma_bar_ptr=bar)
+                cute.copy(tma_v, tVgV[None, n], tVsV[None, kv_state.index], tma_bar_ptr=bar)
+                kv_state.advance()
+
+    # --- consumers --------------------------------------------------------------------------
+
+    @cute.jit
+    def mma(self, mLSElog2, mDpsum, mdQ, sm, pipe_qdo, pipe_kv, work, softmax_scale: Float32, prescale: Float32,
+            scale_log2: Float32, tidx: Int32) -> None:
+        """Consumer warpgroups: the K-block loop, then :meth:`epilogue`."""
+        if work.active:
+            wg = cute.arch.make_warp_uniform(tidx // 128)
+            thr_s, thr_dq = self.tiled_mma_s.get_slice(tidx), self.tiled_mma_dq.get_slice(tidx)
+            wg_s, wg_dq = self.tiled_mma_s.get_slice(wg * 128), self.tiled_mma_dq.get_slice(wg * 128)
+            c = SimpleNamespace(
+                tSrQ=wg_s.make_fragment_A(wg_s.partition_A(sm.sQ)),
+                tSrK=wg_s.make_fragment_B(wg_s.partition_B(sm.sK)),
+                tdPrdO=wg_s.make_fragment_A(wg_s.partition_A(sm.sdO)),
+                tdPrV=wg_s.make_fragment_B(wg_s.partition_B(sm.sV)),
+                tdQrKt=wg_dq.make_fragment_B(wg_dq.partition_B(transposed(sm.sK))),
+                thr_s=thr_s, tidx=tidx,
+            )
+            shape_S = (self.tile_m, self.tile_n)
+            c.acc_S = thr_s.make_fragment_C(thr_s.partition_shape_C(shape_S))
+            c.acc_dP = thr_s.make_fragment_C(thr_s.partition_shape_C(shape_S))
+            acc_dQ = thr_dq.make_fragment_C(thr_dq.partition_shape_C((self.tile_m, self.hd)))
+            acc_dQ.fill(0.0)
+            c.acc_dQ = acc_dQ
+            # This thread's rows' statistics (rows past the sequence read its last row: never stored).
+            tScS = make_acc_mn_view(thr_s.partition_C(cute.make_identity_tensor(shape_S)))
+            nrow = cute.size(tScS, mode=[0])
+            c.rLSE = cute.make_rmem_tensor(nrow, Float32)
+            c.rD = cute.make_rmem_tensor(nrow, Float32)
+            gLSE = rows_view(mLSElog2, work.seq, work.batch, work.head, self.cfg.rows_tile_m)
+            gD = rows_view(mDpsum, work.seq, work.batch, work.head, self.cfg.rows_tile_m)
+            for r in cutlass.range_constexpr(nrow):
+                row = cutlass.min(work.m_block * self.tile_m + tScS[r, 0][0], work.seq.seqlen_q - 1)
+                c.rLSE[r] = gLSE[row]
+                c.rD[r] = gD[row]
+            qdo_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+            pipe_qdo.consumer_wait(qdo_state)
+            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+            if work.n_min < work.n_max:
+                # The last block: the seqlen mask, the window's, and (seqused_k) the K/V tail cleared.
+                kv_state = self.step(c, sm, pipe_kv, work, work.n_max - 1, kv_state, prescale, scale_log2, True, True,
+                                     None)
+                step = lambda n, st, mask_window, window_if: self.step(  # noqa: E731
+                    c, sm, pipe_kv, work, n, st, prescale, scale_log2, False, mask_window, window_if)
+                kv_state = walk_blocks(work.mask, work.m_block, work.n_min, work.n_max, step, kv_state)
+            self.epilogue(acc_dQ, mdQ, sm, work, softmax_scale, tidx)
+
+    @cute.jit
+    def step(self, c, sm, pipe_kv, work, n: Int32, kv_state, prescale: Float32, scale_log2: Float32,
+             last: cutlass.Constexpr[bool], mask_window: cutlass.Constexpr[bool], window_if):
+        """K block ``n``: S, dP, P, dS, and dQ += dS K; returns the advanced stage state."""
+        pipe_kv.consumer_wait(kv_state)
+        s = kv_state.index
+        if const_expr(last and self.cfg.has_seqused_k):
+            rows_used = work.seq.seqlen_k - n * self.tile_n
+            if rows_used < self.tile_n:  # Note [K/V rows past seqused_k] in fa4/bwd/sm90.py
+                zero_rows_from(sm.sK[None, None, s], rows_used, c.tidx, self.num_consumer_threads)
+                zero_rows_from(sm.sV[None, None, s], rows_used, c.tidx, self.num_consumer_threads)
+                cute.arch.fence_proxy("async.shared", space="cta")
+                cute.arch.barrier(barrier_id=_BAR_EPI, number_of_threads=self.num_consumer_threads)
+        gemm_sm90(self.tiled_mma_s, c.acc_S, c.tSrQ, c.tSrK[None, None, None, s], zero_init=True)
+        gemm_sm90(self.tiled_mma_s, c.acc_dP, c.tdPrdO, c.tdPrV[None, None, None, s], zero_init=True)
+        warpgroup.wait_group(1)  # S
+        tanh_S = None
+        if const_expr(self.cfg.has_softcap):
+            apply_softcap(c.acc_S, prescale)
+            tanh_S = cute.make_rmem_tensor_like(c.acc_S)
+            tanh_S.store(c.acc_S.load())
+        work.mask.apply_block(c.acc_S, c.thr_s, work.m_block, n, last, mask_window, window_if)
+        acc_S_mn = make_acc_mn_view(c.acc_S)
+        exp2_rows(acc_S_mn, c.rLSE, scale_log2, 0.0)
+        warpgroup.wait_group(0)  # dP
+        acc_dP_mn = make_acc_mn_view(c.acc_dP)
+        for r in cutlass.range_constexpr(cute.size(acc_dP_mn, mode=[0])):
+            for j in cutlass.range_constexpr(cute.size(acc_dP_mn, mode=[1])):
+                acc_dP_mn[r, j] = acc_S_mn[r, j] * (acc_dP_mn[r, j] - c.rD[r])
+        if const_expr(self.cfg.has_softcap):
+            softcap_grad(c.acc_dP, tanh_S)
+        rdS = cute.make_rmem_tensor_like(c.acc_dP, self.dtype)
+        convert_f32_to_half(c.acc_dP, rdS)
+        gemm_sm90(self.tiled_mma_dq, c.acc_dQ, make_acc_as_A(rdS), c.tdQrKt[None, None, None, s])
+        warpgroup.wait_group(0)
+        pipe_kv.consumer_release(kv_state)
+        kv_state.advance()
+        return kv_state
+
+    @cute.jit
+    def epilogue(self, acc_dQ, mdQ, sm, work, softmax_scale: Float32, tidx: Int32) -> None:
+        """dQ *= softmax_scale -> 16 bits -> smem (over sQ) -> gmem, the sequence's rows only."""
+        acc_dQ.store(acc_dQ.load() * softmax_scale)
+        # Every warpgroup is done reading sQ (its last wgmmas completed before this).
+        cute.arch.barrier(barrier_id=_BAR_EPI, number_of_threads=self.num_consumer_threads)
+        atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
+        r2s = cute.make_tiled_copy_C(atom, self.tiled_mma_dq).get_slice(tidx)
+        rdQ = cute.make_rmem_tensor_like(acc_dQ, self.dtype)
+        convert_f32_to_half(acc_dQ, rdQ)
+        cute.copy(r2s, r2s.retile(rdQ), r2s.partition_D(sm.sQ))
+        cute.arch.barrier(barrier_id=_BAR_EPI, number_of_threads=self.num_consumer_threads)
+        gdQ = cute.local_tile(work.seq.q_view(mdQ, work.batch, work.head), (self.tile_m, self.hd), (work.m_block, 0))
+        store_rows_16B(sm.sQ, gdQ, work.seq.seqlen_q - work.m_block * self.tile_m, mdQ.shape[3], tidx,
+                       self.num_consumer_threads)
+
+
+def config_for(main_cfg, tile_n: int = 0) -> BwdDqSm90Config:
+    """The dQ pass of a main-kernel config (its dtype, head dims, masks and varlen flags);
+    ``tile_n`` 0: the largest that fits two K/V stages."""
+    hd, hdv = main_cfg.head_dim, main_cfg.head_dim_v
+    cfg = BwdDqSm90Config(arch=main_cfg.arch, dtype=main_cfg.dtype, head_dim=hd, head_dim_v=hdv,
+                          rows_tile_m=main_cfg.tile_m, causal=main_cfg.causal, local=main_cfg.local,
+                          has_softcap=main_cfg.has_softcap, varlen_q=main_cfg.varlen_q, varlen_k=main_cfg.varlen_k,
+                          has_seqused_k=main_cfg.has_seqused_k)
+    if tile_n:
+        from dataclasses import replace
+        return replace(cfg, tile_n=tile_n)
+    from dataclasses import replace
+    for n in (128, 112, 96, 80, 64, 48, 32):
+        c = replace(cfg, tile_n=n)
+        try:
+            FlashBwdDqSm90.can_implement(c)
+            return c
+        except ValueError:
+            continue
+    raise ValueError(f"no dQ pass tile fits head_dim {hd}")
