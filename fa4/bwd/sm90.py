@@ -1765,6 +1765,14 @@ DET_DIRECT = True
 """Deterministic runs of the head dims whose table takes ``dq_direct`` keep it, with the ordered
 direct adds of Note [Ordered direct dQ]; False: they take the ordered writer warp instead."""
 
+DQ_PASS_MIN_HD: dict = {True: None, False: None}
+"""Keyed by ``deterministic``: the padded head dims from which the backward takes the dQ pass (Note
+[dQ pass] in fa4/bwd/dq_sm90.py: dK / dV here, dQ in a second kernel without reductions; only where
+``dq_direct``); None: never. Off by default while the order tests are moved onto the old path
+(docs/RESULTS.md v0.21: sweep v46, deterministic d192 321 -> 389-402 TFLOP/s, d256 390-392 -> 404-428;
+not deterministic d256 409-417 -> 413-428, d192 flat)."""
+
+
 
 def rotate_ok(problem: AttnProblem, tile_n: int) -> bool:
     """Whether the rotated deterministic order (Note [Rotated order] in fa4/bwd/common.py) serves
@@ -1824,6 +1832,8 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         det_rounds=DET_ROUNDS.get(hd, 1) if rotated and deterministic else 1,
         det_up=det_up, det_tail=DET_TAIL if det_up else 0, det_tail_share=DET_TAIL_SHARE,
         dq_direct=dq_direct, dq_first_store=first_store,
+        dq_pass=dq_direct and not two_cta and DQ_PASS_MIN_HD[bool(deterministic)] is not None
+        and hd >= DQ_PASS_MIN_HD[bool(deterministic)],
         # Not with more than 64 rows per step (``rows_late``): measured 7-16% slower at d64 (v0.11).
         stats_early=1 if hd <= STATS_EARLY_MAX_HD and steps <= 64 else 0,
         **BwdSm90Config.problem_flags(problem))
