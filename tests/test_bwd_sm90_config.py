@@ -365,3 +365,33 @@ def test_claims_walk_the_rotated_order_without_a_mask(monkeypatch):
     monkeypatch.setattr(sm90, "CLAIM_ROTATE", False)
     assert not sm90.make_config(P(128), None, "sm_90a").det_rotate
     assert any(v.dq_first_store and v.det_rotate and not v.deterministic for v in sm90.variants("sm_90a"))
+
+
+def test_dq_pass_rule_and_refusals(monkeypatch):
+    """Note [dQ pass] (fa4/bwd/dq_sm90.py): off by default; DQ_PASS_MIN_HD turns it on per mode from
+    a padded head dim, only where the consumers add dQ from registers (dq_direct); the main kernel
+    then keeps no dq_accum counters; the dQ kernel's config follows the main one and refuses tiles
+    that do not fit."""
+    from fa4.bwd import dq_sm90
+
+    for d in (128, 192, 256):
+        for det in (False, True):
+            assert not sm90.make_config(_problem(d), None, "sm_90a", det).dq_pass
+    monkeypatch.setattr(sm90, "DQ_PASS_MIN_HD", {True: 160, False: 256})
+    assert sm90.make_config(_problem(192), None, "sm_90a", True).dq_pass
+    assert not sm90.make_config(_problem(192), None, "sm_90a", False).dq_pass
+    assert sm90.make_config(_problem(256, causal=True), None, "sm_90a", False).dq_pass
+    assert not sm90.make_config(_problem(128), None, "sm_90a", True).dq_pass  # no dq_direct at 128
+    cfg = sm90.make_config(_problem(192, causal=True), None, "sm_90a", True)
+    assert not common.counts_slots(cfg)
+    assert "semaphore" not in common.workspace_shapes(_problem(192), cfg, (2, 1000, 8, 192))
+    with pytest.raises(ValueError, match="dq_pass"):
+        sm90.FlashBwdSm90.can_implement(dataclasses.replace(sm90.make_config(_problem(128), None, "sm_90a"),
+                                                            dq_pass=True))
+    dq = dq_sm90.config_for(cfg)
+    assert (dq.head_dim, dq.tile_n, dq.rows_tile_m, dq.causal) == (192, 80, cfg.tile_m, True)
+    assert dq_sm90.config_for(sm90.make_config(_problem(256), None, "sm_90a")).tile_n == 48
+    with pytest.raises(ValueError, match="shared memory"):
+        dq_sm90.FlashBwdDqSm90.can_implement(dataclasses.replace(dq, head_dim=256, tile_n=128))
+    with pytest.raises(ValueError, match="tile_m"):
+        dq_sm90.FlashBwdDqSm90.can_implement(dataclasses.replace(dq, tile_m=64))

@@ -1,6 +1,7 @@
 """The dQ pass of the sm90 backward (Note [dQ pass]): dQ without global reductions.
 
-An EXPERIMENT (branch ``wip/dq-pass``), compiled on the CPU, not yet run on a GPU.
+An option of the sm90 backward (``dq_pass``, :data:`fa4.bwd.sm90.DQ_PASS_MIN_HD`), off by default
+for now; first version, measured in docs/RESULTS.md v0.21.
 
 The main kernel (:mod:`fa4.bwd.sm90` with ``dq_pass``) computes dK and dV only; this kernel then
 computes dQ with the queries stationary, as the forward does: one CTA per ``tile_m`` rows of one
@@ -429,3 +430,29 @@ def config_for(main_cfg, tile_n: int = 0) -> BwdDqSm90Config:
         except ValueError:
             continue
     raise ValueError(f"no dQ pass tile fits head_dim {hd}")
+
+
+def variants(arch: str) -> list[BwdDqSm90Config]:
+    """A covering set on sm_90a: the head dims that take ``dq_direct`` (160, 192, 256, and (192, 128)),
+    every mask, softcap, varlen with seqused_k, both dtypes."""
+    if arch != "sm_90a":
+        return []
+    from dataclasses import replace
+
+    def cfg(hd, hdv=0, **kw):
+        base = BwdDqSm90Config(arch=arch, dtype=kw.pop("dtype", "bf16"), head_dim=hd, head_dim_v=hdv)
+        for n in (128, 112, 96, 80, 64, 48, 32):
+            c = replace(base, tile_n=n, **kw)
+            try:
+                FlashBwdDqSm90.can_implement(c)
+                return c
+            except ValueError:
+                continue
+        raise ValueError(hd)
+
+    return [
+        cfg(256), cfg(256, causal=True), cfg(256, local=True, has_softcap=True),
+        cfg(256, dtype="fp16", causal=True, varlen_q=True, varlen_k=True, has_seqused_k=True),
+        cfg(192), cfg(192, causal=True, varlen_q=True, varlen_k=True), cfg(160, local=True),
+        cfg(192, 128, causal=True),
+    ]

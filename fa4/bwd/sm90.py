@@ -1969,6 +1969,9 @@ def variants(arch: str) -> list[BwdSm90Config]:
     # warp under a causal mask and the sequencing warp of the ordered direct adds.
     out.append(replace(out[2], lane_slots=True))
     out.append(replace(make_config(P(256, causal=True), None, arch, True), lane_slots=True))
+    # The dQ pass (Note [dQ pass] in fa4/bwd/dq_sm90.py): dK / dV only, deterministic or not.
+    out.append(replace(make_config(P(256), None, arch), dq_pass=True))
+    out.append(replace(make_config(P(192, causal=True, varlen=True, seqused_k=True), None, arch, True), dq_pass=True))
     # The sequencing warp of the ordered direct adds: the causal d256 default (peeked slot,
     # SEQ_PEEK); with the peeked slot in the rotated order (d256, an option), and without it in the
     # plain orders (SEQ_PEEK off: causal d256, local varlen d192 with seqused_k).
