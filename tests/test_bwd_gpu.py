@@ -327,7 +327,7 @@ def test_bwd_deterministic_varlen(family):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mask", ["none", "causal", "local"])
-def test_bwd_deterministic_launch_orders(mask, family, monkeypatch):
+def test_bwd_deterministic_launch_orders(mask, family, monkeypatch, ordered_dq):
     """The deterministic gradients do not depend on the launch order (sections of 1, 3 or all the
     (batch, kv head) pairs, Note [Deterministic dQ] in fa4/bwd/common.py: the adds into a dQ slot
     follow the ranks, whatever the order), on a grid of 512 CTAs, several times what the GPU holds
@@ -355,6 +355,16 @@ def test_bwd_deterministic_launch_orders(mask, family, monkeypatch):
             assert torch.equal(a, b), f"{name} differs between the default order and sections of {section}"
     ref, pt = _reference_dense((q, k, v), dict(kw, softcap=0.0), g, None)
     _check_grads(("dq", "dk", "dv"), base, ref, pt, (q, k, v), g)
+
+
+@pytest.fixture
+def ordered_dq(monkeypatch):
+    """The dQ of the main kernel (reductions in the deterministic orders under test), not the dQ pass
+    (Note [dQ pass] in fa4/bwd/dq_sm90.py), whose dQ does not depend on any order: for the tests of
+    those orders, whatever ``DQ_PASS_MIN_HD``'s default."""
+    from fa4.bwd import sm90
+
+    monkeypatch.setattr(sm90, "DQ_PASS_MIN_HD", {True: None, False: None})
 
 
 def _same_bits_over_runs(run, runs: int, what: str):
@@ -396,7 +406,7 @@ def _deterministic_run(layout: str, d: int, mask: str, opts, dense_lens, varlen_
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["dense", "varlen"])
-def test_bwd_sm90_rotated_order(layout, monkeypatch):
+def test_bwd_sm90_rotated_order(layout, monkeypatch, ordered_dq):
     """Note [Rotated order] (fa4/bwd/common.py): the sm90 deterministic backward without a mask,
     K blocks staggered over the m_blocks, is bit-exact over runs and correct, with GQA, and with
     sequences of several lengths (varlen + seqused_k: a stagger per sequence, some of them 0, the
@@ -427,7 +437,7 @@ def test_bwd_sm90_rotated_order(layout, monkeypatch):
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("mask", ["none", "causal", "local"])
 @pytest.mark.parametrize("det", [False, True, "up"])
-def test_bwd_sm90_step_cursor_same_bits(d, mask, det, monkeypatch, hang_watchdog):
+def test_bwd_sm90_step_cursor_same_bits(d, mask, det, monkeypatch, hang_watchdog, ordered_dq):
     """``step_cursor`` (BwdSm90Config: no division by the GQA group per step) visits the same steps
     in the same order as the default, so the gradients are the same bits; varlen with seqused_k,
     GQA 6/2 (three q heads a step of the cursor walks), deterministic in the down and the up order."""
@@ -472,7 +482,7 @@ def test_bwd_sm90_step_cursor_same_bits(d, mask, det, monkeypatch, hang_watchdog
 @pytest.mark.gpu
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("layout", ["dense", "varlen"])
-def test_bwd_sm90_causal_publish_lag_same_bits(d, layout, monkeypatch, hang_watchdog):
+def test_bwd_sm90_causal_publish_lag_same_bits(d, layout, monkeypatch, hang_watchdog, ordered_dq):
     """Causal deterministic at s_k 4096 runs with the writer's peeked slot (Note [Publish peek],
     PUBLISH_PEEK in fa4/bwd/sm90.py, RESULTS v0.14): bit-exact over runs, the same bits as with the
     publish lag and with neither (the rule of v0.13 above DET_LAG_MAX_BLOCKS K blocks): all three
@@ -630,7 +640,7 @@ def test_bwd_sm90_first_store_claims(d, mask, shape, monkeypatch, hang_watchdog)
 @pytest.mark.gpu
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("mask", ["none", "local"])
-def test_bwd_sm90_publish_peek_same_bits(d, mask, monkeypatch, hang_watchdog):
+def test_bwd_sm90_publish_peek_same_bits(d, mask, monkeypatch, hang_watchdog, ordered_dq):
     """The peeked slot (Note [Publish peek], the default) in the rotated order (no mask, s_q 2048 /
     4096 against s_k 2048: staggers 1 to 4; d64 at s_q = s_k has stagger 1, where the lag would
     close a cycle) and under a local window (the plain order): bit-exact over runs, the same bits
@@ -652,7 +662,7 @@ def test_bwd_sm90_publish_peek_same_bits(d, mask, monkeypatch, hang_watchdog):
 @pytest.mark.parametrize("d", [192, 256])
 @pytest.mark.parametrize("mask", ["none", "causal", "local"])
 @pytest.mark.parametrize("layout", ["dense", "varlen"])
-def test_bwd_sm90_sequence_peek_same_bits(d, mask, layout, monkeypatch, hang_watchdog):
+def test_bwd_sm90_sequence_peek_same_bits(d, mask, layout, monkeypatch, hang_watchdog, ordered_dq):
     """The sequencing warp of the ordered direct adds with the peeked slot (``publish_peek`` with
     ``dq_direct``, :meth:`FlashBwdSm90.sequence_dq_peek`) and without it: bit-exact over runs, the
     same bits (the peek moves the counter reads, not the order of the adds), and correct; the
@@ -716,7 +726,7 @@ def test_bwd_sm90_empty_tiles_varlen(d, det):
 @pytest.mark.parametrize("d", [64, 128, 192, 256])
 @pytest.mark.parametrize("heads", [(4, 4), (6, 2)])
 @pytest.mark.parametrize("causal", [True, False])
-def test_bwd_sm90_deterministic_batch_invariant(d, heads, causal, monkeypatch, hang_watchdog):
+def test_bwd_sm90_deterministic_batch_invariant(d, heads, causal, monkeypatch, hang_watchdog, ordered_dq):
     """A sample's deterministic gradients do not depend on the rest of its batch: every slot's adds
     come in the order of their K blocks (Note [Deterministic dQ]; the up order, Note [Up order], the
     causal default without GQA; the down order with GQA; the rotated order without a mask, in two
@@ -752,7 +762,7 @@ def test_bwd_sm90_deterministic_batch_invariant(d, heads, causal, monkeypatch, h
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("mask", ["causal", "local"])
 @pytest.mark.parametrize("layout", ["dense", "varlen"])
-def test_bwd_sm90_up_order(d, mask, layout, monkeypatch, hang_watchdog):
+def test_bwd_sm90_up_order(d, mask, layout, monkeypatch, hang_watchdog, ordered_dq):
     """Note [Up order] (fa4/bwd/common.py, ``DET_UP``): the deterministic backward with m_blocks
     walked up from the diagonal and the shortest K blocks launched first is bit-exact over runs,
     correct, and independent of the launch sections (one pair per section, and the default); GQA
@@ -790,7 +800,7 @@ def test_bwd_sm90_up_order(d, mask, layout, monkeypatch, hang_watchdog):
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("mask", ["causal", "local"])
 @pytest.mark.parametrize("layout", ["dense", "varlen"])
-def test_bwd_sm90_down_tail(d, mask, layout, monkeypatch, hang_watchdog):
+def test_bwd_sm90_down_tail(d, mask, layout, monkeypatch, hang_watchdog, ordered_dq):
     """Note [Down tail] (fa4/bwd/common.py, ``det_tail``): in the up order the last kv heads walk the
     down order and launch last. MHA with 4 heads, two each way (``det_tail_share`` 2): bit-exact
     over runs, the same bits with sections of one pair, sample 0 alone
@@ -850,7 +860,7 @@ def test_bwd_sm90_down_tail(d, mask, layout, monkeypatch, hang_watchdog):
 @pytest.mark.gpu
 @pytest.mark.parametrize("d", [128, 192, 256])
 @pytest.mark.parametrize("layout", ["dense", "square", "varlen"])
-def test_bwd_sm90_rotation_rounds(d, layout, monkeypatch, hang_watchdog):
+def test_bwd_sm90_rotation_rounds(d, layout, monkeypatch, hang_watchdog, ordered_dq):
     """Note [Rotation rounds] (fa4/bwd/common.py, ``det_rounds``): the rotated deterministic order
     in two rounds per pair (sections of two pairs) is bit-exact over runs and correct: the reference rule (dense) and the sums of
     one round (another order of the same adds); the writer warp (d128) and the ordered direct adds
@@ -930,7 +940,7 @@ def test_bwd_sm90_dq_pass(d, mask, layout, det, monkeypatch, hang_watchdog):
 @pytest.mark.parametrize("d", [192, 256])
 @pytest.mark.parametrize("mask", ["none", "causal", "local"])
 @pytest.mark.parametrize("layout", ["dense", "varlen"])
-def test_bwd_sm90_ordered_direct_dq(d, mask, layout, monkeypatch):
+def test_bwd_sm90_ordered_direct_dq(d, mask, layout, monkeypatch, ordered_dq):
     """Note [Ordered direct dQ] (fa4/bwd/sm90.py): the deterministic backward of the head dims that
     add dQ from registers is bit-exact over runs, gives the same bits as the ordered writer warp
     (``DET_DIRECT`` off: the same adds in the same order), and is correct; GQA, odd lengths, many K
@@ -1006,7 +1016,7 @@ def test_bwd_sm90_stats_early_same_bits(early, d, mask, det, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("d,sq,sk,lane_slots", [(128, 1024, 2048, False), (128, 1000, 2000, False),
                                                (64, 1024, 1024, False), (64, 2048, 2048, True)])
-def test_bwd_sm90_rotated_stagger_one(d, sq, sk, lane_slots, monkeypatch, hang_watchdog):
+def test_bwd_sm90_rotated_stagger_one(d, sq, sk, lane_slots, monkeypatch, hang_watchdog, ordered_dq):
     """Note [Publish lag] (fa4/bwd/sm90.py): the rotated deterministic order with as many m_blocks as
     K blocks and no GQA (stagger 1), where the writer's held-back publish closed a cycle and the
     kernel hung (d128 with s_q = s_k / 2; d64's 128-row steps at s_q = s_k, the hung v0.11 sweep;
@@ -1045,7 +1055,7 @@ def test_bwd_sm90_rotated_stagger_one(d, sq, sk, lane_slots, monkeypatch, hang_w
 @pytest.mark.gpu
 @pytest.mark.parametrize("d,mask,layout", [(128, "none", "dense"), (128, "causal", "dense"), (128, "none", "varlen"),
                                            (64, "local", "varlen"), (256, "causal", "dense"), (256, "none", "varlen")])
-def test_bwd_sm90_lane_slots_same_bits(d, mask, layout, monkeypatch):
+def test_bwd_sm90_lane_slots_same_bits(d, mask, layout, monkeypatch, ordered_dq):
     """Note [Writer slots] (fa4/bwd/sm90.py): the deterministic writer (and, at d256, the sequencing
     warp of the ordered direct adds) reading its steps' slots from 32 lanes at once gives the same
     bits as computing each step's slot in turn. The steps span several 32-step batches (GQA groups
@@ -1077,7 +1087,7 @@ def test_bwd_sm90_lane_slots_same_bits(d, mask, layout, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
-def test_bwd_sm90_ordered_direct_dq_many_ctas(causal, monkeypatch):
+def test_bwd_sm90_ordered_direct_dq_many_ctas(causal, monkeypatch, ordered_dq):
     """The ordered direct dQ adds on a grid of 512 CTAs at d256, several times what the GPU holds at
     once (later CTAs wait on CTAs that have finished or still run): bit-exact over runs and the same
     bits as the ordered writer warp."""

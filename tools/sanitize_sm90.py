@@ -101,5 +101,19 @@ for d in (128, 256):
 q, k, v = random_qkv(2, 640, 700, 4, 2, 192, torch.bfloat16, "cuda", requires_grad=True, seed=11)
 out, _ = fa4.flash_attn_func(q, k, v, deterministic=True, kernel_options=SM90)
 torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+# The dQ pass (Note [dQ pass] in fa4/bwd/dq_sm90.py; added in v0.21, not yet run under the
+# sanitizers): causal GQA with a partial last K block, and varlen with seqused_k (the K/V tail
+# cleared in the dQ kernel's smem).
+_bwd90.DQ_PASS_MIN_HD = {True: 160, False: 160}
+fa4.ops._plans.clear()
+q, k, v = random_qkv(2, 300, 333, 4, 2, 256, torch.bfloat16, "cuda", requires_grad=True, seed=13)
+out, _ = fa4.flash_attn_func(q, k, v, causal=True, kernel_options=SM90)
+torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+vb = random_varlen(3, 200, 4, 2, 192, torch.bfloat16, "cuda", max_seqlen_k=300, with_seqused_k=True,
+                   requires_grad=True, seed=14)
+out, _ = fa4.flash_attn_varlen_func(vb.q, vb.k, vb.v, cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k,
+                                    seqused_k=vb.seqused_k, max_seqlen_q=vb.max_seqlen_q,
+                                    max_seqlen_k=vb.max_seqlen_k, deterministic=True, kernel_options=SM90)
+torch.autograd.grad(out, (vb.q, vb.k, vb.v), torch.randn_like(out))
 torch.cuda.synchronize()
 print("sanitize cases done")
