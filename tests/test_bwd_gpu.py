@@ -898,7 +898,7 @@ def test_bwd_sm90_rotation_rounds(d, layout, monkeypatch, hang_watchdog, ordered
 @pytest.mark.parametrize("mask", ["none", "causal", "local"])
 @pytest.mark.parametrize("layout", ["dense", "varlen"])
 @pytest.mark.parametrize("det", [False, True])
-def test_bwd_sm90_dq_pass(d, mask, layout, det, monkeypatch, hang_watchdog):
+def test_bwd_sm90_dq_pass(d, mask, layout, det, monkeypatch, hang_watchdog, ordered_dq):
     """Note [dQ pass] (fa4/bwd/dq_sm90.py, ``dq_pass``): the main kernel computes dK and dV only and
     a second kernel dQ, queries stationary, without reductions. dK and dV have the default's bits;
     dQ passes the reference rule (dense) and matches the default's sums; deterministic runs give
