@@ -381,13 +381,20 @@ def test_dq_pass_rule_and_refusals(monkeypatch):
     assert sm90.make_config(_problem(192), None, "sm_90a", True).dq_pass
     assert not sm90.make_config(_problem(192), None, "sm_90a", False).dq_pass
     assert sm90.make_config(_problem(256, causal=True), None, "sm_90a", False).dq_pass
-    assert not sm90.make_config(_problem(128), None, "sm_90a", True).dq_pass  # no dq_direct at 128
+    assert not sm90.make_config(_problem(128), None, "sm_90a", True).dq_pass  # below the bound
     cfg = sm90.make_config(_problem(192, causal=True), None, "sm_90a", True)
     assert not common.counts_slots(cfg)
     assert "semaphore" not in common.workspace_shapes(_problem(192), cfg, (2, 1000, 8, 192))
-    with pytest.raises(ValueError, match="dq_pass"):
-        sm90.FlashBwdSm90.can_implement(dataclasses.replace(sm90.make_config(_problem(128), None, "sm_90a"),
-                                                            dq_pass=True))
+    # With the writer warp's head dims the pass drops the writer, its sdQ tile and the first store.
+    monkeypatch.setattr(sm90, "DQ_PASS_MIN_HD", {True: 64, False: 64})
+    writer = sm90.make_config(_problem(128), None, "sm_90a", True)
+    assert writer.dq_pass and not writer.dq_direct and not writer.dq_first_store and not common.counts_slots(writer)
+    assert "sdQ" not in [f[0] for f in writer.smem_fields()]
+    plain = sm90.make_config(_problem(128), None, "sm_90a", False)
+    assert plain.dq_pass
+    for bad in (dataclasses.replace(writer, dq_first_store=True), dataclasses.replace(plain, two_cta=True)):
+        with pytest.raises(ValueError, match="dq_pass"):
+            sm90.FlashBwdSm90.can_implement(bad)
     dq = dq_sm90.config_for(cfg)
     assert (dq.head_dim, dq.tile_n, dq.rows_tile_m, dq.causal) == (192, 80, cfg.tile_m, True)
     assert dq_sm90.config_for(sm90.make_config(_problem(256), None, "sm_90a")).tile_n == 48

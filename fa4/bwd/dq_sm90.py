@@ -433,8 +433,8 @@ def config_for(main_cfg, tile_n: int = 0) -> BwdDqSm90Config:
 
 
 def variants(arch: str) -> list[BwdDqSm90Config]:
-    """A covering set on sm_90a: the head dims that take ``dq_direct`` (160, 192, 256, and (192, 128)),
-    every mask, softcap, varlen with seqused_k, both dtypes."""
+    """A covering set on sm_90a: every padded head dim bucket (64-256, and (192, 128)), every mask,
+    softcap, varlen with seqused_k, both dtypes."""
     if arch != "sm_90a":
         return []
     from dataclasses import replace
@@ -454,5 +454,6 @@ def variants(arch: str) -> list[BwdDqSm90Config]:
         cfg(256), cfg(256, causal=True), cfg(256, local=True, has_softcap=True),
         cfg(256, dtype="fp16", causal=True, varlen_q=True, varlen_k=True, has_seqused_k=True),
         cfg(192), cfg(192, causal=True, varlen_q=True, varlen_k=True), cfg(160, local=True),
-        cfg(192, 128, causal=True),
+        cfg(192, 128, causal=True), cfg(128), cfg(128, causal=True, varlen_q=True, varlen_k=True),
+        cfg(64, local=True), cfg(96, dtype="fp16"),
     ]

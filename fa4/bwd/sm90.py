@@ -343,7 +343,7 @@ class BwdSm90Config(AttnKernelConfig):
     ``dq_first_store`` (the writer warp, not ``two_cta``): the first contributor of each dq_accum
     slot stores its tile instead of adding it, so the preprocess does not zero the accumulator
     (Note [First store]; the slot counters are allocated and zeroed in every mode then).
-    ``dq_pass`` (with ``dq_direct``; an experiment): no dQ here, dK and dV only; the dQ pass
+    ``dq_pass`` (not ``two_cta``; an option): no dQ here, dK and dV only; the dQ pass
     (:mod:`fa4.bwd.dq_sm90`, Note [dQ pass]) computes dQ after this kernel, without reductions.
     """
 
@@ -456,7 +456,7 @@ class BwdSm90Config(AttnKernelConfig):
                    ("sV", "16b", sizes["sV"], 1024), ("sdS", "16b", sizes["sdS"], 1024)]
         if self.two_cta:  # the partner's K tile and the half of its dS^T that this CTA's dQ rows need
             fields += [("sK_peer", "16b", sizes["sK"], 1024), ("sdS_in", "16b", sizes["sdS"] // 2, 1024)]
-        if not self.dq_direct:
+        if not self.dq_direct and not self.dq_pass:
             fields.append(("sdQ", "f32", self.dq_rows * d * self.dq_stages, 1024))
         if not self.dkv_rs:
             fields.append(("sP", "16b", sizes["sdS"], 1024))
@@ -579,8 +579,9 @@ class FlashBwdSm90:
         if cfg.publish_lag and not (cfg.deterministic and not cfg.dq_direct):
             raise ValueError(f"{name}.publish_lag orders the deterministic dQ writer; it needs deterministic=True "
                              "and no dq_direct (the ordered direct adds have their own overlap, Note [Ordered direct dQ])")
-        if cfg.dq_pass and not (cfg.dq_direct and not cfg.two_cta):
-            raise ValueError(f"{name}.dq_pass (Note [dQ pass] in fa4/bwd/dq_sm90.py) needs dq_direct and two_cta=False")
+        if cfg.dq_pass and (cfg.two_cta or cfg.dq_first_store):
+            raise ValueError(f"{name}.dq_pass (Note [dQ pass] in fa4/bwd/dq_sm90.py) needs two_cta=False and "
+                             "dq_first_store=False")
         if cfg.dq_first_store and (cfg.dq_direct or cfg.two_cta):
             raise ValueError(f"{name}.dq_first_store (Note [First store]) is the dQ writer warp's; it needs "
                              "dq_direct=False and two_cta=False")
@@ -793,7 +794,7 @@ class FlashBwdSm90:
             if warp_idx == 0:
                 self.load(mQ, mK, mV, mdO, mLSElog2, mDpsum, smem(), (tma_q, tma_k, tma_v, tma_do, tma_lse, tma_dpsum),
                           pipes, work())
-            if const_expr(not self.cfg.dq_direct):
+            if const_expr(not self.cfg.dq_direct and not self.cfg.dq_pass):
                 if warp_idx == 1:
                     self.store_dq(mdQaccum, mSemaphore, smem().sdQ, work())
             elif const_expr(self.cfg.deterministic and not self.cfg.dq_pass):
@@ -822,7 +823,7 @@ class FlashBwdSm90:
             sP=None if const_expr(self.rs) else storage.sP.get_tensor(sPdS_layout.outer, swizzle=sPdS_layout.inner),
             sLSE=storage.sLSE.get_tensor(cute.make_layout((self.tile_m, self.q_stages), stride=(1, self.cfg.rows_stride))),
             sD=storage.sD.get_tensor(cute.make_layout((self.tile_m, self.q_stages), stride=(1, self.cfg.rows_stride))),
-            sdQ=None if const_expr(self.cfg.dq_direct) else storage.sdQ.get_tensor(
+            sdQ=None if const_expr(self.cfg.dq_direct or self.cfg.dq_pass) else storage.sdQ.get_tensor(
                 cute.make_layout((self.cfg.dq_rows * self.hd, self.cfg.dq_stages))),
         )
 
@@ -1811,7 +1812,9 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
     writer = bool(deterministic) and not (direct and det_direct)  # the ordered writer warp
     two_cta = bool(opts.bwd_two_cta) if opts.bwd_two_cta is not None else TWO_CTA.get(hd, False) and not deterministic
     dq_direct = direct and (det_direct or not deterministic)
-    first_store = DQ_FIRST_STORE[bool(deterministic)] and not dq_direct and not two_cta
+    dq_pass = (not two_cta and DQ_PASS_MIN_HD[bool(deterministic)] is not None
+               and hd >= DQ_PASS_MIN_HD[bool(deterministic)])
+    first_store = DQ_FIRST_STORE[bool(deterministic)] and not dq_direct and not two_cta and not dq_pass
     # Claims (the first store without determinism) walk the rotated order too, where it serves: the
     # K blocks of a pair then reach each slot at different steps (:data:`CLAIM_ROTATE`).
     claims_rotate = first_store and not deterministic and CLAIM_ROTATE
@@ -1832,8 +1835,7 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         det_rounds=DET_ROUNDS.get(hd, 1) if rotated and deterministic else 1,
         det_up=det_up, det_tail=DET_TAIL if det_up else 0, det_tail_share=DET_TAIL_SHARE,
         dq_direct=dq_direct, dq_first_store=first_store,
-        dq_pass=dq_direct and not two_cta and DQ_PASS_MIN_HD[bool(deterministic)] is not None
-        and hd >= DQ_PASS_MIN_HD[bool(deterministic)],
+        dq_pass=dq_pass,
         # Not with more than 64 rows per step (``rows_late``): measured 7-16% slower at d64 (v0.11).
         stats_early=1 if hd <= STATS_EARLY_MAX_HD and steps <= 64 else 0,
         **BwdSm90Config.problem_flags(problem))
@@ -1972,6 +1974,9 @@ def variants(arch: str) -> list[BwdSm90Config]:
     # The dQ pass (Note [dQ pass] in fa4/bwd/dq_sm90.py): dK / dV only, deterministic or not.
     out.append(replace(make_config(P(256), None, arch), dq_pass=True))
     out.append(replace(make_config(P(192, causal=True, varlen=True, seqused_k=True), None, arch, True), dq_pass=True))
+    # ... and with the writer warp's head dims (the writer, its sdQ tile and the first store dropped).
+    out.append(replace(make_config(P(128), None, arch), dq_pass=True))
+    out.append(replace(make_config(P(64, causal=True), None, arch, True), dq_pass=True, dq_first_store=False))
     # The sequencing warp of the ordered direct adds: the causal d256 default (peeked slot,
     # SEQ_PEEK); with the peeked slot in the rotated order (d256, an option), and without it in the
     # plain orders (SEQ_PEEK off: causal d256, local varlen d192 with seqused_k).
