@@ -368,6 +368,19 @@ def host_tail_tile(i: int, num_x: int, heads_k: int, num_batch: int, section: in
 # --------------------------------------------------------------------------------------------
 
 
+def fake_bshd(dtype, batch, s, heads, dim):
+    """A fake ``(b, s, h, d)`` tensor of a kernel boundary: 64-bit strides in multiples of 16 bytes,
+    unit stride last."""
+    strides = tuple(cute.sym_int64(divisibility=8) for _ in range(3)) + (1,)
+    return cute.runtime.make_fake_tensor(dtype, (batch, s, heads, dim), strides, assumed_align=16)
+
+
+def fake_compact(dt, shape, align=4):
+    """A fake compact row-major tensor (workspaces, cu_seqlens, seqused)."""
+    order = tuple(range(len(shape) - 1, -1, -1))
+    return cute.runtime.make_fake_compact_tensor(dt, shape, stride_order=order, assumed_align=align)
+
+
 def fake_args(cfg) -> tuple:
     """Fake arguments of every family's main kernel (the signature in the module docstring):
     symbolic sizes, 64-bit strides in multiples of 16 bytes, whole tiles of workspace rows."""
@@ -383,13 +396,9 @@ def fake_args(cfg) -> tuple:
     bk = cute.sym_int() if cfg.varlen_q != cfg.varlen_k else b
 
     def bshd(s, heads, batch=b, dim=d):
-        strides = tuple(cute.sym_int64(divisibility=8) for _ in range(3)) + (1,)
-        return cute.runtime.make_fake_tensor(dtype, (batch, s, heads, dim), strides, assumed_align=16)
+        return fake_bshd(dtype, batch, s, heads, dim)
 
-    def compact(dt, shape, align=4):
-        order = tuple(range(len(shape) - 1, -1, -1))
-        return cute.runtime.make_fake_compact_tensor(dt, shape, stride_order=order, assumed_align=align)
-
+    compact = fake_compact
     q, k, v, do = bshd(sq, h), bshd(sk, hk, bk), bshd(sk, hk, bk, dv), bshd(sq, h, dim=dv)
     rows = cute.sym_int(divisibility=16)  # whole tiles of rows (Note [Padded row tiles] in fa4/bwd/workspace.py)
     lse_log2, dpsum = compact(Float32, (b, h, rows), 16), compact(Float32, (b, h, rows), 16)

@@ -131,13 +131,10 @@ class FlashBwdDqSm90:
         dv = cute.sym_int(divisibility=8) if cfg.head_dim_v else d
         bk = cute.sym_int() if cfg.varlen_q != cfg.varlen_k else b
 
-        def bshd(s, heads, batch=b, dim=d):
-            strides = tuple(cute.sym_int64(divisibility=8) for _ in range(3)) + (1,)
-            return cute.runtime.make_fake_tensor(dtype, (batch, s, heads, dim), strides, assumed_align=16)
+        from fa4.bwd.common import fake_bshd, fake_compact as compact
 
-        def compact(dt, shape, align=4):
-            order = tuple(range(len(shape) - 1, -1, -1))
-            return cute.runtime.make_fake_compact_tensor(dt, shape, stride_order=order, assumed_align=align)
+        def bshd(s, heads, batch=b, dim=d):
+            return fake_bshd(dtype, batch, s, heads, dim)
 
         rows = cute.sym_int(divisibility=16)
         q, k, v, do, dq = bshd(sq, h), bshd(sk, hk, bk), bshd(sk, hk, bk, dv), bshd(sq, h, dim=dv), bshd(sq, h)
