@@ -1768,8 +1768,8 @@ direct adds of Note [Ordered direct dQ]; False: they take the ordered writer war
 
 DQ_PASS_MIN_HD: dict = {True: None, False: None}
 """Keyed by ``deterministic``: the padded head dims from which the backward takes the dQ pass (Note
-[dQ pass] in fa4/bwd/dq_sm90.py: dK / dV here, dQ in a second kernel without reductions; only where
-``dq_direct``); None: never. Off by default while the order tests are moved onto the old path
+[dQ pass] in fa4/bwd/dq_sm90.py: dK / dV here, dQ in a second kernel without reductions; with the
+writer warp's head dims the writer, its sdQ tile and the first store go too); None: never. Off by default while the order tests are moved onto the old path
 (docs/RESULTS.md v0.21: sweep v46, deterministic d192 321 -> 389-402 TFLOP/s, d256 390-392 -> 404-428;
 not deterministic d256 409-417 -> 413-428, d192 flat)."""
 
