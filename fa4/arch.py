@@ -85,6 +85,7 @@ def num_sms(index: Optional[int] = None) -> int:
                                             ).multi_processor_count
 
 
+SM90_SMEM_PER_CTA = 232448  # sm_90a: 227 KB of dynamic shared memory per CTA
 H200_L2_BYTES = 60 << 20  # what torch reports for the H200 (measured: 62914560)
 
 

@@ -27,7 +27,7 @@ Note [dQ pass]
     into registers in a fixed order, so a deterministic run costs nothing more.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
 from typing import ClassVar
 
@@ -37,6 +37,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, const_expr, pipeline
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
+from fa4.arch import SM90_SMEM_PER_CTA
 from fa4.bwd.preprocess import _DTYPES
 from fa4.bwd.workspace import rows_view
 from fa4.config import AttnKernelConfig
@@ -54,7 +55,7 @@ from fa4.mask import AttentionMask, walk_blocks
 from fa4.seqlen import SeqlenInfo, to_sdhb
 from fa4.softmax import apply_softcap, exp2_rows, score_scales, softcap_grad
 
-SMEM_CAPACITY = 232448  # sm_90a: 227 KB of dynamic shared memory per CTA
+SMEM_CAPACITY = SM90_SMEM_PER_CTA  # (fa4/arch.py)
 _REGS = (240, 24)  # consumer, producer registers per thread (two consumer warpgroups)
 _BAR_EPI = 1  # named barrier of the consumer warpgroups (epilogue, K/V tail clears)
 
@@ -409,18 +410,9 @@ class FlashBwdDqSm90:
                        self.num_consumer_threads)
 
 
-def config_for(main_cfg, tile_n: int = 0) -> BwdDqSm90Config:
-    """The dQ pass of a main-kernel config (its dtype, head dims, masks and varlen flags);
-    ``tile_n`` 0: the largest that fits two K/V stages."""
-    hd, hdv = main_cfg.head_dim, main_cfg.head_dim_v
-    cfg = BwdDqSm90Config(arch=main_cfg.arch, dtype=main_cfg.dtype, head_dim=hd, head_dim_v=hdv,
-                          rows_tile_m=main_cfg.tile_m, causal=main_cfg.causal, local=main_cfg.local,
-                          has_softcap=main_cfg.has_softcap, varlen_q=main_cfg.varlen_q, varlen_k=main_cfg.varlen_k,
-                          has_seqused_k=main_cfg.has_seqused_k)
-    if tile_n:
-        from dataclasses import replace
-        return replace(cfg, tile_n=tile_n)
-    from dataclasses import replace
+def largest_tile(cfg: BwdDqSm90Config) -> BwdDqSm90Config:
+    """``cfg`` with the largest ``tile_n`` that :meth:`FlashBwdDqSm90.can_implement` accepts (two K/V
+    stages in shared memory, the accumulators in registers)."""
     for n in (128, 112, 96, 80, 64, 48, 32):
         c = replace(cfg, tile_n=n)
         try:
@@ -428,7 +420,16 @@ def config_for(main_cfg, tile_n: int = 0) -> BwdDqSm90Config:
             return c
         except ValueError:
             continue
-    raise ValueError(f"no dQ pass tile fits head_dim {hd}")
+    raise ValueError(f"no dQ pass tile fits head_dim {cfg.head_dim}")
+
+
+def config_for(main_cfg) -> BwdDqSm90Config:
+    """The dQ pass of a main-kernel config (its dtype, head dims, masks and varlen flags), with the
+    largest K/V tile that fits."""
+    return largest_tile(BwdDqSm90Config(
+        arch=main_cfg.arch, dtype=main_cfg.dtype, head_dim=main_cfg.head_dim, head_dim_v=main_cfg.head_dim_v,
+        rows_tile_m=main_cfg.tile_m, causal=main_cfg.causal, local=main_cfg.local, has_softcap=main_cfg.has_softcap,
+        varlen_q=main_cfg.varlen_q, varlen_k=main_cfg.varlen_k, has_seqused_k=main_cfg.has_seqused_k))
 
 
 def variants(arch: str) -> list[BwdDqSm90Config]:
@@ -436,18 +437,9 @@ def variants(arch: str) -> list[BwdDqSm90Config]:
     softcap, varlen with seqused_k, both dtypes."""
     if arch != "sm_90a":
         return []
-    from dataclasses import replace
 
     def cfg(hd, hdv=0, **kw):
-        base = BwdDqSm90Config(arch=arch, dtype=kw.pop("dtype", "bf16"), head_dim=hd, head_dim_v=hdv)
-        for n in (128, 112, 96, 80, 64, 48, 32):
-            c = replace(base, tile_n=n, **kw)
-            try:
-                FlashBwdDqSm90.can_implement(c)
-                return c
-            except ValueError:
-                continue
-        raise ValueError(hd)
+        return largest_tile(BwdDqSm90Config(arch=arch, head_dim=hd, head_dim_v=hdv, **{"dtype": "bf16", **kw}))
 
     return [
         cfg(256), cfg(256, causal=True), cfg(256, local=True, has_softcap=True),

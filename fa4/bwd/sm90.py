@@ -221,6 +221,7 @@ from cutlass import Boolean, Float32, Int32, const_expr, pipeline
 from cutlass._mlir.dialects import nvvm
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
+from fa4.arch import SM90_SMEM_PER_CTA
 from fa4.bwd import common
 from fa4.bwd.preprocess import _DTYPES
 from fa4.bwd.workspace import (
@@ -253,7 +254,7 @@ from fa4.sched.tile import section_tile
 from fa4.seqlen import SeqlenInfo, grid_extent, to_sdhb
 from fa4.softmax import apply_softcap, exp2_rows, score_scales, softcap_grad
 
-SMEM_CAPACITY = 232448  # sm_90a: 227 KB of dynamic shared memory per CTA
+SMEM_CAPACITY = SM90_SMEM_PER_CTA  # (fa4/arch.py)
 # (consumer, producer) registers per thread after setmaxnreg. The CTA owns the registers it was
 # launched with, 8 * floor(65536 / 384 / 8) = 168 per thread, so producer + 2 * consumer <= 3 * 168 =
 # 504: a 240/240/32 split (512) made every setmaxnreg.inc wait forever for registers (measured: the
@@ -1769,10 +1770,10 @@ direct adds of Note [Ordered direct dQ]; False: they take the ordered writer war
 DQ_PASS_MIN_HD: dict = {True: None, False: None}
 """Keyed by ``deterministic``: the padded head dims from which the backward takes the dQ pass (Note
 [dQ pass] in fa4/bwd/dq_sm90.py: dK / dV here, dQ in a second kernel without reductions; with the
-writer warp's head dims the writer, its sdQ tile and the first store go too); None: never. Off by default while the order tests are moved onto the old path
-(docs/RESULTS.md v0.21: sweep v46, deterministic d192 321 -> 389-402 TFLOP/s, d256 390-392 -> 404-428;
-not deterministic d256 409-417 -> 413-428, d192 flat)."""
-
+writer warp's head dims the writer, its sdQ tile and the first store go too); None: never. Off by
+default until the suite runs on the switched default (docs/RESULTS.md v0.21: sweep v46, deterministic
+d192 321 -> 389-402 TFLOP/s, d256 390-392 -> 404-428; not deterministic d256 409-417 -> 413-428, d192
+flat)."""
 
 
 def rotate_ok(problem: AttnProblem, tile_n: int) -> bool:

@@ -106,6 +106,7 @@ from cutlass import Float32, Int32, const_expr, pipeline
 from cutlass.cute.nvgpu import cpasync, warpgroup
 import cutlass.utils.hopper_helpers as sm90_utils
 
+from fa4.arch import SM90_SMEM_PER_CTA
 from fa4.config import AttnFwdConfig, AttnProblem, KernelOptions
 from fa4.cute_utils import (
     convert_f32_to_half,
@@ -126,7 +127,7 @@ from fa4.sched.tile import DynamicTileScheduler, PersistentTileScheduler, split_
 from fa4.seqlen import SeqlenInfo, to_sdhb
 from fa4.softmax import OnlineSoftmax, apply_softcap, rescale_rows, score_scales
 
-SMEM_CAPACITY = 232448  # sm_90a: 227 KB of dynamic shared memory per CTA
+SMEM_CAPACITY = SM90_SMEM_PER_CTA  # (fa4/arch.py)
 SMEM_RESERVED = 1024  # mbarriers and alignment
 _DTYPES = fwd_common.DTYPES
 # (consumer, producer) registers per thread after setmaxnreg, by consumer warpgroups: the
