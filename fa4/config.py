@@ -47,7 +47,9 @@ class KernelOptions:
     tau; 0 = rescale whenever the max grows).
     Backward: ``bwd_tile_m``, ``bwd_tile_n``, ``bwd_num_threads``, ``bwd_two_cta`` (sm90: clusters of
     two CTAs on adjacent K blocks that swap halves of dS through distributed shared memory and add
-    half as many dQ rows each; True / False over the tuned default).
+    half as many dQ rows each; True / False over the tuned default), ``bwd_dq_pass`` (sm90: dQ from a
+    second kernel with its query rows stationary, no global reductions, the same bits on every run;
+    True / False over the tuned default).
     ``arch``: force a kernel family ("sm80", "sm90", "sm100") instead of the device's own, e.g. to
     run the Ampere path on a Hopper GPU. The environment variable ``FA4_ARCH`` does the same.
     """
@@ -63,6 +65,7 @@ class KernelOptions:
     bwd_tile_n: Optional[int] = None
     bwd_num_threads: Optional[int] = None
     bwd_two_cta: Optional[bool] = None
+    bwd_dq_pass: Optional[bool] = None
 
     def __post_init__(self) -> None:
         if self.arch is not None and normalize_family(self.arch) is None:
@@ -73,8 +76,10 @@ class KernelOptions:
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
                 raise ValueError(f"KernelOptions.{name} must be a positive int, got {v!r}")
-        if self.bwd_two_cta is not None and not isinstance(self.bwd_two_cta, bool):
-            raise ValueError(f"KernelOptions.bwd_two_cta must be a bool or None, got {self.bwd_two_cta!r}")
+        for name in ("bwd_two_cta", "bwd_dq_pass"):
+            v = getattr(self, name)
+            if v is not None and not isinstance(v, bool):
+                raise ValueError(f"KernelOptions.{name} must be a bool or None, got {v!r}")
         _check_fraction("exp2_emu_frac", self.exp2_emu_frac)
         if self.rescale_threshold is not None and not (0.0 <= float(self.rescale_threshold) <= 64.0):
             raise ValueError(

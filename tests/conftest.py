@@ -59,3 +59,13 @@ def hang_watchdog():
         yield arm
     finally:
         faulthandler.cancel_dump_traceback_later()
+
+
+@pytest.fixture
+def ordered_dq(monkeypatch):
+    """The dQ of the main kernel (reductions in the deterministic orders under test), not the dQ pass
+    (Note [dQ pass] in fa4/bwd/dq_sm90.py), whose dQ does not depend on any order: for the tests of
+    those orders, whatever ``DQ_PASS_MIN_HD``'s default."""
+    from fa4.bwd import sm90
+
+    monkeypatch.setattr(sm90, "DQ_PASS_MIN_HD", {True: None, False: None})

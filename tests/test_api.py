@@ -138,9 +138,14 @@ def test_explain_hopper_backward_notes_the_deterministic_path():
     text = str(fa4.explain(q, q, q, causal=True, deterministic=True, capability=(9, 0)))
     assert "launch order" in text
     q = torch.empty(2, 1000, 8, 256, dtype=torch.bfloat16, requires_grad=True)
-    text = str(fa4.explain(q, q, q, deterministic=True, capability=(9, 0)))
+    ordered = fa4.KernelOptions(bwd_dq_pass=False)
+    text = str(fa4.explain(q, q, q, deterministic=True, kernel_options=ordered, capability=(9, 0)))
     assert "added from registers" in text and "rank order" in text and "ordered writer warp" not in text
-    assert "deterministic dQ" not in str(fa4.explain(q, q, q, capability=(9, 0)))
+    assert "deterministic dQ" not in str(fa4.explain(q, q, q, kernel_options=ordered, capability=(9, 0)))
+    # The default there: the dQ pass (Note [dQ pass]), the same kernels with or without determinism.
+    for det in (False, True):
+        text = str(fa4.explain(q, q, q, deterministic=det, capability=(9, 0)))
+        assert "dQ pass" in text and "deterministic dQ" not in text and "'dq_pass': True" in text
 
 
 def test_explain_validates():
@@ -183,8 +188,9 @@ def test_explain_reports_the_down_tail():
     (d128,) = tail(q, q, causal=True)
     assert "the last 2 of the 16 kv heads" in d128 and "Down tail" in d128
     q256 = torch.randn(1, 4096, 8, 256, dtype=torch.bfloat16, device="meta")
-    (d256,) = tail(q256, q256, causal=True)
+    (d256,) = tail(q256, q256, causal=True, kernel_options=fa4.KernelOptions(bwd_dq_pass=False))
     assert "the last 1 of the 8 kv heads" in d256
+    assert tail(q256, q256, causal=True) == []  # the dQ pass: no order
     q4 = torch.randn(1, 4096, 4, 128, dtype=torch.bfloat16, device="meta")
     assert tail(q4, q4, causal=True) == [] and tail(q, q) == []
     assert tail(q, torch.randn(1, 4096, 4, 128, dtype=torch.bfloat16, device="meta"), causal=True) == []

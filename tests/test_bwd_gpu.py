@@ -357,16 +357,6 @@ def test_bwd_deterministic_launch_orders(mask, family, monkeypatch, ordered_dq):
     _check_grads(("dq", "dk", "dv"), base, ref, pt, (q, k, v), g)
 
 
-@pytest.fixture
-def ordered_dq(monkeypatch):
-    """The dQ of the main kernel (reductions in the deterministic orders under test), not the dQ pass
-    (Note [dQ pass] in fa4/bwd/dq_sm90.py), whose dQ does not depend on any order: for the tests of
-    those orders, whatever ``DQ_PASS_MIN_HD``'s default."""
-    from fa4.bwd import sm90
-
-    monkeypatch.setattr(sm90, "DQ_PASS_MIN_HD", {True: None, False: None})
-
-
 def _same_bits_over_runs(run, runs: int, what: str):
     """``run()`` (-> dq, dk, dv) ``runs`` times: every result bit-identical to the first, which is returned."""
     first = run()
@@ -937,6 +927,43 @@ def test_bwd_sm90_dq_pass(d, mask, layout, det, monkeypatch, hang_watchdog, orde
     if layout == "dense":
         ref, pt = _reference_dense((q, k, v), dict(kw, softcap=0.0), g, None)
         _check_grads(("dq", "dk", "dv"), passed, ref, pt, (q, k, v), g)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dims", [(160, 160), (192, 192), (224, 224), (256, 256), (192, 128)])
+@pytest.mark.parametrize("mask", ["none", "causal", "local"])
+@pytest.mark.parametrize("softcap", [0.0, 2.0])
+def test_bwd_sm90_dq_pass_default(dims, mask, softcap, hang_watchdog):
+    """The dQ pass as the default (``DQ_PASS_MIN_HD``: deterministic from padded head dim 160, and
+    at 256 without determinism): deterministic=True runs the same kernels as
+    ``KernelOptions(bwd_dq_pass=True)`` without it, so the two give the same bits; 20 deterministic
+    runs are bit-exact (GQA 6/2, odd lengths, s_q != s_k); the gradients pass the reference rule;
+    softcap and (192, 128)."""
+    from fa4.bwd import sm90
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the sm90 kernels need compute capability 9.x")
+    hang_watchdog()
+    d, dv = dims
+    sq, sk = 1000, 777
+    kw = dict(causal=mask == "causal", window_size=_window(mask, sq, sk), softcap=softcap)
+    q, k, _ = random_qkv(2, sq, sk, 6, 2, d, torch.bfloat16, "cuda", seed=d + dv + int(softcap))
+    v = torch.randn(2, sk, 2, dv, dtype=torch.bfloat16, device="cuda")
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    g = torch.randn(2, sq, 6, dv, dtype=torch.bfloat16, device="cuda")
+    problem = AttnProblem("bf16", 2, sq, sk, 6, 2, d, dv, d**-0.5, causal=kw["causal"])
+    assert sm90.make_config(problem, None, "sm_90a", True).dq_pass
+
+    def grads(det, **opts):
+        out, _ = fa4.flash_attn_func(q, k, v, deterministic=det,
+                                     kernel_options=fa4.KernelOptions(arch="sm90", **opts), **kw)
+        return torch.autograd.grad(out, (q, k, v), g)
+
+    det = _same_bits_over_runs(lambda: grads(True), 20 if d == 256 and mask == "causal" else 3, "dq_pass default")
+    for name, a, b in zip(("dq", "dk", "dv"), det, grads(False, bwd_dq_pass=True)):
+        assert torch.equal(a, b), f"{name}: deterministic=True and the dQ pass without it differ"
+    ref, pt = _reference_dense((q, k, v), kw, g, None)
+    _check_grads(("dq", "dk", "dv"), det, ref, pt, (q, k, v), g)
 
 
 @pytest.mark.gpu

@@ -25,7 +25,7 @@ def test_make_config_every_head_dim_fits(d):
     for causal, det in ((False, False), (True, True)):
         cfg = sm90.make_config(_problem(d, causal=causal), None, "sm_90a", det)
         sm90.FlashBwdSm90.can_implement(cfg)
-        assert cfg.head_dim == head_dim_padded(d) and cfg.deterministic == det
+        assert cfg.head_dim == head_dim_padded(d) and cfg.deterministic == (det and not cfg.dq_pass)
         assert cfg.smem_bytes() <= sm90.SMEM_CAPACITY
         assert cfg.tile_n == (128 if cfg.dkv_rs else 64)
         assert cfg.dkv_rs == (cfg.head_dim <= 128)  # dK + dV of 64 rows fit a warpgroup's registers up to 128
@@ -195,7 +195,7 @@ def test_no_import_cycle_in_bwd():
     assert not any(m.endswith(("sm80", "sm90")) for m in graph["fa4.bwd.postprocess"] | graph["fa4.bwd.common"])
 
 
-def test_deterministic_keeps_the_direct_adds():
+def test_deterministic_keeps_the_direct_adds(ordered_dq):
     """Note [Ordered direct dQ]: at head dims whose table adds dQ from registers the deterministic
     config keeps them (the stages of the non-deterministic one, no publish lag); ``det_direct=False``
     gives the ordered writer warp; publish_lag with dq_direct is refused by name."""
@@ -241,7 +241,7 @@ def test_publish_lag_rule(monkeypatch):
         assert cfg in vs, cfg  # precompiled while PUBLISH_PEEK is on
 
 
-def test_publish_peek_is_the_deterministic_writer_default():
+def test_publish_peek_is_the_deterministic_writer_default(ordered_dq):
     """PUBLISH_PEEK (RESULTS v0.14): every deterministic run with the writer warp peeks, with no
     publish lag, in every order and at every length; the ordered direct adds' sequencing warp peeks
     in the plain orders only (SEQ_PEEK, v0.15); non-deterministic runs do not; the precompiled set
@@ -271,7 +271,7 @@ def test_publish_peek_is_the_deterministic_writer_default():
         assert cfg in vs, cfg
 
 
-def test_publish_peek_is_refused_by_name_where_it_cannot_run():
+def test_publish_peek_is_refused_by_name_where_it_cannot_run(ordered_dq):
     """publish_peek (Note [Publish peek]) orders the deterministic dQ adds (the writer warp, or the
     sequencing warp of the ordered direct adds): refused, naming the field, with publish_lag, or
     without determinism."""
@@ -368,22 +368,34 @@ def test_claims_walk_the_rotated_order_without_a_mask(monkeypatch):
 
 
 def test_dq_pass_rule_and_refusals(monkeypatch):
-    """Note [dQ pass] (fa4/bwd/dq_sm90.py): off by default; DQ_PASS_MIN_HD turns it on per mode from
-    a padded head dim, only where the consumers add dQ from registers (dq_direct); the main kernel
-    then keeps no dq_accum counters; the dQ kernel's config follows the main one and refuses tiles
-    that do not fit."""
-    from fa4.bwd import dq_sm90
+    """Note [dQ pass] (fa4/bwd/dq_sm90.py): the default from padded head dim 160 when deterministic
+    and at 256 otherwise (DQ_PASS_MIN_HD); a deterministic run then takes the non-deterministic main
+    kernel; KernelOptions.bwd_dq_pass overrides either way and is refused with the 2-CTA kernel and
+    on sm80; the main kernel keeps no dq_accum counters; the dQ kernel's config follows the main
+    one and refuses tiles that do not fit."""
+    from fa4.bwd import dq_sm90, sm80
 
-    for d in (128, 192, 256):
-        for det in (False, True):
-            assert not sm90.make_config(_problem(d), None, "sm_90a", det).dq_pass
-    monkeypatch.setattr(sm90, "DQ_PASS_MIN_HD", {True: 160, False: 256})
-    assert sm90.make_config(_problem(192), None, "sm_90a", True).dq_pass
-    assert not sm90.make_config(_problem(192), None, "sm_90a", False).dq_pass
-    assert sm90.make_config(_problem(256, causal=True), None, "sm_90a", False).dq_pass
-    assert not sm90.make_config(_problem(128), None, "sm_90a", True).dq_pass  # below the bound
+    assert sm90.DQ_PASS_MIN_HD == {True: 160, False: 256}
+    for d, det, want in ((128, False, False), (128, True, False), (136, True, True), (192, False, False),
+                         (192, True, True), (224, False, False), (256, False, True), (256, True, True)):
+        for mask in (dict(), dict(causal=True), dict(local=True)):
+            cfg = sm90.make_config(_problem(d, **mask), None, "sm_90a", det)
+            assert cfg.dq_pass == want, (d, det, mask)
+            if want and det:  # the same kernel as without determinism
+                assert cfg == sm90.make_config(_problem(d, **mask), KernelOptions(bwd_dq_pass=True), "sm_90a")
+            if not want and det:
+                assert cfg.deterministic
+    assert not sm90.make_config(_problem(256), KernelOptions(bwd_dq_pass=False), "sm_90a", True).dq_pass
+    assert sm90.make_config(_problem(128), KernelOptions(bwd_dq_pass=True), "sm_90a", True).dq_pass
+    with pytest.raises(ValueError, match="bwd_dq_pass"):
+        sm90.make_config(_problem(128), KernelOptions(bwd_dq_pass=True, bwd_two_cta=True), "sm_90a")
+    with pytest.raises(ValueError, match="bwd_dq_pass"):
+        sm80.make_config(_problem(128), KernelOptions(bwd_dq_pass=True), "sm_80")
+    with pytest.raises(ValueError, match="bwd_dq_pass"):
+        KernelOptions(bwd_dq_pass=1)
+    assert KernelOptions.from_str(KernelOptions(bwd_dq_pass=False).to_str()) == KernelOptions(bwd_dq_pass=False)
     cfg = sm90.make_config(_problem(192, causal=True), None, "sm_90a", True)
-    assert not common.counts_slots(cfg)
+    assert cfg.dq_pass and not common.counts_slots(cfg)
     assert "semaphore" not in common.workspace_shapes(_problem(192), cfg, (2, 1000, 8, 192))
     # With the writer warp's head dims the pass drops the writer, its sdQ tile and the first store.
     monkeypatch.setattr(sm90, "DQ_PASS_MIN_HD", {True: 64, False: 64})

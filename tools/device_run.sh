@@ -9,7 +9,7 @@
 # around the steps only), next14 (causal det: ncu, sweep v16), next15 (the up order; its
 # tests ran in session 10, the sweep not), next16 (ncu: the up order against the down order), next17
 # (dv_late at d64; run in session 11), next18 (publish_peek), next20 (publish_peek as the default), next22 (v27 sections, det bench), next8 (session 8's not-yet-run tests and sweeps), ncusrc (source-level stall sampling
-# of the forwards; NCUSRC_IMPLS), ncusrcbwd (the same for the backwards), ncustall (stall reasons, fa4 vs
+# of the forwards; NCUSRC_IMPLS), ncusrcbwd (the same for the backwards), bwdacc (tools/bwd_accuracy.py $BWDACC), ncustall (stall reasons, fa4 vs
 # flash-attn-4), sweepfwd (tools/sweep_fwd.py $SWEEP_FWD), ncufwd (ncu of the fa4 and flash-attn-4 forwards,
 # tools/ncu_fwd.py), ncubwd (the same for the backwards, NCU_BWD_SHAPES), v012b (session 10's side-by-side benches), firststore (session 17: Note [First store]'s tests and the backward profile), claims (session 18: the relaxed, rotated claims: tests and profile), nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
 set -uo pipefail
@@ -89,6 +89,12 @@ if has sanitize; then
       > "$out/sanitize_$tool.log" 2>&1
     echo "$tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize_$tool.log" | tail -1)"
   done
+fi
+if has bwdacc; then
+  # Gradient error of backward variants against the float32 reference, beside flash-attn-4's (BWDACC: experiments).
+  eval "set -- ${BWDACC:-'d256 dq_pass=False' 'd256' 'd256 peer' 'd256 causal dq_pass=False' 'd256 causal' 'd256 causal peer' 'd192' 'd192 dq_pass=True' 'd192 peer' 'd160 dq_pass=True' 'd160'}"
+  timeout ${BWDACC_TIMEOUT:-200} python3 tools/bwd_accuracy.py "$@" > "$out/bwdacc.log" 2>&1
+  echo "bwdacc rc=$?"; grep -v Warning "$out/bwdacc.log" | tail -30
 fi
 if has benchbwd; then
   timeout 300 python3 -m fa4.bench --mode bwd --out "$out/benchbwd" ${BENCH_ARGS:-} > "$out/benchbwd.log" 2>&1

@@ -5,7 +5,8 @@
 Forward: the persistent (static and dynamic, on a 3-CTA grid) and the plain grid, 1/2/3 consumer warpgroups, causal / local, varlen with
 a length-1 sequence, an unpadded head dim, O through TMA and through plain stores. Backward: P/dS in
 registers (d128, GQA, causal) and through smem (d256), deterministic (the up order without GQA), varlen with seqused_k, 128-row
-steps (d64), the two-CTA backward (d128 causal GQA, d64, varlen with seqused_k). Issue 9: pack GQA, split-KV with the combine, paged K/V, seqused_q."""
+steps (d64), the two-CTA backward (d128 causal GQA, d64, varlen with seqused_k). The dQ pass (d256 causal GQA, varlen d192 deterministic). Issue 9: pack GQA, split-KV with the combine,
+paged K/V, seqused_q."""
 import dataclasses
 
 import torch
@@ -90,22 +91,21 @@ fa4.flash_attn_varlen_func(q, kc, kc, page_table=pt, seqused_k=torch.tensor([400
 # down and launch last; the writer warp (d128) and the ordered direct adds (d256).
 from fa4.bwd import sm90 as _bwd90  # noqa: E402
 
+ORDERED = fa4.KernelOptions(arch="sm90", bwd_dq_pass=False)  # the main kernel's dQ (d256: the dQ pass's default)
 _bwd90.DET_TAIL, _bwd90.DET_TAIL_SHARE = 2, 2  # two of the four kv heads walk down
 fa4.ops._plans.clear()
 for d in (128, 256):
     q, k, v = random_qkv(2, 300, 300, 4, 4, d, torch.bfloat16, "cuda", requires_grad=True, seed=d + 7)
-    out, _ = fa4.flash_attn_func(q, k, v, causal=True, deterministic=True, kernel_options=SM90)
+    out, _ = fa4.flash_attn_func(q, k, v, causal=True, deterministic=True, kernel_options=ORDERED)
     torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
-# The rotated order in two rounds (Note [Rotation rounds], the d192 default without a mask): 11 K
-# blocks, rounds of 6 and 5; GQA 4/2.
+# The rotated order in two rounds (Note [Rotation rounds], d192 without a mask with the main
+# kernel's dQ): 11 K blocks, rounds of 6 and 5; GQA 4/2.
 q, k, v = random_qkv(2, 640, 700, 4, 2, 192, torch.bfloat16, "cuda", requires_grad=True, seed=11)
-out, _ = fa4.flash_attn_func(q, k, v, deterministic=True, kernel_options=SM90)
+out, _ = fa4.flash_attn_func(q, k, v, deterministic=True, kernel_options=ORDERED)
 torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
-# The dQ pass (Note [dQ pass] in fa4/bwd/dq_sm90.py; added in v0.21, not yet run under the
-# sanitizers): causal GQA with a partial last K block, and varlen with seqused_k (the K/V tail
+# The dQ pass (Note [dQ pass] in fa4/bwd/dq_sm90.py; the default at d256, and from d160 when
+# deterministic): causal GQA with a partial last K block, and varlen with seqused_k (the K/V tail
 # cleared in the dQ kernel's smem).
-_bwd90.DQ_PASS_MIN_HD = {True: 160, False: 160}
-fa4.ops._plans.clear()
 q, k, v = random_qkv(2, 300, 333, 4, 2, 256, torch.bfloat16, "cuda", requires_grad=True, seed=13)
 out, _ = fa4.flash_attn_func(q, k, v, causal=True, kernel_options=SM90)
 torch.autograd.grad(out, (q, k, v), torch.randn_like(out))

@@ -256,6 +256,13 @@ PLANS = {
             for shape in ("d256 s8192", "d256 s8192 causal", "d256 s8192 det", "d192 s8192", "d192 s8192 det",
                           "d256 s2048")
             for v in ("", "dq_pass=True")],
+    # v0.22, the dQ pass as the default (DQ_PASS_MIN_HD {det: 160, not: 256}): the head dims it does not
+    # take without determinism (d160 / d192 / d224), and d64 / d128 (the writer warp's head dims,
+    # where a deterministic run would take the non-deterministic config with the pass). Three
+    # interleaved rounds.
+    "v47": [f"{shape} {v}".strip() for _ in range(3)
+            for shape in ("d224 s8192", "d160 s8192", "d192 s8192 causal", "d128 s8192", "d64 s8192")
+            for v in ("", "dq_pass=True")],
     "v42": [f"{shape} {v}".strip() for _ in range(3)
             for shape, vs in (("d256 s8192 det", ("", "det_rounds=2")),
                               ("d192 s8192 det", ("", "det_rounds=2")),

@@ -166,7 +166,7 @@ from cutlass import Float32, Int32, const_expr
 
 from fa4 import arch
 from fa4.bwd import postprocess, preprocess
-from fa4.bwd.workspace import dq_accum_shape, rows_shape
+from fa4.bwd.workspace import dq_accum_placeholder, dq_accum_shape, rows_shape
 from fa4.config import AttnProblem
 from fa4.sched.tile import section_tile
 from fa4.validate import kernel_ready
@@ -455,10 +455,10 @@ def run_backward(cfg, problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_se
     dev = q.device
     lse_log2 = _empty(shapes["lse_log2"], torch.float32, dev)
     dpsum = _empty(shapes["dpsum"], torch.float32, dev)
-    dq_accum = _empty(shapes["dq_accum"], torch.float32, dev)
+    dq_pass = getattr(cfg, "dq_pass", False)  # Note [dQ pass] in fa4/bwd/dq_sm90.py: no dq_accum
+    dq_accum = None if dq_pass else _empty(shapes["dq_accum"], torch.float32, dev)
     sem = torch.empty(shapes["semaphore"], dtype=torch.int32, device=dev) if "semaphore" in shapes else None
     post_cfg = postprocess.config_for(cfg)  # ``counted``: the main kernel stores first (Note [First store])
-    dq_pass = getattr(cfg, "dq_pass", False)  # Note [dQ pass] in fa4/bwd/dq_sm90.py: no dq_accum
     varlen_q = cu_seqlens_q is not None
     preprocess.run_preprocess(
         out, dout, lse, lse_log2, dpsum, dq_accum, dlse=dlse, cu_seqlens_q=cu_seqlens_q,
@@ -468,6 +468,8 @@ def run_backward(cfg, problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_se
     max_seqlen_k = problem.seqlen_k if cu_seqlens_k is not None else k.shape[1]
     num_batch = cu_seqlens_k.shape[0] - 1 if cu_seqlens_k is not None else k.shape[0]
     launch_grid(cfg, num_batch, k.shape[2], max_seqlen_k)
+    if dq_accum is None:  # the main kernel's argument, never touched under the dQ pass
+        dq_accum = dq_accum_placeholder(shapes["dq_accum"], dev)
     if max_seqlen_k > 0:
         get_kernel(cfg)(
             q, k, v, dout, lse_log2, dpsum, dq_accum, dk_k, dv_k, cu_seqlens_q, cu_seqlens_k, seqused_k, sem,

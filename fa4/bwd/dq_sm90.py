@@ -444,7 +444,8 @@ def variants(arch: str) -> list[BwdDqSm90Config]:
     return [
         cfg(256), cfg(256, causal=True), cfg(256, local=True, has_softcap=True),
         cfg(256, dtype="fp16", causal=True, varlen_q=True, varlen_k=True, has_seqused_k=True),
-        cfg(192), cfg(192, causal=True, varlen_q=True, varlen_k=True), cfg(160, local=True),
+        cfg(224, causal=True), cfg(192), cfg(192, causal=True, varlen_q=True, varlen_k=True), cfg(160, local=True),
+        cfg(160, has_softcap=True),
         cfg(192, 128, causal=True), cfg(128), cfg(128, causal=True, varlen_q=True, varlen_k=True),
         cfg(64, local=True), cfg(96, dtype="fp16"), cfg(128, has_softcap=True),
     ]

@@ -915,6 +915,9 @@ def make_config(
     if opts.bwd_two_cta:
         raise ValueError("KernelOptions.bwd_two_cta=True: the sm80 backward has no two-CTA path (clusters and "
                          "distributed shared memory are sm90's); use the sm90 family or leave it None")
+    if opts.bwd_dq_pass:
+        raise ValueError("KernelOptions.bwd_dq_pass=True: the sm80 backward has no dQ pass (a WGMMA kernel of the "
+                         "sm90 family); use the sm90 family or leave it None")
     tile_m = opts.bwd_tile_m or tile_m
     tile_n = opts.bwd_tile_n or tile_n
     threads = opts.bwd_num_threads or threads

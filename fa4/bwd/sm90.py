@@ -1767,13 +1767,13 @@ DET_DIRECT = True
 """Deterministic runs of the head dims whose table takes ``dq_direct`` keep it, with the ordered
 direct adds of Note [Ordered direct dQ]; False: they take the ordered writer warp instead."""
 
-DQ_PASS_MIN_HD: dict = {True: None, False: None}
+DQ_PASS_MIN_HD: dict = {True: 160, False: 256}
 """Keyed by ``deterministic``: the padded head dims from which the backward takes the dQ pass (Note
 [dQ pass] in fa4/bwd/dq_sm90.py: dK / dV here, dQ in a second kernel without reductions; with the
-writer warp's head dims the writer, its sdQ tile and the first store go too); None: never. Off by
-default until the suite runs on the switched default (docs/RESULTS.md v0.21: sweep v46, deterministic
-d192 321 -> 389-402 TFLOP/s, d256 390-392 -> 404-428; not deterministic d256 409-417 -> 413-428, d192
-flat)."""
+writer warp's head dims the writer, its sdQ tile and the first store go too); None: never. With the
+pass a deterministic run takes the non-deterministic main kernel (:func:`make_config`). Measured
+(docs/RESULTS.md v0.21, sweep v46): deterministic d192 321 -> 389-402 TFLOP/s, d256 390-392 ->
+404-428; not deterministic d256 409-417 -> 413-428, d192 flat (387-398 -> 382-403)."""
 
 
 def rotate_ok(problem: AttnProblem, tile_n: int) -> bool:
@@ -1810,11 +1810,21 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
     if opts.bwd_tile_n is not None and opts.bwd_tile_n != tile_n:
         raise ValueError(f"KernelOptions.bwd_tile_n={opts.bwd_tile_n}: the sm90 backward at head_dim "
                          f"{problem.head_dim} uses tile_n {tile_n}")
-    writer = bool(deterministic) and not (direct and det_direct)  # the ordered writer warp
     two_cta = bool(opts.bwd_two_cta) if opts.bwd_two_cta is not None else TWO_CTA.get(hd, False) and not deterministic
+    if opts.bwd_dq_pass is not None:
+        dq_pass = opts.bwd_dq_pass
+        if dq_pass and two_cta:
+            raise ValueError("KernelOptions.bwd_dq_pass=True: the dQ pass (Note [dQ pass]) runs with the 1-CTA "
+                             "backward; the 2-CTA kernel (bwd_two_cta) adds dQ in the main kernel")
+    else:
+        dq_pass = (not two_cta and DQ_PASS_MIN_HD[bool(deterministic)] is not None
+                   and hd >= DQ_PASS_MIN_HD[bool(deterministic)])
+    if dq_pass:
+        # dQ comes from the dQ pass, the same bits on every run; the main kernel's dK / dV sums are in
+        # CTA order in either mode: a deterministic run takes the non-deterministic kernel.
+        deterministic = False
+    writer = bool(deterministic) and not (direct and det_direct)  # the ordered writer warp
     dq_direct = direct and (det_direct or not deterministic)
-    dq_pass = (not two_cta and DQ_PASS_MIN_HD[bool(deterministic)] is not None
-               and hd >= DQ_PASS_MIN_HD[bool(deterministic)])
     first_store = DQ_FIRST_STORE[bool(deterministic)] and not dq_direct and not two_cta and not dq_pass
     # Claims (the first store without determinism) walk the rotated order too, where it serves: the
     # K blocks of a pair then reach each slot at different steps (:data:`CLAIM_ROTATE`).
@@ -1852,6 +1862,7 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         # Name the options that asked for something other than the table's choice.
         asked = [f"bwd_tile_m={opts.bwd_tile_m}"] if opts.bwd_tile_m is not None else []
         asked += ["bwd_two_cta=True"] if opts.bwd_two_cta else []
+        asked += [f"bwd_dq_pass={opts.bwd_dq_pass}"] if opts.bwd_dq_pass is not None else []
         if asked:
             raise ValueError(f"KernelOptions.{', '.join(asked)}: {e}") from None
         raise
@@ -1877,6 +1888,10 @@ def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: B
            if cfg.causal and ((not cfg.deterministic and LAUNCH_ORDER.section is None)
                               or (cfg.det_up and LAUNCH_ORDER.det_section is None)) else "")
     notes.append(f"launch order: sections of {sec} of the {pairs} (batch, kv head) pairs{why}")
+    if cfg.dq_pass:
+        notes.append("dQ pass: the main kernel computes dK and dV only, and a second kernel computes dQ with "
+                     "its query rows stationary, without global reductions, so every run gives the same bits "
+                     "and deterministic=True runs the same kernels (Note [dQ pass] in fa4/bwd/dq_sm90.py)")
     if cfg.deterministic:
         rounds = (f", its K blocks in {cfg.det_rounds} rounds per pair (Note [Rotation rounds])"
                   if cfg.det_rounds > 1 else "")
@@ -1911,6 +1926,7 @@ def run_backward(cfg: BwdSm90Config, problem: AttnProblem, dout, q, k, v, out, l
                         dq, dk, dv, order=LAUNCH_ORDER)
 
 
+
 def variants(arch: str) -> list[BwdSm90Config]:
     """A covering set for sm_90a (none for other archs): every padded head dim bucket, both dtypes,
     both P/dS paths, one and two stages, and each of causal / local / softcap / varlen /
@@ -1918,6 +1934,13 @@ def variants(arch: str) -> list[BwdSm90Config]:
     if arch != "sm_90a":
         return []
     P = common.representative_problem
+
+    def ordered_config(p, options, arch, deterministic=False, **kw):
+        """make_config with the main kernel's own dQ (the orders and paths below cover it; the dQ
+        pass's cases use make_config)."""
+        opts = (options or KernelOptions()).merged(KernelOptions(bwd_dq_pass=False))
+        return make_config(p, opts, arch, deterministic, **kw)
+
     cases = [
         (P(64), False),
         (P(128), False),
@@ -1931,27 +1954,27 @@ def variants(arch: str) -> list[BwdSm90Config]:
         (P(32, causal=True), False),
         (P(224, causal=True), True),
     ]
-    out = [make_config(p, None, arch, det) for p, det in cases]
+    out = [ordered_config(p, None, arch, det) for p, det in cases]
     # (head_dim, head_dim_v) pairs: DeepSeek's (192, 128) (P/dS through smem), deterministic and
     # varlen causal; (128, 64) and (64, 128) with P/dS in registers.
     V = lambda p, dv: replace(p, head_dim_v=dv)  # noqa: E731
-    out.append(make_config(V(P(192), 128), None, arch))
-    out.append(make_config(V(P(192, causal=True, varlen=True, seqused_k=True), 128), None, arch, True))
-    out.append(make_config(V(P(128, "fp16", local=True), 64), None, arch))
-    out.append(make_config(V(P(64, causal=True), 128), None, arch))
+    out.append(ordered_config(V(P(192), 128), None, arch))
+    out.append(ordered_config(V(P(192, causal=True, varlen=True, seqused_k=True), 128), None, arch, True))
+    out.append(ordered_config(V(P(128, "fp16", local=True), 64), None, arch))
+    out.append(ordered_config(V(P(64, causal=True), 128), None, arch))
     # What bwd_tile_m gives off the table: 64-row steps at d64 (no ds_from_p16).
-    out.append(make_config(P(64), KernelOptions(bwd_tile_m=64), arch))
-    out.append(make_config(P(64, causal=True), None, arch, True))  # 128-row deterministic steps
-    out.append(make_config(P(64), None, arch, True))  # ... rotated (stagger 1 at s_q = s_k)
+    out.append(ordered_config(P(64), KernelOptions(bwd_tile_m=64), arch))
+    out.append(ordered_config(P(64, causal=True), None, arch, True))  # 128-row deterministic steps
+    out.append(ordered_config(P(64), None, arch, True))  # ... rotated (stagger 1 at s_q = s_k)
     out.append(replace(out[-1], lane_slots=True))
     # Two-CTA (Note [Two-CTA dQ]): d128 swapped half tiles, with the writer warp or direct adds;
     # masks, varlen and seqused_k; d64's 64-row halves; GQA is a runtime size.
     two = KernelOptions(bwd_two_cta=True)
-    out.append(make_config(P(128), two, arch))
-    out.append(replace(make_config(P(128, causal=True), two, arch), dq_direct=True))
-    out.append(make_config(P(128, "fp16", local=True, varlen=True, seqused_k=True), two, arch))
-    out.append(make_config(P(64, causal=True, varlen=True), two, arch))
-    out.append(make_config(P(64, softcap=30.0), two, arch))
+    out.append(ordered_config(P(128), two, arch))
+    out.append(replace(ordered_config(P(128, causal=True), two, arch), dq_direct=True))
+    out.append(ordered_config(P(128, "fp16", local=True, varlen=True, seqused_k=True), two, arch))
+    out.append(ordered_config(P(64, causal=True, varlen=True), two, arch))
+    out.append(ordered_config(P(64, softcap=30.0), two, arch))
     # The experiment of the config docstring: 80-row steps (the swapped dQ wgmma) at d128.
     out.append(replace(out[1], tile_m=80, dq_stages=1, ds_from_p16=True))
     one_buffer = replace(out[2], dq_stages=1)  # one dQ buffer, deterministic
@@ -1960,67 +1983,70 @@ def variants(arch: str) -> list[BwdSm90Config]:
     # (PUBLISH_PEEK off: the rule of v0.13), with the publish lag and without it: causal d128 and d64,
     # the rotated order, one dQ buffer.
     lagged = lambda c, lag=True: replace(c, publish_peek=False, publish_lag=lag)  # noqa: E731
-    causal64 = make_config(P(64, causal=True, varlen=True), None, arch, True)
-    rot = make_config(replace(P(128), seqlen_q=8192, seqlen_k=8192), None, arch, True)
+    causal64 = ordered_config(P(64, causal=True, varlen=True), None, arch, True)
+    rot = ordered_config(replace(P(128), seqlen_q=8192, seqlen_k=8192), None, arch, True)
     out += [rot, lagged(out[2]), lagged(out[2], False), lagged(causal64), lagged(causal64, False), lagged(rot),
             lagged(one_buffer)]
     # Deterministic with the writer warp where the table adds dQ directly (det_direct off), and
     # with the ordered direct adds under a local mask, varlen and seqused_k.
-    out.append(make_config(P(256, causal=True), None, arch, True, det_direct=False))
-    out.append(make_config(P(256, "fp16", local=True, varlen=True, seqused_k=True), None, arch, True))
+    out.append(ordered_config(P(256, causal=True), None, arch, True, det_direct=False))
+    out.append(ordered_config(P(256, "fp16", local=True, varlen=True, seqused_k=True), None, arch, True))
     # The writer's slots from 32 lanes (Note [Writer slots]) outside the rotated order: the writer
     # warp under a causal mask and the sequencing warp of the ordered direct adds.
     out.append(replace(out[2], lane_slots=True))
-    out.append(replace(make_config(P(256, causal=True), None, arch, True), lane_slots=True))
-    # The dQ pass (Note [dQ pass] in fa4/bwd/dq_sm90.py): dK / dV only, deterministic or not.
-    out.append(replace(make_config(P(256), None, arch), dq_pass=True))
-    out.append(replace(make_config(P(192, causal=True, varlen=True, seqused_k=True), None, arch, True), dq_pass=True))
+    out.append(replace(ordered_config(P(256, causal=True), None, arch, True), lane_slots=True))
+    # The dQ pass (Note [dQ pass] in fa4/bwd/dq_sm90.py): dK / dV only, the defaults (d256, and d160-224
+    # deterministic), and with a deterministic order's flags left on.
+    out.append(make_config(P(256), None, arch))
+    out.append(make_config(P(192, causal=True, varlen=True, seqused_k=True), None, arch, True))
+    out.append(make_config(P(160, softcap=30.0), None, arch, True))
+    out.append(replace(ordered_config(P(192, causal=True, varlen=True, seqused_k=True), None, arch, True), dq_pass=True))
     # ... and with the writer warp's head dims (the writer, its sdQ tile and the first store dropped).
-    out.append(replace(make_config(P(128), None, arch), dq_pass=True))
-    out.append(replace(make_config(P(64, causal=True), None, arch, True), dq_pass=True, dq_first_store=False))
+    out.append(replace(ordered_config(P(128), None, arch), dq_pass=True))
+    out.append(replace(ordered_config(P(64, causal=True), None, arch, True), dq_pass=True, dq_first_store=False))
     # The sequencing warp of the ordered direct adds: the causal d256 default (peeked slot,
     # SEQ_PEEK); with the peeked slot in the rotated order (d256, an option), and without it in the
     # plain orders (SEQ_PEEK off: causal d256, local varlen d192 with seqused_k).
-    out.append(make_config(P(256, causal=True), None, arch, True))
-    out.append(replace(make_config(replace(P(256), seqlen_q=8192, seqlen_k=8192), None, arch, True), publish_peek=True))
-    out.append(replace(make_config(P(256, causal=True), None, arch, True), publish_peek=False))
-    out.append(replace(make_config(P(192, "fp16", local=True, varlen=True, seqused_k=True), None, arch, True),
+    out.append(ordered_config(P(256, causal=True), None, arch, True))
+    out.append(replace(ordered_config(replace(P(256), seqlen_q=8192, seqlen_k=8192), None, arch, True), publish_peek=True))
+    out.append(replace(ordered_config(P(256, causal=True), None, arch, True), publish_peek=False))
+    out.append(replace(ordered_config(P(192, "fp16", local=True, varlen=True, seqused_k=True), None, arch, True),
                        publish_peek=False))
     # The row statistics read before the wgmmas are issued (stats_early, an experiment).
     out.append(replace(out[1], stats_early=2))
     out.append(replace(out[0], stats_early=1))  # lse ahead with the d64 default's 128-row steps (rows_late)
-    out.append(replace(make_config(P(256, causal=True), None, arch, True), stats_early=1))
+    out.append(replace(ordered_config(P(256, causal=True), None, arch, True), stats_early=1))
     # The up order (Note [Up order]; the causal default without GQA, whose config is the GQA
     # problems' of these cases with det_up): the writer warp (causal, and local varlen with seqused_k,
     # an option there) and the sequencing warp of the ordered direct adds.
     out.append(replace(out[2], det_up=True))
-    out.append(replace(make_config(P(128, local=True, varlen=True, seqused_k=True), None, arch, True), det_up=True))
-    out.append(replace(make_config(P(256, causal=True), None, arch, True), det_up=True))
+    out.append(replace(ordered_config(P(128, local=True, varlen=True, seqused_k=True), None, arch, True), det_up=True))
+    out.append(replace(ordered_config(P(256, causal=True), None, arch, True), det_up=True))
     # The down tail of the up order (Note [Down tail]): the writer warp (d128 causal, local varlen)
     # and the sequencing warp of the ordered direct adds (d256 causal).
     out.append(replace(out[2], det_up=True, det_tail=2))
-    out.append(replace(make_config(P(128, local=True, varlen=True, seqused_k=True), None, arch, True), det_up=True,
+    out.append(replace(ordered_config(P(128, local=True, varlen=True, seqused_k=True), None, arch, True), det_up=True,
                        det_tail=2))
-    out.append(replace(make_config(P(256, causal=True), None, arch, True), det_up=True, det_tail=2))
+    out.append(replace(ordered_config(P(256, causal=True), None, arch, True), det_up=True, det_tail=2))
     # Rotation rounds (Note [Rotation rounds]): the ordered direct adds (d256) and the writer (d128).
-    out.append(replace(make_config(replace(P(256), seqlen_q=8192, seqlen_k=8192), None, arch, True), det_rounds=2))
+    out.append(replace(ordered_config(replace(P(256), seqlen_q=8192, seqlen_k=8192), None, arch, True), det_rounds=2))
     out.append(replace(rot, det_rounds=2))
     # d64's 128-row steps with dS from the 16-bit P and the dV wgmma right after P^T (ds_from_p16,
     # the d64 default until v0.13), plain and causal deterministic; dv_late at d128's 64-row steps.
     out.append(replace(out[0], ds_from_p16=True, dv_late=False))
-    out.append(replace(make_config(P(64, causal=True), None, arch, True), ds_from_p16=True, dv_late=False))
+    out.append(replace(ordered_config(P(64, causal=True), None, arch, True), ds_from_p16=True, dv_late=False))
     out.append(replace(out[2], dv_late=True))
     # No per-step division by the GQA group (step_cursor, an experiment): causal (the consumers'
     # masked steps by index), deterministic causal, the up order, local, and the direct adds.
     out.append(replace(out[1], step_cursor=True))
     out.append(replace(out[2], step_cursor=True))
     out.append(replace(out[2], step_cursor=True, det_up=True))
-    out.append(replace(make_config(P(128, local=True, varlen=True, seqused_k=True), None, arch), step_cursor=True))
-    out.append(replace(make_config(P(256, causal=True), None, arch, True), step_cursor=True))
+    out.append(replace(ordered_config(P(128, local=True, varlen=True, seqused_k=True), None, arch), step_cursor=True))
+    out.append(replace(ordered_config(P(256, causal=True), None, arch, True), step_cursor=True))
     # The first store without determinism (claims, Note [First store]; an option): plain d128 and
     # causal varlen d64; deterministic with every tile added into a zeroed dq_accum (the rule before v0.18).
     out.append(replace(out[1], dq_first_store=True))
-    out.append(replace(make_config(P(64, causal=True, varlen=True), None, arch), dq_first_store=True))
+    out.append(replace(ordered_config(P(64, causal=True, varlen=True), None, arch), dq_first_store=True))
     # ... in the rotated order (CLAIM_ROTATE, an option; no mask): d128 with lane slots, d64 without.
     out.append(replace(out[1], dq_first_store=True, det_rotate=True, lane_slots=True))
     out.append(replace(out[0], dq_first_store=True, det_rotate=True))

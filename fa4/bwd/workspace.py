@@ -89,6 +89,15 @@ def dq_accum_shape(
     return rows_shape(batch, heads, seqlen_q, tile_m, varlen) + (head_dim_padded,)
 
 
+def dq_accum_placeholder(shape: tuple[int, int, int, int], device):
+    """A one-tile float32 stand-in for a ``dq_accum`` of ``shape`` that no kernel reads or writes (the
+    dQ pass, Note [dQ pass] in fa4/bwd/dq_sm90.py): its batch, head and head-dim modes match the
+    other workspaces' (the kernels' symbolic sizes are shared), 16 rows."""
+    import torch
+
+    return torch.empty(shape[:2] + (16,) + shape[3:], dtype=torch.float32, device=device)
+
+
 # --------------------------------------------------------------------------------------------
 # Views (device; plain arithmetic, traced inline)
 # --------------------------------------------------------------------------------------------
