@@ -402,7 +402,9 @@ def fake_args(cfg) -> tuple:
     q, k, v, do = bshd(sq, h), bshd(sk, hk, bk), bshd(sk, hk, bk, dv), bshd(sq, h, dim=dv)
     rows = cute.sym_int(divisibility=16)  # whole tiles of rows (Note [Padded row tiles] in fa4/bwd/workspace.py)
     lse_log2, dpsum = compact(Float32, (b, h, rows), 16), compact(Float32, (b, h, rows), 16)
-    dq_accum = compact(Float32, (b, h, rows, cfg.head_dim), 16)
+    # Under the dQ pass dq_accum is a one-tile stand-in (workspace.dq_accum_placeholder): its own rows.
+    dq_rows = cute.sym_int(divisibility=16) if getattr(cfg, "dq_pass", False) else rows
+    dq_accum = compact(Float32, (b, h, dq_rows, cfg.head_dim), 16)
     dk, dv = bshd(sk, hk, bk), bshd(sk, hk, bk, dv)
     cu_q = compact(Int32, (cute.sym_int(),)) if cfg.varlen_q else None
     cu_k = compact(Int32, (cute.sym_int(),)) if cfg.varlen_k else None

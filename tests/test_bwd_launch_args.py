@@ -1,0 +1,108 @@
+"""The backward driver hands every kernel it launches (preprocess, main kernel, postprocess or dQ
+pass) tensors that fit the kernel's compiled signature (CPU: the kernels are replaced by a checker
+of ``fake_args``): ranks, fixed sizes, element widths, and one value for each symbolic size that
+several arguments share (the compiled code checks them all at launch: a mismatch raises there)."""
+
+import dataclasses
+
+import pytest
+import torch
+from cutlass.cute.typing import SymInt
+
+from fa4 import jit, validate
+from fa4.bwd import sm80, sm90
+
+
+def _check_signature(cfg, args):
+    """``args`` against ``fake_args(cfg)`` (without the stream): ValueError naming the argument."""
+    fake = jit.kernel_class(cfg).fake_args(cfg)[:-1]
+    assert len(args) == len(fake), (type(cfg).__name__, len(args), len(fake))
+    sizes = {}  # id(SymInt) -> the value bound by the first argument that has it
+    for i, (f, a) in enumerate(zip(fake, args)):
+        if f is None or not hasattr(f, "element_type"):
+            assert (a is None) == (f is None), f"{type(cfg).__name__} argument #{i}: {a!r} against {f!r}"
+            continue
+        where = f"{type(cfg).__name__} argument #{i} of shape {tuple(a.shape)}"
+        assert isinstance(a, torch.Tensor) and a.dim() == len(f.shape), f"{where}: rank, expected {f.shape}"
+        assert a.element_size() * 8 == f.element_type.width, f"{where}: {a.dtype} against {f.element_type}"
+        for d, (fd, n) in enumerate(zip(f.shape, a.shape)):
+            if isinstance(fd, SymInt):
+                bound = sizes.setdefault(id(fd), n)
+                if bound != n:
+                    raise ValueError(f"{where}: mode {d} is {n}, another argument with the same size has {bound}")
+                assert n % fd.divisibility == 0, f"{where}: mode {d} = {n} not a multiple of {fd.divisibility}"
+            else:
+                assert fd == n, f"{where}: mode {d} is {n}, the kernel is compiled for {fd}"
+
+
+def _problem_and_tensors(d, dv, varlen):
+    b, sq, sk, h, hk = 2, 100, 77, 6, 2
+    q = torch.randn(b, sq, h, d, dtype=torch.bfloat16)
+    k = torch.randn(b, sk, hk, d, dtype=torch.bfloat16)
+    v = torch.randn(b, sk, hk, dv, dtype=torch.bfloat16)
+    cu_q = cu_k = None
+    with validate.allow_any_device():
+        problem = validate.check_dense(q, k, v, d**-0.5, True, (None, None), 0.0)
+    if varlen:
+        q, k, v = (t.flatten(0, 1).unsqueeze(0) for t in (q, k, v))
+        cu_q = torch.tensor([0, sq, 2 * sq], dtype=torch.int32)
+        cu_k = torch.tensor([0, sk, 2 * sk], dtype=torch.int32)
+        problem = dataclasses.replace(problem, varlen_q=True, varlen_k=True, total_q=2 * sq, total_k=2 * sk)
+    return problem, q, k, v, cu_q, cu_k
+
+
+_MODES = [(sm90, None, False), (sm90, None, True), (sm90, dict(bwd_dq_pass=True), False),
+          (sm90, dict(bwd_dq_pass=False), True), (sm90, dict(bwd_two_cta=True), False),
+          (sm80, None, True), (sm80, None, False)]
+_DIMS = [(64, 64), (128, 128), (192, 192), (256, 256), (192, 128)]
+# The two-CTA backward serves padded head dims 64 and 128; the sm80 backward head_dim_v == head_dim.
+CASES = [(mod, opts, det, dims) for mod, opts, det in _MODES for dims in _DIMS
+         if not (opts and opts.get("bwd_two_cta") and dims not in ((64, 64), (128, 128)))
+         and not (mod is sm80 and dims[0] != dims[1])]
+
+
+@pytest.mark.parametrize("mod,opts,det,dims", CASES)
+@pytest.mark.parametrize("varlen", [False, True])
+def test_backward_launches_fit_the_signatures(monkeypatch, mod, opts, det, dims, varlen):
+    from fa4.config import KernelOptions
+
+    d, dv = dims
+    launched = []
+
+    def get_kernel(cfg):
+        def run(*args):
+            _check_signature(cfg, args)
+            launched.append(type(cfg).__name__)
+        return run
+
+    monkeypatch.setattr(jit, "get_kernel", get_kernel)
+    problem, q, k, v, cu_q, cu_k = _problem_and_tensors(d, dv, varlen)
+    arch = "sm_90a" if mod is sm90 else "sm_80"
+    cfg = mod.make_config(problem, KernelOptions(**(opts or {})), arch, det)
+    out = torch.randn(q.shape[:-1] + (dv,), dtype=torch.bfloat16)
+    lse = torch.randn(q.shape[0], q.shape[2], q.shape[1])
+    dq, dk, dv_ = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    if mod is sm90:
+        monkeypatch.setattr("fa4.arch.num_sms", lambda *a, **k: 132)
+    mod.run_backward(cfg, problem, torch.randn_like(out), q, k, v, out, lse, None, cu_q, cu_k, None, dq, dk, dv_)
+    last = "BwdDqSm90Config" if cfg.__dict__.get("dq_pass") else "BwdPostprocessConfig"
+    assert launched == ["BwdPreprocessConfig", type(cfg).__name__, last], launched
+
+
+def test_the_checker_catches_a_shared_size_mismatch():
+    """The check this file rests on: two arguments with one symbolic size and different values fail
+    (as a dq_accum with its own row count against lse_log2's did at launch on the H200)."""
+    problem, q, k, v, _, _ = _problem_and_tensors(256, 256, False)
+    cfg = dataclasses.replace(sm90.make_config(problem, None, "sm_90a", False), dq_pass=False)
+    fake = jit.kernel_class(cfg).fake_args(cfg)
+    args = [None if f is None or not hasattr(f, "element_type") else
+            torch.empty([32 if isinstance(n, SymInt) else n for n in f.shape],
+                        dtype=torch.float32 if f.element_type.width == 32 else torch.bfloat16)
+            for f in fake[:-1]]
+    for i, f in enumerate(fake[:-1]):
+        if f is not None and not hasattr(f, "element_type"):
+            args[i] = 0
+    args[6] = torch.empty(32, 32, 16, 256)  # dq_accum rows 16, lse_log2 rows 32
+    _check_signature(cfg, args[:6] + [torch.empty(32, 32, 32, 256)] + args[7:])
+    with pytest.raises(ValueError, match="same size"):
+        _check_signature(cfg, args)
