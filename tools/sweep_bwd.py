@@ -263,6 +263,11 @@ PLANS = {
     "v47": [f"{shape} {v}".strip() for _ in range(3)
             for shape in ("d224 s8192", "d160 s8192", "d192 s8192 causal", "d128 s8192", "d64 s8192")
             for v in ("", "dq_pass=True")],
+    # v0.22, after v47 (d160 / d224 gain without a mask, d192 causal loses): the causal rows of d160 /
+    # d224 / d256 and d192 without a mask again. Three interleaved rounds.
+    "v48": [f"{shape} {v}".strip() for _ in range(3)
+            for shape in ("d160 s8192 causal", "d224 s8192 causal", "d256 s8192 causal", "d192 s8192")
+            for v in ("", "dq_pass=False")],
     "v42": [f"{shape} {v}".strip() for _ in range(3)
             for shape, vs in (("d256 s8192 det", ("", "det_rounds=2")),
                               ("d192 s8192 det", ("", "det_rounds=2")),
