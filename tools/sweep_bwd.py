@@ -267,7 +267,7 @@ PLANS = {
     # d224 / d256 and d192 without a mask again. Three interleaved rounds.
     "v48": [f"{shape} {v}".strip() for _ in range(3)
             for shape in ("d160 s8192 causal", "d224 s8192 causal", "d256 s8192 causal", "d192 s8192")
-            for v in ("", "dq_pass=False")],
+            for v in ("dq_pass=False", "dq_pass=True")],
     "v42": [f"{shape} {v}".strip() for _ in range(3)
             for shape, vs in (("d256 s8192 det", ("", "det_rounds=2")),
                               ("d192 s8192 det", ("", "det_rounds=2")),
