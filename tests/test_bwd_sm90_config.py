@@ -368,22 +368,24 @@ def test_claims_walk_the_rotated_order_without_a_mask(monkeypatch):
 
 
 def test_dq_pass_rule_and_refusals(monkeypatch):
-    """Note [dQ pass] (fa4/bwd/dq_sm90.py): the default from padded head dim 160 when deterministic
-    and at 256 otherwise (DQ_PASS_MIN_HD); a deterministic run then takes the non-deterministic main
+    """Note [dQ pass] (fa4/bwd/dq_sm90.py): the default from padded head dim 160, without determinism
+    only without a mask (DQ_PASS_MIN_HD, DQ_PASS_MASKED); a deterministic run then takes the non-deterministic main
     kernel; KernelOptions.bwd_dq_pass overrides either way and is refused with the 2-CTA kernel and
     on sm80; the main kernel keeps no dq_accum counters; the dQ kernel's config follows the main
     one and refuses tiles that do not fit."""
     from fa4.bwd import dq_sm90, sm80
 
-    assert sm90.DQ_PASS_MIN_HD == {True: 160, False: 256}
-    for d, det, want in ((128, False, False), (128, True, False), (136, True, True), (192, False, False),
-                         (192, True, True), (224, False, False), (256, False, True), (256, True, True)):
+    assert sm90.DQ_PASS_MIN_HD == {True: 160, False: 160} and not sm90.DQ_PASS_MASKED
+    for d, det, want in ((128, False, False), (128, True, False), (136, True, True), (136, False, True),
+                         (192, False, True), (192, True, True), (224, False, True), (256, False, True),
+                         (256, True, True)):
         for mask in (dict(), dict(causal=True), dict(local=True)):
             cfg = sm90.make_config(_problem(d, **mask), None, "sm_90a", det)
-            assert cfg.dq_pass == want, (d, det, mask)
-            if want and det:  # the same kernel as without determinism
+            assert cfg.dq_pass == (want and (det or not mask)), (d, det, mask)
+            want_here = want and (det or not mask)
+            if want_here and det:  # the same kernel as without determinism
                 assert cfg == sm90.make_config(_problem(d, **mask), KernelOptions(bwd_dq_pass=True), "sm_90a")
-            if not want and det:
+            if not want_here and det:
                 assert cfg.deterministic
     assert not sm90.make_config(_problem(256), KernelOptions(bwd_dq_pass=False), "sm_90a", True).dq_pass
     assert sm90.make_config(_problem(128), KernelOptions(bwd_dq_pass=True), "sm_90a", True).dq_pass

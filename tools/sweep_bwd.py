@@ -268,6 +268,9 @@ PLANS = {
     "v48": [f"{shape} {v}".strip() for _ in range(3)
             for shape in ("d160 s8192 causal", "d224 s8192 causal", "d256 s8192 causal", "d192 s8192")
             for v in ("dq_pass=False", "dq_pass=True")],
+    # v0.22, the defaults after v48 (DQ_PASS_MASKED off): causal deterministic (the dQ pass) against
+    # causal non-deterministic (the main kernel's dQ) at d160-d256. Three interleaved rounds.
+    "v49": [f"d{d} s8192 causal{det}" for _ in range(3) for d in (160, 192, 224, 256) for det in (" det", "")],
     "v42": [f"{shape} {v}".strip() for _ in range(3)
             for shape, vs in (("d256 s8192 det", ("", "det_rounds=2")),
                               ("d192 s8192 det", ("", "det_rounds=2")),

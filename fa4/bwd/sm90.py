@@ -1767,13 +1767,21 @@ DET_DIRECT = True
 """Deterministic runs of the head dims whose table takes ``dq_direct`` keep it, with the ordered
 direct adds of Note [Ordered direct dQ]; False: they take the ordered writer warp instead."""
 
-DQ_PASS_MIN_HD: dict = {True: 160, False: 256}
+DQ_PASS_MIN_HD: dict = {True: 160, False: 160}
 """Keyed by ``deterministic``: the padded head dims from which the backward takes the dQ pass (Note
 [dQ pass] in fa4/bwd/dq_sm90.py: dK / dV here, dQ in a second kernel without reductions; with the
-writer warp's head dims the writer, its sdQ tile and the first store go too); None: never. With the
-pass a deterministic run takes the non-deterministic main kernel (:func:`make_config`). Measured
-(docs/RESULTS.md v0.21, sweep v46): deterministic d192 321 -> 389-402 TFLOP/s, d256 390-392 ->
-404-428; not deterministic d256 409-417 -> 413-428, d192 flat (387-398 -> 382-403)."""
+writer warp's head dims the writer, its sdQ tile and the first store go too); None: never. Without
+determinism only where :data:`DQ_PASS_MASKED` allows. With the pass a deterministic run takes the
+non-deterministic main kernel (:func:`make_config`). Measured (docs/RESULTS.md v0.21 and v0.22,
+sweeps v46-v48, three interleaved rounds, TFLOP/s off -> on): deterministic d192 321 -> 389-402, d256
+390-392 -> 404-428; not deterministic without a mask d256 409-417 -> 413-428, d224 385-408 -> 408-418,
+d160 374-398 -> 384-402, d192 379-398 -> 380-403 (flat); d128 580-603 -> 451-475 and d64 508-515 ->
+391-398 (the two extra wgmmas cost more than the reductions there)."""
+
+DQ_PASS_MASKED = False
+"""Whether a non-deterministic backward with a causal or local mask takes the dQ pass too: no, it
+measured slower or flat (v0.22, sweep v48, off -> on, TFLOP/s): causal d160 368-386 -> 357-367, d192
+381-387 -> 365-378, d224 371-391 -> 377-386, d256 394-403 -> 388-400."""
 
 
 def rotate_ok(problem: AttnProblem, tile_n: int) -> bool:
@@ -1817,8 +1825,9 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
             raise ValueError("KernelOptions.bwd_dq_pass=True: the dQ pass (Note [dQ pass]) runs with the 1-CTA "
                              "backward; the 2-CTA kernel (bwd_two_cta) adds dQ in the main kernel")
     else:
-        dq_pass = (not two_cta and DQ_PASS_MIN_HD[bool(deterministic)] is not None
-                   and hd >= DQ_PASS_MIN_HD[bool(deterministic)])
+        bound = DQ_PASS_MIN_HD[bool(deterministic)]
+        dq_pass = (not two_cta and bound is not None and hd >= bound
+                   and (deterministic or DQ_PASS_MASKED or not (problem.causal or problem.local)))
     if dq_pass:
         # dQ comes from the dQ pass, the same bits on every run; the main kernel's dK / dV sums are in
         # CTA order in either mode: a deterministic run takes the non-deterministic kernel.
