@@ -663,7 +663,7 @@ def test_down_tail_schedule(sq, sk):
     assert free / up < 0.96 and free / tail > 0.98, (free, up, tail)
 
 
-def test_rotation_rounds_config():
+def test_rotation_rounds_config(ordered_dq):
     """``det_rounds`` (Note [Rotation rounds]) only with the rotated deterministic order (ValueError
     otherwise); make_config takes it from ``DET_ROUNDS`` there (two at head dim 192, measured), 1
     elsewhere."""
@@ -685,7 +685,7 @@ def test_rotation_rounds_config():
             sm90.FlashBwdSm90.can_implement(bad)
 
 
-def test_up_order_config():
+def test_up_order_config(ordered_dq):
     """``det_up`` only for deterministic masked runs (ValueError otherwise); the default of causal
     deterministic runs (``DET_UP``, v0.19), not of local windows (an option there); make_config takes
     it from ``DET_UP``. Its launch sections are the non-deterministic causal kernel's (bounded by L2
