@@ -1,7 +1,8 @@
 """The dQ pass of the sm90 backward (Note [dQ pass]): dQ without global reductions.
 
-An option of the sm90 backward (``dq_pass``, :data:`fa4.bwd.sm90.DQ_PASS_MIN_HD`), off by default
-for now; first version, measured in docs/RESULTS.md v0.21.
+The sm90 backward's default from padded head dim 160: deterministic runs, and runs without a mask
+(``dq_pass``, :data:`fa4.bwd.sm90.DQ_PASS_MIN_HD`, :data:`fa4.bwd.sm90.DQ_PASS_MASKED`;
+``KernelOptions.bwd_dq_pass`` overrides); measured in docs/RESULTS.md v0.21 and v0.22.
 
 The main kernel (:mod:`fa4.bwd.sm90` with ``dq_pass``) computes dK and dV only; this kernel then
 computes dQ with the queries stationary, as the forward does: one CTA per ``tile_m`` rows of one
@@ -24,7 +25,12 @@ Note [dQ pass]
     step. Recomputing S and dP in a second pass with the queries stationary costs two more wgmmas
     per (m, n) block (seven against five), but no reductions, no dQ accumulator (nor its zeroing in
     the preprocess), no postprocess, and dQ is the same bits on every run: the K blocks of a tile add
-    into registers in a fixed order, so a deterministic run costs nothing more.
+    into registers in a fixed order, so a deterministic run costs nothing more: it runs the
+    non-deterministic main kernel (whose dK / dV sums are in CTA order in either mode) and this one.
+    The main kernel still takes a ``dq_accum`` argument: a one-tile stand-in with its own row
+    count (:func:`fa4.bwd.workspace.dq_accum_placeholder`), which no kernel touches. Where the pass
+    loses: d64 / d128 (-20%: the two extra wgmmas cost more than the writer warp's reductions there),
+    and causal masks without determinism (flat or -1..-5%, v0.22).
 """
 
 from dataclasses import dataclass, replace

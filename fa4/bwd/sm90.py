@@ -344,7 +344,8 @@ class BwdSm90Config(AttnKernelConfig):
     ``dq_first_store`` (the writer warp, not ``two_cta``): the first contributor of each dq_accum
     slot stores its tile instead of adding it, so the preprocess does not zero the accumulator
     (Note [First store]; the slot counters are allocated and zeroed in every mode then).
-    ``dq_pass`` (not ``two_cta``; an option): no dQ here, dK and dV only; the dQ pass
+    ``dq_pass`` (not ``two_cta``; the default from padded head dim 160 when deterministic or
+    without a mask, :data:`DQ_PASS_MIN_HD`): no dQ here, dK and dV only; the dQ pass
     (:mod:`fa4.bwd.dq_sm90`, Note [dQ pass]) computes dQ after this kernel, without reductions.
     """
 
