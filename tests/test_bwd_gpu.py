@@ -966,6 +966,66 @@ def test_bwd_sm90_dq_pass_default(dims, mask, softcap, hang_watchdog):
     _check_grads(("dq", "dk", "dv"), det, ref, pt, (q, k, v), g)
 
 
+def _dq_errors(d, causal, scale, runs):
+    """dq's max and mean |error| against the float32 reference for each ``runs`` entry (name ->
+    function of (q, k, v) giving the output), on GQA 6/2 bf16 inputs with s_q 1000 / s_k 777 (q
+    scaled by ``scale``: 3 gives peaked softmaxes), with bf16's ulp at dq's magnitude."""
+    q, k, v = random_qkv(2, 1000, 777, 6, 2, d, torch.bfloat16, "cuda", seed=d + int(causal))
+    q = (q.float() * scale).bfloat16()
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    g = torch.randn(2, 1000, 6, d, dtype=torch.bfloat16, device="cuda")
+    q32 = _leaf32((q, k, v))
+    ref = torch.autograd.grad(attention_ref(*q32, causal=causal)[0], q32[0], g.float())[0]
+    out = {}
+    for name, fn in runs.items():
+        (dq,) = torch.autograd.grad(fn(q, k, v), q, g)
+        err = (dq.float() - ref).abs()
+        out[name] = (err.max().item(), err.mean().item())
+    ulp = 2.0 ** (torch.floor(torch.log2(ref.abs().max())).item() - 7)
+    return out, ulp
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [160, 192, 256])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("scale", [1.0, 3.0])
+def test_bwd_sm90_dq_pass_error_not_larger(d, causal, scale):
+    """The dQ pass (a speed technique, the default from head dim 160) may not make dq's error against
+    the float32 reference larger than the main kernel's dQ (``bwd_dq_pass=False``) beyond noise:
+    max within 1.1x plus a quarter of a bf16 ulp of dq's magnitude, mean within 1.1x."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the sm90 kernels need compute capability 9.x")
+
+    def fa4_run(dq_pass):
+        opts = fa4.KernelOptions(arch="sm90", bwd_dq_pass=dq_pass)
+        return lambda q, k, v: fa4.flash_attn_func(q, k, v, causal=causal, kernel_options=opts)[0]
+    errs, ulp = _dq_errors(d, causal, scale, {"pass": fa4_run(True), "main": fa4_run(False)})
+    assert errs["pass"][0] <= 1.1 * errs["main"][0] + 0.25 * ulp, errs
+    assert errs["pass"][1] <= 1.1 * errs["main"][1], errs
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [192, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_bwd_sm90_dq_pass_error_vs_flash_attn_4(d, causal):
+    """The dQ pass's dq error against the float32 reference is not larger than flash-attn-4's on the
+    same inputs (max within 1.1x plus a quarter ulp, mean within 1.1x). Needs flash-attn-4 installed
+    (the device pack's --with-peer)."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the sm90 kernels need compute capability 9.x")
+    peer = pytest.importorskip("flash_attn.cute").flash_attn_func
+
+    def peer_run(q, k, v):
+        out = peer(q, k, v, causal=causal)
+        return out[0] if isinstance(out, tuple) else out
+    opts = fa4.KernelOptions(arch="sm90", bwd_dq_pass=True)
+    errs, ulp = _dq_errors(d, causal, 1.0, {
+        "pass": lambda q, k, v: fa4.flash_attn_func(q, k, v, causal=causal, kernel_options=opts)[0],
+        "flash-attn-4": peer_run})
+    assert errs["pass"][0] <= 1.1 * errs["flash-attn-4"][0] + 0.25 * ulp, errs
+    assert errs["pass"][1] <= 1.1 * errs["flash-attn-4"][1], errs
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("d", [192, 256])
 @pytest.mark.parametrize("mask", ["none", "causal", "local"])
