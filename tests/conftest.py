@@ -65,7 +65,12 @@ def hang_watchdog():
 def ordered_dq(monkeypatch):
     """The dQ of the main kernel (reductions in the deterministic orders under test), not the dQ pass
     (Note [dQ pass] in fa4/bwd/dq_sm90.py), whose dQ does not depend on any order: for the tests of
-    those orders, whatever ``DQ_PASS_MIN_HD``'s default."""
+    those orders, whatever ``DQ_PASS_MIN_HD``'s default. The plan cache (whose key does not hold
+    that constant) is cleared before and after, so no plan of the default path is reused."""
+    from fa4 import ops
     from fa4.bwd import sm90
 
     monkeypatch.setattr(sm90, "DQ_PASS_MIN_HD", {True: None, False: None})
+    ops._plans.clear()
+    yield
+    ops._plans.clear()

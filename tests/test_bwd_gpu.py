@@ -238,9 +238,14 @@ def test_bwd_sm90_head_dim_v(d, dv, mask, seqlens):
     grads = _grads((out,), (q, k, v), (g,))
     ref, pt = _reference_dense((q, k, v), kw, g, None)
     _check_grads(("dq", "dk", "dv"), grads, ref, pt, (q, k, v), g)
-    if det:
+    if det:  # the dQ pass (the default there), and the ordered direct adds (bwd_dq_pass=False)
         again = _grads((fa4.flash_attn_func(q, k, v, deterministic=True, kernel_options=opts, **kw)[0],), (q, k, v), (g,))
         assert all(torch.equal(a, b) for a, b in zip(grads, again))
+        ordered = fa4.KernelOptions(arch="sm90", bwd_dq_pass=False)
+        runs = [_grads((fa4.flash_attn_func(q, k, v, deterministic=True, kernel_options=ordered, **kw)[0],), (q, k, v),
+                       (g,)) for _ in range(2)]
+        assert all(torch.equal(a, b) for a, b in zip(*runs))
+        _check_grads(("dq", "dk", "dv"), runs[0], ref, pt, (q, k, v), g)
     # Varlen: the same batch packed.
     cu_q = torch.tensor([0, sq, 2 * sq], dtype=torch.int32, device="cuda")
     cu_k = torch.tensor([0, sk, 2 * sk], dtype=torch.int32, device="cuda")
@@ -677,14 +682,17 @@ def test_bwd_sm90_sequence_peek_same_bits(d, mask, layout, monkeypatch, hang_wat
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("d", [128, 192, 256])
-@pytest.mark.parametrize("det", [False, True])
+@pytest.mark.parametrize("d,det", [(128, False), (128, True), (192, False), (192, True), (192, "ordered"),
+                                   (256, False), (256, True), (256, "ordered")])
 def test_bwd_sm90_empty_tiles_varlen(d, det):
     """Causal varlen with sequences whose queries outnumber their keys (forward tiles and
     backward rows that see no key) beside sequences with work, on more CTAs than SMs: found with
     wrong, run-to-run varying gradients at d192 / d256 in session 14, whose cause was the forward
     (Note [Empty tiles and o_in_q] in fa4/fwd/sm90.py). Three runs: dk and dv identical (dq too
-    when deterministic), and the gradients under the pass rule."""
+    when deterministic), and the gradients under the pass rule. Deterministic at d192 / d256: the
+    dQ pass (the default) and the ordered direct adds (``ordered``: ``bwd_dq_pass=False``)."""
+    opts = fa4.KernelOptions(arch="sm90", bwd_dq_pass=False if det == "ordered" else None)
+    det = bool(det)
     from fa4.testing import varlen_batch
 
     if torch.cuda.get_device_capability()[0] != 9:
@@ -698,7 +706,7 @@ def test_bwd_sm90_empty_tiles_varlen(d, det):
     for _ in range(3):
         out, _ = fa4.flash_attn_varlen_func(vb.q, vb.k, vb.v, max_seqlen_q=vb.max_seqlen_q,
                                             max_seqlen_k=vb.max_seqlen_k, deterministic=det,
-                                            kernel_options=fa4.KernelOptions(arch="sm90"), **var)
+                                            kernel_options=opts, **var)
         runs.append(_grads((out,), (vb.q, vb.k, vb.v), (g,)))
     for other in runs[1:]:
         for name, a, b in list(zip(("dq", "dk", "dv"), runs[0], other))[0 if det else 1:]:
@@ -934,8 +942,8 @@ def test_bwd_sm90_dq_pass(d, mask, layout, det, monkeypatch, hang_watchdog, orde
 @pytest.mark.parametrize("mask", ["none", "causal", "local"])
 @pytest.mark.parametrize("softcap", [0.0, 2.0])
 def test_bwd_sm90_dq_pass_default(dims, mask, softcap, hang_watchdog):
-    """The dQ pass as the default (``DQ_PASS_MIN_HD``: deterministic from padded head dim 160, and
-    at 256 without determinism): deterministic=True runs the same kernels as
+    """The dQ pass as the default (``DQ_PASS_MIN_HD``: from padded head dim 160, deterministic or
+    without a mask): deterministic=True runs the same kernels as
     ``KernelOptions(bwd_dq_pass=True)`` without it, so the two give the same bits; 20 deterministic
     runs are bit-exact (GQA 6/2, odd lengths, s_q != s_k); the gradients pass the reference rule;
     softcap and (192, 128)."""

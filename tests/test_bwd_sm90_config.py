@@ -291,7 +291,7 @@ def test_publish_peek_is_refused_by_name_where_it_cannot_run(ordered_dq):
             sm90.FlashBwdSm90.can_implement(cfg)
 
 
-def test_first_store_rule_and_wiring():
+def test_first_store_rule_and_wiring(ordered_dq):
     """Note [First store] (fa4/bwd/sm90.py): deterministic runs with the dQ writer warp store each
     slot's first tile (DQ_FIRST_STORE[True]); non-deterministic runs, the ordered direct adds and the
     two-CTA kernel add into a zeroed accumulator. Where it is on, the driver allocates the slot

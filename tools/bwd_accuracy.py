@@ -37,6 +37,8 @@ def parse(text):
 
 
 def errors(shape, over):
+    over = dict(over)  # dq_pass= through KernelOptions.bwd_dq_pass (the deterministic config goes with it)
+    opts = fa4.KernelOptions(arch="sm90", bwd_dq_pass=over.pop("dq_pass", None))
     make = sm90.make_config
     sm90.make_config = lambda *a, **k: dataclasses.replace(make(*a, **k), **over)
     fa4.ops._plans.clear()
@@ -53,7 +55,7 @@ def errors(shape, over):
                     out = out[0] if isinstance(out, tuple) else out
                 else:
                     out, _ = fa4.flash_attn_func(q, k, v, causal=shape["causal"],
-                                                 kernel_options=fa4.KernelOptions(arch="sm90"))
+                                                 kernel_options=opts)
                 torch.manual_seed(seed)
                 g = torch.randn_like(out)
                 got = torch.autograd.grad(out, (q, k, v), g)

@@ -4,9 +4,11 @@
 
 Forward: the persistent (static and dynamic, on a 3-CTA grid) and the plain grid, 1/2/3 consumer warpgroups, causal / local, varlen with
 a length-1 sequence, an unpadded head dim, O through TMA and through plain stores. Backward: P/dS in
-registers (d128, GQA, causal) and through smem (d256), deterministic (the up order without GQA), varlen with seqused_k, 128-row
-steps (d64), the two-CTA backward (d128 causal GQA, d64, varlen with seqused_k). The dQ pass (d256 causal GQA, varlen d192 deterministic). Issue 9: pack GQA, split-KV with the combine,
-paged K/V, seqused_q."""
+registers (d128, GQA, causal) and through smem (d256; the ordered paths with bwd_dq_pass=False from d160),
+deterministic (the up order without GQA), varlen with seqused_k, 128-row
+steps (d64), the two-CTA backward (d128 causal GQA, d64, varlen with seqused_k). The dQ pass (d256
+without a mask, d256 causal GQA, varlen d192 deterministic). Issue 9: pack GQA, split-KV with the
+combine, paged K/V, seqused_q."""
 import dataclasses
 
 import torch
@@ -42,18 +44,19 @@ fa4.flash_attn_varlen_func(vb.q, vb.k, vb.v, cu_seqlens_q=vb.cu_seqlens_q, cu_se
 q, k, v = random_qkv(1, 300, 300, 2, 2, 128, torch.bfloat16, "cuda", seed=3)
 fa4.flash_attn_func(q, k, v, window_size=(40, 20), kernel_options=fa4.KernelOptions(arch="sm90"))
 SM90 = fa4.KernelOptions(arch="sm90")
+ORDERED = fa4.KernelOptions(arch="sm90", bwd_dq_pass=False)  # the main kernel's dQ (from d160: not the default)
 for b, sq, sk, h, hk, d, causal, det, opts in [
     (2, 200, 300, 4, 2, 128, True, False, SM90),
     (1, 150, 100, 2, 2, 256, False, False, SM90),
     (1, 300, 300, 4, 2, 128, True, True, SM90),
     (1, 300, 300, 4, 2, 128, False, True, SM90),  # the rotated deterministic order
-    (1, 300, 200, 4, 2, 256, True, True, SM90),  # the ordered direct dQ adds (Note [Ordered direct dQ])
-    (1, 200, 300, 4, 2, 256, False, True, SM90),  # the same, rotated order
+    (1, 300, 200, 4, 2, 256, True, True, ORDERED),  # the ordered direct dQ adds (Note [Ordered direct dQ])
+    (1, 200, 300, 4, 2, 256, False, True, ORDERED),  # the same, rotated order
     # The up order (Note [Up order]), the causal deterministic default without GQA: the writer warp
     # (d128; d64's 128-row steps) and the ordered direct adds (d256).
     (1, 300, 300, 2, 2, 128, True, True, SM90),
     (1, 257, 300, 2, 2, 64, True, True, SM90),
-    (1, 300, 200, 2, 2, 256, True, True, SM90),
+    (1, 300, 200, 2, 2, 256, True, True, ORDERED),
     (1, 257, 129, 2, 1, 64, False, False, fa4.KernelOptions(arch="sm90", bwd_tile_m=128)),
     # The two-CTA backward (Note [Two-CTA dQ]): 3 K blocks (the second pair's block past the keys),
     # causal GQA at d128; d64's 64-row halves.
@@ -91,7 +94,6 @@ fa4.flash_attn_varlen_func(q, kc, kc, page_table=pt, seqused_k=torch.tensor([400
 # down and launch last; the writer warp (d128) and the ordered direct adds (d256).
 from fa4.bwd import sm90 as _bwd90  # noqa: E402
 
-ORDERED = fa4.KernelOptions(arch="sm90", bwd_dq_pass=False)  # the main kernel's dQ (d256: the dQ pass's default)
 _bwd90.DET_TAIL, _bwd90.DET_TAIL_SHARE = 2, 2  # two of the four kv heads walk down
 fa4.ops._plans.clear()
 for d in (128, 256):
@@ -103,11 +105,11 @@ for d in (128, 256):
 q, k, v = random_qkv(2, 640, 700, 4, 2, 192, torch.bfloat16, "cuda", requires_grad=True, seed=11)
 out, _ = fa4.flash_attn_func(q, k, v, deterministic=True, kernel_options=ORDERED)
 torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
-# The dQ pass (Note [dQ pass] in fa4/bwd/dq_sm90.py; the default at d256, and from d160 when
-# deterministic): causal GQA with a partial last K block, and varlen with seqused_k (the K/V tail
-# cleared in the dQ kernel's smem).
+# The dQ pass (Note [dQ pass] in fa4/bwd/dq_sm90.py; the default from d160 when deterministic or
+# without a mask): causal GQA with a partial last K block (asked for: not the default there), and
+# varlen deterministic with seqused_k (the K/V tail cleared in the dQ kernel's smem).
 q, k, v = random_qkv(2, 300, 333, 4, 2, 256, torch.bfloat16, "cuda", requires_grad=True, seed=13)
-out, _ = fa4.flash_attn_func(q, k, v, causal=True, kernel_options=SM90)
+out, _ = fa4.flash_attn_func(q, k, v, causal=True, kernel_options=fa4.KernelOptions(arch="sm90", bwd_dq_pass=True))
 torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
 vb = random_varlen(3, 200, 4, 2, 192, torch.bfloat16, "cuda", max_seqlen_k=300, with_seqused_k=True,
                    requires_grad=True, seed=14)

@@ -457,11 +457,20 @@ def _tensors(shape, grad=True):
             for i in range(3)]
 
 
+def _options(family, over):
+    """KernelOptions of an experiment and its other overrides: ``dq_pass=`` goes through
+    ``KernelOptions.bwd_dq_pass`` (make_config then builds the deterministic config that goes with it:
+    a deterministic run with the pass takes the non-deterministic one), the rest replace fields."""
+    over = dict(over)
+    return fa4.KernelOptions(arch=family, bwd_dq_pass=over.pop("dq_pass", None)), over
+
+
 def configs(family, shape, over):
     mod = importlib.import_module(f"fa4.bwd.{family}")
     q, k, v = (t.detach() for t in _tensors(shape, grad=False)) if torch.cuda.is_available() else [None] * 3
     problem = validate.check_dense(q, k, v, None, shape["causal"], (None, None), 0.0)
-    cfg = dataclasses.replace(mod.make_config(problem, None, "sm_90a", shape["det"]), **over)
+    opts, over = _options(family, over)
+    cfg = dataclasses.replace(mod.make_config(problem, opts, "sm_90a", shape["det"]), **over)
     if getattr(cfg, "dq_pass", False):  # Note [dQ pass]: the dQ kernel, no postprocess, no counters
         from fa4.bwd import dq_sm90
         return [cfg, dq_sm90.config_for(cfg),
@@ -485,11 +494,11 @@ def run(family, shape, over):
     order = mod.LAUNCH_ORDER
     saved = (order.section, order.det_section)
     order.section = order.det_section = shape["section"]
+    opts, over = _options(family, over)
     mod.make_config = lambda *a, **k: dataclasses.replace(orig(*a, **k), **over)
     ops._plans.clear()
     try:
         q, k, v = _tensors(shape)
-        opts = fa4.KernelOptions(arch=family)
         out, _ = fa4.flash_attn_func(q, k, v, causal=shape["causal"], deterministic=shape["det"], kernel_options=opts)
         g = torch.randn_like(out)
         grads = torch.autograd.grad(out, (q, k, v), g, retain_graph=True)

@@ -402,7 +402,7 @@ def fake_args(cfg) -> tuple:
     q, k, v, do = bshd(sq, h), bshd(sk, hk, bk), bshd(sk, hk, bk, dv), bshd(sq, h, dim=dv)
     rows = cute.sym_int(divisibility=16)  # whole tiles of rows (Note [Padded row tiles] in fa4/bwd/workspace.py)
     lse_log2, dpsum = compact(Float32, (b, h, rows), 16), compact(Float32, (b, h, rows), 16)
-    # Under the dQ pass dq_accum is a one-tile stand-in (workspace.dq_accum_placeholder): its own rows.
+    # Under the dQ pass dq_accum is a 16-row stand-in (workspace.dq_accum_placeholder): its own rows.
     dq_rows = cute.sym_int(divisibility=16) if getattr(cfg, "dq_pass", False) else rows
     dq_accum = compact(Float32, (b, h, dq_rows, cfg.head_dim), 16)
     dk, dv = bshd(sk, hk, bk), bshd(sk, hk, bk, dv)
@@ -458,7 +458,9 @@ def run_backward(cfg, problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_se
     lse_log2 = _empty(shapes["lse_log2"], torch.float32, dev)
     dpsum = _empty(shapes["dpsum"], torch.float32, dev)
     dq_pass = getattr(cfg, "dq_pass", False)  # Note [dQ pass] in fa4/bwd/dq_sm90.py: no dq_accum
-    dq_accum = None if dq_pass else _empty(shapes["dq_accum"], torch.float32, dev)
+    # Under the dQ pass no kernel touches dq_accum: a 16-row stand-in for the kernels' argument.
+    dq_accum = (dq_accum_placeholder(shapes["dq_accum"], dev) if dq_pass
+                else _empty(shapes["dq_accum"], torch.float32, dev))
     sem = torch.empty(shapes["semaphore"], dtype=torch.int32, device=dev) if "semaphore" in shapes else None
     post_cfg = postprocess.config_for(cfg)  # ``counted``: the main kernel stores first (Note [First store])
     varlen_q = cu_seqlens_q is not None
@@ -470,8 +472,6 @@ def run_backward(cfg, problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_se
     max_seqlen_k = problem.seqlen_k if cu_seqlens_k is not None else k.shape[1]
     num_batch = cu_seqlens_k.shape[0] - 1 if cu_seqlens_k is not None else k.shape[0]
     launch_grid(cfg, num_batch, k.shape[2], max_seqlen_k)
-    if dq_accum is None:  # the main kernel's argument, never touched under the dQ pass
-        dq_accum = dq_accum_placeholder(shapes["dq_accum"], dev)
     if max_seqlen_k > 0:
         get_kernel(cfg)(
             q, k, v, dout, lse_log2, dpsum, dq_accum, dk_k, dv_k, cu_seqlens_q, cu_seqlens_k, seqused_k, sem,

@@ -27,7 +27,7 @@ Note [dQ pass]
     the preprocess), no postprocess, and dQ is the same bits on every run: the K blocks of a tile add
     into registers in a fixed order, so a deterministic run costs nothing more: it runs the
     non-deterministic main kernel (whose dK / dV sums are in CTA order in either mode) and this one.
-    The main kernel still takes a ``dq_accum`` argument: a one-tile stand-in with its own row
+    The main kernel still takes a ``dq_accum`` argument: a 16-row stand-in with its own row
     count (:func:`fa4.bwd.workspace.dq_accum_placeholder`), which no kernel touches. Where the pass
     loses: d64 / d128 (-20%: the two extra wgmmas cost more than the writer warp's reductions there),
     and causal masks without determinism (flat or -1..-5%, v0.22).

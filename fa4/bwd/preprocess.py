@@ -40,7 +40,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
-from fa4.bwd.workspace import dq_accum_placeholder, dq_accum_shape, dq_accum_view, head_dim_padded, rows_shape, rows_view
+from fa4.bwd.workspace import dq_accum_shape, dq_accum_view, head_dim_padded, rows_shape, rows_view
 from fa4.config import KernelConfig
 from fa4.seqlen import SeqlenInfo, grid_extent
 
@@ -391,7 +391,7 @@ def run_preprocess(
     contiguous, written whole tiles at a time;
     ``semaphore`` int32, any shape, contiguous, zeroed. ``arch``: code-generation target, default
     the device's. ``zero_dq``: zero ``dq_accum`` (off: the main kernel stores each slot's first
-    tile, and ``semaphore`` counts them; or there is no accumulator, ``dq_accum=None``: the dQ pass).
+    tile, and ``semaphore`` counts them; or there is no accumulator: the dQ pass's 16-row stand-in).
     """
     import torch
 
@@ -407,11 +407,10 @@ def run_preprocess(
     batch = cu_seqlens_q.shape[0] - 1 if varlen else out.shape[0]
     dq_d = dq_head_dim or d  # q's head dim (dq_accum's), where head_dim_v != head_dim
     want = dq_accum_shape(batch, out.shape[2], out.shape[1], head_dim_padded(dq_d), dq_tile_m, varlen)
-    if dq_accum is None:  # nothing to zero: a one-tile stand-in for the kernel's argument
-        if zero_dq:
-            raise ValueError("dq_accum=None needs zero_dq=False (there is no accumulator to zero)")
-        dq_accum = dq_accum_placeholder(want, out.device)
-    elif tuple(dq_accum.shape) != want or not dq_accum.is_contiguous():
+    # Without zeroing the preprocess does not touch dq_accum: any row count (the dQ pass's 16-row
+    # stand-in, fa4/bwd/workspace.py dq_accum_placeholder); its other modes still must match.
+    got = tuple(dq_accum.shape)
+    if (got != want if zero_dq else got[:2] + got[3:] != want[:2] + want[3:]) or not dq_accum.is_contiguous():
         raise ValueError(f"dq_accum must be a contiguous float32 tensor of shape {want}, got {tuple(dq_accum.shape)}")
     want_rows = rows_shape(batch, out.shape[2], out.shape[1], dq_tile_m, varlen)
     for name, t in (("lse_log2", lse_log2), ("dpsum", dpsum)):

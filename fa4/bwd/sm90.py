@@ -1684,7 +1684,9 @@ its readings 445-485, against 493-520 for the no-lag rule), with a median at lea
 against 501). docs/RESULTS.md v0.13, v0.14."""
 
 SEQ_PEEK = True
-"""Deterministic runs with the ordered direct adds (Note [Ordered direct dQ]) in the plain orders
+"""(Since v0.22 the dQ pass serves deterministic runs from padded head dim 160: this and the
+constants of the ordered direct adds below apply there with ``KernelOptions(bwd_dq_pass=False)``.)
+Deterministic runs with the ordered direct adds (Note [Ordered direct dQ]) in the plain orders
 (causal, local: not the rotated one) take ``publish_peek`` on their sequencing warp
 (:meth:`FlashBwdSm90.sequence_dq_peek`). v0.15, sweep v30, one lease, three interleaved rounds
 (TFLOP/s, without -> with the peek): d256 s8k causal 345.8 / 329.4 / 332.8 -> 355.6 / 343.4 / 345.5,
@@ -1735,7 +1737,8 @@ puts the up order's SPT tail at 5-6% of the grid and the tail's fill at about 4 
 
 DET_ROUNDS = {192: 2}
 """``det_rounds`` of the rotated deterministic order by padded head dim (Note [Rotation rounds] in
-fa4/bwd/common.py; 1 where absent). Sweep v42 (one lease, three interleaved rounds, TFLOP/s, s8k
+fa4/bwd/common.py; 1 where absent; d192: with ``bwd_dq_pass=False``, the dQ pass being the default).
+Sweep v42 (one lease, three interleaved rounds, TFLOP/s, s8k
 without a mask, one round -> two): d192 308.9 / 309.0 / 308.1 -> 323.9 / 322.9 / 322.8 (+4.8%; not
 deterministic 381-388); d256 389.1 / 384.3 / 386.0 -> 384.8 / 377.1 / 371.7 (-2.4%; 399-411); d128 585.3
 / 579.2 / 567.0 -> 569.9 / 547.9 / 555.3 (-3%, its stagger is 2 already); d64 502.0 / 502.1 / 502.4 ->
@@ -1765,8 +1768,9 @@ either way) s1k 360.3 -> 383.1, s4k 1175.9 -> 1208.2: the claims cost the main k
 unzeroed accumulator saves the preprocess (26 us), so they stay off (:data:`DQ_FIRST_STORE`)."""
 
 DET_DIRECT = True
-"""Deterministic runs of the head dims whose table takes ``dq_direct`` keep it, with the ordered
-direct adds of Note [Ordered direct dQ]; False: they take the ordered writer warp instead."""
+"""Deterministic runs of the head dims whose table takes ``dq_direct`` (160-256) keep it, with the
+ordered direct adds of Note [Ordered direct dQ]; False: they take the ordered writer warp instead.
+Since v0.22 those runs take the dQ pass unless ``KernelOptions(bwd_dq_pass=False)``."""
 
 DQ_PASS_MIN_HD: dict = {True: 160, False: 160}
 """Keyed by ``deterministic``: the padded head dims from which the backward takes the dQ pass (Note
@@ -1936,7 +1940,6 @@ def run_backward(cfg: BwdSm90Config, problem: AttnProblem, dout, q, k, v, out, l
                         dq, dk, dv, order=LAUNCH_ORDER)
 
 
-
 def variants(arch: str) -> list[BwdSm90Config]:
     """A covering set for sm_90a (none for other archs): every padded head dim bucket, both dtypes,
     both P/dS paths, one and two stages, and each of causal / local / softcap / varlen /
@@ -2005,12 +2008,13 @@ def variants(arch: str) -> list[BwdSm90Config]:
     # warp under a causal mask and the sequencing warp of the ordered direct adds.
     out.append(replace(out[2], lane_slots=True))
     out.append(replace(ordered_config(P(256, causal=True), None, arch, True), lane_slots=True))
-    # The dQ pass (Note [dQ pass] in fa4/bwd/dq_sm90.py): dK / dV only, the defaults (d256, and d160-224
-    # deterministic), and with a deterministic order's flags left on.
+    # The dQ pass (Note [dQ pass] in fa4/bwd/dq_sm90.py): dK / dV only, the defaults (from d160 without
+    # a mask, and deterministic with any mask), and with a deterministic order's flags left on.
     out.append(make_config(P(256), None, arch))
     out.append(make_config(P(192, causal=True, varlen=True, seqused_k=True), None, arch, True))
     out.append(make_config(P(160, softcap=30.0), None, arch, True))
-    out.append(replace(ordered_config(P(192, causal=True, varlen=True, seqused_k=True), None, arch, True), dq_pass=True))
+    out.append(replace(ordered_config(P(192, causal=True, varlen=True, seqused_k=True), None, arch, True),
+                       dq_pass=True))
     # ... and with the writer warp's head dims (the writer, its sdQ tile and the first store dropped).
     out.append(replace(ordered_config(P(128), None, arch), dq_pass=True))
     out.append(replace(ordered_config(P(64, causal=True), None, arch, True), dq_pass=True, dq_first_store=False))
@@ -2018,7 +2022,8 @@ def variants(arch: str) -> list[BwdSm90Config]:
     # SEQ_PEEK); with the peeked slot in the rotated order (d256, an option), and without it in the
     # plain orders (SEQ_PEEK off: causal d256, local varlen d192 with seqused_k).
     out.append(ordered_config(P(256, causal=True), None, arch, True))
-    out.append(replace(ordered_config(replace(P(256), seqlen_q=8192, seqlen_k=8192), None, arch, True), publish_peek=True))
+    out.append(replace(ordered_config(replace(P(256), seqlen_q=8192, seqlen_k=8192), None, arch, True),
+                       publish_peek=True))
     out.append(replace(ordered_config(P(256, causal=True), None, arch, True), publish_peek=False))
     out.append(replace(ordered_config(P(192, "fp16", local=True, varlen=True, seqused_k=True), None, arch, True),
                        publish_peek=False))

@@ -90,7 +90,7 @@ def dq_accum_shape(
 
 
 def dq_accum_placeholder(shape: tuple[int, int, int, int], device):
-    """A one-tile float32 stand-in for a ``dq_accum`` of ``shape`` that no kernel reads or writes (the
+    """A 16-row float32 stand-in for a ``dq_accum`` of ``shape`` that no kernel reads or writes (the
     dQ pass, Note [dQ pass] in fa4/bwd/dq_sm90.py): its batch, head and head-dim modes match the
     other workspaces' (the kernels' symbolic sizes are shared), 16 rows."""
     import torch
