@@ -271,6 +271,12 @@ PLANS = {
     # v0.22, the defaults after v48 (DQ_PASS_MASKED off): causal deterministic (the dQ pass) against
     # causal non-deterministic (the main kernel's dQ) at d160-d256. Three interleaved rounds.
     "v49": [f"d{d} s8192 causal{det}" for _ in range(3) for d in (160, 192, 224, 256) for det in (" det", "")],
+    # v0.22 Next 3: the causal sections' bytes per pair count a dQ accumulator that the dQ pass does not
+    # have (deterministic causal runs from d160): the default (s8k: d160 4 pairs, d192 / d256 2)
+    # against the sections without those bytes (d160 8, d192 / d256 4). Three interleaved rounds.
+    # Not yet run.
+    "v50": [f"d{d} s8192 causal det{v}" for _ in range(3) for d, more in ((160, 8), (192, 4), (256, 4))
+            for v in ("", f" section={more}")],
     "v42": [f"{shape} {v}".strip() for _ in range(3)
             for shape, vs in (("d256 s8192 det", ("", "det_rounds=2")),
                               ("d192 s8192 det", ("", "det_rounds=2")),
