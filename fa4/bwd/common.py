@@ -398,18 +398,17 @@ def fake_args(cfg) -> tuple:
     def bshd(s, heads, batch=b, dim=d):
         return fake_bshd(dtype, batch, s, heads, dim)
 
-    compact = fake_compact
     q, k, v, do = bshd(sq, h), bshd(sk, hk, bk), bshd(sk, hk, bk, dv), bshd(sq, h, dim=dv)
     rows = cute.sym_int(divisibility=16)  # whole tiles of rows (Note [Padded row tiles] in fa4/bwd/workspace.py)
-    lse_log2, dpsum = compact(Float32, (b, h, rows), 16), compact(Float32, (b, h, rows), 16)
+    lse_log2, dpsum = fake_compact(Float32, (b, h, rows), 16), fake_compact(Float32, (b, h, rows), 16)
     # Under the dQ pass dq_accum is a 16-row stand-in (workspace.dq_accum_placeholder): its own rows.
     dq_rows = cute.sym_int(divisibility=16) if getattr(cfg, "dq_pass", False) else rows
-    dq_accum = compact(Float32, (b, h, dq_rows, cfg.head_dim), 16)
+    dq_accum = fake_compact(Float32, (b, h, dq_rows, cfg.head_dim), 16)
     dk, dv = bshd(sk, hk, bk), bshd(sk, hk, bk, dv)
-    cu_q = compact(Int32, (cute.sym_int(),)) if cfg.varlen_q else None
-    cu_k = compact(Int32, (cute.sym_int(),)) if cfg.varlen_k else None
-    used_k = compact(Int32, (cute.sym_int(),)) if cfg.has_seqused_k else None
-    sem = compact(Int32, (cute.sym_int(), h, cute.sym_int())) if counts_slots(cfg) else None
+    cu_q = fake_compact(Int32, (cute.sym_int(),)) if cfg.varlen_q else None
+    cu_k = fake_compact(Int32, (cute.sym_int(),)) if cfg.varlen_k else None
+    used_k = fake_compact(Int32, (cute.sym_int(),)) if cfg.has_seqused_k else None
+    sem = fake_compact(Int32, (cute.sym_int(), h, cute.sym_int())) if counts_slots(cfg) else None
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     return (q, k, v, do, lse_log2, dpsum, dq_accum, dk, dv, cu_q, cu_k, used_k, sem,
             Float32(1.0), Float32(0.0), Int32(0), Int32(0), Int32(1), Int32(1), stream)

@@ -33,6 +33,7 @@ Note [dQ pass]
     and causal masks without determinism (flat or -1..-5%, v0.22).
 """
 
+import functools
 from dataclasses import dataclass, replace
 from types import SimpleNamespace
 from typing import ClassVar
@@ -429,6 +430,7 @@ def largest_tile(cfg: BwdDqSm90Config) -> BwdDqSm90Config:
     raise ValueError(f"no dQ pass tile fits head_dim {cfg.head_dim}")
 
 
+@functools.lru_cache(maxsize=256)  # once per main-kernel config: it is on every backward call's host path
 def config_for(main_cfg) -> BwdDqSm90Config:
     """The dQ pass of a main-kernel config (its dtype, head dims, masks and varlen flags), with the
     largest K/V tile that fits."""
