@@ -5,8 +5,9 @@ kernel of one call, and the call's device span). ``python3 tools/bwd_profile.py 
 ...``, e.g. ``128,1024,1 128,8192,0``; ``--claims`` adds ``fa4-claims``, the non-deterministic kernel
 with the first store (Note [First store] in fa4/bwd/sm90.py, ``DQ_FIRST_STORE[False]``; in the rotated
 order without a mask, ``CLAIM_ROTATE``), and ``fa4-claims-plain``, the same in the plain order (rows
-without a mask only)."""
+without a mask only). The host's time per call (:func:`host_us`) is printed too."""
 import sys
+import time
 
 import torch
 import triton
@@ -16,6 +17,18 @@ from decode_profile import profile
 from fa4.bwd import sm90
 from fa4.bench import _results, flash_attn4_impl, fa4_impl, grid_shape, sdpa_impl
 from fa4.testing import random_qkv
+
+
+def host_us(fn, calls=20):
+    """The host's time per call, the device left running behind it (no sync inside the loop): what
+    ``do_bench`` adds to a call's device time when the host, not the device, is behind."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / calls * 1e6
 
 
 def main(rows, claims=False):
@@ -43,11 +56,13 @@ def main(rows, claims=False):
                     fn, _ = _results(prepared, "bwd", dout)
                     ms = triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
                     kernels, span = profile(fn, calls=8)
+                    host = host_us(fn)
             except Exception as e:  # report and go on
                 print(f"{impl.name:14s} ERR {type(e).__name__}: {str(e)[:160]}", flush=True)
                 continue
             ks = "; ".join(f"{n[:48]} {t:.1f}" for n, t in sorted(kernels.items(), key=lambda kv: -kv[1]))
-            print(f"{impl.name:14s} bench {ms * 1e3:7.1f} us  span {span:7.1f} us  kernels(us): {ks}", flush=True)
+            print(f"{impl.name:14s} bench {ms * 1e3:7.1f} us  span {span:7.1f} us  host {host:6.1f} us  kernels(us): {ks}",
+                  flush=True)
 
 
 if __name__ == "__main__":
