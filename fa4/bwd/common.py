@@ -257,15 +257,20 @@ def launch_sections(cfg, order: LaunchOrder, num_pairs: int, max_seqlen_k: int, 
     return order.section_pairs(
         num_pairs, cfg.causal, cfg.deterministic, cfg.det_rotate, getattr(cfg, "dq_direct", False),
         n_blocks=-(-max_seqlen_k // cfg.tile_n), num_sms=arch.num_sms(device_index), head_dim=cfg.head_dim,
-        pair_bytes=pair_bytes(seqlen_q, group, head_dim, head_dim_v, elem_bytes),
+        pair_bytes=pair_bytes(seqlen_q, group, head_dim, head_dim_v, elem_bytes,
+                              dq_accum=not getattr(cfg, "dq_pass", False)),
         l2_bytes=arch.l2_bytes(device_index), up=getattr(cfg, "det_up", False),
         rounds=getattr(cfg, "det_rounds", 1))
 
 
-def pair_bytes(seqlen_q: int, group: int, head_dim: int, head_dim_v: int, elem_bytes: int = 2) -> int:
-    """Bytes of Q, dO, the float32 dQ accumulator and the row statistics that the steps of one
-    (batch, kv head) pair read or add: ``group`` q heads of ``seqlen_q`` rows (Note [Causal sections])."""
-    return seqlen_q * group * (elem_bytes * (head_dim + head_dim_v) + 4 * head_dim + 8)
+def pair_bytes(seqlen_q: int, group: int, head_dim: int, head_dim_v: int, elem_bytes: int = 2,
+               dq_accum: bool = True) -> int:
+    """Bytes of Q, dO, the float32 dQ accumulator (``dq_accum``: none under the dQ pass, Note [dQ pass]
+    in fa4/bwd/dq_sm90.py) and the row statistics that the steps of one (batch, kv head) pair read or
+    add: ``group`` q heads of ``seqlen_q`` rows (Note [Causal sections]). Without the accumulator's
+    bytes the d256 deterministic causal sections at s8k hold 4 pairs, not 2: sweep v50 (docs/RESULTS.md
+    v0.23), three rounds, 373.7 -> 387.2 TFLOP/s (median; d160 8 pairs and d192 4 flat)."""
+    return seqlen_q * group * (elem_bytes * (head_dim + head_dim_v) + (4 * head_dim if dq_accum else 0) + 8)
 
 
 def launch_grid(cfg, num_batch: int, heads_k: int, max_seqlen_k: int) -> tuple[int, int, int]:
