@@ -40,6 +40,9 @@ Note [Causal sections]
     size (not measured). The sm80 family measured no gain from the bound on the H200 (v0.17) and
     keeps its sections. The deterministic up order (Note [Up order]) walks up as well and takes the
     same sections (measured, v0.19); the down order keeps its own (its blocks share each tile).
+    Under the dQ pass (Note [dQ pass] in fa4/bwd/dq_sm90.py) the main kernel has no dQ accumulator,
+    so a pair's bytes leave it out (d256 s8k: 4 pairs per section where the accumulator's bytes made
+    2; measured +1-4%, v0.23).
 
 Note [Deterministic dQ]
     With ``deterministic``, the additions into the dQ accumulator of each (batch, q head, m_block)
