@@ -19,10 +19,13 @@ from fa4.bench import _results, flash_attn4_impl, fa4_impl, grid_shape, sdpa_imp
 from fa4.testing import random_qkv
 
 
-def host_us(fn, calls=20):
+def host_us(fn, calls=20, busy=False):
     """The host's time per call, the device left running behind it (no sync inside the loop): what
-    ``do_bench`` adds to a call's device time when the host, not the device, is behind."""
+    ``do_bench`` adds to a call's device time when the host, not the device, is behind. ``busy``:
+    about a second of device work is queued first, so that no call can wait for the device."""
     torch.cuda.synchronize()
+    if busy:
+        torch.cuda._sleep(int(2e9))
     t0 = time.perf_counter()
     for _ in range(calls):
         fn()

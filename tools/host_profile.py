@@ -7,22 +7,12 @@ import cProfile
 import io
 import pstats
 import sys
-import time
 
 import torch
 
+from bwd_profile import host_us
 from fa4.bench import _results, fa4_impl, flash_attn4_impl, grid_shape, sdpa_impl
 from fa4.testing import random_qkv
-
-
-def busy_host_us(fn, calls):
-    torch.cuda._sleep(int(2e9))  # about a second of device work ahead of the calls
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / calls * 1e6
 
 
 def main(direction, rows):
@@ -40,7 +30,7 @@ def main(direction, rows):
                 for _ in range(3):
                     fn()
                 torch.cuda.synchronize()
-                times = sorted(busy_host_us(fn, 30) for _ in range(3))
+                times = sorted(host_us(fn, 30, busy=True) for _ in range(3))
                 print(f"{impl.name:14s} host per call (us, 3 rounds): {' / '.join(f'{t:.1f}' for t in times)}",
                       flush=True)
                 if impl.name.startswith("fa4") and impl.name != "fa4-det":
