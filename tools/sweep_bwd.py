@@ -6,7 +6,8 @@
 An experiment: ``d<head_dim> s<seqlen> [g<group>] [causal] [det] [section=N] [field=value ...]`` on
 FlashAttention's grid shape (batch * seqlen = 16k tokens, heads * head_dim = 2048, bf16; ``g4``: GQA,
 four q heads per kv head); the fields override the
-family's ``make_config`` (``dataclasses.replace``), ``section`` the launch order's pairs per
+family's ``make_config`` (``dataclasses.replace``), ``dq.<field>=value`` those of the dQ pass's
+config (:func:`fa4.bwd.dq_sm90.config_for`), ``section`` the launch order's pairs per
 section. Every config is compiled first, in parallel; then each experiment prints TFLOP/s (2.5x the
 forward's FLOPs), ms and the max difference of the gradients from a first run of the defaults.
 """
@@ -275,6 +276,19 @@ PLANS = {
     # have (deterministic causal runs from d160): the default (s8k: d160 4 pairs, d192 / d256 2)
     # against the sections without those bytes (d160 8, d192 / d256 4). Three interleaved rounds.
     # Not yet run.
+    # v0.24: the dQ pass in the forward's tile order with 16 MB L2 sections (Note [dQ pass tile
+    # order]) against its old order (one pair per section, dq.l2_section_mb=0) and 32 MB: the causal
+    # rows that run the pass (deterministic from d160; d256 non-deterministic with dq_pass=True, which
+    # v48 measured 1% behind the main kernel's dQ) and d256 without a mask. Three interleaved rounds.
+    "v51": [f"{shape} {v}".strip() for _ in range(3)
+            for shape, vs in (("d256 s8192 causal det", ("dq.l2_section_mb=0", "", "dq.l2_section_mb=32")),
+                              ("d256 s8192 causal", ("dq_pass=False", "dq_pass=True dq.l2_section_mb=0", "dq_pass=True")),
+                              ("d256 s4096 causal det", ("dq.l2_section_mb=0", "")),
+                              ("d256 s1024 causal det", ("dq.l2_section_mb=0", "")),
+                              ("d192 s8192 causal det", ("dq.l2_section_mb=0", "")),
+                              ("d160 s8192 causal det", ("dq.l2_section_mb=0", "")),
+                              ("d256 s8192", ("dq.l2_section_mb=0", "")))
+            for v in vs],
     "v50": [f"d{d} s8192 causal det{v}" for _ in range(3) for d, more in ((160, 8), (192, 4), (256, 4))
             for v in ("", f" section={more}")],
     "v42": [f"{shape} {v}".strip() for _ in range(3)
@@ -436,10 +450,13 @@ PLANS = {
 
 def parse(exp: str):
     words = exp.split()
-    shape = dict(d=128, s=8192, g=1, causal=False, det=False, section=None)
+    shape = dict(d=128, s=8192, g=1, causal=False, det=False, section=None, dq={})
     over = {}
     for w in words:
-        if w == "causal":
+        if w.startswith("dq.") and "=" in w:
+            k, v = w[3:].split("=", 1)
+            shape["dq"][k] = ast.literal_eval(v)
+        elif w == "causal":
             shape["causal"] = True
         elif w == "det":
             shape["det"] = True
@@ -479,7 +496,7 @@ def configs(family, shape, over):
     cfg = dataclasses.replace(mod.make_config(problem, opts, "sm_90a", shape["det"]), **over)
     if getattr(cfg, "dq_pass", False):  # Note [dQ pass]: the dQ kernel, no postprocess, no counters
         from fa4.bwd import dq_sm90
-        return [cfg, dq_sm90.config_for(cfg),
+        return [cfg, dataclasses.replace(dq_sm90.config_for(cfg), **shape["dq"]),
                 preprocess.make_config("bf16", shape["d"], "sm_90a", has_semaphore=False, zero_dq=False)]
     pre = preprocess.make_config("bf16", shape["d"], "sm_90a", has_semaphore=shape["det"])
     return [cfg, postprocess.config_for(cfg), pre]
@@ -502,6 +519,9 @@ def run(family, shape, over):
     order.section = order.det_section = shape["section"]
     opts, over = _options(family, over)
     mod.make_config = lambda *a, **k: dataclasses.replace(orig(*a, **k), **over)
+    from fa4.bwd import dq_sm90
+    orig_dq = dq_sm90.config_for
+    dq_sm90.config_for = lambda c: dataclasses.replace(orig_dq(c), **shape["dq"])
     ops._plans.clear()
     try:
         q, k, v = _tensors(shape)
@@ -515,6 +535,7 @@ def run(family, shape, over):
         return ms, flops / ms / 1e9, grads
     finally:
         mod.make_config = orig
+        dq_sm90.config_for = orig_dq
         order.section, order.det_section = saved
         ops._plans.clear()
 

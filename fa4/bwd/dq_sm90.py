@@ -31,6 +31,16 @@ Note [dQ pass]
     count (:func:`fa4.bwd.workspace.dq_accum_placeholder`), which no kernel touches. Where the pass
     loses: d64 / d128 (-20%: the two extra wgmmas cost more than the writer warp's reductions there),
     and causal masks without determinism (flat or -1..-5%, v0.22).
+
+Note [dQ pass tile order]
+    A 1-D grid in the forward's tile order (:class:`fa4.sched.tile.SectionTileScheduler`, LPT:
+    the last m-block first), with L2 sections of ``l2_section_mb`` of K/V rounded down to a power
+    of two of (head, batch) pairs, as the sm90 forward's masked rows (Note [Section sizes] in
+    fa4/sched/tile.py). Until v0.24 the grid was ``(m, head, batch)`` with the m-blocks reversed:
+    sections of one pair, whose causal tail the note describes (d256 s8k: 64 tiles of one pair for
+    132 SMs). The greedy model of that note (one CTA per SM, a tile's time its K blocks + 2) puts
+    the SMs' useful share of the causal dQ pass at 0.88-0.93 with one pair per section (d160-d256,
+    s1k-s8k) and at 0.96-1.00 with 16 MB sections (docs/RESULTS.md v0.24).
 """
 
 import functools
@@ -58,7 +68,9 @@ from fa4.cute_utils import (
     transposed,
     zero_rows_from,
 )
+from fa4.fwd.common import grid_extent
 from fa4.mask import AttentionMask, walk_blocks
+from fa4.sched.tile import SectionTileScheduler
 from fa4.seqlen import SeqlenInfo, to_sdhb
 from fa4.softmax import apply_softcap, exp2_rows, score_scales, softcap_grad
 
@@ -73,7 +85,9 @@ class BwdDqSm90Config(AttnKernelConfig):
     real one is a runtime size); ``head_dim_v``: that of V and dO when it differs, else 0.
     ``tile_m``: query rows per CTA (64 per consumer warpgroup); ``tile_n``: keys per K block;
     ``num_stages``: K/V stages; ``rows_tile_m``: the tile of the lse_log2 / dpsum workspaces (the
-    main kernel's ``tile_m``, Note [Padded row tiles] in fa4/bwd/workspace.py)."""
+    main kernel's ``tile_m``, Note [Padded row tiles] in fa4/bwd/workspace.py); ``l2_section_mb``:
+    the K/V megabytes of one L2 section of the tile order (Note [dQ pass tile order]; 0: one
+    (head, batch) pair per section)."""
 
     head_dim: int = 256
     head_dim_v: int = 0
@@ -81,6 +95,7 @@ class BwdDqSm90Config(AttnKernelConfig):
     tile_n: int = 48
     num_stages: int = 2
     rows_tile_m: int = 64
+    l2_section_mb: int = 16
 
     KERNEL: ClassVar[str] = "fa4.bwd.dq_sm90:FlashBwdDqSm90"
     REQUIRED_SASS: ClassVar[tuple] = ("HGMMA", "UTMALDG")
@@ -208,9 +223,10 @@ class FlashBwdDqSm90:
         stream,
     ):
         self._setup()
-        num_batch = mCuSeqlensQ.shape[0] - 1 if const_expr(mCuSeqlensQ is not None) else mQ.shape[0]
         seqlen_q = max_seqlen_q if const_expr(mCuSeqlensQ is not None) else mQ.shape[1]
-        num_m = cute.ceil_div(seqlen_q, self.tile_m)
+        num_batch, num_m, section, num_heads = grid_extent(
+            mQ, mK, mCuSeqlensQ, mCuSeqlensK, seqlen_q, self.tile_m, 2 * (self.hd + self.hd_v),
+            l2_budget=self.cfg.l2_section_mb << 20, pow2_sections=True)
         prescale, scale_log2 = score_scales(softmax_scale, softcap, self.cfg.has_softcap)
         if const_expr(not self.cfg.has_softcap):
             prescale = Float32(1.0)
@@ -224,10 +240,10 @@ class FlashBwdDqSm90:
         self.kernel(
             mQ_t, mK_t, mV_t, mdO_t, mLSElog2, mDpsum, mdQ, mCuSeqlensQ, mCuSeqlensK, mSeqUsedK,
             tma_q, tma_k, tma_v, tma_do, softmax_scale, prescale, scale_log2, window_left, window_right,
-            num_m, mQ.shape[1], mK.shape[1], mQ.shape[2] // mK.shape[2],
+            num_m, num_heads, num_batch, section, mQ.shape[1], mK.shape[1], mQ.shape[2] // mK.shape[2],
             self.sQ_layout, self.sdO_layout, self.sK_layout, self.sV_layout, self.tiled_mma_s, self.tiled_mma_dq,
         ).launch(
-            grid=(num_m, mQ.shape[2], num_batch),
+            grid=SectionTileScheduler.grid(num_m, num_heads, num_batch),
             block=[self.num_threads, 1, 1],
             smem=self.SharedStorage.size_in_bytes(),
             stream=stream,
@@ -241,7 +257,8 @@ class FlashBwdDqSm90:
     @cute.kernel
     def kernel(self, mQ, mK, mV, mdO, mLSElog2, mDpsum, mdQ, mCuSeqlensQ, mCuSeqlensK, mSeqUsedK,
                tma_q, tma_k, tma_v, tma_do, softmax_scale: Float32, prescale: Float32, scale_log2: Float32,
-               window_left: Int32, window_right: Int32, num_m: Int32, seqlen_q_static: Int32,
+               window_left: Int32, window_right: Int32, num_m: Int32, num_heads: Int32, num_batch: Int32,
+               section: Int32, seqlen_q_static: Int32,
                seqlen_k_static: Int32, group: Int32, sQ_layout: cute.ComposedLayout,
                sdO_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
                tiled_mma_s: cute.TiledMma, tiled_mma_dq: cute.TiledMma):
@@ -263,8 +280,7 @@ class FlashBwdDqSm90:
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
-        m_block = num_m - 1 - cute.arch.block_idx()[0]  # the longest tiles first when causal
-        head, batch = cute.arch.block_idx()[1], cute.arch.block_idx()[2]
+        m_block, head, batch = SectionTileScheduler(num_m, num_heads, num_batch, section, reverse=True).tile()
         seq = SeqlenInfo.create(batch, seqlen_q_static, seqlen_k_static, mCuSeqlensQ, mCuSeqlensK, mSeqUsedK)
         mask = AttentionMask(self.tile_m, self.tile_n, self.cfg.causal, self.cfg.local, seq.seqlen_q, seq.seqlen_k,
                              window_left, window_right)
