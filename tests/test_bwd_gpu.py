@@ -943,7 +943,7 @@ def test_bwd_sm90_dq_pass(d, mask, layout, det, monkeypatch, hang_watchdog, orde
 @pytest.mark.parametrize("softcap", [0.0, 2.0])
 def test_bwd_sm90_dq_pass_default(dims, mask, softcap, hang_watchdog):
     """The dQ pass as the default (``DQ_PASS_MIN_HD``: from padded head dim 160, deterministic or
-    without a mask): deterministic=True runs the same kernels as
+    without a mask; ``DQ_PASS_MASKED_MIN_HD``: from 224 with a mask too): deterministic=True runs the same kernels as
     ``KernelOptions(bwd_dq_pass=True)`` without it, so the two give the same bits; 20 deterministic
     runs are bit-exact (GQA 6/2, odd lengths, s_q != s_k); the gradients pass the reference rule;
     softcap and (192, 128)."""
@@ -961,6 +961,7 @@ def test_bwd_sm90_dq_pass_default(dims, mask, softcap, hang_watchdog):
     g = torch.randn(2, sq, 6, dv, dtype=torch.bfloat16, device="cuda")
     problem = AttnProblem("bf16", 2, sq, sk, 6, 2, d, dv, d**-0.5, causal=kw["causal"])
     assert sm90.make_config(problem, None, "sm_90a", True).dq_pass
+    assert sm90.make_config(problem, None, "sm_90a", False).dq_pass == (not kw["causal"] or d >= 224)
 
     def grads(det, **opts):
         out, _ = fa4.flash_attn_func(q, k, v, deterministic=det,

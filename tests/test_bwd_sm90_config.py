@@ -369,20 +369,20 @@ def test_claims_walk_the_rotated_order_without_a_mask(monkeypatch):
 
 def test_dq_pass_rule_and_refusals(monkeypatch):
     """Note [dQ pass] (fa4/bwd/dq_sm90.py): the default from padded head dim 160, without determinism
-    only without a mask (DQ_PASS_MIN_HD, DQ_PASS_MASKED); a deterministic run then takes the non-deterministic main
+    with a mask only from padded head dim 224 (DQ_PASS_MIN_HD, DQ_PASS_MASKED_MIN_HD); a deterministic run then takes the non-deterministic main
     kernel; KernelOptions.bwd_dq_pass overrides either way and is refused with the 2-CTA kernel and
     on sm80; the main kernel keeps no dq_accum counters; the dQ kernel's config follows the main
     one and refuses tiles that do not fit."""
     from fa4.bwd import dq_sm90, sm80
 
-    assert sm90.DQ_PASS_MIN_HD == {True: 160, False: 160} and not sm90.DQ_PASS_MASKED
+    assert sm90.DQ_PASS_MIN_HD == {True: 160, False: 160} and sm90.DQ_PASS_MASKED_MIN_HD == 224
     for d, det, want in ((128, False, False), (128, True, False), (136, True, True), (136, False, True),
                          (192, False, True), (192, True, True), (224, False, True), (256, False, True),
                          (256, True, True)):
         for mask in (dict(), dict(causal=True), dict(local=True)):
             cfg = sm90.make_config(_problem(d, **mask), None, "sm_90a", det)
-            assert cfg.dq_pass == (want and (det or not mask)), (d, det, mask)
-            want_here = want and (det or not mask)
+            want_here = want and (det or not mask or d >= 224)
+            assert cfg.dq_pass == want_here, (d, det, mask)
             if want_here and det:  # the same kernel as without determinism
                 assert cfg == sm90.make_config(_problem(d, **mask), KernelOptions(bwd_dq_pass=True), "sm_90a")
             if not want_here and det:

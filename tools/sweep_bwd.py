@@ -280,6 +280,12 @@ PLANS = {
     # order]) against its old order (one pair per section, dq.l2_section_mb=0) and 32 MB: the causal
     # rows that run the pass (deterministic from d160; d256 non-deterministic with dq_pass=True, which
     # v48 measured 1% behind the main kernel's dQ) and d256 without a mask. Three interleaved rounds.
+    # v0.24, after v51: the dQ pass in its new order on the causal rows without determinism (v48, in
+    # the old order: flat or -1..-5%, so off by default). Three interleaved rounds.
+    "v52": [f"{shape} {v}".strip() for _ in range(3)
+            for shape in ("d256 s8192 causal", "d224 s8192 causal", "d192 s8192 causal", "d160 s8192 causal",
+                          "d256 s4096 causal", "d256 s2048 causal")
+            for v in ("dq_pass=False", "dq_pass=True")],
     "v51": [f"{shape} {v}".strip() for _ in range(3)
             for shape, vs in (("d256 s8192 causal det", ("dq.l2_section_mb=0", "", "dq.l2_section_mb=32")),
                               ("d256 s8192 causal", ("dq_pass=False", "dq_pass=True dq.l2_section_mb=0", "dq_pass=True")),

@@ -345,7 +345,7 @@ class BwdSm90Config(AttnKernelConfig):
     slot stores its tile instead of adding it, so the preprocess does not zero the accumulator
     (Note [First store]; the slot counters are allocated and zeroed in every mode then).
     ``dq_pass`` (not ``two_cta``; the default from padded head dim 160 when deterministic or
-    without a mask, :data:`DQ_PASS_MIN_HD`): no dQ here, dK and dV only; the dQ pass
+    without a mask, from 224 with one, :data:`DQ_PASS_MIN_HD`): no dQ here, dK and dV only; the dQ pass
     (:mod:`fa4.bwd.dq_sm90`, Note [dQ pass]) computes dQ after this kernel, without reductions.
     """
 
@@ -1776,17 +1776,22 @@ DQ_PASS_MIN_HD: dict = {True: 160, False: 160}
 """Keyed by ``deterministic``: the padded head dims from which the backward takes the dQ pass (Note
 [dQ pass] in fa4/bwd/dq_sm90.py: dK / dV here, dQ in a second kernel without reductions; with the
 writer warp's head dims the writer, its sdQ tile and the first store go too); None: never. Without
-determinism only where :data:`DQ_PASS_MASKED` allows. With the pass a deterministic run takes the
+determinism and with a mask only from :data:`DQ_PASS_MASKED_MIN_HD`. With the pass a deterministic run takes the
 non-deterministic main kernel (:func:`make_config`). Measured (docs/RESULTS.md v0.21 and v0.22,
 sweeps v46-v48, three interleaved rounds, TFLOP/s off -> on): deterministic d192 321 -> 389-402, d256
 390-392 -> 404-428; not deterministic without a mask d256 409-417 -> 413-428, d224 385-408 -> 408-418,
 d160 374-398 -> 384-402, d192 379-398 -> 380-403 (flat); d128 580-603 -> 451-475 and d64 508-515 ->
 391-398 (the two extra wgmmas cost more than the reductions there)."""
 
-DQ_PASS_MASKED = False
-"""Whether a non-deterministic backward with a causal or local mask takes the dQ pass too: no, it
-measured slower or flat (v0.22, sweep v48, off -> on, TFLOP/s): causal d160 368-386 -> 357-367, d192
-381-387 -> 365-378, d224 371-391 -> 377-386, d256 394-403 -> 388-400."""
+DQ_PASS_MASKED_MIN_HD = 224
+"""The padded head dims from which a non-deterministic backward with a causal or local mask takes the
+dQ pass too (None: never). v0.22 (sweep v48, the pass's old grid order, off -> on, TFLOP/s): causal
+d160 368-386 -> 357-367, d192 381-387 -> 365-378, d224 371-391 -> 377-386, d256 394-403 -> 388-400, so
+never. v0.24, the pass in the forward's tile order (Note [dQ pass tile order] in fa4/bwd/dq_sm90.py;
+sweep v52, three interleaved rounds): d256 s2k 329 / 329 / 320 -> 342 / 337 / 334, s4k 369 / 361 / 361
+-> 377 / 376 / 365, s8k 403 / 341 / 390 -> 401 / 388 / 381 (flat), d224 s8k 382 / 373 / 358 -> 384 /
+380 / 367; d192 393 / 375 / 376 -> 378 / 377 / 372 and d160 369 / 350 / 368 -> 362 / 346 / 350 lose.
+Local masks follow the causal rule (not measured)."""
 
 
 def rotate_ok(problem: AttnProblem, tile_n: int) -> bool:
@@ -1832,7 +1837,8 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
     else:
         bound = DQ_PASS_MIN_HD[bool(deterministic)]
         dq_pass = (not two_cta and bound is not None and hd >= bound
-                   and (deterministic or DQ_PASS_MASKED or not (problem.causal or problem.local)))
+                   and (deterministic or not (problem.causal or problem.local)
+                        or (DQ_PASS_MASKED_MIN_HD is not None and hd >= DQ_PASS_MASKED_MIN_HD)))
     if dq_pass:
         # dQ comes from the dQ pass, the same bits on every run; the main kernel's dK / dV sums are in
         # CTA order in either mode: a deterministic run takes the non-deterministic kernel.
