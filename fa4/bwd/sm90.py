@@ -1903,7 +1903,8 @@ def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: B
     pairs = problem.batch * problem.heads_k
     sec = common.launch_sections(cfg, LAUNCH_ORDER, pairs, problem.seqlen_k, problem.seqlen_q,
                                  problem.heads // problem.heads_k, problem.head_dim, problem.head_dim_v)
-    why = (f" (their Q, dO and dQ accumulator bounded by {LAUNCH_ORDER.causal_l2_bytes >> 20} MB per "
+    rows = "Q and dO" if cfg.dq_pass else "Q, dO and dQ accumulator"  # no accumulator under the dQ pass
+    why = (f" (their {rows} bounded by {LAUNCH_ORDER.causal_l2_bytes >> 20} MB per "
            f"{common.arch.H200_L2_BYTES >> 20} MB of L2, and at least about a wave of CTAs: Note [Causal sections])"
            if cfg.causal and ((not cfg.deterministic and LAUNCH_ORDER.section is None)
                               or (cfg.det_up and LAUNCH_ORDER.det_section is None)) else "")
@@ -1911,7 +1912,9 @@ def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: B
     if cfg.dq_pass:
         notes.append("dQ pass: the main kernel computes dK and dV only, and a second kernel computes dQ with "
                      "its query rows stationary, without global reductions, so every run gives the same bits "
-                     "and deterministic=True runs the same kernels (Note [dQ pass] in fa4/bwd/dq_sm90.py)")
+                     "and deterministic=True runs the same kernels (Note [dQ pass] in fa4/bwd/dq_sm90.py); "
+                     "its grid in the forward's tile order, longest query tiles first, in L2 sections "
+                     "(Note [dQ pass tile order])")
     if cfg.deterministic:
         rounds = (f", its K blocks in {cfg.det_rounds} rounds per pair (Note [Rotation rounds])"
                   if cfg.det_rounds > 1 else "")
