@@ -85,6 +85,29 @@ def num_sms(index: Optional[int] = None) -> int:
                                             ).multi_processor_count
 
 
+def device_guard(t):
+    """``torch.cuda.device(t.device)`` when ``t`` sits on a GPU other than the current one, else a
+    no-op context (CPU and meta tensors too).
+
+    Note [Device guard]
+        Tensors on ``cuda:1`` while ``cuda:0`` is the current device (one process driving several
+        GPUs, a model placed with ``.to("cuda:1")``) are a known way for DSL-built attention to
+        launch on the wrong GPU or stream: the launches go through the TVM-FFI environment stream
+        and the current CUDA context. Every public entry that launches (the forward, the backward,
+        ``flash_attn_combine``) runs under this guard, as flash-attention's C++ extension runs under
+        a CUDA device guard. The common case (the tensors on the current GPU) costs one
+        ``current_device()`` query."""
+    import contextlib
+
+    import torch
+
+    index = t.device.index
+    if (t.device.type != "cuda" or index is None or not torch.cuda.is_available()  # fake CUDA tensors (CPU tests)
+            or index == torch.cuda.current_device()):
+        return contextlib.nullcontext()
+    return torch.cuda.device(index)
+
+
 SM90_SMEM_PER_CTA = 232448  # sm_90a: 227 KB of dynamic shared memory per CTA
 H200_L2_BYTES = 60 << 20  # what torch reports for the H200 (measured: 62914560)
 

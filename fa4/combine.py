@@ -408,6 +408,9 @@ def flash_attn_combine(out_partial, lse_partial, out=None, out_dtype=None, cu_se
         raise NotImplementedError("fa4.flash_attn_combine does not support virtual_batch_idx yet (fa4's split-KV "
                                   "forward does not reorder batches)")
     args = check_args(out_partial, lse_partial, out, out_dtype, cu_seqlens, seqused, return_lse)
-    out, lse = allocate_outputs(args, out_partial.device, return_lse, out)
-    combine_into(out_partial, lse_partial, out, lse, cu_seqlens, seqused)
+    from fa4.arch import device_guard
+
+    with device_guard(out_partial):  # Note [Device guard] in fa4/arch.py
+        out, lse = allocate_outputs(args, out_partial.device, return_lse, out)
+        combine_into(out_partial, lse_partial, out, lse, cu_seqlens, seqused)
     return out, lse

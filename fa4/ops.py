@@ -77,11 +77,17 @@ def _as_user(t: Optional[torch.Tensor], varlen: bool) -> Optional[torch.Tensor]:
     return t.squeeze(0) if (varlen and t is not None) else t
 
 
-def forward(problem: AttnProblem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-            cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_k: Optional[torch.Tensor],
-            seqused_k: Optional[torch.Tensor], options: KernelOptions, need_lse: bool,
-            seqused_q: Optional[torch.Tensor] = None, page_table: Optional[torch.Tensor] = None,
-            sink: Optional[torch.Tensor] = None):
+def forward(problem: AttnProblem, q: torch.Tensor, *args, **kwargs):
+    """:func:`_forward` with ``q``'s GPU current (Note [Device guard] in fa4/arch.py)."""
+    with _arch.device_guard(q):
+        return _forward(problem, q, *args, **kwargs)
+
+
+def _forward(problem: AttnProblem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_k: Optional[torch.Tensor],
+             seqused_k: Optional[torch.Tensor], options: KernelOptions, need_lse: bool,
+             seqused_q: Optional[torch.Tensor] = None, page_table: Optional[torch.Tensor] = None,
+             sink: Optional[torch.Tensor] = None):
     """Run the forward on the tensors as the user passed them ((b, s, h, d), or (total, h, d) for
     a packed side, which the kernels see as (1, total, h, d); paged k/v (num_pages, page_size, h_k,
     d)). Returns (out, lse); lse is (b, h, s_q) (packed q: (h, total_q)) float32, or None when not
@@ -194,8 +200,14 @@ def check_backward(problem: AttnProblem, device: torch.device, options: KernelOp
     _plan("bwd", problem, options, device, deterministic)
 
 
-def backward(problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_k,
-             options: KernelOptions, deterministic: bool):
+def backward(problem: AttnProblem, dout, q, *args, **kwargs):
+    """:func:`_backward` with ``q``'s GPU current (Note [Device guard] in fa4/arch.py)."""
+    with _arch.device_guard(q):
+        return _backward(problem, dout, q, *args, **kwargs)
+
+
+def _backward(problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_k,
+              options: KernelOptions, deterministic: bool):
     """Gradients (dq, dk, dv) of the attention forward, tensors in the user's layout as in
     :func:`forward`. Layout fix-ups of the inputs (an expanded ``dout``...) are the launcher's."""
     vq, vk = problem.varlen_q, problem.varlen_k
