@@ -86,8 +86,8 @@ def num_sms(index: Optional[int] = None) -> int:
 
 
 def device_guard(t):
-    """``torch.cuda.device(t.device)`` when ``t`` sits on a GPU other than the current one, else a
-    no-op context (CPU and meta tensors too).
+    """``torch.cuda.device(t.device)`` when ``t`` (a tensor or a ``torch.device``) sits on a GPU
+    other than the current one, else a no-op context (CPU and meta tensors too).
 
     Note [Device guard]
         Tensors on ``cuda:1`` while ``cuda:0`` is the current device (one process driving several
@@ -101,8 +101,9 @@ def device_guard(t):
 
     import torch
 
-    index = t.device.index
-    if (t.device.type != "cuda" or index is None or not torch.cuda.is_available()  # fake CUDA tensors (CPU tests)
+    device = getattr(t, "device", t)
+    index = device.index
+    if (device.type != "cuda" or index is None or not torch.cuda.is_available()  # fake CUDA tensors (CPU tests)
             or index == torch.cuda.current_device()):
         return contextlib.nullcontext()
     return torch.cuda.device(index)

@@ -197,7 +197,8 @@ def _gather_pages(problem: AttnProblem, k, v, page_table):
 def check_backward(problem: AttnProblem, device: torch.device, options: KernelOptions, deterministic: bool) -> None:
     """Raise now what the backward of ``problem`` would raise (its family's make_config), e.g. the
     sm80 family's NotImplementedError for head_dim_v != head_dim."""
-    _plan("bwd", problem, options, device, deterministic)
+    with _arch.device_guard(device):  # make_config reads the device's SM count (Note [Device guard])
+        _plan("bwd", problem, options, device, deterministic)
 
 
 def backward(problem: AttnProblem, dout, q, *args, **kwargs):

@@ -959,9 +959,11 @@ def test_bwd_sm90_dq_pass_default(dims, mask, softcap, hang_watchdog):
     v = torch.randn(2, sk, 2, dv, dtype=torch.bfloat16, device="cuda")
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
     g = torch.randn(2, sq, 6, dv, dtype=torch.bfloat16, device="cuda")
-    problem = AttnProblem("bf16", 2, sq, sk, 6, 2, d, dv, d**-0.5, causal=kw["causal"])
+    left, right = kw["window_size"]
+    problem = AttnProblem("bf16", 2, sq, sk, 6, 2, d, dv, d**-0.5, causal=kw["causal"], local=mask == "local",
+                          window_left=left or 0, window_right=right or 0)
     assert sm90.make_config(problem, None, "sm_90a", True).dq_pass
-    assert sm90.make_config(problem, None, "sm_90a", False).dq_pass == (not kw["causal"] or d >= 224)
+    assert sm90.make_config(problem, None, "sm_90a", False).dq_pass == (mask == "none" or d >= 224)
 
     def grads(det, **opts):
         out, _ = fa4.flash_attn_func(q, k, v, deterministic=det,

@@ -133,9 +133,11 @@ def test_forward_graph_replay(family, case):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", ["sm90", "sm80"])
-def test_paged_decode_graph_replay(family):
+@pytest.mark.parametrize("num_splits", [None, 3])
+def test_paged_decode_graph_replay(family, num_splits):
     """vLLM's decode step: one query per sequence, a paged KV cache of 16-row pages, seqused_k and the
-    page table rewritten between replays (the split-KV count is the capture's: it reads shapes only)."""
+    page table rewritten between replays (the split-KV count is the capture's: it reads shapes only;
+    ``None``: the heuristic's, 3: split-KV and its combine for sure)."""
     opts = _family(family)
     b, h, hk, d, page, max_pages = 8, 32, 8, 128, 16, 128
     num_pages = b * max_pages + 7
@@ -157,7 +159,7 @@ def test_paged_decode_graph_replay(family):
 
     new_step(8)
     call = lambda: fa4.flash_attn_varlen_func(q, kc, vc, page_table=table, seqused_k=used,  # noqa: E731
-                                              return_lse=True, kernel_options=opts)
+                                              num_splits=num_splits, return_lse=True, kernel_options=opts)
     graph, (out, lse) = _capture(call)
     for seed in (9, 10):
         lens = new_step(seed)

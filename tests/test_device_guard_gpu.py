@@ -56,6 +56,7 @@ def test_calls_on_a_gpu_that_is_not_current(arch):
     got = fa4.flash_attn_func(*(t.to("cuda:1") for t in (qd, kd, vd)), num_splits=4, return_lse=True,
                               kernel_options=opts)
     for name, a, b in zip(("out", "lse"), got, want):
+        assert a.device == torch.device("cuda:1"), name
         assert torch.equal(a.cpu(), b.cpu()), f"split-KV {name} on cuda:1 differs from cuda:0"
     op = torch.randn(3, 2, 50, 8, 64, device="cuda:0")
     lp = torch.randn(3, 2, 50, 8, device="cuda:0")

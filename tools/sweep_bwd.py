@@ -272,20 +272,16 @@ PLANS = {
     # v0.22, the defaults after v48 (DQ_PASS_MASKED off): causal deterministic (the dQ pass) against
     # causal non-deterministic (the main kernel's dQ) at d160-d256. Three interleaved rounds.
     "v49": [f"d{d} s8192 causal{det}" for _ in range(3) for d in (160, 192, 224, 256) for det in (" det", "")],
-    # v0.22 Next 3: the causal sections' bytes per pair count a dQ accumulator that the dQ pass does not
-    # have (deterministic causal runs from d160): the default (s8k: d160 4 pairs, d192 / d256 2)
-    # against the sections without those bytes (d160 8, d192 / d256 4). Three interleaved rounds.
-    # Not yet run.
-    # v0.24: the dQ pass in the forward's tile order with 16 MB L2 sections (Note [dQ pass tile
-    # order]) against its old order (one pair per section, dq.l2_section_mb=0) and 32 MB: the causal
-    # rows that run the pass (deterministic from d160; d256 non-deterministic with dq_pass=True, which
-    # v48 measured 1% behind the main kernel's dQ) and d256 without a mask. Three interleaved rounds.
     # v0.24, after v51: the dQ pass in its new order on the causal rows without determinism (v48, in
     # the old order: flat or -1..-5%, so off by default). Three interleaved rounds.
     "v52": [f"{shape} {v}".strip() for _ in range(3)
             for shape in ("d256 s8192 causal", "d224 s8192 causal", "d192 s8192 causal", "d160 s8192 causal",
                           "d256 s4096 causal", "d256 s2048 causal")
             for v in ("dq_pass=False", "dq_pass=True")],
+    # v0.24: the dQ pass in the forward's tile order with 16 MB L2 sections (Note [dQ pass tile
+    # order]) against its old order (one pair per section, dq.l2_section_mb=0) and 32 MB: the causal
+    # rows that run the pass (deterministic from d160; d256 non-deterministic with dq_pass=True, which
+    # v48 measured 1% behind the main kernel's dQ) and d256 without a mask. Three interleaved rounds.
     "v51": [f"{shape} {v}".strip() for _ in range(3)
             for shape, vs in (("d256 s8192 causal det", ("dq.l2_section_mb=0", "", "dq.l2_section_mb=32")),
                               ("d256 s8192 causal", ("dq_pass=False", "dq_pass=True dq.l2_section_mb=0", "dq_pass=True")),
@@ -295,6 +291,10 @@ PLANS = {
                               ("d160 s8192 causal det", ("dq.l2_section_mb=0", "")),
                               ("d256 s8192", ("dq.l2_section_mb=0", "")))
             for v in vs],
+    # v0.22 Next 3: the causal sections' bytes per pair count a dQ accumulator that the dQ pass does not
+    # have (deterministic causal runs from d160): the default (s8k: d160 4 pairs, d192 / d256 2)
+    # against the sections without those bytes (d160 8, d192 / d256 4). Three interleaved rounds.
+    # Run in v0.23.
     "v50": [f"d{d} s8192 causal det{v}" for _ in range(3) for d, more in ((160, 8), (192, 4), (256, 4))
             for v in ("", f" section={more}")],
     "v42": [f"{shape} {v}".strip() for _ in range(3)
@@ -500,6 +500,8 @@ def configs(family, shape, over):
     problem = validate.check_dense(q, k, v, None, shape["causal"], (None, None), 0.0)
     opts, over = _options(family, over)
     cfg = dataclasses.replace(mod.make_config(problem, opts, "sm_90a", shape["det"]), **over)
+    if shape["dq"] and not getattr(cfg, "dq_pass", False):
+        print(f"warning: dq.* overrides {shape['dq']} ignored: this config has no dQ pass", flush=True)
     if getattr(cfg, "dq_pass", False):  # Note [dQ pass]: the dQ kernel, no postprocess, no counters
         from fa4.bwd import dq_sm90
         return [cfg, dataclasses.replace(dq_sm90.config_for(cfg), **shape["dq"]),

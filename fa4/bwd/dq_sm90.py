@@ -1,8 +1,9 @@
 """The dQ pass of the sm90 backward (Note [dQ pass]): dQ without global reductions.
 
-The sm90 backward's default from padded head dim 160: deterministic runs, and runs without a mask
-(``dq_pass``, :data:`fa4.bwd.sm90.DQ_PASS_MIN_HD`, :data:`fa4.bwd.sm90.DQ_PASS_MASKED_MIN_HD`;
-``KernelOptions.bwd_dq_pass`` overrides); measured in docs/RESULTS.md v0.21 and v0.22.
+The sm90 backward's default from padded head dim 160: deterministic runs, and runs without a mask;
+from 224 with a causal / local mask too (``dq_pass``, :data:`fa4.bwd.sm90.DQ_PASS_MIN_HD`,
+:data:`fa4.bwd.sm90.DQ_PASS_MASKED_MIN_HD`; ``KernelOptions.bwd_dq_pass`` overrides); measured in
+docs/RESULTS.md v0.21, v0.22 and v0.24.
 
 The main kernel (:mod:`fa4.bwd.sm90` with ``dq_pass``) computes dK and dV only; this kernel then
 computes dQ with the queries stationary, as the forward does: one CTA per ``tile_m`` rows of one

@@ -345,8 +345,9 @@ class BwdSm90Config(AttnKernelConfig):
     slot stores its tile instead of adding it, so the preprocess does not zero the accumulator
     (Note [First store]; the slot counters are allocated and zeroed in every mode then).
     ``dq_pass`` (not ``two_cta``; the default from padded head dim 160 when deterministic or
-    without a mask, from 224 with one, :data:`DQ_PASS_MIN_HD`): no dQ here, dK and dV only; the dQ pass
-    (:mod:`fa4.bwd.dq_sm90`, Note [dQ pass]) computes dQ after this kernel, without reductions.
+    without a mask, from 224 with one, :data:`DQ_PASS_MIN_HD`, :data:`DQ_PASS_MASKED_MIN_HD`): no
+    dQ here, dK and dV only; the dQ pass (:mod:`fa4.bwd.dq_sm90`, Note [dQ pass]) computes dQ
+    after this kernel, without reductions.
     """
 
     head_dim: int = 128
