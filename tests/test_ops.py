@@ -70,3 +70,53 @@ def test_empty_key_set_gives_zero_out_and_minus_inf_lse(monkeypatch):
     out, lse = ops.forward(p, q, k, k, None, None, None, KernelOptions(), True)
     assert not rec.calls
     assert bool((out == 0).all()) and bool((lse == float("-inf")).all())
+
+
+def test_launches_run_under_the_device_guard(monkeypatch):
+    """Note [Device guard]: the forward, the backward and flash_attn_combine launch with their
+    tensors' GPU current (tests/test_device_guard_gpu.py checks the effect on two GPUs; here, on the
+    CPU, that every entry enters the guard with its tensors and launches inside it)."""
+    import contextlib
+
+    from fa4 import arch, combine
+
+    state = {"inside": 0, "seen": []}
+
+    @contextlib.contextmanager
+    def guard(t):
+        state["seen"].append(t)
+        state["inside"] += 1
+        try:
+            yield
+        finally:
+            state["inside"] -= 1
+
+    monkeypatch.setattr(arch, "device_guard", guard)
+    launched_inside = []
+
+    class Fwd:
+        def run(self, *a, **k):
+            launched_inside.append(("fwd", state["inside"]))
+
+    class Bwd:
+        def run_backward(self, *a, **k):
+            launched_inside.append(("bwd", state["inside"]))
+
+    q = torch.randn(1, 7, 2, 64).to(BF16)
+    with allow_any_device():
+        p = check_dense(q, q, q, None, False, (None, None), 0.0)
+    monkeypatch.setattr(ops, "_plan", lambda *a: (Fwd(), None))
+    ops.forward(p, q, q, q, None, None, None, KernelOptions(), True)
+    assert state["seen"][-1] is q
+    monkeypatch.setattr(ops, "_plan", lambda *a: (Bwd(), None))
+    ops.backward(p, q, q, q, q, q, torch.zeros(1, 2, 7), None, None, None, None, KernelOptions(), False)
+    assert state["seen"][-1] is q
+    monkeypatch.setattr(combine, "combine_into", lambda *a, **k: launched_inside.append(("combine", state["inside"])))
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=True):  # fake CUDA tensors, as tests/test_combine.py
+        op = torch.empty(2, 1, 3, 2, 64, device="cuda")
+        lp = torch.empty(2, 1, 3, 2, device="cuda")
+        combine.flash_attn_combine(op, lp)
+    assert state["seen"][-1] is op
+    assert launched_inside == [("fwd", 1), ("bwd", 1), ("combine", 1)]
