@@ -12,7 +12,8 @@ Kernel classes follow one protocol:
   so compiling needs no GPU and the compiled function takes torch tensors directly.
 
 Compiled kernels are exported as object files (``export_to_c``) into
-``$FA4_CACHE_DIR/<fa4 version>-dsl<DSL version>-src<hash of fa4's sources>/`` and loaded with
+``$FA4_CACHE_DIR/<fa4 version>-dsl<DSL version>/``, each named by its config's key and the hash of
+the sources its kernel depends on (Note [Kernel source keys]), and loaded with
 ``cute.runtime.load_module`` by later processes. Writes are atomic (temp file + rename); a
 per-entry file lock makes concurrent processes compile one key once while the others wait and load
 it. ``FA4_DISABLE_DISK_CACHE=1`` keeps everything in memory. An object built on a CPU-only machine
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import importlib
 import json
@@ -79,20 +81,98 @@ def dsl_version() -> str:
         return getattr(cutlass, "__version__", "unknown")
 
 
-_src_hash: Optional[str] = None
+# Note [Kernel source keys]
+#     A kernel's disk entry is named by its config's key and the hash of the sources that can change
+#     its code: every fa4 source but the other kernel families' modules (and a few host-only tools),
+#     plus the family modules its own kernel module imports (following imports out of family modules
+#     only). Editing one family's kernel (fa4/bwd/sm90.py, say) recompiles that family's kernels and
+#     no other: an edit-run loop on the backward does not recompile the forward. Editing any shared
+#     module (softmax, mask, seqlen, cute_utils, config, ...) recompiles every kernel. The rule is
+#     static (imports read with ``ast``); tests/test_cache.py checks on the CPU that every fa4 file
+#     whose code runs while a kernel of each family compiles is in that kernel's key.
+FAMILY_MODULES = frozenset({
+    "fa4.fwd.sm80", "fa4.fwd.sm90", "fa4.bwd.sm80", "fa4.bwd.sm90", "fa4.bwd.dq_sm90", "fa4.bwd.preprocess",
+    "fa4.bwd.postprocess", "fa4.combine_kernel", "fa4._device_tests",
+})
+# Never run while a kernel is traced: not in any key (editing the bench recompiles nothing).
+HOST_ONLY_MODULES = frozenset({"fa4.bench", "fa4.__main__", "fa4.testing", "fa4.sass"})
+
+_PKG_ROOT = Path(__file__).resolve().parent
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(_PKG_ROOT.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+@functools.lru_cache(maxsize=1)
+def _sources() -> dict[str, tuple[Path, str]]:
+    """fa4 module name -> (file, sha256 of its bytes), read once per process."""
+    return {_module_name(p): (p, hashlib.sha256(p.read_bytes()).hexdigest())
+            for p in sorted(_PKG_ROOT.rglob("*.py"))}
+
+
+@functools.lru_cache(maxsize=None)
+def _fa4_imports(path: Path) -> frozenset:
+    """The fa4 modules a file imports anywhere (module level or inside functions)."""
+    import ast
+
+    mods = _sources()
+    out = set()
+    for node in ast.walk(ast.parse(path.read_bytes())):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name in mods)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "fa4":
+            subs = [f"{node.module}.{a.name}" for a in node.names]
+            out.update(x for x in subs if x in mods)
+            if any(x not in mods for x in subs) and node.module in mods:
+                out.add(node.module)  # names defined in the module itself
+    return frozenset(out)
+
+
+def _module_file(module: str) -> Optional[Path]:
+    import importlib.util
+
+    spec = importlib.util.find_spec(module)
+    return Path(spec.origin) if spec is not None and spec.origin else None
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_sources(kernel_module: str) -> tuple[str, ...]:
+    """The fa4 modules in the key of the kernels of ``kernel_module`` (Note [Kernel source keys])."""
+    mods = _sources()
+    reached, todo = set(), [kernel_module]
+    while todo:
+        m = todo.pop()
+        if m in reached:
+            continue
+        reached.add(m)
+        if m == kernel_module or m in FAMILY_MODULES:
+            path = mods[m][0] if m in mods else _module_file(m)
+            todo.extend(_fa4_imports(path) if path else ())
+    shared = {m for m in mods if m not in FAMILY_MODULES and m not in HOST_ONLY_MODULES}
+    return tuple(sorted(shared | {m for m in reached if m in mods}))
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_source_hash(kernel_module: str) -> str:
+    """Hash of :func:`kernel_sources` (and of the kernel module's own file when it lies outside fa4)."""
+    mods = _sources()
+    h = hashlib.sha256()
+    for m in kernel_sources(kernel_module):
+        h.update(f"{m}:{mods[m][1]};".encode())
+    if kernel_module not in mods:
+        path = _module_file(kernel_module)
+        h.update(path.read_bytes() if path else kernel_module.encode())
+    return h.hexdigest()[:16]
 
 
 def source_hash() -> str:
-    """Hash of every Python source of the fa4 package (kernels and the code they import)."""
-    global _src_hash
-    if _src_hash is None:
-        root = Path(__file__).resolve().parent
-        h = hashlib.sha256()
-        for p in sorted(root.rglob("*.py")):
-            h.update(str(p.relative_to(root)).encode())
-            h.update(p.read_bytes())
-        _src_hash = h.hexdigest()[:16]
-    return _src_hash
+    """Hash of every fa4 source (reports; the cache keys are per kernel: :func:`kernel_source_hash`)."""
+    h = hashlib.sha256()
+    for m, (_, digest) in _sources().items():
+        h.update(f"{m}:{digest};".encode())
+    return h.hexdigest()[:16]
 
 
 def cache_root() -> Path:
@@ -103,11 +183,13 @@ def cache_root() -> Path:
 
 
 def cache_dir() -> Path:
-    return cache_root() / f"{__version__}-dsl{dsl_version()}-src{source_hash()}"
+    return cache_root() / f"{__version__}-dsl{dsl_version()}"
 
 
 def entry_name(cfg: KernelConfig) -> str:
-    return hashlib.sha256(cfg.key().encode()).hexdigest()[:32]
+    """The disk entry of ``cfg``: its key and its kernel's sources (Note [Kernel source keys])."""
+    module = type(cfg).KERNEL.partition(":")[0]
+    return hashlib.sha256(f"{cfg.key()}|{kernel_source_hash(module)}".encode()).hexdigest()[:32]
 
 
 # --------------------------------------------------------------------------------------------

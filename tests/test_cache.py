@@ -71,7 +71,75 @@ def test_configs_with_different_fields_are_different_entries(cache_dir):
 def test_cache_dir_is_versioned(cache_dir):
     d = jit.cache_dir()
     assert d.parent == cache_dir
-    assert d.name.startswith(jit.__version__) and jit.dsl_version() in d.name and jit.source_hash() in d.name
+    assert d.name.startswith(jit.__version__) and jit.dsl_version() in d.name
+
+
+def _fwd_bwd_configs():
+    from fa4.bwd import sm90 as bwd90
+    from fa4.config import AttnProblem
+    from fa4.fwd import sm90 as fwd90
+
+    p = AttnProblem("bf16", 2, 1024, 1024, 8, 8, 128, 128, 128**-0.5, causal=True)
+    return fwd90.make_config(p, None, "sm_90a", True), bwd90.make_config(p, None, "sm_90a", False)
+
+
+def test_an_edit_to_one_family_recompiles_only_its_kernels(monkeypatch):
+    """Note [Kernel source keys]: a changed backward kernel module renames the backward's entries and
+    not the forward's; a changed shared module renames both; the bench renames none."""
+    fwd, bwd = _fwd_bwd_configs()
+    before = jit.entry_name(fwd), jit.entry_name(bwd)
+    real = jit._sources()
+
+    def edited(module):
+        changed = {m: (path, digest + ("x" if m == module else "")) for m, (path, digest) in real.items()}
+        for f in (jit.kernel_sources, jit.kernel_source_hash):
+            f.cache_clear()
+        monkeypatch.setattr(jit, "_sources", lambda: changed)
+        return jit.entry_name(fwd), jit.entry_name(bwd)
+
+    try:
+        after = edited("fa4.bwd.sm90")
+        assert after[0] == before[0] and after[1] != before[1]
+        after = edited("fa4.fwd.sm90")
+        assert after[0] != before[0] and after[1] == before[1]
+        after = edited("fa4.softmax")
+        assert after[0] != before[0] and after[1] != before[1]
+        assert edited("fa4.bench") == before
+    finally:
+        monkeypatch.undo()
+        for f in (jit.kernel_sources, jit.kernel_source_hash):
+            f.cache_clear()
+    assert (jit.entry_name(fwd), jit.entry_name(bwd)) == before
+
+
+def test_kernel_keys_hold_every_source_that_runs_while_compiling():
+    """Note [Kernel source keys]: the fa4 files whose code runs while one kernel of each family
+    compiles (traced with sys.setprofile) are all in that kernel's key, so no edit that changes a
+    kernel's code can leave its old entry in use."""
+    from fa4 import arch
+
+    root = os.path.dirname(jit.__file__)
+    by_kernel = {}
+    for cfg in arch.all_variants("sm_90a"):
+        by_kernel.setdefault(type(cfg).KERNEL, cfg)
+    assert len(by_kernel) >= 8, sorted(by_kernel)
+    for kernel, cfg in sorted(by_kernel.items()):
+        ran = set()
+
+        def profile(frame, event, arg):
+            f = frame.f_code.co_filename
+            if event == "call" and f.startswith(root):
+                ran.add(jit._module_name(jit.Path(f).resolve()))
+
+        sys.setprofile(profile)
+        try:
+            jit.compile_uncached(cfg)
+        finally:
+            sys.setprofile(None)
+        module = kernel.partition(":")[0]
+        missing = ran - set(jit.kernel_sources(module))
+        assert not missing, f"{kernel}: {sorted(missing)} run while it compiles but are not in its key"
+        assert module in ran or kernel.startswith("fa4.combine:")
 
 
 def test_corrupt_entry_is_rebuilt(cache_dir):
