@@ -2,7 +2,8 @@
 
 ``compile`` builds every kernel variant fa4 has for the named archs into the disk cache (no GPU
 needed: kernels compile with fake tensors) and prints a table: variant, arch, seconds, registers.
-A cache built here is used by any machine of that arch with the same fa4 sources and DSL version.
+A cache built here is used by any machine of that arch with the same fa4 version, DSL version and
+kernel sources (Note [Kernel source keys] in fa4/jit.py).
 ``cache`` prints where the cache lives and what it holds.
 """
 
