@@ -9,6 +9,7 @@ the device can run, with a one-time warning; :func:`fa4.explain` reports the sam
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
 from dataclasses import dataclass
@@ -97,16 +98,20 @@ def device_guard(t):
         ``flash_attn_combine``) runs under this guard, as flash-attention's C++ extension runs under
         a CUDA device guard. The common case (the tensors on the current GPU) costs one
         ``current_device()`` query."""
-    import contextlib
-
     import torch
 
     device = getattr(t, "device", t)
     index = device.index
-    if (device.type != "cuda" or index is None or not torch.cuda.is_available()  # fake CUDA tensors (CPU tests)
-            or index == torch.cuda.current_device()):
-        return contextlib.nullcontext()
-    return torch.cuda.device(index)
+    if device.type != "cuda" or index is None:
+        return _NO_GUARD
+    try:
+        current = torch.cuda.current_device()
+    except (AssertionError, RuntimeError):  # fake CUDA tensors on a machine without CUDA (CPU tests)
+        return _NO_GUARD
+    return _NO_GUARD if index == current else torch.cuda.device(index)
+
+
+_NO_GUARD = contextlib.nullcontext()  # reusable: one object for every call on the current GPU
 
 
 SM90_SMEM_PER_CTA = 232448  # sm_90a: 227 KB of dynamic shared memory per CTA
