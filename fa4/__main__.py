@@ -66,6 +66,14 @@ def cmd_cache(args) -> int:
     entries = sorted(d.glob("*.o")) if d.exists() else []
     print(f"cache dir: {d} ({'enabled' if jit.disk_cache_enabled() else 'disabled by FA4_DISABLE_DISK_CACHE'})")
     print(f"entries: {len(entries)}, {sum(p.stat().st_size for p in entries) / 2**20:.1f} MiB")
+    stale = jit.stale_entries(d)
+    print(f"stale (built from sources that have changed since): {len(stale)}, "
+          f"{sum(p.stat().st_size for p in stale) / 2**20:.1f} MiB")
+    if args.prune:
+        for obj in stale:
+            for path in (obj, obj.with_suffix(".json"), obj.with_suffix(".lock")):
+                path.unlink(missing_ok=True)
+        print(f"pruned {len(stale)} entries")
     return 0
 
 
@@ -79,6 +87,7 @@ def main(argv=None) -> int:
     c.add_argument("--jobs", type=int, default=max(1, min(8, os.cpu_count() or 1)))
     c.set_defaults(fn=cmd_compile)
     s = sub.add_parser("cache", help="show the disk cache")
+    s.add_argument("--prune", action="store_true", help="remove the entries whose kernel's sources have changed")
     s.set_defaults(fn=cmd_cache)
     args = p.parse_args(argv)
     return args.fn(args)

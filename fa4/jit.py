@@ -89,7 +89,9 @@ def dsl_version() -> str:
 #     no other: an edit-run loop on the backward does not recompile the forward. Editing any shared
 #     module (softmax, mask, seqlen, cute_utils, config, ...) recompiles every kernel. The rule is
 #     static (imports read with ``ast``); tests/test_cache.py checks on the CPU that every fa4 file
-#     whose code runs while a kernel of each family compiles is in that kernel's key.
+#     whose code runs while a kernel of each family compiles is in that kernel's key. Each entry's
+#     record holds its sources hash, so ``python -m fa4 cache --prune`` can drop the entries that
+#     edits have made unreachable (:func:`stale_entries`).
 FAMILY_MODULES = frozenset({
     "fa4.fwd.sm80", "fa4.fwd.sm90", "fa4.bwd.sm80", "fa4.bwd.sm90", "fa4.bwd.dq_sm90", "fa4.bwd.preprocess",
     "fa4.bwd.postprocess", "fa4.combine_kernel", "fa4._device_tests",
@@ -165,6 +167,24 @@ def kernel_source_hash(kernel_module: str) -> str:
         path = _module_file(kernel_module)
         h.update(path.read_bytes() if path else kernel_module.encode())
     return h.hexdigest()[:16]
+
+
+def stale_entries(directory: Optional[Path] = None) -> list[Path]:
+    """Disk entries (``.o`` with its ``.json``) that no current source can ask for: their kernel's
+    sources changed since they were built (Note [Kernel source keys]), or their record is missing or
+    unreadable. ``directory`` defaults to :func:`cache_dir`."""
+    d = directory or cache_dir()
+    out = []
+    for obj in sorted(d.glob("*.o")) if d.exists() else []:
+        try:
+            info = json.loads(obj.with_suffix(".json").read_text())
+            module = info["kernel"].partition(":")[0]
+            if info.get("sources") == kernel_source_hash(module):
+                continue
+        except (OSError, ValueError, KeyError, ImportError, AttributeError):
+            pass
+        out.append(obj)
+    return out
 
 
 def source_hash() -> str:
@@ -318,6 +338,7 @@ def _compile_to_disk(cfg: KernelConfig, path: Path) -> Callable:
         if os.path.exists(tmp):
             os.unlink(tmp)
     info = {"key": cfg.key(), "config": cfg.describe(), "kernel": type(cfg).KERNEL, "compile_seconds": dt,
+            "sources": kernel_source_hash(type(cfg).KERNEL.partition(":")[0]),
             "cubins": cubin_info(path), "created": time.time(), "fa4": __version__, "dsl": dsl_version()}
     _atomic_write_json(path.with_suffix(".json"), info)
     _stats.compiles += 1

@@ -188,3 +188,28 @@ def test_cubin_info_reads_nothing_from_garbage(tmp_path):
     p = tmp_path / "x.o"
     p.write_bytes(b"\x7fELF" + b"\0" * 10 + b"\x7fELF" + b"\x02" * 100)
     assert jit.cubin_info(p) == []
+
+
+def test_prune_removes_entries_whose_sources_changed(cache_dir, capsys):
+    """``python -m fa4 cache --prune``: an entry whose recorded sources hash is not its kernel's
+    current one (an edit since it was built), or whose record is unreadable, goes; a current one stays."""
+    from fa4.__main__ import main
+
+    keep = ScaleAddConfig(arch="sm_90a", dtype="fp32", bias=11.0)
+    old = ScaleAddConfig(arch="sm_90a", dtype="fp32", bias=12.0)
+    broken = ScaleAddConfig(arch="sm_90a", dtype="fp32", bias=13.0)
+    for cfg in (keep, old, broken):
+        jit.get_kernel(cfg)
+    d = jit.cache_dir()
+    path = {c: d / f"{jit.entry_name(c)}.o" for c in (keep, old, broken)}
+    info = json.loads(path[old].with_suffix(".json").read_text())
+    assert info["sources"] == jit.kernel_source_hash("kernels_for_tests")
+    info["sources"] = "0" * 16  # as if built before an edit of its sources
+    path[old].with_suffix(".json").write_text(json.dumps(info))
+    path[broken].with_suffix(".json").write_text("{not json")
+    assert jit.stale_entries() == sorted([path[old], path[broken]])
+    assert main(["cache"]) == 0 and all(p.exists() for p in path.values())  # reports, removes nothing
+    assert main(["cache", "--prune"]) == 0
+    assert "pruned 2 entries" in capsys.readouterr().out
+    assert path[keep].exists() and not path[old].exists() and not path[broken].exists()
+    assert not path[old].with_suffix(".json").exists() and jit.stale_entries() == []
