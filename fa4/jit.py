@@ -187,14 +187,6 @@ def stale_entries(directory: Optional[Path] = None) -> list[Path]:
     return out
 
 
-def source_hash() -> str:
-    """Hash of every fa4 source (reports; the cache keys are per kernel: :func:`kernel_source_hash`)."""
-    h = hashlib.sha256()
-    for m, (_, digest) in _sources().items():
-        h.update(f"{m}:{digest};".encode())
-    return h.hexdigest()[:16]
-
-
 def cache_root() -> Path:
     base = os.environ.get("FA4_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fa4"

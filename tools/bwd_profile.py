@@ -34,6 +34,14 @@ def host_us(fn, calls=20, busy=False):
     return (t1 - t0) / calls * 1e6
 
 
+def row_inputs(row):
+    """``"d,s,causal"`` -> (d, s, causal, grid shape, q, k, v, dout) on the standard grid (bf16, seed 0)."""
+    d, s, causal = (int(x) for x in row.split(","))
+    shape = grid_shape(d, s, bool(causal))
+    q, k, v = random_qkv(shape.batch, s, s, shape.heads, shape.heads, d, torch.bfloat16, "cuda", seed=0)
+    return d, s, causal, shape, q, k, v, torch.randn_like(q)
+
+
 def main(rows, claims=False):
     impls = [fa4_impl({}, False), fa4_impl({}, True, name="fa4-det"), flash_attn4_impl(False),
              sdpa_impl("cudnn", "CUDNN_ATTENTION")]
@@ -41,10 +49,7 @@ def main(rows, claims=False):
         impls[1:1] = [fa4_impl({}, False, name="fa4-claims"), fa4_impl({}, False, name="fa4-claims-plain")]
     default, rotate = sm90.DQ_FIRST_STORE[False], sm90.CLAIM_ROTATE
     for row in rows:
-        d, s, causal = (int(x) for x in row.split(","))
-        shape = grid_shape(d, s, bool(causal))
-        q, k, v = random_qkv(shape.batch, s, s, shape.heads, shape.heads, d, torch.bfloat16, "cuda", seed=0)
-        dout = torch.randn_like(q)
+        d, s, causal, shape, q, k, v, dout = row_inputs(row)
         print(f"== d{d} s{s} causal={bool(causal)} (b{shape.batch} h{shape.heads})", flush=True)
         for impl in impls:
             if impl.name == "fa4-claims-plain" and causal:

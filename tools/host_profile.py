@@ -10,17 +10,13 @@ import sys
 
 import torch
 
-from bwd_profile import host_us
-from fa4.bench import _results, fa4_impl, flash_attn4_impl, grid_shape, sdpa_impl
-from fa4.testing import random_qkv
+from bwd_profile import host_us, row_inputs
+from fa4.bench import _results, fa4_impl, flash_attn4_impl, sdpa_impl
 
 
 def main(direction, rows):
     for row in rows:
-        d, s, causal = (int(x) for x in row.split(","))
-        shape = grid_shape(d, s, bool(causal))
-        q, k, v = random_qkv(shape.batch, s, s, shape.heads, shape.heads, d, torch.bfloat16, "cuda", seed=0)
-        dout = torch.randn_like(q)
+        d, s, causal, _, q, k, v, dout = row_inputs(row)
         print(f"== {direction} d{d} s{s} causal={bool(causal)}", flush=True)
         for impl in (fa4_impl({}, False), fa4_impl({}, True, name="fa4-det"), flash_attn4_impl(False),
                      sdpa_impl("cudnn", "CUDNN_ATTENTION")):
