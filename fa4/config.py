@@ -49,7 +49,8 @@ class KernelOptions:
     two CTAs on adjacent K blocks that swap halves of dS through distributed shared memory and add
     half as many dQ rows each; True / False over the tuned default), ``bwd_dq_pass`` (sm90: dQ from a
     second kernel with its query rows stationary, no global reductions, the same bits on every run;
-    True / False over the tuned default).
+    True / False over the tuned default), ``bwd_exp2_emu_frac`` (sm90: the share of the backward's
+    P exponentials computed by the polynomial on the FMA pipe; 0 = all MUFU ``ex2``).
     ``arch``: force a kernel family ("sm80", "sm90", "sm100") instead of the device's own, e.g. to
     run the Ampere path on a Hopper GPU. The environment variable ``FA4_ARCH`` does the same.
     """
@@ -66,6 +67,7 @@ class KernelOptions:
     bwd_num_threads: Optional[int] = None
     bwd_two_cta: Optional[bool] = None
     bwd_dq_pass: Optional[bool] = None
+    bwd_exp2_emu_frac: Optional[float] = None
 
     def __post_init__(self) -> None:
         if self.arch is not None and normalize_family(self.arch) is None:
@@ -81,6 +83,7 @@ class KernelOptions:
             if v is not None and not isinstance(v, bool):
                 raise ValueError(f"KernelOptions.{name} must be a bool or None, got {v!r}")
         _check_fraction("exp2_emu_frac", self.exp2_emu_frac)
+        _check_fraction("bwd_exp2_emu_frac", self.bwd_exp2_emu_frac)
         if self.rescale_threshold is not None and not (0.0 <= float(self.rescale_threshold) <= 64.0):
             raise ValueError(
                 f"KernelOptions.rescale_threshold must be in [0, 64] (log2 units), got {self.rescale_threshold!r}"

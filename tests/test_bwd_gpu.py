@@ -1115,6 +1115,48 @@ def test_bwd_sm90_stats_early_same_bits(early, d, mask, det, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("d,mask,frac,softcap,scale", [
+    (64, "causal", None, 0.0, 1.0),   # the default (BWD_EXP2_EMU_FRAC)
+    (64, "causal", None, 0.0, 3.0),   # peaked softmax
+    (64, "causal", 0.5, 30.0, 1.0),   # lse read per column, half emulated, softcap
+    (128, "none", 0.25, 0.0, 1.0),    # 64-row steps: lse in registers
+    (128, "local", 1.0, 0.0, 3.0),    # every exponential emulated
+])
+def test_bwd_sm90_exp2_emulation_accuracy(d, mask, frac, softcap, scale):
+    """Issue 7 / 8's rule for a speed technique: the backward with exp2 emulation (Note [exp2
+    emulation]) passes the reference rule, and its error against the float32 reference is not larger
+    than the same kernel's with every exponential on MUFU (bwd_exp2_emu_frac=0), beyond noise
+    (1.1x plus the cancellation floor), for dq, dk and dv. GQA 6/2, odd lengths."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the sm90 kernels need compute capability 9.x")
+    sq, sk = 1000, 777
+    kw = dict(causal=mask == "causal", window_size=_window(mask, sq, sk), softcap=softcap)
+    q, k, v = random_qkv(2, sq, sk, 6, 2, d, torch.bfloat16, "cuda", requires_grad=False, seed=d + int(scale))
+    q = (q.float() * scale).to(q.dtype)  # larger scores: a peaked softmax
+    qkv = [t.detach().requires_grad_() for t in (q, k, v)]
+    g = torch.randn(2, sq, 6, d, device="cuda", dtype=torch.bfloat16)
+    grads = {}
+    for f in (0.0, frac):
+        opts = fa4.KernelOptions(arch="sm90", bwd_dq_pass=False, bwd_exp2_emu_frac=f)
+        out, _ = fa4.flash_attn_func(*qkv, kernel_options=opts, **kw)
+        grads[f] = _grads((out,), qkv, (g,))
+    from fa4 import validate
+    from fa4.bwd import sm90
+
+    cfg = sm90.make_config(
+        validate.check_dense(q, k, v, None, kw["causal"], kw["window_size"], softcap),
+        fa4.KernelOptions(bwd_exp2_emu_frac=frac), "sm_90a")
+    assert cfg.exp2_emu_frac == (0.125 if frac is None else frac)
+    ref, pt = _reference_dense(qkv, kw, g, None)
+    _check_grads(("dq", "dk", "dv"), grads[frac], ref, pt, qkv, g)
+    floors = grad_noise_floor(*qkv, g)
+    for name, off, emu, r in zip(("dq", "dk", "dv"), grads[0.0], grads[frac], ref):
+        e_off = (off.float() - r).abs().max().item()
+        e_emu = (emu.float() - r).abs().max().item()
+        assert e_emu <= 1.1 * e_off + floors[name], f"{name}: error {e_emu:.3e} with emulation, {e_off:.3e} without"
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("d,sq,sk,lane_slots", [(128, 1024, 2048, False), (128, 1000, 2000, False),
                                                (64, 1024, 1024, False), (64, 2048, 2048, True)])
 def test_bwd_sm90_rotated_stagger_one(d, sq, sk, lane_slots, monkeypatch, hang_watchdog, ordered_dq):

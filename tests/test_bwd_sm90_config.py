@@ -416,3 +416,34 @@ def test_dq_pass_rule_and_refusals(monkeypatch):
         dq_sm90.FlashBwdDqSm90.can_implement(dataclasses.replace(dq, head_dim=256, tile_n=128))
     with pytest.raises(ValueError, match="tile_m"):
         dq_sm90.FlashBwdDqSm90.can_implement(dataclasses.replace(dq, tile_m=64))
+
+
+def test_exp2_emulation_rule_and_refusals():
+    """BWD_EXP2_EMU_FRAC: the backward's exp2 emulation is on by default only where it measured ahead
+    (padded head dim 64, causal, not deterministic, the table's 128-row steps); KernelOptions.
+    bwd_exp2_emu_frac overrides it, is validated, survives the custom ops' string form, is named in
+    fa4.explain's notes, and is refused by the sm80 backward."""
+    from fa4.bwd import sm80
+
+    assert sm90.BWD_EXP2_EMU_FRAC == {(64, True): 0.125}
+    for d, mask, det, want in ((64, dict(causal=True), False, 0.125), (48, dict(causal=True), False, 0.125),
+                               (64, dict(causal=True), True, 0.0), (64, dict(), False, 0.0),
+                               (64, dict(local=True), False, 0.0), (128, dict(causal=True), False, 0.0),
+                               (256, dict(causal=True), False, 0.0)):
+        assert sm90.make_config(_problem(d, **mask), None, "sm_90a", det).exp2_emu_frac == want, (d, mask, det)
+    assert sm90.make_config(_problem(64, causal=True), KernelOptions(bwd_tile_m=64), "sm_90a").exp2_emu_frac == 0.0
+    on = KernelOptions(bwd_exp2_emu_frac=0.25)
+    assert sm90.make_config(_problem(128), on, "sm_90a", True).exp2_emu_frac == 0.25
+    assert sm90.make_config(_problem(64, causal=True), KernelOptions(bwd_exp2_emu_frac=0.0),
+                            "sm_90a").exp2_emu_frac == 0.0
+    assert KernelOptions.from_str(on.to_str()) == on
+    notes = sm90.explain_notes(_problem(64, causal=True), None, sm90.make_config(_problem(64, causal=True), None,
+                                                                                 "sm_90a"))
+    assert any("exp2 emulation" in n for n in notes)
+    with pytest.raises(ValueError, match="bwd_exp2_emu_frac"):
+        KernelOptions(bwd_exp2_emu_frac=1.5)
+    with pytest.raises(ValueError, match="bwd_exp2_emu_frac"):
+        sm80.make_config(_problem(128), on, "sm_80")
+    with pytest.raises(ValueError, match="exp2_emu_frac"):
+        sm90.FlashBwdSm90.can_implement(dataclasses.replace(sm90.make_config(_problem(64), None, "sm_90a"),
+                                                            exp2_emu_frac=-0.5))

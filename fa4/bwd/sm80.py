@@ -918,6 +918,9 @@ def make_config(
     if opts.bwd_dq_pass:
         raise ValueError("KernelOptions.bwd_dq_pass=True: the sm80 backward has no dQ pass (a WGMMA kernel of the "
                          "sm90 family); use the sm90 family or leave it None")
+    if opts.bwd_exp2_emu_frac:
+        raise ValueError(f"KernelOptions.bwd_exp2_emu_frac={opts.bwd_exp2_emu_frac}: the sm80 backward computes every "
+                         "exponential with MUFU ex2; use the sm90 family or leave it None (or 0)")
     tile_m = opts.bwd_tile_m or tile_m
     tile_n = opts.bwd_tile_n or tile_n
     threads = opts.bwd_num_threads or threads

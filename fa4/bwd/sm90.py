@@ -252,7 +252,7 @@ from fa4.mask import AttentionMask
 from fa4.sched import semaphore
 from fa4.sched.tile import section_tile
 from fa4.seqlen import SeqlenInfo, grid_extent, to_sdhb
-from fa4.softmax import apply_softcap, exp2_rows, score_scales, softcap_grad
+from fa4.softmax import apply_softcap, emulated_elements, exp2_rows, exp2_select, score_scales, softcap_grad
 
 SMEM_CAPACITY = SM90_SMEM_PER_CTA  # (fa4/arch.py)
 # (consumer, producer) registers per thread after setmaxnreg. The CTA owns the registers it was
@@ -348,6 +348,8 @@ class BwdSm90Config(AttnKernelConfig):
     without a mask, from 224 with one, :data:`DQ_PASS_MIN_HD`, :data:`DQ_PASS_MASKED_MIN_HD`): no
     dQ here, dK and dV only; the dQ pass (:mod:`fa4.bwd.dq_sm90`, Note [dQ pass]) computes dQ
     after this kernel, without reductions.
+    ``exp2_emu_frac``: the share of P^T's exponentials computed by the polynomial on the FMA pipe
+    instead of MUFU (Note [exp2 emulation] in fa4/softmax.py; the same columns of every row).
     """
 
     head_dim: int = 128
@@ -376,6 +378,7 @@ class BwdSm90Config(AttnKernelConfig):
     det_tail_share: int = 8
     det_rounds: int = 1
     dq_pass: bool = False
+    exp2_emu_frac: float = 0.0
 
     KERNEL: ClassVar[str] = "fa4.bwd.sm90:FlashBwdSm90"
     REQUIRED_SASS: ClassVar[tuple] = ("HGMMA", "UTMALDG")  # checked by tests/test_compile.py
@@ -549,6 +552,8 @@ class FlashBwdSm90:
         if mm % (64 * am) or nn % (8 * an) or nn // an > 256:
             raise ValueError(f"{name}: a {cfg.dq_rows}x{cfg.head_dim} dQ tile does not split into {am}x{an} "
                              "warpgroup wgmmas")
+        if not 0.0 <= cfg.exp2_emu_frac <= 1.0:
+            raise ValueError(f"{name}.exp2_emu_frac (BwdSm90Config) must be in [0, 1], got {cfg.exp2_emu_frac}")
         if cfg.stats_early not in (0, 1, 2):
             raise ValueError(f"{name}.stats_early (BwdSm90Config) must be 0, 1 or 2, got {cfg.stats_early}")
         if cfg.head_dim_v and (cfg.head_dim_v % 32 or not 32 <= cfg.head_dim_v <= (128 if cfg.dkv_rs else 256)):
@@ -1432,12 +1437,13 @@ class FlashBwdSm90:
                             transpose=True)
         acc_S_mn = make_acc_mn_view(c.acc_S)
         if const_expr(not lse_in_regs):
+            emu = emulated_elements(ncol, self.cfg.exp2_emu_frac)
             for j in cutlass.range_constexpr(ncol):
                 lse = sm.sLSE[c.tScS_mn[0, j][1], qi]
                 for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
-                    acc_S_mn[r, j] = cute.math.exp2(cute.math.fma(acc_S_mn[r, j], scale_log2, -lse), fastmath=True)
+                    acc_S_mn[r, j] = exp2_select(cute.math.fma(acc_S_mn[r, j], scale_log2, -lse), emu[j])
         else:
-            exp2_rows(acc_S_mn, rLSE, scale_log2, 0.0, bias_per_col=True)
+            exp2_rows(acc_S_mn, rLSE, scale_log2, self.cfg.exp2_emu_frac, bias_per_col=True)
         rP = cute.make_rmem_tensor_like(c.acc_S, self.dtype)
         convert_f32_to_half(c.acc_S, rP)
         if const_expr(self.pds_stages == 1):
@@ -1785,6 +1791,15 @@ d160 374-398 -> 384-402, d192 379-398 -> 380-403 (flat); d128 580-603 -> 451-475
 391-398 (the two extra wgmmas cost more than the reductions there)."""
 
 DQ_PASS_MASKED_MIN_HD = 224
+
+# exp2 emulation in the backward (``exp2_emu_frac``, Note [exp2 emulation] in fa4/softmax.py): the share
+# of P^T's exponentials on the FMA pipe, by (padded head dim, causal), without determinism, at the
+# table's tile_m (local masks: not measured, off). Sweeps v54 / v55 (three interleaved rounds each, two leases), d64 s8k causal: 0.125
+# read +1.3% to +5.7% in six of six rounds (ncu had 12.8% of its stall samples on MUFU, most of them
+# the MIO queue's); 0.1875 no better. Not taken: d64 without a mask (-6% to +12%: noise), d64 causal
+# deterministic (-4% to +1%), d128 with or without a mask at 0.125 / 0.25 / 0.375 / 0.5 (-19% to +4%,
+# no sign), and the forward (0.125 / 0.25: -2% to -8% at d64 / d128 s8k in the same lease).
+BWD_EXP2_EMU_FRAC = {(64, True): 0.125}
 """The padded head dims from which a non-deterministic backward with a causal or local mask takes the
 dQ pass too (None: never). v0.22 (sweep v48, the pass's old grid order, off -> on, TFLOP/s): causal
 d160 368-386 -> 357-367, d192 381-387 -> 365-378, d224 371-391 -> 377-386, d256 394-403 -> 388-400, so
@@ -1870,6 +1885,9 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         dq_pass=dq_pass,
         # Not with more than 64 rows per step (``rows_late``): measured 7-16% slower at d64 (v0.11).
         stats_early=1 if hd <= STATS_EARLY_MAX_HD and steps <= 64 else 0,
+        exp2_emu_frac=(float(opts.bwd_exp2_emu_frac) if opts.bwd_exp2_emu_frac is not None
+                       else 0.0 if deterministic or steps != tile_m
+                       else BWD_EXP2_EMU_FRAC.get((hd, bool(problem.causal)), 0.0)),
         **BwdSm90Config.problem_flags(problem))
     # What a larger tile_m leaves no room for: the second dQ buffer. What the sdQ tile of a
     # deterministic run (no dq_direct) leaves no room for: P/dS stages, then Q/dO stages.
@@ -1884,6 +1902,7 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         asked = [f"bwd_tile_m={opts.bwd_tile_m}"] if opts.bwd_tile_m is not None else []
         asked += ["bwd_two_cta=True"] if opts.bwd_two_cta else []
         asked += [f"bwd_dq_pass={opts.bwd_dq_pass}"] if opts.bwd_dq_pass is not None else []
+        asked += [f"bwd_exp2_emu_frac={opts.bwd_exp2_emu_frac}"] if opts.bwd_exp2_emu_frac else []
         if asked:
             raise ValueError(f"KernelOptions.{', '.join(asked)}: {e}") from None
         raise
@@ -1901,6 +1920,9 @@ def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: B
     else:
         notes.append("1-CTA backward (one CTA per K block; KernelOptions(bwd_two_cta=True) selects the 2-CTA "
                      "kernel where it applies: padded head dims 64 and 128, not deterministic)")
+    if cfg.exp2_emu_frac:
+        notes.append(f"exp2 emulation: {cfg.exp2_emu_frac:g} of the backward's P exponentials on the FMA pipe "
+                     "(a polynomial, Note [exp2 emulation]; KernelOptions(bwd_exp2_emu_frac=0) turns it off)")
     pairs = problem.batch * problem.heads_k
     sec = common.launch_sections(cfg, LAUNCH_ORDER, pairs, problem.seqlen_k, problem.seqlen_q,
                                  problem.heads // problem.heads_k, problem.head_dim, problem.head_dim_v)
@@ -2076,4 +2098,10 @@ def variants(arch: str) -> list[BwdSm90Config]:
     out.append(replace(out[1], dq_first_store=True, det_rotate=True, lane_slots=True))
     out.append(replace(out[0], dq_first_store=True, det_rotate=True))
     out.append(replace(out[2], dq_first_store=False))
+    # exp2 emulation (BWD_EXP2_EMU_FRAC): the d64 causal default (128-row steps, lse read per column),
+    # and the option with 64-row steps (lse in registers) under softcap and a local varlen mask.
+    out.append(ordered_config(P(64, causal=True), None, arch))
+    out.append(ordered_config(P(128, softcap=30.0), KernelOptions(bwd_exp2_emu_frac=0.25), arch))
+    out.append(ordered_config(P(96, "fp16", local=True, varlen=True, seqused_k=True),
+                              KernelOptions(bwd_exp2_emu_frac=0.5), arch, True))
     return out
