@@ -1118,6 +1118,8 @@ def test_bwd_sm90_stats_early_same_bits(early, d, mask, det, monkeypatch):
 @pytest.mark.parametrize("d,mask,frac,softcap,scale", [
     (64, "causal", None, 0.0, 1.0),   # the default (BWD_EXP2_EMU_FRAC)
     (64, "causal", None, 0.0, 3.0),   # peaked softmax
+    (32, "none", None, 0.0, 1.0),     # the d32 default: half of the exponentials
+    (32, "none", None, 30.0, 3.0),   # ... with softcap, peaked
     (64, "causal", 0.5, 30.0, 1.0),   # lse read per column, half emulated, softcap
     (128, "none", 0.25, 0.0, 1.0),    # 64-row steps: lse in registers
     (128, "local", 1.0, 0.0, 3.0),    # every exponential emulated
@@ -1146,7 +1148,8 @@ def test_bwd_sm90_exp2_emulation_accuracy(d, mask, frac, softcap, scale):
     cfg = sm90.make_config(
         validate.check_dense(q, k, v, None, kw["causal"], kw["window_size"], softcap),
         fa4.KernelOptions(bwd_exp2_emu_frac=frac), "sm_90a")
-    assert cfg.exp2_emu_frac == (0.125 if frac is None else frac)
+    assert cfg.exp2_emu_frac == (sm90.BWD_EXP2_EMU_FRAC[((d + 31) // 32 * 32,
+                                                        mask == "causal")] if frac is None else frac)
     ref, pt = _reference_dense(qkv, kw, g, None)
     _check_grads(("dq", "dk", "dv"), grads[frac], ref, pt, qkv, g)
     floors = grad_noise_floor(*qkv, g)

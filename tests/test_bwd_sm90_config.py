@@ -425,8 +425,10 @@ def test_exp2_emulation_rule_and_refusals():
     fa4.explain's notes, and is refused by the sm80 backward."""
     from fa4.bwd import sm80
 
-    assert sm90.BWD_EXP2_EMU_FRAC == {(64, True): 0.125}
+    assert sm90.BWD_EXP2_EMU_FRAC == {(64, True): 0.125, (32, False): 0.5}
     for d, mask, det, want in ((64, dict(causal=True), False, 0.125), (48, dict(causal=True), False, 0.125),
+                               (32, dict(), False, 0.5), (24, dict(), False, 0.5), (32, dict(causal=True), False, 0.0),
+                               (32, dict(), True, 0.0),
                                (64, dict(causal=True), True, 0.0), (64, dict(), False, 0.0),
                                (64, dict(local=True), False, 0.0), (128, dict(causal=True), False, 0.0),
                                (256, dict(causal=True), False, 0.0)):

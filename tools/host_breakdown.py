@@ -11,7 +11,11 @@ the device is kept busy (:func:`bwd_profile.host_us`, three rounds of 30 calls),
 * flash-attn-4's and cuDNN's ``grad`` for scale.
 
 It also prints the thread the Python backward runs on (the caller's or an autograd worker's).
-``python3 tools/host_breakdown.py [d,s,causal ...]`` (default ``128,1024,1 128,1024,0``)."""
+``python3 tools/host_breakdown.py [--profile] [d,s,causal ...]`` (default ``128,1024,1 128,1024,0``;
+``--profile``: a cProfile of 50 direct ``ops.backward`` calls, by own time)."""
+import cProfile
+import io
+import pstats
 import statistics
 import sys
 import threading
@@ -87,6 +91,17 @@ def main(rows):
         direct = lambda: ops.backward(problem, dout, q, k, v, out.detach(), lse_d, None, None, None, None, opts,  # noqa: E731
                                       False)
         show("ops.backward", rounds(direct))
+        if PROFILE:  # where ops.backward's host time goes (the caller's thread: no autograd worker)
+            prof = cProfile.Profile()
+            torch.cuda._sleep(int(2e9))
+            prof.enable()
+            for _ in range(50):
+                direct()
+            prof.disable()
+            torch.cuda.synchronize()
+            text = io.StringIO()
+            pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
+            print(text.getvalue(), flush=True)
 
         launched = []
         real_get = fa4.jit.get_kernel
@@ -118,5 +133,7 @@ def main(rows):
                 print(f"  {impl.name} ERR {type(e).__name__}: {str(e)[:160]}", flush=True)
 
 
+PROFILE = "--profile" in sys.argv
+
 if __name__ == "__main__":
-    main(sys.argv[1:] or ["128,1024,1", "128,1024,0"])
+    main([a for a in sys.argv[1:] if a != "--profile"] or ["128,1024,1", "128,1024,0"])

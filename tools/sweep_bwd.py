@@ -294,6 +294,10 @@ PLANS = {
                               ("d128 s8192 causal det", ("", "exp2_emu_frac=0.25")),
                               ("d64 s8192 causal det", ("", "exp2_emu_frac=0.125")))
             for v in vs],
+    # v0.25, third run: the head dims with the most exponentials per FLOP (d32, d96: 64-row steps).
+    "v56": [f"{shape} {v}".strip() for _ in range(3)
+            for shape in ("d32 s8192", "d32 s8192 causal", "d96 s8192", "d96 s8192 causal")
+            for v in ("", "exp2_emu_frac=0.25", "exp2_emu_frac=0.5")],
     "v52": [f"{shape} {v}".strip() for _ in range(3)
             for shape in ("d256 s8192 causal", "d224 s8192 causal", "d192 s8192 causal", "d160 s8192 causal",
                           "d256 s4096 causal", "d256 s2048 causal")

@@ -1798,8 +1798,10 @@ DQ_PASS_MASKED_MIN_HD = 224
 # read +1.3% to +5.7% in six of six rounds (ncu had 12.8% of its stall samples on MUFU, most of them
 # the MIO queue's); 0.1875 no better. Not taken: d64 without a mask (-6% to +12%: noise), d64 causal
 # deterministic (-4% to +1%), d128 with or without a mask at 0.125 / 0.25 / 0.375 / 0.5 (-19% to +4%,
-# no sign), and the forward (0.125 / 0.25: -2% to -8% at d64 / d128 s8k in the same lease).
-BWD_EXP2_EMU_FRAC = {(64, True): 0.125}
+# no sign), and the forward (0.125 / 0.25: -2% to -8% at d64 / d128 s8k in the same lease). Sweep v56
+# (three rounds, s8k): d32 without a mask, 64-row steps with the most exponentials per FLOP, 0.5 read
+# +3.1% to +4.0% (0.25: +1.6%); d32 causal -1.3% at both, d96 -1% to -5%.
+BWD_EXP2_EMU_FRAC = {(64, True): 0.125, (32, False): 0.5}
 """The padded head dims from which a non-deterministic backward with a causal or local mask takes the
 dQ pass too (None: never). v0.22 (sweep v48, the pass's old grid order, off -> on, TFLOP/s): causal
 d160 368-386 -> 357-367, d192 381-387 -> 365-378, d224 371-391 -> 377-386, d256 394-403 -> 388-400, so
@@ -2099,8 +2101,9 @@ def variants(arch: str) -> list[BwdSm90Config]:
     out.append(replace(out[0], dq_first_store=True, det_rotate=True))
     out.append(replace(out[2], dq_first_store=False))
     # exp2 emulation (BWD_EXP2_EMU_FRAC): the d64 causal default (128-row steps, lse read per column),
-    # and the option with 64-row steps (lse in registers) under softcap and a local varlen mask.
+    # d32's default without a mask, and the option with 64-row steps (lse in registers) under softcap and a local varlen mask.
     out.append(ordered_config(P(64, causal=True), None, arch))
+    out.append(ordered_config(P(32, varlen=True), None, arch))  # d32's default, 64-row steps
     out.append(ordered_config(P(128, softcap=30.0), KernelOptions(bwd_exp2_emu_frac=0.25), arch))
     out.append(ordered_config(P(96, "fp16", local=True, varlen=True, seqused_k=True),
                               KernelOptions(bwd_exp2_emu_frac=0.5), arch, True))
