@@ -13,9 +13,6 @@ the device is kept busy (:func:`bwd_profile.host_us`, three rounds of 30 calls),
 It also prints the thread the Python backward runs on (the caller's or an autograd worker's).
 ``python3 tools/host_breakdown.py [--profile] [d,s,causal ...]`` (default ``128,1024,1 128,1024,0``;
 ``--profile``: a cProfile of 50 direct ``ops.backward`` calls, by own time)."""
-import cProfile
-import io
-import pstats
 import statistics
 import sys
 import threading
@@ -25,6 +22,7 @@ import torch
 import fa4
 import fa4.jit
 from bwd_profile import host_us, row_inputs
+from host_profile import busy_profile
 from fa4 import ops, validate
 from fa4.bench import _results, flash_attn4_impl, sdpa_impl
 from fa4.config import KernelOptions
@@ -92,16 +90,7 @@ def main(rows):
                                       False)
         show("ops.backward", rounds(direct))
         if PROFILE:  # where ops.backward's host time goes (the caller's thread: no autograd worker)
-            prof = cProfile.Profile()
-            torch.cuda._sleep(int(2e9))
-            prof.enable()
-            for _ in range(50):
-                direct()
-            prof.disable()
-            torch.cuda.synchronize()
-            text = io.StringIO()
-            pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
-            print(text.getvalue(), flush=True)
+            print(busy_profile(direct, 50, 25), flush=True)
 
         launched = []
         real_get = fa4.jit.get_kernel

@@ -14,6 +14,21 @@ from bwd_profile import host_us, row_inputs
 from fa4.bench import _results, fa4_impl, flash_attn4_impl, sdpa_impl
 
 
+def busy_profile(fn, calls: int, top: int) -> str:
+    """A cProfile of ``calls`` calls of ``fn`` on this thread, the device kept busy (no call waits for
+    it), its ``top`` functions by own time."""
+    prof = cProfile.Profile()
+    torch.cuda._sleep(int(2e9))
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(top)
+    return out.getvalue()
+
+
 def main(direction, rows):
     for row in rows:
         d, s, causal, _, q, k, v, dout = row_inputs(row)
@@ -30,16 +45,7 @@ def main(direction, rows):
                 print(f"{impl.name:14s} host per call (us, 3 rounds): {' / '.join(f'{t:.1f}' for t in times)}",
                       flush=True)
                 if impl.name.startswith("fa4") and impl.name != "fa4-det":
-                    prof = cProfile.Profile()
-                    torch.cuda._sleep(int(2e9))
-                    prof.enable()
-                    for _ in range(30):
-                        fn()
-                    prof.disable()
-                    torch.cuda.synchronize()
-                    out = io.StringIO()
-                    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(22)
-                    print(out.getvalue(), flush=True)
+                    print(busy_profile(fn, 30, 22), flush=True)
 
 
 if __name__ == "__main__":
