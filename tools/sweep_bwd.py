@@ -298,6 +298,11 @@ PLANS = {
     "v56": [f"{shape} {v}".strip() for _ in range(3)
             for shape in ("d32 s8192", "d32 s8192 causal", "d96 s8192", "d96 s8192 causal")
             for v in ("", "exp2_emu_frac=0.25", "exp2_emu_frac=0.5")],
+    # Written in v0.25 for the next lease: d64 without a mask, whose rounds moved by up to 20% in v54
+    # (439-545 TFLOP/s for the default), at smaller emulated shares, five interleaved rounds.
+    "v57": [f"{shape} {v}".strip() for _ in range(5)
+            for shape in ("d64 s8192", "d64 s2048")
+            for v in ("", "exp2_emu_frac=0.0625", "exp2_emu_frac=0.125")],
     "v52": [f"{shape} {v}".strip() for _ in range(3)
             for shape in ("d256 s8192 causal", "d224 s8192 causal", "d192 s8192 causal", "d160 s8192 causal",
                           "d256 s4096 causal", "d256 s2048 causal")
