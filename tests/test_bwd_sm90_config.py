@@ -434,6 +434,8 @@ def test_exp2_emulation_rule_and_refusals():
                                (256, dict(causal=True), False, 0.0)):
         assert sm90.make_config(_problem(d, **mask), None, "sm_90a", det).exp2_emu_frac == want, (d, mask, det)
     assert sm90.make_config(_problem(64, causal=True), KernelOptions(bwd_tile_m=64), "sm_90a").exp2_emu_frac == 0.0
+    # (head_dim, head_dim_v) pairs run 64-row steps, where it was not measured.
+    assert sm90.make_config(_problem(64, causal=True, head_dim_v=128), None, "sm_90a").exp2_emu_frac == 0.0
     on = KernelOptions(bwd_exp2_emu_frac=0.25)
     assert sm90.make_config(_problem(128), on, "sm_90a", True).exp2_emu_frac == 0.25
     assert sm90.make_config(_problem(64, causal=True), KernelOptions(bwd_exp2_emu_frac=0.0),

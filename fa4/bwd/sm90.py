@@ -1888,7 +1888,7 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         # Not with more than 64 rows per step (``rows_late``): measured 7-16% slower at d64 (v0.11).
         stats_early=1 if hd <= STATS_EARLY_MAX_HD and steps <= 64 else 0,
         exp2_emu_frac=(float(opts.bwd_exp2_emu_frac) if opts.bwd_exp2_emu_frac is not None
-                       else 0.0 if deterministic or steps != tile_m
+                       else 0.0 if deterministic or steps != TUNING[hd][0] or hd_v != hd
                        else BWD_EXP2_EMU_FRAC.get((hd, bool(problem.causal)), 0.0)),
         **BwdSm90Config.problem_flags(problem))
     # What a larger tile_m leaves no room for: the second dQ buffer. What the sdQ tile of a
