@@ -51,6 +51,10 @@ Note [exp2 emulation]
     8.57e-5 (fp32 Horner, 2e6 samples) on normal results (``x >= -126``). Results below 2**-126 are
     not faithful (the implicit bit is lost) but are < 2**-126 in absolute value (MUFU ``ex2.ftz``
     flushes them to 0).
+    Unlike MUFU ``ex2`` (which gives NaN, +inf, +inf), a NaN input gives 0 (``fmax`` returns the
+    non-NaN operand), +inf gives NaN, and ``x >= 128`` a wrong finite value: the kernels only feed it
+    ``s * scale - bias`` with the bias at least the row's max (or +inf for a row with no key), so
+    ``x <= 0`` up to rounding, except where the scores themselves are NaN.
     A compile-time fraction ``exp2_emu_frac`` of the exponentials uses the polynomial (FMA pipe),
     the rest MUFU ``ex2.approx``: :func:`emulated_elements` picks, per row of a thread's fragment,
     exactly ``floor(frac * n + 0.5)`` of the ``n`` elements, spread evenly (Bresenham), the same

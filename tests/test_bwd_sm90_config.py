@@ -420,22 +420,27 @@ def test_dq_pass_rule_and_refusals(monkeypatch):
 
 def test_exp2_emulation_rule_and_refusals():
     """BWD_EXP2_EMU_FRAC: the backward's exp2 emulation is on by default only where it measured ahead
-    (padded head dim 64, causal, not deterministic, the table's 128-row steps); KernelOptions.
-    bwd_exp2_emu_frac overrides it, is validated, survives the custom ops' string form, is named in
-    fa4.explain's notes, and is refused by the sm80 backward."""
+    (padded head dim 64 with a causal mask, 32 without a mask; asked not deterministic, the 1-CTA
+    kernel, the table's steps, head_dim_v == head_dim); KernelOptions.bwd_exp2_emu_frac overrides it,
+    is validated, survives the custom ops' string form, is named in fa4.explain's notes, and is
+    refused by the sm80 backward."""
     from fa4.bwd import sm80
 
-    assert sm90.BWD_EXP2_EMU_FRAC == {(64, True): 0.125, (32, False): 0.5}
+    assert sm90.BWD_EXP2_EMU_FRAC == {(64, "causal"): 0.125, (32, "none"): 0.5}
     for d, mask, det, want in ((64, dict(causal=True), False, 0.125), (48, dict(causal=True), False, 0.125),
-                               (32, dict(), False, 0.5), (24, dict(), False, 0.5), (32, dict(causal=True), False, 0.0),
-                               (32, dict(), True, 0.0),
                                (64, dict(causal=True), True, 0.0), (64, dict(), False, 0.0),
                                (64, dict(local=True), False, 0.0), (128, dict(causal=True), False, 0.0),
-                               (256, dict(causal=True), False, 0.0)):
+                               (256, dict(causal=True), False, 0.0), (32, dict(), False, 0.5),
+                               (32, dict(causal=True), False, 0.0), (32, dict(local=True), False, 0.0),
+                               (32, dict(), True, 0.0)):
         assert sm90.make_config(_problem(d, **mask), None, "sm_90a", det).exp2_emu_frac == want, (d, mask, det)
     assert sm90.make_config(_problem(64, causal=True), KernelOptions(bwd_tile_m=64), "sm_90a").exp2_emu_frac == 0.0
-    # (head_dim, head_dim_v) pairs run 64-row steps, where it was not measured.
+    # Not measured: (head_dim, head_dim_v) pairs (64-row steps), the 2-CTA kernel, and a deterministic
+    # run that the dQ pass turns into the non-deterministic kernel.
     assert sm90.make_config(_problem(64, causal=True, head_dim_v=128), None, "sm_90a").exp2_emu_frac == 0.0
+    assert sm90.make_config(_problem(64, causal=True), KernelOptions(bwd_two_cta=True), "sm_90a").exp2_emu_frac == 0.0
+    passed = sm90.make_config(_problem(64, causal=True), KernelOptions(bwd_dq_pass=True), "sm_90a", True)
+    assert passed.dq_pass and passed.exp2_emu_frac == 0.0
     on = KernelOptions(bwd_exp2_emu_frac=0.25)
     assert sm90.make_config(_problem(128), on, "sm_90a", True).exp2_emu_frac == 0.25
     assert sm90.make_config(_problem(64, causal=True), KernelOptions(bwd_exp2_emu_frac=0.0),

@@ -272,37 +272,39 @@ PLANS = {
     # v0.22, the defaults after v48 (DQ_PASS_MASKED off): causal deterministic (the dQ pass) against
     # causal non-deterministic (the main kernel's dQ) at d160-d256. Three interleaved rounds.
     "v49": [f"d{d} s8192 causal{det}" for _ in range(3) for d in (160, 192, 224, 256) for det in (" det", "")],
-    # v0.24, after v51: the dQ pass in its new order on the causal rows without determinism (v48, in
-    # the old order: flat or -1..-5%, so off by default). Three interleaved rounds.
     # v0.25: part of P^T's exponentials on the FMA pipe (exp2_emu_frac, Note [exp2 emulation]) in the
     # backward, where ncu put 12.8% of d64's stall samples on MUFU (MIO queue). Three interleaved rounds.
+    # (Run with "" as the baseline, MUFU then; since the defaults emulate at d64 causal and d32 without
+    # a mask, the baselines of v54-v57 say exp2_emu_frac=0.0.)
     "v54": [f"{shape} {v}".strip() for _ in range(3)
-            for shape, vs in (("d64 s8192", ("", "exp2_emu_frac=0.125")),
-                              ("d64 s8192 causal", ("", "exp2_emu_frac=0.125")),
-                              ("d128 s8192", ("", "exp2_emu_frac=0.125", "exp2_emu_frac=0.25")),
-                              ("d128 s8192 causal", ("", "exp2_emu_frac=0.125", "exp2_emu_frac=0.25")),
-                              ("d128 s2048", ("", "exp2_emu_frac=0.125", "exp2_emu_frac=0.25")))
+            for shape, vs in (("d64 s8192", ("exp2_emu_frac=0.0", "exp2_emu_frac=0.125")),
+                              ("d64 s8192 causal", ("exp2_emu_frac=0.0", "exp2_emu_frac=0.125")),
+                              ("d128 s8192", ("exp2_emu_frac=0.0", "exp2_emu_frac=0.125", "exp2_emu_frac=0.25")),
+                              ("d128 s8192 causal", ("exp2_emu_frac=0.0", "exp2_emu_frac=0.125", "exp2_emu_frac=0.25")),
+                              ("d128 s2048", ("exp2_emu_frac=0.0", "exp2_emu_frac=0.125", "exp2_emu_frac=0.25")))
             for v in vs],
     # v0.25, second run: the causal rows, where v54 found the emulation ahead (three interleaved rounds).
     "v55": [f"{shape} {v}".strip() for _ in range(3)
-            for shape, vs in (("d128 s1024 causal", ("", "exp2_emu_frac=0.25", "exp2_emu_frac=0.375")),
-                              ("d128 s4096 causal", ("", "exp2_emu_frac=0.25", "exp2_emu_frac=0.375")),
-                              ("d128 s8192 causal", ("", "exp2_emu_frac=0.25", "exp2_emu_frac=0.375",
+            for shape, vs in (("d128 s1024 causal", ("exp2_emu_frac=0.0", "exp2_emu_frac=0.25", "exp2_emu_frac=0.375")),
+                              ("d128 s4096 causal", ("exp2_emu_frac=0.0", "exp2_emu_frac=0.25", "exp2_emu_frac=0.375")),
+                              ("d128 s8192 causal", ("exp2_emu_frac=0.0", "exp2_emu_frac=0.25", "exp2_emu_frac=0.375",
                                                      "exp2_emu_frac=0.5")),
-                              ("d128 s16384 causal", ("", "exp2_emu_frac=0.25", "exp2_emu_frac=0.375")),
-                              ("d64 s8192 causal", ("", "exp2_emu_frac=0.125", "exp2_emu_frac=0.1875")),
-                              ("d128 s8192 causal det", ("", "exp2_emu_frac=0.25")),
-                              ("d64 s8192 causal det", ("", "exp2_emu_frac=0.125")))
+                              ("d128 s16384 causal", ("exp2_emu_frac=0.0", "exp2_emu_frac=0.25", "exp2_emu_frac=0.375")),
+                              ("d64 s8192 causal", ("exp2_emu_frac=0.0", "exp2_emu_frac=0.125", "exp2_emu_frac=0.1875")),
+                              ("d128 s8192 causal det", ("exp2_emu_frac=0.0", "exp2_emu_frac=0.25")),
+                              ("d64 s8192 causal det", ("exp2_emu_frac=0.0", "exp2_emu_frac=0.125")))
             for v in vs],
     # v0.25, third run: the head dims with the most exponentials per FLOP (d32, d96: 64-row steps).
     "v56": [f"{shape} {v}".strip() for _ in range(3)
             for shape in ("d32 s8192", "d32 s8192 causal", "d96 s8192", "d96 s8192 causal")
-            for v in ("", "exp2_emu_frac=0.25", "exp2_emu_frac=0.5")],
+            for v in ("exp2_emu_frac=0.0", "exp2_emu_frac=0.25", "exp2_emu_frac=0.5")],
     # Written in v0.25 for the next lease: d64 without a mask, whose rounds moved by up to 20% in v54
     # (439-545 TFLOP/s for the default), at smaller emulated shares, five interleaved rounds.
     "v57": [f"{shape} {v}".strip() for _ in range(5)
             for shape in ("d64 s8192", "d64 s2048")
-            for v in ("", "exp2_emu_frac=0.0625", "exp2_emu_frac=0.125")],
+            for v in ("exp2_emu_frac=0.0", "exp2_emu_frac=0.0625", "exp2_emu_frac=0.125")],
+    # v0.24, after v51: the dQ pass in its new order on the causal rows without determinism (v48, in
+    # the old order: flat or -1..-5%, so off by default). Three interleaved rounds.
     "v52": [f"{shape} {v}".strip() for _ in range(3)
             for shape in ("d256 s8192 causal", "d224 s8192 causal", "d192 s8192 causal", "d160 s8192 causal",
                           "d256 s4096 causal", "d256 s2048 causal")

@@ -1792,16 +1792,6 @@ d160 374-398 -> 384-402, d192 379-398 -> 380-403 (flat); d128 580-603 -> 451-475
 
 DQ_PASS_MASKED_MIN_HD = 224
 
-# exp2 emulation in the backward (``exp2_emu_frac``, Note [exp2 emulation] in fa4/softmax.py): the share
-# of P^T's exponentials on the FMA pipe, by (padded head dim, causal), without determinism, at the
-# table's tile_m (local masks: not measured, off). Sweeps v54 / v55 (three interleaved rounds each, two leases), d64 s8k causal: 0.125
-# read +1.3% to +5.7% in six of six rounds (ncu had 12.8% of its stall samples on MUFU, most of them
-# the MIO queue's); 0.1875 no better. Not taken: d64 without a mask (-6% to +12%: noise), d64 causal
-# deterministic (-4% to +1%), d128 with or without a mask at 0.125 / 0.25 / 0.375 / 0.5 (-19% to +4%,
-# no sign), and the forward (0.125 / 0.25: -2% to -8% at d64 / d128 s8k in the same lease). Sweep v56
-# (three rounds, s8k): d32 without a mask, 64-row steps with the most exponentials per FLOP, 0.5 read
-# +3.1% to +4.0% (0.25: +1.6%); d32 causal -1.3% at both, d96 -1% to -5%.
-BWD_EXP2_EMU_FRAC = {(64, True): 0.125, (32, False): 0.5}
 """The padded head dims from which a non-deterministic backward with a causal or local mask takes the
 dQ pass too (None: never). v0.22 (sweep v48, the pass's old grid order, off -> on, TFLOP/s): causal
 d160 368-386 -> 357-367, d192 381-387 -> 365-378, d224 371-391 -> 377-386, d256 394-403 -> 388-400, so
@@ -1810,6 +1800,20 @@ sweep v52, three interleaved rounds): d256 s2k 329 / 329 / 320 -> 342 / 337 / 33
 -> 377 / 376 / 365, s8k 403 / 341 / 390 -> 401 / 388 / 381 (flat), d224 s8k 382 / 373 / 358 -> 384 /
 380 / 367; d192 393 / 375 / 376 -> 378 / 377 / 372 and d160 369 / 350 / 368 -> 362 / 346 / 350 lose.
 Local masks follow the causal rule (not measured)."""
+
+BWD_EXP2_EMU_FRAC = {(64, "causal"): 0.125, (32, "none"): 0.5}
+"""exp2 emulation in the backward (``exp2_emu_frac``, Note [exp2 emulation] in fa4/softmax.py): the share
+of P^T's exponentials on the FMA pipe by default, keyed by (padded head dim, mask: "none" / "causal" /
+"local"), for the configs measured: not deterministic (asked), the 1-CTA kernel, the table's own
+``tile_m``, ``head_dim_v == head_dim`` (elsewhere 0; ``KernelOptions.bwd_exp2_emu_frac`` sets it on any
+sm90 backward; the dQ pass's own kernel, :mod:`fa4.bwd.dq_sm90`, always uses MUFU). docs/RESULTS.md
+v0.25: sweeps v54 / v55 (three interleaved rounds each, two leases), d64 s8k causal, 0.125 read +1.3% to
++5.7% in six of six rounds (ncu had 12.8% of its stall samples on MUFU, most of them the MIO queue's);
+0.1875 no better. Sweep v56 (s8k, three rounds): d32 without a mask, 64-row steps with the most
+exponentials per FLOP, 0.5 read +3.1% to +4.1% (0.25: +1.6%). Not taken: d64 without a mask (-6% to
++12%: noise), d64 causal deterministic (-4% to +1%), d32 causal (-1.3%), d96 (-1% to -5%), d128 with or
+without a mask at 0.125 / 0.25 / 0.375 / 0.5 (-18% to +4%, no sign); local masks not measured; the
+forward neither (0.125 / 0.25: -2% to -8% at d64 / d128 s8k in the same lease)."""
 
 
 def rotate_ok(problem: AttnProblem, tile_n: int) -> bool:
@@ -1846,6 +1850,7 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
     if opts.bwd_tile_n is not None and opts.bwd_tile_n != tile_n:
         raise ValueError(f"KernelOptions.bwd_tile_n={opts.bwd_tile_n}: the sm90 backward at head_dim "
                          f"{problem.head_dim} uses tile_n {tile_n}")
+    asked_det = bool(deterministic)  # (a run with the dQ pass then takes the non-deterministic kernel)
     two_cta = bool(opts.bwd_two_cta) if opts.bwd_two_cta is not None else TWO_CTA.get(hd, False) and not deterministic
     if opts.bwd_dq_pass is not None:
         dq_pass = opts.bwd_dq_pass
@@ -1888,8 +1893,9 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         # Not with more than 64 rows per step (``rows_late``): measured 7-16% slower at d64 (v0.11).
         stats_early=1 if hd <= STATS_EARLY_MAX_HD and steps <= 64 else 0,
         exp2_emu_frac=(float(opts.bwd_exp2_emu_frac) if opts.bwd_exp2_emu_frac is not None
-                       else 0.0 if deterministic or steps != TUNING[hd][0] or hd_v != hd
-                       else BWD_EXP2_EMU_FRAC.get((hd, bool(problem.causal)), 0.0)),
+                       else 0.0 if asked_det or two_cta or steps != TUNING[hd][0] or hd_v != hd
+                       else BWD_EXP2_EMU_FRAC.get((hd, "causal" if problem.causal else
+                                                   "local" if problem.local else "none"), 0.0)),
         **BwdSm90Config.problem_flags(problem))
     # What a larger tile_m leaves no room for: the second dQ buffer. What the sdQ tile of a
     # deterministic run (no dq_direct) leaves no room for: P/dS stages, then Q/dO stages.
@@ -1904,7 +1910,6 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         asked = [f"bwd_tile_m={opts.bwd_tile_m}"] if opts.bwd_tile_m is not None else []
         asked += ["bwd_two_cta=True"] if opts.bwd_two_cta else []
         asked += [f"bwd_dq_pass={opts.bwd_dq_pass}"] if opts.bwd_dq_pass is not None else []
-        asked += [f"bwd_exp2_emu_frac={opts.bwd_exp2_emu_frac}"] if opts.bwd_exp2_emu_frac else []
         if asked:
             raise ValueError(f"KernelOptions.{', '.join(asked)}: {e}") from None
         raise
@@ -1923,7 +1928,7 @@ def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: B
         notes.append("1-CTA backward (one CTA per K block; KernelOptions(bwd_two_cta=True) selects the 2-CTA "
                      "kernel where it applies: padded head dims 64 and 128, not deterministic)")
     if cfg.exp2_emu_frac:
-        notes.append(f"exp2 emulation: {cfg.exp2_emu_frac:g} of the backward's P exponentials on the FMA pipe "
+        notes.append(f"exp2 emulation: {cfg.exp2_emu_frac:g} of the main backward kernel's P exponentials on the FMA pipe "
                      "(a polynomial, Note [exp2 emulation]; KernelOptions(bwd_exp2_emu_frac=0) turns it off)")
     pairs = problem.batch * problem.heads_k
     sec = common.launch_sections(cfg, LAUNCH_ORDER, pairs, problem.seqlen_k, problem.seqlen_q,
