@@ -71,6 +71,7 @@ from typing import ClassVar, NamedTuple, Optional
 
 import torch
 
+from fa4 import arch as _arch
 from fa4.config import ARCHS, KernelConfig
 from fa4.validate import check_int32_vector, is_fake
 
@@ -187,9 +188,7 @@ def __getattr__(name: str):
 
 @functools.lru_cache(maxsize=None)
 def _sm_count(index: int) -> int:
-    from fa4.arch import num_sms
-
-    return num_sms(index)
+    return _arch.num_sms(index)
 
 
 def warps_per_row(cfg: CombineConfig, rows: int, num_splits: int, sm_count: int) -> int:
@@ -244,9 +243,7 @@ def combine_into(out_partial, lse_partial, out, lse, cu_seqlens=None, seqused=No
         return
     dev = out.device.index if out.device.index is not None else 0
     if arch is None:
-        from fa4.arch import device_capability, target_arch
-
-        arch = target_arch(device_capability(dev))
+        arch = _arch.target_arch(_arch.device_capability(dev))
     cfg = make_config(_DTYPE_NAMES[out.dtype], d, arch, varlen=cu_seqlens is not None,
                       has_seqused=seqused is not None, has_lse=lse is not None, has_sink=sink is not None)
     if wpr is None:
@@ -408,9 +405,7 @@ def flash_attn_combine(out_partial, lse_partial, out=None, out_dtype=None, cu_se
         raise NotImplementedError("fa4.flash_attn_combine does not support virtual_batch_idx yet (fa4's split-KV "
                                   "forward does not reorder batches)")
     args = check_args(out_partial, lse_partial, out, out_dtype, cu_seqlens, seqused, return_lse)
-    from fa4.arch import device_guard
-
-    with device_guard(out_partial):  # Note [Device guard] in fa4/arch.py
+    with _arch.device_guard(out_partial):  # Note [Device guard] in fa4/arch.py
         out, lse = allocate_outputs(args, out_partial.device, return_lse, out)
         combine_into(out_partial, lse_partial, out, lse, cu_seqlens, seqused)
     return out, lse

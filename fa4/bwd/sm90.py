@@ -1791,7 +1791,6 @@ d160 374-398 -> 384-402, d192 379-398 -> 380-403 (flat); d128 580-603 -> 451-475
 391-398 (the two extra wgmmas cost more than the reductions there)."""
 
 DQ_PASS_MASKED_MIN_HD = 224
-
 """The padded head dims from which a non-deterministic backward with a causal or local mask takes the
 dQ pass too (None: never). v0.22 (sweep v48, the pass's old grid order, off -> on, TFLOP/s): causal
 d160 368-386 -> 357-367, d192 381-387 -> 365-378, d224 371-391 -> 377-386, d256 394-403 -> 388-400, so
@@ -2106,7 +2105,8 @@ def variants(arch: str) -> list[BwdSm90Config]:
     out.append(replace(out[0], dq_first_store=True, det_rotate=True))
     out.append(replace(out[2], dq_first_store=False))
     # exp2 emulation (BWD_EXP2_EMU_FRAC): the d64 causal default (128-row steps, lse read per column),
-    # d32's default without a mask, and the option with 64-row steps (lse in registers) under softcap and a local varlen mask.
+    # d32's default without a mask, and the option with 64-row steps (lse in registers) under softcap
+    # and a local varlen mask.
     out.append(ordered_config(P(64, causal=True), None, arch))
     out.append(ordered_config(P(32, varlen=True), None, arch))  # d32's default, 64-row steps
     out.append(ordered_config(P(128, softcap=30.0), KernelOptions(bwd_exp2_emu_frac=0.25), arch))
