@@ -1131,6 +1131,7 @@ def test_bwd_sm90_stats_early_same_bits(early, d, mask, det, monkeypatch):
 @pytest.mark.parametrize("d,mask,frac,softcap,scale", [
     (64, "causal", None, 0.0, 1.0),   # the default (BWD_EXP2_EMU_FRAC)
     (64, "causal", None, 0.0, 3.0),   # peaked softmax
+    (64, "none", None, 0.0, 1.0),     # the d64 default without a mask
     (32, "none", None, 0.0, 1.0),     # the d32 default: half of the exponentials
     (32, "none", None, 30.0, 3.0),   # ... with softcap, peaked
     (64, "causal", 0.5, 30.0, 1.0),   # lse read per column, half emulated, softcap

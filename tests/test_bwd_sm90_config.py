@@ -420,15 +420,15 @@ def test_dq_pass_rule_and_refusals(monkeypatch):
 
 def test_exp2_emulation_rule_and_refusals():
     """BWD_EXP2_EMU_FRAC: the backward's exp2 emulation is on by default only where it measured ahead
-    (padded head dim 64 with a causal mask, 32 without a mask; asked not deterministic, the 1-CTA
+    (padded head dim 64 with a causal mask or none, 32 without a mask; asked not deterministic, the 1-CTA
     kernel, the table's steps, head_dim_v == head_dim); KernelOptions.bwd_exp2_emu_frac overrides it,
     is validated, survives the custom ops' string form, is named in fa4.explain's notes, and is
     refused by the sm80 backward."""
     from fa4.bwd import sm80
 
-    assert sm90.BWD_EXP2_EMU_FRAC == {(64, "causal"): 0.125, (32, "none"): 0.5}
+    assert sm90.BWD_EXP2_EMU_FRAC == {(64, "causal"): 0.125, (64, "none"): 0.125, (32, "none"): 0.5}
     for d, mask, det, want in ((64, dict(causal=True), False, 0.125), (48, dict(causal=True), False, 0.125),
-                               (64, dict(causal=True), True, 0.0), (64, dict(), False, 0.0),
+                               (64, dict(causal=True), True, 0.0), (64, dict(), False, 0.125), (64, dict(), True, 0.0),
                                (64, dict(local=True), False, 0.0), (128, dict(causal=True), False, 0.0),
                                (256, dict(causal=True), False, 0.0), (32, dict(), False, 0.5),
                                (32, dict(causal=True), False, 0.0), (32, dict(local=True), False, 0.0),

@@ -1800,7 +1800,7 @@ sweep v52, three interleaved rounds): d256 s2k 329 / 329 / 320 -> 342 / 337 / 33
 380 / 367; d192 393 / 375 / 376 -> 378 / 377 / 372 and d160 369 / 350 / 368 -> 362 / 346 / 350 lose.
 Local masks follow the causal rule (not measured)."""
 
-BWD_EXP2_EMU_FRAC = {(64, "causal"): 0.125, (32, "none"): 0.5}
+BWD_EXP2_EMU_FRAC = {(64, "causal"): 0.125, (64, "none"): 0.125, (32, "none"): 0.5}
 """exp2 emulation in the backward (``exp2_emu_frac``, Note [exp2 emulation] in fa4/softmax.py): the share
 of P^T's exponentials on the FMA pipe by default, keyed by (padded head dim, mask: "none" / "causal" /
 "local"), for the configs measured: not deterministic (asked), the 1-CTA kernel, the table's own
@@ -1809,8 +1809,9 @@ sm90 backward; the dQ pass's own kernel, :mod:`fa4.bwd.dq_sm90`, always uses MUF
 v0.25: sweeps v54 / v55 (three interleaved rounds each, two leases), d64 s8k causal, 0.125 read +1.3% to
 +5.7% in six of six rounds (ncu had 12.8% of its stall samples on MUFU, most of them the MIO queue's);
 0.1875 no better. Sweep v56 (s8k, three rounds): d32 without a mask, 64-row steps with the most
-exponentials per FLOP, 0.5 read +3.1% to +4.1% (0.25: +1.6%). Not taken: d64 without a mask (-6% to
-+12%: noise), d64 causal deterministic (-4% to +1%), d32 causal (-1.3%), d96 (-1% to -5%), d128 with or
+exponentials per FLOP, 0.5 read +3.1% to +4.1% (0.25: +1.6%). v0.26, sweep v57 (five interleaved rounds):
+d64 without a mask at 0.125, s2k +3.2% (ahead in 5 of 5 rounds), s8k +0.2% (3 of 5; v54 had read -6% to
++12% there, noise); 0.0625 no better. Not taken: d64 causal deterministic (-4% to +1%), d32 causal (-1.3%), d96 (-1% to -5%), d128 with or
 without a mask at 0.125 / 0.25 / 0.375 / 0.5 (-18% to +4%, no sign); local masks not measured; the
 forward neither (0.125 / 0.25: -2% to -8% at d64 / d128 s8k in the same lease)."""
 
