@@ -182,6 +182,58 @@ def test_bwd_sm90_two_cta(case):
     _check_case(case, fa4.KernelOptions(arch="sm90", bwd_two_cta=True))
 
 
+# Note [Split GQA group] (fa4/bwd/sm90.py): the q heads of a kv head over ``split`` CTAs, float32
+# partials of dK / dV summed by the driver. The rule (kv_split_for) splits some of the covering
+# array's MQA rows on its own (s_q >= 1000); these cases force each split on groups of 4 and 8.
+KV_SPLIT_CASES = [
+    dict(d=128, seqlens=(1000, 1000), mask="causal", heads="mqa8", layout="dense", softcap=0.0,
+         dtype=torch.bfloat16, split=8),
+    dict(d=64, seqlens=(113, 203), mask="none", heads="gqa4", layout="varlen", softcap=0.0,
+         dtype=torch.float16, split=2),
+    dict(d=128, seqlens=(1024, 4096), mask="local", heads="mqa8", layout="seqused", softcap=2.0,
+         dtype=torch.bfloat16, split=4),
+    dict(d=256, seqlens=(4096, 1024), mask="causal", heads="gqa4", layout="dense", softcap=0.0,
+         dtype=torch.bfloat16, split=4),
+    dict(d=96, seqlens=(1, 4096), mask="none", heads="mqa8", layout="dense", softcap=0.0,
+         dtype=torch.bfloat16, split=8),
+    dict(d=192, seqlens=(700, 1100), mask="causal", heads="gqa4", layout="varlen", softcap=0.0,
+         dtype=torch.bfloat16, split=2),
+]
+HEADS.update({"gqa4": (8, 2), "mqa8": (8, 1)})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", KV_SPLIT_CASES, ids=[f"{_case_id(c)}-split{c['split']}" for c in KV_SPLIT_CASES])
+def test_bwd_sm90_kv_split(case, monkeypatch):
+    """The split GQA group passes the reference rule for every split, mask and layout (the config
+    really carries the split); a deterministic run with the split (under the dQ pass, d256) gives
+    the same bits twice."""
+    from fa4.bwd import sm90
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the sm90 kernels need compute capability 9.x")
+    split = case["split"]
+    monkeypatch.setattr(sm90, "kv_split_for", lambda *a, **k: split)
+    fa4.ops._plans.clear()
+    try:
+        h, hk = HEADS[case["heads"]]
+        sq, sk = case["seqlens"]
+        problem = AttnProblem("bf16", 2, sq, sk, h, hk, case["d"], case["d"], 0.1, causal=case["mask"] == "causal",
+                              local=case["mask"] == "local")
+        assert sm90.make_config(problem, None, "sm_90a").kv_split == split
+        _check_case(case, fa4.KernelOptions(arch="sm90"))
+        if case["d"] == 256:
+            assert sm90.make_config(problem, None, "sm_90a", True).kv_split == split  # the dQ pass's run
+
+            def run():
+                qkv, _, _, _, grads = _run_dense(case, None, seed=3, deterministic=True,
+                                                 opts=fa4.KernelOptions(arch="sm90"))
+                return grads
+            _same_bits_over_runs(run, 2, "deterministic backward with the split GQA group")
+    finally:
+        fa4.ops._plans.clear()
+
+
 def _check_case(case, opts):
     """One case of the covering array through the public API, under the pass rule."""
     sq, sk = case["seqlens"]

@@ -406,7 +406,7 @@ def test_dq_pass_rule_and_refusals(monkeypatch):
     assert "sdQ" not in [f[0] for f in writer.smem_fields()]
     plain = sm90.make_config(_problem(128), None, "sm_90a", False)
     assert plain.dq_pass
-    for bad in (dataclasses.replace(writer, dq_first_store=True), dataclasses.replace(plain, two_cta=True)):
+    for bad in (dataclasses.replace(writer, dq_first_store=True), dataclasses.replace(plain, two_cta=True, kv_split=1)):
         with pytest.raises(ValueError, match="dq_pass"):
             sm90.FlashBwdSm90.can_implement(bad)
     dq = dq_sm90.config_for(cfg)
@@ -456,3 +456,33 @@ def test_exp2_emulation_rule_and_refusals():
     with pytest.raises(ValueError, match="exp2_emu_frac"):
         sm90.FlashBwdSm90.can_implement(dataclasses.replace(sm90.make_config(_problem(64), None, "sm_90a"),
                                                             exp2_emu_frac=-0.5))
+
+
+def test_kv_split_rule_and_refusals():
+    """Note [Split GQA group]: the group is split (a power of two dividing it) until the grid has
+    KV_SPLIT_MIN_WAVES waves of CTAs while each keeps KV_SPLIT_MIN_STEPS steps; never with
+    determinism asked (except where the dQ pass takes the run) or the 2-CTA kernel;
+    can_implement refuses other splits."""
+    def p(b, s, h, hk, d=128, causal=True):
+        return AttnProblem("bf16", b, s, s, h, hk, d, d, d ** -0.5, causal=causal)
+
+    assert sm90.kv_split_for(p(2, 8192, 16, 1), 64, 128, 132) == 8   # MQA: 128 CTAs -> 1024
+    assert sm90.kv_split_for(p(4, 4096, 32, 8), 64, 128, 132) == 1   # 1024 CTAs already
+    assert sm90.kv_split_for(p(2, 8192, 16, 16), 64, 128, 132) == 1  # MHA
+    assert sm90.kv_split_for(p(2, 8192, 12, 4), 64, 128, 132) == 1   # group 3
+    assert sm90.kv_split_for(p(2, 113, 4, 1), 64, 128, 132) == 1     # 2 m_blocks: too few steps
+    assert sm90.kv_split_for(p(2, 1000, 8, 2), 64, 128, 132) == 4
+    assert sm90.make_config(p(2, 8192, 16, 1), None, "sm_90a").kv_split == 8
+    assert sm90.make_config(p(2, 8192, 16, 1), None, "sm_90a", True).kv_split == 1
+    assert sm90.make_config(p(2, 8192, 16, 1, d=64), KernelOptions(bwd_two_cta=True), "sm_90a").kv_split == 1
+    # Deterministic at d256: the dQ pass takes the run, whose dK / dV sums are fixed-order either way.
+    passed = sm90.make_config(p(2, 8192, 16, 1, d=256), None, "sm_90a", True)
+    assert passed.dq_pass and passed.kv_split > 1
+    base = sm90.make_config(p(2, 8192, 16, 1), None, "sm_90a")
+    for bad in (3, 0, -2):
+        with pytest.raises(ValueError, match="kv_split"):
+            sm90.FlashBwdSm90.can_implement(dataclasses.replace(base, kv_split=bad))
+    for field in ("deterministic", "two_cta"):
+        cfg = dataclasses.replace(sm90.make_config(p(2, 8192, 16, 1, d=64), None, "sm_90a"), **{field: True})
+        with pytest.raises(ValueError, match="kv_split"):
+            sm90.FlashBwdSm90.can_implement(cfg)

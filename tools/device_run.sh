@@ -11,7 +11,7 @@
 # (dv_late at d64; run in session 11), next18 (publish_peek), next20 (publish_peek as the default), next22 (v27 sections, det bench), next8 (session 8's not-yet-run tests and sweeps), ncusrc (source-level stall sampling
 # of the forwards; NCUSRC_IMPLS), ncusrcbwd (the same for the backwards), bwdacc (tools/bwd_accuracy.py $BWDACC), ncustall (stall reasons, fa4 vs
 # flash-attn-4), sweepfwd (tools/sweep_fwd.py $SWEEP_FWD), ncufwd (ncu of the fa4 and flash-attn-4 forwards,
-# tools/ncu_fwd.py), ncubwd (the same for the backwards, NCU_BWD_SHAPES), v012b (session 10's side-by-side benches), firststore (session 17: Note [First store]'s tests and the backward profile), claims (session 18: the relaxed, rotated claims: tests and profile), bwdprof (tools/bwd_profile.py $BWDPROF_ROWS), hostprof (tools/host_profile.py $HOSTPROF_ARGS), hostbd (tools/host_breakdown.py $HOSTBD_ROWS), next25 (session 24's unrun test edits and sweep v57), nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
+# tools/ncu_fwd.py), ncubwd (the same for the backwards, NCU_BWD_SHAPES), v012b (session 10's side-by-side benches), firststore (session 17: Note [First store]'s tests and the backward profile), claims (session 18: the relaxed, rotated claims: tests and profile), bwdprof (tools/bwd_profile.py $BWDPROF_ROWS), hostprof (tools/host_profile.py $HOSTPROF_ARGS), hostbd (tools/host_breakdown.py $HOSTBD_ROWS), offgrid (tools/offgrid.py: shapes off the standard grid), next26 (session 25: the split GQA group), next25 (session 24's unrun test edits and sweep v57), nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
 set -uo pipefail
 steps=${1:-bwd90}
 out=${OUT:-/tmp/out}; mkdir -p "$out"
@@ -306,6 +306,21 @@ if has next25; then
   # tests and default rule, then sweep plan v57 (d64 without a mask at 1/16 and 1/8 emulated, five rounds).
   gpu_tests next25 300 tests/test_bwd_gpu.py -k "exp2_emulation or head_dim_32 or head_dim_v or two_cta"
   logged next25sweep 300 40 python3 tools/sweep_bwd.py --plan v57
+fi
+if has offgrid; then
+  # Session 25: fa4 against flash-attn-4 / cuDNN off the standard grid (tools/offgrid.py $OFFGRID_ARGS),
+  # then the deterministic backward on the varlen / GQA cases.
+  logged offgrid 300 40 python3 tools/offgrid.py ${OFFGRID_ARGS:-}
+  logged offgriddet 200 20 python3 tools/offgrid.py --mode bwd --deterministic \
+    --cases varlen-d128-causal,varlen-gqa-d128-causal,gqa-d128-s4k-causal,d128-s2k-causal
+fi
+if has next26; then
+  # Session 25: the split GQA group (Note [Split GQA group]): its GPU tests and the covering array's
+  # MQA rows, sweep v58, then the off-grid GQA / MQA rows side by side.
+  gpu_tests next26 240 tests/test_bwd_gpu.py -k "kv_split or mqa"
+  logged next26sweep 240 50 python3 tools/sweep_bwd.py --plan v58
+  logged next26offgrid 150 20 python3 tools/offgrid.py --mode bwd \
+    --cases mqa-d128-s8k-causal,gqa-d128-s4k-causal,gqa-d128-s4k,varlen-gqa-d128-causal,prefill-cache-d128
 fi
 if has hostbd; then
   # Session 24: the backward's host time piece by piece (tools/host_breakdown.py $HOSTBD_ROWS).

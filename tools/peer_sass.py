@@ -1,13 +1,14 @@
 """SASS of flash-attn-4's Hopper forward, compiled on this machine (no GPU) with fake tensors, and an
 opcode census of the K-block loop of it and of fa4's (RESULTS v0.8: where the two mainloops differ).
 
-    python tools/peer_sass.py [--peer-src DIR] [--out DIR]
+    python tools/peer_sass.py [--hd 64|128] [--peer-src DIR] [--out DIR]
 
 flash-attn-4 and quack come from the wheels that ``../shared/device/pack.sh --with-peer`` leaves in
 ``.device/`` (unpacked into ``--out``), or from ``--peer-src`` (a directory holding ``flash_attn/``
 and ``quack/``). Their package ``__init__`` files are skipped (quack's imports triton). Config: bf16,
-d128, non-causal, tile 128 x 128, two stages, P V from registers, intra-warpgroup overlap (the
-peer's own d128 choice) against fa4's default d128 config. This runs flash-attn-4's code only to
+d128 (``--hd 64``: d64), non-causal, tile 128 x 128 (d64: 192 x 128, three consumer warpgroups), two
+stages, P V from registers, intra-warpgroup overlap (the peer's own choices) against fa4's default
+config of that head dim. This runs flash-attn-4's code only to
 read its compiled output; nothing of it is part of fa4.
 """
 
@@ -38,7 +39,7 @@ def _peer_src(out: str, given: str | None) -> str:
     return src
 
 
-def compile_peer(src: str, obj: str) -> None:
+def compile_peer(src: str, obj: str, d: int = 128) -> None:
     sys.path[:0] = [src]
     for name in ("quack", "flash_attn", "flash_attn.cute"):  # bare packages: skip their __init__
         mod = types.ModuleType(name)
@@ -51,7 +52,8 @@ def compile_peer(src: str, obj: str) -> None:
     from flash_attn.cute.flash_fwd_sm90 import FlashAttentionForwardSm90
     from flash_attn.cute.utils import AuxData
 
-    dt, d = cutlass.BFloat16, 128
+    dt = cutlass.BFloat16
+    tile_m = 192 if d <= 64 else 128
 
     def strides():
         return tuple(cute.sym_int64(divisibility=8) for _ in range(3)) + (1,)
@@ -65,8 +67,8 @@ def compile_peer(src: str, obj: str) -> None:
                                         assumed_align=4)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     kernel = FlashAttentionForwardSm90(
-        dt, d, d, 1, is_causal=False, is_local=False, pack_gqa=False, tile_m=128, tile_n=128, num_stages=2,
-        num_threads=384, Q_in_regs=False, intra_wg_overlap=True, mma_pv_is_rs=True, mask_mod=None,
+        dt, d, d, 1, is_causal=False, is_local=False, pack_gqa=False, tile_m=tile_m, tile_n=128, num_stages=2,
+        num_threads=128 * (tile_m // 64 + 1), Q_in_regs=False, intra_wg_overlap=True, mma_pv_is_rs=True, mask_mod=None,
         score_mod=None, has_aux_tensors=False, q_subtile_factor=None, paged_kv_non_tma=False)
     args = [kernel, q, k, v, o, lse, Float32(0.088)] + [None] * 9 + [AuxData(None, None), None, None, stream]
     cute.compile(*args, options="--enable-tvm-ffi").export_to_c(obj, function_name="k")
@@ -108,19 +110,21 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--peer-src")
     ap.add_argument("--out", default="/tmp/peer_sass")
+    ap.add_argument("--hd", type=int, default=128, choices=(64, 128))
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     sys.path.insert(0, ROOT)
     from fa4 import sass as fa4_sass
 
-    peer_obj = os.path.join(args.out, "peer_d128.o")
-    compile_peer(_peer_src(args.out, args.peer_src), peer_obj)
+    d = args.hd
+    peer_obj = os.path.join(args.out, f"peer_d{d}.o")
+    compile_peer(_peer_src(args.out, args.peer_src), peer_obj, d)
     texts = {"flash-attn-4": fa4_sass.disassemble_object(peer_obj)}
-    ours = os.path.join(args.out, "fa4_d128.sass")
-    subprocess.run([sys.executable, os.path.join(ROOT, "tools", "sass.py"), "fwd90", "--hd", "128", "--out", ours],
+    ours = os.path.join(args.out, f"fa4_d{d}.sass")
+    subprocess.run([sys.executable, os.path.join(ROOT, "tools", "sass.py"), "fwd90", "--hd", str(d), "--out", ours],
                    check=True, capture_output=True)
     texts["fa4"] = open(ours).read()
-    open(os.path.join(args.out, "peer_d128.sass"), "w").write(texts["flash-attn-4"])
+    open(os.path.join(args.out, f"peer_d{d}.sass"), "w").write(texts["flash-attn-4"])
     for name, text in texts.items():
         segs = census(k_loop(text))
         total = sum(segs.values(), collections.Counter())

@@ -303,6 +303,13 @@ PLANS = {
     "v57": [f"{shape} {v}".strip() for _ in range(5)
             for shape in ("d64 s8192", "d64 s2048")
             for v in ("exp2_emu_frac=0.0", "exp2_emu_frac=0.0625", "exp2_emu_frac=0.125")],
+    # v0.26: the split GQA group (Note [Split GQA group]) on MQA (g16 at d128, g32 at d64: one kv
+    # head) and GQA 4, against one CTA per kv head (kv_split=1). Two interleaved rounds.
+    "v58": [f"{shape} kv_split={v}" for _ in range(2)
+            for shape, vs in (("d128 s8192 g16 causal", (1, 2, 4, 8, 16)), ("d128 s8192 g16", (1, 2, 4, 8)),
+                              ("d128 s2048 g16 causal", (1, 4, 8)), ("d64 s8192 g32 causal", (1, 4, 8, 16)),
+                              ("d128 s4096 g4 causal", (1, 2, 4)))
+            for v in vs],
     # v0.24, after v51: the dQ pass in its new order on the causal rows without determinism (v48, in
     # the old order: flat or -1..-5%, so off by default). Three interleaved rounds.
     "v52": [f"{shape} {v}".strip() for _ in range(3)

@@ -412,7 +412,11 @@ def fake_args(cfg) -> tuple:
     # Under the dQ pass dq_accum is a 16-row stand-in (workspace.dq_accum_placeholder): its own rows.
     dq_rows = cute.sym_int(divisibility=16) if getattr(cfg, "dq_pass", False) else rows
     dq_accum = fake_compact(Float32, (b, h, dq_rows, cfg.head_dim), 16)
-    dk, dv = bshd(sk, hk, bk), bshd(sk, hk, bk, dv)
+    if getattr(cfg, "kv_split", 1) > 1:  # float32 partials of virtual kv heads (Note [Split GQA group])
+        hv = cute.sym_int()
+        dk, dv = fake_bshd(Float32, bk, sk, hv, d), fake_bshd(Float32, bk, sk, hv, dv)
+    else:
+        dk, dv = bshd(sk, hk, bk), bshd(sk, hk, bk, dv)
     cu_q = fake_compact(Int32, (cute.sym_int(),)) if cfg.varlen_q else None
     cu_k = fake_compact(Int32, (cute.sym_int(),)) if cfg.varlen_k else None
     used_k = fake_compact(Int32, (cute.sym_int(),)) if cfg.has_seqused_k else None
@@ -475,21 +479,30 @@ def run_backward(cfg, problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_se
         out, dout, lse, lse_log2, dpsum, dq_accum, dlse=dlse, cu_seqlens_q=cu_seqlens_q,
         max_seqlen_q=problem.seqlen_q if varlen_q else None, semaphore=sem, dq_tile_m=cfg.tile_m,
         dq_head_dim=q.shape[-1], arch=cfg.arch, zero_dq=not post_cfg.counted and not dq_pass)
-    dk_k, dv_k = kernel_ready(dk), kernel_ready(dv)
+    # Note [Split GQA group] in fa4/bwd/sm90.py: float32 partials of heads_k * split virtual kv heads.
+    split = getattr(cfg, "kv_split", 1)
+    if split > 1:
+        dk_k, dv_k = (torch.empty(*t.shape[:2], t.shape[2] * split, t.shape[3], dtype=torch.float32, device=dev)
+                      for t in (dk, dv))
+    else:
+        dk_k, dv_k = kernel_ready(dk), kernel_ready(dv)
+    heads_k = k.shape[2] * split
     max_seqlen_k = problem.seqlen_k if cu_seqlens_k is not None else k.shape[1]
     num_batch = cu_seqlens_k.shape[0] - 1 if cu_seqlens_k is not None else k.shape[0]
-    launch_grid(cfg, num_batch, k.shape[2], max_seqlen_k)
+    launch_grid(cfg, num_batch, heads_k, max_seqlen_k)
     if max_seqlen_k > 0:
         get_kernel(cfg)(
             q, k, v, dout, lse_log2, dpsum, dq_accum, dk_k, dv_k, cu_seqlens_q, cu_seqlens_k, seqused_k, sem,
             float(problem.softmax_scale), float(problem.softcap), int(problem.window_left),
             int(problem.window_right), int(max_seqlen_k),
-            launch_sections(cfg, order, num_batch * k.shape[2], max_seqlen_k, problem.seqlen_q,
-                            q.shape[-2] // k.shape[-2], q.shape[-1], v.shape[-1], q.element_size(), q.device.index),
+            launch_sections(cfg, order, num_batch * heads_k, max_seqlen_k, problem.seqlen_q,
+                            q.shape[-2] // heads_k, q.shape[-1], v.shape[-1], q.element_size(), q.device.index),
         )
     else:
         dk_k.zero_()
         dv_k.zero_()
+    if split > 1:  # the partials of each kv head summed in a fixed order, rounded once
+        dk_k, dv_k = (t.unflatten(2, (k.shape[2], split)).sum(3) for t in (dk_k, dv_k))
     if dk_k is not dk:
         dk.copy_(dk_k)
     if dv_k is not dv:

@@ -205,6 +205,21 @@ Note [Two-CTA dQ]
     tile as without the cluster); a half is a contiguous ``tile_m / 2``-row part of one, in the
     fragment order of the half-tile wgmma, and the postprocess reads it as such (``ws_tile_m``).
 
+Note [Split GQA group]
+    A CTA sums dK / dV over the whole GQA group of its kv head. With few kv heads (MQA, or a
+    tensor-parallel shard holding one kv head) that leaves ``n_blocks * heads_k * batch`` CTAs: d128
+    s8k causal MQA at batch 2 is 128 CTAs for 132 SMs, whose longest (K block 0, every query of 16
+    q heads) has twice the average's steps, so the kernel ran at 0.51x flash-attn-4's speed
+    (docs/RESULTS.md v0.26, ``tools/offgrid.py``). ``kv_split = S`` splits each group over S CTAs:
+    the kernel sees ``heads_k * S`` virtual kv heads with ``group / S`` q heads each (virtual head
+    ``hv`` holds q heads ``[hv * group / S, (hv + 1) * group / S)``, i.e. kv head ``hv // S``, whose
+    K / V it loads). dK / dV go to float32 partials ``(b, s_k, heads_k * S, d)`` straight from
+    registers (rows the sequence owns, columns of the real head dim), and the driver sums the S
+    partials of each kv head in a fixed order (``torch.sum``) into dk / dv (:func:`fa4.bwd.common.run_backward`):
+    dK / dV are rounded to 16 bits once, as without the split. dQ is unchanged: its slot's contributors
+    are still the K blocks of its one q head. Chosen by :func:`kv_split_for` (not deterministic: the
+    ordered dQ modes' schedules assume one CTA per (K block, kv head); not with ``two_cta``).
+
 Note [no ``from __future__ import annotations``]
     ``cute.struct`` reads the field annotations of ``SharedStorage`` as objects.
 """
@@ -350,6 +365,9 @@ class BwdSm90Config(AttnKernelConfig):
     after this kernel, without reductions.
     ``exp2_emu_frac``: the share of P^T's exponentials computed by the polynomial on the FMA pipe
     instead of MUFU (Note [exp2 emulation] in fa4/softmax.py; the same columns of every row).
+    ``kv_split`` (a power of two dividing the GQA group; not deterministic, not ``two_cta``): the q heads
+    of a kv head are split over that many CTAs per K block, each writing float32 partial dK / dV
+    (Note [Split GQA group]).
     """
 
     head_dim: int = 128
@@ -379,6 +397,7 @@ class BwdSm90Config(AttnKernelConfig):
     det_rounds: int = 1
     dq_pass: bool = False
     exp2_emu_frac: float = 0.0
+    kv_split: int = 1
 
     KERNEL: ClassVar[str] = "fa4.bwd.sm90:FlashBwdSm90"
     REQUIRED_SASS: ClassVar[tuple] = ("HGMMA", "UTMALDG")  # checked by tests/test_compile.py
@@ -559,6 +578,10 @@ class FlashBwdSm90:
         if cfg.head_dim_v and (cfg.head_dim_v % 32 or not 32 <= cfg.head_dim_v <= (128 if cfg.dkv_rs else 256)):
             raise ValueError(f"{name}.head_dim_v must be a multiple of 32 in [32, {128 if cfg.dkv_rs else 256}] "
                              f"(dK and dV share a warpgroup's registers with dkv_rs), got {cfg.head_dim_v}")
+        if cfg.kv_split < 1 or cfg.kv_split & (cfg.kv_split - 1) or (cfg.kv_split > 1 and (cfg.deterministic
+                                                                                        or cfg.two_cta)):
+            raise ValueError(f"{name}.kv_split (Note [Split GQA group]) must be a power of two, and 1 with "
+                             f"deterministic or two_cta, got {cfg.kv_split}")
         if cfg.two_cta and not (cfg.dkv_rs and cfg.pds_stages == 2 and not cfg.deterministic):
             raise ValueError(f"{name}.two_cta (Note [Two-CTA dQ]) needs dkv_rs, two P/dS stages and "
                              "deterministic=False")
@@ -680,14 +703,17 @@ class FlashBwdSm90:
         section_pairs: Int32,  # (batch, kv head) pairs per launch section (Note [Launch order], common.py)
         stream,
     ):
-        for t in (mQ, mK, mV, mdO, mdK, mdV):
+        for t in (mQ, mK, mV, mdO) + (() if const_expr(self.cfg.kv_split > 1) else (mdK, mdV)):
             if const_expr(t.element_type != self.dtype):
                 raise TypeError("q, k, v, dout, dk, dv must have the configured dtype")
+        if const_expr(self.cfg.kv_split > 1 and (mdK.element_type != Float32 or mdV.element_type != Float32)):
+            raise TypeError("with kv_split the dk, dv arguments are the float32 partials (Note [Split GQA group])")
         self._setup()
         num_batch, seqlen_k = grid_extent(mK, mCuSeqlensK, max_seqlen_k)
         # Grid units along the K blocks: blocks, or with two_cta pairs of adjacent blocks (a cluster).
         num_x = cute.ceil_div(cute.ceil_div(seqlen_k, self.tile_n), self.cfg.cluster_n)
-        section = cutlass.max(cutlass.min(section_pairs, mK.shape[2] * num_batch), 1)
+        # (batch, kv head) pairs: with kv_split, of the partials' virtual kv heads (Note [Split GQA group]).
+        section = cutlass.max(cutlass.min(section_pairs, mdK.shape[2] * num_batch), 1)
         prescale, scale_log2 = score_scales(softmax_scale, softcap, self.cfg.has_softcap)
         if const_expr(not self.cfg.has_softcap):
             prescale = Float32(1.0)
@@ -710,7 +736,7 @@ class FlashBwdSm90:
             self.sQ_layout, self.sdO_layout, self.sK_layout, self.sV_layout, self.sPdS_layout, self.sHalf_layout,
             self.tiled_mma_sdp, self.tiled_mma_dk, self.tiled_mma_dv, self.tiled_mma_dq,
         ).launch(
-            grid=(num_x * self.cfg.cluster_n * mK.shape[2] * num_batch, 1, 1),
+            grid=(num_x * self.cfg.cluster_n * mdK.shape[2] * num_batch, 1, 1),
             block=[self.num_threads, 1, 1],
             cluster=(self.cfg.cluster_n, 1, 1),
             smem=self.SharedStorage.size_in_bytes(),
@@ -998,8 +1024,9 @@ class FlashBwdSm90:
             tiles = [(tma_k, mK, sm.sK, work.n_block, self.hd), (tma_v, mV, sm.sV, work.n_block, self.hd_v)]
             if const_expr(self.cfg.two_cta):
                 tiles.append((tma_k, mK, sm.sK_peer, work.n_block + 1 - 2 * work.rank, self.hd))
+            head_k = work.head_kv // self.cfg.kv_split  # (Note [Split GQA group]: a virtual kv head)
             for tma, mT, sT, n, d in tiles:
-                gT = cute.local_tile(seq.k_view_sd(mT, batch, work.head_kv), (self.tile_n, d), (n, 0))
+                gT = cute.local_tile(seq.k_view_sd(mT, batch, head_k), (self.tile_n, d), (n, 0))
                 tTsT, tTgT = cpasync.tma_partition(tma, 0, one, cute.group_modes(sT, 0, 2), cute.group_modes(gT, 0, 2))
                 cute.copy(tma, tTgT, tTsT, tma_bar_ptr=bar)
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.q_stages)
@@ -1549,6 +1576,11 @@ class FlashBwdSm90:
         """dK *= softmax_scale; dK, dV -> 16 bits -> smem (over sK, sV) -> gmem, 16-byte stores of
         the rows the sequence owns (zeros for a block no query sees)."""
         acc_dK.store(acc_dK.load() * softmax_scale)
+        if const_expr(self.cfg.kv_split > 1):
+            # Float32 partials straight from registers (Note [Split GQA group]): no smem, so no barrier.
+            for acc, mT, mma, d in ((acc_dK, mdK, self.tiled_mma_dk, self.hd), (acc_dV, mdV, self.tiled_mma_dv, self.hd_v)):
+                self.store_partial(acc, mT, mma.get_slice(tidx), work, d)
+            return
         # Every warpgroup is done reading sK and sV (its last wgmmas completed before this).
         cute.arch.barrier(barrier_id=_BAR.epi, number_of_threads=self.num_consumer_threads)
         for acc, sT, mma in ((acc_dK, sm.sK, self.tiled_mma_dk), (acc_dV, sm.sV, self.tiled_mma_dv)):
@@ -1560,6 +1592,23 @@ class FlashBwdSm90:
         for mT, sT, d in ((mdK, sm.sK, self.hd), (mdV, sm.sV, self.hd_v)):
             gT = cute.local_tile(work.seq.k_view(mT, work.batch, work.head_kv), (self.tile_n, d), (work.n_block, 0))
             store_rows_16B(sT, gT, work.rows_k, mT.shape[3], tidx, self.num_consumer_threads)
+
+
+    @cute.jit
+    def store_partial(self, acc: cute.Tensor, mT: cute.Tensor, thr_mma, work, d: cutlass.Constexpr[int]) -> None:
+        """A float32 dK / dV accumulator -> its virtual kv head's rows of the float32 partials
+        ``mT (b, s_k, h_k * kv_split, d)``: rows the sequence owns and columns of the real head dim."""
+        acc_mn = make_acc_mn_view(acc)
+        coord = make_acc_mn_view(thr_mma.partition_C(cute.make_identity_tensor((self.tile_n, d))))
+        gT = work.seq.k_view(mT, work.batch, work.head_kv)
+        cols = mT.shape[3]
+        for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
+            row = coord[r, 0][0]
+            if row < work.rows_k:
+                for c in cutlass.range_constexpr(cute.size(acc_mn, mode=[1])):
+                    col = coord[r, c][1]
+                    if col < cols:
+                        gT[work.n_block * self.tile_n + row, col] = acc_mn[r, c]
 
 
 FlashBwdSm90.kernel.set_name_prefix("fa4_bwd_sm90", remove_cutlass_symbol=True)
@@ -1816,6 +1865,36 @@ without a mask at 0.125 / 0.25 / 0.375 / 0.5 (-18% to +4%, no sign); local masks
 forward neither (0.125 / 0.25: -2% to -8% at d64 / d128 s8k in the same lease)."""
 
 
+KV_SPLIT_MIN_WAVES = 4
+"""Note [Split GQA group]: the GQA group is split (in halves, quarters, ...) until the main kernel has
+at least this many CTAs per SM, or one q head per CTA. Measured in docs/RESULTS.md v0.26."""
+
+
+KV_SPLIT_MIN_STEPS = 8
+"""... and while a CTA keeps at least this many steps (q heads x m_blocks): a short walk does not pay
+for the partials' float32 traffic and the sum."""
+
+
+def kv_split_for(problem: AttnProblem, tile_m: int, tile_n: int, num_sms: int) -> int:
+    """The GQA group's split (Note [Split GQA group]): 1, or the smallest power of two dividing the
+    group that gives the grid :data:`KV_SPLIT_MIN_WAVES` waves of CTAs, each with at least
+    :data:`KV_SPLIT_MIN_STEPS` steps (``problem.seqlen_q`` / ``seqlen_k``: the longest sequences)."""
+    group = problem.heads // problem.heads_k
+    ctas = -(-problem.seqlen_k // tile_n) * problem.heads_k * problem.batch
+    m_blocks = -(-problem.seqlen_q // tile_m)
+    split = 1
+    while (group % (2 * split) == 0 and ctas * split < KV_SPLIT_MIN_WAVES * num_sms
+           and group // (2 * split) * m_blocks >= KV_SPLIT_MIN_STEPS):
+        split *= 2
+    return split
+
+
+def _num_sms() -> int:
+    from fa4.arch import num_sms
+
+    return num_sms()
+
+
 def rotate_ok(problem: AttnProblem, tile_n: int) -> bool:
     """Whether the rotated deterministic order (Note [Rotated order] in fa4/bwd/common.py) serves
     ``problem``: no causal or local mask, and one CTA per SM leaves room for all the K blocks of a
@@ -1896,6 +1975,7 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
                        else 0.0 if asked_det or two_cta or steps != TUNING[hd][0] or hd_v != hd
                        else BWD_EXP2_EMU_FRAC.get((hd, "causal" if problem.causal else
                                                    "local" if problem.local else "none"), 0.0)),
+        kv_split=1 if deterministic or two_cta else kv_split_for(problem, steps, tile_n, _num_sms()),
         **BwdSm90Config.problem_flags(problem))
     # What a larger tile_m leaves no room for: the second dQ buffer. What the sdQ tile of a
     # deterministic run (no dq_direct) leaves no room for: P/dS stages, then Q/dO stages.
@@ -1927,6 +2007,10 @@ def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: B
     else:
         notes.append("1-CTA backward (one CTA per K block; KernelOptions(bwd_two_cta=True) selects the 2-CTA "
                      "kernel where it applies: padded head dims 64 and 128, not deterministic)")
+    if cfg.kv_split > 1:
+        notes.append(f"split GQA group: the {problem.heads // problem.heads_k} q heads of each kv head over "
+                     f"{cfg.kv_split} CTAs per K block, float32 partial dK / dV summed after the kernel (Note "
+                     "[Split GQA group]: few kv heads would leave too few CTAs)")
     if cfg.exp2_emu_frac:
         notes.append(f"exp2 emulation: {cfg.exp2_emu_frac:g} of the main backward kernel's P exponentials on the FMA pipe "
                      "(a polynomial, Note [exp2 emulation]; KernelOptions(bwd_exp2_emu_frac=0) turns it off)")
@@ -2113,4 +2197,12 @@ def variants(arch: str) -> list[BwdSm90Config]:
     out.append(ordered_config(P(128, softcap=30.0), KernelOptions(bwd_exp2_emu_frac=0.25), arch))
     out.append(ordered_config(P(96, "fp16", local=True, varlen=True, seqused_k=True),
                               KernelOptions(bwd_exp2_emu_frac=0.5), arch, True))
+    # The representative problem (8 q heads of 2 kv heads, 1024 tokens) would split its group: the
+    # cases above keep one CTA per kv head, as most problems do; the split (Note [Split GQA group])
+    # gets its own: causal, varlen with seqused_k at d64's 128-row steps, and under the dQ pass.
+    out = [replace(c, kv_split=1) for c in out]
+    out.append(make_config(P(128, causal=True), None, arch))
+    out.append(make_config(P(64, varlen=True, seqused_k=True), None, arch))
+    out.append(make_config(P(256, causal=True), None, arch, True))
+    assert all(c.kv_split > 1 for c in out[-3:])
     return out

@@ -1,0 +1,151 @@
+"""fa4 against flash-attn-4 (and SDPA cuDNN where it takes the call) on shapes users run that the
+standard grid of ``python -m fa4.bench`` leaves out: varlen batches, GQA / MQA, short and very long
+sequences, prefill against a longer cache (GPU).
+
+    python tools/offgrid.py [--cases NAME,NAME] [--mode fwd,bwd] [--deterministic] [--repeats N]
+
+TFLOP/s count the (query, key) pairs a mask keeps exactly (per sequence for varlen): forward
+``4 * h * d * pairs``, backward 2.5x. Medians of ``triton.testing.do_bench``; the backward is timed
+as in fa4.bench (forward once, then ``torch.autograd.grad`` with ``retain_graph``). ``maxdiff`` is
+each implementation's largest difference from fa4's output / gradients (a sanity check, not the
+accuracy test). flash-attn-4 is optional: n/a when it is not installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, __import__("os").path.dirname(__import__("os").path.dirname(__import__("os").path.abspath(__file__))))
+
+import fa4  # noqa: E402
+from fa4 import bench  # noqa: E402
+
+# name: (seqlens_q, seqlens_k (None: as q), heads, heads_k, head_dim, causal, varlen)
+CASES = {
+    "varlen-d128": ("mixed", None, 16, 16, 128, False, True),
+    "varlen-d128-causal": ("mixed", None, 16, 16, 128, True, True),
+    "varlen-d64-causal": ("mixed", None, 32, 32, 64, True, True),
+    "varlen-gqa-d128-causal": ("mixed", None, 32, 8, 128, True, True),
+    "gqa-d128-s4k": ([4096] * 4, None, 32, 8, 128, False, False),
+    "gqa-d128-s4k-causal": ([4096] * 4, None, 32, 8, 128, True, False),
+    "mqa-d128-s8k-causal": ([8192] * 2, None, 16, 1, 128, True, False),
+    "d128-s2k-causal": ([2048] * 8, None, 16, 16, 128, True, False),
+    "d128-s512": ([512] * 32, None, 16, 16, 128, False, False),
+    "d128-s32k-causal": ([32768], None, 16, 16, 128, True, False),
+    "prefill-cache-d128": ([1024] * 4, [8192] * 4, 32, 8, 128, True, False),
+}
+
+
+def mixed_lengths(total: int = 16384, lo: int = 128, hi: int = 4096, seed: int = 0) -> list[int]:
+    """Random sequence lengths in [lo, hi] (odd ones included) summing to ``total``."""
+    rng, out = random.Random(seed), []
+    while sum(out) < total:
+        out.append(min(rng.randint(lo, hi), total - sum(out)))
+    return out
+
+
+def pairs(sq: int, sk: int, causal: bool) -> int:
+    """(query, key) pairs a bottom-right causal mask keeps (all when not causal)."""
+    if not causal:
+        return sq * sk
+    return sum(max(0, min(sk, i + sk - sq + 1)) for i in range(sq))
+
+
+def build(case, device="cuda", dtype=torch.bfloat16, seed=0):
+    lq, lk, h, hk, d, causal, varlen = case
+    lq = mixed_lengths() if lq == "mixed" else lq
+    lk = lk or lq
+    g = torch.Generator(device).manual_seed(seed)
+    if varlen:
+        q = torch.randn(sum(lq), h, d, device=device, dtype=dtype, generator=g)
+        k = torch.randn(sum(lk), hk, d, device=device, dtype=dtype, generator=g)
+        v = torch.randn(sum(lk), hk, d, device=device, dtype=dtype, generator=g)
+    else:
+        q = torch.randn(len(lq), lq[0], h, d, device=device, dtype=dtype, generator=g)
+        k = torch.randn(len(lk), lk[0], hk, d, device=device, dtype=dtype, generator=g)
+        v = torch.randn(len(lk), lk[0], hk, d, device=device, dtype=dtype, generator=g)
+    flops = 4 * h * d * sum(pairs(a, b, causal) for a, b in zip(lq, lk))
+    return q, k, v, lq, lk, causal, varlen, flops
+
+
+def callers(q, k, v, lq, lk, causal, varlen, deterministic):
+    """name -> forward callable (returns out) on leaves that may require grad."""
+    out = {}
+    cu = lambda ls: torch.tensor([0] + list(__import__("itertools").accumulate(ls)), dtype=torch.int32,  # noqa: E731
+                                 device=q.device)
+    cq, ck = cu(lq), cu(lk)
+    if varlen:
+        kw = dict(cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=max(lq), max_seqlen_k=max(lk), causal=causal,
+                  deterministic=deterministic)
+        out["fa4"] = lambda: fa4.flash_attn_varlen_func(q, k, v, **kw)[0]
+        try:
+            from flash_attn.cute import flash_attn_varlen_func as peer
+            out["flash-attn-4"] = lambda: peer(q, k, v, **kw)[0]
+        except ImportError:
+            pass
+    else:
+        out["fa4"] = lambda: fa4.flash_attn_func(q, k, v, causal=causal, deterministic=deterministic)[0]
+        try:
+            from flash_attn.cute import flash_attn_func as peer
+            out["flash-attn-4"] = lambda: peer(q, k, v, causal=causal, deterministic=deterministic)[0]
+        except ImportError:
+            pass
+        if not deterministic and (not causal or q.shape[1] == k.shape[1]):
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+            from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+            qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+            gqa = dict(enable_gqa=True) if q.shape[2] != k.shape[2] else {}
+
+            def cudnn():
+                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                    return sdpa(qt, kt, vt, is_causal=causal, **gqa).transpose(1, 2)
+            out["sdpa-cudnn"] = cudnn
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--mode", default="fwd,bwd")
+    ap.add_argument("--deterministic", action="store_true")
+    ap.add_argument("--repeats", type=int, default=1)
+    args = ap.parse_args()
+    timer = bench.default_timer()
+    modes = args.mode.split(",")
+    print(f"{'case':<26} {'dir':<4} " + "impl: TFLOP/s (ms, maxdiff)")
+    for name in args.cases.split(","):
+        q, k, v, lq, lk, causal, varlen, flops = build(CASES[name])
+        for mode in modes:
+            leaves = [t.detach().requires_grad_(mode == "bwd") for t in (q, k, v)]
+            fns = callers(*leaves, lq, lk, causal, varlen, args.deterministic)
+            dout = torch.randn_like(q)
+            cells, ref = [], None
+            for impl, fn in fns.items():
+                try:
+                    if mode == "fwd":
+                        with torch.no_grad():
+                            run = fn
+                            res = [fn()]
+                    else:
+                        o = fn()
+                        run = lambda o=o: torch.autograd.grad(o, leaves, dout, retain_graph=True)  # noqa: E731
+                        res = list(run())
+                    ms = statistics.median(timer(run) for _ in range(args.repeats))
+                except Exception as e:  # noqa: BLE001 - a peer may refuse a shape
+                    cells.append(f"{impl}: n/a ({type(e).__name__}: {str(e)[:60]})")
+                    continue
+                ref = ref or res
+                diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(res, ref))
+                tf = flops * (2.5 if mode == "bwd" else 1.0) / (ms * 1e-3) / 1e12
+                cells.append(f"{impl}: {tf:.1f} ({ms:.3f}, {diff:.1e})")
+            print(f"{name:<26} {mode:<4} " + " | ".join(cells), flush=True)
+
+
+if __name__ == "__main__":
+    main()
