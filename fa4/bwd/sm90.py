@@ -1866,8 +1866,13 @@ forward neither (0.125 / 0.25: -2% to -8% at d64 / d128 s8k in the same lease)."
 
 
 KV_SPLIT_MIN_WAVES = 4
-"""Note [Split GQA group]: the GQA group is split (in halves, quarters, ...) until the main kernel has
-at least this many CTAs per SM, or one q head per CTA. Measured in docs/RESULTS.md v0.26."""
+"""Note [Split GQA group]: with a causal or local mask the GQA group is split (in halves, quarters, ...)
+until the main kernel has at least this many CTAs per SM, or one q head per CTA; without a mask, whose
+CTAs all take as long, only while the doubled grid still fits one wave. Sweep v58 (docs/RESULTS.md
+v0.26, two rounds, TFLOP/s): MQA d128 s8k causal, b2 (128 CTAs), split 1 / 2 / 4 / 8 / 16: 287 / 489 /
+525 / 537 / 514 and 283 / 474 / 516 / 543 / 517; d64 (g32) 1 / 4 / 8 / 16: 253 / 460 / 487 / 472; d128 s2k
+causal 1 / 4 / 8: 250 / 402 / 396; without a mask (128 CTAs) 1 / 2 / 4 / 8: 595 / 569 / 561 / 579 and 578 /
+547 / 580 / 574; GQA 4 s4k causal (1024 CTAs) 1 / 2 / 4: 493 / 466 / 396."""
 
 
 KV_SPLIT_MIN_STEPS = 8
@@ -1877,14 +1882,19 @@ for the partials' float32 traffic and the sum."""
 
 def kv_split_for(problem: AttnProblem, tile_m: int, tile_n: int, num_sms: int) -> int:
     """The GQA group's split (Note [Split GQA group]): 1, or the smallest power of two dividing the
-    group that gives the grid :data:`KV_SPLIT_MIN_WAVES` waves of CTAs, each with at least
-    :data:`KV_SPLIT_MIN_STEPS` steps (``problem.seqlen_q`` / ``seqlen_k``: the longest sequences)."""
+    group that gives a masked grid :data:`KV_SPLIT_MIN_WAVES` waves of CTAs (an unmasked one: the
+    largest that fits one wave), each with at least :data:`KV_SPLIT_MIN_STEPS` steps
+    (``problem.seqlen_q`` / ``seqlen_k``: the longest sequences)."""
     group = problem.heads // problem.heads_k
     ctas = -(-problem.seqlen_k // tile_n) * problem.heads_k * problem.batch
     m_blocks = -(-problem.seqlen_q // tile_m)
+    masked = problem.causal or problem.local
+
+    def more(split):  # whether to double the split
+        fill = ctas * split < KV_SPLIT_MIN_WAVES * num_sms if masked else ctas * split * 2 <= num_sms
+        return group % (2 * split) == 0 and fill and group // (2 * split) * m_blocks >= KV_SPLIT_MIN_STEPS
     split = 1
-    while (group % (2 * split) == 0 and ctas * split < KV_SPLIT_MIN_WAVES * num_sms
-           and group // (2 * split) * m_blocks >= KV_SPLIT_MIN_STEPS):
+    while more(split):
         split *= 2
     return split
 
@@ -2204,5 +2214,4 @@ def variants(arch: str) -> list[BwdSm90Config]:
     out.append(make_config(P(128, causal=True), None, arch))
     out.append(make_config(P(64, varlen=True, seqused_k=True), None, arch))
     out.append(make_config(P(256, causal=True), None, arch, True))
-    assert all(c.kv_split > 1 for c in out[-3:])
     return out
