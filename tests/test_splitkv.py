@@ -63,6 +63,11 @@ def test_pack_decision():
     assert fwd_common.pack_gqa(_problem(64, 1, 8192, 32, 8), 64) == 4
     assert fwd_common.pack_gqa(_problem(2, 8192, 8192, 32, 8), 128) == 1  # prefill: no fewer tiles
     assert fwd_common.pack_gqa(_problem(2, 16, 8192, 32, 8), 64) == 4
+    # Packing must save clearly more tiles than its row-by-row path costs (PACK_GQA_MAX_TILE_SHARE):
+    # 118 packed tiles against 120 do not (a varlen batch's longest sequence, v0.26), 7 against 8 do.
+    assert fwd_common.pack_gqa(_problem(2, 3774, 3774, 32, 8), 128) == 1
+    assert fwd_common.pack_gqa(_problem(2, 200, 200, 32, 8), 128) == 4
+    assert fwd_common.pack_gqa(_problem(2, 100, 100, 32, 8), 128) == 1
     assert fwd_common.pack_gqa(_problem(2, 1, 100, 32, 32), 64) == 1  # MHA
     assert fwd_common.pack_gqa(_problem(2, 8192, 8192, 32, 8, pack_gqa=True), 128) == 4
     assert fwd_common.pack_gqa(_problem(64, 1, 8192, 32, 8, pack_gqa=False), 64) == 1

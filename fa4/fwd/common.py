@@ -154,17 +154,26 @@ MAX_SPLITS = 128
 """Most K splits of one tile (the combine kernel's limit is higher)."""
 
 
+PACK_GQA_MAX_TILE_SHARE = 0.94
+"""Rows are packed by default only when that leaves at most this share of the unpacked tiles: the
+packed path loads Q and stores O row by row, measured 6% slower on prefill (docs/RESULTS.md v0.5:
+626.9 -> 588.8 TFLOP/s). v0.26: with any share below 1 (the old rule), a varlen GQA batch whose
+longest sequence was no multiple of the tile packed (118 tiles of the longest instead of 120) and
+ran at 468 TFLOP/s against flash-attn-4's 534 (``tools/offgrid.py``, varlen-gqa-d128-causal)."""
+
+
 def pack_gqa(problem: AttnProblem, tile_m: int) -> int:
     """The packing factor of a forward: ``qhead_per_kvhead`` when rows are packed, else 1. The
-    user's ``pack_gqa`` is honoured; by default rows are packed when that needs fewer tiles
-    (``ceil(s_q * g / tile_m) < g * ceil(s_q / tile_m)``: short query sequences, decode)."""
+    user's ``pack_gqa`` is honoured; by default rows are packed when that needs clearly fewer tiles
+    (``ceil(s_q * g / tile_m) <= PACK_GQA_MAX_TILE_SHARE * g * ceil(s_q / tile_m)``: short query
+    sequences, decode; ``s_q`` the longest with varlen)."""
     g = problem.qhead_per_kvhead
     if g == 1 or problem.pack_gqa is False:
         return 1
     if problem.pack_gqa:
         return g
     sq = max(problem.seqlen_q, 1)
-    return g if -(-sq * g // tile_m) < g * -(-sq // tile_m) else 1
+    return g if -(-sq * g // tile_m) <= PACK_GQA_MAX_TILE_SHARE * g * -(-sq // tile_m) else 1
 
 
 def rows_plan(problem: AttnProblem, table_tile_m: int, user_tile_m: Optional[int], decode_tile: bool = True):
