@@ -482,8 +482,8 @@ def run_backward(cfg, problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_se
     # Note [Split GQA group] in fa4/bwd/sm90.py: float32 partials of heads_k * split virtual kv heads.
     split = getattr(cfg, "kv_split", 1)
     if split > 1:
-        dk_k, dv_k = (torch.empty(*t.shape[:2], t.shape[2] * split, t.shape[3], dtype=torch.float32, device=dev)
-                      for t in (dk, dv))
+        # (NaN-filled under the GPU tests: every row a sequence owns and every column is written.)
+        dk_k, dv_k = (_empty((*t.shape[:2], t.shape[2] * split, t.shape[3]), torch.float32, dev) for t in (dk, dv))
     else:
         dk_k, dv_k = kernel_ready(dk), kernel_ready(dv)
     heads_k = k.shape[2] * split
