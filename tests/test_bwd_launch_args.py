@@ -35,8 +35,8 @@ def _check_signature(cfg, args):
                 assert fd == n, f"{where}: mode {d} is {n}, the kernel is compiled for {fd}"
 
 
-def _problem_and_tensors(d, dv, varlen):
-    b, sq, sk, h, hk = 2, 100, 77, 6, 2
+def _problem_and_tensors(d, dv, varlen, h=6, hk=2):
+    b, sq, sk = 2, 100, 77
     q = torch.randn(b, sq, h, d, dtype=torch.bfloat16)
     k = torch.randn(b, sk, hk, d, dtype=torch.bfloat16)
     v = torch.randn(b, sk, hk, dv, dtype=torch.bfloat16)
@@ -87,6 +87,43 @@ def test_backward_launches_fit_the_signatures(monkeypatch, mod, opts, det, dims,
     mod.run_backward(cfg, problem, torch.randn_like(out), q, k, v, out, lse, None, cu_q, cu_k, None, dq, dk, dv_)
     last = "BwdDqSm90Config" if getattr(cfg, "dq_pass", False) else "BwdPostprocessConfig"
     assert launched == ["BwdPreprocessConfig", type(cfg).__name__, last], launched
+
+
+@pytest.mark.parametrize("dims", [(128, 128), (192, 128), (80, 80)])
+@pytest.mark.parametrize("varlen", [False, True])
+@pytest.mark.parametrize("det", [False, True])
+def test_split_group_launch_fits_the_signature(monkeypatch, dims, varlen, det):
+    """Note [Split GQA group]: the main kernel takes float32 partials of heads_k * kv_split virtual
+    kv heads (MQA, 8 q heads, split 4; deterministic: under the dQ pass), and the driver refuses a
+    split that does not divide the group."""
+    import dataclasses as dc
+
+    from fa4.config import KernelOptions
+
+    launched = []
+
+    def get_kernel(cfg):
+        def run(*args):
+            _check_signature(cfg, args)
+            if type(cfg).__name__ == "BwdSm90Config":
+                assert args[7].dtype == torch.float32 and args[7].shape[2] == 4, args[7].shape
+            launched.append(type(cfg).__name__)
+        return run
+
+    monkeypatch.setattr(jit, "get_kernel", get_kernel)
+    monkeypatch.setattr("fa4.arch.num_sms", lambda *a, **k: 132)
+    d, dv = dims
+    problem, q, k, v, cu_q, cu_k = _problem_and_tensors(d, dv, varlen, h=8, hk=1)
+    opts = KernelOptions(bwd_dq_pass=True) if det else None
+    cfg = dc.replace(sm90.make_config(problem, opts, "sm_90a", det), kv_split=4)
+    out = torch.randn(q.shape[:-1] + (dv,), dtype=torch.bfloat16)
+    lse = torch.randn(q.shape[0], q.shape[2], q.shape[1])
+    dq, dk, dv_ = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    sm90.run_backward(cfg, problem, torch.randn_like(out), q, k, v, out, lse, None, cu_q, cu_k, None, dq, dk, dv_)
+    assert launched[1] == "BwdSm90Config", launched
+    with pytest.raises(ValueError, match="kv_split"):
+        sm90.run_backward(dc.replace(cfg, kv_split=16), problem, torch.randn_like(out), q, k, v, out, lse, None,
+                          cu_q, cu_k, None, dq, dk, dv_)
 
 
 def test_the_checker_catches_a_shared_size_mismatch():

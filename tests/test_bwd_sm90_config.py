@@ -458,13 +458,15 @@ def test_exp2_emulation_rule_and_refusals():
                                                             exp2_emu_frac=-0.5))
 
 
-def test_kv_split_rule_and_refusals():
+def test_kv_split_rule_and_refusals(monkeypatch):
     """Note [Split GQA group]: the group is split (a power of two dividing it) until the grid has
     KV_SPLIT_MIN_WAVES waves of CTAs while each keeps KV_SPLIT_MIN_STEPS steps; never with
     determinism asked (except where the dQ pass takes the run) or the 2-CTA kernel;
     can_implement refuses other splits."""
     def p(b, s, h, hk, d=128, causal=True):
         return AttnProblem("bf16", b, s, s, h, hk, d, d, d ** -0.5, causal=causal)
+
+    monkeypatch.setattr(sm90, "_num_sms", lambda: 132)  # (make_config reads the GPU's)
 
     assert sm90.kv_split_for(p(2, 8192, 16, 1), 64, 128, 132) == 8   # MQA: 128 CTAs -> 1024
     assert sm90.kv_split_for(p(4, 4096, 32, 8), 64, 128, 132) == 1   # 1024 CTAs already

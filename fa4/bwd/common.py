@@ -481,6 +481,9 @@ def run_backward(cfg, problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_se
         dq_head_dim=q.shape[-1], arch=cfg.arch, zero_dq=not post_cfg.counted and not dq_pass)
     # Note [Split GQA group] in fa4/bwd/sm90.py: float32 partials of heads_k * split virtual kv heads.
     split = getattr(cfg, "kv_split", 1)
+    if q.shape[2] % (k.shape[2] * split):
+        raise ValueError(f"kv_split={split} (Note [Split GQA group]) must divide the GQA group of {q.shape[2]} q "
+                         f"heads per {k.shape[2]} kv heads")
     if split > 1:
         # (NaN-filled under the GPU tests: every row a sequence owns and every column is written.)
         dk_k, dv_k = (_empty((*t.shape[:2], t.shape[2] * split, t.shape[3]), torch.float32, dev) for t in (dk, dv))

@@ -217,8 +217,9 @@ Note [Split GQA group]
     registers (rows the sequence owns, columns of the real head dim), and the driver sums the S
     partials of each kv head in a fixed order (``torch.sum``) into dk / dv (:func:`fa4.bwd.common.run_backward`):
     dK / dV are rounded to 16 bits once, as without the split. dQ is unchanged: its slot's contributors
-    are still the K blocks of its one q head. Chosen by :func:`kv_split_for` (not deterministic: the
-    ordered dQ modes' schedules assume one CTA per (K block, kv head); not with ``two_cta``).
+    are still the K blocks of its one q head. Chosen by :func:`kv_split_for` (not with the ordered
+    deterministic dQ modes, whose schedules assume one CTA per (K block, kv head); a deterministic run
+    under the dQ pass splits, its partials summed in a fixed order; not with ``two_cta``).
 
 Note [no ``from __future__ import annotations``]
     ``cute.struct`` reads the field annotations of ``SharedStorage`` as objects.
@@ -365,7 +366,8 @@ class BwdSm90Config(AttnKernelConfig):
     after this kernel, without reductions.
     ``exp2_emu_frac``: the share of P^T's exponentials computed by the polynomial on the FMA pipe
     instead of MUFU (Note [exp2 emulation] in fa4/softmax.py; the same columns of every row).
-    ``kv_split`` (a power of two dividing the GQA group; not deterministic, not ``two_cta``): the q heads
+    ``kv_split`` (a power of two dividing the GQA group; not with the ordered deterministic dQ, nor
+    ``two_cta``): the q heads
     of a kv head are split over that many CTAs per K block, each writing float32 partial dK / dV
     (Note [Split GQA group]).
     """
@@ -2024,9 +2026,10 @@ def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: B
     if cfg.exp2_emu_frac:
         notes.append(f"exp2 emulation: {cfg.exp2_emu_frac:g} of the main backward kernel's P exponentials on the FMA pipe "
                      "(a polynomial, Note [exp2 emulation]; KernelOptions(bwd_exp2_emu_frac=0) turns it off)")
-    pairs = problem.batch * problem.heads_k
+    pairs = problem.batch * problem.heads_k * cfg.kv_split  # (virtual kv heads: Note [Split GQA group])
     sec = common.launch_sections(cfg, LAUNCH_ORDER, pairs, problem.seqlen_k, problem.seqlen_q,
-                                 problem.heads // problem.heads_k, problem.head_dim, problem.head_dim_v)
+                                 problem.heads // (problem.heads_k * cfg.kv_split), problem.head_dim,
+                                 problem.head_dim_v)
     rows = "Q and dO" if cfg.dq_pass else "Q, dO and dQ accumulator"  # no accumulator under the dQ pass
     why = (f" (their {rows} bounded by {LAUNCH_ORDER.causal_l2_bytes >> 20} MB per "
            f"{common.arch.H200_L2_BYTES >> 20} MB of L2, and at least about a wave of CTAs: Note [Causal sections])"
@@ -2210,8 +2213,9 @@ def variants(arch: str) -> list[BwdSm90Config]:
     # The representative problem (8 q heads of 2 kv heads, 1024 tokens) would split its group: the
     # cases above keep one CTA per kv head, as most problems do; the split (Note [Split GQA group])
     # gets its own: causal, varlen with seqused_k at d64's 128-row steps, and under the dQ pass.
+    # (Pinned, not from kv_split_for: the compiled set must not depend on the machine's SM count.)
     out = [replace(c, kv_split=1) for c in out]
-    out.append(make_config(P(128, causal=True), None, arch))
-    out.append(make_config(P(64, varlen=True, seqused_k=True), None, arch))
-    out.append(make_config(P(256, causal=True), None, arch, True))
+    out.append(replace(make_config(P(128, causal=True), None, arch), kv_split=4))
+    out.append(replace(make_config(P(64, varlen=True, seqused_k=True), None, arch), kv_split=4))
+    out.append(replace(make_config(P(256, causal=True), None, arch, True), kv_split=4))  # the dQ pass
     return out
