@@ -241,6 +241,43 @@ def test_bwd_sm90_kv_split(case, monkeypatch):
         fa4.ops._plans.clear()
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("d,mask,layout,heads,split", [
+    (128, "causal", "dense", (8, 1), 4),   # the down order (GQA), the writer warp
+    (128, "none", "dense", (8, 1), 8),     # the rotated order
+    (64, "causal", "varlen", (8, 2), 2),   # 128-row steps
+    (64, "none", "varlen", (8, 1), 4),
+    (96, "local", "dense", (8, 2), 4),
+])
+def test_bwd_sm90_kv_split_deterministic(d, mask, layout, heads, split, monkeypatch, hang_watchdog, ordered_dq):
+    """Note [Split GQA group] under the ordered deterministic dQ (a forced split: the default keeps
+    1, KV_SPLIT_DETERMINISTIC): each dQ slot belongs to one virtual pair, so the run is bit-exact over
+    runs and correct (dense: the reference rule; varlen: against the unsplit deterministic run, the
+    same sums in another order)."""
+    from fa4.bwd import sm90
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the sm90 kernels need compute capability 9.x")
+    hang_watchdog()
+    opts = fa4.KernelOptions(arch="sm90")
+    run, (q, k, v), g, kw = _deterministic_run(layout, d, mask, opts, (1000, 1300), (900, 1100), d + split,
+                                               heads=heads)
+    monkeypatch.setattr(sm90, "KV_SPLIT_DETERMINISTIC", True)
+    results = {}
+    for s in (split, 1):
+        monkeypatch.setattr(sm90, "kv_split_for", lambda *a, s=s, **k: s)
+        fa4.ops._plans.clear()
+        results[s] = _same_bits_over_runs(run, 3, f"deterministic backward, kv_split={s}")
+        cfgs = [cfg for (direction, *_), (_, cfg) in fa4.ops._plans.items() if direction == "bwd"]
+        assert cfgs and all(c.kv_split == s and c.deterministic for c in cfgs), cfgs
+    fa4.ops._plans.clear()
+    if layout == "dense":
+        ref, pt = _reference_dense((q, k, v), dict(kw, softcap=0.0), g, None)
+        _check_grads(("dq", "dk", "dv"), results[split], ref, pt, (q, k, v), g)
+    for a, b in zip(results[split], results[1]):
+        torch.testing.assert_close(a.float(), b.float(), atol=2e-2, rtol=2e-2)
+
+
 def _check_case(case, opts):
     """One case of the covering array through the public API, under the pass rule."""
     sq, sk = case["seqlens"]

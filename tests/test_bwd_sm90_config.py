@@ -460,9 +460,9 @@ def test_exp2_emulation_rule_and_refusals():
 
 def test_kv_split_rule_and_refusals(monkeypatch):
     """Note [Split GQA group]: the group is split (a power of two dividing it) until the grid has
-    KV_SPLIT_MIN_WAVES waves of CTAs while each keeps KV_SPLIT_MIN_STEPS steps; never with
-    determinism asked (except where the dQ pass takes the run) or the 2-CTA kernel;
-    can_implement refuses other splits."""
+    KV_SPLIT_MIN_WAVES waves of CTAs while each keeps KV_SPLIT_MIN_STEPS steps; not with the
+    ordered deterministic dQ by default (the dQ pass's deterministic runs split), never with the
+    2-CTA kernel; can_implement refuses other splits."""
     def p(b, s, h, hk, d=128, causal=True):
         return AttnProblem("bf16", b, s, s, h, hk, d, d, d ** -0.5, causal=causal)
 
@@ -487,7 +487,13 @@ def test_kv_split_rule_and_refusals(monkeypatch):
     for bad in (3, 0, -2):
         with pytest.raises(ValueError, match="kv_split"):
             sm90.FlashBwdSm90.can_implement(dataclasses.replace(base, kv_split=bad))
-    for field in ("deterministic", "two_cta"):
-        cfg = dataclasses.replace(sm90.make_config(p(2, 8192, 16, 1, d=64), None, "sm_90a"), **{field: True})
-        with pytest.raises(ValueError, match="kv_split"):
-            sm90.FlashBwdSm90.can_implement(cfg)
+    cfg = dataclasses.replace(sm90.make_config(p(2, 8192, 16, 1, d=64), None, "sm_90a"), two_cta=True)
+    with pytest.raises(ValueError, match="kv_split"):
+        sm90.FlashBwdSm90.can_implement(cfg)
+    # The ordered deterministic modes take a forced split (exact: Note [Split GQA group]); the rule
+    # gives them 1 until KV_SPLIT_DETERMINISTIC is measured.
+    det = sm90.make_config(p(2, 8192, 16, 1), None, "sm_90a", True)
+    assert not sm90.KV_SPLIT_DETERMINISTIC and det.kv_split == 1
+    sm90.FlashBwdSm90.can_implement(dataclasses.replace(det, kv_split=8))
+    monkeypatch.setattr(sm90, "KV_SPLIT_DETERMINISTIC", True)
+    assert sm90.make_config(p(2, 8192, 16, 1), None, "sm_90a", True).kv_split == 8

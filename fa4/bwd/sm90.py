@@ -217,9 +217,11 @@ Note [Split GQA group]
     registers (rows the sequence owns, columns of the real head dim), and the driver sums the S
     partials of each kv head in a fixed order (``torch.sum``) into dk / dv (:func:`fa4.bwd.common.run_backward`):
     dK / dV are rounded to 16 bits once, as without the split. dQ is unchanged: its slot's contributors
-    are still the K blocks of its one q head. Chosen by :func:`kv_split_for` (not with the ordered
-    deterministic dQ modes, whose schedules assume one CTA per (K block, kv head); a deterministic run
-    under the dQ pass splits, its partials summed in a fixed order; not with ``two_cta``).
+    are still the K blocks of its one q head. Chosen by :func:`kv_split_for`; not with ``two_cta``. A
+    deterministic run under the dQ pass splits too (its partials are summed in a fixed order). The
+    ordered deterministic dQ modes see the virtual kv heads as kv heads: each dQ slot belongs to one
+    virtual pair, whose K blocks add in the same rank order as without the split, so a forced split
+    keeps them bit-exact; their default stays 1 (:data:`KV_SPLIT_DETERMINISTIC`).
 
 Note [no ``from __future__ import annotations``]
     ``cute.struct`` reads the field annotations of ``SharedStorage`` as objects.
@@ -366,8 +368,7 @@ class BwdSm90Config(AttnKernelConfig):
     after this kernel, without reductions.
     ``exp2_emu_frac``: the share of P^T's exponentials computed by the polynomial on the FMA pipe
     instead of MUFU (Note [exp2 emulation] in fa4/softmax.py; the same columns of every row).
-    ``kv_split`` (a power of two dividing the GQA group; not with the ordered deterministic dQ, nor
-    ``two_cta``): the q heads
+    ``kv_split`` (a power of two dividing the GQA group; not with ``two_cta``): the q heads
     of a kv head are split over that many CTAs per K block, each writing float32 partial dK / dV
     (Note [Split GQA group]).
     """
@@ -580,10 +581,9 @@ class FlashBwdSm90:
         if cfg.head_dim_v and (cfg.head_dim_v % 32 or not 32 <= cfg.head_dim_v <= (128 if cfg.dkv_rs else 256)):
             raise ValueError(f"{name}.head_dim_v must be a multiple of 32 in [32, {128 if cfg.dkv_rs else 256}] "
                              f"(dK and dV share a warpgroup's registers with dkv_rs), got {cfg.head_dim_v}")
-        if cfg.kv_split < 1 or cfg.kv_split & (cfg.kv_split - 1) or (cfg.kv_split > 1 and (cfg.deterministic
-                                                                                        or cfg.two_cta)):
+        if cfg.kv_split < 1 or cfg.kv_split & (cfg.kv_split - 1) or (cfg.kv_split > 1 and cfg.two_cta):
             raise ValueError(f"{name}.kv_split (Note [Split GQA group]) must be a power of two, and 1 with "
-                             f"deterministic or two_cta, got {cfg.kv_split}")
+                             f"two_cta, got {cfg.kv_split}")
         if cfg.two_cta and not (cfg.dkv_rs and cfg.pds_stages == 2 and not cfg.deterministic):
             raise ValueError(f"{name}.two_cta (Note [Two-CTA dQ]) needs dkv_rs, two P/dS stages and "
                              "deterministic=False")
@@ -1877,6 +1877,10 @@ causal 1 / 4 / 8: 250 / 402 / 396; without a mask (128 CTAs) 1 / 2 / 4 / 8: 595 
 547 / 580 / 574; GQA 4 s4k causal (1024 CTAs) 1 / 2 / 4: 493 / 466 / 396."""
 
 
+KV_SPLIT_DETERMINISTIC = False
+"""Whether runs with the ordered deterministic dQ take :func:`kv_split_for`'s split (a forced split
+there is exact: Note [Split GQA group]); off until timed (sweep plan v59, written in v0.26)."""
+
 KV_SPLIT_MIN_STEPS = 8
 """... and while a CTA keeps at least this many steps (q heads x m_blocks): a short walk does not pay
 for the partials' float32 traffic and the sum."""
@@ -1987,7 +1991,8 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
                        else 0.0 if asked_det or two_cta or steps != TUNING[hd][0] or hd_v != hd
                        else BWD_EXP2_EMU_FRAC.get((hd, "causal" if problem.causal else
                                                    "local" if problem.local else "none"), 0.0)),
-        kv_split=1 if deterministic or two_cta else kv_split_for(problem, steps, tile_n, _num_sms()),
+        kv_split=(1 if two_cta or (deterministic and not KV_SPLIT_DETERMINISTIC)
+                  else kv_split_for(problem, steps, tile_n, _num_sms())),
         **BwdSm90Config.problem_flags(problem))
     # What a larger tile_m leaves no room for: the second dQ buffer. What the sdQ tile of a
     # deterministic run (no dq_direct) leaves no room for: P/dS stages, then Q/dO stages.
