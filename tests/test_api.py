@@ -171,8 +171,9 @@ def test_explain_reports_backward_launch_sections():
     assert "sections of 2 of the 16" in det and "Causal sections" in det
     kv = torch.randn(2, 8192, 4, 128, dtype=torch.bfloat16, device="meta")  # GQA: the wave floor
     q16 = torch.randn(2, 8192, 16, 128, dtype=torch.bfloat16, device="meta")
-    (gqa,) = line(q16, kv, causal=True)
-    assert "sections of 2 of the 8" in gqa
+    (gqa,) = line(q16, kv, causal=True)  # 512 CTAs: the group splits in two (Note [Split GQA group])
+    assert "sections of 2 of the 16" in gqa and "split GQA group" in str(fa4.explain(q16, kv, kv, causal=True,
+                                                                                     capability=(9, 0)))
     (gqa_det,) = line(q16, kv, causal=True, deterministic=True)  # the down order's table: all 8 pairs
     assert "sections of 8 of the 8" in gqa_det and "Causal sections" not in gqa_det
 

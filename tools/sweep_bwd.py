@@ -314,7 +314,9 @@ PLANS = {
     # (KV_SPLIT_DETERMINISTIC off until this runs), MQA d128 / d64 s8k, two interleaved rounds.
     "v59": [f"{shape} kv_split={v}" for _ in range(2)
             for shape, vs in (("d128 s8192 g16 causal det", (1, 4, 8)), ("d128 s8192 g16 det", (1, 2, 4)),
-                              ("d64 s8192 g32 causal det", (1, 4, 8)))
+                              ("d64 s8192 g32 causal det", (1, 4, 8)),
+                              # and without determinism, a GQA grid the rule splits unmeasured (512 CTAs -> 2)
+                              ("d128 s8192 g4 causal", (1, 2)), ("d128 s2048 g4 causal", (1, 2, 4)))
             for v in vs],
     # v0.24, after v51: the dQ pass in its new order on the causal rows without determinism (v48, in
     # the old order: flat or -1..-5%, so off by default). Three interleaved rounds.
