@@ -242,6 +242,28 @@ def test_bwd_sm90_kv_split(case, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("case", KV_SPLIT_CASES, ids=[f"{_case_id(c)}-split{c['split']}" for c in KV_SPLIT_CASES])
+def test_bwd_sm80_kv_split(case, monkeypatch):
+    """The sm80 backward's split GQA group (written in v0.26, off by default: sm80.KV_SPLIT), forced
+    on the same cases as the sm90 family's, under the reference rule."""
+    from fa4.bwd import common, sm80
+
+    split = case["split"]
+    monkeypatch.setattr(sm80, "KV_SPLIT", True)
+    monkeypatch.setattr(common, "kv_split_for", lambda *a, **k: split)
+    fa4.ops._plans.clear()
+    try:
+        h, hk = HEADS[case["heads"]]
+        sq, sk = case["seqlens"]
+        problem = AttnProblem("bf16", 2, sq, sk, h, hk, case["d"], case["d"], 0.1, causal=case["mask"] == "causal",
+                              local=case["mask"] == "local")
+        assert sm80.make_config(problem, None, "sm_90a").kv_split == split
+        _check_case(case, fa4.KernelOptions(arch="sm80"))
+    finally:
+        fa4.ops._plans.clear()
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("d,mask,layout,heads,split", [
     (128, "causal", "dense", (8, 1), 4),   # the down order (GQA), the writer warp
     (128, "none", "dense", (8, 1), 8),     # the rotated order

@@ -105,7 +105,7 @@ def test_split_group_launch_fits_the_signature(monkeypatch, dims, varlen, det):
     def get_kernel(cfg):
         def run(*args):
             _check_signature(cfg, args)
-            if type(cfg).__name__ == "BwdSm90Config":
+            if type(cfg).__name__ in ("BwdSm90Config", "BwdSm80Config"):
                 assert args[7].dtype == torch.float32 and args[7].shape[2] == 4, args[7].shape
             launched.append(type(cfg).__name__)
         return run
@@ -116,6 +116,14 @@ def test_split_group_launch_fits_the_signature(monkeypatch, dims, varlen, det):
     problem, q, k, v, cu_q, cu_k = _problem_and_tensors(d, dv, varlen, h=8, hk=1)
     opts = KernelOptions(bwd_dq_pass=True) if det else None
     cfg = dc.replace(sm90.make_config(problem, opts, "sm_90a", det), kv_split=4)
+    if d == dv:  # the sm80 family's split (off by default, forced here) takes the same arguments
+        cfg80 = dc.replace(sm80.make_config(problem, None, "sm_90a", det), kv_split=4)
+        sm80.run_backward(cfg80, problem, torch.randn(q.shape[:-1] + (dv,), dtype=torch.bfloat16), q, k, v,
+                          torch.randn(q.shape[:-1] + (dv,), dtype=torch.bfloat16),
+                          torch.randn(q.shape[0], q.shape[2], q.shape[1]), None, cu_q, cu_k, None,
+                          torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
+        assert launched == ["BwdPreprocessConfig", "BwdSm80Config", "BwdPostprocessConfig"], launched
+        launched.clear()
     out = torch.randn(q.shape[:-1] + (dv,), dtype=torch.bfloat16)
     lse = torch.randn(q.shape[0], q.shape[2], q.shape[1])
     dq, dk, dv_ = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)

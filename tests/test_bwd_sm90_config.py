@@ -497,3 +497,14 @@ def test_kv_split_rule_and_refusals(monkeypatch):
     sm90.FlashBwdSm90.can_implement(dataclasses.replace(det, kv_split=8))
     monkeypatch.setattr(sm90, "KV_SPLIT_DETERMINISTIC", True)
     assert sm90.make_config(p(2, 8192, 16, 1), None, "sm_90a", True).kv_split == 8
+    # The sm80 family: the same rule, off until measured (sm80.KV_SPLIT); its kernel checks the split.
+    from fa4.bwd import sm80
+
+    monkeypatch.setattr(common.arch, "num_sms", lambda *a: 132)
+    assert not sm80.KV_SPLIT and sm80.make_config(p(2, 8192, 16, 1), None, "sm_90a").kv_split == 1
+    monkeypatch.setattr(sm80, "KV_SPLIT", True)
+    assert sm80.make_config(p(2, 8192, 16, 1), None, "sm_90a").kv_split == 8
+    assert sm80.make_config(p(2, 8192, 16, 1), None, "sm_90a", True).kv_split == 1
+    with pytest.raises(ValueError, match="kv_split"):
+        sm80.FlashBwdSm80.can_implement(dataclasses.replace(sm80.make_config(p(2, 8192, 16, 1), None, "sm_90a"),
+                                                            kv_split=3))

@@ -169,6 +169,7 @@ from cutlass import Float32, Int32, const_expr
 
 from fa4 import arch
 from fa4.bwd import postprocess, preprocess
+from fa4.cute_utils import make_acc_mn_view
 from fa4.bwd.workspace import dq_accum_placeholder, dq_accum_shape, rows_shape
 from fa4.config import AttnProblem
 from fa4.sched.tile import section_tile
@@ -332,6 +333,60 @@ def rotation_lags(num_m, num_n):
     [Rotated order]). Plain arithmetic: traced inline on the device, and the same on Python ints (the
     CPU model)."""
     return num_m // num_n != 1
+
+
+KV_SPLIT_MIN_WAVES = 4
+"""Note [Split GQA group] in fa4/bwd/sm90.py: with a causal or local mask the GQA group is split (in
+halves, quarters, ...) until the main kernel has at least this many CTAs per SM, or one q head per
+CTA; without a mask, whose CTAs all take as long, only while the doubled grid still fits one wave.
+Sweep v58 (docs/RESULTS.md v0.26, sm90, two rounds, TFLOP/s): MQA d128 s8k causal, b2 (128 CTAs),
+split 1 / 2 / 4 / 8 / 16: 287 / 489 / 525 / 537 / 514 and 283 / 474 / 516 / 543 / 517; d64 (g32) 1 / 4 /
+8 / 16: 253 / 460 / 487 / 472; d128 s2k causal 1 / 4 / 8: 250 / 402 / 396; without a mask (128 CTAs) 1 /
+2 / 4 / 8: 595 / 569 / 561 / 579 and 578 / 547 / 580 / 574; GQA 4 s4k causal (1024 CTAs) 1 / 2 / 4: 493 /
+466 / 396."""
+
+KV_SPLIT_MIN_STEPS = 8
+"""... and while a CTA keeps at least this many steps (q heads x m_blocks): a short walk does not pay
+for the partials' float32 traffic and the sum."""
+
+
+def kv_split_for(problem: AttnProblem, tile_m: int, tile_n: int, num_sms: int) -> int:
+    """The GQA group's split (Note [Split GQA group] in fa4/bwd/sm90.py): 1, or the smallest power of
+    two dividing the group that gives a masked grid :data:`KV_SPLIT_MIN_WAVES` waves of CTAs (an
+    unmasked one: the largest that fits one wave), each with at least :data:`KV_SPLIT_MIN_STEPS`
+    steps (``problem.seqlen_q`` / ``seqlen_k``: the longest sequences)."""
+    group = problem.heads // problem.heads_k
+    ctas = -(-problem.seqlen_k // tile_n) * problem.heads_k * problem.batch
+    m_blocks = -(-problem.seqlen_q // tile_m)
+    masked = problem.causal or problem.local
+
+    def more(split):  # whether to double the split
+        fill = ctas * split < KV_SPLIT_MIN_WAVES * num_sms if masked else ctas * split * 2 <= num_sms
+        return group % (2 * split) == 0 and fill and group // (2 * split) * m_blocks >= KV_SPLIT_MIN_STEPS
+    split = 1
+    while more(split):
+        split *= 2
+    return split
+
+
+@cute.jit
+def store_dkv_partial(acc: cute.Tensor, thr_mma, mT: cute.Tensor, seq, batch: Int32, head_kv: Int32,
+                      n_block: Int32, rows: Int32, tile_n: cutlass.Constexpr[int], d: cutlass.Constexpr[int]) -> None:
+    """A float32 dK / dV accumulator (``thr_mma``'s C partition of the ``(tile_n, d)`` tile of K block
+    ``n_block``) -> the float32 partials ``mT (b, s_k, h_k * kv_split, d)`` at virtual kv head
+    ``head_kv`` (Note [Split GQA group] in fa4/bwd/sm90.py), straight from registers: the ``rows``
+    rows the sequence owns and the columns of the real head dim (``mT.shape[3]``)."""
+    acc_mn = make_acc_mn_view(acc)
+    coord = make_acc_mn_view(thr_mma.partition_C(cute.make_identity_tensor((tile_n, d))))
+    gT = seq.k_view(mT, batch, head_kv)
+    cols = mT.shape[3]
+    for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
+        row = coord[r, 0][0]
+        if row < rows:
+            for c in cutlass.range_constexpr(cute.size(acc_mn, mode=[1])):
+                col = coord[r, c][1]
+                if col < cols:
+                    gT[n_block * tile_n + row, col] = acc_mn[r, c]
 
 
 def step_slot(t, head_kv, group, m_min, num_m, deterministic: bool, up: bool = False, down=None):

@@ -99,7 +99,9 @@ class BwdSm80Config(AttnKernelConfig):
     ``num_stages``: smem buffers of Q/LSE and dO/D (2 = the next step's loads overlap this one).
     ``atom_m_sdp`` (warps along tile_m for S and dP), ``atom_n_dkv`` (warps along tile_n for dK,
     dV), ``atom_m_dq`` (warps along tile_m for dQ): the warp layouts of the three MMA shapes, the
-    other direction taking the remaining warps.
+    other direction taking the remaining warps. ``kv_split`` (a power of two dividing the GQA group):
+    the q heads of a kv head over that many CTAs per K block, float32 partial dK / dV (Note [Split
+    GQA group] in fa4/bwd/sm90.py; the driver allocates and sums the partials).
     """
 
     head_dim: int = 128
@@ -111,6 +113,7 @@ class BwdSm80Config(AttnKernelConfig):
     atom_n_dkv: int = 4
     atom_m_dq: int = 2
     deterministic: bool = False
+    kv_split: int = 1
 
     KERNEL: ClassVar[str] = "fa4.bwd.sm80:FlashBwdSm80"
 
@@ -199,6 +202,8 @@ class FlashBwdSm80:
             raise ValueError(f"BwdSm80Config.num_stages must be 1 or 2, got {cfg.num_stages}")
         if cfg.causal and cfg.local:
             raise ValueError("BwdSm80Config: causal and local are exclusive (local with window_right=0 is causal)")
+        if cfg.kv_split < 1 or cfg.kv_split & (cfg.kv_split - 1):
+            raise ValueError(f"BwdSm80Config.kv_split (Note [Split GQA group]) must be a power of two, got {cfg.kv_split}")
         err = mma_shape_error(cfg)
         if err:
             raise ValueError(f"BwdSm80Config: {err}")
@@ -240,9 +245,11 @@ class FlashBwdSm80:
         section_pairs: Int32,  # launch order: (batch, kv head) pairs per section (Note [Launch order], common.py)
         stream,
     ):
-        for t in (mQ, mK, mV, mdO, mdK, mdV):
+        for t in (mQ, mK, mV, mdO) + (() if const_expr(self.cfg.kv_split > 1) else (mdK, mdV)):
             if const_expr(t.element_type != self.dtype):
                 raise TypeError("q, k, v, dout, dk, dv must have the configured dtype")
+        if const_expr(self.cfg.kv_split > 1 and (mdK.element_type != Float32 or mdV.element_type != Float32)):
+            raise TypeError("with kv_split the dk, dv arguments are the float32 partials (Note [Split GQA group])")
         d, hd = self.head_dim, self.head_dim
         atom = smem_layout_atom_sm80(self.dtype, d)
         sQ_layout = cute.tile_to_shape(atom, (self.tile_m, hd, self.num_stages), (0, 1, 2))
@@ -288,9 +295,10 @@ class FlashBwdSm80:
 
         num_batch, seqlen_k = grid_extent(mK, mCuSeqlensK, max_seqlen_k)
         num_x = cute.ceil_div(seqlen_k, self.tile_n)
-        # 1-D, in sections of `section` (batch, kv head) pairs: Note [Launch order] in fa4/bwd/common.py.
-        section = cutlass.max(cutlass.min(section_pairs, mK.shape[2] * num_batch), 1)
-        grid = (num_x * mK.shape[2] * num_batch, 1, 1)
+        # 1-D, in sections of `section` (batch, kv head) pairs: Note [Launch order] in fa4/bwd/common.py
+        # (with kv_split, of the partials' virtual kv heads: Note [Split GQA group]).
+        section = cutlass.max(cutlass.min(section_pairs, mdK.shape[2] * num_batch), 1)
+        grid = (num_x * mdK.shape[2] * num_batch, 1, 1)
         prescale, scale_log2 = score_scales(softmax_scale, softcap, self.cfg.has_softcap)
         if const_expr(not self.cfg.has_softcap):
             prescale = Float32(1.0)
@@ -372,7 +380,7 @@ class FlashBwdSm80:
         tidx, _, _ = cute.arch.thread_idx()
         # Sections of `section` (batch, kv head) pairs, one after the other; inside one, x slowest,
         # pairs fastest (kv heads fastest). Note [Launch order] in fa4/bwd/common.py.
-        x_block, head_kv, batch = section_tile(cute.arch.block_idx()[0], num_x, mK.shape[2], num_batch, section, False)
+        x_block, head_kv, batch = section_tile(cute.arch.block_idx()[0], num_x, mdK.shape[2], num_batch, section, False)
         seq = SeqlenInfo.create(batch, mQ.shape[1], mK.shape[1], mCuSeqlensQ, mCuSeqlensK, mSeqUsedK)
         # Keys this sequence owns (dK/dV rows to write) vs keys it uses (seqused_k <= that).
         seqlen_k_rows = seq.seqlen_k
@@ -398,7 +406,7 @@ class FlashBwdSm80:
             num_m = cutlass.max(m_max - m_min, 0)
             if n_block >= num_n_used:
                 num_m = Int32(0)  # keys past seqused_k: dK = dV = 0
-            group = mQ.shape[2] // mK.shape[2]
+            group = mQ.shape[2] // mdK.shape[2]
             num_steps = num_m * group
 
             smem = cutlass.memory.SmemAllocator()
@@ -425,8 +433,9 @@ class FlashBwdSm80:
             acc_dV.fill(0.0)
 
             if num_steps > 0:
-                gK = cute.local_tile(seq.k_view(mK, batch, head_kv), (self.tile_n, self.head_dim), (n_block, 0))
-                gV = cute.local_tile(seq.k_view(mV, batch, head_kv), (self.tile_n, self.head_dim), (n_block, 0))
+                head_k = head_kv // self.cfg.kv_split  # (Note [Split GQA group]: a virtual kv head)
+                gK = cute.local_tile(seq.k_view(mK, batch, head_k), (self.tile_n, self.head_dim), (n_block, 0))
+                gV = cute.local_tile(seq.k_view(mV, batch, head_k), (self.tile_n, self.head_dim), (n_block, 0))
                 rows_k = seq.seqlen_k - n_block * self.tile_n
                 d = mQ.shape[3]
                 self.load_tile(copy_g2s, gK, sK, rows_k, d, tidx)
@@ -830,8 +839,14 @@ class FlashBwdSm80:
         mma_dkv: cute.TiledMma,
         tidx: Int32,
     ):
-        """dK *= softmax_scale; dK, dV -> dtype -> smem (over sK, sV) -> gmem, 128-bit, predicated."""
+        """dK *= softmax_scale; dK, dV -> dtype -> smem (over sK, sV) -> gmem, 128-bit, predicated
+        (with ``kv_split``: float32 partials from registers, :func:`fa4.bwd.common.store_dkv_partial`)."""
         acc_dK.store(acc_dK.load() * softmax_scale)
+        if const_expr(self.cfg.kv_split > 1):
+            for acc, mT in ((acc_dK, mdK), (acc_dV, mdV)):
+                common.store_dkv_partial(acc, mma_dkv.get_slice(tidx), mT, seq, batch, head_kv, n_block, rows,
+                                         self.tile_n, self.head_dim)
+            return
         acc_to_smem(acc_dK, mma_dkv, sK, tidx)
         acc_to_smem(acc_dV, mma_dkv, sV, tidx)
         cute.arch.barrier()
@@ -946,6 +961,8 @@ def make_config(
         atom_n_dkv=picked[1],
         atom_m_dq=picked[2],
         deterministic=bool(deterministic),
+        kv_split=(common.kv_split_for(problem, tile_m, tile_n, common.arch.num_sms())
+                  if KV_SPLIT and not deterministic else 1),
         **BwdSm80Config.problem_flags(problem),
     )
     if cfg.smem_bytes() > SMEM_CAPACITY[arch]:
@@ -957,6 +974,13 @@ def make_config(
             f"more than {arch}'s {SMEM_CAPACITY[arch]}"
         )
     return cfg
+
+
+KV_SPLIT = False
+"""Whether the sm80 backward takes :func:`fa4.bwd.common.kv_split_for`'s split of the GQA group
+(Note [Split GQA group] in fa4/bwd/sm90.py; measured 0.51x -> 0.98x flash-attn-4 on the sm90 family's
+MQA backward). Written in v0.26 and compiled on the CPU; off until its GPU tests and a sweep run
+(``KernelOptions`` cannot ask for it; the tests force it)."""
 
 
 LAUNCH_ORDER = common.LaunchOrder(causal=16, det_no_mask=32, det_causal=64)
@@ -1000,4 +1024,7 @@ def variants(arch: str) -> list[BwdSm80Config]:
     out = [make_config(p, None, arch, det) for p, det in cases]
     if all(c.num_stages == 2 for c in out):
         out.append(replace(out[3], num_stages=1))
+    # The split GQA group (KV_SPLIT, off by default; Note [Split GQA group] in fa4/bwd/sm90.py).
+    out.append(replace(make_config(_problem(128, causal=True), None, arch), kv_split=4))
+    out.append(replace(make_config(_problem(64, varlen=True, seqused_k=True), None, arch, True), kv_split=2))
     return out

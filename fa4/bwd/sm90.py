@@ -1581,7 +1581,8 @@ class FlashBwdSm90:
         if const_expr(self.cfg.kv_split > 1):
             # Float32 partials straight from registers (Note [Split GQA group]): no smem, so no barrier.
             for acc, mT, mma, d in ((acc_dK, mdK, self.tiled_mma_dk, self.hd), (acc_dV, mdV, self.tiled_mma_dv, self.hd_v)):
-                self.store_partial(acc, mT, mma.get_slice(tidx), work, d)
+                common.store_dkv_partial(acc, mma.get_slice(tidx), mT, work.seq, work.batch, work.head_kv,
+                                         work.n_block, work.rows_k, self.tile_n, d)
             return
         # Every warpgroup is done reading sK and sV (its last wgmmas completed before this).
         cute.arch.barrier(barrier_id=_BAR.epi, number_of_threads=self.num_consumer_threads)
@@ -1595,22 +1596,6 @@ class FlashBwdSm90:
             gT = cute.local_tile(work.seq.k_view(mT, work.batch, work.head_kv), (self.tile_n, d), (work.n_block, 0))
             store_rows_16B(sT, gT, work.rows_k, mT.shape[3], tidx, self.num_consumer_threads)
 
-
-    @cute.jit
-    def store_partial(self, acc: cute.Tensor, mT: cute.Tensor, thr_mma, work, d: cutlass.Constexpr[int]) -> None:
-        """A float32 dK / dV accumulator -> its virtual kv head's rows of the float32 partials
-        ``mT (b, s_k, h_k * kv_split, d)``: rows the sequence owns and columns of the real head dim."""
-        acc_mn = make_acc_mn_view(acc)
-        coord = make_acc_mn_view(thr_mma.partition_C(cute.make_identity_tensor((self.tile_n, d))))
-        gT = work.seq.k_view(mT, work.batch, work.head_kv)
-        cols = mT.shape[3]
-        for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
-            row = coord[r, 0][0]
-            if row < work.rows_k:
-                for c in cutlass.range_constexpr(cute.size(acc_mn, mode=[1])):
-                    col = coord[r, c][1]
-                    if col < cols:
-                        gT[work.n_block * self.tile_n + row, col] = acc_mn[r, c]
 
 
 FlashBwdSm90.kernel.set_name_prefix("fa4_bwd_sm90", remove_cutlass_symbol=True)
@@ -1867,42 +1852,13 @@ without a mask at 0.125 / 0.25 / 0.375 / 0.5 (-18% to +4%, no sign); local masks
 forward neither (0.125 / 0.25: -2% to -8% at d64 / d128 s8k in the same lease)."""
 
 
-KV_SPLIT_MIN_WAVES = 4
-"""Note [Split GQA group]: with a causal or local mask the GQA group is split (in halves, quarters, ...)
-until the main kernel has at least this many CTAs per SM, or one q head per CTA; without a mask, whose
-CTAs all take as long, only while the doubled grid still fits one wave. Sweep v58 (docs/RESULTS.md
-v0.26, two rounds, TFLOP/s): MQA d128 s8k causal, b2 (128 CTAs), split 1 / 2 / 4 / 8 / 16: 287 / 489 /
-525 / 537 / 514 and 283 / 474 / 516 / 543 / 517; d64 (g32) 1 / 4 / 8 / 16: 253 / 460 / 487 / 472; d128 s2k
-causal 1 / 4 / 8: 250 / 402 / 396; without a mask (128 CTAs) 1 / 2 / 4 / 8: 595 / 569 / 561 / 579 and 578 /
-547 / 580 / 574; GQA 4 s4k causal (1024 CTAs) 1 / 2 / 4: 493 / 466 / 396."""
-
-
 KV_SPLIT_DETERMINISTIC = False
 """Whether runs with the ordered deterministic dQ take :func:`kv_split_for`'s split (a forced split
 there is exact: Note [Split GQA group]); off until timed (sweep plan v59, written in v0.26)."""
 
-KV_SPLIT_MIN_STEPS = 8
-"""... and while a CTA keeps at least this many steps (q heads x m_blocks): a short walk does not pay
-for the partials' float32 traffic and the sum."""
-
-
 def kv_split_for(problem: AttnProblem, tile_m: int, tile_n: int, num_sms: int) -> int:
-    """The GQA group's split (Note [Split GQA group]): 1, or the smallest power of two dividing the
-    group that gives a masked grid :data:`KV_SPLIT_MIN_WAVES` waves of CTAs (an unmasked one: the
-    largest that fits one wave), each with at least :data:`KV_SPLIT_MIN_STEPS` steps
-    (``problem.seqlen_q`` / ``seqlen_k``: the longest sequences)."""
-    group = problem.heads // problem.heads_k
-    ctas = -(-problem.seqlen_k // tile_n) * problem.heads_k * problem.batch
-    m_blocks = -(-problem.seqlen_q // tile_m)
-    masked = problem.causal or problem.local
-
-    def more(split):  # whether to double the split
-        fill = ctas * split < KV_SPLIT_MIN_WAVES * num_sms if masked else ctas * split * 2 <= num_sms
-        return group % (2 * split) == 0 and fill and group // (2 * split) * m_blocks >= KV_SPLIT_MIN_STEPS
-    split = 1
-    while more(split):
-        split *= 2
-    return split
+    """:func:`fa4.bwd.common.kv_split_for` (the rule, shared with the sm80 family)."""
+    return common.kv_split_for(problem, tile_m, tile_n, num_sms)
 
 
 def _num_sms() -> int:
