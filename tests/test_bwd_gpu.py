@@ -206,6 +206,14 @@ KV_SPLIT_CASES = [
 HEADS.update({"gqa4": (8, 2), "mqa8": (8, 1)})
 
 
+def _kv_split_problem(case) -> AttnProblem:
+    """The AttnProblem of a KV_SPLIT_CASES row (for make_config: the sizes the split rule reads)."""
+    h, hk = HEADS[case["heads"]]
+    sq, sk = case["seqlens"]
+    return AttnProblem("bf16", 2, sq, sk, h, hk, case["d"], case["d"], 0.1, causal=case["mask"] == "causal",
+                       local=case["mask"] == "local")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", KV_SPLIT_CASES, ids=[f"{_case_id(c)}-split{c['split']}" for c in KV_SPLIT_CASES])
 def test_bwd_sm90_kv_split(case, monkeypatch):
@@ -220,15 +228,13 @@ def test_bwd_sm90_kv_split(case, monkeypatch):
     monkeypatch.setattr(sm90, "kv_split_for", lambda *a, **k: split)
     fa4.ops._plans.clear()
     try:
-        h, hk = HEADS[case["heads"]]
-        sq, sk = case["seqlens"]
-        problem = AttnProblem("bf16", 2, sq, sk, h, hk, case["d"], case["d"], 0.1, causal=case["mask"] == "causal",
-                              local=case["mask"] == "local")
+        problem = _kv_split_problem(case)
         assert sm90.make_config(problem, None, "sm_90a").kv_split == split
         _check_case(case, fa4.KernelOptions(arch="sm90"))
         if case["d"] == 256:
             assert sm90.make_config(problem, None, "sm_90a", True).kv_split == split  # the dQ pass's run
 
+            (sq, sk), (h, hk) = case["seqlens"], HEADS[case["heads"]]
             q, k, v = random_qkv(2, sq, sk, h, hk, case["d"], case["dtype"], "cuda", requires_grad=True, seed=3)
             g = torch.randn(q.shape, device="cuda", dtype=q.dtype, generator=torch.Generator("cuda").manual_seed(4))
 
@@ -253,10 +259,7 @@ def test_bwd_sm80_kv_split(case, monkeypatch):
     monkeypatch.setattr(common, "kv_split_for", lambda *a, **k: split)
     fa4.ops._plans.clear()
     try:
-        h, hk = HEADS[case["heads"]]
-        sq, sk = case["seqlens"]
-        problem = AttnProblem("bf16", 2, sq, sk, h, hk, case["d"], case["d"], 0.1, causal=case["mask"] == "causal",
-                              local=case["mask"] == "local")
+        problem = _kv_split_problem(case)
         assert sm80.make_config(problem, None, "sm_90a").kv_split == split
         _check_case(case, fa4.KernelOptions(arch="sm80"))
     finally:
