@@ -329,6 +329,7 @@ if has next27; then
   gpu_tests next27bwd 240 tests/test_bwd_gpu.py -k "kv_split"  # sm90 and sm80 (forced), deterministic
   logged next27offgrid 200 20 python3 tools/offgrid.py --cases varlen-gqa-d128-causal,gqa-d128-s4k-causal,varlen-d128
   logged next27sweep 240 30 python3 tools/sweep_bwd.py --plan v59
+  logged next27sweep80 240 20 python3 tools/sweep_bwd.py --family sm80 --plan v60
 fi
 if has hostbd; then
   # Session 24: the backward's host time piece by piece (tools/host_breakdown.py $HOSTBD_ROWS).

@@ -2,7 +2,7 @@
 standard grid of ``python -m fa4.bench`` leaves out: varlen batches, GQA / MQA, short and very long
 sequences, prefill against a longer cache (GPU).
 
-    python tools/offgrid.py [--cases NAME,NAME] [--mode fwd,bwd] [--deterministic] [--repeats N]
+    python tools/offgrid.py [--cases NAME,NAME] [--mode fwd,bwd] [--deterministic] [--repeats N] [--arch sm80]
 
 TFLOP/s count the (query, key) pairs a mask keeps exactly (per sequence for varlen): forward
 ``4 * h * d * pairs``, backward 2.5x. Medians of ``triton.testing.do_bench``; the backward is timed
@@ -73,23 +73,25 @@ def build(case, device="cuda", dtype=torch.bfloat16, seed=0):
     return q, k, v, lq, lk, causal, varlen, flops
 
 
-def callers(q, k, v, lq, lk, causal, varlen, deterministic):
+def callers(q, k, v, lq, lk, causal, varlen, deterministic, arch=None):
     """name -> forward callable (returns out) on leaves that may require grad."""
     out = {}
+    opts = fa4.KernelOptions(arch=arch) if arch else None
     cu = lambda ls: torch.tensor([0] + list(__import__("itertools").accumulate(ls)), dtype=torch.int32,  # noqa: E731
                                  device=q.device)
     cq, ck = cu(lq), cu(lk)
     if varlen:
         kw = dict(cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=max(lq), max_seqlen_k=max(lk), causal=causal,
                   deterministic=deterministic)
-        out["fa4"] = lambda: fa4.flash_attn_varlen_func(q, k, v, **kw)[0]
+        out["fa4"] = lambda: fa4.flash_attn_varlen_func(q, k, v, kernel_options=opts, **kw)[0]
         try:
             from flash_attn.cute import flash_attn_varlen_func as peer
             out["flash-attn-4"] = lambda: peer(q, k, v, **kw)[0]
         except ImportError:
             pass
     else:
-        out["fa4"] = lambda: fa4.flash_attn_func(q, k, v, causal=causal, deterministic=deterministic)[0]
+        out["fa4"] = lambda: fa4.flash_attn_func(q, k, v, causal=causal, deterministic=deterministic,
+                                                 kernel_options=opts)[0]
         try:
             from flash_attn.cute import flash_attn_func as peer
             out["flash-attn-4"] = lambda: peer(q, k, v, causal=causal, deterministic=deterministic)[0]
@@ -115,6 +117,7 @@ def main() -> None:
     ap.add_argument("--mode", default="fwd,bwd")
     ap.add_argument("--deterministic", action="store_true")
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--arch", help="fa4's kernel family (KernelOptions.arch), e.g. sm80; default: the GPU's own")
     args = ap.parse_args()
     timer = bench.default_timer()
     modes = args.mode.split(",")
@@ -123,7 +126,7 @@ def main() -> None:
         q, k, v, lq, lk, causal, varlen, flops = build(CASES[name])
         for mode in modes:
             leaves = [t.detach().requires_grad_(mode == "bwd") for t in (q, k, v)]
-            fns = callers(*leaves, lq, lk, causal, varlen, args.deterministic)
+            fns = callers(*leaves, lq, lk, causal, varlen, args.deterministic, args.arch)
             dout = torch.randn_like(q)
             cells, ref = [], None
             for impl, fn in fns.items():

@@ -318,6 +318,12 @@ PLANS = {
                               # and without determinism, a GQA grid the rule splits unmeasured (512 CTAs -> 2)
                               ("d128 s8192 g4 causal", (1, 2)), ("d128 s2048 g4 causal", (1, 2, 4)))
             for v in vs],
+    # Written in v0.26 for the next lease: the sm80 backward's split GQA group (sm80.KV_SPLIT off until
+    # this runs; `--family sm80`), MQA causal / not, two interleaved rounds.
+    "v60": [f"{shape} kv_split={v}" for _ in range(2)
+            for shape, vs in (("d128 s8192 g16 causal", (1, 4, 8)), ("d128 s8192 g16", (1, 2)),
+                              ("d64 s8192 g32 causal", (1, 4, 8)))
+            for v in vs],
     # v0.24, after v51: the dQ pass in its new order on the causal rows without determinism (v48, in
     # the old order: flat or -1..-5%, so off by default). Three interleaved rounds.
     "v52": [f"{shape} {v}".strip() for _ in range(3)
