@@ -218,8 +218,8 @@ def _kv_split_problem(case) -> AttnProblem:
 @pytest.mark.parametrize("case", KV_SPLIT_CASES, ids=[f"{_case_id(c)}-split{c['split']}" for c in KV_SPLIT_CASES])
 def test_bwd_sm90_kv_split(case, monkeypatch):
     """The split GQA group passes the reference rule for every split, mask and layout (the config
-    really carries the split); a deterministic run with the split (under the dQ pass, d256) gives
-    the same bits twice."""
+    really carries the split); a deterministic run keeps one CTA per kv head (d256: under the dQ
+    pass) and gives the same bits twice."""
     from fa4.bwd import sm90
 
     if torch.cuda.get_device_capability()[0] != 9:
@@ -232,7 +232,7 @@ def test_bwd_sm90_kv_split(case, monkeypatch):
         assert sm90.make_config(problem, None, "sm_90a").kv_split == split
         _check_case(case, fa4.KernelOptions(arch="sm90"))
         if case["d"] == 256:
-            assert sm90.make_config(problem, None, "sm_90a", True).kv_split == split  # the dQ pass's run
+            assert sm90.make_config(problem, None, "sm_90a", True).kv_split == 1  # determinism asked
 
             (sq, sk), (h, hk) = case["seqlens"], HEADS[case["heads"]]
             q, k, v = random_qkv(2, sq, sk, h, hk, case["d"], case["dtype"], "cuda", requires_grad=True, seed=3)
@@ -275,10 +275,10 @@ def test_bwd_sm80_kv_split(case, monkeypatch):
     (96, "local", "dense", (8, 2), 4),
 ])
 def test_bwd_sm90_kv_split_deterministic(d, mask, layout, heads, split, monkeypatch, hang_watchdog, ordered_dq):
-    """Note [Split GQA group] under the ordered deterministic dQ (a forced split: the default keeps
-    1, KV_SPLIT_DETERMINISTIC): each dQ slot belongs to one virtual pair, so the run is bit-exact over
-    runs and correct (dense: the reference rule; varlen: against the unsplit deterministic run, the
-    same sums in another order)."""
+    """Note [Split GQA group] under the ordered deterministic dQ (a forced split: asked determinism
+    keeps 1): each dQ slot belongs to one virtual pair whose K blocks add in the same rank order, so
+    the run is bit-exact over runs, dQ has the unsplit run's bits, and dK / dV are correct (dense:
+    the reference rule; both: close to the unsplit run, the same sums in another order)."""
     from fa4.bwd import sm90
 
     if torch.cuda.get_device_capability()[0] != 9:
@@ -287,15 +287,19 @@ def test_bwd_sm90_kv_split_deterministic(d, mask, layout, heads, split, monkeypa
     opts = fa4.KernelOptions(arch="sm90")
     run, (q, k, v), g, kw = _deterministic_run(layout, d, mask, opts, (1000, 1300), (900, 1100), d + split,
                                                heads=heads)
-    monkeypatch.setattr(sm90, "KV_SPLIT_DETERMINISTIC", True)
+    import dataclasses
+
+    make = sm90.make_config
     results = {}
     for s in (split, 1):
-        monkeypatch.setattr(sm90, "kv_split_for", lambda *a, s=s, **k: s)
+        monkeypatch.setattr(sm90, "make_config", lambda *a, s=s, **k: dataclasses.replace(make(*a, **k), kv_split=s))
         fa4.ops._plans.clear()
         results[s] = _same_bits_over_runs(run, 3, f"deterministic backward, kv_split={s}")
         cfgs = [cfg for (direction, *_), (_, cfg) in fa4.ops._plans.items() if direction == "bwd"]
         assert cfgs and all(c.kv_split == s and c.deterministic for c in cfgs), cfgs
+    monkeypatch.setattr(sm90, "make_config", make)
     fa4.ops._plans.clear()
+    assert torch.equal(results[split][0], results[1][0]), "dq depends on the split"
     if layout == "dense":
         ref, pt = _reference_dense((q, k, v), dict(kw, softcap=0.0), g, None)
         _check_grads(("dq", "dk", "dv"), results[split], ref, pt, (q, k, v), g)
@@ -856,7 +860,7 @@ def test_bwd_sm90_empty_tiles_varlen(d, det):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("d", [64, 128, 192, 256])
-@pytest.mark.parametrize("heads", [(4, 4), (6, 2)])
+@pytest.mark.parametrize("heads", [(4, 4), (6, 2), (8, 1)])  # (8, 1): a group the split rule would split
 @pytest.mark.parametrize("causal", [True, False])
 def test_bwd_sm90_deterministic_batch_invariant(d, heads, causal, monkeypatch, hang_watchdog, ordered_dq):
     """A sample's deterministic gradients do not depend on the rest of its batch: every slot's adds

@@ -383,8 +383,9 @@ def test_dq_pass_rule_and_refusals(monkeypatch):
             cfg = sm90.make_config(_problem(d, **mask), None, "sm_90a", det)
             want_here = want and (det or not mask or d >= 224)
             assert cfg.dq_pass == want_here, (d, det, mask)
-            if want_here and det:  # the same kernel as without determinism
-                assert cfg == sm90.make_config(_problem(d, **mask), KernelOptions(bwd_dq_pass=True), "sm_90a")
+            if want_here and det:  # the same kernel as without determinism (but no split GQA group)
+                free = sm90.make_config(_problem(d, **mask), KernelOptions(bwd_dq_pass=True), "sm_90a")
+                assert cfg == dataclasses.replace(free, kv_split=1)
             if not want_here and det:
                 assert cfg.deterministic
     assert not sm90.make_config(_problem(256), KernelOptions(bwd_dq_pass=False), "sm_90a", True).dq_pass
@@ -460,9 +461,8 @@ def test_exp2_emulation_rule_and_refusals():
 
 def test_kv_split_rule_and_refusals(monkeypatch):
     """Note [Split GQA group]: the group is split (a power of two dividing it) until the grid has
-    KV_SPLIT_MIN_WAVES waves of CTAs while each keeps KV_SPLIT_MIN_STEPS steps; not with the
-    ordered deterministic dQ by default (the dQ pass's deterministic runs split), never with the
-    2-CTA kernel; can_implement refuses other splits."""
+    KV_SPLIT_MIN_WAVES waves of CTAs while each keeps KV_SPLIT_MIN_STEPS steps; never when
+    determinism is asked or with the 2-CTA kernel; can_implement refuses other splits."""
     def p(b, s, h, hk, d=128, causal=True):
         return AttnProblem("bf16", b, s, s, h, hk, d, d, d ** -0.5, causal=causal)
 
@@ -480,9 +480,10 @@ def test_kv_split_rule_and_refusals(monkeypatch):
     assert sm90.make_config(p(2, 8192, 16, 1), None, "sm_90a").kv_split == 8
     assert sm90.make_config(p(2, 8192, 16, 1), None, "sm_90a", True).kv_split == 1
     assert sm90.make_config(p(2, 8192, 16, 1, d=64), KernelOptions(bwd_two_cta=True), "sm_90a").kv_split == 1
-    # Deterministic at d256: the dQ pass takes the run, whose dK / dV sums are fixed-order either way.
+    # Asked determinism keeps 1, under the dQ pass too: a split read from the batch would make a
+    # sample's bits depend on its batch.
     passed = sm90.make_config(p(2, 8192, 16, 1, d=256), None, "sm_90a", True)
-    assert passed.dq_pass and passed.kv_split > 1
+    assert passed.dq_pass and not passed.deterministic and passed.kv_split == 1
     base = sm90.make_config(p(2, 8192, 16, 1), None, "sm_90a")
     for bad in (3, 0, -2):
         with pytest.raises(ValueError, match="kv_split"):
@@ -490,13 +491,10 @@ def test_kv_split_rule_and_refusals(monkeypatch):
     cfg = dataclasses.replace(sm90.make_config(p(2, 8192, 16, 1, d=64), None, "sm_90a"), two_cta=True)
     with pytest.raises(ValueError, match="kv_split"):
         sm90.FlashBwdSm90.can_implement(cfg)
-    # The ordered deterministic modes take a forced split (exact: Note [Split GQA group]); the rule
-    # gives them 1 until KV_SPLIT_DETERMINISTIC is measured.
+    # The ordered deterministic modes take a forced split (exact: Note [Split GQA group]).
     det = sm90.make_config(p(2, 8192, 16, 1), None, "sm_90a", True)
-    assert not sm90.KV_SPLIT_DETERMINISTIC and det.kv_split == 1
+    assert det.deterministic and det.kv_split == 1
     sm90.FlashBwdSm90.can_implement(dataclasses.replace(det, kv_split=8))
-    monkeypatch.setattr(sm90, "KV_SPLIT_DETERMINISTIC", True)
-    assert sm90.make_config(p(2, 8192, 16, 1), None, "sm_90a", True).kv_split == 8
     # The sm80 family: the same rule, off until measured (sm80.KV_SPLIT); its kernel checks the split.
     from fa4.bwd import sm80
 

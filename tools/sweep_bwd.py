@@ -310,8 +310,9 @@ PLANS = {
                               ("d128 s2048 g16 causal", (1, 4, 8)), ("d64 s8192 g32 causal", (1, 4, 8, 16)),
                               ("d128 s4096 g4 causal", (1, 2, 4)))
             for v in vs],
-    # Written in v0.26 for the next lease: the split GQA group under the ordered deterministic dQ
-    # (KV_SPLIT_DETERMINISTIC off until this runs), MQA d128 / d64 s8k, two interleaved rounds.
+    # Written in v0.26 for the next lease: the split GQA group forced under the ordered deterministic
+    # dQ (asked determinism keeps 1: a batch-independent rule could use a gain), MQA d128 / d64 s8k, two
+    # interleaved rounds.
     "v59": [f"{shape} kv_split={v}" for _ in range(2)
             for shape, vs in (("d128 s8192 g16 causal det", (1, 4, 8)), ("d128 s8192 g16 det", (1, 2, 4)),
                               ("d64 s8192 g32 causal det", (1, 4, 8)),

@@ -217,11 +217,14 @@ Note [Split GQA group]
     registers (rows the sequence owns, columns of the real head dim), and the driver sums the S
     partials of each kv head in a fixed order (``torch.sum``) into dk / dv (:func:`fa4.bwd.common.run_backward`):
     dK / dV are rounded to 16 bits once, as without the split. dQ is unchanged: its slot's contributors
-    are still the K blocks of its one q head. Chosen by :func:`kv_split_for`; not with ``two_cta``. A
-    deterministic run under the dQ pass splits too (its partials are summed in a fixed order). The
-    ordered deterministic dQ modes see the virtual kv heads as kv heads: each dQ slot belongs to one
-    virtual pair, whose K blocks add in the same rank order as without the split, so a forced split
-    keeps them bit-exact; their default stays 1 (:data:`KV_SPLIT_DETERMINISTIC`).
+    are still the K blocks of its one q head. Chosen by :func:`kv_split_for`; not with ``two_cta``.
+    Runs that ask for determinism keep 1: the rule reads the batch (its size, its longest sequence),
+    and a split changes the order of dK / dV's float32 sums, so a sample's bits would depend on the
+    rest of its batch, which ``deterministic=True`` promises they do not. The kernel's ordered
+    deterministic dQ modes see the virtual kv heads as kv heads (each dQ slot belongs to one virtual
+    pair, whose K blocks add in the same rank order as without the split), so a forced split keeps
+    them bit-exact over runs with dQ's bits unchanged (tests, sweep v59): a batch-independent rule
+    could use that.
 
 Note [no ``from __future__ import annotations``]
     ``cute.struct`` reads the field annotations of ``SharedStorage`` as objects.
@@ -1852,10 +1855,6 @@ without a mask at 0.125 / 0.25 / 0.375 / 0.5 (-18% to +4%, no sign); local masks
 forward neither (0.125 / 0.25: -2% to -8% at d64 / d128 s8k in the same lease)."""
 
 
-KV_SPLIT_DETERMINISTIC = False
-"""Whether runs with the ordered deterministic dQ take :func:`kv_split_for`'s split (a forced split
-there is exact: Note [Split GQA group]); off until timed (sweep plan v59, written in v0.26)."""
-
 def kv_split_for(problem: AttnProblem, tile_m: int, tile_n: int, num_sms: int) -> int:
     """:func:`fa4.bwd.common.kv_split_for` (the rule, shared with the sm80 family)."""
     return common.kv_split_for(problem, tile_m, tile_n, num_sms)
@@ -1947,8 +1946,8 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
                        else 0.0 if asked_det or two_cta or steps != TUNING[hd][0] or hd_v != hd
                        else BWD_EXP2_EMU_FRAC.get((hd, "causal" if problem.causal else
                                                    "local" if problem.local else "none"), 0.0)),
-        kv_split=(1 if two_cta or (deterministic and not KV_SPLIT_DETERMINISTIC)
-                  else kv_split_for(problem, steps, tile_n, _num_sms())),
+        # (1 when determinism is asked: a split that reads the batch would change a sample's bits.)
+        kv_split=1 if two_cta or asked_det else kv_split_for(problem, steps, tile_n, _num_sms()),
         **BwdSm90Config.problem_flags(problem))
     # What a larger tile_m leaves no room for: the second dQ buffer. What the sdQ tile of a
     # deterministic run (no dq_direct) leaves no room for: P/dS stages, then Q/dO stages.
@@ -2178,5 +2177,5 @@ def variants(arch: str) -> list[BwdSm90Config]:
     out = [replace(c, kv_split=1) for c in out]
     out.append(replace(make_config(P(128, causal=True), None, arch), kv_split=4))
     out.append(replace(make_config(P(64, varlen=True, seqused_k=True), None, arch), kv_split=4))
-    out.append(replace(make_config(P(256, causal=True), None, arch, True), kv_split=4))  # the dQ pass
+    out.append(replace(make_config(P(256, causal=True), None, arch, True), kv_split=4))  # the dQ pass (forced)
     return out
