@@ -330,6 +330,11 @@ if has next27; then
   logged next27offgrid 200 20 python3 tools/offgrid.py --cases varlen-gqa-d128-causal,gqa-d128-s4k-causal,varlen-d128
   logged next27sweep 240 30 python3 tools/sweep_bwd.py --plan v59
   logged next27sweep80 240 20 python3 tools/sweep_bwd.py --family sm80 --plan v60
+  # The varlen forward rows on the dynamic grid (claims balance sequences of different lengths).
+  for dyn in False True; do
+    logged next27varlen_$dyn 120 8 python3 tools/offgrid.py --mode fwd --set fwd.dynamic_sched=$dyn \
+      --cases varlen-d128,varlen-d128-causal,varlen-d64-causal,varlen-gqa-d128-causal
+  done
 fi
 if has hostbd; then
   # Session 24: the backward's host time piece by piece (tools/host_breakdown.py $HOSTBD_ROWS).

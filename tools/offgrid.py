@@ -3,17 +3,23 @@ standard grid of ``python -m fa4.bench`` leaves out: varlen batches, GQA / MQA, 
 sequences, prefill against a longer cache (GPU).
 
     python tools/offgrid.py [--cases NAME,NAME] [--mode fwd,bwd] [--deterministic] [--repeats N] [--arch sm80]
+                            [--set fwd.dynamic_sched=True --set bwd.kv_split=4 ...]
 
 TFLOP/s count the (query, key) pairs a mask keeps exactly (per sequence for varlen): forward
 ``4 * h * d * pairs``, backward 2.5x. Medians of ``triton.testing.do_bench``; the backward is timed
 as in fa4.bench (forward once, then ``torch.autograd.grad`` with ``retain_graph``). ``maxdiff`` is
 each implementation's largest difference from fa4's output / gradients (a sanity check, not the
-accuracy test). flash-attn-4 is optional: n/a when it is not installed.
+accuracy test). flash-attn-4 is optional: n/a when it is not installed. ``--set DIR.FIELD=VALUE``
+replaces a field of fa4's config for that direction (the family's ``make_config`` output), to time a
+variant beside the peers.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import dataclasses
+import importlib
 import random
 import statistics
 import sys
@@ -118,7 +124,21 @@ def main() -> None:
     ap.add_argument("--deterministic", action="store_true")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--arch", help="fa4's kernel family (KernelOptions.arch), e.g. sm80; default: the GPU's own")
+    ap.add_argument("--set", action="append", default=[], metavar="DIR.FIELD=VALUE",
+                    help="override a field of fa4's fwd / bwd config, e.g. fwd.dynamic_sched=True")
     args = ap.parse_args()
+    overrides: dict = {"fwd": {}, "bwd": {}}
+    for item in args.set:
+        key, value = item.split("=", 1)
+        direction, field = key.split(".", 1)
+        overrides[direction][field] = ast.literal_eval(value)
+    family = (args.arch or "sm90").replace("sm_", "sm").replace("sm90a", "sm90")
+    for direction, fields in overrides.items():
+        if fields:
+            mod = importlib.import_module(f"fa4.{direction}.{family}")
+            make = mod.make_config
+            mod.make_config = lambda *a, make=make, fields=fields, **k: dataclasses.replace(make(*a, **k), **fields)
+    fa4.ops._plans.clear()
     timer = bench.default_timer()
     modes = args.mode.split(",")
     print(f"{'case':<26} {'dir':<4} " + "impl: TFLOP/s (ms, maxdiff)")
