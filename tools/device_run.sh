@@ -11,7 +11,7 @@
 # (dv_late at d64; run in session 11), next18 (publish_peek), next20 (publish_peek as the default), next22 (v27 sections, det bench), next8 (session 8's not-yet-run tests and sweeps), ncusrc (source-level stall sampling
 # of the forwards; NCUSRC_IMPLS), ncusrcbwd (the same for the backwards), bwdacc (tools/bwd_accuracy.py $BWDACC), ncustall (stall reasons, fa4 vs
 # flash-attn-4), sweepfwd (tools/sweep_fwd.py $SWEEP_FWD), ncufwd (ncu of the fa4 and flash-attn-4 forwards,
-# tools/ncu_fwd.py), ncubwd (the same for the backwards, NCU_BWD_SHAPES), v012b (session 10's side-by-side benches), firststore (session 17: Note [First store]'s tests and the backward profile), claims (session 18: the relaxed, rotated claims: tests and profile), bwdprof (tools/bwd_profile.py $BWDPROF_ROWS), hostprof (tools/host_profile.py $HOSTPROF_ARGS), hostbd (tools/host_breakdown.py $HOSTBD_ROWS), offgrid (tools/offgrid.py: shapes off the standard grid), next26 (session 25: the split GQA group), next27 (session 25's unrun work), next25 (session 24's unrun test edits and sweep v57), nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
+# tools/ncu_fwd.py), ncubwd (the same for the backwards, NCU_BWD_SHAPES), v012b (session 10's side-by-side benches), firststore (session 17: Note [First store]'s tests and the backward profile), claims (session 18: the relaxed, rotated claims: tests and profile), bwdprof (tools/bwd_profile.py $BWDPROF_ROWS), hostprof (tools/host_profile.py $HOSTPROF_ARGS), hostbd (tools/host_breakdown.py $HOSTBD_ROWS), offgrid (tools/offgrid.py: shapes off the standard grid), next26 (session 25: the split GQA group), next27 / next27b (session 25's unrun work: tests / timings), next25 (session 24's unrun test edits and sweep v57), nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
 set -uo pipefail
 steps=${1:-bwd90}
 out=${OUT:-/tmp/out}; mkdir -p "$out"
@@ -323,10 +323,13 @@ if has next26; then
     --cases mqa-d128-s8k-causal,gqa-d128-s4k-causal,gqa-d128-s4k,varlen-gqa-d128-causal,prefill-cache-d128
 fi
 if has next27; then
-  # Written in session 25 for the next lease (RESULTS v0.26 Next 0-1): the forward suites under the new
-  # pack rule, the pack rule's off-grid rows and decode, the split's deterministic tests, sweep v59.
+  # Written in session 25 for the next lease (RESULTS v0.26 Next 0-2), in two calls (each under 10
+  # minutes): next27 = the forward suites under the new pack rule and the split's new tests (sm90
+  # deterministic, sm80 forced, batch invariance with MQA); next27b = the timings.
   gpu_tests next27fwd 300 tests/test_fwd_sm90_gpu.py tests/test_fwd_splitkv_gpu.py tests/test_flash_attn_cute_calls_gpu.py
-  gpu_tests next27bwd 240 tests/test_bwd_gpu.py -k "kv_split"  # sm90 and sm80 (forced), deterministic
+  gpu_tests next27bwd 240 tests/test_bwd_gpu.py -k "kv_split or batch_invariant"
+fi
+if has next27b; then
   logged next27offgrid 200 20 python3 tools/offgrid.py --cases varlen-gqa-d128-causal,gqa-d128-s4k-causal,varlen-d128
   logged next27sweep 240 30 python3 tools/sweep_bwd.py --plan v59
   logged next27sweep80 240 20 python3 tools/sweep_bwd.py --family sm80 --plan v60
