@@ -169,9 +169,9 @@ from cutlass import Float32, Int32, const_expr
 
 from fa4 import arch
 from fa4.bwd import postprocess, preprocess
-from fa4.cute_utils import make_acc_mn_view
 from fa4.bwd.workspace import dq_accum_placeholder, dq_accum_shape, rows_shape
 from fa4.config import AttnProblem
+from fa4.cute_utils import make_acc_mn_view
 from fa4.sched.tile import section_tile
 from fa4.validate import kernel_ready
 
@@ -367,6 +367,17 @@ def kv_split_for(problem: AttnProblem, tile_m: int, tile_n: int, num_sms: int) -
     while more(split):
         split *= 2
     return split
+
+
+def check_main_kernel_types(cfg, dtype, mQ, mK, mV, mdO, mdK, mdV) -> None:
+    """Trace time, a family's main kernel: q, k, v, dout (and dk, dv) of the configured 16-bit
+    ``dtype``; with ``kv_split`` dk, dv are the float32 partials (Note [Split GQA group])."""
+    split = getattr(cfg, "kv_split", 1) > 1
+    for t in (mQ, mK, mV, mdO) + (() if split else (mdK, mdV)):
+        if t.element_type != dtype:
+            raise TypeError("q, k, v, dout, dk, dv must have the configured dtype")
+    if split and (mdK.element_type != Float32 or mdV.element_type != Float32):
+        raise TypeError("with kv_split the dk, dv arguments are the float32 partials (Note [Split GQA group])")
 
 
 @cute.jit

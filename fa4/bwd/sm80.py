@@ -245,11 +245,7 @@ class FlashBwdSm80:
         section_pairs: Int32,  # launch order: (batch, kv head) pairs per section (Note [Launch order], common.py)
         stream,
     ):
-        for t in (mQ, mK, mV, mdO) + (() if const_expr(self.cfg.kv_split > 1) else (mdK, mdV)):
-            if const_expr(t.element_type != self.dtype):
-                raise TypeError("q, k, v, dout, dk, dv must have the configured dtype")
-        if const_expr(self.cfg.kv_split > 1 and (mdK.element_type != Float32 or mdV.element_type != Float32)):
-            raise TypeError("with kv_split the dk, dv arguments are the float32 partials (Note [Split GQA group])")
+        common.check_main_kernel_types(self.cfg, self.dtype, mQ, mK, mV, mdO, mdK, mdV)
         d, hd = self.head_dim, self.head_dim
         atom = smem_layout_atom_sm80(self.dtype, d)
         sQ_layout = cute.tile_to_shape(atom, (self.tile_m, hd, self.num_stages), (0, 1, 2))

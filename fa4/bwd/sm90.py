@@ -708,11 +708,7 @@ class FlashBwdSm90:
         section_pairs: Int32,  # (batch, kv head) pairs per launch section (Note [Launch order], common.py)
         stream,
     ):
-        for t in (mQ, mK, mV, mdO) + (() if const_expr(self.cfg.kv_split > 1) else (mdK, mdV)):
-            if const_expr(t.element_type != self.dtype):
-                raise TypeError("q, k, v, dout, dk, dv must have the configured dtype")
-        if const_expr(self.cfg.kv_split > 1 and (mdK.element_type != Float32 or mdV.element_type != Float32)):
-            raise TypeError("with kv_split the dk, dv arguments are the float32 partials (Note [Split GQA group])")
+        common.check_main_kernel_types(self.cfg, self.dtype, mQ, mK, mV, mdO, mdK, mdV)
         self._setup()
         num_batch, seqlen_k = grid_extent(mK, mCuSeqlensK, max_seqlen_k)
         # Grid units along the K blocks: blocks, or with two_cta pairs of adjacent blocks (a cluster).
