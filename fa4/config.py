@@ -50,7 +50,13 @@ class KernelOptions:
     half as many dQ rows each; True / False over the tuned default), ``bwd_dq_pass`` (sm90: dQ from a
     second kernel with its query rows stationary, no global reductions, the same bits on every run;
     True / False over the tuned default), ``bwd_exp2_emu_frac`` (sm90: the share of the backward's
-    P exponentials computed by the polynomial on the FMA pipe; 0 = all MUFU ``ex2``).
+    P exponentials computed by the polynomial on the FMA pipe; 0 = all MUFU ``ex2``),
+    ``bwd_kv_split`` (the GQA group's q heads split over this many CTAs per K block, each writing
+    float32 partial dK / dV that are summed in a fixed order; a power of two dividing the group; 1 =
+    no split; the default splits masked GQA/MQA grids too small to fill the GPU, and never a
+    deterministic run, whose bits may not depend on the batch: a fixed split keeps them
+    batch-independent, so a deterministic MQA backward may ask for one; sm90, and sm80 without
+    determinism).
     ``arch``: force a kernel family ("sm80", "sm90", "sm100") instead of the device's own, e.g. to
     run the Ampere path on a Hopper GPU. The environment variable ``FA4_ARCH`` does the same.
     """
@@ -68,6 +74,7 @@ class KernelOptions:
     bwd_two_cta: Optional[bool] = None
     bwd_dq_pass: Optional[bool] = None
     bwd_exp2_emu_frac: Optional[float] = None
+    bwd_kv_split: Optional[int] = None
 
     def __post_init__(self) -> None:
         if self.arch is not None and normalize_family(self.arch) is None:
@@ -78,6 +85,9 @@ class KernelOptions:
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
                 raise ValueError(f"KernelOptions.{name} must be a positive int, got {v!r}")
+        v = self.bwd_kv_split
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0 or v & (v - 1)):
+            raise ValueError(f"KernelOptions.bwd_kv_split must be a power of two (1, 2, 4, ...), got {v!r}")
         for name in ("bwd_two_cta", "bwd_dq_pass"):
             v = getattr(self, name)
             if v is not None and not isinstance(v, bool):

@@ -250,7 +250,7 @@ def test_bwd_sm90_kv_split(case, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", KV_SPLIT_CASES, ids=[f"{_case_id(c)}-split{c['split']}" for c in KV_SPLIT_CASES])
 def test_bwd_sm80_kv_split(case, monkeypatch):
-    """The sm80 backward's split GQA group (written in v0.26, off by default: sm80.KV_SPLIT), forced
+    """The sm80 backward's split GQA group (on by default since v0.27: sm80.KV_SPLIT), forced
     on the same cases as the sm90 family's, under the reference rule."""
     from fa4.bwd import common, sm80
 
@@ -892,6 +892,38 @@ def test_bwd_sm90_deterministic_batch_invariant(d, heads, causal, monkeypatch, h
     for name, a, b, c in zip(("dq", "dk", "dv"), alone, batch, one_pair):
         assert torch.equal(a[0], b[0]), f"{name} of sample 0 depends on its batch"
         assert torch.equal(b, c), f"{name} depends on the launch sections"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d,causal,split", [(128, True, 8), (64, False, 4), (256, True, 2)])
+def test_bwd_sm90_deterministic_kv_split_option(d, causal, split, hang_watchdog):
+    """``KernelOptions(bwd_kv_split=...)`` with ``deterministic=True`` (an MQA backward a user wants
+    deterministic and fast): the same bits over runs, sample 0's bits alone and in a batch of 3 (the
+    split is fixed, not read from the batch), dQ's bits as without the split, and the pass rule.
+    d256 runs the dQ pass."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the sm90 kernels need compute capability 9.x")
+    hang_watchdog()
+    q, k, v = random_qkv(3, 1000, 1000, 8, 1, d, torch.bfloat16, "cuda", seed=d + split)
+    g = torch.randn(q.shape, device="cuda", dtype=q.dtype)
+
+    def grads(b, s):
+        qq, kk, vv = (t[:b].detach().clone().requires_grad_() for t in (q, k, v))
+        out, _ = fa4.flash_attn_func(qq, kk, vv, causal=causal, deterministic=True, num_splits=1,
+                                     kernel_options=fa4.KernelOptions(arch="sm90", bwd_kv_split=s))
+        return torch.autograd.grad(out, (qq, kk, vv), g[:b])
+
+    try:
+        batch = _same_bits_over_runs(lambda: grads(3, split), 3, f"bwd_kv_split={split}")
+        alone, unsplit = grads(1, split), grads(3, 1)
+    finally:
+        fa4.ops._plans.clear()
+    for name, a, b in zip(("dq", "dk", "dv"), alone, batch):
+        assert torch.equal(a[0], b[0]), f"{name} of sample 0 depends on its batch"
+    assert torch.equal(batch[0], unsplit[0]), "dq depends on the split"
+    qkv = (q, k, v)
+    ref, pt = _reference_dense(qkv, dict(causal=causal, window_size=(None, None), softcap=0.0), g, None)
+    _check_grads(("dq", "dk", "dv"), batch, ref, pt, qkv, g)
 
 
 @pytest.mark.gpu

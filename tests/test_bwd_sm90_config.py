@@ -495,14 +495,54 @@ def test_kv_split_rule_and_refusals(monkeypatch):
     det = sm90.make_config(p(2, 8192, 16, 1), None, "sm_90a", True)
     assert det.deterministic and det.kv_split == 1
     sm90.FlashBwdSm90.can_implement(dataclasses.replace(det, kv_split=8))
-    # The sm80 family: the same rule, off until measured (sm80.KV_SPLIT); its kernel checks the split.
+    # The sm80 family: the same rule (on since v0.27, sm80.KV_SPLIT); its kernel checks the split.
     from fa4.bwd import sm80
 
     monkeypatch.setattr(common.arch, "num_sms", lambda *a: 132)
-    assert not sm80.KV_SPLIT and sm80.make_config(p(2, 8192, 16, 1), None, "sm_90a").kv_split == 1
+    assert sm80.KV_SPLIT and sm80.make_config(p(2, 8192, 16, 1), None, "sm_90a").kv_split == 8
+    monkeypatch.setattr(sm80, "KV_SPLIT", False)
+    assert sm80.make_config(p(2, 8192, 16, 1), None, "sm_90a").kv_split == 1
     monkeypatch.setattr(sm80, "KV_SPLIT", True)
-    assert sm80.make_config(p(2, 8192, 16, 1), None, "sm_90a").kv_split == 8
     assert sm80.make_config(p(2, 8192, 16, 1), None, "sm_90a", True).kv_split == 1
     with pytest.raises(ValueError, match="kv_split"):
         sm80.FlashBwdSm80.can_implement(dataclasses.replace(sm80.make_config(p(2, 8192, 16, 1), None, "sm_90a"),
                                                             kv_split=3))
+
+
+def test_kv_split_option(monkeypatch):
+    """KernelOptions.bwd_kv_split: a power of two dividing the group; honoured over the rule, with
+    determinism too on sm90 (a fixed split keeps a sample's bits independent of its batch), refused
+    with the 2-CTA kernel and with sm80's deterministic mode; the 2-CTA default yields to it."""
+    from fa4.bwd import common, sm80
+
+    monkeypatch.setattr(common.arch, "num_sms", lambda *a: 132)
+
+    def p(b, s, h, hk, d=128, causal=True):
+        return AttnProblem(dtype="bf16", batch=b, seqlen_q=s, seqlen_k=s, heads=h, heads_k=hk, head_dim=d,
+                           head_dim_v=d, softmax_scale=d**-0.5, causal=causal)
+
+    for bad in (0, 3, -4, True, 2.0):
+        with pytest.raises(ValueError, match="bwd_kv_split"):
+            KernelOptions(bwd_kv_split=bad)
+    mqa = p(2, 8192, 16, 1)
+    assert sm90.make_config(mqa, KernelOptions(bwd_kv_split=1), "sm_90a").kv_split == 1
+    assert sm90.make_config(mqa, KernelOptions(bwd_kv_split=4), "sm_90a").kv_split == 4
+    det = sm90.make_config(mqa, KernelOptions(bwd_kv_split=8), "sm_90a", True)
+    assert det.deterministic and det.kv_split == 8
+    sm90.FlashBwdSm90.can_implement(det)
+    with pytest.raises(ValueError, match="bwd_kv_split=32 must divide the GQA group"):
+        sm90.make_config(mqa, KernelOptions(bwd_kv_split=32), "sm_90a")
+    with pytest.raises(ValueError, match="bwd_kv_split=2: the 2-CTA"):
+        sm90.make_config(mqa, KernelOptions(bwd_kv_split=2, bwd_two_cta=True), "sm_90a")
+    monkeypatch.setattr(sm90, "TWO_CTA", {128: True})
+    assert sm90.make_config(mqa, None, "sm_90a").two_cta
+    cfg = sm90.make_config(mqa, KernelOptions(bwd_kv_split=2), "sm_90a")
+    assert not cfg.two_cta and cfg.kv_split == 2
+    # sm80: honoured without determinism, refused with it.
+    assert sm80.make_config(mqa, KernelOptions(bwd_kv_split=2), "sm_90a").kv_split == 2
+    assert sm80.make_config(mqa, KernelOptions(bwd_kv_split=1), "sm_90a").kv_split == 1
+    with pytest.raises(ValueError, match="bwd_kv_split=2: this family's deterministic"):
+        sm80.make_config(mqa, KernelOptions(bwd_kv_split=2), "sm_90a", True)
+    assert sm80.make_config(mqa, KernelOptions(bwd_kv_split=1), "sm_90a", True).kv_split == 1
+    # Through the options string (torch.library ops carry it).
+    assert KernelOptions.from_str(KernelOptions(bwd_kv_split=4).to_str()).bwd_kv_split == 4

@@ -42,6 +42,16 @@ def test_grid_order_by_length(d, sk, causal, dynamic, sections):
     assert cfg.l2_section_mb == sections
 
 
+@pytest.mark.parametrize("ragged", [dict(varlen_q=True, varlen_k=True, total_q=16384, total_k=16384),
+                                    dict(has_seqused_k=True), dict(has_seqused_q=True)])
+@pytest.mark.parametrize("d,sk,dynamic", [(64, 4096, True), (128, 4096, True), (128, 1024, False)])
+def test_grid_order_ragged(ragged, d, sk, dynamic):
+    """v0.27: ragged rows (varlen, seqused) without a mask past s_k 1024 take the dynamic grid at any
+    head dim (one-pair sections); the static snake gave CTAs slots of sequences of different lengths."""
+    cfg = sm90.make_config(_problem(d, sq=sk, sk=sk, **ragged), None, "sm_90a", True)
+    assert cfg.persistent and cfg.dynamic_sched == dynamic and cfg.l2_section_mb == 0
+
+
 def test_decode_and_options():
     assert sm90.make_config(_problem(sq=1), None, "sm_90a", False).tile_m == 64
     cfg = sm90.make_config(_problem(), KernelOptions(tile_m=128, tile_n=64, num_stages=3, rescale_threshold=8.0,

@@ -620,7 +620,7 @@ def main():
     for text, (shape, over) in zip(texts, exps):
         try:
             ms, tf, grads = run(args.family, shape, over)
-            key = (shape["d"], shape["s"], shape["causal"])
+            key = tuple(sorted((k, repr(v)) for k, v in shape.items() if k not in ("det", "section", "dq")))
             ref = base.setdefault(key, grads)
             diff = max(float((a.float() - r.float()).abs().max()) for a, r in zip(grads, ref))
             print(f"{text:<48} {tf:8.1f} {ms:8.3f} {diff:8.1e}", flush=True)

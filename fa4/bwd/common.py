@@ -369,6 +369,25 @@ def kv_split_for(problem: AttnProblem, tile_m: int, tile_n: int, num_sms: int) -
     return split
 
 
+def asked_kv_split(opts, problem: AttnProblem, two_cta: bool = False, deterministic: bool = False,
+                   det_ok: bool = True) -> int:
+    """``KernelOptions.bwd_kv_split``, checked against the problem before any launch: it must divide
+    the GQA group, and a split cannot run with the 2-CTA kernel (nor, where ``det_ok`` is false, with
+    determinism)."""
+    split = opts.bwd_kv_split
+    group = problem.heads // problem.heads_k
+    if group % split:
+        raise ValueError(f"KernelOptions.bwd_kv_split={split} must divide the GQA group ({problem.heads} q heads "
+                         f"per {problem.heads_k} kv heads: {group})")
+    if split > 1 and two_cta:
+        raise ValueError(f"KernelOptions.bwd_kv_split={split}: the 2-CTA backward (bwd_two_cta) keeps one CTA "
+                         "pair per kv head; ask for bwd_two_cta=False")
+    if split > 1 and deterministic and not det_ok:
+        raise ValueError(f"KernelOptions.bwd_kv_split={split}: this family's deterministic backward keeps one CTA "
+                         "per kv head (the sm90 family takes a split with determinism)")
+    return split
+
+
 def check_main_kernel_types(cfg, dtype, mQ, mK, mV, mdO, mdK, mdV) -> None:
     """Trace time, a family's main kernel: q, k, v, dout (and dk, dv) of the configured 16-bit
     ``dtype``; with ``kv_split`` dk, dv are the float32 partials (Note [Split GQA group])."""

@@ -957,7 +957,9 @@ def make_config(
         atom_n_dkv=picked[1],
         atom_m_dq=picked[2],
         deterministic=bool(deterministic),
-        kv_split=(common.kv_split_for(problem, tile_m, tile_n, common.arch.num_sms())
+        kv_split=(common.asked_kv_split(opts, problem, deterministic=bool(deterministic), det_ok=False)
+                  if opts.bwd_kv_split is not None
+                  else common.kv_split_for(problem, tile_m, tile_n, common.arch.num_sms())
                   if KV_SPLIT and not deterministic else 1),
         **BwdSm80Config.problem_flags(problem),
     )
@@ -972,11 +974,12 @@ def make_config(
     return cfg
 
 
-KV_SPLIT = False
+KV_SPLIT = True
 """Whether the sm80 backward takes :func:`fa4.bwd.common.kv_split_for`'s split of the GQA group
-(Note [Split GQA group] in fa4/bwd/sm90.py; measured 0.51x -> 0.98x flash-attn-4 on the sm90 family's
-MQA backward). Written in v0.26 and compiled on the CPU; off until its GPU tests and a sweep run
-(``KernelOptions`` cannot ask for it; the tests force it)."""
+(Note [Split GQA group] in fa4/bwd/sm90.py). Sweep v60 (docs/RESULTS.md v0.27, H200, two rounds,
+TFLOP/s): MQA d128 s8k causal split 1 / 4 / 8: 160.0 / 306.6 / 317.4 and 159.8 / 309.7 / 317.1; d64
+(g32) 150.2 / 287.2 / 291.0 and 150.9 / 283.9 / 291.2; without a mask split 1 / 2: 325.6 / 319.3 and
+324.8 / 319.3 (the rule keeps 1 there). ``KernelOptions`` cannot ask for it; the tests force it."""
 
 
 LAUNCH_ORDER = common.LaunchOrder(causal=16, det_no_mask=32, det_causal=64)
@@ -1017,10 +1020,11 @@ def variants(arch: str) -> list[BwdSm80Config]:
         (_problem(256, causal=True), False),
         (_problem(128, softcap=30.0, varlen=True, seqused_k=True), True),
     ]
-    out = [make_config(p, None, arch, det) for p, det in cases]
+    # (kv_split pinned, not from kv_split_for: the compiled set must not depend on the SM count.)
+    out = [replace(make_config(p, None, arch, det), kv_split=1) for p, det in cases]
     if all(c.num_stages == 2 for c in out):
         out.append(replace(out[3], num_stages=1))
-    # The split GQA group (KV_SPLIT, off by default; Note [Split GQA group] in fa4/bwd/sm90.py).
+    # The split GQA group (KV_SPLIT; Note [Split GQA group] in fa4/bwd/sm90.py).
     out.append(replace(make_config(_problem(128, causal=True), None, arch), kv_split=4))
     out.append(replace(make_config(_problem(64, varlen=True, seqused_k=True), None, arch, True), kv_split=2))
     return out

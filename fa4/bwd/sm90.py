@@ -1897,7 +1897,8 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         raise ValueError(f"KernelOptions.bwd_tile_n={opts.bwd_tile_n}: the sm90 backward at head_dim "
                          f"{problem.head_dim} uses tile_n {tile_n}")
     asked_det = bool(deterministic)  # (a run with the dQ pass then takes the non-deterministic kernel)
-    two_cta = bool(opts.bwd_two_cta) if opts.bwd_two_cta is not None else TWO_CTA.get(hd, False) and not deterministic
+    two_cta = (bool(opts.bwd_two_cta) if opts.bwd_two_cta is not None
+               else TWO_CTA.get(hd, False) and not deterministic and (opts.bwd_kv_split or 1) == 1)
     if opts.bwd_dq_pass is not None:
         dq_pass = opts.bwd_dq_pass
         if dq_pass and two_cta:
@@ -1943,7 +1944,8 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
                        else BWD_EXP2_EMU_FRAC.get((hd, "causal" if problem.causal else
                                                    "local" if problem.local else "none"), 0.0)),
         # (1 when determinism is asked: a split that reads the batch would change a sample's bits.)
-        kv_split=1 if two_cta or asked_det else kv_split_for(problem, steps, tile_n, _num_sms()),
+        kv_split=(common.asked_kv_split(opts, problem, two_cta) if opts.bwd_kv_split is not None
+                  else 1 if two_cta or asked_det else kv_split_for(problem, steps, tile_n, _num_sms())),
         **BwdSm90Config.problem_flags(problem))
     # What a larger tile_m leaves no room for: the second dQ buffer. What the sdQ tile of a
     # deterministic run (no dq_direct) leaves no room for: P/dS stages, then Q/dO stages.

@@ -892,6 +892,10 @@ SUM_ROUNDED_WITH_THRESHOLD = True  # tools/rescale_accuracy.py turns it off to m
 # / 586.3 / 564.6, s8k 638.1 -> 623.0 / 616.8 / 580.7, s16k 641.7 -> 651.9 / 643.3 / 633.5, d64
 # 483.2 -> 485.5 / 487.7 / 474.6); rows without a mask at head dims > 128 take the dynamic grid
 # too, with one-pair sections (d256 s8k, three leases: +2-5% over the static snake).
+# v0.27: so do ragged rows without a mask (varlen, seqused) with s_k > 1024: the static snake hands a
+# CTA tiles of sequences of different lengths, and tiles past a shorter sequence's end are empty
+# slots in its walk; the claims balance them (tools/offgrid.py, varlen d128, 8 sequences of
+# 293-3774: static 571.8, dynamic 607.4, flash-attn-4 579.9 / 585.2).
 DYNAMIC_MIN_SEQLEN_K_MASKED = 1025
 DYNAMIC_UNMASKED_MIN_HD = 129
 L2_SECTION_MB_STATIC = 0  # one pair per section
@@ -904,7 +908,8 @@ def _grid_order(problem: AttnProblem) -> dict:
     if long_k and (problem.causal or problem.local):
         return dict(persistent=True, dynamic_sched=True, l2_section_mb=L2_SECTION_MB_DYNAMIC)
     wide = max(problem.head_dim, problem.head_dim_v) >= DYNAMIC_UNMASKED_MIN_HD
-    return dict(persistent=True, dynamic_sched=long_k and wide, l2_section_mb=L2_SECTION_MB_STATIC)
+    ragged = problem.varlen_q or problem.varlen_k or problem.has_seqused_q or problem.has_seqused_k
+    return dict(persistent=True, dynamic_sched=long_k and (wide or ragged), l2_section_mb=L2_SECTION_MB_STATIC)
 
 
 def _turns(table_pingpong: bool, table_tile_m: int, tile_m: int) -> tuple[bool, bool]:
