@@ -50,6 +50,10 @@ def test_grid_order_ragged(ragged, d, sk, dynamic):
     head dim (one-pair sections); the static snake gave CTAs slots of sequences of different lengths."""
     cfg = sm90.make_config(_problem(d, sq=sk, sk=sk, **ragged), None, "sm_90a", True)
     assert cfg.persistent and cfg.dynamic_sched == dynamic and cfg.l2_section_mb == 0
+    # Masked: dynamic past s_k 1024, with one-pair sections for varlen (16 MB otherwise).
+    masked = sm90.make_config(_problem(d, sq=sk, sk=sk, causal=True, **ragged), None, "sm_90a", True)
+    assert masked.dynamic_sched == (sk > 1024)
+    assert masked.l2_section_mb == (16 if sk > 1024 and "varlen_q" not in ragged else 0)
 
 
 def test_decode_and_options():

@@ -895,7 +895,13 @@ SUM_ROUNDED_WITH_THRESHOLD = True  # tools/rescale_accuracy.py turns it off to m
 # v0.27: so do ragged rows without a mask (varlen, seqused) with s_k > 1024: the static snake hands a
 # CTA tiles of sequences of different lengths, and tiles past a shorter sequence's end are empty
 # slots in its walk; the claims balance them (tools/offgrid.py, varlen d128, 8 sequences of
-# 293-3774: static 571.8, dynamic 607.4, flash-attn-4 579.9 / 585.2).
+# 293-3774: static 571.8, dynamic 607.4, flash-attn-4 579.9 / 585.2; three interleaved rounds
+# static / dynamic: 571.2 / 612.6, 565.5 / 584.3, 570.8 / 563.0). Masked varlen rows keep the
+# dynamic grid but take one-pair sections: the LPT order inside a section of several pairs ranks
+# tiles by their m_block in the longest sequence's grid, not by their own sequence's length (v0.27,
+# one lease, TFLOP/s, 16 MB / one pair / 64 MB: varlen GQA 32/8 d128 causal 504.4 / 549.2 / 477.5,
+# 16 MB again 508.5 and 485.7-499.3 in five more runs; varlen MHA d128 causal 498.9 / 519.3 / 508.9;
+# flash-attn-4 525-567 and 497-507; to be confirmed over rounds).
 DYNAMIC_MIN_SEQLEN_K_MASKED = 1025
 DYNAMIC_UNMASKED_MIN_HD = 129
 L2_SECTION_MB_STATIC = 0  # one pair per section
@@ -906,7 +912,9 @@ def _grid_order(problem: AttnProblem) -> dict:
     """``persistent``, ``dynamic_sched`` and ``l2_section_mb`` of the measured choice above."""
     long_k = problem.seqlen_k >= DYNAMIC_MIN_SEQLEN_K_MASKED
     if long_k and (problem.causal or problem.local):
-        return dict(persistent=True, dynamic_sched=True, l2_section_mb=L2_SECTION_MB_DYNAMIC)
+        varlen = problem.varlen_q or problem.varlen_k
+        return dict(persistent=True, dynamic_sched=True,
+                    l2_section_mb=L2_SECTION_MB_STATIC if varlen else L2_SECTION_MB_DYNAMIC)
     wide = max(problem.head_dim, problem.head_dim_v) >= DYNAMIC_UNMASKED_MIN_HD
     ragged = problem.varlen_q or problem.varlen_k or problem.has_seqused_q or problem.has_seqused_k
     return dict(persistent=True, dynamic_sched=long_k and (wide or ragged), l2_section_mb=L2_SECTION_MB_STATIC)
