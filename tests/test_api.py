@@ -176,6 +176,12 @@ def test_explain_reports_backward_launch_sections():
                                                                                      capability=(9, 0)))
     (gqa_det,) = line(q16, kv, causal=True, deterministic=True)  # the down order's table: all 8 pairs
     assert "sections of 8 of the 8" in gqa_det and "Causal sections" not in gqa_det
+    # Asked determinism keeps the group whole and names the fixed split that would serve it.
+    det_text = str(fa4.explain(q16, kv, kv, causal=True, deterministic=True, capability=(9, 0)))
+    assert "GQA group not split" in det_text and "bwd_kv_split=2" in det_text
+    fixed = str(fa4.explain(q16, kv, kv, causal=True, deterministic=True, capability=(9, 0),
+                            kernel_options=fa4.KernelOptions(bwd_kv_split=2)))
+    assert "split GQA group: the 4 q heads of each kv head over 2 CTAs" in fixed and "not split" not in fixed
 
 
 def test_explain_reports_the_down_tail():

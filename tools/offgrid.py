@@ -4,6 +4,7 @@ sequences, prefill against a longer cache (GPU).
 
     python tools/offgrid.py [--cases NAME,NAME] [--mode fwd,bwd] [--deterministic] [--repeats N] [--arch sm80]
                             [--set fwd.dynamic_sched=True --set bwd.kv_split=4 ...]
+                            [--variant "fwd.l2_section_mb=0" --variant "fwd.l2_section_mb=16 ..." --rounds 3]
 
 TFLOP/s count the (query, key) pairs a mask keeps exactly (per sequence for varlen): forward
 ``4 * h * d * pairs``, backward 2.5x. Medians of ``triton.testing.do_bench``; the backward is timed
@@ -11,7 +12,10 @@ as in fa4.bench (forward once, then ``torch.autograd.grad`` with ``retain_graph`
 each implementation's largest difference from fa4's output / gradients (a sanity check, not the
 accuracy test). flash-attn-4 is optional: n/a when it is not installed. ``--set DIR.FIELD=VALUE``
 replaces a field of fa4's config for that direction (the family's ``make_config`` output), to time a
-variant beside the peers.
+variant beside the peers. ``--variant "ITEM ITEM"`` (repeatable) times fa4 under each set of such
+items, interleaved with the plain defaults over ``--rounds`` rounds in one process (the peers once per
+case and round); besides config fields an item may be ``bwd.section=N`` (the backward's launch
+sections, ``LAUNCH_ORDER.section`` / ``det_section``, a runtime argument).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from fa4 import bench  # noqa: E402
 # name: (seqlens_q, seqlens_k (None: as q), heads, heads_k, head_dim, causal, varlen)
 CASES = {
     "varlen-d128": ("mixed", None, 16, 16, 128, False, True),
+    "varlen-d64": ("mixed", None, 32, 32, 64, False, True),
     "varlen-d128-causal": ("mixed", None, 16, 16, 128, True, True),
     "varlen-d64-causal": ("mixed", None, 32, 32, 64, True, True),
     "varlen-gqa-d128-causal": ("mixed", None, 32, 8, 128, True, True),
@@ -117,6 +122,60 @@ def callers(q, k, v, lq, lk, causal, varlen, deterministic, arch=None):
     return out
 
 
+def parse_items(items) -> dict:
+    """["fwd.a=1", "bwd.section=4"] -> {"fwd": {"a": 1}, "bwd": {...}, "section": 4 or None}."""
+    over: dict = {"fwd": {}, "bwd": {}, "section": None}
+    for item in items:
+        key, value = item.split("=", 1)
+        direction, field = key.split(".", 1)
+        if direction not in ("fwd", "bwd"):
+            raise SystemExit(f"--set / --variant: {item!r} is not DIR.FIELD=VALUE with DIR fwd or bwd")
+        if (direction, field) == ("bwd", "section"):
+            over["section"] = int(value)
+        else:
+            over[direction][field] = ast.literal_eval(value)
+    return over
+
+
+class Overrides:
+    """The families' make_config wrapped once; :meth:`use` swaps which fields (and backward launch
+    sections) apply, and clears fa4's plan cache so the next call takes them."""
+
+    def __init__(self, family: str):
+        self.mods = {d: importlib.import_module(f"fa4.{d}.{family}") for d in ("fwd", "bwd")}
+        self.current = parse_items([])
+        for direction, mod in self.mods.items():
+            make = mod.make_config
+
+            def wrapped(*a, make=make, direction=direction, **k):
+                fields = self.current[direction]
+                cfg = make(*a, **k)
+                return dataclasses.replace(cfg, **fields) if fields else cfg
+            mod.make_config = wrapped
+        order = getattr(self.mods["bwd"], "LAUNCH_ORDER", None)
+        self.order, self.saved = order, ((order.section, order.det_section) if order else None)
+
+    def use(self, over: dict) -> None:
+        self.current = over
+        if self.order is not None:
+            sec = over["section"]
+            self.order.section, self.order.det_section = self.saved if sec is None else (sec, sec)
+        fa4.ops._plans.clear()
+
+
+def time_one(fn, leaves, dout, mode, timer, repeats):
+    """(ms, results) of one implementation; the backward is timed as in fa4.bench."""
+    if mode == "fwd":
+        with torch.no_grad():
+            run = fn
+            res = [fn()]
+    else:
+        o = fn()
+        run = lambda o=o: torch.autograd.grad(o, leaves, dout, retain_graph=True)  # noqa: E731
+        res = list(run())
+    return statistics.median(timer(run) for _ in range(repeats)), res
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", default=",".join(CASES))
@@ -126,48 +185,42 @@ def main() -> None:
     ap.add_argument("--arch", help="fa4's kernel family (KernelOptions.arch), e.g. sm80; default: the GPU's own")
     ap.add_argument("--set", action="append", default=[], metavar="DIR.FIELD=VALUE",
                     help="override a field of fa4's fwd / bwd config, e.g. fwd.dynamic_sched=True")
+    ap.add_argument("--variant", action="append", default=[], metavar='"DIR.FIELD=VALUE ..."',
+                    help="a set of overrides timed beside the defaults (with --set on top), interleaved")
+    ap.add_argument("--rounds", type=int, default=1)
     args = ap.parse_args()
-    overrides: dict = {"fwd": {}, "bwd": {}}
-    for item in args.set:
-        key, value = item.split("=", 1)
-        direction, field = key.split(".", 1)
-        overrides[direction][field] = ast.literal_eval(value)
     family = (args.arch or "sm90").replace("sm_", "sm").replace("sm90a", "sm90")
-    for direction, fields in overrides.items():
-        if fields:
-            mod = importlib.import_module(f"fa4.{direction}.{family}")
-            make = mod.make_config
-            mod.make_config = lambda *a, make=make, fields=fields, **k: dataclasses.replace(make(*a, **k), **fields)
-    fa4.ops._plans.clear()
+    hooks = Overrides(family)
+    variants = [("", args.set)] + [(text, args.set + text.split()) for text in args.variant]
     timer = bench.default_timer()
     modes = args.mode.split(",")
     print(f"{'case':<26} {'dir':<4} " + "impl: TFLOP/s (ms, maxdiff)")
-    for name in args.cases.split(","):
-        q, k, v, lq, lk, causal, varlen, flops = build(CASES[name])
-        for mode in modes:
-            leaves = [t.detach().requires_grad_(mode == "bwd") for t in (q, k, v)]
-            fns = callers(*leaves, lq, lk, causal, varlen, args.deterministic, args.arch)
-            dout = torch.randn_like(q)
-            cells, ref = [], None
-            for impl, fn in fns.items():
-                try:
-                    if mode == "fwd":
-                        with torch.no_grad():
-                            run = fn
-                            res = [fn()]
-                    else:
-                        o = fn()
-                        run = lambda o=o: torch.autograd.grad(o, leaves, dout, retain_graph=True)  # noqa: E731
-                        res = list(run())
-                    ms = statistics.median(timer(run) for _ in range(args.repeats))
-                except Exception as e:  # noqa: BLE001 - a peer may refuse a shape
-                    cells.append(f"{impl}: n/a ({type(e).__name__}: {str(e)[:60]})")
-                    continue
-                ref = ref or res
-                diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(res, ref))
-                tf = flops * (2.5 if mode == "bwd" else 1.0) / (ms * 1e-3) / 1e12
-                cells.append(f"{impl}: {tf:.1f} ({ms:.3f}, {diff:.1e})")
-            print(f"{name:<26} {mode:<4} " + " | ".join(cells), flush=True)
+    for rnd in range(args.rounds):
+        for name in args.cases.split(","):
+            q, k, v, lq, lk, causal, varlen, flops = build(CASES[name])
+            for mode in modes:
+                leaves = [t.detach().requires_grad_(mode == "bwd") for t in (q, k, v)]
+                dout = torch.randn_like(q)
+                cells, ref = [], None
+                for vi, (text, items) in enumerate(variants):
+                    hooks.use(parse_items(items))
+                    fns = callers(*leaves, lq, lk, causal, varlen, args.deterministic, args.arch)
+                    for impl, fn in fns.items():
+                        if vi and impl != "fa4":
+                            continue  # the peers once per case and round
+                        label = f"fa4[{text}]" if vi else impl
+                        try:
+                            ms, res = time_one(fn, leaves, dout, mode, timer, args.repeats)
+                        except Exception as e:  # noqa: BLE001 - a peer may refuse a shape
+                            cells.append(f"{label}: n/a ({type(e).__name__}: {str(e)[:60]})")
+                            continue
+                        ref = ref or res
+                        diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(res, ref))
+                        tf = flops * (2.5 if mode == "bwd" else 1.0) / (ms * 1e-3) / 1e12
+                        cells.append(f"{label}: {tf:.1f} ({ms:.3f}, {diff:.1e})")
+                hooks.use(parse_items(args.set))
+                tag = f"{name}" + (f" r{rnd + 1}" if args.rounds > 1 else "")
+                print(f"{tag:<26} {mode:<4} " + " | ".join(cells), flush=True)
 
 
 if __name__ == "__main__":

@@ -1981,6 +1981,14 @@ def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: B
         notes.append(f"split GQA group: the {problem.heads // problem.heads_k} q heads of each kv head over "
                      f"{cfg.kv_split} CTAs per K block, float32 partial dK / dV summed after the kernel (Note "
                      "[Split GQA group]: few kv heads would leave too few CTAs)")
+    elif not cfg.two_cta and (options is None or options.bwd_kv_split is None) and problem.heads > problem.heads_k:
+        # Asked determinism keeps one CTA per kv head; name the split the rule gives without it.
+        rule = kv_split_for(problem, cfg.tile_m, cfg.tile_n, _num_sms())
+        if rule > 1:
+            notes.append(f"GQA group not split (deterministic: the split rule reads the batch, so a sample's bits "
+                         f"would depend on it); without determinism it would be {rule} CTAs per K block. A fixed "
+                         f"KernelOptions(bwd_kv_split={rule}) keeps the bits batch-independent and is faster "
+                         "where the kv heads leave too few CTAs (Note [Split GQA group])")
     if cfg.exp2_emu_frac:
         notes.append(f"exp2 emulation: {cfg.exp2_emu_frac:g} of the main backward kernel's P exponentials on the FMA pipe "
                      "(a polynomial, Note [exp2 emulation]; KernelOptions(bwd_exp2_emu_frac=0) turns it off)")
