@@ -53,7 +53,8 @@ class KernelOptions:
     P exponentials computed by the polynomial on the FMA pipe; 0 = all MUFU ``ex2``),
     ``bwd_kv_split`` (the GQA group's q heads split over this many CTAs per K block, each writing
     float32 partial dK / dV that are summed in a fixed order; a power of two dividing the group; 1 =
-    no split; the default splits masked GQA/MQA grids too small to fill the GPU, and never a
+    no split; the default splits GQA/MQA grids too small to fill the GPU (with a mask up to about
+    four waves of CTAs, without one up to one wave), and never a
     deterministic run, whose bits may not depend on the batch: a fixed split keeps them
     batch-independent, so a deterministic MQA backward may ask for one; sm90, and sm80 without
     determinism).

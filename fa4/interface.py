@@ -77,9 +77,11 @@ def _run(problem: AttnProblem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, o
         name = "seqused_q" if problem.has_seqused_q else "page_table"
         raise NotImplementedError(f"fa4's backward does not support {name} yet (forward only); call it under "
                                   f"torch.no_grad() or without inputs that require grad")
-    if grad_qkv and problem.head_dim_v != problem.head_dim and not torch.compiler.is_compiling():
-        # Only the sm90 backward serves head_dim_v != head_dim: ask the backward's family now (its
-        # make_config raises NotImplementedError), not after the forward has run.
+    if (grad_qkv and (problem.head_dim_v != problem.head_dim or options.bwd_kv_split is not None)
+            and not torch.compiler.is_compiling()):
+        # Only the sm90 backward serves head_dim_v != head_dim, and a backward option such as
+        # bwd_kv_split may not fit the problem: ask the backward's family now (its make_config
+        # raises), not after the forward has run. (The plan is cached for the backward.)
         ops.check_backward(problem, q.device, options, deterministic)
     if torch.compiler.is_compiling():
         pack = -1 if problem.pack_gqa is None else int(problem.pack_gqa)

@@ -914,7 +914,13 @@ def test_bwd_sm90_deterministic_kv_split_option(d, causal, split, hang_watchdog)
         return torch.autograd.grad(out, (qq, kk, vv), g[:b])
 
     try:
+        fa4.ops._plans.clear()
         batch = _same_bits_over_runs(lambda: grads(3, split), 3, f"bwd_kv_split={split}")
+        # The option reached the kernel: the backward's plan has the split (and determinism, but under
+        # the dQ pass at d256, whose main kernel is the non-deterministic one).
+        cfgs = [cfg for (direction, *_), (_, cfg) in fa4.ops._plans.items() if direction == "bwd"]
+        assert cfgs and all(c.kv_split == split and (c.deterministic or c.dq_pass) for c in cfgs), cfgs
+        assert any(c.dq_pass for c in cfgs) == (d == 256), cfgs
         alone, unsplit = grads(1, split), grads(3, 1)
     finally:
         fa4.ops._plans.clear()

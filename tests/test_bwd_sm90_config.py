@@ -541,8 +541,25 @@ def test_kv_split_option(monkeypatch):
     # sm80: honoured without determinism, refused with it.
     assert sm80.make_config(mqa, KernelOptions(bwd_kv_split=2), "sm_90a").kv_split == 2
     assert sm80.make_config(mqa, KernelOptions(bwd_kv_split=1), "sm_90a").kv_split == 1
-    with pytest.raises(ValueError, match="bwd_kv_split=2: this family's deterministic"):
+    with pytest.raises(ValueError, match="bwd_kv_split=2: with deterministic=True this family keeps"):
         sm80.make_config(mqa, KernelOptions(bwd_kv_split=2), "sm_90a", True)
     assert sm80.make_config(mqa, KernelOptions(bwd_kv_split=1), "sm_90a", True).kv_split == 1
     # Through the options string (torch.library ops carry it).
     assert KernelOptions.from_str(KernelOptions(bwd_kv_split=4).to_str()).bwd_kv_split == 4
+
+
+def test_sum_partials_fixed_order():
+    """The split's partials are summed by a fixed tree of adds (common.sum_partials): the same bits
+    for a sample whatever the batch around it, and the documented order."""
+    import torch
+
+    from fa4.bwd.common import sum_partials
+
+    g = torch.Generator().manual_seed(0)
+    t = torch.randn(5, 37, 3, 8, 16, generator=g) * torch.logspace(-3, 3, 16)
+    whole = sum_partials(t)
+    assert whole.shape == (5, 37, 3, 16)
+    assert torch.equal(sum_partials(t[2:3]), whole[2:3]) and torch.equal(sum_partials(t[:, 5:9]), whole[:, 5:9])
+    p = [t[..., i, :] for i in range(8)]
+    assert torch.equal(whole, ((p[0] + p[4]) + (p[2] + p[6])) + ((p[1] + p[5]) + (p[3] + p[7])))
+    assert torch.equal(sum_partials(t[..., :1, :]), t[..., 0, :])

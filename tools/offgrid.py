@@ -14,8 +14,9 @@ accuracy test). flash-attn-4 is optional: n/a when it is not installed. ``--set 
 replaces a field of fa4's config for that direction (the family's ``make_config`` output), to time a
 variant beside the peers. ``--variant "ITEM ITEM"`` (repeatable) times fa4 under each set of such
 items, interleaved with the plain defaults over ``--rounds`` rounds in one process (the peers once per
-case and round); besides config fields an item may be ``bwd.section=N`` (the backward's launch
-sections, ``LAUNCH_ORDER.section`` / ``det_section``, a runtime argument).
+case and round, the variants' order rotated per round); besides config fields an item may be
+``bwd.section=N`` (the backward's launch sections, ``LAUNCH_ORDER.section`` / ``det_section``, a
+runtime argument; the rotated deterministic order ignores it: its sections are one pair per round).
 """
 
 from __future__ import annotations
@@ -189,7 +190,13 @@ def main() -> None:
                     help="a set of overrides timed beside the defaults (with --set on top), interleaved")
     ap.add_argument("--rounds", type=int, default=1)
     args = ap.parse_args()
-    family = (args.arch or "sm90").replace("sm_", "sm").replace("sm90a", "sm90")
+    if args.arch:
+        family = args.arch.replace("sm_", "sm").replace("sm90a", "sm90")
+    else:  # the family fa4 dispatches to on this GPU (the modules the overrides must patch)
+        from fa4.arch import resolve
+
+        family = (resolve("bwd", torch.cuda.get_device_capability(), None, warn=False).family
+                  if torch.cuda.is_available() else "sm90")
     hooks = Overrides(family)
     variants = [("", args.set)] + [(text, args.set + text.split()) for text in args.variant]
     timer = bench.default_timer()
@@ -202,13 +209,16 @@ def main() -> None:
                 leaves = [t.detach().requires_grad_(mode == "bwd") for t in (q, k, v)]
                 dout = torch.randn_like(q)
                 cells, ref = [], None
-                for vi, (text, items) in enumerate(variants):
+                # Rotated per round, so no variant always runs first (the first timing of a call
+                # has read low); the peers run with whichever comes first.
+                shift = rnd % len(variants)
+                for vi, (text, items) in enumerate(variants[shift:] + variants[:shift]):
                     hooks.use(parse_items(items))
                     fns = callers(*leaves, lq, lk, causal, varlen, args.deterministic, args.arch)
                     for impl, fn in fns.items():
                         if vi and impl != "fa4":
                             continue  # the peers once per case and round
-                        label = f"fa4[{text}]" if vi else impl
+                        label = f"fa4[{text}]" if text else impl
                         try:
                             ms, res = time_one(fn, leaves, dout, mode, timer, args.repeats)
                         except Exception as e:  # noqa: BLE001 - a peer may refuse a shape

@@ -369,11 +369,22 @@ def kv_split_for(problem: AttnProblem, tile_m: int, tile_n: int, num_sms: int) -
     return split
 
 
+def sum_partials(t: torch.Tensor) -> torch.Tensor:
+    """``t`` of shape (..., kv heads, split, d), split a power of two -> the sum over the split, in
+    float32, as a fixed tree of elementwise adds (halves added, then quarters, ...): the same order for
+    every element whatever the tensor's size, so a sample's dK / dV bits do not depend on its batch
+    (a reduction kernel may choose its order by the sizes)."""
+    while t.shape[-2] > 1:
+        half = t.shape[-2] // 2
+        t = t[..., :half, :] + t[..., half:, :]
+    return t.squeeze(-2)
+
+
 def asked_kv_split(opts, problem: AttnProblem, two_cta: bool = False, deterministic: bool = False,
                    det_ok: bool = True) -> int:
-    """``KernelOptions.bwd_kv_split``, checked against the problem before any launch: it must divide
-    the GQA group, and a split cannot run with the 2-CTA kernel (nor, where ``det_ok`` is false, with
-    determinism)."""
+    """``KernelOptions.bwd_kv_split``, checked against the problem by the family's make_config (which
+    the interface asks before the forward runs): it must divide the GQA group, and a split cannot run
+    with the 2-CTA kernel (nor, where ``det_ok`` is false, with determinism)."""
     split = opts.bwd_kv_split
     group = problem.heads // problem.heads_k
     if group % split:
@@ -383,8 +394,9 @@ def asked_kv_split(opts, problem: AttnProblem, two_cta: bool = False, determinis
         raise ValueError(f"KernelOptions.bwd_kv_split={split}: the 2-CTA backward (bwd_two_cta) keeps one CTA "
                          "pair per kv head; ask for bwd_two_cta=False")
     if split > 1 and deterministic and not det_ok:
-        raise ValueError(f"KernelOptions.bwd_kv_split={split}: this family's deterministic backward keeps one CTA "
-                         "per kv head (the sm90 family takes a split with determinism)")
+        raise ValueError(f"KernelOptions.bwd_kv_split={split}: with deterministic=True this family keeps one CTA per "
+                         "kv head (its split under the ordered dQ compiles but has not run on a GPU; the sm90 "
+                         "family takes a split with determinism)")
     return split
 
 
@@ -590,7 +602,7 @@ def run_backward(cfg, problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_se
         dk_k.zero_()
         dv_k.zero_()
     if split > 1:  # the partials of each kv head summed in a fixed order, rounded once
-        dk_k, dv_k = (t.unflatten(2, (k.shape[2], split)).sum(3) for t in (dk_k, dv_k))
+        dk_k, dv_k = (sum_partials(t.unflatten(2, (k.shape[2], split))) for t in (dk_k, dv_k))
     if dk_k is not dk:
         dk.copy_(dk_k)
     if dv_k is not dv:

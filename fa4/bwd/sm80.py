@@ -979,7 +979,9 @@ KV_SPLIT = True
 (Note [Split GQA group] in fa4/bwd/sm90.py). Sweep v60 (docs/RESULTS.md v0.27, H200, two rounds,
 TFLOP/s): MQA d128 s8k causal split 1 / 4 / 8: 160.0 / 306.6 / 317.4 and 159.8 / 309.7 / 317.1; d64
 (g32) 150.2 / 287.2 / 291.0 and 150.9 / 283.9 / 291.2; without a mask split 1 / 2: 325.6 / 319.3 and
-324.8 / 319.3 (the rule keeps 1 there). ``KernelOptions`` cannot ask for it; the tests force it."""
+324.8 / 319.3 (the rule keeps 1 there). Measured on the H200 only (this family also serves sm8x GPUs
+and sm100's fallback, unmeasured there). ``KernelOptions(bwd_kv_split=N)`` fixes a split instead
+(not with determinism here)."""
 
 
 LAUNCH_ORDER = common.LaunchOrder(causal=16, det_no_mask=32, det_causal=64)

@@ -1960,6 +1960,7 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         asked = [f"bwd_tile_m={opts.bwd_tile_m}"] if opts.bwd_tile_m is not None else []
         asked += ["bwd_two_cta=True"] if opts.bwd_two_cta else []
         asked += [f"bwd_dq_pass={opts.bwd_dq_pass}"] if opts.bwd_dq_pass is not None else []
+        asked += [f"bwd_kv_split={opts.bwd_kv_split}"] if opts.bwd_kv_split not in (None, 1) else []
         if asked:
             raise ValueError(f"KernelOptions.{', '.join(asked)}: {e}") from None
         raise

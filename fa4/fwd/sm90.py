@@ -1035,6 +1035,10 @@ def variants(arch: str) -> list[FwdSm90Config]:
             varlen_q=True),
         cfg(128, split_kv=True, has_sink=True),  # the partials skip the sink (the combine adds it)
         cfg(64, pingpong=True, pp_steps_only=False),  # three warpgroups' turns around the tile's edges too
+        # v0.27's grid rule for ragged rows: varlen without a mask on the dynamic grid (any head dim);
+        # masked varlen on the dynamic grid with one-pair sections (l2_section_mb 0).
+        cfg(128, varlen_q=True, varlen_k=True, dynamic_sched=True),
+        cfg(64, causal=True, varlen_q=True, varlen_k=True, dynamic_sched=True),
     ]
 
 
