@@ -128,3 +128,22 @@ def test_varlen_max_seqlen_optional(how):
                         upcast=False)
     check_close("out", out, ref[0], low[0])
     check_close("lse", lse, ref[1], low[1])
+
+
+@pytest.mark.gpu
+def test_bad_bwd_kv_split_raises_before_the_forward(monkeypatch):
+    """A bwd_kv_split that does not fit the problem is refused when the forward is called with inputs
+    that require grad (not later, in autograd's backward), and before any kernel launch."""
+    q = torch.randn(1, 256, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(1, 256, 1, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    from fa4 import ops
+
+    def no_launch(*a, **kw):
+        raise AssertionError("the forward ran")
+    monkeypatch.setattr(ops, "forward", no_launch)
+    with pytest.raises(ValueError, match="bwd_kv_split=8 must divide the GQA group"):
+        fa4.flash_attn_func(q, k, k, kernel_options=fa4.KernelOptions(bwd_kv_split=8))
+    with torch.no_grad():  # no backward asked: the option is not read
+        monkeypatch.undo()
+        out, _ = fa4.flash_attn_func(q, k, k, kernel_options=fa4.KernelOptions(bwd_kv_split=8))
+    assert out.shape == q.shape

@@ -344,6 +344,8 @@ if has next28; then
   # grid rules (ragged rows on the dynamic grid; masked varlen rows with one-pair sections).
   gpu_tests next28fwd 300 tests/test_fwd_sm90_gpu.py tests/test_flash_attn_cute_calls_gpu.py tests/test_fwd_splitkv_gpu.py \
     -k "varlen or seqused or dynamic or cute"
+  # The split's partials now summed by a fixed add tree (common.sum_partials), bwd_kv_split checked early.
+  gpu_tests next28bwd 240 tests/test_bwd_gpu.py tests/test_api_gpu.py -k "kv_split or batch_invariant or MQA or mqa or option"
 fi
 if has next28b; then
   # ... and the timings (tools/offgrid.py --variant, interleaved rounds in one process): the v0.27 rules
