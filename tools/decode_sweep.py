@@ -1,6 +1,7 @@
 """Decode sweep (issue 9): fa4's forward on the decode shapes, contiguous and paged (16-row pages,
 shuffled), over K/V stages and split counts; median of triton's do_bench, microseconds and K + V
-TB/s.  ``python3 tools/decode_sweep.py [--order]``: with ``--order``, only the default config,
+TB/s.  ``python3 tools/decode_sweep.py [--order | --grid]``: with ``--grid``, the decode tile's K
+rows, stages and grid (``grid_check``); with ``--order``, only the default config,
 paged with the pages shuffled and in order (does the page order, i.e. DRAM locality, cost the
 paged cache its last percent?). (v0.12 removed ``--pages-ahead``, the timing of a rejected option.)"""
 import itertools
@@ -28,8 +29,46 @@ def order_check():
         print(f"b{shape.batch} sk{shape.seqlen_k}: " + "; ".join(cells), flush=True)
 
 
+def grid_check(rounds: int = 3):
+    """``--grid``: the contiguous decode shapes over the tile's K rows, stages and grid (persistent, one
+    CTA per SM, or one CTA per tile, several per SM where shared memory allows), interleaved rounds.
+    Hypothesis (v0.27): at b64 the persistent grid's last round (512 packed tiles on 132 SMs: 3.88)
+    leaves 116 SMs with at most two 64 KB stages in flight each, and per-SM bytes in flight then bound
+    the HBM rate; more, smaller CTAs per SM keep more loads in flight."""
+    import dataclasses
+
+    from fa4.fwd import sm90
+
+    make = sm90.make_config
+    variants = [dict(), dict(tile_n=64, num_stages=2), dict(tile_n=64, num_stages=4),
+                dict(persistent=False), dict(tile_n=64, num_stages=2, persistent=False),
+                dict(tile_n=64, num_stages=3, persistent=False)]
+    data = {}
+    for shape in DECODE_SHAPES:
+        data[shape] = random_qkv(shape.batch, 1, shape.seqlen_k, shape.heads, shape.hk, shape.hdim, torch.bfloat16,
+                                 "cuda", seed=0)
+    for rnd in range(rounds):
+        for shape, (q, k, v) in data.items():
+            cells = []
+            for over in variants[rnd % len(variants):] + variants[:rnd % len(variants)]:
+                sm90.make_config = lambda *a, over=over, **kw: dataclasses.replace(make(*a, **kw), **over)
+                fa4.ops._plans.clear()
+                try:
+                    ms = triton.testing.do_bench(lambda: fa4.flash_attn_func(q, k, v), warmup=25, rep=300)
+                    cell = f"{ms * 1e3:6.1f} us"
+                except Exception as e:  # noqa: BLE001 - a variant may not fit shared memory
+                    cell = f"n/a ({type(e).__name__}: {str(e)[:50]})"
+                cells.append(f"{over or 'default'}: {cell}")
+            sm90.make_config = make
+            fa4.ops._plans.clear()
+            print(f"r{rnd + 1} b{shape.batch} sk{shape.seqlen_k}: " + "; ".join(cells), flush=True)
+
+
 if "--order" in sys.argv:
     order_check()
+    sys.exit(0)
+if "--grid" in sys.argv:
+    grid_check()
     sys.exit(0)
 
 for shape in DECODE_SHAPES:

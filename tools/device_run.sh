@@ -359,6 +359,8 @@ if has next28b; then
   logged next28bwd_sections 240 20 python3 tools/offgrid.py --mode bwd --rounds 2 \
     --cases varlen-d64-causal,varlen-d128-causal,varlen-gqa-d128-causal \
     --variant "bwd.section=1" --variant "bwd.section=4" --variant "bwd.section=64"
+  # Decode: the tile's K rows, stages and grid (tools/decode_sweep.py --grid; issue 9's b64 tie).
+  logged next28decode 240 20 python3 tools/decode_sweep.py --grid
 fi
 if has hostbd; then
   # Session 24: the backward's host time piece by piece (tools/host_breakdown.py $HOSTBD_ROWS).
