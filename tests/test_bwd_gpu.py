@@ -274,30 +274,34 @@ def test_bwd_sm80_kv_split(case, monkeypatch):
     (64, "none", "varlen", (8, 1), 4),
     (96, "local", "dense", (8, 2), 4),
 ])
-def test_bwd_sm90_kv_split_deterministic(d, mask, layout, heads, split, monkeypatch, hang_watchdog, ordered_dq):
+@pytest.mark.parametrize("fam", ["sm90", "sm80"])
+def test_bwd_kv_split_deterministic(fam, d, mask, layout, heads, split, monkeypatch, hang_watchdog, ordered_dq):
     """Note [Split GQA group] under the ordered deterministic dQ (a forced split: asked determinism
     keeps 1): each dQ slot belongs to one virtual pair whose K blocks add in the same rank order, so
     the run is bit-exact over runs, dQ has the unsplit run's bits, and dK / dV are correct (dense:
-    the reference rule; both: close to the unsplit run, the same sums in another order)."""
-    from fa4.bwd import sm90
+    the reference rule; both: close to the unsplit run, the same sums in another order). The sm80
+    family's semaphore-ordered dQ too (v0.27: written; its bwd_kv_split refuses determinism until
+    this passes on a GPU)."""
+    import importlib
 
-    if torch.cuda.get_device_capability()[0] != 9:
+    mod = importlib.import_module(f"fa4.bwd.{fam}")
+    if fam == "sm90" and torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the sm90 kernels need compute capability 9.x")
     hang_watchdog()
-    opts = fa4.KernelOptions(arch="sm90")
+    opts = fa4.KernelOptions(arch=fam)
     run, (q, k, v), g, kw = _deterministic_run(layout, d, mask, opts, (1000, 1300), (900, 1100), d + split,
                                                heads=heads)
     import dataclasses
 
-    make = sm90.make_config
+    make = mod.make_config
     results = {}
     for s in (split, 1):
-        monkeypatch.setattr(sm90, "make_config", lambda *a, s=s, **k: dataclasses.replace(make(*a, **k), kv_split=s))
+        monkeypatch.setattr(mod, "make_config", lambda *a, s=s, **k: dataclasses.replace(make(*a, **k), kv_split=s))
         fa4.ops._plans.clear()
         results[s] = _same_bits_over_runs(run, 3, f"deterministic backward, kv_split={s}")
         cfgs = [cfg for (direction, *_), (_, cfg) in fa4.ops._plans.items() if direction == "bwd"]
         assert cfgs and all(c.kv_split == s and c.deterministic for c in cfgs), cfgs
-    monkeypatch.setattr(sm90, "make_config", make)
+    monkeypatch.setattr(mod, "make_config", make)
     fa4.ops._plans.clear()
     assert torch.equal(results[split][0], results[1][0]), "dq depends on the split"
     if layout == "dense":
