@@ -794,6 +794,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         " with the copy bandwidth of the same run, instead of the grid",
     )
     p.add_argument("--repeats", type=int, default=1, help="repeat each measurement N times and report the median")
+    p.add_argument(
+        "--offgrid",
+        action="store_true",
+        help="instead of the grid, shapes the grid leaves out (varlen, GQA / MQA, s512 / s2k / s32k, prefill "
+        "against a cache) beside flash-attn-4 and cuDNN; its own options: python -m fa4.bench --offgrid --help",
+    )
     return p.parse_args(list(argv))
 
 
@@ -822,6 +828,10 @@ def plan(args: argparse.Namespace) -> tuple[list[Shape], tuple[str, ...]]:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the benchmark; returns the process exit code (2 without a GPU or with an empty selection)."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    if "--offgrid" in argv:  # the off-grid survey has its own options (fa4/offgrid.py)
+        from fa4 import offgrid
+
+        return offgrid.main([a for a in argv if a != "--offgrid"])
     args = parse_args(argv)
     shapes, directions = plan(args)
     if not shapes:

@@ -504,3 +504,42 @@ def test_decode_mode_shapes_and_table():
     records.append(Record(bench.PEER_PAGED, "fwd", shape, "ok", ms=0.125, maxdiff=1e-3))
     columns, rows = bench.summarize_decode(records, copy_tbs=4.0)
     assert rows[0]["paged/peer"] == "0.12x" and rows[0]["fa4/best"] == "2.00x" and rows[0]["paged/best"] == "0.50x"
+
+
+def test_offgrid_cases_and_flops():
+    """`python -m fa4.bench --offgrid` (fa4/offgrid.py): the mixed varlen lengths, the exact pair
+    counts (bottom-right causal), the option parsing and the exit code without a GPU."""
+    from fa4 import offgrid
+    from fa4.config import AttnProblem
+
+    lens = offgrid.mixed_lengths()
+    assert sum(lens) == 16384 and all(1 <= n <= 4096 for n in lens) and len(set(lens)) > 1
+    assert offgrid.pairs(4, 4, False) == 16 and offgrid.pairs(4, 4, True) == 10
+    assert offgrid.pairs(2, 5, True) == 4 + 5  # query i sees keys up to i + sk - sq
+    q, k, v, lq, lk, causal, varlen, flops = offgrid.build(("mixed", None, 4, 2, 64, True, True), device="cpu")
+    assert varlen and causal and q.shape == (sum(lq), 4, 64) and k.shape == (sum(lk), 2, 64)
+    assert flops == 4 * 4 * 64 * sum(n * (n + 1) // 2 for n in lq)
+    for name, case in offgrid.CASES.items():  # every case's shape is consistent (no tensors built)
+        assert case[2] % case[3] == 0, name
+    assert offgrid.parse_items(["fwd.l2_section_mb=0", "bwd.section=4", "bwd.kv_split=2"]) == {
+        "fwd": {"l2_section_mb": 0}, "bwd": {"kv_split": 2}, "section": 4}
+    with pytest.raises(SystemExit):
+        offgrid.parse_items(["l2_section_mb=0"])
+    # The overrides patch the family's make_config and the launch sections, and undo them.
+    hooks = offgrid.Overrides("sm90")
+    try:
+        from fa4.bwd import sm90 as bwd90
+        from fa4.fwd import sm90 as fwd90
+
+        p = AttnProblem("bf16", 2, 4096, 4096, 8, 8, 128, 128, 128 ** -0.5, causal=True)
+        assert fwd90.make_config(p, None, "sm_90a", True).l2_section_mb == 16
+        hooks.use(offgrid.parse_items(["fwd.l2_section_mb=0", "bwd.section=4"]))
+        assert fwd90.make_config(p, None, "sm_90a", True).l2_section_mb == 0
+        assert bwd90.LAUNCH_ORDER.section == bwd90.LAUNCH_ORDER.det_section == 4
+        hooks.use(offgrid.parse_items([]))
+        assert fwd90.make_config(p, None, "sm_90a", True).l2_section_mb == 16
+        assert bwd90.LAUNCH_ORDER.section is None
+    finally:
+        hooks.restore()
+    if not torch.cuda.is_available():
+        assert bench.main(["--offgrid", "--cases", "varlen-d128"]) == bench.EXIT_NO_GPU

@@ -310,8 +310,8 @@ fi
 if has offgrid; then
   # Session 25: fa4 against flash-attn-4 / cuDNN off the standard grid (tools/offgrid.py $OFFGRID_ARGS),
   # then the deterministic backward on the varlen / GQA cases.
-  logged offgrid 300 40 python3 tools/offgrid.py ${OFFGRID_ARGS:-}
-  logged offgriddet 200 20 python3 tools/offgrid.py --mode bwd --deterministic \
+  logged offgrid 300 40 python3 -m fa4.bench --offgrid ${OFFGRID_ARGS:-}
+  logged offgriddet 200 20 python3 -m fa4.bench --offgrid --mode bwd --deterministic \
     --cases varlen-d128-causal,varlen-gqa-d128-causal,gqa-d128-s4k-causal,d128-s2k-causal
 fi
 if has next26; then
@@ -319,7 +319,7 @@ if has next26; then
   # MQA rows, sweep v58, then the off-grid GQA / MQA rows side by side.
   gpu_tests next26 240 tests/test_bwd_gpu.py -k "kv_split or mqa"
   logged next26sweep 240 50 python3 tools/sweep_bwd.py --plan v58
-  logged next26offgrid 150 20 python3 tools/offgrid.py --mode bwd \
+  logged next26offgrid 150 20 python3 -m fa4.bench --offgrid --mode bwd \
     --cases mqa-d128-s8k-causal,gqa-d128-s4k-causal,gqa-d128-s4k,varlen-gqa-d128-causal,prefill-cache-d128
 fi
 if has next27; then
@@ -330,12 +330,12 @@ if has next27; then
   gpu_tests next27bwd 240 tests/test_bwd_gpu.py -k "kv_split or batch_invariant"
 fi
 if has next27b; then
-  logged next27offgrid 200 20 python3 tools/offgrid.py --cases varlen-gqa-d128-causal,gqa-d128-s4k-causal,varlen-d128
+  logged next27offgrid 200 20 python3 -m fa4.bench --offgrid --cases varlen-gqa-d128-causal,gqa-d128-s4k-causal,varlen-d128
   logged next27sweep 240 30 python3 tools/sweep_bwd.py --plan v59
   logged next27sweep80 240 20 python3 tools/sweep_bwd.py --family sm80 --plan v60
   # The varlen forward rows on the dynamic grid (claims balance sequences of different lengths).
   for dyn in False True; do
-    logged next27varlen_$dyn 120 8 python3 tools/offgrid.py --mode fwd --set fwd.dynamic_sched=$dyn \
+    logged next27varlen_$dyn 120 8 python3 -m fa4.bench --offgrid --mode fwd --set fwd.dynamic_sched=$dyn \
       --cases varlen-d128,varlen-d128-causal,varlen-d64-causal,varlen-gqa-d128-causal
   done
 fi
@@ -351,14 +351,14 @@ if has next28b; then
   # ... and the timings (tools/offgrid.py --variant, interleaved rounds in one process): the v0.27 rules
   # confirmed against their alternatives; the backward's launch sections on varlen rows; the GQA s4k
   # forward's sections (one lease read 16 MB 610, one pair 581-587, 64 MB 560 / 655).
-  logged next28fwd_sections 200 30 python3 tools/offgrid.py --mode fwd --rounds 3 \
+  logged next28fwd_sections 200 30 python3 -m fa4.bench --offgrid --mode fwd --rounds 3 \
     --cases varlen-d128-causal,varlen-gqa-d128-causal,varlen-d64-causal,gqa-d128-s4k-causal \
     --variant "fwd.l2_section_mb=16" --variant "fwd.l2_section_mb=0" --variant "fwd.l2_section_mb=32"
-  logged next28fwd_dynamic 120 10 python3 tools/offgrid.py --mode fwd --rounds 3 --cases varlen-d128,varlen-d64 \
+  logged next28fwd_dynamic 120 10 python3 -m fa4.bench --offgrid --mode fwd --rounds 3 --cases varlen-d128,varlen-d64 \
     --variant "fwd.dynamic_sched=False"
 fi
 if has next28c; then
-  logged next28bwd_sections 240 20 python3 tools/offgrid.py --mode bwd --rounds 2 \
+  logged next28bwd_sections 240 20 python3 -m fa4.bench --offgrid --mode bwd --rounds 2 \
     --cases varlen-d64-causal,varlen-d128-causal,varlen-gqa-d128-causal \
     --variant "bwd.section=1" --variant "bwd.section=4" --variant "bwd.section=64"
   # Decode: the tile's K rows, stages and grid (tools/decode_sweep.py --grid; issue 9's b64 tie).

@@ -1,0 +1,255 @@
+"""fa4 against flash-attn-4 (and SDPA cuDNN where it takes the call) on shapes users run that the
+standard grid of ``python -m fa4.bench`` leaves out: varlen batches, GQA / MQA, short and very long
+sequences, prefill against a longer cache (GPU).
+
+    python -m fa4.bench --offgrid [--cases NAME,NAME] [--mode fwd,bwd] [--deterministic] [--repeats N]
+                                  [--arch sm80] [--set fwd.dynamic_sched=True --set bwd.kv_split=4 ...]
+                                  [--variant "fwd.l2_section_mb=0" --variant "fwd.l2_section_mb=16 ..." --rounds 3]
+
+(``python -m fa4.offgrid`` and ``tools/offgrid.py`` are the same.) TFLOP/s count the (query, key)
+pairs a mask keeps exactly (per sequence for varlen): forward ``4 * h * d * pairs``, backward 2.5x.
+Medians of ``triton.testing.do_bench``; the backward is timed as in fa4.bench (forward once, then
+``torch.autograd.grad`` with ``retain_graph``). ``maxdiff`` is each implementation's largest
+difference from the first one's output / gradients (a sanity check, not the accuracy test).
+flash-attn-4 is optional: n/a when it is not installed.
+
+Tuning aids (they patch the family's ``make_config`` in this process): ``--set DIR.FIELD=VALUE``
+replaces a field of fa4's config for that direction, to time a variant beside the peers;
+``--variant "ITEM ITEM"`` (repeatable) times fa4 under each set of such items, interleaved with the
+plain defaults over ``--rounds`` rounds in one process (the peers once per case and round, the
+variants' order rotated per round); besides config fields an item may be ``bwd.section=N`` (the
+backward's launch sections, ``LAUNCH_ORDER.section`` / ``det_section``, a runtime argument; the
+rotated deterministic order ignores it: its sections are one pair per round).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import importlib
+import random
+import statistics
+import sys
+
+import torch
+
+import fa4
+from fa4 import bench
+
+# name: (seqlens_q, seqlens_k (None: as q), heads, heads_k, head_dim, causal, varlen)
+CASES = {
+    "varlen-d128": ("mixed", None, 16, 16, 128, False, True),
+    "varlen-d64": ("mixed", None, 32, 32, 64, False, True),
+    "varlen-d128-causal": ("mixed", None, 16, 16, 128, True, True),
+    "varlen-d64-causal": ("mixed", None, 32, 32, 64, True, True),
+    "varlen-gqa-d128-causal": ("mixed", None, 32, 8, 128, True, True),
+    "gqa-d128-s4k": ([4096] * 4, None, 32, 8, 128, False, False),
+    "gqa-d128-s4k-causal": ([4096] * 4, None, 32, 8, 128, True, False),
+    "mqa-d128-s8k-causal": ([8192] * 2, None, 16, 1, 128, True, False),
+    "d128-s2k-causal": ([2048] * 8, None, 16, 16, 128, True, False),
+    "d128-s512": ([512] * 32, None, 16, 16, 128, False, False),
+    "d128-s32k-causal": ([32768], None, 16, 16, 128, True, False),
+    "prefill-cache-d128": ([1024] * 4, [8192] * 4, 32, 8, 128, True, False),
+}
+
+
+def mixed_lengths(total: int = 16384, lo: int = 128, hi: int = 4096, seed: int = 0) -> list[int]:
+    """Random sequence lengths in [lo, hi] (odd ones included) summing to ``total``."""
+    rng, out = random.Random(seed), []
+    while sum(out) < total:
+        out.append(min(rng.randint(lo, hi), total - sum(out)))
+    return out
+
+
+def pairs(sq: int, sk: int, causal: bool) -> int:
+    """(query, key) pairs a bottom-right causal mask keeps (all when not causal)."""
+    if not causal:
+        return sq * sk
+    return sum(max(0, min(sk, i + sk - sq + 1)) for i in range(sq))
+
+
+def build(case, device="cuda", dtype=torch.bfloat16, seed=0):
+    lq, lk, h, hk, d, causal, varlen = case
+    lq = mixed_lengths() if lq == "mixed" else lq
+    lk = lk or lq
+    g = torch.Generator(device).manual_seed(seed)
+    if varlen:
+        q = torch.randn(sum(lq), h, d, device=device, dtype=dtype, generator=g)
+        k = torch.randn(sum(lk), hk, d, device=device, dtype=dtype, generator=g)
+        v = torch.randn(sum(lk), hk, d, device=device, dtype=dtype, generator=g)
+    else:
+        q = torch.randn(len(lq), lq[0], h, d, device=device, dtype=dtype, generator=g)
+        k = torch.randn(len(lk), lk[0], hk, d, device=device, dtype=dtype, generator=g)
+        v = torch.randn(len(lk), lk[0], hk, d, device=device, dtype=dtype, generator=g)
+    flops = 4 * h * d * sum(pairs(a, b, causal) for a, b in zip(lq, lk))
+    return q, k, v, lq, lk, causal, varlen, flops
+
+
+def callers(q, k, v, lq, lk, causal, varlen, deterministic, arch=None):
+    """name -> forward callable (returns out) on leaves that may require grad."""
+    out = {}
+    opts = fa4.KernelOptions(arch=arch) if arch else None
+    cu = lambda ls: torch.tensor([0] + list(__import__("itertools").accumulate(ls)), dtype=torch.int32,  # noqa: E731
+                                 device=q.device)
+    cq, ck = cu(lq), cu(lk)
+    if varlen:
+        kw = dict(cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=max(lq), max_seqlen_k=max(lk), causal=causal,
+                  deterministic=deterministic)
+        out["fa4"] = lambda: fa4.flash_attn_varlen_func(q, k, v, kernel_options=opts, **kw)[0]
+        try:
+            from flash_attn.cute import flash_attn_varlen_func as peer
+            out["flash-attn-4"] = lambda: peer(q, k, v, **kw)[0]
+        except ImportError:
+            pass
+    else:
+        out["fa4"] = lambda: fa4.flash_attn_func(q, k, v, causal=causal, deterministic=deterministic,
+                                                 kernel_options=opts)[0]
+        try:
+            from flash_attn.cute import flash_attn_func as peer
+            out["flash-attn-4"] = lambda: peer(q, k, v, causal=causal, deterministic=deterministic)[0]
+        except ImportError:
+            pass
+        if not deterministic and (not causal or q.shape[1] == k.shape[1]):
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+            from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+            qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+            gqa = dict(enable_gqa=True) if q.shape[2] != k.shape[2] else {}
+
+            def cudnn():
+                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                    return sdpa(qt, kt, vt, is_causal=causal, **gqa).transpose(1, 2)
+            out["sdpa-cudnn"] = cudnn
+    return out
+
+
+def parse_items(items) -> dict:
+    """["fwd.a=1", "bwd.section=4"] -> {"fwd": {"a": 1}, "bwd": {...}, "section": 4 or None}."""
+    over: dict = {"fwd": {}, "bwd": {}, "section": None}
+    for item in items:
+        key, _, value = item.partition("=")
+        direction, _, field = key.partition(".")
+        if direction not in ("fwd", "bwd") or not field or not value:
+            raise SystemExit(f"--set / --variant: {item!r} is not DIR.FIELD=VALUE with DIR fwd or bwd")
+        if (direction, field) == ("bwd", "section"):
+            over["section"] = int(value)
+        else:
+            over[direction][field] = ast.literal_eval(value)
+    return over
+
+
+class Overrides:
+    """The families' make_config wrapped once; :meth:`use` swaps which fields (and backward launch
+    sections) apply, and clears fa4's plan cache so the next call takes them."""
+
+    def __init__(self, family: str):
+        self.mods = {d: importlib.import_module(f"fa4.{d}.{family}") for d in ("fwd", "bwd")}
+        self.current = parse_items([])
+        self.originals = {d: mod.make_config for d, mod in self.mods.items()}
+        for direction, mod in self.mods.items():
+            make = mod.make_config
+
+            def wrapped(*a, make=make, direction=direction, **k):
+                fields = self.current[direction]
+                cfg = make(*a, **k)
+                return dataclasses.replace(cfg, **fields) if fields else cfg
+            mod.make_config = wrapped
+        order = getattr(self.mods["bwd"], "LAUNCH_ORDER", None)
+        self.order, self.saved = order, ((order.section, order.det_section) if order else None)
+
+    def restore(self) -> None:
+        """The families' own make_config and launch sections again."""
+        for direction, mod in self.mods.items():
+            mod.make_config = self.originals[direction]
+        if self.order is not None:
+            self.order.section, self.order.det_section = self.saved
+        fa4.ops._plans.clear()
+
+    def use(self, over: dict) -> None:
+        self.current = over
+        if self.order is not None:
+            sec = over["section"]
+            self.order.section, self.order.det_section = self.saved if sec is None else (sec, sec)
+        fa4.ops._plans.clear()
+
+
+def time_one(fn, leaves, dout, mode, timer, repeats):
+    """(ms, results) of one implementation; the backward is timed as in fa4.bench."""
+    if mode == "fwd":
+        with torch.no_grad():
+            run = fn
+            res = [fn()]
+    else:
+        o = fn()
+        run = lambda o=o: torch.autograd.grad(o, leaves, dout, retain_graph=True)  # noqa: E731
+        res = list(run())
+    return statistics.median(timer(run) for _ in range(repeats)), res
+
+
+def main(argv=None) -> int:
+    """Run the survey (``argv``: the command line after ``--offgrid``); the exit code (2 without a GPU)."""
+    ap = argparse.ArgumentParser(prog="python -m fa4.bench --offgrid", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--mode", default="fwd,bwd")
+    ap.add_argument("--deterministic", action="store_true")
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--arch", help="fa4's kernel family (KernelOptions.arch), e.g. sm80; default: the GPU's own")
+    ap.add_argument("--set", action="append", default=[], metavar="DIR.FIELD=VALUE",
+                    help="override a field of fa4's fwd / bwd config, e.g. fwd.dynamic_sched=True")
+    ap.add_argument("--variant", action="append", default=[], metavar='"DIR.FIELD=VALUE ..."',
+                    help="a set of overrides timed beside the defaults (with --set on top), interleaved")
+    ap.add_argument("--rounds", type=int, default=1)
+    args = ap.parse_args(sys.argv[1:] if argv is None else list(argv))
+    unknown = [c for c in args.cases.split(",") if c not in CASES]
+    if unknown:
+        ap.error(f"--cases: unknown {unknown}; the cases are {list(CASES)}")
+    if not torch.cuda.is_available():
+        print(bench.NO_GPU_MESSAGE, file=sys.stderr)
+        return bench.EXIT_NO_GPU
+    if args.arch:
+        family = args.arch.replace("sm_", "sm").replace("sm90a", "sm90")
+    else:  # the family fa4 dispatches to on this GPU (the modules the overrides must patch)
+        from fa4.arch import resolve
+
+        family = (resolve("bwd", torch.cuda.get_device_capability(), None, warn=False).family
+                  if torch.cuda.is_available() else "sm90")
+    hooks = Overrides(family)
+    variants = [("", args.set)] + [(text, args.set + text.split()) for text in args.variant]
+    timer = bench.default_timer()
+    modes = args.mode.split(",")
+    print(f"{'case':<26} {'dir':<4} " + "impl: TFLOP/s (ms, maxdiff)")
+    for rnd in range(args.rounds):
+        for name in args.cases.split(","):
+            q, k, v, lq, lk, causal, varlen, flops = build(CASES[name])
+            for mode in modes:
+                leaves = [t.detach().requires_grad_(mode == "bwd") for t in (q, k, v)]
+                dout = torch.randn_like(q)
+                cells, ref = [], None
+                # Rotated per round, so no variant always runs first (the first timing of a call
+                # has read low); the peers run with whichever comes first.
+                shift = rnd % len(variants)
+                for vi, (text, items) in enumerate(variants[shift:] + variants[:shift]):
+                    hooks.use(parse_items(items))
+                    fns = callers(*leaves, lq, lk, causal, varlen, args.deterministic, args.arch)
+                    for impl, fn in fns.items():
+                        if vi and impl != "fa4":
+                            continue  # the peers once per case and round
+                        label = f"fa4[{text}]" if text else impl
+                        try:
+                            ms, res = time_one(fn, leaves, dout, mode, timer, args.repeats)
+                        except Exception as e:  # noqa: BLE001 - a peer may refuse a shape
+                            cells.append(f"{label}: n/a ({type(e).__name__}: {str(e)[:60]})")
+                            continue
+                        ref = ref or res
+                        diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(res, ref))
+                        tf = flops * (2.5 if mode == "bwd" else 1.0) / (ms * 1e-3) / 1e12
+                        cells.append(f"{label}: {tf:.1f} ({ms:.3f}, {diff:.1e})")
+                hooks.use(parse_items(args.set))
+                tag = f"{name}" + (f" r{rnd + 1}" if args.rounds > 1 else "")
+                print(f"{tag:<26} {mode:<4} " + " | ".join(cells), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
