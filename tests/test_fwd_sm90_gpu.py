@@ -256,6 +256,33 @@ def test_dynamic_scheduler_varlen(dynamic_scheduler, case):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128])
+def test_dynamic_scheduler_skips_empty_tiles(monkeypatch, d, causal):
+    """Note [Skipped claims]: on a varlen batch of very different lengths (most of the grid's tiles
+    past their sequence's end) the producer claims past the empty tiles; the output has the same bits
+    as with every tile handed to the consumers (skip_empty=False), passes the reference rule, and
+    the rows of a sequence of one query are written (NaN-filled outputs)."""
+    from fa4 import ops
+
+    cu = torch.tensor([0, 1, 2001, 2004, 2704, 2705], dtype=torch.int32, device="cuda")
+    g = torch.Generator("cuda").manual_seed(d)
+    q, k, v = (torch.randn(2705, h, d, device="cuda", dtype=torch.bfloat16, generator=g) for h in (4, 2, 2))
+    kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=2000, max_seqlen_k=2000, causal=causal,
+              return_lse=True, kernel_options=SM90)
+    outs = {}
+    for skip in (True, False):
+        _force_fields(monkeypatch, num_sms=7, persistent=True, dynamic_sched=True, skip_empty=skip)
+        outs[skip] = fa4.flash_attn_varlen_func(q, k, v, **kw)
+        cfgs = [c for (direction, *_), (_, c) in ops._plans.items() if direction == "fwd"]
+        assert cfgs and all(c.skip_empty == skip and c.dynamic_sched for c in cfgs), cfgs
+        monkeypatch.undo()
+    ops._plans.clear()
+    assert torch.equal(outs[True][0], outs[False][0]) and torch.equal(outs[True][1], outs[False][1])
+    check(outs[True][0], outs[True][1], q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, causal=causal)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("window", [(5, 0), (200, 1)])
 def test_dynamic_scheduler_local(dynamic_scheduler, window):
     q, k, v = random_qkv(2, 1000, 1000, 4, 2, 128, torch.bfloat16, "cuda", seed=window[0])

@@ -155,7 +155,9 @@ class FwdSm90Config(AttnFwdConfig):
     (:class:`fa4.sched.tile.DynamicTileScheduler`) instead of the static snake.
     ``pp_steps_only`` (with ``pingpong``): the turns bracket only the K-block steps; a tile's first
     ``Q K^T`` and last ``P V`` are issued without waiting for a turn (Note [ping-pong]); the d64
-    default's three warpgroups take it (v0.12)."""
+    default's three warpgroups take it (v0.12). ``skip_empty`` (dynamic grid, varlen or seqused Q):
+    the producer claims past tiles with no rows instead of handing them to the consumers (Note
+    [Skipped claims] in fa4/sched/tile.py)."""
 
     head_dim: int = 128
     head_dim_v: int = 128
@@ -174,6 +176,7 @@ class FwdSm90Config(AttnFwdConfig):
     l2_section_mb: int = 0
     dynamic_sched: bool = False
     pp_steps_only: bool = False
+    skip_empty: bool = True
 
     KERNEL = "fa4.fwd.sm90:FlashFwdSm90"
     REQUIRED_SASS = ("HGMMA", "UTMALDG")  # checked in the SASS of every compile variant (tests/test_compile.py)
@@ -225,6 +228,8 @@ class FlashFwdSm90:
         self.o_in_q = cfg.o_in_q and cfg.o_via_smem
         self.tma_q = not self.pack  # packed rows are loaded row by row (Note [Pack GQA])
         self.tma_o = not (cfg.varlen_q or cfg.has_seqused_q or self.pack or self.split)
+        # Only a ragged Q has empty tiles (Note [Skipped claims] in fa4/sched/tile.py).
+        self.skip_empty = cfg.skip_empty and cfg.dynamic_sched and (cfg.varlen_q or cfg.has_seqused_q)
         self.page_rows = cfg.page_rows
 
     # ----------------------------------------------------------------------------------------
@@ -556,7 +561,16 @@ class FlashFwdSm90:
                 if active and n_min >= n_max:  # no K block: its Q anyway (Note [Empty tiles and o_in_q])
                     self.load_q(tma_q, mQ, sQ, pq, q_state, seqlen, batch, head, m_block)
                     q_state.advance()
-            idx, t_state = sched.next_producer(idx, t_state)
+            if const_expr(self.skip_empty):  # claims past empty varlen tiles (Note [Skipped claims])
+                idx, t_state = sched.next_producer(idx, t_state, partial(self.tile_empty, tile_info=tile_info))
+            else:
+                idx, t_state = sched.next_producer(idx, t_state)
+
+    @cute.jit
+    def tile_empty(self, idx: Int32, tile_info):
+        """Whether tile ``idx`` (valid) has no rows: a varlen / seqused_q tile past its sequence."""
+        *_, active = tile_info(idx)
+        return not active
 
     @cute.jit
     def load_q(self, tma_q, mQ, sQ, pq, q_state, seqlen: SeqlenInfo, batch: Int32, head: Int32,

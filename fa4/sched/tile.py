@@ -30,7 +30,7 @@ from typing import Any, Optional, Protocol, Tuple
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int32
+from cutlass import Int32, const_expr
 
 L2_BUDGET_BYTES = 24 * 1024 * 1024
 """K/V bytes a section may touch: about half an A100 / H100 / H200 L2 (40-50 MB)."""
@@ -167,6 +167,16 @@ class DynamicTileScheduler(PersistentTileScheduler):
         barrier). The claim precedes the wait for a free slot, so a CTA holds up to three claimed
         tiles beyond the one its consumers run (claiming after the wait would make it two, a
         better tail balance for short tiles; not measured yet).
+
+    Note [Skipped claims]
+        A varlen grid enumerates ``ceil(max_seqlen_q / tile_m)`` m_blocks for every sequence; the
+        tiles past a shorter sequence's end are empty (the mixed batch of ``python -m fa4.bench
+        --offgrid``, 8 sequences of 293-3774 tokens: 108 of every 240 slots). Handed to the
+        consumers, each costs a turn of the ring and, in a run of them, the claims' round trips
+        while the consumers wait. With ``skip`` the producer claims past them before it takes a
+        ring slot, under the consumers' current tile: the consumers see only tiles with rows
+        (the CTA's first tile, not claimed, may still be empty: both sides check it). Every tile is
+        still claimed exactly once, so the set of tiles run is the same.
     """
 
     counter: Optional[cute.Pointer] = None
@@ -174,18 +184,39 @@ class DynamicTileScheduler(PersistentTileScheduler):
     pipe: Any = None
 
     @cute.jit
-    def next_producer(self, idx: Int32, state):
+    def claim(self) -> Int32:
+        """The next tile of the order (every lane of the calling warp: lane 0 claims, a shuffle
+        broadcasts)."""
         lane = cute.arch.lane_idx()
         claim = Int32(0)
         if lane == 0:
             claim = cute.arch.atomic_add(self.counter, Int32(1), sem="relaxed", scope="gpu")
-        nxt = cute.arch.shuffle_sync(claim, 0) + Int32(cute.arch.grid_dim()[0])
+        return cute.arch.shuffle_sync(claim, 0) + Int32(cute.arch.grid_dim()[0])
+
+    @cute.jit
+    def next_producer(self, idx: Int32, state, skip=None):
+        """Claim the next tile and hand it to the consumers; with ``skip`` (a warp-uniform predicate
+        on a valid tile index, Note [Skipped claims]) claim again past the tiles it names."""
+        nxt = self.claim()
+        if const_expr(skip is not None):
+            empty = self.skippable(nxt, skip)
+            while empty:
+                nxt = self.claim()
+                empty = self.skippable(nxt, skip)
         self.pipe.producer_acquire(state)
-        if lane == 0:
+        if cute.arch.lane_idx() == 0:
             self.next_idx[state.index] = nxt
         self.pipe.producer_commit(state)
         state.advance()
         return nxt, state
+
+    @cute.jit
+    def skippable(self, idx: Int32, skip):
+        """Whether ``idx`` is a tile (not past the end) that ``skip`` names; ``skip`` sees a valid
+        index only (a past-the-end one is clamped to the last tile and its answer ignored)."""
+        last = self.num_m_blocks * self.num_heads * self.num_batch - 1
+        named = skip(cutlass.min(idx, last))
+        return self.valid(idx) and named
 
     @cute.jit
     def next_consumer(self, idx: Int32, state):
