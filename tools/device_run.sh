@@ -358,7 +358,7 @@ if has next28b; then
     --variant "fwd.dynamic_sched=False"
   # Claims past empty varlen tiles (Note [Skipped claims]): prediction +1-4% on the varlen rows.
   logged next28fwd_skip 150 12 python3 -m fa4.bench --offgrid --mode fwd --rounds 3 \
-    --cases varlen-d128,varlen-d128-causal,varlen-gqa-d128-causal,varlen-d64-causal --variant "fwd.skip_empty=False"
+    --cases varlen-d128,varlen-d128-causal,varlen-gqa-d128-causal,varlen-d64-causal --variant "fwd.skip_empty=True"
 fi
 if has next28c; then
   logged next28bwd_sections 240 20 python3 -m fa4.bench --offgrid --mode bwd --rounds 2 \
