@@ -42,7 +42,7 @@ def grid_check(rounds: int = 3):
     make = sm90.make_config
     variants = [dict(), dict(tile_n=64, num_stages=2), dict(tile_n=64, num_stages=4),
                 dict(persistent=False), dict(tile_n=64, num_stages=2, persistent=False),
-                dict(tile_n=64, num_stages=3, persistent=False)]
+                dict(tile_n=64, num_stages=3, persistent=False), dict(dynamic_sched=True)]
     data = {}
     for shape in DECODE_SHAPES:
         data[shape] = random_qkv(shape.batch, 1, shape.seqlen_k, shape.heads, shape.hk, shape.hdim, torch.bfloat16,
