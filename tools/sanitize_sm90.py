@@ -3,7 +3,7 @@
     compute-sanitizer --tool racecheck python3 tools/sanitize_sm90.py
 
 Forward: the persistent (static and dynamic, on a 3-CTA grid) and the plain grid, 1/2/3 consumer warpgroups, causal / local, varlen with
-a length-1 sequence, an unpadded head dim, O through TMA and through plain stores. Backward: P/dS in
+a length-1 sequence (and the claims past empty varlen tiles), an unpadded head dim, O through TMA and through plain stores. Backward: P/dS in
 registers (d128, GQA, causal) and through smem (d256; the ordered paths with bwd_dq_pass=False from d160),
 deterministic (the up order without GQA), varlen with seqused_k, 128-row
 steps (d64), the two-CTA backward (d128 causal GQA, d64, varlen with seqused_k). The dQ pass (d256
@@ -41,6 +41,16 @@ vb = random_varlen(3, 150, 4, 2, 128, torch.bfloat16, "cuda", max_seqlen_k=200, 
 fa4.flash_attn_varlen_func(vb.q, vb.k, vb.v, cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k,
                            max_seqlen_q=vb.max_seqlen_q, max_seqlen_k=vb.max_seqlen_k, seqused_k=vb.seqused_k,
                            causal=True, window_size=(50, 0), kernel_options=fa4.KernelOptions(arch="sm90"))
+# The claims past empty varlen tiles (Note [Skipped claims]): lengths 1 / 400 / 3 on the dynamic grid.
+cu = torch.tensor([0, 1, 401, 404], dtype=torch.int32, device="cuda")
+qs, ks, vs = (torch.randn(404, hh, 128, device="cuda", dtype=torch.bfloat16) for hh in (4, 2, 2))
+_make = sm90.make_config
+sm90.make_config = lambda *a, **kw: dataclasses.replace(_make(*a, **kw), persistent=True, dynamic_sched=True,
+                                                         skip_empty=True)
+fa4.flash_attn_varlen_func(qs, ks, vs, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=400, max_seqlen_k=400,
+                           causal=True, kernel_options=fa4.KernelOptions(arch="sm90"))
+sm90.make_config = _make
+fa4.ops._plans.clear()
 q, k, v = random_qkv(1, 300, 300, 2, 2, 128, torch.bfloat16, "cuda", seed=3)
 fa4.flash_attn_func(q, k, v, window_size=(40, 20), kernel_options=fa4.KernelOptions(arch="sm90"))
 SM90 = fa4.KernelOptions(arch="sm90")
