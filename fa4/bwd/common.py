@@ -400,6 +400,17 @@ def asked_kv_split(opts, problem: AttnProblem, two_cta: bool = False, determinis
     return split
 
 
+def choose_kv_split(opts, problem: AttnProblem, rule, *, two_cta: bool = False, deterministic: bool = False,
+                    det_ok: bool = True) -> int:
+    """A family's ``kv_split``: ``KernelOptions.bwd_kv_split`` when set (checked by
+    :func:`asked_kv_split`), else the rule's split (``rule()``: the family's call of
+    :func:`kv_split_for`; None where the family does not take it), never with the 2-CTA kernel or
+    asked determinism (the rule reads the batch), else 1."""
+    if opts.bwd_kv_split is not None:
+        return asked_kv_split(opts, problem, two_cta, deterministic, det_ok)
+    return 1 if rule is None or two_cta or deterministic else rule()
+
+
 def check_main_kernel_types(cfg, dtype, mQ, mK, mV, mdO, mdK, mdV) -> None:
     """Trace time, a family's main kernel: q, k, v, dout (and dk, dv) of the configured 16-bit
     ``dtype``; with ``kv_split`` dk, dv are the float32 partials (Note [Split GQA group])."""

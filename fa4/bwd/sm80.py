@@ -957,10 +957,10 @@ def make_config(
         atom_n_dkv=picked[1],
         atom_m_dq=picked[2],
         deterministic=bool(deterministic),
-        kv_split=(common.asked_kv_split(opts, problem, deterministic=bool(deterministic), det_ok=False)
-                  if opts.bwd_kv_split is not None
-                  else common.kv_split_for(problem, tile_m, tile_n, common.arch.num_sms())
-                  if KV_SPLIT and not deterministic else 1),
+        kv_split=common.choose_kv_split(
+            opts, problem,
+            (lambda: common.kv_split_for(problem, tile_m, tile_n, common.arch.num_sms())) if KV_SPLIT else None,
+            deterministic=bool(deterministic), det_ok=False),
         **BwdSm80Config.problem_flags(problem),
     )
     if cfg.smem_bytes() > SMEM_CAPACITY[arch]:

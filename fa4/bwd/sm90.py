@@ -215,7 +215,8 @@ Note [Split GQA group]
     ``hv`` holds q heads ``[hv * group / S, (hv + 1) * group / S)``, i.e. kv head ``hv // S``, whose
     K / V it loads). dK / dV go to float32 partials ``(b, s_k, heads_k * S, d)`` straight from
     registers (rows the sequence owns, columns of the real head dim), and the driver sums the S
-    partials of each kv head in a fixed order (``torch.sum``) into dk / dv (:func:`fa4.bwd.common.run_backward`):
+    partials of each kv head in a fixed order (one ``torch.sum``, or in deterministic runs a fixed tree of
+    adds, :func:`fa4.bwd.common.sum_partials`) into dk / dv (:func:`fa4.bwd.common.run_backward`):
     dK / dV are rounded to 16 bits once, as without the split. dQ is unchanged: its slot's contributors
     are still the K blocks of its one q head. Chosen by :func:`kv_split_for`; not with ``two_cta``.
     Runs that ask for determinism keep 1: the rule reads the batch (its size, its longest sequence),
@@ -223,8 +224,8 @@ Note [Split GQA group]
     rest of its batch, which ``deterministic=True`` promises they do not. The kernel's ordered
     deterministic dQ modes see the virtual kv heads as kv heads (each dQ slot belongs to one virtual
     pair, whose K blocks add in the same rank order as without the split), so a forced split keeps
-    them bit-exact over runs with dQ's bits unchanged (tests, sweep v59): a batch-independent rule
-    could use that.
+    them bit-exact over runs with dQ's bits unchanged (tests, sweep v59): a fixed split
+    (``KernelOptions.bwd_kv_split``) is taken with determinism.
 
 Note [no ``from __future__ import annotations``]
     ``cute.struct`` reads the field annotations of ``SharedStorage`` as objects.
@@ -1944,8 +1945,8 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
                        else BWD_EXP2_EMU_FRAC.get((hd, "causal" if problem.causal else
                                                    "local" if problem.local else "none"), 0.0)),
         # (1 when determinism is asked: a split that reads the batch would change a sample's bits.)
-        kv_split=(common.asked_kv_split(opts, problem, two_cta) if opts.bwd_kv_split is not None
-                  else 1 if two_cta or asked_det else kv_split_for(problem, steps, tile_n, _num_sms())),
+        kv_split=common.choose_kv_split(opts, problem, lambda: kv_split_for(problem, steps, tile_n, _num_sms()),
+                                        two_cta=two_cta, deterministic=asked_det),
         **BwdSm90Config.problem_flags(problem))
     # What a larger tile_m leaves no room for: the second dQ buffer. What the sdQ tile of a
     # deterministic run (no dq_direct) leaves no room for: P/dS stages, then Q/dO stages.
