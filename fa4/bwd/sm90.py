@@ -210,7 +210,7 @@ Note [Split GQA group]
     tensor-parallel shard holding one kv head) that leaves ``n_blocks * heads_k * batch`` CTAs: d128
     s8k causal MQA at batch 2 is 128 CTAs for 132 SMs, whose longest (K block 0, every query of 16
     q heads) has twice the average's steps, so the kernel ran at 0.51x flash-attn-4's speed
-    (docs/RESULTS.md v0.26, ``tools/offgrid.py``). ``kv_split = S`` splits each group over S CTAs:
+    (docs/RESULTS.md v0.26, ``python -m fa4.bench --offgrid``). ``kv_split = S`` splits each group over S CTAs:
     the kernel sees ``heads_k * S`` virtual kv heads with ``group / S`` q heads each (virtual head
     ``hv`` holds q heads ``[hv * group / S, (hv + 1) * group / S)``, i.e. kv head ``hv // S``, whose
     K / V it loads). dK / dV go to float32 partials ``(b, s_k, heads_k * S, d)`` straight from

@@ -159,7 +159,8 @@ PACK_GQA_MAX_TILE_SHARE = 0.94
 packed path loads Q and stores O row by row, measured 6% slower on prefill (docs/RESULTS.md v0.5:
 626.9 -> 588.8 TFLOP/s). v0.26: with any share below 1 (the old rule), a varlen GQA batch whose
 longest sequence was no multiple of the tile packed (118 tiles of the longest instead of 120) and
-ran at 468 TFLOP/s against flash-attn-4's 534 (``tools/offgrid.py``, varlen-gqa-d128-causal)."""
+ran at 468 TFLOP/s against flash-attn-4's 534 (``python -m fa4.bench --offgrid``, varlen-gqa-d128-causal);
+v0.27: 508 against 537."""
 
 
 def pack_gqa(problem: AttnProblem, tile_m: int) -> int:

@@ -908,12 +908,11 @@ SUM_ROUNDED_WITH_THRESHOLD = True  # tools/rescale_accuracy.py turns it off to m
 # too, with one-pair sections (d256 s8k, three leases: +2-5% over the static snake).
 # v0.27: so do ragged rows without a mask (varlen, seqused) with s_k > 1024: the static snake hands a
 # CTA tiles of sequences of different lengths, and tiles past a shorter sequence's end are empty
-# slots in its walk; the claims balance them (tools/offgrid.py, varlen d128, 8 sequences of
+# slots in its walk; the claims balance them (`python -m fa4.bench --offgrid`, varlen d128, 8 sequences of
 # 293-3774: static 571.8, dynamic 607.4, flash-attn-4 579.9 / 585.2; three interleaved rounds
 # static / dynamic: 571.2 / 612.6, 565.5 / 584.3, 570.8 / 563.0). Masked varlen rows keep the
-# dynamic grid but take one-pair sections: the LPT order inside a section of several pairs ranks
-# tiles by their m_block in the longest sequence's grid, not by their own sequence's length (v0.27,
-# one lease, TFLOP/s, 16 MB / one pair / 64 MB: varlen GQA 32/8 d128 causal 504.4 / 549.2 / 477.5,
+# dynamic grid but take one-pair sections (why is not established: a tail model of the claims does
+# not explain it, docs/RESULTS.md v0.27; one lease, TFLOP/s, 16 MB / one pair / 64 MB: varlen GQA 32/8 d128 causal 504.4 / 549.2 / 477.5,
 # 16 MB again 508.5 and 485.7-499.3 in five more runs; varlen MHA d128 causal 498.9 / 519.3 / 508.9;
 # flash-attn-4 525-567 and 497-507; to be confirmed over rounds).
 DYNAMIC_MIN_SEQLEN_K_MASKED = 1025
