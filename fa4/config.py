@@ -56,8 +56,7 @@ class KernelOptions:
     no split; the default splits GQA/MQA grids too small to fill the GPU (with a mask up to about
     four waves of CTAs, without one up to one wave), and never a
     deterministic run, whose bits may not depend on the batch: a fixed split keeps them
-    batch-independent, so a deterministic MQA backward may ask for one; sm90, and sm80 without
-    determinism).
+    batch-independent, so a deterministic MQA backward may ask for one; both families).
     ``arch``: force a kernel family ("sm80", "sm90", "sm100") instead of the device's own, e.g. to
     run the Ampere path on a Hopper GPU. The environment variable ``FA4_ARCH`` does the same.
     """

@@ -187,6 +187,12 @@ def time_one(fn, leaves, dout, mode, timer, repeats):
     return statistics.median(timer(run) for _ in range(repeats)), res
 
 
+def cell_label(impl: str, text: str) -> str:
+    """A timing's label: a peer's name, ``fa4``, or ``fa4[overrides]`` for a variant (the peers run
+    beside whichever variant a round puts first, so only fa4's own cells take the variant's name)."""
+    return f"fa4[{text}]" if text and impl == "fa4" else impl
+
+
 def main(argv=None) -> int:
     """Run the survey (``argv``: the command line after ``--offgrid``); the exit code (2 without a GPU)."""
     ap = argparse.ArgumentParser(prog="python -m fa4.bench --offgrid", description=__doc__.split("\n\n")[0])
@@ -235,7 +241,7 @@ def main(argv=None) -> int:
                     for impl, fn in fns.items():
                         if vi and impl != "fa4":
                             continue  # the peers once per case and round
-                        label = f"fa4[{text}]" if text else impl
+                        label = cell_label(impl, text)
                         try:
                             ms, res = time_one(fn, leaves, dout, mode, timer, args.repeats)
                         except Exception as e:  # noqa: BLE001 - a peer may refuse a shape

@@ -525,6 +525,10 @@ def test_offgrid_cases_and_flops():
         "fwd": {"l2_section_mb": 0}, "bwd": {"kv_split": 2}, "section": 4}
     with pytest.raises(SystemExit):
         offgrid.parse_items(["l2_section_mb=0"])
+    # Only fa4's cells take a variant's name (v0.28: rounds 2-3 had labelled the peers as variants).
+    assert offgrid.cell_label("flash-attn-4", "fwd.l2_section_mb=0") == "flash-attn-4"
+    assert offgrid.cell_label("fa4", "fwd.l2_section_mb=0") == "fa4[fwd.l2_section_mb=0]"
+    assert offgrid.cell_label("fa4", "") == "fa4"
     # The overrides patch the family's make_config and the launch sections, and undo them.
     hooks = offgrid.Overrides("sm90")
     try:

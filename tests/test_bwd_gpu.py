@@ -280,8 +280,8 @@ def test_bwd_kv_split_deterministic(fam, d, mask, layout, heads, split, monkeypa
     keeps 1): each dQ slot belongs to one virtual pair whose K blocks add in the same rank order, so
     the run is bit-exact over runs, dQ has the unsplit run's bits, and dK / dV are correct (dense:
     the reference rule; both: close to the unsplit run, the same sums in another order). The sm80
-    family's semaphore-ordered dQ too (v0.27: written; its bwd_kv_split refuses determinism until
-    this passes on a GPU)."""
+    family's semaphore-ordered dQ too (v0.28: passed on the H200, so its bwd_kv_split takes
+    determinism)."""
     import importlib
 
     mod = importlib.import_module(f"fa4.bwd.{fam}")
@@ -899,13 +899,15 @@ def test_bwd_sm90_deterministic_batch_invariant(d, heads, causal, monkeypatch, h
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("d,causal,split", [(128, True, 8), (64, False, 4), (256, True, 2)])
-def test_bwd_sm90_deterministic_kv_split_option(d, causal, split, hang_watchdog):
+@pytest.mark.parametrize("fam,d,causal,split", [("sm90", 128, True, 8), ("sm90", 64, False, 4),
+                                                ("sm90", 256, True, 2), ("sm80", 128, True, 4),
+                                                ("sm80", 64, False, 2)])
+def test_bwd_deterministic_kv_split_option(fam, d, causal, split, hang_watchdog):
     """``KernelOptions(bwd_kv_split=...)`` with ``deterministic=True`` (an MQA backward a user wants
-    deterministic and fast): the same bits over runs, sample 0's bits alone and in a batch of 3 (the
-    split is fixed, not read from the batch), dQ's bits as without the split, and the pass rule.
-    d256 runs the dQ pass."""
-    if torch.cuda.get_device_capability()[0] != 9:
+    deterministic and fast), both families: the same bits over runs, sample 0's bits alone and in a
+    batch of 3 (the split is fixed, not read from the batch), dQ's bits as without the split, and
+    the pass rule. sm90 d256 runs the dQ pass."""
+    if fam == "sm90" and torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the sm90 kernels need compute capability 9.x")
     hang_watchdog()
     q, k, v = random_qkv(3, 1000, 1000, 8, 1, d, torch.bfloat16, "cuda", seed=d + split)
@@ -914,7 +916,7 @@ def test_bwd_sm90_deterministic_kv_split_option(d, causal, split, hang_watchdog)
     def grads(b, s):
         qq, kk, vv = (t[:b].detach().clone().requires_grad_() for t in (q, k, v))
         out, _ = fa4.flash_attn_func(qq, kk, vv, causal=causal, deterministic=True, num_splits=1,
-                                     kernel_options=fa4.KernelOptions(arch="sm90", bwd_kv_split=s))
+                                     kernel_options=fa4.KernelOptions(arch=fam, bwd_kv_split=s))
         return torch.autograd.grad(out, (qq, kk, vv), g[:b])
 
     try:
@@ -924,7 +926,7 @@ def test_bwd_sm90_deterministic_kv_split_option(d, causal, split, hang_watchdog)
         # the dQ pass at d256, whose main kernel is the non-deterministic one).
         cfgs = [cfg for (direction, *_), (_, cfg) in fa4.ops._plans.items() if direction == "bwd"]
         assert cfgs and all(c.kv_split == split and (c.deterministic or c.dq_pass) for c in cfgs), cfgs
-        assert any(c.dq_pass for c in cfgs) == (d == 256), cfgs
+        assert any(getattr(c, "dq_pass", False) for c in cfgs) == (fam == "sm90" and d == 256), cfgs
         alone, unsplit = grads(1, split), grads(3, 1)
     finally:
         fa4.ops._plans.clear()

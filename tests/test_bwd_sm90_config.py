@@ -538,12 +538,14 @@ def test_kv_split_option(monkeypatch):
     assert sm90.make_config(mqa, None, "sm_90a").two_cta
     cfg = sm90.make_config(mqa, KernelOptions(bwd_kv_split=2), "sm_90a")
     assert not cfg.two_cta and cfg.kv_split == 2
-    # sm80: honoured without determinism, refused with it.
+    # sm80: honoured with and without determinism (v0.28); the rule alone keeps 1 when deterministic.
     assert sm80.make_config(mqa, KernelOptions(bwd_kv_split=2), "sm_90a").kv_split == 2
     assert sm80.make_config(mqa, KernelOptions(bwd_kv_split=1), "sm_90a").kv_split == 1
-    with pytest.raises(ValueError, match="bwd_kv_split=2: with deterministic=True this family keeps"):
-        sm80.make_config(mqa, KernelOptions(bwd_kv_split=2), "sm_90a", True)
-    assert sm80.make_config(mqa, KernelOptions(bwd_kv_split=1), "sm_90a", True).kv_split == 1
+    det80 = sm80.make_config(mqa, KernelOptions(bwd_kv_split=2), "sm_90a", True)
+    assert det80.deterministic and det80.kv_split == 2
+    assert sm80.make_config(mqa, None, "sm_90a", True).kv_split == 1
+    with pytest.raises(ValueError, match="bwd_kv_split=32 must divide the GQA group"):
+        sm80.make_config(mqa, KernelOptions(bwd_kv_split=32), "sm_90a", True)
     # Through the options string (torch.library ops carry it).
     assert KernelOptions.from_str(KernelOptions(bwd_kv_split=4).to_str()).bwd_kv_split == 4
 

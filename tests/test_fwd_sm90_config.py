@@ -50,10 +50,30 @@ def test_grid_order_ragged(ragged, d, sk, dynamic):
     head dim (one-pair sections); the static snake gave CTAs slots of sequences of different lengths."""
     cfg = sm90.make_config(_problem(d, sq=sk, sk=sk, **ragged), None, "sm_90a", True)
     assert cfg.persistent and cfg.dynamic_sched == dynamic and cfg.l2_section_mb == 0
-    # Masked: dynamic past s_k 1024, with one-pair sections for varlen (16 MB otherwise).
+    # Masked: dynamic past s_k 1024 with 16 MB sections, varlen or not (v0.28: the one-pair sections
+    # v0.27 gave masked varlen rows did not hold up over rounds).
     masked = sm90.make_config(_problem(d, sq=sk, sk=sk, causal=True, **ragged), None, "sm_90a", True)
     assert masked.dynamic_sched == (sk > 1024)
-    assert masked.l2_section_mb == (16 if sk > 1024 and "varlen_q" not in ragged else 0)
+    assert masked.l2_section_mb == (16 if sk > 1024 else 0)
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("paged", [False, True])
+def test_decode_tile_and_grid(d, paged, monkeypatch):
+    """v0.28: a decode tile (64 rows of a short packed q) takes at most 64-row K blocks and one CTA
+    per tile (decode_sweep --grid: -1% / -1.6% time at b64 s8k / b8 s32k); a user's tile_n wins;
+    sm90.DECODE_GRID off restores the prefill tiles' blocks and grid."""
+    kw = dict(has_seqused_k=True, page_size=16) if paged else {}
+    prob = _problem(d, sq=1, sk=8192, **kw)
+    cfg = sm90.make_config(prob, None, "sm_90a", False)
+    assert cfg.tile_m == 64 and cfg.tile_n == min(64, sm90.TUNING[d][1])
+    assert not cfg.persistent and not cfg.dynamic_sched
+    assert sm90.make_config(prob, KernelOptions(tile_n=48), "sm_90a", False).tile_n == 48
+    prefill = sm90.make_config(_problem(d, sq=4096, sk=8192, **kw), None, "sm_90a", False)
+    assert prefill.persistent and prefill.tile_n == sm90.TUNING[d][1]
+    monkeypatch.setattr(sm90, "DECODE_GRID", False)
+    old = sm90.make_config(prob, None, "sm_90a", False)
+    assert old.persistent and old.tile_n == sm90.TUNING[d][1]
 
 
 def test_decode_and_options():

@@ -30,38 +30,44 @@ def order_check():
 
 
 def grid_check(rounds: int = 3):
-    """``--grid``: the contiguous decode shapes over the tile's K rows, stages and grid (persistent, one
-    CTA per SM, or one CTA per tile, several per SM where shared memory allows), interleaved rounds.
-    Hypothesis (v0.27): at b64 the persistent grid's last round (512 packed tiles on 132 SMs: 3.88)
-    leaves 116 SMs with at most two 64 KB stages in flight each, and per-SM bytes in flight then bound
-    the HBM rate; more, smaller CTAs per SM keep more loads in flight."""
+    """``--grid``: the decode shapes, contiguous and paged (16-row pages), over the tile's K rows and
+    grid, interleaved rounds: the default (v0.28: 64-row K blocks, one CTA per tile), the prefill
+    tiles' blocks and grid (``sm90.DECODE_GRID`` off: 128-row blocks, persistent; the dynamic grid
+    for paged rows with seqused_k), and each of the two changes alone."""
     import dataclasses
 
     from fa4.fwd import sm90
 
     make = sm90.make_config
-    variants = [dict(), dict(tile_n=64, num_stages=2), dict(tile_n=64, num_stages=4),
-                dict(persistent=False), dict(tile_n=64, num_stages=2, persistent=False),
-                dict(tile_n=64, num_stages=3, persistent=False), dict(dynamic_sched=True)]
+    variants = [("default", None, {}), ("prefill grid", False, {}),
+                ("persistent", None, dict(persistent=True)), ("128-row blocks", None, dict(tile_n=128))]
     data = {}
     for shape in DECODE_SHAPES:
-        data[shape] = random_qkv(shape.batch, 1, shape.seqlen_k, shape.heads, shape.hk, shape.hdim, torch.bfloat16,
-                                 "cuda", seed=0)
+        q, k, v = random_qkv(shape.batch, 1, shape.seqlen_k, shape.heads, shape.hk, shape.hdim, torch.bfloat16,
+                             "cuda", seed=0)
+        kc, vc, table, used = paged_cache(k, v, PAGE_SIZE)
+        data[shape] = {"contig": lambda q=q, k=k, v=v: fa4.flash_attn_func(q, k, v),
+                       "paged16": lambda q=q, kc=kc, vc=vc, t=table, u=used: fa4.flash_attn_varlen_func(
+                           q, kc, vc, page_table=t, seqused_k=u)}
     for rnd in range(rounds):
-        for shape, (q, k, v) in data.items():
-            cells = []
-            for over in variants[rnd % len(variants):] + variants[:rnd % len(variants)]:
-                sm90.make_config = lambda *a, over=over, **kw: dataclasses.replace(make(*a, **kw), **over)
+        for shape, calls in data.items():
+            for layout, call in calls.items():
+                cells = []
+                for name, grid, over in variants[rnd % len(variants):] + variants[:rnd % len(variants)]:
+                    if grid is not None:
+                        sm90.DECODE_GRID = grid
+                    sm90.make_config = lambda *a, over=over, **kw: dataclasses.replace(make(*a, **kw), **over)
+                    fa4.ops._plans.clear()
+                    try:
+                        ms = triton.testing.do_bench(call, warmup=25, rep=300)
+                        cell = f"{ms * 1e3:6.1f} us"
+                    except Exception as e:  # noqa: BLE001 - a variant may not fit shared memory
+                        cell = f"n/a ({type(e).__name__}: {str(e)[:50]})"
+                    cells.append(f"{name}: {cell}")
+                    sm90.DECODE_GRID = True
+                sm90.make_config = make
                 fa4.ops._plans.clear()
-                try:
-                    ms = triton.testing.do_bench(lambda: fa4.flash_attn_func(q, k, v), warmup=25, rep=300)
-                    cell = f"{ms * 1e3:6.1f} us"
-                except Exception as e:  # noqa: BLE001 - a variant may not fit shared memory
-                    cell = f"n/a ({type(e).__name__}: {str(e)[:50]})"
-                cells.append(f"{over or 'default'}: {cell}")
-            sm90.make_config = make
-            fa4.ops._plans.clear()
-            print(f"r{rnd + 1} b{shape.batch} sk{shape.seqlen_k}: " + "; ".join(cells), flush=True)
+                print(f"r{rnd + 1} b{shape.batch} sk{shape.seqlen_k} {layout}: " + "; ".join(cells), flush=True)
 
 
 if "--order" in sys.argv:

@@ -380,11 +380,11 @@ def sum_partials(t: torch.Tensor) -> torch.Tensor:
     return t.squeeze(-2)
 
 
-def asked_kv_split(opts, problem: AttnProblem, two_cta: bool = False, deterministic: bool = False,
-                   det_ok: bool = True) -> int:
+def asked_kv_split(opts, problem: AttnProblem, two_cta: bool = False) -> int:
     """``KernelOptions.bwd_kv_split``, checked against the problem by the family's make_config (which
     the interface asks before the forward runs): it must divide the GQA group, and a split cannot run
-    with the 2-CTA kernel (nor, where ``det_ok`` is false, with determinism)."""
+    with the 2-CTA kernel. Both families take it with determinism (v0.28: the sm80 family's split
+    under its semaphore-ordered dQ passed test_bwd_kv_split_deterministic on the H200)."""
     split = opts.bwd_kv_split
     group = problem.heads // problem.heads_k
     if group % split:
@@ -393,21 +393,16 @@ def asked_kv_split(opts, problem: AttnProblem, two_cta: bool = False, determinis
     if split > 1 and two_cta:
         raise ValueError(f"KernelOptions.bwd_kv_split={split}: the 2-CTA backward (bwd_two_cta) keeps one CTA "
                          "pair per kv head; ask for bwd_two_cta=False")
-    if split > 1 and deterministic and not det_ok:
-        raise ValueError(f"KernelOptions.bwd_kv_split={split}: with deterministic=True this family keeps one CTA per "
-                         "kv head (its split under the ordered dQ compiles but has not run on a GPU; the sm90 "
-                         "family takes a split with determinism)")
     return split
 
 
-def choose_kv_split(opts, problem: AttnProblem, rule, *, two_cta: bool = False, deterministic: bool = False,
-                    det_ok: bool = True) -> int:
+def choose_kv_split(opts, problem: AttnProblem, rule, *, two_cta: bool = False, deterministic: bool = False) -> int:
     """A family's ``kv_split``: ``KernelOptions.bwd_kv_split`` when set (checked by
     :func:`asked_kv_split`), else the rule's split (``rule()``: the family's call of
     :func:`kv_split_for`; None where the family does not take it), never with the 2-CTA kernel or
     asked determinism (the rule reads the batch), else 1."""
     if opts.bwd_kv_split is not None:
-        return asked_kv_split(opts, problem, two_cta, deterministic, det_ok)
+        return asked_kv_split(opts, problem, two_cta)
     return 1 if rule is None or two_cta or deterministic else rule()
 
 

@@ -960,7 +960,7 @@ def make_config(
         kv_split=common.choose_kv_split(
             opts, problem,
             (lambda: common.kv_split_for(problem, tile_m, tile_n, common.arch.num_sms())) if KV_SPLIT else None,
-            deterministic=bool(deterministic), det_ok=False),
+            deterministic=bool(deterministic)),
         **BwdSm80Config.problem_flags(problem),
     )
     if cfg.smem_bytes() > SMEM_CAPACITY[arch]:
@@ -981,7 +981,7 @@ TFLOP/s): MQA d128 s8k causal split 1 / 4 / 8: 160.0 / 306.6 / 317.4 and 159.8 /
 (g32) 150.2 / 287.2 / 291.0 and 150.9 / 283.9 / 291.2; without a mask split 1 / 2: 325.6 / 319.3 and
 324.8 / 319.3 (the rule keeps 1 there). Measured on the H200 only (this family also serves sm8x GPUs
 and sm100's fallback, unmeasured there). ``KernelOptions(bwd_kv_split=N)`` fixes a split instead
-(not with determinism here)."""
+(with determinism too, since v0.28)."""
 
 
 LAUNCH_ORDER = common.LaunchOrder(causal=16, det_no_mask=32, det_causal=64)

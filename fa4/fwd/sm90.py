@@ -176,7 +176,7 @@ class FwdSm90Config(AttnFwdConfig):
     l2_section_mb: int = 0
     dynamic_sched: bool = False
     pp_steps_only: bool = False
-    skip_empty: bool = False  # on once its GPU tests and timing run (RESULTS v0.27 Next)
+    skip_empty: bool = False  # v0.28: tested, and not faster (varlen d128 -3 to -5%, masked rows +-3%)
 
     KERNEL = "fa4.fwd.sm90:FlashFwdSm90"
     REQUIRED_SASS = ("HGMMA", "UTMALDG")  # checked in the SASS of every compile variant (tests/test_compile.py)
@@ -911,23 +911,28 @@ SUM_ROUNDED_WITH_THRESHOLD = True  # tools/rescale_accuracy.py turns it off to m
 # slots in its walk; the claims balance them (`python -m fa4.bench --offgrid`, varlen d128, 8 sequences of
 # 293-3774: static 571.8, dynamic 607.4, flash-attn-4 579.9 / 585.2; three interleaved rounds
 # static / dynamic: 571.2 / 612.6, 565.5 / 584.3, 570.8 / 563.0). Masked varlen rows keep the
-# dynamic grid but take one-pair sections (why is not established: a tail model of the claims does
-# not explain it, docs/RESULTS.md v0.27; one lease, TFLOP/s, 16 MB / one pair / 64 MB: varlen GQA 32/8 d128 causal 504.4 / 549.2 / 477.5,
-# 16 MB again 508.5 and 485.7-499.3 in five more runs; varlen MHA d128 causal 498.9 / 519.3 / 508.9;
-# flash-attn-4 525-567 and 497-507; to be confirmed over rounds).
+# v0.28: masked varlen rows keep the masked rows' 16 MB sections. v0.27 gave them one-pair sections
+# on one lease's reading (varlen GQA 32/8 d128 causal 504 -> 549); three interleaved rounds did not
+# confirm it (medians, TFLOP/s, default one pair / 16 MB / 32 MB: varlen MHA d128 causal 499.7 /
+# 507.2 / 497.8, GQA 498.2 / 513.7 / 491.7, d64 causal 399.0 / 409.0 / 404.3; rounds spread 3-6%),
+# so the one-rule grid stays.
+# v0.28: decode tiles (the 64-row tile of a short packed q) take 64-row K blocks and one CTA per
+# tile (``persistent=False``, several CTAs per SM): tools/decode_sweep.py --grid, three rounds, the
+# same every round to 1 us: b64 s_k 8k 483.8 -> 479.4 us, b8 s_k 32k 253.2 -> 249.1 us (the
+# persistent grid alone -0.5%, the 64-row blocks alone -0.3% / -1.6%; flash-attn-4 482.6 / 349).
 DYNAMIC_MIN_SEQLEN_K_MASKED = 1025
 DYNAMIC_UNMASKED_MIN_HD = 129
 L2_SECTION_MB_STATIC = 0  # one pair per section
 L2_SECTION_MB_DYNAMIC = 16
+DECODE_TILE_N = 64
+DECODE_GRID = True  # tools/decode_sweep.py --grid turns it off to time the prefill tiles' grid
 
 
 def _grid_order(problem: AttnProblem) -> dict:
     """``persistent``, ``dynamic_sched`` and ``l2_section_mb`` of the measured choice above."""
     long_k = problem.seqlen_k >= DYNAMIC_MIN_SEQLEN_K_MASKED
     if long_k and (problem.causal or problem.local):
-        varlen = problem.varlen_q or problem.varlen_k
-        return dict(persistent=True, dynamic_sched=True,
-                    l2_section_mb=L2_SECTION_MB_STATIC if varlen else L2_SECTION_MB_DYNAMIC)
+        return dict(persistent=True, dynamic_sched=True, l2_section_mb=L2_SECTION_MB_DYNAMIC)
     wide = max(problem.head_dim, problem.head_dim_v) >= DYNAMIC_UNMASKED_MIN_HD
     ragged = problem.varlen_q or problem.varlen_k or problem.has_seqused_q or problem.has_seqused_k
     return dict(persistent=True, dynamic_sched=long_k and (wide or ragged), l2_section_mb=L2_SECTION_MB_STATIC)
@@ -953,10 +958,14 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
     user choice cannot be compiled."""
     options = options or KernelOptions()
     table_tile_m, tile_n, stages, pingpong = TUNING[_bucket(max(problem.head_dim, problem.head_dim_v))]
-    # Decode-like shapes: one consumer warpgroup, 64-row tiles.
-    g, tile_m, _ = fwd_common.rows_plan(problem, table_tile_m, options.tile_m)
+    # Decode-like shapes: one consumer warpgroup, 64-row tiles, 64-row K blocks, one CTA per tile.
+    g, tile_m, decode = fwd_common.rows_plan(problem, table_tile_m, options.tile_m)
+    decode = decode and DECODE_GRID
     pingpong, pp_steps_only = _turns(pingpong, table_tile_m, tile_m)
-    tile_n = options.tile_n if options.tile_n is not None else tile_n
+    if options.tile_n is not None:
+        tile_n = options.tile_n
+    elif decode:
+        tile_n = min(tile_n, DECODE_TILE_N)
     splits = fwd_common.split_count(problem, tile_m, tile_n, g, num_sms)
     tau = float(options.rescale_threshold) if options.rescale_threshold is not None else DEFAULT_RESCALE_THRESHOLD
     cfg = FwdSm90Config(
@@ -970,7 +979,8 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         pingpong=pingpong,
         pp_steps_only=pp_steps_only,
         rescale_o_before_pv=problem.head_dim_v >= RESCALE_O_BEFORE_PV_MIN_DV,
-        **_grid_order(problem),
+        **(dict(persistent=False, dynamic_sched=False, l2_section_mb=L2_SECTION_MB_STATIC) if decode
+           else _grid_order(problem)),
         has_lse=need_lse or splits > 1,
         exp2_emu_frac=float(options.exp2_emu_frac) if options.exp2_emu_frac is not None else DEFAULT_EXP2_EMU_FRAC,
         rescale_threshold=tau,
@@ -1048,11 +1058,15 @@ def variants(arch: str) -> list[FwdSm90Config]:
             varlen_q=True),
         cfg(128, split_kv=True, has_sink=True),  # the partials skip the sink (the combine adds it)
         cfg(64, pingpong=True, pp_steps_only=False),  # three warpgroups' turns around the tile's edges too
-        # v0.27's grid rule for ragged rows: varlen without a mask on the dynamic grid (any head dim);
-        # masked varlen on the dynamic grid with one-pair sections (l2_section_mb 0).
+        # v0.27's grid rule for ragged rows: varlen without a mask on the dynamic grid (any head dim).
         cfg(128, varlen_q=True, varlen_k=True, dynamic_sched=True),
         cfg(64, causal=True, varlen_q=True, varlen_k=True, dynamic_sched=True),
         cfg(128, causal=True, varlen_q=True, varlen_k=True, dynamic_sched=True, skip_empty=True),  # Note [Skipped claims]
+        # v0.28's decode tiles: 64-row K blocks, one CTA per tile; split, and paged with seqused_k.
+        cfg(128, tile_m=64, tile_n=64, pingpong=False, persistent=False, qhead_per_kvhead=4),
+        cfg(128, tile_m=64, tile_n=64, pingpong=False, persistent=False, qhead_per_kvhead=4, split_kv=True),
+        cfg(128, tile_m=64, tile_n=64, pingpong=False, persistent=False, qhead_per_kvhead=4, page_rows=16,
+            has_seqused_k=True),
     ]
 
 
