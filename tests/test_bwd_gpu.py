@@ -863,6 +863,66 @@ def test_bwd_sm90_empty_tiles_varlen(d, det):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("d,mask,heads,extra", [
+    (64, "causal", (6, 2), 0), (128, "causal", (4, 4), 0), (128, "none", (6, 2), 37), (256, "causal", (6, 2), 0),
+    (128, "local", (8, 1), 129),  # (8, 1): the split rule's virtual kv heads; 129 packed rows past cu[-1]
+    (96, "none", (3, 3), 0),  # three kv heads: the sections of a batch's heads take a divisor of 3
+])
+def test_bwd_sm90_compact_grid(d, mask, heads, extra, monkeypatch):
+    """Note [Compact varlen grid] (``compact_grid``): the backward on ``total_k // tile_n + batch``
+    slots per kv head gives dK / dV the default grid's bits (each K block's sums are its own CTA's,
+    in the same order) and dQ within the pass rule, on sequences of 1 to 2000 keys (several in one
+    tile, empty ones), with packed K rows past ``cu_seqlens_k[-1]`` (``extra``), so no block is
+    lost or run twice."""
+    import dataclasses
+
+    from fa4.bwd import sm90
+    from fa4.testing import varlen_batch
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the sm90 kernels need compute capability 9.x")
+    h, hk = heads
+    lq, lk = [1, 840, 1451, 3, 700, 2000, 129, 64], [1300, 949, 1, 3, 1500, 2000, 130, 64]
+    vb = varlen_batch(lq, lk, h, hk, d, torch.bfloat16, "cuda", requires_grad=False, seed=d + extra)
+    k, v = vb.k, vb.v
+    if extra:  # packed K / V longer than the batch's keys (rows no sequence owns)
+        k, v = (torch.cat([t, torch.randn(extra, *t.shape[1:], device="cuda", dtype=t.dtype)]) for t in (k, v))
+    q, k, v = (t.detach().requires_grad_() for t in (vb.q, k, v))
+    sq, sk = vb.max_seqlen_q, vb.max_seqlen_k
+    var = dict(cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k, causal=mask == "causal",
+               window_size=(300, 0) if mask == "local" else (None, None))
+    g = torch.randn(q.shape, device="cuda", dtype=q.dtype, generator=torch.Generator("cuda").manual_seed(d))
+    make = sm90.make_config
+
+    def grads(compact):
+        monkeypatch.setattr(sm90, "make_config",
+                            lambda *a, **kw: dataclasses.replace(make(*a, **kw), compact_grid=compact))
+        fa4.ops._plans.clear()
+        try:
+            out, _ = fa4.flash_attn_varlen_func(q, k, v, max_seqlen_q=sq, max_seqlen_k=sk,
+                                                kernel_options=fa4.KernelOptions(arch="sm90"), **var)
+            got = _grads((out,), (q, k, v), (g,))
+            cfgs = [c for (direction, *_), (_, c) in fa4.ops._plans.items() if direction == "bwd"]
+            assert cfgs and all(c.compact_grid == compact for c in cfgs), cfgs
+            return got
+        finally:
+            monkeypatch.setattr(sm90, "make_config", make)
+            fa4.ops._plans.clear()
+
+    compact, default = grads(True), grads(False)
+    n = int(vb.cu_seqlens_k[-1])  # the keys the batch owns (the rows past them are no sequence's)
+    for name, a, b in list(zip(("dq", "dk", "dv"), compact, default))[1:]:
+        assert torch.equal(a[:n], b[:n]), f"{name} differs on the compact grid"
+    q32 = _leaf32((q, k[:n], v[:n]))
+    out_ref, _ = attention_ref(*q32, upcast=True, **var)
+    ref = _grads((out_ref,), q32, (g.float(),))
+    qlp = [t.detach().requires_grad_() for t in (q, k[:n], v[:n])]
+    out_pt, _ = attention_ref(*qlp, upcast=False, **var)
+    pt = _grads((out_pt,), qlp, (g,))
+    _check_grads(("dq", "dk", "dv"), (compact[0], compact[1][:n], compact[2][:n]), ref, pt, (q, k[:n], v[:n]), g)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("d", [64, 128, 192, 256])
 @pytest.mark.parametrize("heads", [(4, 4), (6, 2), (8, 1)])  # (8, 1): a group the split rule would split
 @pytest.mark.parametrize("causal", [True, False])

@@ -235,6 +235,33 @@ def test_section_tile_is_a_bijection_with_lpt_order(m, h, b, section, reverse):
         assert all(mb == m - 1 for mb, _, _ in first)
 
 
+@pytest.mark.parametrize("lens,tile,heads,section", [
+    ([1, 840, 1451, 3, 700, 2000, 129, 64], 128, 6, 4), ([1300, 949, 1, 3, 1500], 64, 3, 3),
+    ([128, 128, 256], 128, 2, 1), ([5], 128, 1, 8), ([0, 7, 0, 300], 128, 4, 16), (list(range(1, 70)), 64, 2, 2)])
+def test_compact_varlen_grid(lens, tile, heads, section):
+    """Note [Compact varlen grid]: every K block of every sequence and head has exactly one slot,
+    each sequence at most one empty slot per head, ``total // tile + batch`` slots per head; inside
+    a sequence's sections the blocks are slowest (the longest causal blocks first)."""
+    from fa4.sched.tile import compact_section, host_compact_tiles
+
+    cu = [0]
+    for n in lens:
+        cu.append(cu[-1] + n)
+    sec = compact_section(section, heads)
+    assert heads % sec == 0 and sec <= max(1, section)
+    tiles = host_compact_tiles(cu, tile, heads, sec)
+    assert len(tiles) == heads * (cu[-1] // tile + len(lens))
+    assert len(set(tiles)) == len(tiles)
+    for b, n in enumerate(lens):
+        blocks = -(-n // tile)
+        for h in range(heads):
+            mine = sorted(x for x, hh, bb in tiles if bb == b and hh == h)
+            assert mine[:blocks] == list(range(blocks)) and len(mine) - blocks <= 1, (b, h, mine)
+    assert all(0 <= h < heads for _, h, _ in tiles)
+    first = [t for t in tiles if t[2] == 0][:sec]
+    assert all(x == 0 for x, _, _ in first)
+
+
 def test_l2_section_size():
     assert l2_section_size(8192, 512, 1, 1000) == 6  # 24 MB / (8192 * 512 B)
     assert l2_section_size(8192, 512, 4, 1000) == 24  # GQA: 4 q heads share a kv head

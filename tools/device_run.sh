@@ -368,17 +368,15 @@ if has next28c; then
   logged next28decode 240 20 python3 tools/decode_sweep.py --grid
 fi
 if has next29; then
-  # Session 27 (RESULTS v0.28): the decode tiles' grid (64-row K blocks, one CTA per tile) with its
-  # tests, the sm80 family's deterministic bwd_kv_split, then the decode set and the grid's timing.
-  gpu_tests next29fwd 280 tests/test_fwd_sm90_gpu.py tests/test_fwd_splitkv_gpu.py \
-    tests/test_flash_attn_cute_calls_gpu.py || exit 1
-  gpu_tests next29bwd 150 tests/test_bwd_gpu.py -k "kv_split_option" || exit 1
-  logged next29decode 200 24 python3 tools/decode_sweep.py --grid
-  logged next29bench 150 12 python3 -m fa4.bench --decode
-  # The varlen forward gaps (0.93-0.95x): packed GQA rows, sections and tiles, one round each.
-  logged next29varlen 150 12 python3 -m fa4.bench --offgrid --mode fwd --rounds 2 \
-    --cases varlen-d64,varlen-gqa-d128-causal \
-    --variant "fwd.qhead_per_kvhead=4" --variant "fwd.l2_section_mb=16" --variant "fwd.num_stages=3"
+  # Session 27 (RESULTS v0.28): the decode tiles' grid (64-row K blocks, one CTA per tile), the sm80
+  # family's deterministic bwd_kv_split, the backward's compact varlen grid: tests, then timings.
+  gpu_tests next29fwd 200 tests/test_fwd_splitkv_gpu.py tests/test_flash_attn_cute_calls_gpu.py \
+    tests/test_fwd_sm90_gpu.py -k "splitkv or cute or s1x or varlen or paged or decode" || exit 1
+  gpu_tests next29bwd 150 tests/test_bwd_gpu.py -k "kv_split_option or compact_grid or empty_tiles_varlen" || exit 1
+  logged next29compact 150 12 python3 -m fa4.bench --offgrid --mode bwd --rounds 2 \
+    --cases varlen-d64-causal,varlen-d128-causal,varlen-gqa-d128-causal,varlen-d128 --variant "bwd.compact_grid=True"
+  logged next29decode 100 12 python3 tools/decode_sweep.py --grid
+  logged next29bench 100 12 python3 -m fa4.bench --decode
 fi
 if has hostbd; then
   # Session 24: the backward's host time piece by piece (tools/host_breakdown.py $HOSTBD_ROWS).

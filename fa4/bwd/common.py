@@ -267,6 +267,16 @@ def launch_sections(cfg, order: LaunchOrder, num_pairs: int, max_seqlen_k: int, 
         rounds=getattr(cfg, "det_rounds", 1))
 
 
+def main_sections(cfg, order: LaunchOrder, num_batch: int, heads_k: int, max_seqlen_k: int, seqlen_q: int,
+                  q, v) -> int:
+    """The main kernel's ``section_pairs`` argument: :func:`launch_sections`, and on the compact
+    varlen grid (``cfg.compact_grid``) a divisor of the kv heads (Note [Compact varlen grid] in
+    fa4/sched/tile.py: a section never spans two sequences)."""
+    sec = launch_sections(cfg, order, num_batch * heads_k, max_seqlen_k, seqlen_q, q.shape[-2] // heads_k,
+                          q.shape[-1], v.shape[-1], q.element_size(), q.device.index)
+    return compact_section(sec, heads_k) if getattr(cfg, "compact_grid", False) else sec
+
+
 def pair_bytes(seqlen_q: int, group: int, head_dim: int, head_dim_v: int, elem_bytes: int = 2,
                dq_accum: bool = True) -> int:
     """Bytes of Q, dO, the float32 dQ accumulator (``dq_accum``: none under the dQ pass, Note [dQ pass]
@@ -601,8 +611,7 @@ def run_backward(cfg, problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_se
             q, k, v, dout, lse_log2, dpsum, dq_accum, dk_k, dv_k, cu_seqlens_q, cu_seqlens_k, seqused_k, sem,
             float(problem.softmax_scale), float(problem.softcap), int(problem.window_left),
             int(problem.window_right), int(max_seqlen_k),
-            launch_sections(cfg, order, num_batch * heads_k, max_seqlen_k, problem.seqlen_q,
-                            q.shape[-2] // heads_k, q.shape[-1], v.shape[-1], q.element_size(), q.device.index),
+            main_sections(cfg, order, num_batch, heads_k, max_seqlen_k, problem.seqlen_q, q, v),
         )
     else:
         dk_k.zero_()

@@ -272,7 +272,7 @@ from fa4.cute_utils import (
 )
 from fa4.mask import AttentionMask
 from fa4.sched import semaphore
-from fa4.sched.tile import section_tile
+from fa4.sched.tile import compact_batch, compact_slot, section_tile
 from fa4.seqlen import SeqlenInfo, grid_extent, to_sdhb
 from fa4.softmax import apply_softcap, emulated_elements, exp2_rows, exp2_select, score_scales, softcap_grad
 
@@ -375,6 +375,9 @@ class BwdSm90Config(AttnKernelConfig):
     ``kv_split`` (a power of two dividing the GQA group; not with ``two_cta``): the q heads
     of a kv head are split over that many CTAs per K block, each writing float32 partial dK / dV
     (Note [Split GQA group]).
+    ``compact_grid`` (varlen K, not deterministic, not ``two_cta``, not ``dq_first_store``): the grid
+    holds ``total_k // tile_n + batch`` K-block slots per kv head instead of ``ceil(max_seqlen_k /
+    tile_n) * batch``, so no CTA is launched past its sequence's end (Note [Compact varlen grid]).
     """
 
     head_dim: int = 128
@@ -405,6 +408,7 @@ class BwdSm90Config(AttnKernelConfig):
     dq_pass: bool = False
     exp2_emu_frac: float = 0.0
     kv_split: int = 1
+    compact_grid: bool = False
 
     KERNEL: ClassVar[str] = "fa4.bwd.sm90:FlashBwdSm90"
     REQUIRED_SASS: ClassVar[tuple] = ("HGMMA", "UTMALDG")  # checked by tests/test_compile.py
@@ -588,6 +592,11 @@ class FlashBwdSm90:
         if cfg.kv_split < 1 or cfg.kv_split & (cfg.kv_split - 1) or (cfg.kv_split > 1 and cfg.two_cta):
             raise ValueError(f"{name}.kv_split (Note [Split GQA group]) must be a power of two, and 1 with "
                              f"two_cta, got {cfg.kv_split}")
+        if cfg.compact_grid and not (cfg.varlen_k and not cfg.deterministic and not cfg.two_cta
+                                     and not cfg.dq_first_store):
+            raise ValueError(f"{name}.compact_grid (Note [Compact varlen grid]) needs varlen K (cu_seqlens_k) and "
+                             "none of deterministic, two_cta, dq_first_store (their orders index K blocks by "
+                             "the grid's x)")
         if cfg.two_cta and not (cfg.dkv_rs and cfg.pds_stages == 2 and not cfg.deterministic):
             raise ValueError(f"{name}.two_cta (Note [Two-CTA dQ]) needs dkv_rs, two P/dS stages and "
                              "deterministic=False")
@@ -730,6 +739,10 @@ class FlashBwdSm90:
         row_tile = cute.make_layout(self.tile_m)
         tma_lse, mLSE_tma = cpasync.make_tiled_tma_atom(g2s, rows_tma_order(mLSElog2), row_tile, (self.tile_m,))
         tma_dpsum, mDpsum_tma = cpasync.make_tiled_tma_atom(g2s, rows_tma_order(mDpsum), row_tile, (self.tile_m,))
+        grid_x = num_x * self.cfg.cluster_n * mdK.shape[2] * num_batch
+        if const_expr(self.cfg.compact_grid):  # Note [Compact varlen grid]: slots per kv head
+            num_x = mK.shape[1] // self.tile_n + num_batch
+            grid_x = num_x * mdK.shape[2]
         self.kernel(
             mQ_tma, mK_tma, mV_tma, mdO_tma, mLSE_tma, mDpsum_tma, mdQaccum, mdK, mdV, mCuSeqlensQ, mCuSeqlensK,
             mSeqUsedK, mSemaphore, tma_q, tma_k, tma_v, tma_do, tma_lse, tma_dpsum, softmax_scale, prescale,
@@ -738,7 +751,7 @@ class FlashBwdSm90:
             self.sQ_layout, self.sdO_layout, self.sK_layout, self.sV_layout, self.sPdS_layout, self.sHalf_layout,
             self.tiled_mma_sdp, self.tiled_mma_dk, self.tiled_mma_dv, self.tiled_mma_dq,
         ).launch(
-            grid=(num_x * self.cfg.cluster_n * mdK.shape[2] * num_batch, 1, 1),
+            grid=(grid_x, 1, 1),
             block=[self.num_threads, 1, 1],
             cluster=(self.cfg.cluster_n, 1, 1),
             smem=self.SharedStorage.size_in_bytes(),
@@ -882,7 +895,9 @@ class FlashBwdSm90:
         cn = self.cfg.cluster_n
         rank = block % cn if const_expr(cn > 1) else Int32(0)
         down = None
-        if const_expr(self.cfg.det_tail):  # the last kv heads walk down, launched last (Note [Down tail])
+        if const_expr(self.cfg.compact_grid):  # Note [Compact varlen grid]
+            n_block, head_kv, batch = self.compact_tile(block, num_heads_k, num_batch, section, mCuSeqlensK)
+        elif const_expr(self.cfg.det_tail):  # the last kv heads walk down, launched last (Note [Down tail])
             x, head_kv, batch, down = self.tail_tile(block, num_x, num_heads_k, num_batch, section)
             n_block = x + (1 - down) * (num_x - 1 - 2 * x)
         else:
@@ -901,6 +916,18 @@ class FlashBwdSm90:
         num_n = cutlass.max(cute.ceil_div(seq.seqlen_k, self.tile_n), 1)
         return CtaWork(seq, mask, n_block, head_kv, batch, group, m_min, num_m, num_m * group, rows_k, num_n, rank,
                        down)
+
+    @cute.jit
+    def compact_tile(self, block: Int32, num_heads_k: Int32, num_batch: Int32, section: Int32, mCuSeqlensK):
+        """``(n_block, kv head, batch)`` of grid index ``block`` on the compact grid (Note [Compact
+        varlen grid] in fa4/sched/tile.py; ``section`` divides the kv heads); whole warps call it."""
+        batch = compact_batch(block // num_heads_k, mCuSeqlensK, num_batch, self.tile_n)
+        first = mCuSeqlensK[batch] // self.tile_n + batch
+        slots = mCuSeqlensK[batch + 1] // self.tile_n + batch + 1 - first
+        x, head_kv = compact_slot(block, first, slots, num_heads_k, section)
+        if head_kv >= num_heads_k:  # past the last sequence (packed K longer than cu_seqlens_k[-1]): empty
+            x, head_kv = slots, Int32(0)
+        return x, head_kv, batch
 
     @cute.jit
     def tail_tile(self, block: Int32, num_x: Int32, num_heads_k: Int32, num_batch: Int32, section: Int32):
@@ -2186,4 +2213,9 @@ def variants(arch: str) -> list[BwdSm90Config]:
     out.append(replace(make_config(P(128, causal=True), None, arch), kv_split=4))
     out.append(replace(make_config(P(64, varlen=True, seqused_k=True), None, arch), kv_split=4))
     out.append(replace(make_config(P(256, causal=True), None, arch, True), kv_split=4))  # the dQ pass (forced)
+    # The compact varlen grid (Note [Compact varlen grid] in fa4/sched/tile.py): d64 causal (128-row
+    # steps), d128 without a mask with seqused_k and a split group, d256 causal under the dQ pass.
+    out.append(replace(make_config(P(64, causal=True, varlen=True), None, arch), kv_split=1, compact_grid=True))
+    out.append(replace(make_config(P(128, varlen=True, seqused_k=True), None, arch), kv_split=2, compact_grid=True))
+    out.append(replace(make_config(P(256, causal=True, varlen=True), None, arch), kv_split=1, compact_grid=True))
     return out

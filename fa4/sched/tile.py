@@ -21,6 +21,20 @@ Note [Section sizes]
 
 For varlen, ``num_m_blocks`` is ``ceil(max_seqlen_q / tile_m)``; tiles past a sequence's own
 length are empty and the kernel skips them.
+
+Note [Compact varlen grid]
+    A varlen grid of ``ceil(max_len / tile) * batch`` blocks per head launches, on a batch of mixed
+    lengths, many CTAs past their sequence's end (the off-grid mixed batch: 107 of 240 per kv head
+    in the sm90 backward), each paying a launch and a prologue on an SM that one CTA fills. The
+    compact grid gives sequence ``b`` the slots ``[S_b, S_{b+1})`` with ``S_b = cu[b] // tile + b``:
+    ``S_{b+1} - S_b = cu[b+1] // tile - cu[b] // tile + 1 >= ceil(len_b / tile)``, so every block
+    has a slot, at most one slot per sequence is empty, and the grid holds ``total // tile + batch``
+    slots per head, known on the host without reading ``cu``. Grid index ``i`` lies in batch ``b``,
+    the last with ``heads * S_b <= i`` (a warp's ballot over ``cu``, 32 sequences per load:
+    :func:`compact_batch`); inside a batch's ``heads * slots`` indices, sections of ``section`` of
+    its heads (a divisor of the head count: :func:`compact_section`) walk the blocks slowest and
+    the heads fastest, as :func:`section_tile` does (:func:`compact_slot`). Sequences run in batch
+    order: a section never spans two batches.
 """
 
 from __future__ import annotations
@@ -80,6 +94,60 @@ def section_tile(tile_idx, num_m_blocks, num_heads, num_batch, section, reverse:
     batch = pair // num_heads
     head = pair - batch * num_heads
     return m_block, head, batch
+
+
+def compact_section(section: int, num_heads: int) -> int:
+    """Heads per section of the compact grid (Note [Compact varlen grid]): the largest divisor of
+    ``num_heads`` that is at most ``section`` (host side, Python ints)."""
+    sec = max(1, min(section, num_heads))
+    while num_heads % sec:
+        sec -= 1
+    return sec
+
+
+def compact_slot(block, first, slots, num_heads, section):
+    """``(x, head)`` of grid index ``block`` of the compact grid in its batch, whose slots start at
+    ``first`` and number ``slots`` (Note [Compact varlen grid]). Plain arithmetic (traced or not)."""
+    rest = block - first * num_heads
+    sec_tiles = slots * section
+    si = rest // sec_tiles
+    r = rest - si * sec_tiles
+    x = r // section
+    return x, si * section + (r - x * section)
+
+
+@cute.jit
+def compact_batch(j: Int32, mCuSeqlens: cute.Tensor, num_batch: Int32, tile: cutlass.Constexpr[int]) -> Int32:
+    """The last sequence ``b`` with ``cu[b] // tile + b <= j`` (Note [Compact varlen grid]): a warp's
+    ballot over 32 sequences per load. Whole warps call it, with the same ``j``."""
+    lane = cute.arch.lane_idx()
+    count = Int32(0)
+    base = Int32(0)
+    more = True
+    while more:
+        idx = base + lane
+        start = Int32(2147483647)
+        if idx < num_batch:
+            start = mCuSeqlens[idx] // tile + idx
+        n = cute.arch.popc(cute.arch.vote_ballot_sync(start <= j))
+        count = count + n
+        base = base + 32
+        more = (n == 32) & (base < num_batch)
+    return count - 1
+
+
+def host_compact_tiles(cu_seqlens: list, tile: int, num_heads: int, section: int) -> list:
+    """Python twin of the compact grid's mapping: ``(n_block, head, batch)`` of every grid index
+    (the CPU tests check that every block of every sequence and head has exactly one)."""
+    batch = len(cu_seqlens) - 1
+    starts = [cu_seqlens[b] // tile + b for b in range(batch + 1)]
+    out = []
+    for i in range(num_heads * starts[-1]):
+        j = i // num_heads
+        b = max(b for b in range(batch) if starts[b] <= j)
+        x, h = compact_slot(i, starts[b], starts[b + 1] - starts[b], num_heads, section)
+        out.append((x, h, b))
+    return out
 
 
 @dataclass(frozen=True)
