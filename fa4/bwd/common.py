@@ -172,7 +172,7 @@ from fa4.bwd import postprocess, preprocess
 from fa4.bwd.workspace import dq_accum_placeholder, dq_accum_shape, rows_shape
 from fa4.config import AttnProblem
 from fa4.cute_utils import make_acc_mn_view
-from fa4.sched.tile import section_tile
+from fa4.sched.tile import compact_section, section_tile
 from fa4.validate import kernel_ready
 
 MAX_GRID_X = 2**31 - 1
