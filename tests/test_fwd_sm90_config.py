@@ -60,14 +60,13 @@ def test_grid_order_ragged(ragged, d, sk, dynamic):
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("paged", [False, True])
 def test_decode_tile_and_grid(d, paged, monkeypatch):
-    """v0.28: a decode tile (64 rows of a short packed q) takes one CTA per tile and, unless paged, at
-    most 64-row K blocks (decode_sweep --grid: -1% / -1.6% time at b64 s8k / b8 s32k; paged 16-row
-    pages measured +3% with them, so they keep the table's); a user's tile_n wins;
+    """v0.28: a decode tile (64 rows of a short packed q) takes at most 64-row K blocks and one CTA
+    per tile (decode_sweep --grid: -1% / -1.6% time at b64 s8k / b8 s32k); a user's tile_n wins;
     sm90.DECODE_GRID off restores the prefill tiles' blocks and grid."""
     kw = dict(has_seqused_k=True, page_size=16) if paged else {}
     prob = _problem(d, sq=1, sk=8192, **kw)
     cfg = sm90.make_config(prob, None, "sm_90a", False)
-    assert cfg.tile_m == 64 and cfg.tile_n == (sm90.TUNING[d][1] if paged else min(64, sm90.TUNING[d][1]))
+    assert cfg.tile_m == 64 and cfg.tile_n == min(64, sm90.TUNING[d][1])
     assert not cfg.persistent and not cfg.dynamic_sched
     assert sm90.make_config(prob, KernelOptions(tile_n=48), "sm_90a", False).tile_n == 48
     prefill = sm90.make_config(_problem(d, sq=4096, sk=8192, **kw), None, "sm_90a", False)

@@ -920,8 +920,6 @@ SUM_ROUNDED_WITH_THRESHOLD = True  # tools/rescale_accuracy.py turns it off to m
 # tile (``persistent=False``, several CTAs per SM): tools/decode_sweep.py --grid, three rounds, the
 # same every round to 1 us: b64 s_k 8k 483.8 -> 479.4 us, b8 s_k 32k 253.2 -> 249.1 us (the
 # persistent grid alone -0.5%, the 64-row blocks alone -0.3% / -1.6%; flash-attn-4 482.6 / 349).
-# A paged cache (16-row pages) keeps the table's 128-row blocks: there the 64-row ones measured
-# 501.5-503.3 / 259.9-260.0 us against 488.4-488.8 / 256.9-257.1 (three rounds, one CTA per tile).
 DYNAMIC_MIN_SEQLEN_K_MASKED = 1025
 DYNAMIC_UNMASKED_MIN_HD = 129
 L2_SECTION_MB_STATIC = 0  # one pair per section
@@ -966,7 +964,7 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
     pingpong, pp_steps_only = _turns(pingpong, table_tile_m, tile_m)
     if options.tile_n is not None:
         tile_n = options.tile_n
-    elif decode and not problem.page_size:  # paged: the table's blocks (decode_sweep --grid, v0.28)
+    elif decode:
         tile_n = min(tile_n, DECODE_TILE_N)
     splits = fwd_common.split_count(problem, tile_m, tile_n, g, num_sms)
     tau = float(options.rescale_threshold) if options.rescale_threshold is not None else DEFAULT_RESCALE_THRESHOLD
@@ -1064,10 +1062,11 @@ def variants(arch: str) -> list[FwdSm90Config]:
         cfg(128, varlen_q=True, varlen_k=True, dynamic_sched=True),
         cfg(64, causal=True, varlen_q=True, varlen_k=True, dynamic_sched=True),
         cfg(128, causal=True, varlen_q=True, varlen_k=True, dynamic_sched=True, skip_empty=True),  # Note [Skipped claims]
-        # v0.28's decode tiles: one CTA per tile, 64-row K blocks (split too), paged with the table's.
+        # v0.28's decode tiles: 64-row K blocks, one CTA per tile; split, and paged with seqused_k.
         cfg(128, tile_m=64, tile_n=64, pingpong=False, persistent=False, qhead_per_kvhead=4),
         cfg(128, tile_m=64, tile_n=64, pingpong=False, persistent=False, qhead_per_kvhead=4, split_kv=True),
-        cfg(128, tile_m=64, pingpong=False, persistent=False, qhead_per_kvhead=4, page_rows=16, has_seqused_k=True),
+        cfg(128, tile_m=64, tile_n=64, pingpong=False, persistent=False, qhead_per_kvhead=4, page_rows=16,
+            has_seqused_k=True),
     ]
 
 
