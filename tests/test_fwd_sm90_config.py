@@ -58,22 +58,29 @@ def test_grid_order_ragged(ragged, d, sk, dynamic):
 
 
 @pytest.mark.parametrize("d", [64, 128, 256])
-@pytest.mark.parametrize("paged", [False, True])
-def test_decode_tile_and_grid(d, paged, monkeypatch):
+@pytest.mark.parametrize("kind", ["dense", "varlen", "seqused", "paged"])
+def test_decode_tile_and_grid(d, kind, monkeypatch):
     """v0.28: a decode tile (64 rows of a short packed q) takes at most 64-row K blocks and one CTA
-    per tile (decode_sweep --grid: -1% / -1.6% time at b64 s8k / b8 s32k); a user's tile_n wins;
-    sm90.DECODE_GRID off restores the prefill tiles' blocks and grid."""
-    kw = dict(has_seqused_k=True, page_size=16) if paged else {}
+    per tile (decode_sweep --grid: -1% / -1.6% time at b64 s8k / b8 s32k); calls with seqused_k or
+    a page table keep the prefill tiles' (paged: +3% time with 64-row blocks; paged and unpaged with
+    seqused_k share their bits); a user's tile_n wins; sm90.DECODE_GRID off restores the prefill
+    tiles' blocks and grid."""
+    kw = {"dense": {}, "varlen": dict(varlen_q=True, varlen_k=True, total_q=8, total_k=30000),
+          "seqused": dict(has_seqused_k=True), "paged": dict(has_seqused_k=True, page_size=16)}[kind]
     prob = _problem(d, sq=1, sk=8192, **kw)
     cfg = sm90.make_config(prob, None, "sm_90a", False)
-    assert cfg.tile_m == 64 and cfg.tile_n == min(64, sm90.TUNING[d][1])
-    assert not cfg.persistent and not cfg.dynamic_sched
+    table_n = sm90.TUNING[d][1]
+    assert cfg.tile_m == 64
+    if kind in ("dense", "varlen"):
+        assert cfg.tile_n == min(64, table_n) and not cfg.persistent and not cfg.dynamic_sched
+    else:
+        assert cfg.tile_n == table_n and cfg.persistent and cfg.dynamic_sched  # the ragged rows' grid
     assert sm90.make_config(prob, KernelOptions(tile_n=48), "sm_90a", False).tile_n == 48
     prefill = sm90.make_config(_problem(d, sq=4096, sk=8192, **kw), None, "sm_90a", False)
-    assert prefill.persistent and prefill.tile_n == sm90.TUNING[d][1]
+    assert prefill.persistent and prefill.tile_n == table_n
     monkeypatch.setattr(sm90, "DECODE_GRID", False)
     old = sm90.make_config(prob, None, "sm_90a", False)
-    assert old.persistent and old.tile_n == sm90.TUNING[d][1]
+    assert old.persistent and old.tile_n == table_n
 
 
 def test_decode_and_options():

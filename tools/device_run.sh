@@ -11,7 +11,7 @@
 # (dv_late at d64; run in session 11), next18 (publish_peek), next20 (publish_peek as the default), next22 (v27 sections, det bench), next8 (session 8's not-yet-run tests and sweeps), ncusrc (source-level stall sampling
 # of the forwards; NCUSRC_IMPLS), ncusrcbwd (the same for the backwards), bwdacc (tools/bwd_accuracy.py $BWDACC), ncustall (stall reasons, fa4 vs
 # flash-attn-4), sweepfwd (tools/sweep_fwd.py $SWEEP_FWD), ncufwd (ncu of the fa4 and flash-attn-4 forwards,
-# tools/ncu_fwd.py), ncubwd (the same for the backwards, NCU_BWD_SHAPES), v012b (session 10's side-by-side benches), firststore (session 17: Note [First store]'s tests and the backward profile), claims (session 18: the relaxed, rotated claims: tests and profile), bwdprof (tools/bwd_profile.py $BWDPROF_ROWS), hostprof (tools/host_profile.py $HOSTPROF_ARGS), hostbd (tools/host_breakdown.py $HOSTBD_ROWS), offgrid (tools/offgrid.py: shapes off the standard grid), next26 (session 25: the split GQA group), next27 / next27b (session 25's unrun work: tests / timings), next28 / next28b / next28c (session 26's: tests / forward timings / backward sections and decode), next29 (session 27: the decode grid, its tests and timings; the varlen forward gaps), next25 (session 24's unrun test edits and sweep v57), nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
+# tools/ncu_fwd.py), ncubwd (the same for the backwards, NCU_BWD_SHAPES), v012b (session 10's side-by-side benches), firststore (session 17: Note [First store]'s tests and the backward profile), claims (session 18: the relaxed, rotated claims: tests and profile), bwdprof (tools/bwd_profile.py $BWDPROF_ROWS), hostprof (tools/host_profile.py $HOSTPROF_ARGS), hostbd (tools/host_breakdown.py $HOSTBD_ROWS), offgrid (tools/offgrid.py: shapes off the standard grid), next26 (session 25: the split GQA group), next27 / next27b (session 25's unrun work: tests / timings), next28 / next28b / next28c (session 26's: tests / forward timings / backward sections and decode), next29 (session 27: the decode grid, the compact varlen backward grid, their tests and timings; skipfwd leaves out its forward tests), next25 (session 24's unrun test edits and sweep v57), nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
 set -uo pipefail
 steps=${1:-bwd90}
 out=${OUT:-/tmp/out}; mkdir -p "$out"
@@ -370,7 +370,7 @@ fi
 if has next29; then
   # Session 27 (RESULTS v0.28): the decode tiles' grid (64-row K blocks, one CTA per tile), the sm80
   # family's deterministic bwd_kv_split, the backward's compact varlen grid: tests, then timings.
-  gpu_tests next29fwd 200 tests/test_fwd_splitkv_gpu.py tests/test_flash_attn_cute_calls_gpu.py \
+  has skipfwd || gpu_tests next29fwd 200 tests/test_fwd_splitkv_gpu.py tests/test_flash_attn_cute_calls_gpu.py \
     tests/test_fwd_sm90_gpu.py -k "splitkv or cute or s1x or varlen or paged or decode" || exit 1
   gpu_tests next29bwd 150 tests/test_bwd_gpu.py -k "kv_split_option or compact_grid or empty_tiles_varlen" || exit 1
   logged next29compact 150 12 python3 -m fa4.bench --offgrid --mode bwd --rounds 2 \

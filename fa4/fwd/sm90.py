@@ -920,6 +920,9 @@ SUM_ROUNDED_WITH_THRESHOLD = True  # tools/rescale_accuracy.py turns it off to m
 # tile (``persistent=False``, several CTAs per SM): tools/decode_sweep.py --grid, three rounds, the
 # same every round to 1 us: b64 s_k 8k 483.8 -> 479.4 us, b8 s_k 32k 253.2 -> 249.1 us (the
 # persistent grid alone -0.5%, the 64-row blocks alone -0.3% / -1.6%; flash-attn-4 482.6 / 349).
+# Calls with seqused_k or a page table keep the prefill tiles' blocks and grid: with 16-row pages
+# the 64-row blocks measured 501.5-503.3 / 259.9-260.0 us against 488.4-488.8 / 259.5-260.8 (three
+# rounds), and test_paged_kv checks a paged call's bits against the unpaged call with seqused_k.
 DYNAMIC_MIN_SEQLEN_K_MASKED = 1025
 DYNAMIC_UNMASKED_MIN_HD = 129
 L2_SECTION_MB_STATIC = 0  # one pair per section
@@ -960,7 +963,9 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
     table_tile_m, tile_n, stages, pingpong = TUNING[_bucket(max(problem.head_dim, problem.head_dim_v))]
     # Decode-like shapes: one consumer warpgroup, 64-row tiles, 64-row K blocks, one CTA per tile.
     g, tile_m, decode = fwd_common.rows_plan(problem, table_tile_m, options.tile_m)
-    decode = decode and DECODE_GRID
+    # (Not with seqused_k or a page table: a paged cache measured +3% time with 64-row blocks, and
+    # paged and unpaged-with-seqused_k calls share a config, so their outputs share their bits.)
+    decode = decode and DECODE_GRID and not problem.page_size and not problem.has_seqused_k
     pingpong, pp_steps_only = _turns(pingpong, table_tile_m, tile_m)
     if options.tile_n is not None:
         tile_n = options.tile_n
@@ -1062,11 +1067,11 @@ def variants(arch: str) -> list[FwdSm90Config]:
         cfg(128, varlen_q=True, varlen_k=True, dynamic_sched=True),
         cfg(64, causal=True, varlen_q=True, varlen_k=True, dynamic_sched=True),
         cfg(128, causal=True, varlen_q=True, varlen_k=True, dynamic_sched=True, skip_empty=True),  # Note [Skipped claims]
-        # v0.28's decode tiles: 64-row K blocks, one CTA per tile; split, and paged with seqused_k.
+        # v0.28's decode tiles: 64-row K blocks, one CTA per tile; split, and varlen.
         cfg(128, tile_m=64, tile_n=64, pingpong=False, persistent=False, qhead_per_kvhead=4),
         cfg(128, tile_m=64, tile_n=64, pingpong=False, persistent=False, qhead_per_kvhead=4, split_kv=True),
-        cfg(128, tile_m=64, tile_n=64, pingpong=False, persistent=False, qhead_per_kvhead=4, page_rows=16,
-            has_seqused_k=True),
+        cfg(128, tile_m=64, tile_n=64, pingpong=False, persistent=False, qhead_per_kvhead=4, varlen_q=True,
+            varlen_k=True),
     ]
 
 
