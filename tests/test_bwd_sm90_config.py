@@ -565,3 +565,21 @@ def test_sum_partials_fixed_order():
     p = [t[..., i, :] for i in range(8)]
     assert torch.equal(whole, ((p[0] + p[4]) + (p[2] + p[6])) + ((p[1] + p[5]) + (p[3] + p[7])))
     assert torch.equal(sum_partials(t[..., :1, :]), t[..., 0, :])
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_compact_grid_rule(d, monkeypatch):
+    """Note [Compact varlen grid]: with ``COMPACT_VARLEN`` (off by default, v0.28) varlen K rows take
+    the compact grid, never deterministic, 2-CTA, first-store or fixed-length ones; can_implement
+    refuses it where its order cannot serve."""
+    varlen = dict(varlen_q=True, varlen_k=True, total_q=4000, total_k=4000)
+    assert not sm90.make_config(_problem(d, causal=True, **varlen), None, "sm_90a").compact_grid
+    monkeypatch.setattr(sm90, "COMPACT_VARLEN", True)
+    cfg = sm90.make_config(_problem(d, causal=True, **varlen), None, "sm_90a")
+    assert cfg.compact_grid == (not cfg.two_cta and not cfg.dq_first_store)
+    assert not sm90.make_config(_problem(d, causal=True), None, "sm_90a").compact_grid
+    det = sm90.make_config(_problem(d, causal=True, **varlen), None, "sm_90a", True)
+    assert not det.compact_grid or (det.dq_pass and not det.deterministic)
+    for bad in (dict(varlen_k=False, varlen_q=False), dict(deterministic=True), dict(dq_first_store=True)):
+        with pytest.raises(ValueError, match="compact_grid"):
+            sm90.FlashBwdSm90.can_implement(dataclasses.replace(cfg, compact_grid=True, **bad))

@@ -1879,6 +1879,14 @@ without a mask at 0.125 / 0.25 / 0.375 / 0.5 (-18% to +4%, no sign); local masks
 forward neither (0.125 / 0.25: -2% to -8% at d64 / d128 s8k in the same lease)."""
 
 
+COMPACT_VARLEN = False
+"""Whether varlen backwards take the compact grid (Note [Compact varlen grid] in fa4/sched/tile.py;
+not with determinism, 2-CTA or the first store). Off: two interleaved rounds (docs/RESULTS.md
+v0.28, TFLOP/s, default -> compact) varlen d64 causal 385.9 -> 391.5 and 383.2 -> 392.2, d128
+causal 466.9 -> 466.2 and 448.2 -> 460.1, GQA causal 439.4 -> 447.4 and 437.3 -> 434.6, d128
+533.5 -> 542.2 and 484.3 -> 531.9: +1.7% median, under the timings' resolution (about 4%)."""
+
+
 def kv_split_for(problem: AttnProblem, tile_m: int, tile_n: int, num_sms: int) -> int:
     """:func:`fa4.bwd.common.kv_split_for` (the rule, shared with the sm80 family)."""
     return common.kv_split_for(problem, tile_m, tile_n, num_sms)
@@ -1974,6 +1982,8 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         # (1 when determinism is asked: a split that reads the batch would change a sample's bits.)
         kv_split=common.choose_kv_split(opts, problem, lambda: kv_split_for(problem, steps, tile_n, _num_sms()),
                                         two_cta=two_cta, deterministic=asked_det),
+        compact_grid=(COMPACT_VARLEN and problem.varlen_k and not deterministic and not two_cta
+                      and not first_store),
         **BwdSm90Config.problem_flags(problem))
     # What a larger tile_m leaves no room for: the second dQ buffer. What the sdQ tile of a
     # deterministic run (no dq_direct) leaves no room for: P/dS stages, then Q/dO stages.
