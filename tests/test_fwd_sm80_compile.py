@@ -235,13 +235,16 @@ def test_section_tile_is_a_bijection_with_lpt_order(m, h, b, section, reverse):
         assert all(mb == m - 1 for mb, _, _ in first)
 
 
-@pytest.mark.parametrize("lens,tile,heads,section", [
-    ([1, 840, 1451, 3, 700, 2000, 129, 64], 128, 6, 4), ([1300, 949, 1, 3, 1500], 64, 3, 3),
-    ([128, 128, 256], 128, 2, 1), ([5], 128, 1, 8), ([0, 7, 0, 300], 128, 4, 16), (list(range(1, 70)), 64, 2, 2)])
-def test_compact_varlen_grid(lens, tile, heads, section):
-    """Note [Compact varlen grid]: every K block of every sequence and head has exactly one slot,
-    each sequence at most one empty slot per head, ``total // tile + batch`` slots per head; inside
-    a sequence's sections the blocks are slowest (the longest causal blocks first)."""
+@pytest.mark.parametrize("lens,tile,heads,section,mult,reverse", [
+    ([1, 840, 1451, 3, 700, 2000, 129, 64], 128, 6, 4, 1, False), ([1300, 949, 1, 3, 1500], 64, 3, 3, 1, False),
+    ([128, 128, 256], 128, 2, 1, 1, False), ([5], 128, 1, 8, 1, False), ([0, 7, 0, 300], 128, 4, 16, 1, False),
+    (list(range(1, 70)), 64, 2, 2, 1, False), ([1, 840, 1451, 3, 700], 128, 8, 8, 1, True),
+    ([1, 33, 200, 0, 17], 64, 4, 2, 4, True), ([300, 5], 192, 2, 2, 6, False)])
+def test_compact_varlen_grid(lens, tile, heads, section, mult, reverse):
+    """Note [Compact varlen grid]: every block of every sequence and head has exactly one slot,
+    each sequence at most one empty slot per head, ``total * mult // tile + batch`` slots per head
+    (``mult``: a packed forward's rows per query); inside a sequence's sections the slots are
+    slowest, from its first block up, or with ``reverse`` (LPT) from its last block down."""
     from fa4.sched.tile import compact_section, host_compact_tiles
 
     cu = [0]
@@ -249,17 +252,18 @@ def test_compact_varlen_grid(lens, tile, heads, section):
         cu.append(cu[-1] + n)
     sec = compact_section(section, heads)
     assert heads % sec == 0 and sec <= max(1, section)
-    tiles = host_compact_tiles(cu, tile, heads, sec)
-    assert len(tiles) == heads * (cu[-1] // tile + len(lens))
+    tiles = host_compact_tiles(cu, tile, heads, sec, mult, reverse)
+    assert len(tiles) == heads * (cu[-1] * mult // tile + len(lens))
     assert len(set(tiles)) == len(tiles)
     for b, n in enumerate(lens):
-        blocks = -(-n // tile)
+        blocks = -(-n * mult // tile)
         for h in range(heads):
             mine = sorted(x for x, hh, bb in tiles if bb == b and hh == h)
             assert mine[:blocks] == list(range(blocks)) and len(mine) - blocks <= 1, (b, h, mine)
     assert all(0 <= h < heads for _, h, _ in tiles)
     first = [t for t in tiles if t[2] == 0][:sec]
-    assert all(x == 0 for x, _, _ in first)
+    last0 = -(-lens[0] * mult // tile) - 1
+    assert all(x == (last0 if reverse and last0 >= 0 else 0) for x, _, _ in first)
 
 
 def test_l2_section_size():

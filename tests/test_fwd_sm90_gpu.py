@@ -12,6 +12,7 @@ heads {MHA, GQA, MQA} and seqlens {(1, 1), (1, 4096), (113, 203), (1000, 1000), 
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -280,6 +281,41 @@ def test_dynamic_scheduler_skips_empty_tiles(monkeypatch, d, causal):
     ops._plans.clear()
     assert torch.equal(outs[True][0], outs[False][0]) and torch.equal(outs[True][1], outs[False][1])
     check(outs[True][0], outs[True][1], q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, causal=causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d,causal,heads,extra", [(64, False, (4, 2), 0), (128, True, (4, 2), 37),
+                                                  (128, True, (8, 2), 0), (256, False, (3, 3), 5)])
+def test_compact_grid(monkeypatch, d, causal, heads, extra):
+    """Note [Compact varlen grid] in the forward (``compact_grid``, one CTA per tile): the same bits
+    as the plain one-tile-per-CTA grid, the reference rule, on sequences of 0 to 2000 queries
+    (NaN-filled outputs: every row is written), with packed Q rows past ``cu_seqlens_q[-1]``
+    (``extra``: in no sequence, rows left as they were), d64's three warpgroups, LPT (causal) and
+    packed GQA (8 / 2 heads: 4 rows per query), and three heads (sections of one)."""
+    from fa4 import ops
+
+    lens = [1, 2000, 3, 0, 700, 1, 129]
+    cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device="cuda")
+    n = int(cu[-1])
+    h, hk = heads
+    g = torch.Generator("cuda").manual_seed(d + extra)
+    q = torch.randn(n + extra, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    k, v = (torch.randn(n, hk, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=2000, max_seqlen_k=2000, causal=causal,
+              return_lse=True, kernel_options=SM90)
+    packed = dict(qhead_per_kvhead=h // hk) if h == 4 * hk else {}  # rows packed, forced on both grids
+    outs = {}
+    for compact in (True, False):
+        _force_fields(monkeypatch, persistent=False, dynamic_sched=False, compact_grid=compact, **packed)
+        outs[compact] = fa4.flash_attn_varlen_func(q, k, v, **kw)
+        cfgs = [c for (direction, *_), (_, c) in ops._plans.items() if direction == "fwd"]
+        assert cfgs and all(c.compact_grid == compact and not c.persistent for c in cfgs), cfgs
+        assert all(c.qhead_per_kvhead == packed.get("qhead_per_kvhead", c.qhead_per_kvhead) for c in cfgs)
+        monkeypatch.undo()
+    ops._plans.clear()
+    (o1, l1), (o2, l2) = outs[True], outs[False]
+    assert torch.equal(o1[:n], o2[:n]) and torch.equal(l1[..., :n], l2[..., :n])
+    check(o1[:n], l1[..., :n], q[:n], k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, causal=causal)
 
 
 @pytest.mark.gpu

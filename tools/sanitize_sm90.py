@@ -51,6 +51,20 @@ fa4.flash_attn_varlen_func(qs, ks, vs, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seq
                            causal=True, kernel_options=fa4.KernelOptions(arch="sm90"))
 sm90.make_config = _make
 fa4.ops._plans.clear()
+# The compact varlen grids (Note [Compact varlen grid]): the forward's one tile per CTA and the
+# backward's, on the same lengths (a sequence of one, an empty slot, packed rows past cu[-1]).
+from fa4.bwd import sm90 as bwd90  # noqa: E402
+
+_bmake = bwd90.make_config
+sm90.make_config = lambda *a, **kw: dataclasses.replace(_make(*a, **kw), persistent=False, dynamic_sched=False,
+                                                         compact_grid=True)
+bwd90.make_config = lambda *a, **kw: dataclasses.replace(_bmake(*a, **kw), compact_grid=True)
+qc, kc, vc = (torch.randn(409, hh, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for hh in (4, 2, 2))
+out, _ = fa4.flash_attn_varlen_func(qc, kc, vc, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=400, max_seqlen_k=400,
+                                    causal=True, kernel_options=fa4.KernelOptions(arch="sm90"))
+torch.autograd.grad(out, (qc, kc, vc), torch.randn_like(out))
+sm90.make_config, bwd90.make_config = _make, _bmake
+fa4.ops._plans.clear()
 q, k, v = random_qkv(1, 300, 300, 2, 2, 128, torch.bfloat16, "cuda", seed=3)
 fa4.flash_attn_func(q, k, v, window_size=(40, 20), kernel_options=fa4.KernelOptions(arch="sm90"))
 SM90 = fa4.KernelOptions(arch="sm90")

@@ -123,7 +123,8 @@ from fa4.mask import AttentionMask, walk_blocks
 from fa4.pack_gqa import (
     TileRows, batch_slot, load_q_rows, partial_slot, row_sinks, store_acc_rows, store_lse_rows, store_rows,
 )
-from fa4.sched.tile import DynamicTileScheduler, PersistentTileScheduler, split_head, split_range
+from fa4.sched.tile import (CompactVarlenTileScheduler, DynamicTileScheduler, PersistentTileScheduler, split_head,
+                            split_range)
 from fa4.seqlen import SeqlenInfo, to_sdhb
 from fa4.softmax import OnlineSoftmax, apply_softcap, rescale_rows, score_scales
 
@@ -157,7 +158,10 @@ class FwdSm90Config(AttnFwdConfig):
     ``Q K^T`` and last ``P V`` are issued without waiting for a turn (Note [ping-pong]); the d64
     default's three warpgroups take it (v0.12). ``skip_empty`` (dynamic grid, varlen or seqused Q):
     the producer claims past tiles with no rows instead of handing them to the consumers (Note
-    [Skipped claims] in fa4/sched/tile.py)."""
+    [Skipped claims] in fa4/sched/tile.py). ``compact_grid`` (varlen Q through cu_seqlens_q, not
+    ``persistent``): one CTA per tile of ``total_q * g // tile_m + batch`` slots per scheduler head
+    instead of ``ceil(max_seqlen_q * g / tile_m) * batch`` (Note [Compact varlen grid],
+    :class:`fa4.sched.tile.CompactVarlenTileScheduler`; an option, not yet timed)."""
 
     head_dim: int = 128
     head_dim_v: int = 128
@@ -177,6 +181,7 @@ class FwdSm90Config(AttnFwdConfig):
     dynamic_sched: bool = False
     pp_steps_only: bool = False
     skip_empty: bool = False  # v0.28: tested, and not faster (varlen d128 -3 to -5%, masked rows +-3%)
+    compact_grid: bool = False
 
     KERNEL = "fa4.fwd.sm90:FlashFwdSm90"
     REQUIRED_SASS = ("HGMMA", "UTMALDG")  # checked in the SASS of every compile variant (tests/test_compile.py)
@@ -269,6 +274,9 @@ class FlashFwdSm90:
                              f"box of whole 8-row swizzle atoms), got {cfg.page_rows}")
         if cfg.dynamic_sched and not cfg.persistent:
             raise ValueError("FwdSm90Config.dynamic_sched needs persistent (a grid of at most one CTA per SM)")
+        if cfg.compact_grid and (cfg.persistent or not cfg.varlen_q):
+            raise ValueError("FwdSm90Config.compact_grid (Note [Compact varlen grid]) needs varlen_q (cu_seqlens_q) "
+                             "and persistent=False (one CTA per tile)")
         if cfg.split_kv and not cfg.has_lse:
             raise ValueError("FwdSm90Config.split_kv needs has_lse (the combine reads every split's LSE)")
 
@@ -376,6 +384,10 @@ class FlashFwdSm90:
             tma_o, mO_tma = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mO_t, self.sO_layout,
                                                         (self.tile_m, self.tile_hdimv))
         max_grid = max_ctas if const_expr(cfg.persistent) else num_m_blocks * sched_heads * num_batch
+        grid = PersistentTileScheduler.grid(num_m_blocks, sched_heads, num_batch, max_grid)
+        if const_expr(cfg.compact_grid):  # Note [Compact varlen grid]: slots per scheduler head
+            num_m_blocks = mQ.shape[1] * cfg.qhead_per_kvhead // self.tile_m + num_batch
+            grid = CompactVarlenTileScheduler.grid(num_m_blocks, sched_heads)
         self.kernel(
             mQ_tma, mK_tma, mV_tma, mO_tma if const_expr(self.tma_o) else mO, mLSE,
             mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ, mSeqUsedK, mPageTable, mSink, mTileCounter, tma_q, tma_k, tma_v,
@@ -384,7 +396,7 @@ class FlashFwdSm90:
             section, mQ.shape[1], seqlen_k_static,
             self.sQ_layout, self.sK_layout, self.sV_layout, self.sO_layout, self.tiled_mma_qk, self.tiled_mma_pv,
         ).launch(
-            grid=PersistentTileScheduler.grid(num_m_blocks, sched_heads, num_batch, max_grid),
+            grid=grid,
             block=[self.num_threads, 1, 1],
             smem=self.SharedStorage.size_in_bytes(),
             stream=stream,
@@ -450,6 +462,10 @@ class FlashFwdSm90:
                                          counter=mTileCounter.iterator,
                                          next_idx=storage.next_idx.get_tensor(cute.make_layout(2)),
                                          pipe=pipes["sched"])
+        elif const_expr(self.cfg.compact_grid):
+            sched = CompactVarlenTileScheduler(num_m_blocks, sched_heads, num_batch, section, reverse=self.cfg.lpt,
+                                               mCuSeqlens=mCuSeqlensQ, tile_rows=self.tile_m,
+                                               mult=self.cfg.qhead_per_kvhead)
         else:
             sched = PersistentTileScheduler(num_m_blocks, sched_heads, num_batch, section, reverse=self.cfg.lpt)
         tile_info = partial(self.tile_info, sched=sched, mCuSeqlensQ=mCuSeqlensQ, mCuSeqlensK=mCuSeqlensK,
@@ -1072,6 +1088,11 @@ def variants(arch: str) -> list[FwdSm90Config]:
         cfg(128, tile_m=64, tile_n=64, pingpong=False, persistent=False, qhead_per_kvhead=4, split_kv=True),
         cfg(128, tile_m=64, tile_n=64, pingpong=False, persistent=False, qhead_per_kvhead=4, varlen_q=True,
             varlen_k=True),
+        # The compact varlen grid (an option): d64 (three warpgroups), causal d128 (LPT), packed GQA.
+        cfg(64, persistent=False, compact_grid=True, varlen_q=True, varlen_k=True),
+        cfg(128, persistent=False, compact_grid=True, causal=True, varlen_q=True, varlen_k=True),
+        cfg(128, tile_m=64, pingpong=False, persistent=False, compact_grid=True, qhead_per_kvhead=4, causal=True,
+            varlen_q=True, varlen_k=True),
     ]
 
 

@@ -34,7 +34,10 @@ Note [Compact varlen grid]
     :func:`compact_batch`); inside a batch's ``heads * slots`` indices, sections of ``section`` of
     its heads (a divisor of the head count: :func:`compact_section`) walk the blocks slowest and
     the heads fastest, as :func:`section_tile` does (:func:`compact_slot`). Sequences run in batch
-    order: a section never spans two batches.
+    order: a section never spans two batches. A packed forward (Note [Pack GQA]) has ``g`` rows per
+    query (``S_b = cu[b] * g // tile + b``); with LPT its blocks run from the sequence's last
+    (longest) one down (:class:`CompactVarlenTileScheduler`, one tile per CTA; its section is the
+    L2 section's power of two capped by the largest power of two dividing the heads).
 """
 
 from __future__ import annotations
@@ -117,9 +120,10 @@ def compact_slot(block, first, slots, num_heads, section):
 
 
 @cute.jit
-def compact_batch(j: Int32, mCuSeqlens: cute.Tensor, num_batch: Int32, tile: cutlass.Constexpr[int]) -> Int32:
-    """The last sequence ``b`` with ``cu[b] // tile + b <= j`` (Note [Compact varlen grid]): a warp's
-    ballot over 32 sequences per load. Whole warps call it, with the same ``j``."""
+def compact_batch(j: Int32, mCuSeqlens: cute.Tensor, num_batch: Int32, tile: cutlass.Constexpr[int],
+                  mult: cutlass.Constexpr[int] = 1) -> Int32:
+    """The last sequence ``b`` with ``cu[b] * mult // tile + b <= j`` (Note [Compact varlen grid]): a
+    warp's ballot over 32 sequences per load. Whole warps call it, with the same ``j``."""
     lane = cute.arch.lane_idx()
     count = Int32(0)
     base = Int32(0)
@@ -128,7 +132,7 @@ def compact_batch(j: Int32, mCuSeqlens: cute.Tensor, num_batch: Int32, tile: cut
         idx = base + lane
         start = Int32(2147483647)
         if idx < num_batch:
-            start = mCuSeqlens[idx] // tile + idx
+            start = mCuSeqlens[idx] * mult // tile + idx
         n = cute.arch.popc(cute.arch.vote_ballot_sync(start <= j))
         count = count + n
         base = base + 32
@@ -136,17 +140,26 @@ def compact_batch(j: Int32, mCuSeqlens: cute.Tensor, num_batch: Int32, tile: cut
     return count - 1
 
 
-def host_compact_tiles(cu_seqlens: list, tile: int, num_heads: int, section: int) -> list:
-    """Python twin of the compact grid's mapping: ``(n_block, head, batch)`` of every grid index
+def host_compact_block(x: int, rows: int, tile: int, reverse: bool) -> int:
+    """Block of slot ``x`` of a sequence of ``rows`` rows: ``x``, or with ``reverse`` (LPT) its
+    blocks from the last down (slots past them stay past). Twin of
+    :meth:`CompactVarlenTileScheduler.tile`'s last step."""
+    blocks = (rows + tile - 1) // tile
+    return blocks - 1 - x if reverse and x < blocks else x
+
+
+def host_compact_tiles(cu_seqlens: list, tile: int, num_heads: int, section: int, mult: int = 1,
+                       reverse: bool = False) -> list:
+    """Python twin of the compact grid's mapping: ``(block, head, batch)`` of every grid index
     (the CPU tests check that every block of every sequence and head has exactly one)."""
     batch = len(cu_seqlens) - 1
-    starts = [cu_seqlens[b] // tile + b for b in range(batch + 1)]
+    starts = [cu_seqlens[b] * mult // tile + b for b in range(batch + 1)]
     out = []
     for i in range(num_heads * starts[-1]):
         j = i // num_heads
         b = max(b for b in range(batch) if starts[b] <= j)
         x, h = compact_slot(i, starts[b], starts[b + 1] - starts[b], num_heads, section)
-        out.append((x, h, b))
+        out.append((host_compact_block(x, (cu_seqlens[b + 1] - cu_seqlens[b]) * mult, tile, reverse), h, b))
     return out
 
 
@@ -208,6 +221,45 @@ class PersistentTileScheduler(SectionTileScheduler):
 
     def next_consumer(self, idx: Int32, state):
         return self.next(idx), state
+
+
+@dataclass(frozen=True)
+class CompactVarlenTileScheduler(PersistentTileScheduler):
+    """One tile per CTA over the compact varlen grid (Note [Compact varlen grid]): ``num_m_blocks``
+    is the slots per head (``total_rows * mult // tile + batch``), ``mCuSeqlens`` the sequences'
+    offsets, ``tile_rows`` / ``mult`` the tile's rows and the rows per query (packed GQA). Whole
+    warps ask for tiles (the batch is found by a ballot). Slots past the last sequence (a packed
+    tensor longer than ``cu[-1]``) map to an empty block of it."""
+
+    mCuSeqlens: Any = None
+    tile_rows: cutlass.Constexpr[int] = 128
+    mult: cutlass.Constexpr[int] = 1
+
+    @staticmethod
+    def grid(num_slots, num_heads):
+        return (num_slots * num_heads, 1, 1)
+
+    def valid(self, idx: Int32):
+        return idx < self.num_m_blocks * self.num_heads
+
+    @cute.jit
+    def tile(self, idx: Int32) -> Tuple[Int32, Int32, Int32]:
+        heads = self.num_heads
+        batch = compact_batch(idx // heads, self.mCuSeqlens, self.num_batch, self.tile_rows, self.mult)
+        lo, hi = self.mCuSeqlens[batch], self.mCuSeqlens[batch + 1]
+        first = lo * self.mult // self.tile_rows + batch
+        slots = hi * self.mult // self.tile_rows + batch + 1 - first
+        # A power of two dividing the heads (the L2 section is one): a section never spans two batches.
+        sec = cutlass.min(self.section, heads & (0 - heads))
+        x, head = compact_slot(idx, first, slots, heads, sec)
+        if head >= heads:
+            x, head = slots, Int32(0)
+        m_block = x
+        if const_expr(self.reverse):  # LPT: the sequence's blocks from the last down (host_compact_block)
+            blocks = ((hi - lo) * self.mult + self.tile_rows - 1) // self.tile_rows
+            if x < blocks:
+                m_block = blocks - 1 - x
+        return m_block, head, batch
 
 
 @dataclass(frozen=True)
