@@ -361,7 +361,8 @@ def explain(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
             if getattr(cfg, "split_kv", False):
                 from fa4.fwd import common as fwd_common
 
-                info["splits"] = fwd_common.split_count(fwd_problem, cfg.tile_m, cfg.tile_n, cfg.qhead_per_kvhead)
+                info["splits"] = fwd_common.split_count(fwd_problem, cfg.tile_m, fwd_common.split_tile_n(cfg),
+                                                             cfg.qhead_per_kvhead)
         except (ImportError, AttributeError) as e:  # kernel module not importable here
             info["error"] = f"cannot build the config: {e}"
         ex.directions[direction] = info

@@ -863,17 +863,20 @@ def test_bwd_sm90_empty_tiles_varlen(d, det):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("d,mask,heads,extra", [
-    (64, "causal", (6, 2), 0), (128, "causal", (4, 4), 0), (128, "none", (6, 2), 37), (256, "causal", (6, 2), 0),
-    (128, "local", (8, 1), 129),  # (8, 1): the split rule's virtual kv heads; 129 packed rows past cu[-1]
-    (96, "none", (3, 3), 0),  # three kv heads: the sections of a batch's heads take a divisor of 3
+@pytest.mark.parametrize("d,mask,heads,extra,batch", [
+    (64, "causal", (6, 2), 0, "mixed"), (128, "causal", (4, 4), 0, "mixed"), (128, "none", (6, 2), 37, "mixed"),
+    (256, "causal", (6, 2), 0, "mixed"),
+    (128, "local", (8, 1), 129, "mixed"),  # (8, 1): the split rule's virtual kv heads; 129 packed rows past cu[-1]
+    (96, "none", (3, 3), 0, "mixed"),  # three kv heads: sections of one head
+    (128, "causal", (4, 2), 0, "many"),  # 45 sequences: the ballot's second load of 32
+    (64, "none", (4, 2), 0, "seqused"),  # seqused_k: keys past it give dK = dV = 0
 ])
-def test_bwd_sm90_compact_grid(d, mask, heads, extra, monkeypatch):
-    """Note [Compact varlen grid] (``compact_grid``): the backward on ``total_k // tile_n + batch``
-    slots per kv head gives dK / dV the default grid's bits (each K block's sums are its own CTA's,
-    in the same order) and dQ within the pass rule, on sequences of 1 to 2000 keys (several in one
-    tile, empty ones), with packed K rows past ``cu_seqlens_k[-1]`` (``extra``), so no block is
-    lost or run twice."""
+def test_bwd_sm90_compact_grid(d, mask, heads, extra, batch, monkeypatch):
+    """Note [Compact varlen grid] (``compact_grid``): the backward on ``packed K rows // tile_n +
+    batch`` slots per kv head gives dK / dV the default grid's bits (each K block's sums are its own
+    CTA's, in the same order) and dQ within the pass rule, on sequences of 0 to 2000 keys (several
+    in one tile, empty ones), with packed K rows past ``cu_seqlens_k[-1]`` (``extra``), 45 sequences
+    (two ballot loads) and seqused_k, so no block is lost or run twice."""
     import dataclasses
 
     from fa4.bwd import sm90
@@ -882,8 +885,16 @@ def test_bwd_sm90_compact_grid(d, mask, heads, extra, monkeypatch):
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the sm90 kernels need compute capability 9.x")
     h, hk = heads
-    lq, lk = [1, 840, 1451, 3, 700, 2000, 129, 64], [1300, 949, 1, 3, 1500, 2000, 130, 64]
-    vb = varlen_batch(lq, lk, h, hk, d, torch.bfloat16, "cuda", requires_grad=False, seed=d + extra)
+    if batch == "many":
+        gen = torch.Generator().manual_seed(d)
+        lq = torch.randint(0, 300, (45,), generator=gen).tolist()
+        lk = torch.randint(0, 300, (45,), generator=gen).tolist()
+        lk[3], lq[7] = 0, 0
+    else:
+        lq, lk = [1, 840, 1451, 3, 700, 2000, 129, 64], [1300, 949, 1, 3, 1500, 2000, 130, 0]
+    used = [min(n, u) for n, u in zip(lk, [700, 5, 1, 3, 1200, 2000, 1, 0])] if batch == "seqused" else None
+    vb = varlen_batch(lq, lk, h, hk, d, torch.bfloat16, "cuda", seqused_k=used, requires_grad=False,
+                      seed=d + extra)
     k, v = vb.k, vb.v
     if extra:  # packed K / V longer than the batch's keys (rows no sequence owns)
         k, v = (torch.cat([t, torch.randn(extra, *t.shape[1:], device="cuda", dtype=t.dtype)]) for t in (k, v))
@@ -891,6 +902,8 @@ def test_bwd_sm90_compact_grid(d, mask, heads, extra, monkeypatch):
     sq, sk = vb.max_seqlen_q, vb.max_seqlen_k
     var = dict(cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k, causal=mask == "causal",
                window_size=(300, 0) if mask == "local" else (None, None))
+    if used is not None:
+        var["seqused_k"] = vb.seqused_k
     g = torch.randn(q.shape, device="cuda", dtype=q.dtype, generator=torch.Generator("cuda").manual_seed(d))
     make = sm90.make_config
 

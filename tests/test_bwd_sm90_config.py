@@ -581,6 +581,7 @@ def test_compact_grid_rule(d, monkeypatch):
     assert not sm90.make_config(_problem(d, causal=True), None, "sm_90a").compact_grid
     det = sm90.make_config(_problem(d, causal=True, **varlen), None, "sm_90a", True)
     assert not det.compact_grid or (det.dq_pass and not det.deterministic)
-    for bad in (dict(varlen_k=False, varlen_q=False), dict(deterministic=True), dict(dq_first_store=True)):
+    for bad in (dict(varlen_k=False, varlen_q=False), dict(deterministic=True), dict(dq_first_store=True),
+                dict(two_cta=True, kv_split=1)):
         with pytest.raises(ValueError, match="compact_grid"):
             sm90.FlashBwdSm90.can_implement(dataclasses.replace(cfg, compact_grid=True, **bad))

@@ -239,31 +239,34 @@ def test_section_tile_is_a_bijection_with_lpt_order(m, h, b, section, reverse):
     ([1, 840, 1451, 3, 700, 2000, 129, 64], 128, 6, 4, 1, False), ([1300, 949, 1, 3, 1500], 64, 3, 3, 1, False),
     ([128, 128, 256], 128, 2, 1, 1, False), ([5], 128, 1, 8, 1, False), ([0, 7, 0, 300], 128, 4, 16, 1, False),
     (list(range(1, 70)), 64, 2, 2, 1, False), ([1, 840, 1451, 3, 700], 128, 8, 8, 1, True),
-    ([1, 33, 200, 0, 17], 64, 4, 2, 4, True), ([300, 5], 192, 2, 2, 6, False)])
-def test_compact_varlen_grid(lens, tile, heads, section, mult, reverse):
-    """Note [Compact varlen grid]: every block of every sequence and head has exactly one slot,
-    each sequence at most one empty slot per head, ``total * mult // tile + batch`` slots per head
-    (``mult``: a packed forward's rows per query); inside a sequence's sections the slots are
-    slowest, from its first block up, or with ``reverse`` (LPT) from its last block down."""
-    from fa4.sched.tile import compact_section, host_compact_tiles
+    ([1, 33, 200, 0, 17], 64, 4, 2, 4, True), ([300, 5], 192, 2, 2, 6, False), ([40, 7], 128, 12, 24, 1, False)])
+@pytest.mark.parametrize("base,extra", [(0, 0), (0, 300), (200, 0)])
+def test_compact_varlen_grid(lens, tile, heads, section, mult, reverse, base, extra):
+    """Note [Compact varlen grid] (the twin of compact_tile): every block of every sequence and head
+    has exactly one slot, each sequence at most one empty slot per head (more for the last one when
+    the packed tensor has ``extra`` rows past the batch), with ``cu[0] = base`` too; inside a
+    sequence's sections the slots are slowest, from its first block up, or with ``reverse`` (LPT)
+    from its last block down; a section divides the heads."""
+    from fa4.sched.tile import host_compact_tiles
 
-    cu = [0]
+    cu = [base]
     for n in lens:
         cu.append(cu[-1] + n)
-    sec = compact_section(section, heads)
-    assert heads % sec == 0 and sec <= max(1, section)
-    tiles = host_compact_tiles(cu, tile, heads, sec, mult, reverse)
-    assert len(tiles) == heads * (cu[-1] * mult // tile + len(lens))
-    assert len(set(tiles)) == len(tiles)
+    rows = cu[-1] - base + extra
+    tiles = host_compact_tiles(cu, tile, heads, section, mult, reverse, rows)
+    assert len(tiles) == heads * (rows * mult // tile + len(lens))
+    assert all(0 <= h < heads and 0 <= b < len(lens) for _, h, b in tiles)
     for b, n in enumerate(lens):
         blocks = -(-n * mult // tile)
         for h in range(heads):
             mine = sorted(x for x, hh, bb in tiles if bb == b and hh == h)
-            assert mine[:blocks] == list(range(blocks)) and len(mine) - blocks <= 1, (b, h, mine)
-    assert all(0 <= h < heads for _, h, _ in tiles)
-    first = [t for t in tiles if t[2] == 0][:sec]
+            assert mine[:blocks] == list(range(blocks)), (b, h, mine)
+            assert all(x >= blocks for x in mine[blocks:])  # the rest: empty slots, past the blocks
+            if b < len(lens) - 1 or not extra:
+                assert len(mine) - blocks <= 1, (b, h, mine)
     last0 = -(-lens[0] * mult // tile) - 1
-    assert all(x == (last0 if reverse and last0 >= 0 else 0) for x, _, _ in first)
+    first = tiles[:min(section, heads)]
+    assert all(b == 0 and x == (last0 if reverse and last0 >= 0 else 0) for x, _, b in first[:1])
 
 
 def test_l2_section_size():

@@ -83,6 +83,24 @@ def test_decode_tile_and_grid(d, kind, monkeypatch):
     assert old.persistent and old.tile_n == table_n
 
 
+@pytest.mark.parametrize("b,sk,h,hk,d", [(1, 512, 32, 8, 128), (4, 512, 32, 8, 128), (1, 2048, 32, 8, 128),
+                                          (2, 4096, 16, 1, 256), (8, 32768, 32, 8, 128), (64, 8192, 32, 8, 128)])
+def test_decode_tiles_keep_the_split_count(b, sk, h, hk, d):
+    """The split-KV rule counts K blocks of the tuning table's tile_n (FwdSm90Config.split_tile_n),
+    which it was measured with: a decode tile's 64-row blocks would have split b1 s512 into 4
+    (the rule keeps 1 at <= 4 blocks) and b1 s2k into 15 instead of 8 (review of v0.28)."""
+    from fa4.fwd import common as fwd_common
+
+    prob = AttnProblem(dtype="bf16", batch=b, seqlen_q=1, seqlen_k=sk, heads=h, heads_k=hk, head_dim=d,
+                       head_dim_v=d, softmax_scale=d**-0.5)
+    cfg = sm90.make_config(prob, None, "sm_90a", False, num_sms=132)
+    table_n = sm90.TUNING[d][1]
+    assert cfg.tile_n == min(64, table_n) and cfg.split_tile_n == table_n
+    want = fwd_common.split_count(prob, cfg.tile_m, table_n, cfg.qhead_per_kvhead, 132)
+    assert cfg.split_kv == (want > 1)
+    assert fwd_common.launch_splits(cfg, prob, 132) == (want if want > 1 else 1)
+
+
 def test_decode_and_options():
     assert sm90.make_config(_problem(sq=1), None, "sm_90a", False).tile_m == 64
     cfg = sm90.make_config(_problem(), KernelOptions(tile_m=128, tile_n=64, num_stages=3, rescale_threshold=8.0,

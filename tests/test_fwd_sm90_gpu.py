@@ -284,24 +284,29 @@ def test_dynamic_scheduler_skips_empty_tiles(monkeypatch, d, causal):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("d,causal,heads,extra", [(64, False, (4, 2), 0), (128, True, (4, 2), 37),
-                                                  (128, True, (8, 2), 0), (256, False, (3, 3), 5)])
-def test_compact_grid(monkeypatch, d, causal, heads, extra):
+@pytest.mark.parametrize("d,causal,heads,extra,many", [
+    (64, False, (4, 2), 0, False), (128, True, (4, 2), 37, False), (128, True, (8, 2), 0, False),
+    (256, False, (3, 3), 5, False), (128, True, (8, 2), 0, True)])
+def test_compact_grid(monkeypatch, d, causal, heads, extra, many):
     """Note [Compact varlen grid] in the forward (``compact_grid``, one CTA per tile): the same bits
     as the plain one-tile-per-CTA grid, the reference rule, on sequences of 0 to 2000 queries
-    (NaN-filled outputs: every row is written), with packed Q rows past ``cu_seqlens_q[-1]``
-    (``extra``: in no sequence, rows left as they were), d64's three warpgroups, LPT (causal) and
-    packed GQA (8 / 2 heads: 4 rows per query), and three heads (sections of one)."""
+    (NaN-filled outputs: every row of a sequence is written), with packed Q rows past
+    ``cu_seqlens_q[-1]`` (``extra``: in no sequence, not compared), d64's three warpgroups, LPT
+    (causal) and packed GQA (8 / 2 heads: 4 rows per query), three heads (sections of one), and 40
+    sequences (``many``: the ballot's second load of 32)."""
     from fa4 import ops
 
-    lens = [1, 2000, 3, 0, 700, 1, 129]
+    if many:
+        lens = torch.randint(0, 200, (40,), generator=torch.Generator().manual_seed(d)).tolist()
+    else:
+        lens = [1, 2000, 3, 0, 700, 1, 129]
     cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device="cuda")
     n = int(cu[-1])
     h, hk = heads
     g = torch.Generator("cuda").manual_seed(d + extra)
     q = torch.randn(n + extra, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
     k, v = (torch.randn(n, hk, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
-    kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=2000, max_seqlen_k=2000, causal=causal,
+    kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(lens), max_seqlen_k=max(lens), causal=causal,
               return_lse=True, kernel_options=SM90)
     packed = dict(qhead_per_kvhead=h // hk) if h == 4 * hk else {}  # rows packed, forced on both grids
     outs = {}

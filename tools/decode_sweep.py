@@ -31,9 +31,11 @@ def order_check():
 
 def grid_check(rounds: int = 3):
     """``--grid``: the decode shapes, contiguous and paged (16-row pages), over the tile's K rows and
-    grid, interleaved rounds: the default (v0.28: 64-row K blocks, one CTA per tile), the prefill
-    tiles' blocks and grid (``sm90.DECODE_GRID`` off: 128-row blocks, persistent; the dynamic grid
-    for paged rows with seqused_k), and each of the two changes alone."""
+    grid, interleaved rounds: the default, the prefill tiles' blocks and grid (``sm90.DECODE_GRID``
+    off: 128-row blocks, persistent; the dynamic grid for paged rows with seqused_k), the 64-row
+    blocks on the persistent grid, and 128-row blocks one CTA per tile. Since v0.28 the default is
+    64-row blocks one CTA per tile for contiguous calls, and the prefill tiles' config for paged
+    ones (so there "default" and "prefill grid" are the same config)."""
     import dataclasses
 
     from fa4.fwd import sm90

@@ -172,7 +172,7 @@ from fa4.bwd import postprocess, preprocess
 from fa4.bwd.workspace import dq_accum_placeholder, dq_accum_shape, rows_shape
 from fa4.config import AttnProblem
 from fa4.cute_utils import make_acc_mn_view
-from fa4.sched.tile import compact_section, section_tile
+from fa4.sched.tile import section_tile
 from fa4.validate import kernel_ready
 
 MAX_GRID_X = 2**31 - 1
@@ -267,16 +267,6 @@ def launch_sections(cfg, order: LaunchOrder, num_pairs: int, max_seqlen_k: int, 
         rounds=getattr(cfg, "det_rounds", 1))
 
 
-def main_sections(cfg, order: LaunchOrder, num_batch: int, heads_k: int, max_seqlen_k: int, seqlen_q: int,
-                  q, v) -> int:
-    """The main kernel's ``section_pairs`` argument: :func:`launch_sections`, and on the compact
-    varlen grid (``cfg.compact_grid``) a divisor of the kv heads (Note [Compact varlen grid] in
-    fa4/sched/tile.py: a section never spans two sequences)."""
-    sec = launch_sections(cfg, order, num_batch * heads_k, max_seqlen_k, seqlen_q, q.shape[-2] // heads_k,
-                          q.shape[-1], v.shape[-1], q.element_size(), q.device.index)
-    return compact_section(sec, heads_k) if getattr(cfg, "compact_grid", False) else sec
-
-
 def pair_bytes(seqlen_q: int, group: int, head_dim: int, head_dim_v: int, elem_bytes: int = 2,
                dq_accum: bool = True) -> int:
     """Bytes of Q, dO, the float32 dQ accumulator (``dq_accum``: none under the dQ pass, Note [dQ pass]
@@ -287,14 +277,22 @@ def pair_bytes(seqlen_q: int, group: int, head_dim: int, head_dim_v: int, elem_b
     return seqlen_q * group * (elem_bytes * (head_dim + head_dim_v) + (4 * head_dim if dq_accum else 0) + 8)
 
 
-def launch_grid(cfg, num_batch: int, heads_k: int, max_seqlen_k: int) -> tuple[int, int, int]:
-    """The main kernel's grid: 1-D, ``n_blocks * kv heads * batch`` CTAs (Note [Launch order]).
-    ValueError when CUDA cannot launch it (x < 2^31)."""
-    num_x = _cdiv(_cdiv(max_seqlen_k, cfg.tile_n), cfg.cluster_n) * cfg.cluster_n  # (sm90 two_cta: pairs)
-    grid = (num_x * heads_k * num_batch, 1, 1)
+def launch_grid(cfg, num_batch: int, heads_k: int, max_seqlen_k: int,
+                packed_k: Optional[int] = None) -> tuple[int, int, int]:
+    """The main kernel's grid: 1-D, ``n_blocks * kv heads * batch`` CTAs (Note [Launch order]), or
+    on the compact varlen grid (``packed_k``: the packed K rows) ``(packed_k // tile_n + batch) * kv
+    heads`` (Note [Compact varlen grid] in fa4/sched/tile.py). ValueError when CUDA cannot launch it
+    (x < 2^31)."""
+    if packed_k is not None:
+        grid = ((packed_k // cfg.tile_n + num_batch) * heads_k, 1, 1)
+        what = f"(packed K rows {packed_k} // tile_n + batch) * kv heads"
+    else:
+        num_x = _cdiv(_cdiv(max_seqlen_k, cfg.tile_n), cfg.cluster_n) * cfg.cluster_n  # (sm90 two_cta: pairs)
+        grid = (num_x * heads_k * num_batch, 1, 1)
+        what = "n_blocks * kv heads * batch"
     if grid[0] > MAX_GRID_X:
         raise ValueError(
-            f"the backward grid {grid} exceeds CUDA's limit (n_blocks * kv heads * batch < 2^31): "
+            f"the backward grid {grid} exceeds CUDA's limit ({what} < 2^31): "
             f"batch {num_batch}, kv heads {heads_k}, seqlen_k {max_seqlen_k}, tile_n {cfg.tile_n}"
         )
     return grid
@@ -605,13 +603,14 @@ def run_backward(cfg, problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_se
     heads_k = k.shape[2] * split
     max_seqlen_k = problem.seqlen_k if cu_seqlens_k is not None else k.shape[1]
     num_batch = cu_seqlens_k.shape[0] - 1 if cu_seqlens_k is not None else k.shape[0]
-    launch_grid(cfg, num_batch, heads_k, max_seqlen_k)
+    launch_grid(cfg, num_batch, heads_k, max_seqlen_k, k.shape[0] if getattr(cfg, "compact_grid", False) else None)
     if max_seqlen_k > 0:
         get_kernel(cfg)(
             q, k, v, dout, lse_log2, dpsum, dq_accum, dk_k, dv_k, cu_seqlens_q, cu_seqlens_k, seqused_k, sem,
             float(problem.softmax_scale), float(problem.softcap), int(problem.window_left),
             int(problem.window_right), int(max_seqlen_k),
-            main_sections(cfg, order, num_batch, heads_k, max_seqlen_k, problem.seqlen_q, q, v),
+            launch_sections(cfg, order, num_batch * heads_k, max_seqlen_k, problem.seqlen_q,
+                            q.shape[-2] // heads_k, q.shape[-1], v.shape[-1], q.element_size(), q.device.index),
         )
     else:
         dk_k.zero_()

@@ -272,7 +272,7 @@ from fa4.cute_utils import (
 )
 from fa4.mask import AttentionMask
 from fa4.sched import semaphore
-from fa4.sched.tile import compact_batch, compact_slot, section_tile
+from fa4.sched.tile import compact_tile, section_tile
 from fa4.seqlen import SeqlenInfo, grid_extent, to_sdhb
 from fa4.softmax import apply_softcap, emulated_elements, exp2_rows, exp2_select, score_scales, softcap_grad
 
@@ -376,8 +376,9 @@ class BwdSm90Config(AttnKernelConfig):
     of a kv head are split over that many CTAs per K block, each writing float32 partial dK / dV
     (Note [Split GQA group]).
     ``compact_grid`` (varlen K, not deterministic, not ``two_cta``, not ``dq_first_store``): the grid
-    holds ``total_k // tile_n + batch`` K-block slots per kv head instead of ``ceil(max_seqlen_k /
-    tile_n) * batch``, so no CTA is launched past its sequence's end (Note [Compact varlen grid]).
+    holds ``packed K rows // tile_n + batch`` K-block slots per kv head instead of ``ceil(max_seqlen_k
+    / tile_n) * batch``, so no CTA is launched past its sequence's end (Note [Compact varlen grid];
+    :data:`COMPACT_VARLEN`, off).
     """
 
     head_dim: int = 128
@@ -560,6 +561,11 @@ class FlashBwdSm90:
             raise ValueError(f"{name}.arch must be sm_90a (wgmma, setmaxnreg), got {cfg.arch!r}")
         if cfg.num_wg not in _REGS:
             raise ValueError(f"{name}.num_wg must be one of {tuple(_REGS)}, got {cfg.num_wg}")
+        if cfg.compact_grid and not (cfg.varlen_k and not cfg.deterministic and not cfg.two_cta
+                                     and not cfg.dq_first_store):
+            raise ValueError(f"{name}.compact_grid (Note [Compact varlen grid]) needs varlen K (cu_seqlens_k) and "
+                             "none of deterministic, two_cta, dq_first_store (their orders index K blocks by "
+                             "the grid's x)")
         if cfg.causal and cfg.local:
             raise ValueError(f"{name}: causal and local are exclusive (local with window_right=0 is causal)")
         if cfg.tile_m not in (64, 80, 128):
@@ -592,11 +598,6 @@ class FlashBwdSm90:
         if cfg.kv_split < 1 or cfg.kv_split & (cfg.kv_split - 1) or (cfg.kv_split > 1 and cfg.two_cta):
             raise ValueError(f"{name}.kv_split (Note [Split GQA group]) must be a power of two, and 1 with "
                              f"two_cta, got {cfg.kv_split}")
-        if cfg.compact_grid and not (cfg.varlen_k and not cfg.deterministic and not cfg.two_cta
-                                     and not cfg.dq_first_store):
-            raise ValueError(f"{name}.compact_grid (Note [Compact varlen grid]) needs varlen K (cu_seqlens_k) and "
-                             "none of deterministic, two_cta, dq_first_store (their orders index K blocks by "
-                             "the grid's x)")
         if cfg.two_cta and not (cfg.dkv_rs and cfg.pds_stages == 2 and not cfg.deterministic):
             raise ValueError(f"{name}.two_cta (Note [Two-CTA dQ]) needs dkv_rs, two P/dS stages and "
                              "deterministic=False")
@@ -740,7 +741,7 @@ class FlashBwdSm90:
         tma_lse, mLSE_tma = cpasync.make_tiled_tma_atom(g2s, rows_tma_order(mLSElog2), row_tile, (self.tile_m,))
         tma_dpsum, mDpsum_tma = cpasync.make_tiled_tma_atom(g2s, rows_tma_order(mDpsum), row_tile, (self.tile_m,))
         grid_x = num_x * self.cfg.cluster_n * mdK.shape[2] * num_batch
-        if const_expr(self.cfg.compact_grid):  # Note [Compact varlen grid]: slots per kv head
+        if const_expr(self.cfg.compact_grid):  # Note [Compact varlen grid]: slots per kv head (packed K rows)
             num_x = mK.shape[1] // self.tile_n + num_batch
             grid_x = num_x * mdK.shape[2]
         self.kernel(
@@ -895,8 +896,9 @@ class FlashBwdSm90:
         cn = self.cfg.cluster_n
         rank = block % cn if const_expr(cn > 1) else Int32(0)
         down = None
-        if const_expr(self.cfg.compact_grid):  # Note [Compact varlen grid]
-            n_block, head_kv, batch = self.compact_tile(block, num_heads_k, num_batch, section, mCuSeqlensK)
+        if const_expr(self.cfg.compact_grid):  # Note [Compact varlen grid] (every role: whole warps)
+            n_block, head_kv, batch = compact_tile(block, mCuSeqlensK, num_batch, num_heads_k, section, self.tile_n,
+                                                   1, False)
         elif const_expr(self.cfg.det_tail):  # the last kv heads walk down, launched last (Note [Down tail])
             x, head_kv, batch, down = self.tail_tile(block, num_x, num_heads_k, num_batch, section)
             n_block = x + (1 - down) * (num_x - 1 - 2 * x)
@@ -916,18 +918,6 @@ class FlashBwdSm90:
         num_n = cutlass.max(cute.ceil_div(seq.seqlen_k, self.tile_n), 1)
         return CtaWork(seq, mask, n_block, head_kv, batch, group, m_min, num_m, num_m * group, rows_k, num_n, rank,
                        down)
-
-    @cute.jit
-    def compact_tile(self, block: Int32, num_heads_k: Int32, num_batch: Int32, section: Int32, mCuSeqlensK):
-        """``(n_block, kv head, batch)`` of grid index ``block`` on the compact grid (Note [Compact
-        varlen grid] in fa4/sched/tile.py; ``section`` divides the kv heads); whole warps call it."""
-        batch = compact_batch(block // num_heads_k, mCuSeqlensK, num_batch, self.tile_n)
-        first = mCuSeqlensK[batch] // self.tile_n + batch
-        slots = mCuSeqlensK[batch + 1] // self.tile_n + batch + 1 - first
-        x, head_kv = compact_slot(block, first, slots, num_heads_k, section)
-        if head_kv >= num_heads_k:  # past the last sequence (packed K longer than cu_seqlens_k[-1]): empty
-            x, head_kv = slots, Int32(0)
-        return x, head_kv, batch
 
     @cute.jit
     def tail_tile(self, block: Int32, num_x: Int32, num_heads_k: Int32, num_batch: Int32, section: Int32):
@@ -2040,7 +2030,14 @@ def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: B
            f"{common.arch.H200_L2_BYTES >> 20} MB of L2, and at least about a wave of CTAs: Note [Causal sections])"
            if cfg.causal and ((not cfg.deterministic and LAUNCH_ORDER.section is None)
                               or (cfg.det_up and LAUNCH_ORDER.det_section is None)) else "")
-    notes.append(f"launch order: sections of {sec} of the {pairs} (batch, kv head) pairs{why}")
+    if cfg.compact_grid:
+        heads_k = problem.heads_k * cfg.kv_split
+        sec = min(sec & -sec, heads_k & -heads_k)  # as fa4.sched.tile.compact_tile
+        notes.append(f"launch order: the compact varlen grid (packed K rows // {cfg.tile_n} + batch slots per kv "
+                     f"head, no CTA past a sequence's end: Note [Compact varlen grid]), each sequence's blocks in "
+                     f"sections of {sec} of its {heads_k} kv heads")
+    else:
+        notes.append(f"launch order: sections of {sec} of the {pairs} (batch, kv head) pairs{why}")
     if cfg.dq_pass:
         notes.append("dQ pass: the main kernel computes dK and dV only, and a second kernel computes dQ with "
                      "its query rows stationary, without global reductions, so every run gives the same bits "

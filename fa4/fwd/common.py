@@ -235,8 +235,15 @@ def launch_splits(cfg, problem: AttnProblem, num_sms: int) -> int:
     if splits is None:
         if len(_split_memo) >= _MEMO_LIMIT:
             _split_memo.clear()
-        splits = _split_memo[key] = split_count(problem, cfg.tile_m, cfg.tile_n, cfg.qhead_per_kvhead, num_sms)
+        splits = _split_memo[key] = split_count(problem, cfg.tile_m, split_tile_n(cfg), cfg.qhead_per_kvhead, num_sms)
     return splits
+
+
+def split_tile_n(cfg) -> int:
+    """The K-block size :func:`split_count` counts in for ``cfg``: its ``tile_n``, or the family's
+    ``split_tile_n`` where its tile differs from the one the split rule was measured with (the sm90
+    decode tiles' 64-row blocks count in the table's)."""
+    return getattr(cfg, "split_tile_n", cfg.tile_n)
 
 
 def default_num_sms(device=None) -> int:

@@ -191,6 +191,13 @@ class FwdSm90Config(AttnFwdConfig):
         return self.tile_m // 64
 
     @property
+    def split_tile_n(self) -> int:
+        """The K blocks the split-KV rule counts in (:func:`fa4.fwd.common.split_tile_n`): the tuning
+        table's ``tile_n``, which the rule was measured with, whatever this tile's (a decode tile's
+        64-row blocks, v0.28, or a user's ``tile_n``), so a tile's K rows do not change the split."""
+        return TUNING[_bucket(max(self.head_dim, self.head_dim_v))][1]
+
+    @property
     def lpt(self) -> bool:
         return (self.causal or self.local or self.varlen_q or self.varlen_k or self.has_seqused_k
                 or self.has_seqused_q)
@@ -976,7 +983,8 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
     (``num_sms``: the GPU's, default the current one's); raises ValueError naming the option when a
     user choice cannot be compiled."""
     options = options or KernelOptions()
-    table_tile_m, tile_n, stages, pingpong = TUNING[_bucket(max(problem.head_dim, problem.head_dim_v))]
+    table_tile_m, table_tile_n, stages, pingpong = TUNING[_bucket(max(problem.head_dim, problem.head_dim_v))]
+    tile_n = table_tile_n
     # Decode-like shapes: one consumer warpgroup, 64-row tiles, 64-row K blocks, one CTA per tile.
     g, tile_m, decode = fwd_common.rows_plan(problem, table_tile_m, options.tile_m)
     # (Not with seqused_k or a page table: a paged cache measured +3% time with 64-row blocks, and
@@ -987,7 +995,8 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         tile_n = options.tile_n
     elif decode:
         tile_n = min(tile_n, DECODE_TILE_N)
-    splits = fwd_common.split_count(problem, tile_m, tile_n, g, num_sms)
+    # The split rule counts in the table's K blocks (FwdSm90Config.split_tile_n), which it was measured with.
+    splits = fwd_common.split_count(problem, tile_m, table_tile_n, g, num_sms)
     tau = float(options.rescale_threshold) if options.rescale_threshold is not None else DEFAULT_RESCALE_THRESHOLD
     cfg = FwdSm90Config(
         arch=arch,

@@ -26,18 +26,20 @@ Note [Compact varlen grid]
     A varlen grid of ``ceil(max_len / tile) * batch`` blocks per head launches, on a batch of mixed
     lengths, many CTAs past their sequence's end (the off-grid mixed batch: 107 of 240 per kv head
     in the sm90 backward), each paying a launch and a prologue on an SM that one CTA fills. The
-    compact grid gives sequence ``b`` the slots ``[S_b, S_{b+1})`` with ``S_b = cu[b] // tile + b``:
-    ``S_{b+1} - S_b = cu[b+1] // tile - cu[b] // tile + 1 >= ceil(len_b / tile)``, so every block
-    has a slot, at most one slot per sequence is empty, and the grid holds ``total // tile + batch``
-    slots per head, known on the host without reading ``cu``. Grid index ``i`` lies in batch ``b``,
-    the last with ``heads * S_b <= i`` (a warp's ballot over ``cu``, 32 sequences per load:
-    :func:`compact_batch`); inside a batch's ``heads * slots`` indices, sections of ``section`` of
-    its heads (a divisor of the head count: :func:`compact_section`) walk the blocks slowest and
-    the heads fastest, as :func:`section_tile` does (:func:`compact_slot`). Sequences run in batch
-    order: a section never spans two batches. A packed forward (Note [Pack GQA]) has ``g`` rows per
-    query (``S_b = cu[b] * g // tile + b``); with LPT its blocks run from the sequence's last
-    (longest) one down (:class:`CompactVarlenTileScheduler`, one tile per CTA; its section is the
-    L2 section's power of two capped by the largest power of two dividing the heads).
+    compact grid gives sequence ``b`` the slots ``[S_b, S_{b+1})`` with ``S_b = (cu[b] - cu[0]) * g
+    // tile + b`` (``g``: rows per token, a packed forward's q heads per kv head, else 1):
+    ``S_{b+1} - S_b >= ceil(len_b * g / tile)``, so every block has a slot, at most one slot per
+    sequence is empty, and ``rows * g // tile + batch`` slots per head cover the batch for any packed
+    tensor of ``rows >= cu[-1] - cu[0]`` rows: known on the host without reading ``cu``. Grid index
+    ``i`` lies in batch ``b``, the last with ``heads * S_b <= i`` (a warp's ballot over ``cu``, 32
+    sequences per load: :func:`compact_batch`); inside a batch's ``heads * slots`` indices, sections
+    of heads walk the slots slowest and the heads fastest, as :func:`section_tile` does
+    (:func:`compact_slot`); a section is the lowest power of two of the given section and of the head
+    count, so it divides the heads and never spans two batches. With LPT (``reverse``) a sequence's
+    blocks run from its last (longest) one down. Indices past the last sequence's slots (a packed
+    tensor longer than the batch) map to an empty slot of it. :func:`compact_tile` is the mapping,
+    for the sm90 backward's K blocks and :class:`CompactVarlenTileScheduler`'s forward tiles;
+    :func:`host_compact_tiles` its Python twin.
 """
 
 from __future__ import annotations
@@ -99,18 +101,10 @@ def section_tile(tile_idx, num_m_blocks, num_heads, num_batch, section, reverse:
     return m_block, head, batch
 
 
-def compact_section(section: int, num_heads: int) -> int:
-    """Heads per section of the compact grid (Note [Compact varlen grid]): the largest divisor of
-    ``num_heads`` that is at most ``section`` (host side, Python ints)."""
-    sec = max(1, min(section, num_heads))
-    while num_heads % sec:
-        sec -= 1
-    return sec
-
-
 def compact_slot(block, first, slots, num_heads, section):
     """``(x, head)`` of grid index ``block`` of the compact grid in its batch, whose slots start at
-    ``first`` and number ``slots`` (Note [Compact varlen grid]). Plain arithmetic (traced or not)."""
+    ``first`` and number ``slots``; ``section`` divides ``num_heads`` (Note [Compact varlen grid]).
+    Plain arithmetic (traced or not)."""
     rest = block - first * num_heads
     sec_tiles = slots * section
     si = rest // sec_tiles
@@ -119,12 +113,19 @@ def compact_slot(block, first, slots, num_heads, section):
     return x, si * section + (r - x * section)
 
 
+def lowest_pow2(n):
+    """The lowest set bit of ``n > 0``: the largest power of two dividing it (Python or DSL Int32)."""
+    return n & (0 - n)
+
+
 @cute.jit
 def compact_batch(j: Int32, mCuSeqlens: cute.Tensor, num_batch: Int32, tile: cutlass.Constexpr[int],
                   mult: cutlass.Constexpr[int] = 1) -> Int32:
-    """The last sequence ``b`` with ``cu[b] * mult // tile + b <= j`` (Note [Compact varlen grid]): a
-    warp's ballot over 32 sequences per load. Whole warps call it, with the same ``j``."""
+    """The last sequence ``b`` with ``(cu[b] - cu[0]) * mult // tile + b <= j`` (Note [Compact
+    varlen grid]; ``j >= 0``): a warp's ballot over 32 sequences per load. Whole warps call it,
+    with the same ``j``."""
     lane = cute.arch.lane_idx()
+    base_row = mCuSeqlens[0]
     count = Int32(0)
     base = Int32(0)
     more = True
@@ -132,7 +133,7 @@ def compact_batch(j: Int32, mCuSeqlens: cute.Tensor, num_batch: Int32, tile: cut
         idx = base + lane
         start = Int32(2147483647)
         if idx < num_batch:
-            start = mCuSeqlens[idx] * mult // tile + idx
+            start = (mCuSeqlens[idx] - base_row) * mult // tile + idx
         n = cute.arch.popc(cute.arch.vote_ballot_sync(start <= j))
         count = count + n
         base = base + 32
@@ -140,26 +141,47 @@ def compact_batch(j: Int32, mCuSeqlens: cute.Tensor, num_batch: Int32, tile: cut
     return count - 1
 
 
-def host_compact_block(x: int, rows: int, tile: int, reverse: bool) -> int:
-    """Block of slot ``x`` of a sequence of ``rows`` rows: ``x``, or with ``reverse`` (LPT) its
-    blocks from the last down (slots past them stay past). Twin of
-    :meth:`CompactVarlenTileScheduler.tile`'s last step."""
-    blocks = (rows + tile - 1) // tile
-    return blocks - 1 - x if reverse and x < blocks else x
+@cute.jit
+def compact_tile(idx: Int32, mCuSeqlens: cute.Tensor, num_batch: Int32, num_heads: Int32, section: Int32,
+                 tile: cutlass.Constexpr[int], mult: cutlass.Constexpr[int], reverse: cutlass.Constexpr[bool]):
+    """``(block, head, batch)`` of grid index ``idx`` on the compact grid (Note [Compact varlen
+    grid]); whole warps call it. Twin: :func:`host_compact_tiles`."""
+    batch = compact_batch(idx // num_heads, mCuSeqlens, num_batch, tile, mult)
+    base_row = mCuSeqlens[0]
+    lo, hi = mCuSeqlens[batch] - base_row, mCuSeqlens[batch + 1] - base_row
+    first = lo * mult // tile + batch
+    slots = hi * mult // tile + batch + 1 - first
+    sec = cutlass.min(lowest_pow2(cutlass.max(section, 1)), lowest_pow2(num_heads))
+    x, head = compact_slot(idx, first, slots, num_heads, sec)
+    if head >= num_heads:  # past the last sequence's slots: an empty slot of it
+        x, head = slots, Int32(0)
+    block = x
+    if const_expr(reverse):
+        blocks = ((hi - lo) * mult + tile - 1) // tile
+        if x < blocks:
+            block = blocks - 1 - x
+    return block, head, batch
 
 
 def host_compact_tiles(cu_seqlens: list, tile: int, num_heads: int, section: int, mult: int = 1,
-                       reverse: bool = False) -> list:
-    """Python twin of the compact grid's mapping: ``(block, head, batch)`` of every grid index
-    (the CPU tests check that every block of every sequence and head has exactly one)."""
+                       reverse: bool = False, rows: Optional[int] = None) -> list:
+    """Python twin of :func:`compact_tile`: ``(block, head, batch)`` of every index of the grid for
+    a packed tensor of ``rows`` rows (default ``cu[-1] - cu[0]``), ``rows * mult // tile + batch``
+    slots per head (the CPU tests check that every block of every sequence and head has exactly one)."""
     batch = len(cu_seqlens) - 1
-    starts = [cu_seqlens[b] * mult // tile + b for b in range(batch + 1)]
+    cu = [c - cu_seqlens[0] for c in cu_seqlens]
+    rows = cu[-1] if rows is None else rows
+    starts = [cu[b] * mult // tile + b for b in range(batch + 1)]
+    sec = min(lowest_pow2(max(section, 1)), lowest_pow2(num_heads))
     out = []
-    for i in range(num_heads * starts[-1]):
-        j = i // num_heads
-        b = max(b for b in range(batch) if starts[b] <= j)
-        x, h = compact_slot(i, starts[b], starts[b + 1] - starts[b], num_heads, section)
-        out.append((host_compact_block(x, (cu_seqlens[b + 1] - cu_seqlens[b]) * mult, tile, reverse), h, b))
+    for i in range(num_heads * (rows * mult // tile + batch)):
+        b = max(b for b in range(batch) if starts[b] <= i // num_heads)
+        slots = starts[b + 1] - starts[b]
+        x, h = compact_slot(i, starts[b], slots, num_heads, sec)
+        if h >= num_heads:
+            x, h = slots, 0
+        blocks = -(-(cu[b + 1] - cu[b]) * mult // tile)
+        out.append((blocks - 1 - x if reverse and x < blocks else x, h, b))
     return out
 
 
@@ -242,24 +264,9 @@ class CompactVarlenTileScheduler(PersistentTileScheduler):
     def valid(self, idx: Int32):
         return idx < self.num_m_blocks * self.num_heads
 
-    @cute.jit
     def tile(self, idx: Int32) -> Tuple[Int32, Int32, Int32]:
-        heads = self.num_heads
-        batch = compact_batch(idx // heads, self.mCuSeqlens, self.num_batch, self.tile_rows, self.mult)
-        lo, hi = self.mCuSeqlens[batch], self.mCuSeqlens[batch + 1]
-        first = lo * self.mult // self.tile_rows + batch
-        slots = hi * self.mult // self.tile_rows + batch + 1 - first
-        # A power of two dividing the heads (the L2 section is one): a section never spans two batches.
-        sec = cutlass.min(self.section, heads & (0 - heads))
-        x, head = compact_slot(idx, first, slots, heads, sec)
-        if head >= heads:
-            x, head = slots, Int32(0)
-        m_block = x
-        if const_expr(self.reverse):  # LPT: the sequence's blocks from the last down (host_compact_block)
-            blocks = ((hi - lo) * self.mult + self.tile_rows - 1) // self.tile_rows
-            if x < blocks:
-                m_block = blocks - 1 - x
-        return m_block, head, batch
+        return compact_tile(idx, self.mCuSeqlens, self.num_batch, self.num_heads, self.section, self.tile_rows,
+                            self.mult, self.reverse)
 
 
 @dataclass(frozen=True)
