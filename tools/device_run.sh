@@ -398,7 +398,8 @@ if has next30b; then
   logged next30fwd_grid 240 20 python3 -m fa4.bench --offgrid --mode fwd --rounds 3 \
     --cases varlen-d64,varlen-d128,varlen-d64-causal,varlen-gqa-d128-causal \
     --variant "fwd.persistent=False fwd.dynamic_sched=False" \
-    --variant "fwd.persistent=False fwd.dynamic_sched=False fwd.compact_grid=True"
+    --variant "fwd.persistent=False fwd.dynamic_sched=False fwd.compact_grid=True" \
+    --variant "fwd.num_stages=2"  # the default's own config under a variant's label: an A/A control (v0.28)
 fi
 if has hostbd; then
   # Session 24: the backward's host time piece by piece (tools/host_breakdown.py $HOSTBD_ROWS).
