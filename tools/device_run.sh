@@ -400,6 +400,10 @@ if has next30b; then
     --variant "fwd.persistent=False fwd.dynamic_sched=False" \
     --variant "fwd.persistent=False fwd.dynamic_sched=False fwd.compact_grid=True" \
     --variant "fwd.num_stages=2"  # the default's own config under a variant's label: an A/A control (v0.28)
+  # flash-attn-4 packs the GQA rows of its varlen forward (one tile per CTA, compact): the same here.
+  logged next30fwd_gqa 150 10 python3 -m fa4.bench --offgrid --mode fwd --rounds 3 --cases varlen-gqa-d128-causal \
+    --variant "fwd.persistent=False fwd.dynamic_sched=False fwd.compact_grid=True fwd.qhead_per_kvhead=4" \
+    --variant "fwd.persistent=False fwd.dynamic_sched=False fwd.compact_grid=True"
 fi
 if has hostbd; then
   # Session 24: the backward's host time piece by piece (tools/host_breakdown.py $HOSTBD_ROWS).
