@@ -148,6 +148,21 @@ def test_explain_hopper_backward_notes_the_deterministic_path():
         assert "dQ pass" in text and "deterministic dQ" not in text and "'dq_pass': True" in text
 
 
+def test_explain_hopper_forward_notes_the_grid():
+    """fa4.explain() names the sm90 forward's grid and rows: the decode tile (one CTA per tile,
+    64-row K blocks, packed GQA rows), and the dynamic persistent grid with LPT for a long causal
+    prefill, whose GQA rows are not packed (and says how to pack them)."""
+    q = torch.empty(64, 1, 32, 128, dtype=torch.bfloat16)
+    k = torch.empty(64, 8192, 8, 128, dtype=torch.bfloat16)
+    text = str(fa4.explain(q, k, k, capability=(9, 0)))
+    assert "decode tile" in text and "one CTA per tile" in text and "packed GQA rows" in text
+    q = torch.empty(2, 4096, 32, 128, dtype=torch.bfloat16)
+    k = torch.empty(2, 4096, 8, 128, dtype=torch.bfloat16)
+    text = str(fa4.explain(q, k, k, causal=True, capability=(9, 0)))
+    assert "dynamic persistent grid" in text and "LPT" in text and "not packed" in text
+    assert "decode tile" not in text
+
+
 def test_explain_validates():
     q = torch.empty(2, 100, 8, 100, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="head_dim"):

@@ -1105,6 +1105,37 @@ def variants(arch: str) -> list[FwdSm90Config]:
     ]
 
 
+def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: FwdSm90Config) -> list[str]:
+    """Lines for ``fa4.explain()``: the forward's rows (packed GQA or not), its grid and tile order,
+    and the decode tile, each with the rule that chose it."""
+    notes = []
+    g = problem.heads // problem.heads_k
+    if cfg.qhead_per_kvhead > 1:
+        notes.append(f"packed GQA rows: the {cfg.qhead_per_kvhead} q heads of each kv head share a tile's rows, so "
+                     "each K/V block is loaded once for all of them (Note [Pack GQA]; pack_gqa=False turns it off)")
+    elif g > 1 and problem.pack_gqa is None:
+        notes.append(f"GQA rows not packed: packing the {g} q heads per kv head would save too few tiles "
+                     f"(fa4.fwd.common.PACK_GQA_MAX_TILE_SHARE); pack_gqa=True packs them")
+    decode = cfg.tile_m == 64 and not cfg.persistent and not cfg.compact_grid
+    if decode and cfg.tile_n <= DECODE_TILE_N:
+        notes.append(f"decode tile: {cfg.tile_m} query rows, {cfg.tile_n}-row K blocks, one CTA per tile (several "
+                     "per SM), measured faster than the persistent grid at the HBM roofline (DECODE_GRID; calls "
+                     "with seqused_k or a page table keep the prefill tiles' blocks and grid)")
+    if cfg.compact_grid:
+        order = ("the compact varlen grid, one CTA per tile (Note [Compact varlen grid]: no CTA past a "
+                 "sequence's end)")
+    elif not cfg.persistent:
+        order = "one CTA per tile"
+    elif cfg.dynamic_sched:
+        sections = f"{cfg.l2_section_mb} MB L2 sections" if cfg.l2_section_mb else "one (head, batch) pair per section"
+        order = (f"the dynamic persistent grid (one CTA per SM, tiles claimed from a counter, {sections}; "
+                 "masked rows past s_k 1024, ragged rows, and head dims > 128 without a mask)")
+    else:
+        order = "the static persistent grid (one CTA per SM, a snake over one (head, batch) pair per section)"
+    notes.append(f"grid: {order}; {'longest tiles first (LPT)' if cfg.lpt else 'tiles in order'}")
+    return notes
+
+
 def run(cfg: FwdSm90Config, problem: AttnProblem, q, k, v, out, lse, cu_seqlens_q=None, cu_seqlens_k=None,
         seqused_k=None, seqused_q=None, page_table=None, sink=None) -> None:
     """Launch (arguments: :func:`fa4.fwd.common.run`; the persistent grid is the SM count)."""
