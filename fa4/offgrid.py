@@ -28,6 +28,7 @@ import argparse
 import ast
 import dataclasses
 import importlib
+import itertools
 import random
 import statistics
 import sys
@@ -90,8 +91,7 @@ def callers(q, k, v, lq, lk, causal, varlen, deterministic, arch=None):
     """name -> forward callable (returns out) on leaves that may require grad."""
     out = {}
     opts = fa4.KernelOptions(arch=arch) if arch else None
-    cu = lambda ls: torch.tensor([0] + list(__import__("itertools").accumulate(ls)), dtype=torch.int32,  # noqa: E731
-                                 device=q.device)
+    cu = lambda ls: torch.tensor([0] + list(itertools.accumulate(ls)), dtype=torch.int32, device=q.device)  # noqa: E731
     cq, ck = cu(lq), cu(lk)
     if varlen:
         kw = dict(cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=max(lq), max_seqlen_k=max(lk), causal=causal,

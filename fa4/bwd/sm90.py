@@ -272,7 +272,7 @@ from fa4.cute_utils import (
 )
 from fa4.mask import AttentionMask
 from fa4.sched import semaphore
-from fa4.sched.tile import compact_tile, section_tile
+from fa4.sched.tile import compact_tile, lowest_pow2, section_tile
 from fa4.seqlen import SeqlenInfo, grid_extent, to_sdhb
 from fa4.softmax import apply_softcap, emulated_elements, exp2_rows, exp2_select, score_scales, softcap_grad
 
@@ -2032,7 +2032,7 @@ def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: B
                               or (cfg.det_up and LAUNCH_ORDER.det_section is None)) else "")
     if cfg.compact_grid:
         heads_k = problem.heads_k * cfg.kv_split
-        sec = min(sec & -sec, heads_k & -heads_k)  # as fa4.sched.tile.compact_tile
+        sec = min(lowest_pow2(sec), lowest_pow2(heads_k))  # as fa4.sched.tile.compact_tile
         notes.append(f"launch order: the compact varlen grid (packed K rows // {cfg.tile_n} + batch slots per kv "
                      f"head, no CTA past a sequence's end: Note [Compact varlen grid]), each sequence's blocks in "
                      f"sections of {sec} of its {heads_k} kv heads")

@@ -933,7 +933,7 @@ SUM_ROUNDED_WITH_THRESHOLD = True  # tools/rescale_accuracy.py turns it off to m
 # CTA tiles of sequences of different lengths, and tiles past a shorter sequence's end are empty
 # slots in its walk; the claims balance them (`python -m fa4.bench --offgrid`, varlen d128, 8 sequences of
 # 293-3774: static 571.8, dynamic 607.4, flash-attn-4 579.9 / 585.2; three interleaved rounds
-# static / dynamic: 571.2 / 612.6, 565.5 / 584.3, 570.8 / 563.0). Masked varlen rows keep the
+# static / dynamic: 571.2 / 612.6, 565.5 / 584.3, 570.8 / 563.0).
 # v0.28: masked varlen rows keep the masked rows' 16 MB sections. v0.27 gave them one-pair sections
 # on one lease's reading (varlen GQA 32/8 d128 causal 504 -> 549); three interleaved rounds did not
 # confirm it (medians, TFLOP/s, default one pair / 16 MB / 32 MB: varlen MHA d128 causal 499.7 /

@@ -119,13 +119,12 @@ def lowest_pow2(n):
 
 
 @cute.jit
-def compact_batch(j: Int32, mCuSeqlens: cute.Tensor, num_batch: Int32, tile: cutlass.Constexpr[int],
-                  mult: cutlass.Constexpr[int] = 1) -> Int32:
-    """The last sequence ``b`` with ``(cu[b] - cu[0]) * mult // tile + b <= j`` (Note [Compact
-    varlen grid]; ``j >= 0``): a warp's ballot over 32 sequences per load. Whole warps call it,
-    with the same ``j``."""
+def compact_batch(j: Int32, mCuSeqlens: cute.Tensor, base_row: Int32, num_batch: Int32,
+                  tile: cutlass.Constexpr[int], mult: cutlass.Constexpr[int] = 1) -> Int32:
+    """The last sequence ``b`` with ``(cu[b] - base_row) * mult // tile + b <= j`` (``base_row =
+    cu[0]``; Note [Compact varlen grid]; ``j >= 0``): a warp's ballot over 32 sequences per load.
+    Whole warps call it, with the same ``j``."""
     lane = cute.arch.lane_idx()
-    base_row = mCuSeqlens[0]
     count = Int32(0)
     base = Int32(0)
     more = True
@@ -146,8 +145,8 @@ def compact_tile(idx: Int32, mCuSeqlens: cute.Tensor, num_batch: Int32, num_head
                  tile: cutlass.Constexpr[int], mult: cutlass.Constexpr[int], reverse: cutlass.Constexpr[bool]):
     """``(block, head, batch)`` of grid index ``idx`` on the compact grid (Note [Compact varlen
     grid]); whole warps call it. Twin: :func:`host_compact_tiles`."""
-    batch = compact_batch(idx // num_heads, mCuSeqlens, num_batch, tile, mult)
     base_row = mCuSeqlens[0]
+    batch = compact_batch(idx // num_heads, mCuSeqlens, base_row, num_batch, tile, mult)
     lo, hi = mCuSeqlens[batch] - base_row, mCuSeqlens[batch + 1] - base_row
     first = lo * mult // tile + batch
     slots = hi * mult // tile + batch + 1 - first
