@@ -62,8 +62,8 @@ def test_grid_order_ragged(ragged, d, sk, dynamic):
 def test_decode_tile_and_grid(d, kind, monkeypatch):
     """v0.28: a decode tile (64 rows of a short packed q) takes at most 64-row K blocks and one CTA
     per tile (decode_sweep --grid: -1% / -1.6% time at b64 s8k / b8 s32k); calls with seqused_k or
-    a page table keep the prefill tiles' (paged: +3% time with 64-row blocks; paged and unpaged with
-    seqused_k share their bits); a user's tile_n wins; sm90.DECODE_GRID off restores the prefill
+    a page table keep the table's K blocks (paged: +3% time with 64-row blocks; paged and unpaged with
+    seqused_k share their bits), one CTA per tile too (v0.29); a user's tile_n wins; sm90.DECODE_GRID off restores the prefill
     tiles' blocks and grid."""
     kw = {"dense": {}, "varlen": dict(varlen_q=True, varlen_k=True, total_q=8, total_k=30000),
           "seqused": dict(has_seqused_k=True), "paged": dict(has_seqused_k=True, page_size=16)}[kind]
@@ -71,16 +71,38 @@ def test_decode_tile_and_grid(d, kind, monkeypatch):
     cfg = sm90.make_config(prob, None, "sm_90a", False)
     table_n = sm90.TUNING[d][1]
     assert cfg.tile_m == 64
+    assert not cfg.persistent and not cfg.dynamic_sched
     if kind in ("dense", "varlen"):
-        assert cfg.tile_n == min(64, table_n) and not cfg.persistent and not cfg.dynamic_sched
+        assert cfg.tile_n == min(64, table_n)
     else:
-        assert cfg.tile_n == table_n and cfg.persistent and cfg.dynamic_sched  # the ragged rows' grid
+        assert cfg.tile_n == table_n  # the table's blocks (v0.29: one CTA per tile)
     assert sm90.make_config(prob, KernelOptions(tile_n=48), "sm_90a", False).tile_n == 48
     prefill = sm90.make_config(_problem(d, sq=4096, sk=8192, **kw), None, "sm_90a", False)
     assert prefill.persistent and prefill.tile_n == table_n
     monkeypatch.setattr(sm90, "DECODE_GRID", False)
     old = sm90.make_config(prob, None, "sm_90a", False)
     assert old.persistent and old.tile_n == table_n
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("b,sq,sk,hk,causal", [(64, 1, 8192, 2, False), (8, 1, 32768, 2, False), (1, 1, 512, 2, False),
+                                               (4, 4, 2048, 1, True), (2, 1000, 4096, 8, True), (2, 113, 203, 4, False)])
+@pytest.mark.parametrize("page_size", [16, 64, 256])
+def test_paged_and_seqused_share_a_config(d, b, sq, sk, hk, causal, page_size):
+    """test_paged_kv (GPU) checks a paged call's bits against the same call unpaged with seqused_k:
+    that holds only if both take the same tiles, grid and split count; only the TMA boxes of the
+    pages may differ. (v0.28's first paged decode rule broke it.)"""
+    from dataclasses import replace
+
+    from fa4.fwd import common as fwd_common
+
+    kw = dict(dtype="bf16", batch=b, seqlen_q=sq, seqlen_k=sk, heads=8, heads_k=hk, head_dim=d, head_dim_v=d,
+              softmax_scale=d**-0.5, causal=causal, has_seqused_k=True)
+    flat, paged = AttnProblem(**kw), AttnProblem(**kw, page_size=page_size)
+    a = sm90.make_config(flat, None, "sm_90a", False, num_sms=132)
+    c = sm90.make_config(paged, None, "sm_90a", False, num_sms=132)
+    assert c.page_rows and replace(c, page_rows=0) == a
+    assert fwd_common.launch_splits(a, flat, 132) == fwd_common.launch_splits(c, paged, 132)
 
 
 @pytest.mark.parametrize("b,sk,h,hk,d", [(1, 512, 32, 8, 128), (4, 512, 32, 8, 128), (1, 2048, 32, 8, 128),

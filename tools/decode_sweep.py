@@ -34,8 +34,9 @@ def grid_check(rounds: int = 3):
     grid, interleaved rounds: the default, the prefill tiles' blocks and grid (``sm90.DECODE_GRID``
     off: 128-row blocks, persistent; the dynamic grid for paged rows with seqused_k), the 64-row
     blocks on the persistent grid, and 128-row blocks one CTA per tile. Since v0.28 the default is
-    64-row blocks one CTA per tile for contiguous calls, and the prefill tiles' config for paged
-    ones (so there "default" and "prefill grid" are the same config)."""
+    64-row blocks one CTA per tile for contiguous calls; since v0.29 calls with seqused_k (paged, or
+    the contiguous cache with seqused_k, ``seqused``) take the table's 128-row blocks one CTA per tile
+    (so there "default" and "128-row blocks" are the same config)."""
     import dataclasses
 
     from fa4.fwd import sm90
@@ -50,7 +51,8 @@ def grid_check(rounds: int = 3):
         kc, vc, table, used = paged_cache(k, v, PAGE_SIZE)
         data[shape] = {"contig": lambda q=q, k=k, v=v: fa4.flash_attn_func(q, k, v),
                        "paged16": lambda q=q, kc=kc, vc=vc, t=table, u=used: fa4.flash_attn_varlen_func(
-                           q, kc, vc, page_table=t, seqused_k=u)}
+                           q, kc, vc, page_table=t, seqused_k=u),
+                       "seqused": lambda q=q, k=k, v=v, u=used: fa4.flash_attn_varlen_func(q, k, v, seqused_k=u)}
     for rnd in range(rounds):
         for shape, calls in data.items():
             for layout, call in calls.items():

@@ -943,9 +943,13 @@ SUM_ROUNDED_WITH_THRESHOLD = True  # tools/rescale_accuracy.py turns it off to m
 # tile (``persistent=False``, several CTAs per SM): tools/decode_sweep.py --grid, three rounds, the
 # same every round to 1 us: b64 s_k 8k 483.8 -> 479.4 us, b8 s_k 32k 253.2 -> 249.1 us (the
 # persistent grid alone -0.5%, the 64-row blocks alone -0.3% / -1.6%; flash-attn-4 482.6 / 349).
-# Calls with seqused_k or a page table keep the prefill tiles' blocks and grid: with 16-row pages
-# the 64-row blocks measured 501.5-503.3 / 259.9-260.0 us against 488.4-488.8 / 259.5-260.8 (three
-# rounds), and test_paged_kv checks a paged call's bits against the unpaged call with seqused_k.
+# Calls with seqused_k or a page table keep the table's K blocks: with 16-row pages the 64-row
+# blocks measured 501.5-503.3 / 259.9-260.0 us against 488.4-488.8 / 259.5-260.8 (three rounds),
+# and test_paged_kv checks a paged call's bits against the unpaged call with seqused_k.
+# v0.29 (not yet timed in this form): they take one CTA per tile too; the paged cache with the
+# table's blocks and one CTA per tile measured 488.7-488.8 / 256.9-257.1 us in the same rounds (the
+# 128-row column of decode_sweep --grid), and a contiguous one 480.6-481.3 / 253.2-253.3 against the
+# prefill grid's 483.8-484.5 / 253.2-253.5.
 DYNAMIC_MIN_SEQLEN_K_MASKED = 1025
 DYNAMIC_UNMASKED_MIN_HD = 129
 L2_SECTION_MB_STATIC = 0  # one pair per section
@@ -987,13 +991,14 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
     tile_n = table_tile_n
     # Decode-like shapes: one consumer warpgroup, 64-row tiles, 64-row K blocks, one CTA per tile.
     g, tile_m, decode = fwd_common.rows_plan(problem, table_tile_m, options.tile_m)
-    # (Not with seqused_k or a page table: a paged cache measured +3% time with 64-row blocks, and
-    # paged and unpaged-with-seqused_k calls share a config, so their outputs share their bits.)
-    decode = decode and DECODE_GRID and not problem.page_size and not problem.has_seqused_k
+    decode = decode and DECODE_GRID
+    # The 64-row K blocks not with seqused_k or a page table: a paged cache measured +3% time with
+    # them, and paged and unpaged-with-seqused_k calls share a config, so their outputs share their bits.
+    short_blocks = decode and not problem.page_size and not problem.has_seqused_k
     pingpong, pp_steps_only = _turns(pingpong, table_tile_m, tile_m)
     if options.tile_n is not None:
         tile_n = options.tile_n
-    elif decode:
+    elif short_blocks:
         tile_n = min(tile_n, DECODE_TILE_N)
     # The split rule counts in the table's K blocks (FwdSm90Config.split_tile_n), which it was measured with.
     splits = fwd_common.split_count(problem, tile_m, table_tile_n, g, num_sms)
@@ -1097,6 +1102,10 @@ def variants(arch: str) -> list[FwdSm90Config]:
         cfg(128, tile_m=64, tile_n=64, pingpong=False, persistent=False, qhead_per_kvhead=4, split_kv=True),
         cfg(128, tile_m=64, tile_n=64, pingpong=False, persistent=False, qhead_per_kvhead=4, varlen_q=True,
             varlen_k=True),
+        # v0.29: paged decode (and seqused_k) one CTA per tile, with the table's K blocks.
+        cfg(128, tile_m=64, pingpong=False, persistent=False, qhead_per_kvhead=4, page_rows=16, has_seqused_k=True),
+        cfg(128, tile_m=64, pingpong=False, persistent=False, qhead_per_kvhead=4, page_rows=16, has_seqused_k=True,
+            split_kv=True),
         # The compact varlen grid (an option): d64 (three warpgroups), causal d128 (LPT), packed GQA.
         cfg(64, persistent=False, compact_grid=True, varlen_q=True, varlen_k=True),
         cfg(128, persistent=False, compact_grid=True, causal=True, varlen_q=True, varlen_k=True),
@@ -1117,10 +1126,11 @@ def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: F
         notes.append(f"GQA rows not packed: packing the {g} q heads per kv head would save too few tiles "
                      f"(fa4.fwd.common.PACK_GQA_MAX_TILE_SHARE); pack_gqa=True packs them")
     decode = cfg.tile_m == 64 and not cfg.persistent and not cfg.compact_grid
-    if decode and cfg.tile_n <= DECODE_TILE_N:
-        notes.append(f"decode tile: {cfg.tile_m} query rows, {cfg.tile_n}-row K blocks, one CTA per tile (several "
-                     "per SM), measured faster than the persistent grid at the HBM roofline (DECODE_GRID; calls "
-                     "with seqused_k or a page table keep the prefill tiles' blocks and grid)")
+    if decode:
+        blocks = ("" if cfg.tile_n <= DECODE_TILE_N else
+                  " (the table's blocks: calls with seqused_k or a page table do not take the 64-row ones)")
+        notes.append(f"decode tile: {cfg.tile_m} query rows, {cfg.tile_n}-row K blocks{blocks}, one CTA per tile "
+                     "(several per SM), measured faster than the persistent grid at the HBM roofline (DECODE_GRID)")
     if cfg.compact_grid:
         order = ("the compact varlen grid, one CTA per tile (Note [Compact varlen grid]: no CTA past a "
                  "sequence's end)")
