@@ -64,7 +64,7 @@ def exported(cfg) -> Iterator[str]:
     """Compile ``cfg`` (uncached) and export it: the object file's path, for the ``with`` block."""
     from fa4 import jit
 
-    fn = jit.compile_uncached(cfg)
+    fn = jit.compile_uncached(cfg, engine=False)  # export only (Note [Export without an engine])
     with tempfile.TemporaryDirectory() as d:
         obj = os.path.join(d, "k.o")
         fn.export_to_c(obj, function_name=jit.EXPORT_SYMBOL)
