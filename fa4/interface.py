@@ -357,7 +357,8 @@ def explain(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
             info["config"] = cfg.describe()
             info["cache"] = _cache_state(cfg)
             if hasattr(mod, "explain_notes"):  # what the family's choice for this problem costs or means
-                ex.notes.extend(f"{direction}: {n}" for n in mod.explain_notes(problem, options, cfg))
+                ex.notes.extend(f"{direction}: {n}" for n in
+                                mod.explain_notes(fwd_problem if direction == "fwd" else problem, options, cfg))
             if getattr(cfg, "split_kv", False):
                 from fa4.fwd import common as fwd_common
 

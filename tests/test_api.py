@@ -156,6 +156,13 @@ def test_explain_hopper_forward_notes_the_grid():
     k = torch.empty(64, 8192, 8, 128, dtype=torch.bfloat16)
     text = str(fa4.explain(q, k, k, capability=(9, 0)))
     assert "decode tile" in text and "one CTA per tile" in text and "packed GQA rows" in text
+    assert "64-row K blocks" in text
+    # Paged (v0.29): one CTA per tile too, with the table's K blocks.
+    kc = torch.empty(64 * 512, 16, 8, 128, dtype=torch.bfloat16)
+    table = torch.zeros(64, 512, dtype=torch.int32)
+    used = torch.full((64,), 8192, dtype=torch.int32)
+    text = str(fa4.explain(q, kc, kc, page_table=table, seqused_k=used, capability=(9, 0)))
+    assert "decode tile" in text and "the table's 128-row K blocks" in text and "one CTA per tile" in text
     q = torch.empty(2, 4096, 32, 128, dtype=torch.bfloat16)
     k = torch.empty(2, 4096, 8, 128, dtype=torch.bfloat16)
     text = str(fa4.explain(q, k, k, causal=True, capability=(9, 0)))

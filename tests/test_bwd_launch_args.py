@@ -151,3 +151,25 @@ def test_the_checker_catches_a_shared_size_mismatch():
     _check_signature(cfg, args[:6] + [torch.empty(32, 32, 32, 256)] + args[7:])
     with pytest.raises(ValueError, match="same size"):
         _check_signature(cfg, args)
+
+
+def test_compact_grid_checks_the_packed_rows(monkeypatch):
+    """The compact varlen grid's size check (``common.launch_grid``) counts the packed K rows of the
+    (1, total_k, h_k, d) view, as the kernel's grid does (review of v0.28: it was given the 1)."""
+    from fa4.bwd import common
+
+    seen = []
+    real = common.launch_grid
+    monkeypatch.setattr(common, "launch_grid", lambda *a: seen.append(a) or real(*a))
+    monkeypatch.setattr(jit, "get_kernel", lambda cfg: lambda *args: _check_signature(cfg, args))
+    monkeypatch.setattr("fa4.arch.num_sms", lambda *a, **k: 132)
+    problem, q, k, v, cu_q, cu_k = _problem_and_tensors(128, 128, True)
+    cfg = dataclasses.replace(sm90.make_config(problem, None, "sm_90a", False), compact_grid=True)
+    out = torch.randn(q.shape[:-1] + (128,), dtype=torch.bfloat16)
+    lse = torch.randn(q.shape[0], q.shape[2], q.shape[1])
+    sm90.run_backward(cfg, problem, torch.randn_like(out), q, k, v, out, lse, None, cu_q, cu_k, None,
+                      torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
+    assert seen and seen[0][4] == k.shape[1] == 2 * 77, seen
+    assert real(cfg, 2, 2, 77, k.shape[1]) == ((154 // cfg.tile_n + 2) * 2, 1, 1)
+    with pytest.raises(ValueError, match="packed K rows"):
+        real(cfg, 2, 2**26, 77, 8000)

@@ -150,3 +150,29 @@ def test_only_sm90a():
     with pytest.raises(ValueError, match="sm_90a"):
         sm90.FlashFwdSm90.can_implement(dataclasses.replace(cfg, arch="sm_100a"))
     assert sm90.variants("sm_80") == [] and sm90.variants("sm_100a") == []
+
+
+def test_one_tile_grid_is_checked_before_launch():
+    """A one-tile-per-CTA forward (decode tiles, the compact varlen grid) counts its CTAs as the
+    kernel's ``__call__`` does, and a grid past CUDA's 2^31 - 1 raises a ValueError before launch
+    (review of v0.28: only the backward checked)."""
+    import torch
+
+    from fa4.fwd import common as fwd_common
+
+    prob = AttnProblem(dtype="bf16", batch=64, seqlen_q=1, seqlen_k=8192, heads=32, heads_k=8, head_dim=128,
+                       head_dim_v=128, softmax_scale=128**-0.5)
+    cfg = sm90.make_config(prob, None, "sm_90a", False, num_sms=132)
+    assert not cfg.persistent and cfg.qhead_per_kvhead == 4
+    q = torch.empty(64, 1, 32, 128, device="meta")
+    assert fwd_common.one_tile_grid(cfg, prob, q, None, 1) == 64 * 8  # one 64-row tile per (batch, kv head)
+    assert fwd_common.one_tile_grid(cfg, prob, q, None, 3) == 64 * 8 * 3
+    from dataclasses import replace
+
+    compact = replace(cfg, varlen_q=True, varlen_k=True, compact_grid=True)
+    cu = torch.empty(41, dtype=torch.int32, device="meta")
+    qv = torch.empty(1, 5000, 32, 128, device="meta")
+    assert fwd_common.one_tile_grid(compact, prob, qv, cu, 1) == (5000 * 4 // 64 + 40) * 8
+    huge = torch.empty(1, 2**28, 32, 128, device="meta")
+    with pytest.raises(ValueError, match="exceeds CUDA's limit"):
+        fwd_common.one_tile_grid(compact, prob, huge, cu, 128)

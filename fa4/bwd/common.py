@@ -603,7 +603,7 @@ def run_backward(cfg, problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_se
     heads_k = k.shape[2] * split
     max_seqlen_k = problem.seqlen_k if cu_seqlens_k is not None else k.shape[1]
     num_batch = cu_seqlens_k.shape[0] - 1 if cu_seqlens_k is not None else k.shape[0]
-    launch_grid(cfg, num_batch, heads_k, max_seqlen_k, k.shape[0] if getattr(cfg, "compact_grid", False) else None)
+    launch_grid(cfg, num_batch, heads_k, max_seqlen_k, k.shape[1] if getattr(cfg, "compact_grid", False) else None)
     if max_seqlen_k > 0:
         get_kernel(cfg)(
             q, k, v, dout, lse_log2, dpsum, dq_accum, dk_k, dv_k, cu_seqlens_q, cu_seqlens_k, seqused_k, sem,

@@ -128,6 +128,8 @@ def run(cfg, problem: AttnProblem, q, k, v, out, lse, cu_seqlens_q=None, cu_seql
     combine (:func:`run_split`). ``sink``: float32 ``(h,)`` with ``cfg.has_sink``."""
     from fa4.jit import get_kernel
 
+    if not getattr(cfg, "persistent", True):
+        one_tile_grid(cfg, problem, q, cu_seqlens_q, splits if cfg.split_kv else 1)
     fn = get_kernel(cfg)
     window_left, window_right = (problem.window_left, problem.window_right) if cfg.local else (0, 0)
 
@@ -144,6 +146,26 @@ def run(cfg, problem: AttnProblem, q, k, v, out, lse, cu_seqlens_q=None, cu_seql
                   seqused_q if cfg.has_seqused_q else None, sink if cfg.has_sink else None)
     else:
         launch(out, lse)
+
+
+MAX_GRID_X = 2**31 - 1
+
+
+def one_tile_grid(cfg, problem: AttnProblem, q, cu_seqlens_q, splits: int) -> int:
+    """CTAs of a one-tile-per-CTA launch (sm90 ``persistent=False``; compact: Note [Compact varlen
+    grid]), as the kernel's ``__call__`` sizes it; ValueError, before the launch, when CUDA cannot
+    launch it (x < 2^31)."""
+    g = cfg.qhead_per_kvhead
+    batch = cu_seqlens_q.shape[0] - 1 if cu_seqlens_q is not None and cfg.varlen_q else q.shape[0]
+    heads = q.shape[2] // g * splits
+    if getattr(cfg, "compact_grid", False):
+        slots, what = q.shape[1] * g // cfg.tile_m + batch, "(packed Q rows * g // tile_m + batch)"
+    else:
+        slots, what = -(-max(problem.seqlen_q, 1) * g // cfg.tile_m) * batch, "m_blocks * batch"
+    if slots * heads > MAX_GRID_X:
+        raise ValueError(f"the forward grid of {slots * heads} CTAs exceeds CUDA's limit ({what} * scheduler "
+                         f"heads {heads} < 2^31); pass num_splits=1 or a persistent grid")
+    return slots * heads
 
 
 # --------------------------------------------------------------------------------------------
