@@ -11,7 +11,7 @@
 # (dv_late at d64; run in session 11), next18 (publish_peek), next20 (publish_peek as the default), next22 (v27 sections, det bench), next8 (session 8's not-yet-run tests and sweeps), ncusrc (source-level stall sampling
 # of the forwards; NCUSRC_IMPLS), ncusrcbwd (the same for the backwards), bwdacc (tools/bwd_accuracy.py $BWDACC), ncustall (stall reasons, fa4 vs
 # flash-attn-4), sweepfwd (tools/sweep_fwd.py $SWEEP_FWD), ncufwd (ncu of the fa4 and flash-attn-4 forwards,
-# tools/ncu_fwd.py), ncubwd (the same for the backwards, NCU_BWD_SHAPES), v012b (session 10's side-by-side benches), firststore (session 17: Note [First store]'s tests and the backward profile), claims (session 18: the relaxed, rotated claims: tests and profile), bwdprof (tools/bwd_profile.py $BWDPROF_ROWS), hostprof (tools/host_profile.py $HOSTPROF_ARGS), hostbd (tools/host_breakdown.py $HOSTBD_ROWS), offgrid (tools/offgrid.py: shapes off the standard grid), next26 (session 25: the split GQA group), next27 / next27b (session 25's unrun work: tests / timings), next28 / next28b / next28c (session 26's: tests / forward timings / backward sections and decode), next29 (session 27: the decode grid, the compact varlen backward grid, their tests and timings; skipfwd leaves out its forward tests), next30 / next30b / next30c (the decode rule's and the compact grids' tests, the varlen backward suite with the compact grid on / the compact grids' timings / the decode rule's timings and the decode bench), next25 (session 24's unrun test edits and sweep v57), nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
+# tools/ncu_fwd.py), ncubwd (the same for the backwards, NCU_BWD_SHAPES), v012b (session 10's side-by-side benches), firststore (session 17: Note [First store]'s tests and the backward profile), claims (session 18: the relaxed, rotated claims: tests and profile), bwdprof (tools/bwd_profile.py $BWDPROF_ROWS), hostprof (tools/host_profile.py $HOSTPROF_ARGS), hostbd (tools/host_breakdown.py $HOSTBD_ROWS), offgrid (tools/offgrid.py: shapes off the standard grid), next26 (session 25: the split GQA group), next27 / next27b (session 25's unrun work: tests / timings), next28 / next28b / next28c (session 26's: tests / forward timings / backward sections and decode), next29 (session 27: the decode grid, the compact varlen backward grid, their tests and timings; skipfwd leaves out its forward tests), next30 / next30b / next30c / next30d (the decode rule's and the compact grids' tests, the varlen backward suite with the compact grid on / the compact grids' timings / the decode rule's timings and the decode bench / one_step_loop at d128-256 causal), next25 (session 24's unrun test edits and sweep v57), nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
 set -uo pipefail
 steps=${1:-bwd90}
 out=${OUT:-/tmp/out}; mkdir -p "$out"
@@ -410,6 +410,18 @@ if has next30c; then
   # issue's decode bench with its copy bandwidth.
   logged next30decode 150 20 python3 tools/decode_sweep.py --grid
   logged next30decbench 150 12 python3 -m fa4.bench --decode
+fi
+if has next30d; then
+  # v0.29, issue 7's compile time: one step body (one_step_loop, -20-26% compile at d256 causal) costs
+  # 0-5% on the GPU by v0.9's sweep (d256 causal 0%); the kernel has changed since. Three rounds at
+  # the head dims whose causal / local compile is over 2 s.
+  logged next30osl 240 40 python3 tools/sweep_fwd.py --hdim 192,256 --seqlen 1024,4096,8192 --causal yes --any-pair \
+    --repeat 3 osl:one_step_loop=True
+  logged next30osl128 150 20 python3 tools/sweep_fwd.py --hdim 128 --seqlen 4096,8192 --causal yes --repeat 3 \
+    osl:one_step_loop=True
+  # Sliding windows: three loops by default (local d256: 3.7 s to compile on the CPU, 2.1 s with one body).
+  logged next30osl_local 190 20 python3 tools/sweep_fwd.py --hdim 128,256 --seqlen 4096,8192 --window 1024 --any-pair \
+    --repeat 3 osl:one_step_loop=True
 fi
 if has hostbd; then
   # Session 24: the backward's host time piece by piece (tools/host_breakdown.py $HOSTBD_ROWS).

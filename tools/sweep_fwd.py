@@ -3,7 +3,7 @@
 default config and its variants with the median of ``triton.testing.do_bench``, fa4 only (peers:
 ``python -m fa4.bench``).
 
-    python tools/sweep_fwd.py [--hdim 64,128] [--seqlen 8192] [--causal yes|no] [--repeat 3] [--jobs 15] VARIANT ...
+    python tools/sweep_fwd.py [--hdim 64,128] [--seqlen 8192] [--causal yes|no] [--window W] [--any-pair] [--repeat 3] [--jobs 15] VARIANT ...
 
 A VARIANT is ``name:field=value,field=value`` of :class:`fa4.fwd.sm90.FwdSm90Config` fields, e.g.
 ``np:persistent=False,dynamic_sched=False`` (the plain grid; ``dynamic_sched`` needs ``persistent``) or
@@ -36,11 +36,15 @@ def _parse(spec):
     return name, fields, hd, causal
 
 
+WINDOW = None  # --window W: the non-causal rows with a sliding window (W, 0) instead
+
+
 def _problem(shape):
     from fa4.config import AttnProblem
 
+    mask = dict(causal=shape.causal) if WINDOW is None else dict(local=True, window_left=WINDOW, window_right=0)
     return AttnProblem("bf16", shape.batch, shape.seqlen_q, shape.seqlen_k, shape.heads, shape.heads, shape.hdim,
-                       shape.hdim, shape.hdim ** -0.5, causal=shape.causal)
+                       shape.hdim, shape.hdim ** -0.5, **mask)
 
 
 def _precompile(cfg):
@@ -65,11 +69,22 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--causal", choices=("yes", "no"))
     ap.add_argument("--family", default="sm90", help="forward family module: sm90 or sm80")
+    ap.add_argument("--window", type=int, help="the non-causal rows with a sliding window (W, 0); TFLOP/s are then "
+                    "nominal (the unmasked rows' FLOPs), for comparing variants only")
+    ap.add_argument("--any-pair", action="store_true", help="every --hdim x --seqlen pair, not only the targets "
+                    "grid's (the grid's sizes: 16k tokens, heads * head_dim = 2048)")
     ap.add_argument("variants", nargs="*")
     args = ap.parse_args()
+    global WINDOW
+    WINDOW = args.window
+    if WINDOW is not None:
+        args.causal = "no"
     fam = importlib.import_module(f"fa4.fwd.{args.family}")
     variants = [("default", {}, None, None)] + [_parse(s) for s in args.variants]
-    shapes = bench.select_grid(args.hdim, args.seqlen)
+    if args.any_pair:  # every (head dim, seqlen) pair asked for, with the grid's sizes (16k tokens, h * d = 2048)
+        shapes = [bench.grid_shape(d, n, c) for d in args.hdim for n in args.seqlen for c in (False, True)]
+    else:
+        shapes = bench.select_grid(args.hdim, args.seqlen)
     plan = []
     if args.causal:
         shapes = [sh for sh in shapes if sh.causal == (args.causal == "yes")]
