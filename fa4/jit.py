@@ -361,17 +361,40 @@ def get_kernel(cfg: KernelConfig) -> Callable:
         if fn is not None:
             _stats.memory_hits += 1
             return fn
-        if not disk_cache_enabled():
+        fn = None
+        if disk_cache_enabled() and not _disk_unusable:
+            try:
+                fn = _get_from_disk(cfg)
+            except OSError as e:  # Note [Unusable cache directory]
+                _disk_cache_failed(e)
+        if fn is None:
             t0 = time.perf_counter()
             fn = compile_uncached(cfg)
             dt = time.perf_counter() - t0
             _stats.compiles += 1
             _stats.compile_seconds += dt
             _stats.last = {"event": "compile", "seconds": dt, "path": None}
-        else:
-            fn = _get_from_disk(cfg)
         _memory[cfg] = fn
         return fn
+
+
+# Note [Unusable cache directory]
+# A cache directory that cannot be created or written (a read-only home on a cluster, a full disk,
+# a path that is a file) must not stop attention from running: the first OSError of the disk path
+# turns it off for the process, with one warning naming the directory and FA4_CACHE_DIR, and kernels
+# are compiled in memory (as with FA4_DISABLE_DISK_CACHE=1). Errors of the compiler itself are not
+# OSErrors and still raise.
+_disk_unusable: Optional[str] = None
+
+
+def _disk_cache_failed(err: OSError) -> None:
+    global _disk_unusable
+    import warnings
+
+    _disk_unusable = f"{type(err).__name__}: {err}"
+    warnings.warn(f"fa4: the kernel disk cache at {cache_dir()} is not usable ({_disk_unusable}); compiling in "
+                  "memory for this process (set FA4_CACHE_DIR to a writable directory to keep compiled kernels "
+                  "across processes)", RuntimeWarning, stacklevel=3)
 
 
 def _get_from_disk(cfg: KernelConfig) -> Callable:
@@ -438,8 +461,9 @@ def cache_info() -> dict[str, Any]:
         "compile_seconds": round(_stats.compile_seconds, 4),
         "load_seconds": round(_stats.load_seconds, 4),
         "in_memory": len(_memory),
-        "disk_cache": disk_cache_enabled(),
+        "disk_cache": disk_cache_enabled() and not _disk_unusable,
         "cache_dir": str(cache_dir()),
+        **({"disk_cache_error": _disk_unusable} if _disk_unusable else {}),
         "last": dict(_stats.last),
     }
 

@@ -160,6 +160,29 @@ def test_disable_disk_cache(cache_dir, monkeypatch):
     assert not any(p.suffix == ".o" for p in cache_dir.rglob("*"))
 
 
+def test_unusable_cache_directory_falls_back_to_memory(tmp_path, monkeypatch):
+    """Note [Unusable cache directory]: a cache path that cannot be created (here, below a file) warns
+    once, names the directory, and the kernels compile in memory; cache_info() says so."""
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    monkeypatch.setenv("FA4_CACHE_DIR", str(blocker / "cache"))
+    monkeypatch.delenv("FA4_DISABLE_DISK_CACHE", raising=False)
+    monkeypatch.setattr(jit, "_disk_unusable", None)
+    jit.clear_memory_cache()
+    try:
+        with pytest.warns(RuntimeWarning, match="not usable.*FA4_CACHE_DIR"):
+            assert callable(jit.get_kernel(ScaleAddConfig(arch="sm_90a", dtype="fp32", bias=8.0)))
+        info = jit.cache_info()
+        assert not info["disk_cache"] and "disk_cache_error" in info
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # once per process
+            jit.get_kernel(ScaleAddConfig(arch="sm_90a", dtype="fp32", bias=9.0))
+    finally:
+        jit.clear_memory_cache()
+
+
 def test_concurrent_processes_compile_once(cache_dir):
     """Four processes ask for one key at the same moment: exactly one compiles, three load."""
     code = CHILD.format(bias=7.0)
