@@ -329,25 +329,44 @@ def _load(path: Path) -> Callable:
 
 def _compile_to_disk(cfg: KernelConfig, path: Path) -> None:
     """Compile ``cfg`` without a host engine and export it to ``path`` (Note [Export without an
-    engine]); its metadata beside it. ``compile_seconds``: compile and export."""
+    engine]); its metadata beside it. ``compile_seconds``: compile and export. The temporary file
+    is made before compiling, so an unwritable directory costs no compile; OSErrors of the file
+    system propagate as :class:`_CacheWriteError`, the compiler's own errors as they are."""
     t0 = time.perf_counter()
-    fn = compile_uncached(cfg, engine=False)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".o")
-    os.close(fd)
     try:
-        fn.export_to_c(tmp, function_name=EXPORT_SYMBOL)
-        os.replace(tmp, path)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".o")
+        os.close(fd)
+    except OSError as e:
+        raise _CacheWriteError(e) from e
+    try:
+        fn = compile_uncached(cfg, engine=False)
+        try:
+            fn.export_to_c(tmp, function_name=EXPORT_SYMBOL)
+            os.replace(tmp, path)
+        except OSError as e:
+            raise _CacheWriteError(e) from e
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
     dt = time.perf_counter() - t0
-    info = {"key": cfg.key(), "config": cfg.describe(), "kernel": type(cfg).KERNEL, "compile_seconds": dt,
-            "sources": kernel_source_hash(type(cfg).KERNEL.partition(":")[0]),
-            "cubins": cubin_info(path), "created": time.time(), "fa4": __version__, "dsl": dsl_version()}
-    _atomic_write_json(path.with_suffix(".json"), info)
     _stats.compiles += 1
     _stats.compile_seconds += dt
     _stats.last = {"event": "compile", "seconds": dt, "path": str(path)}
+    info = {"key": cfg.key(), "config": cfg.describe(), "kernel": type(cfg).KERNEL, "compile_seconds": dt,
+            "sources": kernel_source_hash(type(cfg).KERNEL.partition(":")[0]),
+            "cubins": cubin_info(path), "created": time.time(), "fa4": __version__, "dsl": dsl_version()}
+    try:
+        _atomic_write_json(path.with_suffix(".json"), info)
+    except OSError as e:  # the entry itself is in place and usable
+        raise _CacheWriteError(e, entry_written=True) from e
+
+
+class _CacheWriteError(Exception):
+    """A file-system error of the disk cache's write path (Note [Unusable cache directory])."""
+
+    def __init__(self, err: OSError, entry_written: bool = False):
+        super().__init__(f"{type(err).__name__}: {err}")
+        self.entry_written = entry_written
 
 
 def get_kernel(cfg: KernelConfig) -> Callable:
@@ -361,12 +380,7 @@ def get_kernel(cfg: KernelConfig) -> Callable:
         if fn is not None:
             _stats.memory_hits += 1
             return fn
-        fn = None
-        if disk_cache_enabled() and not _disk_unusable:
-            try:
-                fn = _get_from_disk(cfg)
-            except OSError as e:  # Note [Unusable cache directory]
-                _disk_cache_failed(e)
+        fn = _get_from_disk(cfg) if disk_cache_enabled() else None
         if fn is None:
             t0 = time.perf_counter()
             fn = compile_uncached(cfg)
@@ -380,47 +394,74 @@ def get_kernel(cfg: KernelConfig) -> Callable:
 
 # Note [Unusable cache directory]
 # A cache directory that cannot be created or written (a read-only home on a cluster, a full disk,
-# a path that is a file) must not stop attention from running: the first OSError of the disk path
-# turns it off for the process, with one warning naming the directory and FA4_CACHE_DIR, and kernels
-# are compiled in memory (as with FA4_DISABLE_DISK_CACHE=1). Errors of the compiler itself are not
-# OSErrors and still raise.
+# a path that is a file) must not stop attention from running. The first file-system error of the
+# write path (making the directory, the lock file, the temporary object, the export, the rename, the
+# record) turns writing off for the process, with one warning naming the directory and
+# FA4_CACHE_DIR; entries already there (a read-only cache filled by `python -m fa4 compile`) are
+# still loaded, and missing kernels are compiled in memory (as with FA4_DISABLE_DISK_CACHE=1). The
+# compiler's own errors, and a corrupt entry's, are not file-system errors of the cache: they raise
+# or rebuild as before. A failure after a compile (the export or rename on a full disk) compiles
+# once more in memory; a failure writing the record keeps the entry, which loads.
 _disk_unusable: Optional[str] = None
 
 
-def _disk_cache_failed(err: OSError) -> None:
+def _disk_cache_failed(err) -> None:
     global _disk_unusable
     import warnings
 
-    _disk_unusable = f"{type(err).__name__}: {err}"
-    warnings.warn(f"fa4: the kernel disk cache at {cache_dir()} is not usable ({_disk_unusable}); compiling in "
-                  "memory for this process (set FA4_CACHE_DIR to a writable directory to keep compiled kernels "
-                  "across processes)", RuntimeWarning, stacklevel=3)
+    _disk_unusable = str(err)
+    warnings.warn(f"fa4: the kernel disk cache at {cache_dir()} cannot be written ({_disk_unusable}); existing "
+                  "entries are still loaded, new kernels compile in memory for this process (set FA4_CACHE_DIR "
+                  "to a writable directory to keep them across processes)", RuntimeWarning, stacklevel=4)
 
 
-def _get_from_disk(cfg: KernelConfig) -> Callable:
+def _load_entry(path: Path) -> Optional[Callable]:
+    """The entry at ``path`` if it exists and loads (a corrupt one is left for the rebuild)."""
+    if not path.exists():
+        return None
+    try:
+        fn = _load(path)
+    except Exception:  # a corrupt entry (or one removed meanwhile): rebuilt under the lock
+        return None
+    _stats.disk_hits += 1
+    return fn
+
+
+def _get_from_disk(cfg: KernelConfig) -> Optional[Callable]:
+    """The kernel from the disk cache, compiled into it if missing; None when it is missing and the
+    cache cannot be written (Note [Unusable cache directory]): the caller compiles in memory."""
     d = cache_dir()
-    d.mkdir(parents=True, exist_ok=True)
     path = d / f"{entry_name(cfg)}.o"
-    if path.exists():
-        try:
-            fn = _load(path)
-            _stats.disk_hits += 1
-            return fn
-        except Exception:  # a corrupt entry: rebuild it below under the lock
-            pass
-    with open(d / f"{entry_name(cfg)}.lock", "a+") as lockf:
+    fn = _load_entry(path)
+    if fn is not None or _disk_unusable:
+        return fn
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        lockf = open(d / f"{entry_name(cfg)}.lock", "a+")
+    except OSError as e:
+        _disk_cache_failed(e)
+        return None
+    with lockf:
         fcntl.flock(lockf.fileno(), fcntl.LOCK_EX)
         try:
-            if path.exists():
-                try:
-                    fn = _load(path)
-                    _stats.disk_hits += 1
-                    return fn
-                except Exception:
-                    path.unlink(missing_ok=True)
-            _compile_to_disk(cfg, path)
+            fn = _load_entry(path)  # another process may have built it meanwhile
+            if fn is not None:
+                return fn
+            try:
+                path.unlink(missing_ok=True)  # corrupt: rebuild
+                _compile_to_disk(cfg, path)
+            except OSError as e:
+                _disk_cache_failed(e)
+                return None
+            except _CacheWriteError as e:
+                _disk_cache_failed(e)
+                if not e.entry_written:
+                    return None
             last = _stats.last
-            fn = _load(path)
+            try:
+                fn = _load(path)
+            except Exception:  # removed meanwhile (a `cache --clear`): compile in memory
+                return None
             _stats.last = {**last, "load_seconds": _stats.last["seconds"]}
             return fn
         finally:
@@ -440,7 +481,10 @@ def precompile(cfg: KernelConfig) -> dict[str, Any]:
             if path.exists() and path.with_suffix(".json").exists():
                 row["cached"] = True
             else:
-                _compile_to_disk(cfg, path)
+                try:
+                    _compile_to_disk(cfg, path)
+                except _CacheWriteError as e:
+                    raise OSError(f"fa4: cannot write the kernel cache at {d}: {e}") from e
                 row["cached"] = False
         finally:
             fcntl.flock(lockf.fileno(), fcntl.LOCK_UN)
@@ -461,7 +505,7 @@ def cache_info() -> dict[str, Any]:
         "compile_seconds": round(_stats.compile_seconds, 4),
         "load_seconds": round(_stats.load_seconds, 4),
         "in_memory": len(_memory),
-        "disk_cache": disk_cache_enabled() and not _disk_unusable,
+        "disk_cache": disk_cache_enabled(),
         "cache_dir": str(cache_dir()),
         **({"disk_cache_error": _disk_unusable} if _disk_unusable else {}),
         "last": dict(_stats.last),

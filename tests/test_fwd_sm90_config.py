@@ -152,10 +152,11 @@ def test_only_sm90a():
     assert sm90.variants("sm_80") == [] and sm90.variants("sm_100a") == []
 
 
-def test_one_tile_grid_is_checked_before_launch():
-    """A one-tile-per-CTA forward (decode tiles, the compact varlen grid) counts its CTAs as the
-    kernel's ``__call__`` does, and a grid past CUDA's 2^31 - 1 raises a ValueError before launch
-    (review of v0.28: only the backward checked)."""
+def test_forward_tiles_are_checked_before_launch():
+    """The forward counts its tiles as the kernels' ``__call__`` do (one tile per CTA: decode tiles,
+    the compact varlen grid, the sm80 family; the persistent schedulers index the same range in
+    Int32), and past 2^31 - 1 raises a ValueError before launch (reviews of v0.28 / v0.29: only the
+    backward checked; the sm80 family's grid and the persistent index wrapped silently)."""
     import torch
 
     from fa4.fwd import common as fwd_common
@@ -165,14 +166,27 @@ def test_one_tile_grid_is_checked_before_launch():
     cfg = sm90.make_config(prob, None, "sm_90a", False, num_sms=132)
     assert not cfg.persistent and cfg.qhead_per_kvhead == 4
     q = torch.empty(64, 1, 32, 128, device="meta")
-    assert fwd_common.one_tile_grid(cfg, prob, q, None, 1) == 64 * 8  # one 64-row tile per (batch, kv head)
-    assert fwd_common.one_tile_grid(cfg, prob, q, None, 3) == 64 * 8 * 3
+    assert fwd_common.forward_tiles(cfg, prob, q, None, 1) == 64 * 8  # one 64-row tile per (batch, kv head)
+    assert fwd_common.forward_tiles(cfg, prob, q, None, 3) == 64 * 8 * 3
     from dataclasses import replace
 
     compact = replace(cfg, varlen_q=True, varlen_k=True, compact_grid=True)
     cu = torch.empty(41, dtype=torch.int32, device="meta")
     qv = torch.empty(1, 5000, 32, 128, device="meta")
-    assert fwd_common.one_tile_grid(compact, prob, qv, cu, 1) == (5000 * 4 // 64 + 40) * 8
+    assert fwd_common.forward_tiles(compact, prob, qv, cu, 1) == (5000 * 4 // 64 + 40) * 8
     huge = torch.empty(1, 2**28, 32, 128, device="meta")
-    with pytest.raises(ValueError, match="exceeds CUDA's limit"):
-        fwd_common.one_tile_grid(compact, prob, huge, cu, 128)
+    with pytest.raises(ValueError, match="past CUDA's grid limit"):
+        fwd_common.forward_tiles(compact, prob, huge, cu, 128)
+    # The sm80 family (one tile per CTA, no persistent field) and a persistent sm90 config: run()
+    # checks them too, before any kernel is looked up.
+    from fa4.fwd import sm80
+
+    big = AttnProblem(dtype="bf16", batch=300000, seqlen_q=65536, seqlen_k=65536, heads=32, heads_k=32,
+                      head_dim=128, head_dim_v=128, softmax_scale=128**-0.5, varlen_q=True, varlen_k=True,
+                      total_q=2**31, total_k=2**31)
+    qb = torch.empty(1, 2**31, 32, 128, device="meta")
+    cub = torch.empty(300001, dtype=torch.int32, device="meta")
+    for mod, arch in ((sm80, "sm_80"), (sm90, "sm_90a")):
+        c = mod.make_config(big, None, arch, False)
+        with pytest.raises(ValueError, match="past CUDA's grid limit"):
+            fwd_common.run(c, big, qb, qb, qb, qb, None, cu_seqlens_q=cub, cu_seqlens_k=cub)

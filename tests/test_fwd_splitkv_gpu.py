@@ -163,8 +163,8 @@ def test_decode_tile_accuracy(d, shape):
     """The decode tile's 64-row K blocks (sm90, v0.28) are a speed choice: their output error
     against the float32 reference is no larger than the table's blocks' on the same inputs (1.1x
     plus a quarter of a bf16 ulp of the output's scale), nor than flash-attn-4's where it is
-    installed (the device pack's --with-peer). Twice the blocks means twice the online-softmax
-    rescales; a small score scale makes the row maxes creep across the blocks."""
+    installed (the device pack's --with-peer), in max and in mean. Twice the blocks means twice
+    the online-softmax rescales; a small score scale makes the row maxes creep across the blocks."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the sm90 kernels need compute capability 9.x")
     from fa4.fwd import sm90
@@ -184,9 +184,16 @@ def test_decode_tile_accuracy(d, shape):
     except ImportError:
         peer = None
     if peer is not None:
-        res = peer(q, k, v, softmax_scale=scale)
-        outs["flash-attn-4"] = res[0] if isinstance(res, tuple) else res
-    errs = {name: (o.float() - ref).abs().max().item() for name, o in outs.items()}
+        try:
+            res = peer(q, k, v, softmax_scale=scale)
+            outs["flash-attn-4"] = res[0] if isinstance(res, tuple) else res
+        except Exception as e:  # noqa: BLE001 - a shape the peer does not serve: compared with the table only
+            print(f"flash-attn-4 not compared: {type(e).__name__}: {str(e)[:200]}")
+    diffs = {name: (o.float() - ref).abs() for name, o in outs.items()}
+    errs = {name: (t.max().item(), t.mean().item()) for name, t in diffs.items()}
     ulp = 2.0 ** (torch.floor(torch.log2(ref.abs().max())).item() - 7)
     for other in errs.keys() - {"decode"}:
-        assert errs["decode"] <= 1.1 * errs[other] + 0.25 * ulp, errs
+        # max: within 1.1x plus a quarter ulp (it is mostly the output's rounding); mean: within
+        # 1.1x plus 1% of a quarter ulp, which the rounding does not hide.
+        assert errs["decode"][0] <= 1.1 * errs[other][0] + 0.25 * ulp, errs
+        assert errs["decode"][1] <= 1.1 * errs[other][1] + 0.0025 * ulp, errs

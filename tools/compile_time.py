@@ -7,12 +7,15 @@ compiled without a host engine, exported to the cache and loaded back (Note [Exp
 engine] in fa4/jit.py); the seconds include all three. The first compile of a process also pays
 for loading the DSL's compiler; it is reported separately.
 """
+import atexit
 import os
+import shutil
 import tempfile
 import time
 
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 os.environ["FA4_CACHE_DIR"] = tempfile.mkdtemp(prefix="fa4-compile-time-")
+atexit.register(shutil.rmtree, os.environ["FA4_CACHE_DIR"], True)
 os.environ.pop("FA4_DISABLE_DISK_CACHE", None)
 
 from fa4 import jit  # noqa: E402

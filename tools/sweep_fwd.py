@@ -78,7 +78,11 @@ def main() -> None:
     global WINDOW
     WINDOW = args.window
     if WINDOW is not None:
+        if args.causal == "yes":
+            ap.error("--window runs the non-causal rows with a window; it cannot take --causal yes")
         args.causal = "no"
+    if args.any_pair and not (args.hdim and args.seqlen):
+        ap.error("--any-pair needs --hdim and --seqlen")
     fam = importlib.import_module(f"fa4.fwd.{args.family}")
     variants = [("default", {}, None, None)] + [_parse(s) for s in args.variants]
     if args.any_pair:  # every (head dim, seqlen) pair asked for, with the grid's sizes (16k tokens, h * d = 2048)

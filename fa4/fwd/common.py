@@ -128,8 +128,7 @@ def run(cfg, problem: AttnProblem, q, k, v, out, lse, cu_seqlens_q=None, cu_seql
     combine (:func:`run_split`). ``sink``: float32 ``(h,)`` with ``cfg.has_sink``."""
     from fa4.jit import get_kernel
 
-    if not getattr(cfg, "persistent", True):
-        one_tile_grid(cfg, problem, q, cu_seqlens_q, splits if cfg.split_kv else 1)
+    forward_tiles(cfg, problem, q, cu_seqlens_q, splits if cfg.split_kv else 1)
     fn = get_kernel(cfg)
     window_left, window_right = (problem.window_left, problem.window_right) if cfg.local else (0, 0)
 
@@ -151,10 +150,11 @@ def run(cfg, problem: AttnProblem, q, k, v, out, lse, cu_seqlens_q=None, cu_seql
 MAX_GRID_X = 2**31 - 1
 
 
-def one_tile_grid(cfg, problem: AttnProblem, q, cu_seqlens_q, splits: int) -> int:
-    """CTAs of a one-tile-per-CTA launch (sm90 ``persistent=False``; compact: Note [Compact varlen
-    grid]), as the kernel's ``__call__`` sizes it; ValueError, before the launch, when CUDA cannot
-    launch it (x < 2^31)."""
+def forward_tiles(cfg, problem: AttnProblem, q, cu_seqlens_q, splits: int) -> int:
+    """The forward's tile count as the kernels' ``__call__`` size it (:func:`grid_extent`; the
+    compact varlen grid's slots, Note [Compact varlen grid]): the grid of a one-tile-per-CTA launch
+    (the sm80 family, sm90 ``persistent=False``), and the range the persistent schedulers index in
+    Int32. ValueError, before the launch, past 2^31 - 1 (CUDA's grid limit; the tile index wraps)."""
     g = cfg.qhead_per_kvhead
     batch = cu_seqlens_q.shape[0] - 1 if cu_seqlens_q is not None and cfg.varlen_q else q.shape[0]
     heads = q.shape[2] // g * splits
@@ -163,8 +163,8 @@ def one_tile_grid(cfg, problem: AttnProblem, q, cu_seqlens_q, splits: int) -> in
     else:
         slots, what = -(-max(problem.seqlen_q, 1) * g // cfg.tile_m) * batch, "m_blocks * batch"
     if slots * heads > MAX_GRID_X:
-        raise ValueError(f"the forward grid of {slots * heads} CTAs exceeds CUDA's limit ({what} * scheduler "
-                         f"heads {heads} < 2^31); pass num_splits=1 or a persistent grid")
+        raise ValueError(f"the forward has {slots * heads} tiles, past CUDA's grid limit ({what} * scheduler "
+                         f"heads {heads} < 2^31): split the batch into several calls")
     return slots * heads
 
 

@@ -1126,13 +1126,16 @@ def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: F
         notes.append(f"GQA rows not packed: packing the {g} q heads per kv head would save too few tiles "
                      f"(fa4.fwd.common.PACK_GQA_MAX_TILE_SHARE); pack_gqa=True packs them")
     decode = cfg.tile_m == 64 and not cfg.persistent and not cfg.compact_grid
-    if decode and cfg.tile_n <= DECODE_TILE_N:
-        notes.append(f"decode tile: {cfg.tile_m} query rows, {cfg.tile_n}-row K blocks, one CTA per tile (several "
-                     "per SM), measured faster than the persistent grid at the HBM roofline (DECODE_GRID)")
-    elif decode:
-        notes.append(f"decode tile: {cfg.tile_m} query rows, the table's {cfg.tile_n}-row K blocks (with seqused_k or "
-                     "a page table: 64-row blocks cost 3% with 16-row pages), one CTA per tile (several per SM; "
-                     "DECODE_GRID, timed on the paged cache only)")
+    if decode:
+        if options is not None and options.tile_n is not None:
+            blocks = f"the caller's {cfg.tile_n}-row K blocks (KernelOptions.tile_n)"
+        elif cfg.tile_n <= DECODE_TILE_N:
+            blocks = f"{cfg.tile_n}-row K blocks"
+        else:
+            blocks = (f"the table's {cfg.tile_n}-row K blocks (with seqused_k or a page table: 64-row blocks cost 3% "
+                      "with 16-row pages)")
+        notes.append(f"decode tile: {cfg.tile_m} query rows, {blocks}, one CTA per tile (several per SM), measured "
+                     "faster than the persistent grid at the HBM roofline (DECODE_GRID)")
     if cfg.compact_grid:
         order = ("the compact varlen grid, one CTA per tile (Note [Compact varlen grid]: no CTA past a "
                  "sequence's end)")
