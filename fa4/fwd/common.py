@@ -163,8 +163,10 @@ def forward_tiles(cfg, problem: AttnProblem, q, cu_seqlens_q, splits: int) -> in
     else:
         slots, what = -(-max(problem.seqlen_q, 1) * g // cfg.tile_m) * batch, "m_blocks * batch"
     if slots * heads > MAX_GRID_X:
+        hint = ("pass max_seqlen_q (without it the grid is sized by an upper bound from the shapes) or split the "
+                "batch into several calls" if cfg.varlen_q else "split the batch into several calls")
         raise ValueError(f"the forward has {slots * heads} tiles, past CUDA's grid limit ({what} * scheduler "
-                         f"heads {heads} < 2^31): split the batch into several calls")
+                         f"heads {heads} < 2^31): {hint}")
     return slots * heads
 
 
