@@ -6,6 +6,8 @@ sequences, prefill against a longer cache (GPU).
                                   [--arch sm80] [--set fwd.dynamic_sched=True --set bwd.kv_split=4 ...]
                                   [--variant "fwd.l2_section_mb=0" --variant "fwd.l2_section_mb=16 ..." --rounds 3]
 
+Cases ending in ``-nomax`` make their varlen calls without ``max_seqlen_q`` / ``max_seqlen_k``, as
+flash_attn.cute allows (fa4 then sizes its grids by the packed token count).
 (``python -m fa4.offgrid`` and ``tools/offgrid.py`` are the same.) TFLOP/s count the (query, key)
 pairs a mask keeps exactly (per sequence for varlen): forward ``4 * h * d * pairs``, backward 2.5x.
 Medians of ``triton.testing.do_bench``; the backward is timed as in fa4.bench (forward once, then
@@ -52,7 +54,13 @@ CASES = {
     "d128-s512": ([512] * 32, None, 16, 16, 128, False, False),
     "d128-s32k-causal": ([32768], None, 16, 16, 128, True, False),
     "prefill-cache-d128": ([1024] * 4, [8192] * 4, 32, 8, 128, True, False),
+    "varlen-decode": ([1] * 64, [8192] * 64, 32, 8, 128, False, True),
 }
+# flash_attn.cute-style calls without max_seqlen_q / max_seqlen_k (Hugging Face callers pass 0-dim
+# GPU tensors): fa4 then sizes its grids by the packed token count, an upper bound (v0.29).
+NOMAX = "-nomax"
+CASES.update({name + NOMAX: CASES[name] for name in ("varlen-d128", "varlen-d128-causal", "varlen-gqa-d128-causal",
+                                                     "varlen-decode")})
 
 
 def mixed_lengths(total: int = 16384, lo: int = 128, hi: int = 4096, seed: int = 0) -> list[int]:
@@ -87,15 +95,17 @@ def build(case, device="cuda", dtype=torch.bfloat16, seed=0):
     return q, k, v, lq, lk, causal, varlen, flops
 
 
-def callers(q, k, v, lq, lk, causal, varlen, deterministic, arch=None):
-    """name -> forward callable (returns out) on leaves that may require grad."""
+def callers(q, k, v, lq, lk, causal, varlen, deterministic, arch=None, max_seqlen=True):
+    """name -> forward callable (returns out) on leaves that may require grad. ``max_seqlen=False``:
+    varlen calls without max_seqlen_q / max_seqlen_k (the ``-nomax`` cases)."""
     out = {}
     opts = fa4.KernelOptions(arch=arch) if arch else None
     cu = lambda ls: torch.tensor([0] + list(itertools.accumulate(ls)), dtype=torch.int32, device=q.device)  # noqa: E731
     cq, ck = cu(lq), cu(lk)
     if varlen:
-        kw = dict(cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=max(lq), max_seqlen_k=max(lk), causal=causal,
-                  deterministic=deterministic)
+        kw = dict(cu_seqlens_q=cq, cu_seqlens_k=ck, causal=causal, deterministic=deterministic)
+        if max_seqlen:
+            kw.update(max_seqlen_q=max(lq), max_seqlen_k=max(lk))
         out["fa4"] = lambda: fa4.flash_attn_varlen_func(q, k, v, kernel_options=opts, **kw)[0]
         try:
             from flash_attn.cute import flash_attn_varlen_func as peer
@@ -237,7 +247,8 @@ def main(argv=None) -> int:
                 shift = rnd % len(variants)
                 for vi, (text, items) in enumerate(variants[shift:] + variants[:shift]):
                     hooks.use(parse_items(items))
-                    fns = callers(*leaves, lq, lk, causal, varlen, args.deterministic, args.arch)
+                    fns = callers(*leaves, lq, lk, causal, varlen, args.deterministic, args.arch,
+                                  max_seqlen=not name.endswith(NOMAX))
                     for impl, fn in fns.items():
                         if vi and impl != "fa4":
                             continue  # the peers once per case and round

@@ -190,3 +190,34 @@ def test_forward_tiles_are_checked_before_launch():
         c = mod.make_config(big, None, arch, False)
         with pytest.raises(ValueError, match="past CUDA's grid limit"):
             fwd_common.run(c, big, qb, qb, qb, qb, None, cu_seqlens_q=cub, cu_seqlens_k=cub)
+
+
+def test_loose_bound_takes_the_compact_grids(monkeypatch):
+    """Note [Compact varlen grid], v0.29: a varlen call without max_seqlen_q / max_seqlen_k gets the
+    packed token count as its longest sequence; with the families' COMPACT_LOOSE_BOUND on (off until
+    timed) such calls take the compact grids, and calls with the lengths keep the default grids."""
+    from fa4.bwd import sm90 as bwd90
+    from fa4.sched.tile import loose_bound
+
+    assert loose_bound(16384, 16384, 8, 128)  # the bound: 1024 blocks against 136 slots
+    assert not loose_bound(3774, 16384, 8, 128)  # the real longest sequence: 240 against 136
+    assert loose_bound(4000, 4100, 100, 128)  # one long sequence among short ones: 3200 against 132
+    assert not loose_bound(1, 64, 64, 64, 4)  # decode, packed: 64 against 68
+
+    def problem(max_len):
+        return AttnProblem(dtype="bf16", batch=8, seqlen_q=max_len, seqlen_k=max_len, heads=16, heads_k=16,
+                           head_dim=128, head_dim_v=128, softmax_scale=128**-0.5, causal=True, varlen_q=True,
+                           varlen_k=True, total_q=16384, total_k=16384)
+
+    for flag in (False, True):
+        monkeypatch.setattr(sm90, "COMPACT_LOOSE_BOUND", flag)
+        monkeypatch.setattr(bwd90, "COMPACT_LOOSE_BOUND", flag)
+        fwd = sm90.make_config(problem(16384), None, "sm_90a", True, num_sms=132)
+        bwd = bwd90.make_config(problem(16384), None, "sm_90a", False)
+        assert fwd.compact_grid == flag and bwd.compact_grid == flag
+        assert fwd.persistent != flag
+        exact_f = sm90.make_config(problem(3774), None, "sm_90a", True, num_sms=132)
+        exact_b = bwd90.make_config(problem(3774), None, "sm_90a", False)
+        assert not exact_f.compact_grid and exact_f.persistent and not exact_b.compact_grid
+        # Deterministic backwards keep their ordered grid.
+        assert not bwd90.make_config(problem(16384), None, "sm_90a", True).compact_grid

@@ -11,7 +11,7 @@
 # (dv_late at d64; run in session 11), next18 (publish_peek), next20 (publish_peek as the default), next22 (v27 sections, det bench), next8 (session 8's not-yet-run tests and sweeps), ncusrc (source-level stall sampling
 # of the forwards; NCUSRC_IMPLS), ncusrcbwd (the same for the backwards), bwdacc (tools/bwd_accuracy.py $BWDACC), ncustall (stall reasons, fa4 vs
 # flash-attn-4), sweepfwd (tools/sweep_fwd.py $SWEEP_FWD), ncufwd (ncu of the fa4 and flash-attn-4 forwards,
-# tools/ncu_fwd.py), ncubwd (the same for the backwards, NCU_BWD_SHAPES), v012b (session 10's side-by-side benches), firststore (session 17: Note [First store]'s tests and the backward profile), claims (session 18: the relaxed, rotated claims: tests and profile), bwdprof (tools/bwd_profile.py $BWDPROF_ROWS), hostprof (tools/host_profile.py $HOSTPROF_ARGS), hostbd (tools/host_breakdown.py $HOSTBD_ROWS), offgrid (tools/offgrid.py: shapes off the standard grid), next26 (session 25: the split GQA group), next27 / next27b (session 25's unrun work: tests / timings), next28 / next28b / next28c (session 26's: tests / forward timings / backward sections and decode), next29 (session 27: the decode grid, the compact varlen backward grid, their tests and timings; skipfwd leaves out its forward tests), next30 / next30v / next30b / next30c / next30d (the decode rule's and the compact grids' forward tests / the varlen backward suite with the compact grid on / the compact grids' timings / the decode rule's timings and the decode bench / one_step_loop at d128-256 causal), next25 (session 24's unrun test edits and sweep v57), nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
+# tools/ncu_fwd.py), ncubwd (the same for the backwards, NCU_BWD_SHAPES), v012b (session 10's side-by-side benches), firststore (session 17: Note [First store]'s tests and the backward profile), claims (session 18: the relaxed, rotated claims: tests and profile), bwdprof (tools/bwd_profile.py $BWDPROF_ROWS), hostprof (tools/host_profile.py $HOSTPROF_ARGS), hostbd (tools/host_breakdown.py $HOSTBD_ROWS), offgrid (tools/offgrid.py: shapes off the standard grid), next26 (session 25: the split GQA group), next27 / next27b (session 25's unrun work: tests / timings), next28 / next28b / next28c (session 26's: tests / forward timings / backward sections and decode), next29 (session 27: the decode grid, the compact varlen backward grid, their tests and timings; skipfwd leaves out its forward tests), next30 / next30v / next30b / next30c / next30d / next30e (the decode rule's and the compact grids' forward tests / the varlen backward suite with the compact grid on / the compact grids' timings / the decode rule's timings and the decode bench / one_step_loop at d128-256 causal / varlen calls without max_seqlen, default and compact grids), next25 (session 24's unrun test edits and sweep v57), nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
 set -uo pipefail
 steps=${1:-bwd90}
 out=${OUT:-/tmp/out}; mkdir -p "$out"
@@ -427,6 +427,19 @@ if has next30d; then
   # Sliding windows: three loops by default (local d256: 3.7 s to compile on the CPU, 2.1 s with one body).
   logged next30osl_local 190 20 python3 tools/sweep_fwd.py --hdim 128,256 --seqlen 4096,8192 --window 1024 --any-pair \
     --repeat 3 osl:one_step_loop=True
+fi
+if has next30e; then
+  # v0.29: flash_attn.cute-style varlen calls without max_seqlen_q / max_seqlen_k: fa4 sizes its grids
+  # by the packed token count (an upper bound; varlen-d128: 128 m_blocks per sequence instead of 30),
+  # so most tile slots / backward CTAs are empty. The compact grids do not depend on it. Default
+  # against the compact grids (forward one tile per CTA), with max_seqlen and without.
+  logged next30nomax 280 24 python3 -m fa4.bench --offgrid --mode fwd,bwd --rounds 2 \
+    --cases varlen-d128,varlen-d128-nomax,varlen-gqa-d128-causal-nomax \
+    --variant "fwd.persistent=False fwd.dynamic_sched=False fwd.compact_grid=True bwd.compact_grid=True"
+  # Decode without max_seqlen_q: the bound (64 queries) leaves GQA rows unpacked (one row per tile).
+  logged next30nomaxdec 150 12 python3 -m fa4.bench --offgrid --mode fwd --rounds 3 \
+    --cases varlen-decode,varlen-decode-nomax --variant "fwd.qhead_per_kvhead=4" \
+    --variant "fwd.qhead_per_kvhead=4 fwd.compact_grid=True"
 fi
 if has hostbd; then
   # Session 24: the backward's host time piece by piece (tools/host_breakdown.py $HOSTBD_ROWS).

@@ -272,7 +272,7 @@ from fa4.cute_utils import (
 )
 from fa4.mask import AttentionMask
 from fa4.sched import semaphore
-from fa4.sched.tile import compact_tile, lowest_pow2, section_tile
+from fa4.sched.tile import compact_tile, loose_bound, lowest_pow2, section_tile
 from fa4.seqlen import SeqlenInfo, grid_extent, to_sdhb
 from fa4.softmax import apply_softcap, emulated_elements, exp2_rows, exp2_select, score_scales, softcap_grad
 
@@ -1877,6 +1877,12 @@ causal 466.9 -> 466.2 and 448.2 -> 460.1, GQA causal 439.4 -> 447.4 and 437.3 ->
 533.5 -> 542.2 and 484.3 -> 531.9: +1.7% median, under the timings' resolution (about 4%)."""
 
 
+COMPACT_LOOSE_BOUND = False
+"""Whether a varlen backward whose ``max_seqlen_k`` is a loose bound (``fa4.sched.tile.loose_bound``:
+the call omitted it, or one long sequence among short ones) takes the compact grid. Off until timed
+(``tools/device_run.sh next30e``, v0.29)."""
+
+
 def kv_split_for(problem: AttnProblem, tile_m: int, tile_n: int, num_sms: int) -> int:
     """:func:`fa4.bwd.common.kv_split_for` (the rule, shared with the sm80 family)."""
     return common.kv_split_for(problem, tile_m, tile_n, num_sms)
@@ -1972,8 +1978,9 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         # (1 when determinism is asked: a split that reads the batch would change a sample's bits.)
         kv_split=common.choose_kv_split(opts, problem, lambda: kv_split_for(problem, steps, tile_n, _num_sms()),
                                         two_cta=two_cta, deterministic=asked_det),
-        compact_grid=(COMPACT_VARLEN and problem.varlen_k and not deterministic and not two_cta
-                      and not first_store),
+        compact_grid=((COMPACT_VARLEN or (COMPACT_LOOSE_BOUND and problem.varlen_k and loose_bound(
+                          problem.seqlen_k, problem.total_k, problem.batch, tile_n)))
+                      and problem.varlen_k and not deterministic and not two_cta and not first_store),
         **BwdSm90Config.problem_flags(problem))
     # What a larger tile_m leaves no room for: the second dQ buffer. What the sdQ tile of a
     # deterministic run (no dq_direct) leaves no room for: P/dS stages, then Q/dO stages.

@@ -123,8 +123,8 @@ from fa4.mask import AttentionMask, walk_blocks
 from fa4.pack_gqa import (
     TileRows, batch_slot, load_q_rows, partial_slot, row_sinks, store_acc_rows, store_lse_rows, store_rows,
 )
-from fa4.sched.tile import (CompactVarlenTileScheduler, DynamicTileScheduler, PersistentTileScheduler, split_head,
-                            split_range)
+from fa4.sched.tile import (CompactVarlenTileScheduler, DynamicTileScheduler, PersistentTileScheduler, loose_bound,
+                            split_head, split_range)
 from fa4.seqlen import SeqlenInfo, to_sdhb
 from fa4.softmax import OnlineSoftmax, apply_softcap, rescale_rows, score_scales
 
@@ -956,6 +956,10 @@ L2_SECTION_MB_STATIC = 0  # one pair per section
 L2_SECTION_MB_DYNAMIC = 16
 DECODE_TILE_N = 64
 DECODE_GRID = True  # tools/decode_sweep.py --grid turns it off to time the prefill tiles' grid
+# v0.29 (off until timed, tools/device_run.sh next30e): a varlen Q whose max_seqlen_q is a loose bound
+# (fa4.sched.tile.loose_bound: the call omitted it, or one long sequence among short ones) takes the
+# compact varlen grid, one CTA per tile, whose size does not depend on it.
+COMPACT_LOOSE_BOUND = False
 
 
 def _grid_order(problem: AttnProblem) -> dict:
@@ -1000,6 +1004,11 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         tile_n = options.tile_n
     elif short_blocks:
         tile_n = min(tile_n, DECODE_TILE_N)
+    grid = (dict(persistent=False, dynamic_sched=False, l2_section_mb=L2_SECTION_MB_STATIC) if decode
+            else _grid_order(problem))
+    if COMPACT_LOOSE_BOUND and problem.varlen_q and loose_bound(problem.seqlen_q, problem.total_q, problem.batch,
+                                                                tile_m, g):
+        grid = dict(persistent=False, dynamic_sched=False, l2_section_mb=L2_SECTION_MB_STATIC, compact_grid=True)
     # The split rule counts in the table's K blocks (FwdSm90Config.split_tile_n), which it was measured with.
     splits = fwd_common.split_count(problem, tile_m, table_tile_n, g, num_sms)
     tau = float(options.rescale_threshold) if options.rescale_threshold is not None else DEFAULT_RESCALE_THRESHOLD
@@ -1014,8 +1023,7 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         pingpong=pingpong,
         pp_steps_only=pp_steps_only,
         rescale_o_before_pv=problem.head_dim_v >= RESCALE_O_BEFORE_PV_MIN_DV,
-        **(dict(persistent=False, dynamic_sched=False, l2_section_mb=L2_SECTION_MB_STATIC) if decode
-           else _grid_order(problem)),
+        **grid,
         has_lse=need_lse or splits > 1,
         exp2_emu_frac=float(options.exp2_emu_frac) if options.exp2_emu_frac is not None else DEFAULT_EXP2_EMU_FRAC,
         rescale_threshold=tau,

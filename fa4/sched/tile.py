@@ -40,6 +40,14 @@ Note [Compact varlen grid]
     tensor longer than the batch) map to an empty slot of it. :func:`compact_tile` is the mapping,
     for the sm90 backward's K blocks and :class:`CompactVarlenTileScheduler`'s forward tiles;
     :func:`host_compact_tiles` its Python twin.
+
+    A caller that omits ``max_seqlen_q`` / ``max_seqlen_k`` (flash_attn.cute makes them optional)
+    leaves fa4 the packed token count as the longest sequence, an upper bound: the plain grid then
+    has ``ceil(total / tile) * batch`` blocks per head, most of them past their sequence, while the
+    compact grid's size does not depend on it. :func:`loose_bound` says when the plain grid holds
+    more than ``LOOSE_BOUND_RATIO`` times the compact one's slots (a call without the lengths, or a
+    batch with one long sequence among short ones); the families' ``COMPACT_LOOSE_BOUND`` rules then
+    take the compact grid (v0.29: off until timed, ``tools/device_run.sh next30e``).
 """
 
 from __future__ import annotations
@@ -99,6 +107,17 @@ def section_tile(tile_idx, num_m_blocks, num_heads, num_batch, section, reverse:
     batch = pair // num_heads
     head = pair - batch * num_heads
     return m_block, head, batch
+
+
+LOOSE_BOUND_RATIO = 2
+
+
+def loose_bound(max_len: int, total: int, batch: int, tile: int, mult: int = 1) -> bool:
+    """Whether a varlen grid sized by ``max_len`` (``ceil(max_len * mult / tile)`` blocks per
+    sequence) has more than :data:`LOOSE_BOUND_RATIO` times the compact grid's ``total * mult //
+    tile + batch`` slots (Note [Compact varlen grid]); host arithmetic."""
+    plain = -(-max_len * mult // tile) * batch
+    return plain > LOOSE_BOUND_RATIO * (total * mult // tile + batch)
 
 
 def compact_slot(block, first, slots, num_heads, section):
