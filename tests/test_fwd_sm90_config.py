@@ -199,10 +199,10 @@ def test_loose_bound_takes_the_compact_grids(monkeypatch):
     from fa4.bwd import sm90 as bwd90
     from fa4.sched.tile import loose_bound
 
-    assert loose_bound(16384, 16384, 8, 128)  # the bound: 1024 blocks against 136 slots
-    assert not loose_bound(3774, 16384, 8, 128)  # the real longest sequence: 240 against 136
-    assert loose_bound(4000, 4100, 100, 128)  # one long sequence among short ones: 3200 against 132
-    assert not loose_bound(1, 64, 64, 64, 4)  # decode, packed: 64 against 68
+    assert loose_bound(16384, 16384, 8)  # the bound, 8x the average
+    assert not loose_bound(3774, 16384, 8)  # the real longest sequence: 1.8x the average
+    assert loose_bound(4000, 4100, 100)  # one long sequence among short ones
+    assert not loose_bound(1, 64, 64) and loose_bound(64, 64, 64)  # decode with and without max_seqlen_q
 
     def problem(max_len):
         return AttnProblem(dtype="bf16", batch=8, seqlen_q=max_len, seqlen_k=max_len, heads=16, heads_k=16,
@@ -221,3 +221,18 @@ def test_loose_bound_takes_the_compact_grids(monkeypatch):
         assert not exact_f.compact_grid and exact_f.persistent and not exact_b.compact_grid
         # Deterministic backwards keep their ordered grid.
         assert not bwd90.make_config(problem(16384), None, "sm_90a", True).compact_grid
+        # Decode (b8, GQA 32 / 8, s_k 32k) without the lengths: with the rule, the tile, the packing
+        # and the split count of the call with them, on the compact grid.
+        from fa4.fwd import common as fwd_common
+
+        kw = dict(dtype="bf16", batch=8, heads=32, heads_k=8, head_dim=128, head_dim_v=128,
+                  softmax_scale=128**-0.5, varlen_q=True, varlen_k=True, total_q=8, total_k=8 * 32768)
+        exact = AttnProblem(seqlen_q=1, seqlen_k=32768, **kw)
+        bound = AttnProblem(seqlen_q=8, seqlen_k=8 * 32768, **kw)
+        a = sm90.make_config(exact, None, "sm_90a", False, num_sms=132)
+        b = sm90.make_config(bound, None, "sm_90a", False, num_sms=132)
+        same = ("tile_m", "tile_n", "qhead_per_kvhead", "split_kv", "persistent")
+        assert [getattr(b, f) for f in same] == [getattr(a, f) for f in same] or not flag
+        assert b.compact_grid == flag and not a.compact_grid
+        if flag:
+            assert fwd_common.launch_splits(b, bound, 132) == fwd_common.launch_splits(a, exact, 132) == 2

@@ -324,6 +324,45 @@ def test_compact_grid(monkeypatch, d, causal, heads, extra, many):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["decode", "decode-split", "prefill-causal", "prefill-gqa"])
+def test_loose_bound_rule(monkeypatch, kind):
+    """v0.29's COMPACT_LOOSE_BOUND (off by default; forced here): a varlen call without max_seqlen_q /
+    max_seqlen_k takes the compact grid and judges its tile and packing on the average length, so it
+    gives the bits of the same call with the lengths (the same tiles, each with the same K blocks in
+    the same order and the same split), and passes the reference rule."""
+    from fa4 import ops
+    from fa4.fwd import sm90
+
+    g = torch.Generator().manual_seed(len(kind))
+    if kind.startswith("decode"):
+        b = 8 if kind == "decode-split" else 48
+        lq = [1] * b
+        lk = torch.randint(1, 9000 if kind == "decode-split" else 3000, (b,), generator=g).tolist()
+        h, hk, d, causal = 32, 8, 128, False
+    else:
+        lq = lk = torch.randint(1, 1500, (9,), generator=g).tolist()
+        h, hk, d, causal = (8, 8, 64, True) if kind == "prefill-causal" else (16, 4, 128, True)
+    cu = lambda ls: torch.tensor([0] + list(itertools.accumulate(ls)), dtype=torch.int32, device="cuda")  # noqa: E731
+    cq, ck = cu(lq), cu(lk)
+    gd = torch.Generator("cuda").manual_seed(len(kind))
+    q = torch.randn(sum(lq), h, d, device="cuda", dtype=torch.bfloat16, generator=gd)
+    k, v = (torch.randn(sum(lk), hk, d, device="cuda", dtype=torch.bfloat16, generator=gd) for _ in range(2))
+    kw = dict(cu_seqlens_q=cq, cu_seqlens_k=ck, causal=causal, return_lse=True, kernel_options=SM90)
+    exact = fa4.flash_attn_varlen_func(q, k, v, max_seqlen_q=max(lq), max_seqlen_k=max(lk), **kw)
+    cfg_exact = [c for (direction, *_), (_, c) in ops._plans.items() if direction == "fwd"]
+    monkeypatch.setattr(sm90, "COMPACT_LOOSE_BOUND", True)
+    ops._plans.clear()
+    loose = fa4.flash_attn_varlen_func(q, k, v, **kw)
+    cfgs = [c for (direction, *_), (_, c) in ops._plans.items() if direction == "fwd"]
+    assert cfgs and all(c.compact_grid for c in cfgs), cfgs
+    assert all((c.tile_m, c.tile_n, c.qhead_per_kvhead, c.split_kv) == (e.tile_m, e.tile_n, e.qhead_per_kvhead,
+                                                                         e.split_kv) for c, e in zip(cfgs, cfg_exact))
+    ops._plans.clear()
+    assert torch.equal(loose[0], exact[0]) and torch.equal(loose[1], exact[1])
+    check(loose[0], loose[1], q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck, causal=causal)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("window", [(5, 0), (200, 1)])
 def test_dynamic_scheduler_local(dynamic_scheduler, window):
     q, k, v = random_qkv(2, 1000, 1000, 4, 2, 128, torch.bfloat16, "cuda", seed=window[0])

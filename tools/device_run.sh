@@ -384,7 +384,8 @@ if has next30; then
   # paged bit-for-bit tests, the paged CUDA-graph replays and the split suite (with the decode tile's
   # accuracy test), the forward's compact varlen grid ...
   gpu_tests next30fwd 300 tests/test_fwd_splitkv_gpu.py tests/test_flash_attn_cute_calls_gpu.py \
-    "tests/test_fwd_sm90_gpu.py::test_compact_grid" tests/test_cuda_graph_gpu.py -k "not graph or paged" || exit 1
+    "tests/test_fwd_sm90_gpu.py::test_compact_grid" "tests/test_fwd_sm90_gpu.py::test_loose_bound_rule" \
+    tests/test_cuda_graph_gpu.py -k "not graph or paged" || exit 1
 fi
 if has next30v; then
   # ... and the whole varlen backward suite with the compact grid on by default (this copy only).

@@ -1979,7 +1979,7 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         kv_split=common.choose_kv_split(opts, problem, lambda: kv_split_for(problem, steps, tile_n, _num_sms()),
                                         two_cta=two_cta, deterministic=asked_det),
         compact_grid=((COMPACT_VARLEN or (COMPACT_LOOSE_BOUND and problem.varlen_k and loose_bound(
-                          problem.seqlen_k, problem.total_k, problem.batch, tile_n)))
+                          problem.seqlen_k, problem.total_k, problem.batch)))
                       and problem.varlen_k and not deterministic and not two_cta and not first_store),
         **BwdSm90Config.problem_flags(problem))
     # What a larger tile_m leaves no room for: the second dQ buffer. What the sdQ tile of a

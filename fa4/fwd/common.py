@@ -236,11 +236,15 @@ def num_splits(problem: AttnProblem, num_tiles: int, tile_n: int, num_sms: int) 
 
 
 def split_count(problem: AttnProblem, tile_m: int, tile_n: int, qhead_per_kvhead: int,
-                num_sms: Optional[int] = None) -> int:
+                num_sms: Optional[int] = None, compact: bool = False) -> int:
     """K splits per tile of a forward config's tiles (:func:`num_splits`; one CTA per SM counted as
-    a wave slot). Every forward family's ``make_config`` and ``run`` use it."""
+    a wave slot). Every forward family's ``make_config`` and ``run`` use it. ``compact``: the tiles
+    of the compact varlen grid (Note [Compact varlen grid]), which do not depend on ``seqlen_q``."""
     heads = problem.heads // qhead_per_kvhead
-    num_tiles = -(-max(problem.seqlen_q, 1) * qhead_per_kvhead // tile_m) * heads * problem.batch
+    if compact and problem.varlen_q:
+        num_tiles = (problem.total_q * qhead_per_kvhead // tile_m + problem.batch) * heads
+    else:
+        num_tiles = -(-max(problem.seqlen_q, 1) * qhead_per_kvhead // tile_m) * heads * problem.batch
     return num_splits(problem, num_tiles, tile_n, num_sms or default_num_sms())
 
 
@@ -259,7 +263,8 @@ def launch_splits(cfg, problem: AttnProblem, num_sms: int) -> int:
     if splits is None:
         if len(_split_memo) >= _MEMO_LIMIT:
             _split_memo.clear()
-        splits = _split_memo[key] = split_count(problem, cfg.tile_m, split_tile_n(cfg), cfg.qhead_per_kvhead, num_sms)
+        splits = _split_memo[key] = split_count(problem, cfg.tile_m, split_tile_n(cfg), cfg.qhead_per_kvhead, num_sms,
+                                                getattr(cfg, "compact_grid", False))
     return splits
 
 

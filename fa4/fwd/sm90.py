@@ -123,8 +123,8 @@ from fa4.mask import AttentionMask, walk_blocks
 from fa4.pack_gqa import (
     TileRows, batch_slot, load_q_rows, partial_slot, row_sinks, store_acc_rows, store_lse_rows, store_rows,
 )
-from fa4.sched.tile import (CompactVarlenTileScheduler, DynamicTileScheduler, PersistentTileScheduler, loose_bound,
-                            split_head, split_range)
+from fa4.sched.tile import (CompactVarlenTileScheduler, DynamicTileScheduler, PersistentTileScheduler, average_len,
+                            loose_bound, split_head, split_range)
 from fa4.seqlen import SeqlenInfo, to_sdhb
 from fa4.softmax import OnlineSoftmax, apply_softcap, rescale_rows, score_scales
 
@@ -993,8 +993,12 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
     options = options or KernelOptions()
     table_tile_m, table_tile_n, stages, pingpong = TUNING[_bucket(max(problem.head_dim, problem.head_dim_v))]
     tile_n = table_tile_n
+    # A varlen Q whose max_seqlen_q is a loose bound (COMPACT_LOOSE_BOUND, off): the compact grid, which
+    # does not depend on it, and the tile and packing judged on the average length.
+    loose = COMPACT_LOOSE_BOUND and problem.varlen_q and loose_bound(problem.seqlen_q, problem.total_q, problem.batch)
+    plan = replace(problem, seqlen_q=average_len(problem.total_q, problem.batch)) if loose else problem
     # Decode-like shapes: one consumer warpgroup, 64-row tiles, 64-row K blocks, one CTA per tile.
-    g, tile_m, decode = fwd_common.rows_plan(problem, table_tile_m, options.tile_m)
+    g, tile_m, decode = fwd_common.rows_plan(plan, table_tile_m, options.tile_m)
     decode = decode and DECODE_GRID
     # The 64-row K blocks not with seqused_k or a page table: a paged cache measured +3% time with
     # them, and paged and unpaged-with-seqused_k calls share a config, so their outputs share their bits.
@@ -1006,11 +1010,10 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         tile_n = min(tile_n, DECODE_TILE_N)
     grid = (dict(persistent=False, dynamic_sched=False, l2_section_mb=L2_SECTION_MB_STATIC) if decode
             else _grid_order(problem))
-    if COMPACT_LOOSE_BOUND and problem.varlen_q and loose_bound(problem.seqlen_q, problem.total_q, problem.batch,
-                                                                tile_m, g):
+    if loose:
         grid = dict(persistent=False, dynamic_sched=False, l2_section_mb=L2_SECTION_MB_STATIC, compact_grid=True)
     # The split rule counts in the table's K blocks (FwdSm90Config.split_tile_n), which it was measured with.
-    splits = fwd_common.split_count(problem, tile_m, table_tile_n, g, num_sms)
+    splits = fwd_common.split_count(problem, tile_m, table_tile_n, g, num_sms, compact=loose)
     tau = float(options.rescale_threshold) if options.rescale_threshold is not None else DEFAULT_RESCALE_THRESHOLD
     cfg = FwdSm90Config(
         arch=arch,
@@ -1119,6 +1122,9 @@ def variants(arch: str) -> list[FwdSm90Config]:
         cfg(128, persistent=False, compact_grid=True, causal=True, varlen_q=True, varlen_k=True),
         cfg(128, tile_m=64, pingpong=False, persistent=False, compact_grid=True, qhead_per_kvhead=4, causal=True,
             varlen_q=True, varlen_k=True),
+        # v0.29's loose-bound rule (COMPACT_LOOSE_BOUND): varlen decode without max_seqlen_q, split.
+        cfg(128, tile_m=64, tile_n=64, pingpong=False, persistent=False, compact_grid=True, qhead_per_kvhead=4,
+            varlen_q=True, varlen_k=True, split_kv=True),
     ]
 
 

@@ -44,10 +44,11 @@ Note [Compact varlen grid]
     A caller that omits ``max_seqlen_q`` / ``max_seqlen_k`` (flash_attn.cute makes them optional)
     leaves fa4 the packed token count as the longest sequence, an upper bound: the plain grid then
     has ``ceil(total / tile) * batch`` blocks per head, most of them past their sequence, while the
-    compact grid's size does not depend on it. :func:`loose_bound` says when the plain grid holds
-    more than ``LOOSE_BOUND_RATIO`` times the compact one's slots (a call without the lengths, or a
-    batch with one long sequence among short ones); the families' ``COMPACT_LOOSE_BOUND`` rules then
-    take the compact grid (v0.29: off until timed, ``tools/device_run.sh next30e``).
+    compact grid's size does not depend on it. :func:`loose_bound` says when the longest length is
+    more than ``LOOSE_BOUND_RATIO`` times the average (a call without the lengths, or a batch with
+    one long sequence among short ones); the families' ``COMPACT_LOOSE_BOUND`` rules then take the
+    compact grid, and the forward judges its tile and packing on the average length (v0.29: off
+    until timed, ``tools/device_run.sh next30e``).
 """
 
 from __future__ import annotations
@@ -112,12 +113,16 @@ def section_tile(tile_idx, num_m_blocks, num_heads, num_batch, section, reverse:
 LOOSE_BOUND_RATIO = 2
 
 
-def loose_bound(max_len: int, total: int, batch: int, tile: int, mult: int = 1) -> bool:
-    """Whether a varlen grid sized by ``max_len`` (``ceil(max_len * mult / tile)`` blocks per
-    sequence) has more than :data:`LOOSE_BOUND_RATIO` times the compact grid's ``total * mult //
-    tile + batch`` slots (Note [Compact varlen grid]); host arithmetic."""
-    plain = -(-max_len * mult // tile) * batch
-    return plain > LOOSE_BOUND_RATIO * (total * mult // tile + batch)
+def average_len(total: int, batch: int) -> int:
+    """The average sequence length of a varlen batch, rounded up (at least 1)."""
+    return max(1, -(-total // max(batch, 1)))
+
+
+def loose_bound(max_len: int, total: int, batch: int) -> bool:
+    """Whether a varlen batch's longest length (``max_seqlen``, or the packed token count standing
+    in for it) is more than :data:`LOOSE_BOUND_RATIO` times the average (Note [Compact varlen
+    grid]); host arithmetic."""
+    return max_len > LOOSE_BOUND_RATIO * average_len(total, batch)
 
 
 def compact_slot(block, first, slots, num_heads, section):
