@@ -236,3 +236,5 @@ def test_loose_bound_takes_the_compact_grids(monkeypatch):
         assert b.compact_grid == flag and not a.compact_grid
         if flag:
             assert fwd_common.launch_splits(b, bound, 132) == fwd_common.launch_splits(a, exact, 132) == 2
+        notes = " ".join(sm90.explain_notes(bound, None, b))
+        assert ("judged on the average" in notes) == flag

@@ -1153,6 +1153,9 @@ def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: F
     if cfg.compact_grid:
         order = ("the compact varlen grid, one CTA per tile (Note [Compact varlen grid]: no CTA past a "
                  "sequence's end)")
+        if COMPACT_LOOSE_BOUND and problem.varlen_q and loose_bound(problem.seqlen_q, problem.total_q, problem.batch):
+            order += (f"; max_seqlen_q {problem.seqlen_q} is over twice the average length (a call without it gets the "
+                      "packed token count), so the tile and packing were judged on the average")
     elif not cfg.persistent:
         order = "one CTA per tile"
     elif cfg.dynamic_sched:
