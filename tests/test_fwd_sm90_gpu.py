@@ -324,7 +324,7 @@ def test_compact_grid(monkeypatch, d, causal, heads, extra, many):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kind", ["decode", "decode-split", "prefill-causal", "prefill-gqa"])
+@pytest.mark.parametrize("kind", ["decode", "decode-split", "decode-paged", "prefill-causal", "prefill-gqa"])
 def test_loose_bound_rule(monkeypatch, kind):
     """v0.29's COMPACT_LOOSE_BOUND (off by default; forced here): a varlen call without max_seqlen_q /
     max_seqlen_k takes the compact grid and judges its tile and packing on the average length, so it
@@ -348,18 +348,29 @@ def test_loose_bound_rule(monkeypatch, kind):
     q = torch.randn(sum(lq), h, d, device="cuda", dtype=torch.bfloat16, generator=gd)
     k, v = (torch.randn(sum(lk), hk, d, device="cuda", dtype=torch.bfloat16, generator=gd) for _ in range(2))
     kw = dict(cu_seqlens_q=cq, cu_seqlens_k=ck, causal=causal, return_lse=True, kernel_options=SM90)
-    exact = fa4.flash_attn_varlen_func(q, k, v, max_seqlen_q=max(lq), max_seqlen_k=max(lk), **kw)
+    kk, vv, ref_k = k, v, dict(cu_seqlens_k=ck)
+    if kind == "decode-paged":  # vLLM's layout: 16-row pages, seqused_k, no cu_seqlens_k
+        from fa4.bench import paged_cache
+
+        kb, vb = (torch.zeros(len(lk), max(lk), hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        for i, (start, n) in enumerate(zip(itertools.accumulate([0] + lk[:-1]), lk)):
+            kb[i, :n], vb[i, :n] = k[start:start + n], v[start:start + n]
+        kk, vv, table, _ = paged_cache(kb, vb, 16)
+        used = torch.tensor(lk, dtype=torch.int32, device="cuda")
+        kw = dict(cu_seqlens_q=cq, page_table=table, seqused_k=used, causal=causal, return_lse=True,
+                  kernel_options=SM90)
+    exact = fa4.flash_attn_varlen_func(q, kk, vv, max_seqlen_q=max(lq), max_seqlen_k=max(lk), **kw)
     cfg_exact = [c for (direction, *_), (_, c) in ops._plans.items() if direction == "fwd"]
     monkeypatch.setattr(sm90, "COMPACT_LOOSE_BOUND", True)
     ops._plans.clear()
-    loose = fa4.flash_attn_varlen_func(q, k, v, **kw)
+    loose = fa4.flash_attn_varlen_func(q, kk, vv, **kw)
     cfgs = [c for (direction, *_), (_, c) in ops._plans.items() if direction == "fwd"]
     assert cfgs and all(c.compact_grid for c in cfgs), cfgs
     assert all((c.tile_m, c.tile_n, c.qhead_per_kvhead, c.split_kv) == (e.tile_m, e.tile_n, e.qhead_per_kvhead,
                                                                          e.split_kv) for c, e in zip(cfgs, cfg_exact))
     ops._plans.clear()
     assert torch.equal(loose[0], exact[0]) and torch.equal(loose[1], exact[1])
-    check(loose[0], loose[1], q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck, causal=causal)
+    check(loose[0], loose[1], q, k, v, cu_seqlens_q=cq, causal=causal, **ref_k)
 
 
 @pytest.mark.gpu
