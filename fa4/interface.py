@@ -362,9 +362,7 @@ def explain(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
             if getattr(cfg, "split_kv", False):
                 from fa4.fwd import common as fwd_common
 
-                info["splits"] = fwd_common.split_count(fwd_problem, cfg.tile_m, fwd_common.split_tile_n(cfg),
-                                                             cfg.qhead_per_kvhead,
-                                                             compact=getattr(cfg, "compact_grid", False))
+                info["splits"] = fwd_common.compact_splits(cfg, fwd_problem)
         except (ImportError, AttributeError) as e:  # kernel module not importable here
             info["error"] = f"cannot build the config: {e}"
         ex.directions[direction] = info

@@ -238,3 +238,25 @@ def test_loose_bound_takes_the_compact_grids(monkeypatch):
             assert fwd_common.launch_splits(b, bound, 132) == fwd_common.launch_splits(a, exact, 132) == 2
         notes = " ".join(sm90.explain_notes(bound, None, b))
         assert ("judged on the average" in notes) == flag
+        # Short decode sequences (b8, 400 keys): no split with the lengths, nor without them (the
+        # split rule reads the average key length where the call gave none; review of v0.29).
+        kw4 = dict(kw, total_k=8 * 400)
+        e4 = AttnProblem(seqlen_q=1, seqlen_k=400, **kw4)
+        b4 = AttnProblem(seqlen_q=8, seqlen_k=8 * 400, **kw4)
+        c4 = sm90.make_config(b4, None, "sm_90a", False, num_sms=132)
+        assert not sm90.make_config(e4, None, "sm_90a", False, num_sms=132).split_kv
+        assert not c4.split_kv or not flag
+        # A given length, however skewed the batch (a chunked prefill among decode rows), is what the
+        # tile and packing are judged on: the prefill tile, not the decode tile, on the compact grid.
+        skew = AttnProblem(dtype="bf16", batch=64, seqlen_q=512, seqlen_k=8192, heads=32, heads_k=8, head_dim=128,
+                           head_dim_v=128, softmax_scale=128**-0.5, varlen_q=True, varlen_k=True, total_q=512 + 63,
+                           total_k=64 * 8192)
+        cs = sm90.make_config(skew, None, "sm_90a", False, num_sms=132)
+        assert cs.tile_m == 128 and cs.compact_grid == flag
+    # The families' covering sets do not change with the rule (their problems hold real totals).
+    monkeypatch.setattr(bwd90, "COMPACT_LOOSE_BOUND", True)
+    monkeypatch.setattr(sm90, "COMPACT_LOOSE_BOUND", True)
+    on = (sm90.variants("sm_90a"), bwd90.variants("sm_90a"))
+    monkeypatch.setattr(bwd90, "COMPACT_LOOSE_BOUND", False)
+    monkeypatch.setattr(sm90, "COMPACT_LOOSE_BOUND", False)
+    assert on == (sm90.variants("sm_90a"), bwd90.variants("sm_90a"))

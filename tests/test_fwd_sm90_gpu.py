@@ -327,9 +327,11 @@ def test_compact_grid(monkeypatch, d, causal, heads, extra, many):
 @pytest.mark.parametrize("kind", ["decode", "decode-split", "decode-paged", "prefill-causal", "prefill-gqa"])
 def test_loose_bound_rule(monkeypatch, kind):
     """v0.29's COMPACT_LOOSE_BOUND (off by default; forced here): a varlen call without max_seqlen_q /
-    max_seqlen_k takes the compact grid and judges its tile and packing on the average length, so it
-    gives the bits of the same call with the lengths (the same tiles, each with the same K blocks in
-    the same order and the same split), and passes the reference rule."""
+    max_seqlen_k takes the compact grid and judges its tile, packing and split count on the average
+    lengths. On these inputs the average and the longest lengths give the same tile, packing and
+    split (asserted), so the call gives the bits of the same call with the lengths (each tile with
+    the same K blocks in the same order; only the order of tiles differs), and passes the
+    reference rule."""
     from fa4 import ops
     from fa4.fwd import sm90
 
@@ -359,16 +361,17 @@ def test_loose_bound_rule(monkeypatch, kind):
         used = torch.tensor(lk, dtype=torch.int32, device="cuda")
         kw = dict(cu_seqlens_q=cq, page_table=table, seqused_k=used, causal=causal, return_lse=True,
                   kernel_options=SM90)
+    ops._plans.clear()
     exact = fa4.flash_attn_varlen_func(q, kk, vv, max_seqlen_q=max(lq), max_seqlen_k=max(lk), **kw)
     cfg_exact = [c for (direction, *_), (_, c) in ops._plans.items() if direction == "fwd"]
     monkeypatch.setattr(sm90, "COMPACT_LOOSE_BOUND", True)
     ops._plans.clear()
     loose = fa4.flash_attn_varlen_func(q, kk, vv, **kw)
     cfgs = [c for (direction, *_), (_, c) in ops._plans.items() if direction == "fwd"]
-    assert cfgs and all(c.compact_grid for c in cfgs), cfgs
-    assert all((c.tile_m, c.tile_n, c.qhead_per_kvhead, c.split_kv) == (e.tile_m, e.tile_n, e.qhead_per_kvhead,
-                                                                         e.split_kv) for c, e in zip(cfgs, cfg_exact))
     ops._plans.clear()
+    assert len(cfgs) == len(cfg_exact) == 1 and cfgs[0].compact_grid, (cfgs, cfg_exact)
+    (c, e), fields = (cfgs[0], cfg_exact[0]), ("tile_m", "tile_n", "qhead_per_kvhead", "split_kv", "pingpong")
+    assert [getattr(c, f) for f in fields] == [getattr(e, f) for f in fields], (c, e)
     assert torch.equal(loose[0], exact[0]) and torch.equal(loose[1], exact[1])
     check(loose[0], loose[1], q, k, v, cu_seqlens_q=cq, causal=causal, **ref_k)
 

@@ -436,7 +436,7 @@ if has next30e; then
   # against the compact grids (forward one tile per CTA), with max_seqlen and without.
   logged next30nomax 280 24 python3 -m fa4.bench --offgrid --mode fwd,bwd --rounds 2 \
     --cases varlen-d128,varlen-d128-nomax,varlen-gqa-d128-causal-nomax \
-    --variant "fwd.persistent=False fwd.dynamic_sched=False fwd.compact_grid=True bwd.compact_grid=True"
+    --variant "fwd.persistent=False fwd.dynamic_sched=False fwd.l2_section_mb=0 fwd.compact_grid=True bwd.compact_grid=True"
   # Decode without max_seqlen_q: the bound (64 queries) leaves GQA rows unpacked (one row per tile).
   logged next30nomaxdec 150 12 python3 -m fa4.bench --offgrid --mode fwd --rounds 3 \
     --cases varlen-decode,varlen-decode-nomax --variant "fwd.qhead_per_kvhead=4" \

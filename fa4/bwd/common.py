@@ -766,4 +766,5 @@ def representative_problem(head_dim: int, dtype: str = "bf16", *, causal=False, 
     return AttnProblem(
         dtype, 2, 1024, 1024, 8, 2, head_dim, head_dim, head_dim**-0.5, causal=causal, local=local,
         window_left=128 if local else 1024, window_right=0 if local else 1024, softcap=softcap,
-        varlen_q=varlen, varlen_k=varlen, has_seqused_k=seqused_k)
+        varlen_q=varlen, varlen_k=varlen, has_seqused_k=seqused_k, total_q=2048 if varlen else 0,
+        total_k=2048 if varlen else 0)

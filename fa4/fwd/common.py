@@ -164,7 +164,8 @@ def forward_tiles(cfg, problem: AttnProblem, q, cu_seqlens_q, splits: int) -> in
         slots, what = -(-max(problem.seqlen_q, 1) * g // cfg.tile_m) * batch, "m_blocks * batch"
     if slots * heads > MAX_GRID_X:
         hint = ("pass max_seqlen_q (without it the grid is sized by an upper bound from the shapes) or split the "
-                "batch into several calls" if cfg.varlen_q else "split the batch into several calls")
+                "batch into several calls" if cfg.varlen_q and not getattr(cfg, "compact_grid", False)
+                else "split the batch into several calls")
         raise ValueError(f"the forward has {slots * heads} tiles, past CUDA's grid limit ({what} * scheduler "
                          f"heads {heads} < 2^31): {hint}")
     return slots * heads
@@ -252,6 +253,31 @@ _split_memo: dict = {}
 _MEMO_LIMIT = 4096
 
 
+def loose_plan(problem: AttnProblem) -> AttnProblem:
+    """``problem`` with each varlen side's length the batch's average where the given length is the
+    shapes' bound (:func:`fa4.sched.tile.shape_bound`: the call did not give it), for the host
+    decisions a compact-grid forward takes on lengths (tile, packing, split count; Note [Compact
+    varlen grid]); the kernels do not read these lengths on that grid."""
+    from dataclasses import replace
+
+    from fa4.sched.tile import average_len, shape_bound
+
+    kw = {}
+    if problem.varlen_q and shape_bound(problem.seqlen_q, problem.total_q, problem.batch):
+        kw["seqlen_q"] = average_len(problem.total_q, problem.batch)
+    if problem.varlen_k and shape_bound(problem.seqlen_k, problem.total_k, problem.batch):
+        kw["seqlen_k"] = average_len(problem.total_k, problem.batch)
+    return replace(problem, **kw) if kw else problem
+
+
+def compact_splits(cfg, problem: AttnProblem, num_sms: Optional[int] = None) -> int:
+    """:func:`split_count` for ``cfg``'s own tiles: on the compact grid, judged as
+    :func:`fa4.fwd.sm90.make_config` judges it (:func:`loose_plan`)."""
+    compact = getattr(cfg, "compact_grid", False)
+    return split_count(loose_plan(problem) if compact else problem, cfg.tile_m, split_tile_n(cfg),
+                       cfg.qhead_per_kvhead, num_sms, compact)
+
+
 def launch_splits(cfg, problem: AttnProblem, num_sms: int) -> int:
     """The split count a launch of ``cfg`` uses (1 without split-KV), memoized per (problem, config,
     SM count); the memo is cleared when it grows past a few thousand signatures (varlen decode
@@ -263,8 +289,7 @@ def launch_splits(cfg, problem: AttnProblem, num_sms: int) -> int:
     if splits is None:
         if len(_split_memo) >= _MEMO_LIMIT:
             _split_memo.clear()
-        splits = _split_memo[key] = split_count(problem, cfg.tile_m, split_tile_n(cfg), cfg.qhead_per_kvhead, num_sms,
-                                                getattr(cfg, "compact_grid", False))
+        splits = _split_memo[key] = compact_splits(cfg, problem, num_sms)
     return splits
 
 

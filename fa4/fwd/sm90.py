@@ -123,8 +123,8 @@ from fa4.mask import AttentionMask, walk_blocks
 from fa4.pack_gqa import (
     TileRows, batch_slot, load_q_rows, partial_slot, row_sinks, store_acc_rows, store_lse_rows, store_rows,
 )
-from fa4.sched.tile import (CompactVarlenTileScheduler, DynamicTileScheduler, PersistentTileScheduler, average_len,
-                            loose_bound, split_head, split_range)
+from fa4.sched.tile import (LOOSE_BOUND_RATIO, CompactVarlenTileScheduler, DynamicTileScheduler,
+                            PersistentTileScheduler, loose_bound, shape_bound, split_head, split_range)
 from fa4.seqlen import SeqlenInfo, to_sdhb
 from fa4.softmax import OnlineSoftmax, apply_softcap, rescale_rows, score_scales
 
@@ -994,9 +994,10 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
     table_tile_m, table_tile_n, stages, pingpong = TUNING[_bucket(max(problem.head_dim, problem.head_dim_v))]
     tile_n = table_tile_n
     # A varlen Q whose max_seqlen_q is a loose bound (COMPACT_LOOSE_BOUND, off): the compact grid, which
-    # does not depend on it, and the tile and packing judged on the average length.
+    # does not depend on it, and, where the call gave no lengths, the tile, packing and split count
+    # judged on the average ones (fwd_common.loose_plan; Note [Compact varlen grid]).
     loose = COMPACT_LOOSE_BOUND and problem.varlen_q and loose_bound(problem.seqlen_q, problem.total_q, problem.batch)
-    plan = replace(problem, seqlen_q=average_len(problem.total_q, problem.batch)) if loose else problem
+    plan = fwd_common.loose_plan(problem) if loose else problem
     # Decode-like shapes: one consumer warpgroup, 64-row tiles, 64-row K blocks, one CTA per tile.
     g, tile_m, decode = fwd_common.rows_plan(plan, table_tile_m, options.tile_m)
     decode = decode and DECODE_GRID
@@ -1013,7 +1014,7 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
     if loose:
         grid = dict(persistent=False, dynamic_sched=False, l2_section_mb=L2_SECTION_MB_STATIC, compact_grid=True)
     # The split rule counts in the table's K blocks (FwdSm90Config.split_tile_n), which it was measured with.
-    splits = fwd_common.split_count(problem, tile_m, table_tile_n, g, num_sms, compact=loose)
+    splits = fwd_common.split_count(plan, tile_m, table_tile_n, g, num_sms, compact=loose)
     tau = float(options.rescale_threshold) if options.rescale_threshold is not None else DEFAULT_RESCALE_THRESHOLD
     cfg = FwdSm90Config(
         arch=arch,
@@ -1127,6 +1128,9 @@ def variants(arch: str) -> list[FwdSm90Config]:
             varlen_q=True, varlen_k=True, split_kv=True),
         cfg(128, tile_m=64, pingpong=False, persistent=False, compact_grid=True, qhead_per_kvhead=4, varlen_q=True,
             page_rows=16, has_seqused_k=True),
+        cfg(128, tile_m=64, tile_n=64, pingpong=False, persistent=False, compact_grid=True, qhead_per_kvhead=4,
+            varlen_q=True, varlen_k=True),
+        cfg(64, persistent=False, compact_grid=True, causal=True, varlen_q=True, varlen_k=True),
     ]
 
 
@@ -1141,7 +1145,7 @@ def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: F
     elif g > 1 and problem.pack_gqa is None:
         notes.append(f"GQA rows not packed: packing the {g} q heads per kv head would save too few tiles "
                      f"(fa4.fwd.common.PACK_GQA_MAX_TILE_SHARE); pack_gqa=True packs them")
-    decode = cfg.tile_m == 64 and not cfg.persistent and not cfg.compact_grid
+    decode = cfg.tile_m == 64 and not cfg.persistent
     if decode:
         if options is not None and options.tile_n is not None:
             blocks = f"the caller's {cfg.tile_n}-row K blocks (KernelOptions.tile_n)"
@@ -1156,8 +1160,10 @@ def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: F
         order = ("the compact varlen grid, one CTA per tile (Note [Compact varlen grid]: no CTA past a "
                  "sequence's end)")
         if COMPACT_LOOSE_BOUND and problem.varlen_q and loose_bound(problem.seqlen_q, problem.total_q, problem.batch):
-            order += (f"; max_seqlen_q {problem.seqlen_q} is over twice the average length (a call without it gets the "
-                      "packed token count), so the tile and packing were judged on the average")
+            order += f"; max_seqlen_q {problem.seqlen_q} is over {LOOSE_BOUND_RATIO}x the average length"
+            if shape_bound(problem.seqlen_q, problem.total_q, problem.batch):
+                order += (" (the call gave none: the packed token count stands in), so the tile, packing and split "
+                          "count were judged on the average")
     elif not cfg.persistent:
         order = "one CTA per tile"
     elif cfg.dynamic_sched:

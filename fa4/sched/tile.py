@@ -47,8 +47,11 @@ Note [Compact varlen grid]
     compact grid's size does not depend on it. :func:`loose_bound` says when the longest length is
     more than ``LOOSE_BOUND_RATIO`` times the average (a call without the lengths, or a batch with
     one long sequence among short ones); the families' ``COMPACT_LOOSE_BOUND`` rules then take the
-    compact grid, and the forward judges its tile and packing on the average length (v0.29: off
-    until timed, ``tools/device_run.sh next30e``).
+    compact grid. Where the longest length is the shapes' bound itself (:func:`shape_bound`: the
+    call did not give it), the forward also judges its tile, packing and split count on the average
+    length (:func:`fa4.fwd.common.loose_plan`); a given length, however skewed the batch (a chunked
+    prefill among decode rows), is the one they are judged on (v0.29: off until timed,
+    ``tools/device_run.sh next30e``).
 """
 
 from __future__ import annotations
@@ -116,6 +119,12 @@ LOOSE_BOUND_RATIO = 2
 def average_len(total: int, batch: int) -> int:
     """The average sequence length of a varlen batch, rounded up (at least 1)."""
     return max(1, -(-total // max(batch, 1)))
+
+
+def shape_bound(max_len: int, total: int, batch: int) -> bool:
+    """Whether a varlen batch's longest length is the packed token count, the bound fa4 takes when
+    the call gives none (more than one sequence)."""
+    return batch > 1 and max_len >= total
 
 
 def loose_bound(max_len: int, total: int, batch: int) -> bool:
