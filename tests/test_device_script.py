@@ -1,0 +1,79 @@
+"""The pending steps of tools/device_run.sh (the ones written for the next GPU lease) name only
+things that exist: a typo in a config field, an off-grid case, a test id or a sweep variant would
+cost a device call to find (CPU: the script is read as text, nothing runs)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shlex
+import subprocess
+
+import pytest
+
+from fa4 import offgrid
+from fa4.bwd.sm90 import BwdSm90Config
+from fa4.fwd.sm90 import FwdSm90Config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "tools", "device_run.sh")
+PENDING = re.compile(r"^next30\w*$")  # the steps the next lease runs (RESULTS v0.29, Next)
+FIELDS = {"fwd": {f.name for f in dataclasses.fields(FwdSm90Config)},
+          "bwd": {f.name for f in dataclasses.fields(BwdSm90Config)}}
+
+
+def _steps() -> dict[str, list[str]]:
+    """Step name -> its body's command words (comments dropped, continuation lines joined)."""
+    text = open(SCRIPT).read().replace("\\\n", " ")
+    steps, name, body = {}, None, []
+    for line in text.splitlines():
+        m = re.match(r"if has (\w+); then", line.strip())
+        if m:
+            name, body = m.group(1), []
+            continue
+        if name and line.strip() == "fi":
+            steps[name] = body
+            name = None
+            continue
+        if name:
+            code = line.split(" #")[0] if not line.strip().startswith("#") else ""
+            body.extend(shlex.split(code, posix=True)) if code.strip() else None
+    return steps
+
+
+def test_script_parses():
+    subprocess.run(["bash", "-n", SCRIPT], check=True)
+
+
+def _pending():
+    steps = {n: words for n, words in _steps().items() if PENDING.match(n)}
+    assert steps, "no pending steps found"
+    return steps
+
+
+@pytest.mark.parametrize("name", sorted(_pending()))
+def test_pending_step_names_what_exists(name):
+    words = _pending()[name]
+    for i, w in enumerate(words):
+        nxt = words[i + 1] if i + 1 < len(words) else ""
+        if w in ("--variant", "--set"):
+            over = offgrid.parse_items(nxt.split())
+            for direction in ("fwd", "bwd"):
+                unknown = set(over[direction]) - FIELDS[direction]
+                assert not unknown, f"{name}: {w} {nxt!r}: no {direction} config field {sorted(unknown)}"
+        elif w == "--cases":
+            unknown = [c for c in nxt.split(",") if c not in offgrid.CASES]
+            assert not unknown, f"{name}: unknown off-grid cases {unknown}"
+        elif re.match(r"^tests/\w+\.py(::\w+)?$", w):
+            path, _, test = w.partition("::")
+            assert os.path.exists(os.path.join(ROOT, path)), f"{name}: {path} does not exist"
+            if test:
+                assert re.search(rf"^def {test}\(", open(os.path.join(ROOT, path)).read(), re.M), \
+                    f"{name}: no test {test} in {path}"
+        elif re.match(r"^\w+:[\w,=./]+$", w) and "tools/sweep_fwd.py" in words:  # a sweep_fwd variant
+            for item in w.partition(":")[2].split(","):
+                field = item.partition("=")[0]
+                assert field in FIELDS["fwd"] | {"hd", "causal"}, f"{name}: sweep variant {w}: no field {field}"
+        elif w.startswith("tools/") and w.endswith(".py"):
+            assert os.path.exists(os.path.join(ROOT, w)), f"{name}: {w} does not exist"
