@@ -326,6 +326,12 @@ def explain(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
             problem = validate.check_dense(q, k, v, softmax_scale, causal, window_size, softcap)
     problem = _with_hints(problem, num_splits, pack_gqa)
     ex = Explanation(problem, tuple(capability))
+    for side, given, cu in (("q", max_seqlen_q, cu_seqlens_q), ("k", max_seqlen_k, cu_seqlens_k)):
+        if cu is not None and cu.shape[0] > 2 and (given is None or (isinstance(given, torch.Tensor)
+                                                                      and given.device.type != "cpu")):
+            ex.notes.append(f"max_seqlen_{side} not given (or a GPU tensor): the packed token count stands in for "
+                            f"the longest sequence, with no device sync, and sizes the grids; pass it as an int when "
+                            "known (docs/RESULTS.md v0.29)")
     fwd_problem = problem
     if problem.page_size:  # the same choice as ops.forward: TMA pages (sm90) or a gather first
         try:
