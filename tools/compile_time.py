@@ -8,6 +8,7 @@ engine] in fa4/jit.py); the seconds include all three. The first compile of a pr
 for loading the DSL's compiler; it is reported separately.
 """
 import atexit
+import dataclasses
 import os
 import shutil
 import tempfile
@@ -33,3 +34,15 @@ for d in (64, 128, 256):
             t = time.time()
             jit.get_kernel(cfg)
             print(f"{mod.__name__.split('.')[-1]} d{d} causal={causal}: {time.time() - t:.2f}s", flush=True)
+# The masked sm90 kernels over the 2 s bar, with one step body (one_step_loop) beside (v0.29).
+for d in (128, 192, 256):
+    for mask in ("causal", "local"):
+        kw = dict(causal=True) if mask == "causal" else dict(local=True, window_left=1024, window_right=0)
+        cfg = sm90.make_config(AttnProblem("bf16", 2, 4096, 4096, 8, 8, d, d, d ** -0.5, **kw), None, "sm_90a", True)
+        for osl in (False, True):
+            c = dataclasses.replace(cfg, one_step_loop=osl)
+            if c in jit._memory:
+                continue  # timed above
+            t = time.time()
+            jit.get_kernel(c)
+            print(f"sm90 d{d} {mask}{' one_step_loop' if osl else ''}: {time.time() - t:.2f}s", flush=True)

@@ -415,7 +415,7 @@ if has next30c; then
   logged next30decode 150 20 python3 tools/decode_sweep.py --grid
   logged next30decbench 150 12 python3 -m fa4.bench --decode
   # Issue 7's compile bar is on this host: v0.29's first-call path (no host engine), one process.
-  logged next30ctime 150 14 python3 tools/compile_time.py
+  logged next30ctime 150 26 python3 tools/compile_time.py
 fi
 if has next30d; then
   # v0.29, issue 7's compile time: one step body (one_step_loop, -20-26% compile at d256 causal) costs
