@@ -219,6 +219,7 @@ def test_loose_bound_takes_the_compact_grids(monkeypatch):
         exact_f = sm90.make_config(problem(3774), None, "sm_90a", True, num_sms=132)
         exact_b = bwd90.make_config(problem(3774), None, "sm_90a", False)
         assert not exact_f.compact_grid and exact_f.persistent and not exact_b.compact_grid
+        assert ("COMPACT_LOOSE_BOUND" in " ".join(bwd90.explain_notes(problem(16384), None, bwd))) == flag
         # Deterministic backwards keep their ordered grid.
         assert not bwd90.make_config(problem(16384), None, "sm_90a", True).compact_grid
         # Decode (b8, GQA 32 / 8, s_k 32k) without the lengths: with the rule, the tile, the packing

@@ -272,7 +272,7 @@ from fa4.cute_utils import (
 )
 from fa4.mask import AttentionMask
 from fa4.sched import semaphore
-from fa4.sched.tile import compact_tile, loose_bound, lowest_pow2, section_tile
+from fa4.sched.tile import LOOSE_BOUND_RATIO, compact_tile, loose_bound, lowest_pow2, section_tile
 from fa4.seqlen import SeqlenInfo, grid_extent, to_sdhb
 from fa4.softmax import apply_softcap, emulated_elements, exp2_rows, exp2_select, score_scales, softcap_grad
 
@@ -2040,9 +2040,13 @@ def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: B
     if cfg.compact_grid:
         heads_k = problem.heads_k * cfg.kv_split
         sec = min(lowest_pow2(sec), lowest_pow2(heads_k))  # as fa4.sched.tile.compact_tile
+        why = ""
+        if not COMPACT_VARLEN and COMPACT_LOOSE_BOUND and loose_bound(problem.seqlen_k, problem.total_k, problem.batch):
+            why = (f"; taken because max_seqlen_k {problem.seqlen_k} is over {LOOSE_BOUND_RATIO}x the average length "
+                   "(COMPACT_LOOSE_BOUND)")
         notes.append(f"launch order: the compact varlen grid (packed K rows // {cfg.tile_n} + batch slots per kv "
                      f"head, no CTA past a sequence's end: Note [Compact varlen grid]), each sequence's blocks in "
-                     f"sections of {sec} of its {heads_k} kv heads")
+                     f"sections of {sec} of its {heads_k} kv heads{why}")
     else:
         notes.append(f"launch order: sections of {sec} of the {pairs} (batch, kv head) pairs{why}")
     if cfg.dq_pass:
