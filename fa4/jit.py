@@ -449,10 +449,11 @@ def _get_from_disk(cfg: KernelConfig) -> Optional[Callable]:
                 return fn
             try:
                 path.unlink(missing_ok=True)  # corrupt: rebuild
-                _compile_to_disk(cfg, path)
             except OSError as e:
                 _disk_cache_failed(e)
                 return None
+            try:
+                _compile_to_disk(cfg, path)
             except _CacheWriteError as e:
                 _disk_cache_failed(e)
                 if not e.entry_written:

@@ -1883,6 +1883,11 @@ the call omitted it, or one long sequence among short ones) takes the compact gr
 (``tools/device_run.sh next30e``, v0.29)."""
 
 
+def _loose_k(problem: AttnProblem) -> bool:
+    """Whether :data:`COMPACT_LOOSE_BOUND` sends ``problem`` to the compact grid (where it may run)."""
+    return COMPACT_LOOSE_BOUND and problem.varlen_k and loose_bound(problem.seqlen_k, problem.total_k, problem.batch)
+
+
 def kv_split_for(problem: AttnProblem, tile_m: int, tile_n: int, num_sms: int) -> int:
     """:func:`fa4.bwd.common.kv_split_for` (the rule, shared with the sm80 family)."""
     return common.kv_split_for(problem, tile_m, tile_n, num_sms)
@@ -1978,9 +1983,7 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         # (1 when determinism is asked: a split that reads the batch would change a sample's bits.)
         kv_split=common.choose_kv_split(opts, problem, lambda: kv_split_for(problem, steps, tile_n, _num_sms()),
                                         two_cta=two_cta, deterministic=asked_det),
-        compact_grid=((COMPACT_VARLEN or (COMPACT_LOOSE_BOUND and problem.varlen_k and loose_bound(
-                          problem.seqlen_k, problem.total_k, problem.batch)))
-                      and problem.varlen_k and not deterministic and not two_cta and not first_store),
+        compact_grid=((COMPACT_VARLEN or _loose_k(problem)) and problem.varlen_k and not deterministic and not two_cta and not first_store),
         **BwdSm90Config.problem_flags(problem))
     # What a larger tile_m leaves no room for: the second dQ buffer. What the sdQ tile of a
     # deterministic run (no dq_direct) leaves no room for: P/dS stages, then Q/dO stages.
@@ -2041,7 +2044,7 @@ def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: B
         heads_k = problem.heads_k * cfg.kv_split
         sec = min(lowest_pow2(sec), lowest_pow2(heads_k))  # as fa4.sched.tile.compact_tile
         why = ""
-        if not COMPACT_VARLEN and COMPACT_LOOSE_BOUND and loose_bound(problem.seqlen_k, problem.total_k, problem.batch):
+        if not COMPACT_VARLEN and _loose_k(problem):
             why = (f"; taken because max_seqlen_k {problem.seqlen_k} is over {LOOSE_BOUND_RATIO}x the average length "
                    "(COMPACT_LOOSE_BOUND)")
         notes.append(f"launch order: the compact varlen grid (packed K rows // {cfg.tile_n} + batch slots per kv "

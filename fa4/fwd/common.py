@@ -155,20 +155,26 @@ def forward_tiles(cfg, problem: AttnProblem, q, cu_seqlens_q, splits: int) -> in
     compact varlen grid's slots, Note [Compact varlen grid]): the grid of a one-tile-per-CTA launch
     (the sm80 family, sm90 ``persistent=False``), and the range the persistent schedulers index in
     Int32. ValueError, before the launch, past 2^31 - 1 (CUDA's grid limit; the tile index wraps)."""
-    g = cfg.qhead_per_kvhead
+    compact = getattr(cfg, "compact_grid", False)
     batch = cu_seqlens_q.shape[0] - 1 if cu_seqlens_q is not None and cfg.varlen_q else q.shape[0]
-    heads = q.shape[2] // g * splits
-    if getattr(cfg, "compact_grid", False):
-        slots, what = q.shape[1] * g // cfg.tile_m + batch, "(packed Q rows * g // tile_m + batch)"
-    else:
-        slots, what = -(-max(problem.seqlen_q, 1) * g // cfg.tile_m) * batch, "m_blocks * batch"
-    if slots * heads > MAX_GRID_X:
+    tiles = tile_count(q.shape[2], batch, problem.seqlen_q, q.shape[1], cfg.tile_m, cfg.qhead_per_kvhead,
+                       compact) * splits
+    if tiles > MAX_GRID_X:
+        what = "(packed Q rows * g // tile_m + batch)" if compact else "m_blocks * batch"
         hint = ("pass max_seqlen_q (without it the grid is sized by an upper bound from the shapes) or split the "
-                "batch into several calls" if cfg.varlen_q and not getattr(cfg, "compact_grid", False)
-                else "split the batch into several calls")
-        raise ValueError(f"the forward has {slots * heads} tiles, past CUDA's grid limit ({what} * scheduler "
-                         f"heads {heads} < 2^31): {hint}")
-    return slots * heads
+                "batch into several calls" if cfg.varlen_q and not compact else "split the batch into several calls")
+        raise ValueError(f"the forward has {tiles} tiles, past CUDA's grid limit ({what} * scheduler heads "
+                         f"{q.shape[2] // cfg.qhead_per_kvhead * splits} < 2^31): {hint}")
+    return tiles
+
+
+def tile_count(heads: int, batch: int, seqlen_q: int, total_q: int, tile_m: int, g: int, compact: bool) -> int:
+    """Tiles of a forward without split-KV as the kernels' ``__call__`` count them (:func:`grid_extent`):
+    ``ceil(s_q * g / tile_m) * batch`` per scheduler head (``heads // g``), or on the compact varlen
+    grid (Note [Compact varlen grid]) ``total_q * g // tile_m + batch`` slots, independent of ``s_q``."""
+    if compact:
+        return (total_q * g // tile_m + batch) * (heads // g)
+    return -(-max(seqlen_q, 1) * g // tile_m) * (heads // g) * batch
 
 
 # --------------------------------------------------------------------------------------------
@@ -241,12 +247,9 @@ def split_count(problem: AttnProblem, tile_m: int, tile_n: int, qhead_per_kvhead
     """K splits per tile of a forward config's tiles (:func:`num_splits`; one CTA per SM counted as
     a wave slot). Every forward family's ``make_config`` and ``run`` use it. ``compact``: the tiles
     of the compact varlen grid (Note [Compact varlen grid]), which do not depend on ``seqlen_q``."""
-    heads = problem.heads // qhead_per_kvhead
-    if compact and problem.varlen_q:
-        num_tiles = (problem.total_q * qhead_per_kvhead // tile_m + problem.batch) * heads
-    else:
-        num_tiles = -(-max(problem.seqlen_q, 1) * qhead_per_kvhead // tile_m) * heads * problem.batch
-    return num_splits(problem, num_tiles, tile_n, num_sms or default_num_sms())
+    tiles = tile_count(problem.heads, problem.batch, problem.seqlen_q, problem.total_q, tile_m, qhead_per_kvhead,
+                       compact and problem.varlen_q)
+    return num_splits(problem, tiles, tile_n, num_sms or default_num_sms())
 
 
 _split_memo: dict = {}

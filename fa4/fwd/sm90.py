@@ -962,6 +962,11 @@ DECODE_GRID = True  # tools/decode_sweep.py --grid turns it off to time the pref
 COMPACT_LOOSE_BOUND = False
 
 
+def _loose_q(problem: AttnProblem) -> bool:
+    """Whether the rule above sends ``problem`` to the compact grid."""
+    return COMPACT_LOOSE_BOUND and problem.varlen_q and loose_bound(problem.seqlen_q, problem.total_q, problem.batch)
+
+
 def _grid_order(problem: AttnProblem) -> dict:
     """``persistent``, ``dynamic_sched`` and ``l2_section_mb`` of the measured choice above."""
     long_k = problem.seqlen_k >= DYNAMIC_MIN_SEQLEN_K_MASKED
@@ -996,7 +1001,7 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
     # A varlen Q whose max_seqlen_q is a loose bound (COMPACT_LOOSE_BOUND, off): the compact grid, which
     # does not depend on it, and, where the call gave no lengths, the tile, packing and split count
     # judged on the average ones (fwd_common.loose_plan; Note [Compact varlen grid]).
-    loose = COMPACT_LOOSE_BOUND and problem.varlen_q and loose_bound(problem.seqlen_q, problem.total_q, problem.batch)
+    loose = _loose_q(problem)
     plan = fwd_common.loose_plan(problem) if loose else problem
     # Decode-like shapes: one consumer warpgroup, 64-row tiles, 64-row K blocks, one CTA per tile.
     g, tile_m, decode = fwd_common.rows_plan(plan, table_tile_m, options.tile_m)
@@ -1159,7 +1164,7 @@ def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: F
     if cfg.compact_grid:
         order = ("the compact varlen grid, one CTA per tile (Note [Compact varlen grid]: no CTA past a "
                  "sequence's end)")
-        if COMPACT_LOOSE_BOUND and problem.varlen_q and loose_bound(problem.seqlen_q, problem.total_q, problem.batch):
+        if _loose_q(problem):
             order += f"; max_seqlen_q {problem.seqlen_q} is over {LOOSE_BOUND_RATIO}x the average length"
             if shape_bound(problem.seqlen_q, problem.total_q, problem.batch):
                 order += (" (the call gave none: the packed token count stands in), so the tile, packing and split "
