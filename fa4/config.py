@@ -160,7 +160,8 @@ class AttnProblem:
     ``pack_gqa`` (None = chosen by fa4). Forward only: ``has_seqused_q`` (``seqused_q`` caps the
     queries of each sequence), ``page_size`` (> 0: paged K/V through a page table; ``seqlen_k`` is
     then ``max_pages * page_size`` unless ``seqused_k`` gives each sequence's length), ``has_sink``
-    (a learnable sink logit per q head, applied in the forward's softmax).
+    (a learnable sink logit per q head, applied in the forward's softmax). ``score_mod`` /
+    ``mask_mod``: the keys of user functions (forward only; :mod:`fa4.mods`), '' when absent.
     """
 
     dtype: str
@@ -187,6 +188,8 @@ class AttnProblem:
     has_seqused_q: bool = False
     page_size: int = 0
     has_sink: bool = False
+    score_mod: str = ""
+    mask_mod: str = ""
 
     @property
     def qhead_per_kvhead(self) -> int:
@@ -219,6 +222,12 @@ class KernelConfig:
         """Stable text key: class name and every field (order fixed by the dataclass)."""
         items = ",".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self))
         return f"{type(self).__name__}({items})"
+
+    @property
+    def disk_cacheable(self) -> bool:
+        """Whether the disk cache may hold this kernel (not with user functions: Note [User
+        functions in the compile key] in fa4/mods.py)."""
+        return True
 
     def describe(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -272,14 +281,22 @@ class AttnFwdConfig(AttnKernelConfig):
     local): the K blocks after a tile's first through one step body, the window mask a runtime
     branch in it, instead of separate loops over masked and free blocks (two causal, three local;
     a smaller kernel to compile; :func:`fa4.mask.walk_blocks`). ``has_sink``: a learnable sink
-    logit per q head in the softmax (Note [Attention sinks in the softmax] in fa4/softmax.py)."""
+    logit per q head in the softmax (Note [Attention sinks in the softmax] in fa4/softmax.py).
+    ``score_mod`` / ``mask_mod``: keys of user functions traced into the softmax step ('' when
+    absent; :mod:`fa4.mods`); such kernels stay in process memory."""
 
     has_seqused_q: bool = False
     page_rows: int = 0
     one_step_loop: bool = False
     has_sink: bool = False
+    score_mod: str = ""
+    mask_mod: str = ""
+
+    @property
+    def disk_cacheable(self) -> bool:
+        return not (self.score_mod or self.mask_mod)
 
     @staticmethod
     def fwd_flags(problem: AttnProblem) -> dict:
         return dict(AttnKernelConfig.problem_flags(problem), has_seqused_q=problem.has_seqused_q,
-                    has_sink=problem.has_sink)
+                    has_sink=problem.has_sink, score_mod=problem.score_mod, mask_mod=problem.mask_mod)

@@ -1,5 +1,6 @@
 """The public API: the same calls and argument names as flash-attn-4's ``flash_attn.cute``.
 
+``score_mod`` / ``mask_mod`` (user CuTe DSL functions, forward only) are described in :mod:`fa4.mods`.
 Arguments of that API that fa4 cannot honour yet raise ``NotImplementedError`` naming the argument;
 pure performance hints that fa4 does not use (``min_seqlen_k``) give a one-time warning, never a
 silent change of results.
@@ -21,7 +22,7 @@ from typing import Any, Optional
 import torch
 
 from fa4 import arch as _arch
-from fa4 import ops, validate
+from fa4 import mods, ops, validate
 from fa4.config import AttnProblem, KernelOptions
 
 _hint_warned: set = set()
@@ -65,6 +66,17 @@ def _with_hints(problem: AttnProblem, num_splits, pack_gqa) -> AttnProblem:
     return hinted
 
 
+def _with_mods(problem: AttnProblem, score_mod, mask_mod, aux_tensors, aux_scalars) -> AttnProblem:
+    """``problem`` with the keys of the user's ``score_mod`` / ``mask_mod`` (validated; :mod:`fa4.mods`)."""
+    if score_mod is None and mask_mod is None and aux_tensors is None and aux_scalars is None:
+        return problem
+    if torch.compiler.is_compiling():
+        raise NotImplementedError("fa4 does not support score_mod / mask_mod under torch.compile yet (the custom op "
+                                  "takes no functions); call it eagerly")
+    sk, mk = mods.check(score_mod, mask_mod, problem.softcap, aux_tensors, aux_scalars)
+    return dataclasses.replace(problem, score_mod=sk, mask_mod=mk)
+
+
 def _run(problem: AttnProblem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options: Optional[KernelOptions],
          deterministic: bool, return_lse: bool, seqused_q=None, page_table=None, sink=None):
     options = options if options is not None else _DEFAULT_OPTIONS
@@ -72,9 +84,10 @@ def _run(problem: AttnProblem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, o
     grad_sink = torch.is_grad_enabled() and sink is not None and sink.requires_grad
     grad = grad_qkv or grad_sink
     need_lse = return_lse or grad
-    forward_only = problem.has_seqused_q or problem.page_size
+    forward_only = problem.has_seqused_q or problem.page_size or problem.score_mod or problem.mask_mod
     if grad_qkv and forward_only:
-        name = "seqused_q" if problem.has_seqused_q else "page_table"
+        name = ("seqused_q" if problem.has_seqused_q else "page_table" if problem.page_size
+                else "score_mod" if problem.score_mod else "mask_mod")
         raise NotImplementedError(f"fa4's backward does not support {name} yet (forward only); call it under "
                                   f"torch.no_grad() or without inputs that require grad")
     if (grad_qkv and (problem.head_dim_v != problem.head_dim or options.bwd_kv_split is not None)
@@ -160,14 +173,13 @@ def flash_attn_func(
     stay deterministic). ``kernel_options`` (fa4 only): tile sizes, stages, exp2 emulation, rescale
     threshold, forced kernel family. ``gather_bwd_recompute_p`` / ``gather_bwd_token_chunk`` belong to
     flash-attn-4's ``gather_kv_indices`` backward and, like it, raise ``NotImplementedError`` when set.
+    ``score_mod`` / ``mask_mod``: CuTe DSL functions with flash_attn.cute's signatures, traced into
+    the forward (sm90 family; forward only, eager only, no ``aux_tensors`` yet: :mod:`fa4.mods`).
     """
-    if (qv is not None or gather_kv_indices is not None or score_mod is not None
-            or score_mod_bwd is not None or mask_mod is not None or aux_tensors is not None or aux_scalars is not None
+    if (qv is not None or gather_kv_indices is not None or score_mod_bwd is not None
             or block_sparse_tensors is not None or block_sparse_tensors_bwd is not None
             or gather_bwd_recompute_p is not False or gather_bwd_token_chunk is not None):
-        validate.reject_unsupported(qv=qv, gather_kv_indices=gather_kv_indices,
-                                    score_mod=score_mod, score_mod_bwd=score_mod_bwd, mask_mod=mask_mod,
-                                    aux_tensors=aux_tensors, aux_scalars=aux_scalars,
+        validate.reject_unsupported(qv=qv, gather_kv_indices=gather_kv_indices, score_mod_bwd=score_mod_bwd,
                                     block_sparse_tensors=block_sparse_tensors,
                                     block_sparse_tensors_bwd=block_sparse_tensors_bwd,
                                     gather_bwd_recompute_p=gather_bwd_recompute_p,
@@ -175,6 +187,7 @@ def flash_attn_func(
     _check_flags(kernel_options, deterministic, return_lse)
     problem = _with_hints(validate.check_dense(q, k, v, softmax_scale, causal, window_size, softcap), num_splits,
                           pack_gqa)
+    problem = _with_mods(problem, score_mod, mask_mod, aux_tensors, aux_scalars)
     if learnable_sink is not None:
         validate.check_sink(learnable_sink, problem.heads, q.device)
         return _run(dataclasses.replace(problem, has_sink=True), q, k, v, None, None, None, kernel_options,
@@ -233,10 +246,8 @@ def flash_attn_varlen_func(
     Returns ``(out, lse)`` with out like q and lse float32 (h, total_q) (batched q: (batch, h,
     seqlen_q)) or None.
     """
-    validate.reject_unsupported(qv=qv, gather_kv_indices=gather_kv_indices, score_mod=score_mod,
-                                score_mod_bwd=score_mod_bwd, mask_mod=mask_mod,
-                                block_sparse_tensors=block_sparse_tensors, aux_tensors=aux_tensors,
-                                aux_scalars=aux_scalars, scheduler_metadata=scheduler_metadata,
+    validate.reject_unsupported(qv=qv, gather_kv_indices=gather_kv_indices, score_mod_bwd=score_mod_bwd,
+                                block_sparse_tensors=block_sparse_tensors, scheduler_metadata=scheduler_metadata,
                                 seqlen_k_per_split=seqlen_k_per_split,
                                 disable_scheduler_metadata=disable_scheduler_metadata,
                                 gather_bwd_recompute_p=gather_bwd_recompute_p,
@@ -248,6 +259,7 @@ def flash_attn_varlen_func(
                                                 seqused_k, softmax_scale, causal, window_size, softcap,
                                                 seqused_q=seqused_q, page_table=page_table),
                           num_splits, pack_gqa)
+    problem = _with_mods(problem, score_mod, mask_mod, aux_tensors, aux_scalars)
     if learnable_sink is not None:
         validate.check_sink(learnable_sink, problem.heads, q.device)
         return _run(dataclasses.replace(problem, has_sink=True), q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
@@ -297,6 +309,8 @@ def _cache_state(cfg) -> str:
 
     if cfg in jit._memory:
         return "compiled in this process"
+    if not cfg.disk_cacheable:
+        return "not compiled yet (user functions: compiled on first call, process memory only)"
     if jit.disk_cache_enabled() and (jit.cache_dir() / f"{jit.entry_name(cfg)}.o").exists():
         return f"on disk ({jit.cache_dir()})"
     return "not compiled yet (compiles on first call)"
@@ -306,7 +320,7 @@ def explain(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
             seqused_k=None, softmax_scale=None, causal=False, window_size=(None, None), softcap=0.0,
             num_splits=None, pack_gqa=None, seqused_q=None, page_table=None, deterministic=False,
             return_lse=False, kernel_options: Optional[KernelOptions] = None,
-            capability: Optional[tuple] = None) -> Explanation:
+            capability: Optional[tuple] = None, score_mod=None, mask_mod=None) -> Explanation:
     """Which kernels, arch and options a call with these arguments would use, and why.
 
     Launches nothing. ``capability`` (e.g. ``(9, 0)``) explains for another GPU, or on a machine
@@ -325,7 +339,12 @@ def explain(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
         else:
             problem = validate.check_dense(q, k, v, softmax_scale, causal, window_size, softcap)
     problem = _with_hints(problem, num_splits, pack_gqa)
+    problem = _with_mods(problem, score_mod, mask_mod, None, None)
     ex = Explanation(problem, tuple(capability))
+    if problem.score_mod or problem.mask_mod:
+        ex.notes.append("score_mod / mask_mod: traced into the forward's softmax step; the kernel is compiled per "
+                        "function (keyed by its code and captured values) and kept in process memory only, and the "
+                        "backward does not support them yet (fa4/mods.py)")
     for side, given, cu in (("q", max_seqlen_q, cu_seqlens_q), ("k", max_seqlen_k, cu_seqlens_k)):
         if cu is not None and cu.shape[0] > 2 and (given is None or (isinstance(given, torch.Tensor)
                                                                       and given.device.type != "cpu")):
@@ -346,6 +365,10 @@ def explain(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
             fwd_problem = dataclasses.replace(problem, page_size=0)
     need_bwd = q.requires_grad or k.requires_grad or v.requires_grad
     for direction in ("fwd", "bwd"):
+        if direction == "bwd" and (problem.score_mod or problem.mask_mod):
+            ex.directions[direction] = {"error": "the backward does not support score_mod / mask_mod yet (a call "
+                                                 "whose inputs require grad raises NotImplementedError)"}
+            continue
         try:
             d = _arch.resolve(direction, tuple(capability), options, warn=False)
         except (ValueError, NotImplementedError) as e:

@@ -380,7 +380,7 @@ def get_kernel(cfg: KernelConfig) -> Callable:
         if fn is not None:
             _stats.memory_hits += 1
             return fn
-        fn = _get_from_disk(cfg) if disk_cache_enabled() else None
+        fn = _get_from_disk(cfg) if disk_cache_enabled() and cfg.disk_cacheable else None
         if fn is None:
             t0 = time.perf_counter()
             fn = compile_uncached(cfg)
@@ -472,6 +472,9 @@ def _get_from_disk(cfg: KernelConfig) -> Optional[Callable]:
 def precompile(cfg: KernelConfig) -> dict[str, Any]:
     """Compile ``cfg`` into the disk cache if absent (no loading, so it works for any arch on
     any machine). Returns a row for the CLI table."""
+    if not cfg.disk_cacheable:
+        raise ValueError(f"{type(cfg).__name__} with user functions (score_mod / mask_mod) is not disk-cached "
+                         f"(Note [User functions in the compile key] in fa4/mods.py)")
     d = cache_dir()
     d.mkdir(parents=True, exist_ok=True)
     path = d / f"{entry_name(cfg)}.o"

@@ -153,9 +153,13 @@ def exp2_rows(
 # --------------------------------------------------------------------------------------------
 
 
-def score_scales(softmax_scale: Float32, softcap: Optional[Float32], has_softcap: bool):
+def score_scales(softmax_scale: Float32, softcap: Optional[Float32], has_softcap: bool, has_score_mod: bool = False):
     """``(prescale, scale_log2)``: scores are ``tanh(qk * prescale)`` then ``* scale_log2`` with
-    softcap, or ``qk * scale_log2`` without (``prescale`` None)."""
+    softcap, or ``qk * scale_log2`` without (``prescale`` None). With a user ``score_mod``
+    (:mod:`fa4.mods`) the score is ``score_mod(qk * prescale)`` (``prescale = softmax_scale``, as
+    flash_attn.cute passes it) then ``* log2(e)``."""
+    if has_score_mod:
+        return softmax_scale, Float32(LOG2_E)
     if has_softcap:
         return softmax_scale / softcap, softcap * LOG2_E
     return None, softmax_scale * LOG2_E

@@ -27,7 +27,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 
@@ -103,11 +103,16 @@ def _dense_attention(
     causal: bool,
     window_size: Window,
     softcap: float,
+    score_fn: Optional[Callable] = None,
+    mask_fn: Optional[Callable] = None,
+    batch_base: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of ``q (b, sq, h, d)`` over ``k, v (b, sk, hk, d*)`` in the dtype of the inputs.
 
     Returns ``out (b, sq, h, dv)`` and ``lse`` float32 ``(b, h, sq)``. Rows with no allowed key
     give out 0 and lse -inf; they are routed around the softmax so their gradients are 0, not NaN.
+    ``score_fn`` / ``mask_fn``: the torch twins of a ``score_mod`` / ``mask_mod`` (:func:`attention_ref`);
+    ``batch_base``: the batch index of ``q``'s first entry.
     """
     heads, seqlen_q, seqlen_k = q.shape[2], q.shape[1], k.shape[1]
     k = _repeat_kv_heads(k, heads)
@@ -115,7 +120,16 @@ def _dense_attention(
     scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * softmax_scale
     if softcap > 0.0:
         scores = softcap * torch.tanh(scores / softcap)
+    if score_fn is not None or mask_fn is not None:
+        dev = q.device
+        idx = (torch.arange(batch_base, batch_base + q.shape[0], device=dev).view(-1, 1, 1, 1),
+               torch.arange(heads, device=dev).view(1, -1, 1, 1), torch.arange(seqlen_q, device=dev).view(1, 1, -1, 1),
+               torch.arange(seqlen_k, device=dev).view(1, 1, 1, -1))
+    if score_fn is not None:
+        scores = score_fn(scores, *idx).to(scores.dtype)
     allowed = attention_mask(seqlen_q, seqlen_k, causal=causal, window_size=window_size, device=q.device)
+    if mask_fn is not None:
+        allowed = allowed & mask_fn(*idx)  # (b, h, sq, sk)
     row_live = allowed.any(dim=-1, keepdim=True)  # (sq, 1)
     # Masked keys get -inf; fully masked rows get all zeros instead (finite softmax, zero grads).
     scores = scores.masked_fill(~allowed, float("-inf")).masked_fill(~row_live, 0.0)
@@ -158,6 +172,7 @@ def _varlen_attention(
             k[k_start:k_stop].unsqueeze(0),
             v[k_start:k_stop].unsqueeze(0),
             **kwargs,
+            batch_base=b,
         )
         outs.append(out.squeeze(0))
         lses.append(lse.squeeze(0))
@@ -177,6 +192,8 @@ def attention_ref(
     cu_seqlens_q: Optional[torch.Tensor] = None,
     cu_seqlens_k: Optional[torch.Tensor] = None,
     seqused_k: Optional[torch.Tensor] = None,
+    score_fn: Optional[Callable] = None,
+    mask_fn: Optional[Callable] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference attention with FlashAttention's semantics; differentiable with torch autograd.
 
@@ -186,7 +203,10 @@ def attention_ref(
     dv)``, ``lse (h, total_q)``; ``seqused_k (batch,)`` limits the keys each sequence uses.
 
     Scores are ``q.k * softmax_scale`` (default ``d ** -0.5``), then ``softcap * tanh(s / softcap)``
-    when ``softcap > 0``. ``upcast=True``: inputs are upcast and everything, including ``out``, is
+    when ``softcap > 0``, then ``score_fn(scores, b, h, q_idx, kv_idx)`` (a ``score_mod``'s torch twin:
+    indices as broadcastable int64 tensors ``(B,1,1,1)``, ``(1,H,1,1)``, ``(1,1,Sq,1)``, ``(1,1,1,Sk)``;
+    varlen: positions in the sequence, ``b`` its index); ``mask_fn(b, h, q_idx, kv_idx)`` -> bool hides
+    keys where False, on top of the window. ``upcast=True``: inputs are upcast and everything, including ``out``, is
     float32. ``upcast=False``: the naive PyTorch computation in the input dtype (scores, softmax and
     P@V in that dtype; only the LSE reduction runs in float32 over the low-precision scores), and
     ``out`` has the input dtype. ``lse`` is always float32, natural log; a row with no allowed key
@@ -200,7 +220,8 @@ def attention_ref(
         softmax_scale = q.shape[-1] ** -0.5
     if upcast:
         q, k, v = q.float(), k.float(), v.float()
-    kwargs = {"softmax_scale": softmax_scale, "causal": causal, "window_size": window_size, "softcap": softcap}
+    kwargs = {"softmax_scale": softmax_scale, "causal": causal, "window_size": window_size, "softcap": softcap,
+              "score_fn": score_fn, "mask_fn": mask_fn}
     if cu_seqlens_q is None:
         return _dense_attention(q, k, v, **kwargs)
     return _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, **kwargs)

@@ -151,6 +151,9 @@ class FlashFwdSm80:
         fwd_common.check_head_dims(cfg)
         if cfg.page_rows:
             raise NotImplementedError("the sm80 forward does not implement paged K/V (page_table) yet")
+        if cfg.score_mod or cfg.mask_mod:
+            raise NotImplementedError("the sm80 forward does not implement score_mod / mask_mod yet (the sm90 "
+                                      "forward does)")
         if cfg.num_threads not in (64, 128, 256):
             raise ValueError(f"FwdSm80Config.num_threads (KernelOptions.num_threads) must be 64, 128 or 256, "
                              f"got {cfg.num_threads}")

@@ -120,6 +120,8 @@ from fa4.cute_utils import (
 )
 from fa4.fwd import common as fwd_common
 from fa4.mask import AttentionMask, walk_blocks
+from fa4.mods import lookup
+from fa4.mods_kernel import UserMods
 from fa4.pack_gqa import (
     TileRows, batch_slot, load_q_rows, partial_slot, row_sinks, store_acc_rows, store_lse_rows, store_rows,
 )
@@ -243,6 +245,9 @@ class FlashFwdSm90:
         # Only a ragged Q has empty tiles (Note [Skipped claims] in fa4/sched/tile.py).
         self.skip_empty = cfg.skip_empty and cfg.dynamic_sched and (cfg.varlen_q or cfg.has_seqused_q)
         self.page_rows = cfg.page_rows
+        # User functions traced into the softmax step (fa4/mods.py); None when absent.
+        self.score_mod, self.mask_mod = lookup(cfg.score_mod), lookup(cfg.mask_mod)
+        self.user_mods = self.score_mod is not None or self.mask_mod is not None
 
     # ----------------------------------------------------------------------------------------
     # Host side
@@ -286,6 +291,10 @@ class FlashFwdSm90:
                              "and persistent=False (one CTA per tile)")
         if cfg.split_kv and not cfg.has_lse:
             raise ValueError("FwdSm90Config.split_kv needs has_lse (the combine reads every split's LSE)")
+        if cfg.score_mod and cfg.has_softcap:
+            raise ValueError("FwdSm90Config.score_mod and has_softcap cannot be used together: apply the softcap "
+                             "inside score_mod")
+        lookup(cfg.score_mod), lookup(cfg.mask_mod)  # registered (KeyError otherwise)
 
     @staticmethod
     def fake_args(cfg: FwdSm90Config) -> tuple:
@@ -372,7 +381,7 @@ class FlashFwdSm90:
         num_batch, num_m_blocks, section, sched_heads = fwd_common.grid_extent(
             mQ, mK, mCuSeqlensQ, mCuSeqlensK, max_seqlen_q, self.tile_m, 2 * (self.tile_hdim + self.tile_hdimv),
             cfg.qhead_per_kvhead, num_splits, mPageTable, cfg.l2_section_mb << 20, pow2_sections=True)
-        prescale, scale_log2 = score_scales(softmax_scale, softcap, cfg.has_softcap)
+        prescale, scale_log2 = score_scales(softmax_scale, softcap, cfg.has_softcap, self.score_mod is not None)
 
         # TMA atoms over (s, d, h, b) views (Note [TMA and varlen / padding]).
         mQ_t, mK_t, mV_t, mO_t = (to_sdhb(t) for t in (mQ, mK, mV, mO))
@@ -709,6 +718,10 @@ class FlashFwdSm90:
                 acc_O.fill(0.0)
                 has_work = n_min < n_max
                 rows = TileRows.create(cfg.qhead_per_kvhead, self.tile_m, m_block, head, seqlen.seqlen_q)
+                umod = None
+                if const_expr(self.user_mods):
+                    umod = UserMods(self.score_mod, self.mask_mod, self.tile_m, self.tile_n, cfg.qhead_per_kvhead,
+                                    batch, head, seqlen)
                 if has_work:
                     if const_expr(self.tma_q):
                         pq.consumer_wait(q_state)
@@ -728,14 +741,14 @@ class FlashFwdSm90:
                     self.pp_arrive(wg, edge=True)
                     warpgroup.wait_group(0)
                     pk.consumer_release(kv_state)
-                    self.scores(acc_S, mask, thr_mma_qk, m_block, n_max - 1, prescale, True, True)
+                    self.scores(acc_S, mask, thr_mma_qk, m_block, n_max - 1, prescale, True, True, umod=umod)
                     row_scale_prev.store(softmax.update(acc_S, is_first=True)[0].load())
                     softmax.convert_P(acc_S, rP)
                     v_state = kv_state.clone()
                     if const_expr(cfg.has_seqused_k):
                         self.clear_v_tail(pv, v_state, sV, seqlen.seqlen_k - (n_max - 1) * self.tile_n, tidx)
                     kv_state.advance()
-                    step = partial(self.step_carry, c, softmax, mask, m_block, prescale, wg)
+                    step = partial(self.step_carry, c, softmax, mask, m_block, prescale, wg, umod=umod)
                     kv_state, v_state = walk_blocks(mask, m_block, n_min, n_max, step, (kv_state, v_state),
                                                     cfg.one_step_loop)
                     if const_expr(self.tma_q and not self.o_in_q):
@@ -785,22 +798,27 @@ class FlashFwdSm90:
 
     @cute.jit
     def scores(self, acc_S, mask: AttentionMask, thr_mma_qk, m_block: Int32, n: Int32, prescale,
-               mask_seqlen: cutlass.Constexpr[bool], mask_window: cutlass.Constexpr[bool], window_if=None) -> None:
-        """Raw ``Q K^T`` of block ``n`` -> softcapped, masked scores (in place). ``window_if``: a
-        runtime Boolean, the window mask applied only where it is true (one step body for every
-        block, ``one_step_loop``)."""
+               mask_seqlen: cutlass.Constexpr[bool], mask_window: cutlass.Constexpr[bool], window_if=None,
+               umod: Optional[UserMods] = None) -> None:
+        """Raw ``Q K^T`` of block ``n`` -> softcapped (or ``score_mod``-ed), masked scores (in place).
+        ``window_if``: a runtime Boolean, the window mask applied only where it is true (one step
+        body for every block, ``one_step_loop``). ``umod``: the tile's user functions
+        (:mod:`fa4.mods`), applied before the causal / window / length mask, on every block."""
         if const_expr(self.cfg.has_softcap):
             apply_softcap(acc_S, prescale)
+        if const_expr(umod is not None):
+            umod.apply(acc_S, thr_mma_qk, m_block, n, prescale)
         mask.apply_block(acc_S, thr_mma_qk, m_block, n, mask_seqlen, mask_window, window_if)
 
-    def step_carry(self, c, softmax, mask, m_block, prescale, wg, n, carry, mask_window, window_if):
+    def step_carry(self, c, softmax, mask, m_block, prescale, wg, n, carry, mask_window, window_if, umod=None):
         """:meth:`step` in the form :func:`fa4.mask.walk_blocks` drives: the carry is the stage states."""
         kv_state, v_state = carry
-        return self.step(c, softmax, mask, m_block, prescale, wg, n, kv_state, v_state, mask_window, window_if)
+        return self.step(c, softmax, mask, m_block, prescale, wg, n, kv_state, v_state, mask_window, window_if, umod)
 
     @cute.jit
     def step(self, c: SimpleNamespace, softmax: OnlineSoftmax, mask: AttentionMask, m_block: Int32, prescale,
-             wg: Int32, n: Int32, kv_state, v_state, mask_window: cutlass.Constexpr[bool], window_if=None):
+             wg: Int32, n: Int32, kv_state, v_state, mask_window: cutlass.Constexpr[bool], window_if=None,
+             umod: Optional[UserMods] = None):
         """One K block ``n`` after the first (Note [intra-warpgroup overlap]): ``S = Q K[n]^T`` and
         the previous block's ``O += P V`` in flight together; returns the advanced stage states."""
         c.pk.consumer_wait(kv_state)
@@ -813,7 +831,7 @@ class FlashFwdSm90:
         self.pp_arrive(wg)
         warpgroup.wait_group(1)
         c.pk.consumer_release(kv_state)
-        self.scores(c.acc_S, mask, c.thr_mma_qk, m_block, n, prescale, False, mask_window, window_if)
+        self.scores(c.acc_S, mask, c.thr_mma_qk, m_block, n, prescale, False, mask_window, window_if, umod)
         row_scale, do_rescale = softmax.update(c.acc_S)
         warpgroup.wait_group(0)
         c.pv.consumer_release(v_state)

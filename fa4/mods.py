@@ -1,0 +1,174 @@
+"""User score and mask functions in the forward (``score_mod`` / ``mask_mod``, flash_attn.cute's API).
+
+A ``score_mod`` rewrites each score, a ``mask_mod`` hides keys; both are CuTe DSL functions the
+forward kernel traces into its softmax step, with flash_attn.cute's calling conventions, so a
+function written for flash_attn.cute runs unchanged:
+
+* ``score_mod(scores, batch_idx, head_idx, q_idx=, kv_idx=, seqlen_info=, aux_tensors=)`` ->
+  scores. ``scores`` is a float32 ``TensorSSA`` of ``vec_size`` scores of one query row and
+  adjacent keys, already multiplied by ``softmax_scale``; the index arguments are int32
+  ``TensorSSA`` of the same size. ``vec_size`` is the function's ``__vec_size__`` (1 or 2),
+  else 2.
+* ``mask_mod(batch_idx, head_idx, q_idx, kv_idx, seqlen_info, aux_tensors)`` -> a Boolean (or a
+  one-element Boolean ``TensorSSA``): False hides key ``kv_idx`` from query ``q_idx``. It
+  applies to every K block (on top of ``causal`` / ``window_size``, which still skip the blocks
+  outside the window).
+
+``q_idx`` / ``kv_idx`` are positions in the sequence (varlen: in sequence ``batch_idx``),
+``head_idx`` the q head (pack GQA included), ``seqlen_info`` has ``offset_q``, ``offset_k``,
+``seqlen_q`` and ``seqlen_k`` (:class:`fa4.seqlen.SeqlenInfo`). ``aux_tensors`` is ``()`` for a
+score_mod and None for a mask_mod: fa4 does not pass extra tensors yet (``aux_tensors`` /
+``aux_scalars`` raise NotImplementedError), so a function reads only its indices and the values
+it closes over, which are compile-time constants of its kernel.
+
+Note [User functions in the compile key]
+    A config names its functions by key (``AttnFwdConfig.score_mod`` / ``mask_mod``), and the
+    kernel looks the function up here when it is traced. The key is a hash of what the function
+    computes: its code object (with its file and lines), the plain values it closes over or reads
+    as globals (numbers, strings, tuples of them; functions by their own key), its defaults and
+    ``__vec_size__``. So a function redefined with the same code and values (a closure made per
+    call, a script run again) reuses the compiled kernel, and an edit or another captured value
+    compiles a new one. A function that captures anything else (a tensor, an object) gets a key
+    of its identity instead: one kernel per function object, held alive here. Globals that are
+    not plain values (an imported helper module's contents) are not hashed: changing them in a
+    running process does not recompile. Kernels with user functions stay in process memory; the
+    disk cache does not take them (a key of identity means nothing in another process, and a
+    hash cannot see everything a function reads).
+
+This module (host only: ``import fa4`` does not load the DSL) validates and names the functions
+(:func:`key_of`, :func:`lookup`, :func:`check`); :class:`fa4.mods_kernel.UserMods` applies them to an
+accumulator tile in the kernel.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import marshal
+import types
+import weakref
+from typing import Any, Callable, Optional
+
+# key -> function (Note [User functions in the compile key]): the first function of each key, which
+# its kernels trace; function -> key, weakly (a closure made per call is hashed once and not kept).
+_REGISTRY: dict[str, Callable] = {}
+_KEYS: dict[str, weakref.WeakKeyDictionary] = {"score_mod": weakref.WeakKeyDictionary(),
+                                              "mask_mod": weakref.WeakKeyDictionary()}
+_PLAIN = (type(None), bool, int, float, complex, str, bytes)
+
+
+class _Opaque(Exception):
+    """A value a function captures that cannot be hashed by content."""
+
+
+def _plain(value: Any, depth: int = 0) -> str:
+    if depth > 8:
+        raise _Opaque()
+    if isinstance(value, _PLAIN):
+        return f"{type(value).__name__}:{value!r}"
+    if isinstance(value, (tuple, list, frozenset)):
+        items = sorted(value, key=repr) if isinstance(value, frozenset) else value
+        return f"{type(value).__name__}(" + ",".join(_plain(v, depth + 1) for v in items) + ")"
+    if isinstance(value, dict):
+        return "dict(" + ",".join(f"{_plain(k, depth + 1)}={_plain(v, depth + 1)}" for k, v in value.items()) + ")"
+    if isinstance(value, types.ModuleType):
+        return f"module:{value.__name__}"
+    if isinstance(value, type):
+        return f"type:{value.__module__}.{value.__qualname__}"
+    if callable(value) and hasattr(inspect.unwrap(value), "__code__"):
+        return "fn:" + _fingerprint(value, depth + 1)
+    raise _Opaque()
+
+
+def _fingerprint(fn: Callable, depth: int = 0) -> str:
+    """A content hash of ``fn`` (Note [User functions in the compile key]); raises _Opaque."""
+    f = inspect.unwrap(fn)
+    code = getattr(f, "__code__", None)
+    if code is None:
+        raise _Opaque()
+    h = hashlib.sha256()
+    h.update(f"{getattr(f, '__module__', '')}.{getattr(f, '__qualname__', '')}".encode())
+    h.update(marshal.dumps(code))
+    for cell in f.__closure__ or ():
+        try:
+            h.update(_plain(cell.cell_contents, depth).encode())
+        except ValueError:  # an empty cell (a name assigned after the function was made)
+            h.update(b"<empty>")
+    h.update(_plain(f.__defaults__, depth).encode())
+    h.update(_plain(f.__kwdefaults__, depth).encode())
+    g = getattr(f, "__globals__", {})
+    for name in _global_names(code):
+        if name in g:
+            try:
+                h.update(f"{name}={_plain(g[name], depth)}".encode())
+            except _Opaque:
+                pass  # not hashed (Note [User functions in the compile key])
+    h.update(repr(getattr(fn, "__vec_size__", None)).encode())
+    return h.hexdigest()[:24]
+
+
+def _global_names(code: types.CodeType) -> list[str]:
+    names = list(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):  # nested functions and comprehensions
+            names.extend(_global_names(const))
+    return names
+
+
+def key_of(fn: Callable, what: str) -> str:
+    """The compile key of user function ``fn`` (``what``: its argument's name), registered for
+    :func:`lookup`. TypeError if it is not callable."""
+    try:
+        key = _KEYS[what].get(fn)
+    except TypeError:  # not weakly referenceable (nor, then, a function)
+        key = None
+    if key is not None:
+        return key
+    if not callable(fn):
+        raise TypeError(f"{what} must be a callable (a CuTe DSL function), got {type(fn).__name__}")
+    name = getattr(inspect.unwrap(fn), "__name__", type(fn).__name__)
+    try:
+        key = f"{what}:{name}:{_fingerprint(fn)}"
+    except _Opaque:
+        key = f"{what}:{name}:id{id(fn):x}"
+    _REGISTRY.setdefault(key, fn)
+    try:
+        _KEYS[what][fn] = key
+    except TypeError:
+        pass
+    return key
+
+
+def lookup(key: str) -> Optional[Callable]:
+    """The function of ``key`` ('' -> None)."""
+    if not key:
+        return None
+    fn = _REGISTRY.get(key)
+    if fn is None:
+        raise KeyError(f"fa4: no user function is registered under {key!r} (configs with score_mod / mask_mod "
+                       f"compile in the process that made them)")
+    return fn
+
+
+def vec_size(score_mod: Callable) -> int:
+    """Scores per ``score_mod`` call: its ``__vec_size__`` (1 or 2), else 2 (flash_attn.cute's on
+    Hopper without aux tensors)."""
+    v = getattr(score_mod, "__vec_size__", 2)
+    if v not in (1, 2):
+        raise ValueError(f"score_mod.__vec_size__ must be 1 or 2 (a thread holds pairs of adjacent scores), got {v!r}")
+    return int(v)
+
+
+def check(score_mod, mask_mod, softcap: float, aux_tensors, aux_scalars) -> tuple[str, str]:
+    """Validate the user functions of a call; returns their keys ('' where absent)."""
+    if aux_tensors is not None or aux_scalars is not None:
+        name = "aux_tensors" if aux_tensors is not None else "aux_scalars"
+        raise NotImplementedError(f"fa4 does not support the argument {name!r} yet (score_mod / mask_mod read only "
+                                  f"their indices and the values they close over)")
+    if score_mod is not None and softcap:
+        raise ValueError("softcap and score_mod cannot be used together: apply the softcap inside score_mod")
+    sk = key_of(score_mod, "score_mod") if score_mod is not None else ""
+    if score_mod is not None:
+        vec_size(score_mod)
+    mk = key_of(mask_mod, "mask_mod") if mask_mod is not None else ""
+    return sk, mk

@@ -1,0 +1,78 @@
+"""The device side of user score / mask functions: :class:`UserMods` applies a tile's ``score_mod`` and
+``mask_mod`` to the forward's ``S`` accumulator (conventions and keys: :mod:`fa4.mods`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, const_expr
+
+from fa4.mods import vec_size
+
+
+def _ssa(values: list, dtype) -> cute.TensorSSA:
+    t = cute.make_rmem_tensor(len(values), dtype)
+    for j, x in enumerate(values):
+        t[j] = x
+    return t.load()
+
+
+@dataclass(frozen=True)
+class UserMods:
+    """The user functions of one forward tile: ``head`` is the q head, or the kv head when the
+    tile packs ``qhead_per_kvhead`` q heads (Note [Pack GQA] in fa4/pack_gqa.py)."""
+
+    score_mod: cutlass.Constexpr
+    mask_mod: cutlass.Constexpr
+    tile_m: cutlass.Constexpr[int]
+    tile_n: cutlass.Constexpr[int]
+    qhead_per_kvhead: cutlass.Constexpr[int]
+    batch: Int32
+    head: Int32
+    seqlen: Any  # fa4.seqlen.SeqlenInfo
+
+    def _coords(self, row, col, m_block, n_block):
+        """(q head, query position, key position) of accumulator element (row, col)."""
+        g = self.qhead_per_kvhead
+        prow = m_block * self.tile_m + row
+        if const_expr(g == 1):
+            return self.head, prow, n_block * self.tile_n + col
+        q = prow // g
+        return self.head * g + (prow - q * g), q, n_block * self.tile_n + col
+
+    @cute.jit
+    def apply(self, acc_S: cute.Tensor, thr_mma, m_block: Int32, n_block: Int32, softmax_scale) -> None:
+        """``score_mod`` on every score of the tile (times ``softmax_scale`` first), then
+        ``mask_mod`` (-inf where it is False), in place on the forward's ``S`` accumulator."""
+        tScS = thr_mma.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
+        n = cute.size(acc_S)
+        if const_expr(self.score_mod is not None):
+            vec = vec_size(self.score_mod)
+            if const_expr(n % vec):
+                vec = 1
+            for i in cutlass.range(0, n, vec, unroll_full=True):
+                heads, qs, ks, scores = [], [], [], []
+                for j in cutlass.range_constexpr(vec):
+                    h, q, k = self._coords(tScS[i + j][0], tScS[i + j][1], m_block, n_block)
+                    heads.append(h)
+                    qs.append(q)
+                    ks.append(k)
+                    scores.append(acc_S[i + j] * softmax_scale)
+                out = self.score_mod(_ssa(scores, Float32), _ssa([self.batch] * vec, Int32), _ssa(heads, Int32),
+                                     q_idx=_ssa(qs, Int32), kv_idx=_ssa(ks, Int32), seqlen_info=self.seqlen,
+                                     aux_tensors=())
+                res = cute.make_rmem_tensor(vec, Float32)
+                res.store(out)
+                for j in cutlass.range_constexpr(vec):
+                    acc_S[i + j] = res[j]
+        if const_expr(self.mask_mod is not None):
+            for i in cutlass.range(n, unroll_full=True):
+                h, q, k = self._coords(tScS[i][0], tScS[i][1], m_block, n_block)
+                keep = self.mask_mod(_ssa([self.batch], Int32), _ssa([h], Int32), _ssa([q], Int32), _ssa([k], Int32),
+                                     self.seqlen, None)
+                if const_expr(isinstance(keep, cute.TensorSSA)):
+                    keep = keep[0]
+                acc_S[i] = acc_S[i] if keep else -Float32.inf

@@ -1,0 +1,108 @@
+"""User score / mask functions for the tests, each with its torch twin (fa4.testing.attention_ref's
+``score_fn`` / ``mask_fn``), written as a flash_attn.cute user would write them.
+
+A twin gets broadcastable int64 index tensors ``b (B,1,1,1)``, ``h (1,H,1,1)``, ``q (1,1,Sq,1)``,
+``kv (1,1,1,Sk)`` of one sequence, so ``q.shape[2]`` / ``kv.shape[3]`` are its lengths.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def identity():
+    import cutlass.cute as cute
+
+    @cute.jit
+    def identity(scores, b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+        return scores
+
+    return identity, lambda s, b, h, q, kv: s
+
+
+def alibi(slope: float):
+    """A per-head linear bias on the distance to the bottom-right diagonal (uses seqlen_info)."""
+    import cutlass.cute as cute
+
+    @cute.jit
+    def alibi(scores, b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+        dist = q_idx + (seqlen_info.seqlen_k - seqlen_info.seqlen_q) - kv_idx
+        return scores - (h + 1).to(cute.Float32) * slope * dist.to(cute.Float32)
+
+    def twin(s, b, h, q, kv):
+        dist = q + (kv.shape[3] - q.shape[2]) - kv
+        return s - (h + 1).float() * slope * dist.float()
+
+    return alibi, twin
+
+
+def tanh_cap(cap: float):
+    """The softcap as a score_mod (flash_attn.cute builds its softcap this way)."""
+    import cutlass.cute as cute
+
+    @cute.jit
+    def tanh_cap(scores, b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+        return cute.math.tanh(scores * (1.0 / cap), fastmath=True) * cap
+
+    return tanh_cap, lambda s, b, h, q, kv: cap * torch.tanh(s / cap)
+
+
+def batch_bias(step: float):
+    """A bias per sequence (varlen: the batch index is the sequence's)."""
+    import cutlass.cute as cute
+
+    @cute.jit
+    def batch_bias(scores, b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+        return scores + b.to(cute.Float32) * step
+
+    return batch_bias, lambda s, b, h, q, kv: s + b.float() * step
+
+
+def causal_mask():
+    """Bottom-right causal, as a mask_mod reading the sequence's lengths."""
+    import cutlass.cute as cute
+
+    @cute.jit
+    def causal_mask(b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+        return kv_idx <= q_idx + (seqlen_info.seqlen_k - seqlen_info.seqlen_q)
+
+    return causal_mask, lambda b, h, q, kv: kv <= q + (kv.shape[3] - q.shape[2])
+
+
+def doc_mask(doc: int):
+    """Documents of ``doc`` positions (query and key positions in the same document)."""
+    import cutlass.cute as cute
+
+    @cute.jit
+    def doc_mask(b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+        return (q_idx // doc) == (kv_idx // doc)
+
+    return doc_mask, lambda b, h, q, kv: (q // doc) == (kv // doc)
+
+
+def head_parity():
+    """Head h sees the keys of h's parity: a head-dependent mask (pack GQA's head index)."""
+    import cutlass.cute as cute
+
+    @cute.jit
+    def head_parity(b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+        return ((h + kv_idx) % 2) == 0
+
+    return head_parity, lambda b, h, q, kv: ((h + kv) % 2) == 0
+
+
+def every_seventh_row_blind():
+    """Rows with ``q_idx % 7 == 0`` see no key at all (their out is 0, their lse -inf)."""
+    import cutlass.cute as cute
+
+    @cute.jit
+    def blind(b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+        return (q_idx % 7) != 0
+
+    return blind, lambda b, h, q, kv: ((q % 7) != 0) & (kv >= 0)
+
+
+SCORE_MODS = {"identity": identity, "alibi": lambda: alibi(0.05), "tanh_cap": lambda: tanh_cap(20.0),
+              "batch_bias": lambda: batch_bias(0.5)}
+MASK_MODS = {"causal_mask": causal_mask, "doc64": lambda: doc_mask(64), "doc100": lambda: doc_mask(100),
+             "head_parity": head_parity, "blind7": every_seventh_row_blind}

@@ -1,0 +1,216 @@
+"""score_mod / mask_mod on the CPU: keys, validation, refusals, and that the sm90 forward traces the
+functions into its kernel (SASS). The results are checked on the GPU (tests/test_mods_gpu.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import fa4
+from fa4 import mods
+from fa4.config import AttnProblem
+
+
+def _make_bias(slope):
+    import cutlass.cute as cute
+
+    @cute.jit
+    def bias(scores, b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+        return scores + (kv_idx - q_idx).to(cute.Float32) * slope
+
+    return bias
+
+
+def _make_doc_mask(doc):
+    import cutlass.cute as cute
+
+    @cute.jit
+    def doc_mask(b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+        return (q_idx // doc) == (kv_idx // doc)
+
+    return doc_mask
+
+
+def test_key_follows_code_and_captured_values():
+    """Note [User functions in the compile key]: a closure remade with the same values has the same
+    key (one kernel), another captured value or another function another key."""
+    a, b, c = _make_bias(0.5), _make_bias(0.5), _make_bias(0.25)
+    assert a is not b
+    assert mods.key_of(a, "score_mod") == mods.key_of(b, "score_mod")
+    assert mods.key_of(a, "score_mod") != mods.key_of(c, "score_mod")
+    assert mods.key_of(_make_doc_mask(64), "mask_mod") != mods.key_of(_make_doc_mask(100), "mask_mod")
+    k = mods.key_of(c, "score_mod")
+    assert mods.key_of(mods.lookup(k), "score_mod") == k  # the kernel traces a function of the same key
+    assert mods.key_of(a, "score_mod") != mods.key_of(a, "mask_mod")
+
+
+def test_key_of_an_opaque_capture_is_the_function():
+    """A function capturing an object (here a tensor) is keyed by identity: two such closures never
+    share a kernel, and the same one keeps its key."""
+    def make(t):
+        def f(scores, b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+            return scores + float(t.sum())
+        return f
+
+    t = torch.zeros(2)
+    f, g = make(t), make(t)
+    assert mods.key_of(f, "score_mod") != mods.key_of(g, "score_mod")
+    assert mods.key_of(f, "score_mod") == mods.key_of(f, "score_mod")
+    assert mods.lookup(mods.key_of(f, "score_mod")) is f
+
+
+def test_key_sees_vec_size_and_plain_globals():
+    f = _make_bias(1.0)
+    k1 = mods.key_of(f, "score_mod")
+    g = _make_bias(1.0)
+    g.__vec_size__ = 1
+    assert mods.key_of(g, "score_mod") != k1
+    assert mods.vec_size(g) == 1 and mods.vec_size(f) == 2
+
+
+def test_check_and_lookup_refusals():
+    f = _make_bias(1.0)
+    with pytest.raises(TypeError, match="score_mod must be a callable"):
+        mods.check(3, None, 0.0, None, None)
+    with pytest.raises(TypeError, match="mask_mod must be a callable"):
+        mods.check(None, "x", 0.0, None, None)
+    with pytest.raises(ValueError, match="softcap and score_mod"):
+        mods.check(f, None, 30.0, None, None)
+    with pytest.raises(NotImplementedError, match="aux_tensors"):
+        mods.check(f, None, 0.0, [torch.zeros(1)], None)
+    with pytest.raises(NotImplementedError, match="aux_scalars"):
+        mods.check(f, None, 0.0, None, [1.0])
+    g = _make_bias(2.0)
+    g.__vec_size__ = 4
+    with pytest.raises(ValueError, match="__vec_size__"):
+        mods.check(g, None, 0.0, None, None)
+    with pytest.raises(KeyError, match="no user function"):
+        mods.lookup("score_mod:nothing:0")
+    assert mods.lookup("") is None
+    assert mods.check(None, None, 30.0, None, None) == ("", "")
+
+
+def test_api_refusals_before_launch():
+    """Through the public API (CPU tensors, the device check lifted: every check below runs before
+    any device work)."""
+    from fa4 import validate
+
+    with validate.allow_any_device():
+        _api_refusals()
+
+
+def _api_refusals():
+    q = torch.empty(2, 10, 4, 64, dtype=torch.bfloat16)
+    f = _make_bias(1.0)
+    with pytest.raises(ValueError, match="softcap and score_mod"):
+        fa4.flash_attn_func(q, q, q, softcap=10.0, score_mod=f)
+    with pytest.raises(NotImplementedError, match="aux_tensors"):
+        fa4.flash_attn_func(q, q, q, score_mod=f, aux_tensors=[q])
+    with pytest.raises(NotImplementedError, match="score_mod_bwd"):
+        fa4.flash_attn_func(q, q, q, score_mod=f, score_mod_bwd=f)
+    with pytest.raises(TypeError, match="mask_mod must be a callable"):
+        fa4.flash_attn_func(q, q, q, mask_mod=1)
+    qg = q.clone().requires_grad_()
+    with pytest.raises(NotImplementedError, match="backward does not support score_mod"):
+        fa4.flash_attn_func(qg, qg, qg, score_mod=f)
+    with pytest.raises(NotImplementedError, match="backward does not support mask_mod"):
+        fa4.flash_attn_func(qg, qg, qg, mask_mod=_make_doc_mask(64))
+    cu = torch.tensor([0, 10], dtype=torch.int32)
+    with pytest.raises(TypeError, match="score_mod must be a callable"):
+        fa4.flash_attn_varlen_func(q[0], q[0], q[0], cu_seqlens_q=cu, cu_seqlens_k=cu, score_mod="bias")
+
+
+def test_torch_compile_is_refused(monkeypatch):
+    """Under torch.compile the custom op takes no functions: a clear NotImplementedError (seen here
+    by faking the tracing flag; the checks before it run on CPU tensors)."""
+    from fa4 import validate
+
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    q = torch.empty(2, 10, 4, 64, dtype=torch.bfloat16)
+    with validate.allow_any_device(), pytest.raises(NotImplementedError, match="torch.compile"):
+        fa4.flash_attn_func(q, q, q, score_mod=_make_bias(1.0))
+
+
+def test_configs_with_functions_stay_in_memory():
+    from fa4 import jit
+    from fa4.fwd import sm90
+
+    sk = mods.key_of(_make_bias(0.5), "score_mod")
+    p = AttnProblem("bf16", 2, 512, 512, 4, 4, 64, 64, 0.125, score_mod=sk)
+    cfg = sm90.make_config(p, None, "sm_90a", True)
+    assert cfg.score_mod == sk and not cfg.disk_cacheable
+    plain = sm90.make_config(dataclasses.replace(p, score_mod=""), None, "sm_90a", True)
+    assert plain.disk_cacheable and dataclasses.replace(cfg, score_mod="") == plain
+    with pytest.raises(ValueError, match="not disk-cached"):
+        jit.precompile(cfg)
+
+
+def test_sm80_forward_refuses_functions():
+    from fa4.fwd import sm80
+
+    mk = mods.key_of(_make_doc_mask(64), "mask_mod")
+    p = AttnProblem("bf16", 2, 512, 512, 4, 4, 64, 64, 0.125, mask_mod=mk)
+    with pytest.raises(NotImplementedError, match="score_mod / mask_mod"):
+        sm80.make_config(p, None, "sm_80", True)
+
+
+def test_explain_names_the_functions():
+    q = torch.empty(2, 300, 4, 64, dtype=torch.bfloat16)
+    ex = fa4.explain(q, q, q, capability=(9, 0), score_mod=_make_bias(0.5), mask_mod=_make_doc_mask(64))
+    text = str(ex)
+    assert "score_mod / mask_mod" in text
+    assert ex.directions["fwd"]["config"]["score_mod"].startswith("score_mod:bias:")
+    assert ex.directions["fwd"]["config"]["mask_mod"].startswith("mask_mod:doc_mask:")
+    assert "process memory only" in ex.directions["fwd"]["cache"]
+    assert "does not support score_mod" in ex.directions["bwd"]["error"]
+
+
+@pytest.mark.parametrize("kind", ["score", "mask", "both_causal_packed_split"])
+def test_sm90_traces_the_functions(kind):
+    """The functions are compiled into the sm90 forward: HGMMA and UTMALDG as every variant, and the
+    kernel differs from the same config without them (more instructions: the indices, the bias /
+    the mask). Pack GQA with split-KV covers the packed head index."""
+    from fa4 import sass
+    from fa4.fwd import sm90
+
+    sk = mods.key_of(_make_bias(0.03125), "score_mod") if kind != "mask" else ""
+    mk = mods.key_of(_make_doc_mask(64), "mask_mod") if kind != "score" else ""
+    if kind == "both_causal_packed_split":
+        p = AttnProblem("bf16", 8, 1, 8192, 8, 2, 128, 128, 128 ** -0.5, causal=True, score_mod=sk, mask_mod=mk)
+    else:
+        p = AttnProblem("bf16", 2, 1024, 1024, 4, 4, 64, 64, 0.125, score_mod=sk, mask_mod=mk)
+    cfg = sm90.make_config(p, None, "sm_90a", True)
+    if kind == "both_causal_packed_split":
+        assert cfg.qhead_per_kvhead == 4 and cfg.split_kv
+    ops = sass.opcode_counts(sass.disassemble(cfg))
+    assert sass.count(ops, "HGMMA") and sass.count(ops, "UTMALDG")
+    plain = sass.opcode_counts(sass.disassemble(dataclasses.replace(cfg, score_mod="", mask_mod="")))
+    assert sum(ops.values()) > sum(plain.values())
+
+
+PAIRS = [("identity", "causal_mask", dict(causal=True)), ("alibi", "doc64", dict(varlen_q=True, varlen_k=True)),
+         ("tanh_cap", "doc100", dict(local=True, window_left=100, window_right=0)),
+         ("batch_bias", "head_parity", dict(pack=True)), (None, "blind7", {})]
+
+
+@pytest.mark.parametrize("score,mask,kw", PAIRS, ids=[f"{s}-{m}" for s, m, _ in PAIRS])
+def test_gpu_test_functions_compile(score, mask, kw):
+    """Every function of tests/mods_cases.py traces and compiles into the sm90 forward (the GPU
+    tests' functions; a typo in one costs no device time)."""
+    from mods_cases import MASK_MODS, SCORE_MODS
+
+    from fa4 import jit
+    from fa4.fwd import sm90
+
+    sk = mods.key_of(SCORE_MODS[score]()[0], "score_mod") if score else ""
+    mk = mods.key_of(MASK_MODS[mask]()[0], "mask_mod") if mask else ""
+    kw = dict(kw)
+    if kw.pop("pack", False):
+        p = AttnProblem("bf16", 4, 4, 3000, 16, 2, 128, 128, 128 ** -0.5, score_mod=sk, mask_mod=mk)
+    else:
+        p = AttnProblem("bf16", 2, 1000, 1000, 4, 2, 64, 64, 0.125, score_mod=sk, mask_mod=mk,
+                        total_q=1500 if kw.get("varlen_q") else 0, total_k=1500 if kw.get("varlen_k") else 0, **kw)
+    cfg = sm90.make_config(p, None, "sm_90a", True)
+    jit.compile_uncached(cfg, engine=False)

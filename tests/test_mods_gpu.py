@@ -1,0 +1,120 @@
+"""score_mod / mask_mod in the sm90 forward against the float32 reference (Hopper GPUs only).
+
+The functions are the flash_attn.cute-style ones of tests/mods_cases.py; the reference applies
+their torch twins (fa4.testing.attention_ref's ``score_fn`` / ``mask_fn``). Outputs are NaN-filled
+by the conftest; ``check`` applies FlashAttention's rule to ``out`` and ``lse``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fa4
+from fa4.testing import random_qkv, random_varlen
+from fwd_cases import check
+from mods_cases import MASK_MODS, SCORE_MODS
+
+SM90 = fa4.KernelOptions(arch="sm90")
+
+
+@pytest.fixture(autouse=True)
+def _hopper_only(request):
+    if "gpu" in request.keywords and torch.cuda.is_available() and torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the sm90 kernels run on compute capability 9.x only")
+
+
+def _call(q, k, v, score=None, mask=None, **kw):
+    sm, st = SCORE_MODS[score]() if score else (None, None)
+    mm, mt = MASK_MODS[mask]() if mask else (None, None)
+    out, lse = fa4.flash_attn_func(q, k, v, score_mod=sm, mask_mod=mm, return_lse=True, kernel_options=SM90, **kw)
+    ref_kw = {key: val for key, val in kw.items() if key in ("causal", "window_size", "softmax_scale")}
+    check(out, lse, q, k, v, score_fn=st, mask_fn=mt, **ref_kw)
+    return out, lse
+
+
+# (score_mod, mask_mod, head dim, (seqlen_q, seqlen_k), mask)
+CASES = [
+    ("identity", None, 64, (113, 203), "none"),
+    ("alibi", None, 128, (1000, 1000), "causal"),
+    ("alibi", None, 256, (113, 203), "none"),
+    ("tanh_cap", None, 128, (1000, 1000), "none"),
+    ("tanh_cap", None, 64, (4096, 1024), "causal"),
+    ("batch_bias", None, 128, (203, 113), "local"),
+    (None, "causal_mask", 128, (1000, 1000), "none"),
+    (None, "causal_mask", 64, (113, 203), "none"),
+    (None, "doc64", 128, (1000, 1000), "none"),
+    (None, "doc100", 128, (1000, 1000), "causal"),
+    (None, "head_parity", 256, (300, 300), "none"),
+    (None, "blind7", 64, (203, 113), "none"),
+    ("alibi", "doc100", 96, (1000, 1000), "local"),
+    ("identity", "blind7", 128, (1, 4096), "none"),
+]
+
+
+def _mask_kw(mask):
+    return {"none": {}, "causal": dict(causal=True), "local": dict(window_size=(150, 20))}[mask]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("score,mask,d,seqlens,win", CASES,
+                         ids=[f"{s}-{m}-d{d}-{a}x{b}-{w}" for s, m, d, (a, b), w in CASES])
+def test_functions_dense(score, mask, d, seqlens, win):
+    q, k, v = random_qkv(2, seqlens[0], seqlens[1], 8, 2, d, torch.bfloat16, "cuda", seed=d + seqlens[0])
+    _call(q, k, v, score, mask, **_mask_kw(win))
+
+
+@pytest.mark.gpu
+def test_doc_masks_of_two_sizes_do_not_share_a_kernel():
+    """Two closures of the same code with different captured values in one process: each gets its
+    own kernel (Note [User functions in the compile key]), so each matches its own reference."""
+    q, k, v = random_qkv(1, 500, 500, 4, 4, 64, torch.bfloat16, "cuda", seed=5)
+    out64, _ = _call(q, k, v, mask="doc64")
+    out100, _ = _call(q, k, v, mask="doc100")
+    assert not torch.equal(out64, out100)
+
+
+@pytest.mark.gpu
+def test_mask_mod_causal_matches_causal():
+    """A causal mask_mod gives the causal kernel's result within the rule, fa4's causal=True and
+    the reference's causal mask alike."""
+    q, k, v = random_qkv(2, 777, 1025, 8, 2, 128, torch.bfloat16, "cuda", seed=11)
+    out_m, lse_m = _call(q, k, v, mask="causal_mask")
+    check(out_m, lse_m, q, k, v, causal=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pack_gqa", [False, True])
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("seqlen_q", [1, 4])
+def test_functions_with_packed_heads_and_splits(pack_gqa, num_splits, seqlen_q):
+    """Decode shapes: the packed tile's rows are several q heads (the head index the functions see
+    is the q head's), and split-KV partials go through the combine."""
+    q, k, v = random_qkv(4, seqlen_q, 3000, 16, 2, 128, torch.bfloat16, "cuda", seed=seqlen_q)
+    _call(q, k, v, "alibi", "head_parity", pack_gqa=pack_gqa, num_splits=num_splits)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128])
+def test_functions_varlen(d):
+    """Varlen with a one-token sequence and seqused_k: the functions see positions in the sequence
+    and the sequence's index as the batch index."""
+    vb = random_varlen(5, 700, 8, 2, d, torch.bfloat16, "cuda", max_seqlen_k=900, with_seqused_k=True, seed=d)
+    sm, st = SCORE_MODS["batch_bias"]()
+    mm, mt = MASK_MODS["causal_mask"]()
+    out, lse = fa4.flash_attn_varlen_func(
+        vb.q, vb.k, vb.v, cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k, max_seqlen_q=vb.max_seqlen_q,
+        max_seqlen_k=vb.max_seqlen_k, seqused_k=vb.seqused_k, score_mod=sm, mask_mod=mm, return_lse=True,
+        kernel_options=SM90)
+    check(out, lse, vb.q, vb.k, vb.v, cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k,
+          seqused_k=vb.seqused_k, score_fn=st, mask_fn=mt)
+
+
+@pytest.mark.gpu
+def test_backward_is_refused():
+    q, k, v = random_qkv(1, 128, 128, 4, 4, 64, torch.bfloat16, "cuda", seed=1, requires_grad=True)
+    with pytest.raises(NotImplementedError, match="backward does not support score_mod"):
+        fa4.flash_attn_func(q, k, v, score_mod=SCORE_MODS["identity"]()[0])
+    with torch.no_grad():
+        out, _ = fa4.flash_attn_func(q, k, v, mask_mod=MASK_MODS["doc64"]()[0])
+    assert not torch.isnan(out).any()
