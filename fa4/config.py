@@ -161,7 +161,8 @@ class AttnProblem:
     queries of each sequence), ``page_size`` (> 0: paged K/V through a page table; ``seqlen_k`` is
     then ``max_pages * page_size`` unless ``seqused_k`` gives each sequence's length), ``has_sink``
     (a learnable sink logit per q head, applied in the forward's softmax). ``score_mod`` /
-    ``mask_mod``: the keys of user functions (forward only; :mod:`fa4.mods`), '' when absent.
+    ``mask_mod``: the keys of user functions (forward only; :mod:`fa4.mods`), '' when absent;
+    ``aux``: the ``(dtype, ndim)`` of each of their aux tensors.
     """
 
     dtype: str
@@ -190,6 +191,7 @@ class AttnProblem:
     has_sink: bool = False
     score_mod: str = ""
     mask_mod: str = ""
+    aux: tuple = ()
 
     @property
     def qhead_per_kvhead(self) -> int:
@@ -283,7 +285,8 @@ class AttnFwdConfig(AttnKernelConfig):
     a smaller kernel to compile; :func:`fa4.mask.walk_blocks`). ``has_sink``: a learnable sink
     logit per q head in the softmax (Note [Attention sinks in the softmax] in fa4/softmax.py).
     ``score_mod`` / ``mask_mod``: keys of user functions traced into the softmax step ('' when
-    absent; :mod:`fa4.mods`); such kernels stay in process memory."""
+    absent; :mod:`fa4.mods`), ``aux`` the ``(dtype, ndim)`` of each aux tensor they read; such
+    kernels stay in process memory."""
 
     has_seqused_q: bool = False
     page_rows: int = 0
@@ -291,12 +294,14 @@ class AttnFwdConfig(AttnKernelConfig):
     has_sink: bool = False
     score_mod: str = ""
     mask_mod: str = ""
+    aux: tuple = ()
 
     @property
     def disk_cacheable(self) -> bool:
-        return not (self.score_mod or self.mask_mod)
+        return not (self.score_mod or self.mask_mod or self.aux)
 
     @staticmethod
     def fwd_flags(problem: AttnProblem) -> dict:
         return dict(AttnKernelConfig.problem_flags(problem), has_seqused_q=problem.has_seqused_q,
-                    has_sink=problem.has_sink, score_mod=problem.score_mod, mask_mod=problem.mask_mod)
+                    has_sink=problem.has_sink, score_mod=problem.score_mod, mask_mod=problem.mask_mod,
+                    aux=problem.aux)

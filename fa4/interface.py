@@ -66,19 +66,20 @@ def _with_hints(problem: AttnProblem, num_splits, pack_gqa) -> AttnProblem:
     return hinted
 
 
-def _with_mods(problem: AttnProblem, score_mod, mask_mod, aux_tensors, aux_scalars) -> AttnProblem:
-    """``problem`` with the keys of the user's ``score_mod`` / ``mask_mod`` (validated; :mod:`fa4.mods`)."""
+def _with_mods(problem: AttnProblem, score_mod, mask_mod, aux_tensors, aux_scalars, device=None) -> AttnProblem:
+    """``problem`` with the keys of the user's ``score_mod`` / ``mask_mod`` and the signature of
+    their ``aux_tensors`` (validated; :mod:`fa4.mods`)."""
     if score_mod is None and mask_mod is None and aux_tensors is None and aux_scalars is None:
         return problem
     if torch.compiler.is_compiling():
         raise NotImplementedError("fa4 does not support score_mod / mask_mod under torch.compile yet (the custom op "
                                   "takes no functions); call it eagerly")
-    sk, mk = mods.check(score_mod, mask_mod, problem.softcap, aux_tensors, aux_scalars)
-    return dataclasses.replace(problem, score_mod=sk, mask_mod=mk)
+    sk, mk, aux = mods.check(score_mod, mask_mod, problem.softcap, aux_tensors, aux_scalars, device)
+    return dataclasses.replace(problem, score_mod=sk, mask_mod=mk, aux=aux)
 
 
 def _run(problem: AttnProblem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options: Optional[KernelOptions],
-         deterministic: bool, return_lse: bool, seqused_q=None, page_table=None, sink=None):
+         deterministic: bool, return_lse: bool, seqused_q=None, page_table=None, sink=None, aux=None):
     options = options if options is not None else _DEFAULT_OPTIONS
     grad_qkv = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     grad_sink = torch.is_grad_enabled() and sink is not None and sink.requires_grad
@@ -106,11 +107,11 @@ def _run(problem: AttnProblem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, o
     if forward_only:
         if grad_sink:  # only the sink takes a gradient: the kernel without it, composed under autograd
             out, lse = ops.forward(dataclasses.replace(problem, has_sink=False), q, k, v, cu_seqlens_q, cu_seqlens_k,
-                                   seqused_k, options, True, seqused_q=seqused_q, page_table=page_table)
+                                   seqused_k, options, True, seqused_q=seqused_q, page_table=page_table, aux=aux)
             out, lse = ops.compose_sink(out, lse, sink, problem.varlen_q)
         else:
             out, lse = ops.forward(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options, need_lse,
-                                   seqused_q=seqused_q, page_table=page_table, sink=sink)
+                                   seqused_q=seqused_q, page_table=page_table, sink=sink, aux=aux)
         return out, (lse if return_lse else None)
     if grad:
         return ops.FlashAttnFunction.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, problem, options,
@@ -174,7 +175,8 @@ def flash_attn_func(
     threshold, forced kernel family. ``gather_bwd_recompute_p`` / ``gather_bwd_token_chunk`` belong to
     flash-attn-4's ``gather_kv_indices`` backward and, like it, raise ``NotImplementedError`` when set.
     ``score_mod`` / ``mask_mod``: CuTe DSL functions with flash_attn.cute's signatures, traced into
-    the forward (sm90 family; forward only, eager only, no ``aux_tensors`` yet: :mod:`fa4.mods`).
+    the forward with the tensors of ``aux_tensors`` (sm90 family; forward only, eager only:
+    :mod:`fa4.mods`).
     """
     if (qv is not None or gather_kv_indices is not None or score_mod_bwd is not None
             or block_sparse_tensors is not None or block_sparse_tensors_bwd is not None
@@ -187,12 +189,13 @@ def flash_attn_func(
     _check_flags(kernel_options, deterministic, return_lse)
     problem = _with_hints(validate.check_dense(q, k, v, softmax_scale, causal, window_size, softcap), num_splits,
                           pack_gqa)
-    problem = _with_mods(problem, score_mod, mask_mod, aux_tensors, aux_scalars)
+    problem = _with_mods(problem, score_mod, mask_mod, aux_tensors, aux_scalars, q.device)
+    aux = tuple(aux_tensors) if problem.aux else None
     if learnable_sink is not None:
         validate.check_sink(learnable_sink, problem.heads, q.device)
         return _run(dataclasses.replace(problem, has_sink=True), q, k, v, None, None, None, kernel_options,
-                    deterministic, return_lse, sink=learnable_sink)
-    return _run(problem, q, k, v, None, None, None, kernel_options, deterministic, return_lse)
+                    deterministic, return_lse, sink=learnable_sink, aux=aux)
+    return _run(problem, q, k, v, None, None, None, kernel_options, deterministic, return_lse, aux=aux)
 
 
 def flash_attn_varlen_func(
@@ -259,13 +262,14 @@ def flash_attn_varlen_func(
                                                 seqused_k, softmax_scale, causal, window_size, softcap,
                                                 seqused_q=seqused_q, page_table=page_table),
                           num_splits, pack_gqa)
-    problem = _with_mods(problem, score_mod, mask_mod, aux_tensors, aux_scalars)
+    problem = _with_mods(problem, score_mod, mask_mod, aux_tensors, aux_scalars, q.device)
+    aux = tuple(aux_tensors) if problem.aux else None
     if learnable_sink is not None:
         validate.check_sink(learnable_sink, problem.heads, q.device)
         return _run(dataclasses.replace(problem, has_sink=True), q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                    kernel_options, deterministic, return_lse, seqused_q, page_table, sink=learnable_sink)
+                    kernel_options, deterministic, return_lse, seqused_q, page_table, sink=learnable_sink, aux=aux)
     return _run(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, kernel_options, deterministic, return_lse,
-                seqused_q, page_table)
+                seqused_q, page_table, aux=aux)
 
 
 # --------------------------------------------------------------------------------------------

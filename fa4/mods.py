@@ -16,10 +16,14 @@ function written for flash_attn.cute runs unchanged:
 
 ``q_idx`` / ``kv_idx`` are positions in the sequence (varlen: in sequence ``batch_idx``),
 ``head_idx`` the q head (pack GQA included), ``seqlen_info`` has ``offset_q``, ``offset_k``,
-``seqlen_q`` and ``seqlen_k`` (:class:`fa4.seqlen.SeqlenInfo`). ``aux_tensors`` is ``()`` for a
-score_mod and None for a mask_mod: fa4 does not pass extra tensors yet (``aux_tensors`` /
-``aux_scalars`` raise NotImplementedError), so a function reads only its indices and the values
-it closes over, which are compile-time constants of its kernel.
+``seqlen_q`` and ``seqlen_k`` (:class:`fa4.seqlen.SeqlenInfo`). ``aux_tensors``: the call's
+``aux_tensors`` as a tuple of global-memory ``cute.Tensor`` (any strides; dtypes
+:data:`AUX_DTYPES`), or ``()`` for a score_mod and None for a mask_mod without them. With aux
+tensors the indices a function sees are clamped into the sequence (``q_idx < seqlen_q``,
+``kv_idx < seqlen_k``): the tile's rows and keys past the sequence are computed and then dropped
+or masked, and a table indexed by them must not be read out of bounds (flash_attn.cute wraps
+them instead; inside the sequence both are the same). ``aux_scalars`` raise
+NotImplementedError: values a function closes over are compile-time constants of its kernel.
 
 Note [User functions in the compile key]
     A config names its functions by key (``AttnFwdConfig.score_mod`` / ``mask_mod``), and the
@@ -150,25 +154,57 @@ def lookup(key: str) -> Optional[Callable]:
     return fn
 
 
-def vec_size(score_mod: Callable) -> int:
-    """Scores per ``score_mod`` call: its ``__vec_size__`` (1 or 2), else 2 (flash_attn.cute's on
-    Hopper without aux tensors)."""
-    v = getattr(score_mod, "__vec_size__", 2)
+def vec_size(score_mod: Callable, has_aux: bool = False) -> int:
+    """Scores per ``score_mod`` call: its ``__vec_size__`` (1 or 2), else 2, or 1 with aux tensors
+    (flash_attn.cute's defaults on Hopper)."""
+    v = getattr(score_mod, "__vec_size__", 1 if has_aux else 2)
     if v not in (1, 2):
         raise ValueError(f"score_mod.__vec_size__ must be 1 or 2 (a thread holds pairs of adjacent scores), got {v!r}")
     return int(v)
 
 
-def check(score_mod, mask_mod, softcap: float, aux_tensors, aux_scalars) -> tuple[str, str]:
-    """Validate the user functions of a call; returns their keys ('' where absent)."""
-    if aux_tensors is not None or aux_scalars is not None:
-        name = "aux_tensors" if aux_tensors is not None else "aux_scalars"
-        raise NotImplementedError(f"fa4 does not support the argument {name!r} yet (score_mod / mask_mod read only "
-                                  f"their indices and the values they close over)")
+# dtypes an aux tensor may have (torch name -> the kernel's): read by the user's functions.
+AUX_DTYPES = ("float32", "float16", "bfloat16", "int32", "int64", "int8", "uint8")
+MAX_AUX_RANK = 4
+
+
+def aux_signature(aux_tensors, device) -> tuple:
+    """The compile-relevant facts of ``aux_tensors`` (a list or tuple of tensors on ``device``):
+    ``((dtype, ndim), ...)``. Shapes and strides stay runtime values."""
+    import torch
+
+    if not isinstance(aux_tensors, (list, tuple)) or not aux_tensors:
+        raise TypeError(f"aux_tensors must be a non-empty list or tuple of tensors, got {type(aux_tensors).__name__}")
+    sig = []
+    for i, t in enumerate(aux_tensors):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"aux_tensors[{i}] must be a torch.Tensor, got {type(t).__name__}")
+        name = str(t.dtype).replace("torch.", "")
+        if name not in AUX_DTYPES:
+            raise TypeError(f"aux_tensors[{i}] has dtype {t.dtype}; expected one of {AUX_DTYPES}")
+        if not 1 <= t.dim() <= MAX_AUX_RANK:
+            raise ValueError(f"aux_tensors[{i}] must have 1 to {MAX_AUX_RANK} dimensions, got {t.dim()}")
+        if device is not None and t.device != device:
+            raise ValueError(f"aux_tensors[{i}] is on {t.device}; expected q's device {device}")
+        if t.numel() == 0:
+            raise ValueError(f"aux_tensors[{i}] is empty")
+        sig.append((name, t.dim()))
+    return tuple(sig)
+
+
+def check(score_mod, mask_mod, softcap: float, aux_tensors, aux_scalars, device=None) -> tuple[str, str, tuple]:
+    """Validate the user functions of a call; returns their keys ('' where absent) and the aux
+    tensors' signature (:func:`aux_signature`; ``()`` without them)."""
+    if aux_scalars is not None:
+        raise NotImplementedError("fa4 does not support the argument 'aux_scalars' yet (capture the values in the "
+                                  "function's closure: they become compile-time constants of its kernel)")
+    if aux_tensors is not None and score_mod is None and mask_mod is None:
+        raise ValueError("aux_tensors are read by score_mod / mask_mod only; neither was given")
     if score_mod is not None and softcap:
         raise ValueError("softcap and score_mod cannot be used together: apply the softcap inside score_mod")
+    aux = aux_signature(aux_tensors, device) if aux_tensors is not None else ()
     sk = key_of(score_mod, "score_mod") if score_mod is not None else ""
     if score_mod is not None:
-        vec_size(score_mod)
+        vec_size(score_mod, bool(aux))
     mk = key_of(mask_mod, "mask_mod") if mask_mod is not None else ""
-    return sk, mk
+    return sk, mk, aux

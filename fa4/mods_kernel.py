@@ -33,15 +33,24 @@ class UserMods:
     batch: Int32
     head: Int32
     seqlen: Any  # fa4.seqlen.SeqlenInfo
+    aux: Any = None  # tuple of the call's aux tensors (gmem cute.Tensor), or None
 
     def _coords(self, row, col, m_block, n_block):
-        """(q head, query position, key position) of accumulator element (row, col)."""
+        """(q head, query position, key position) of accumulator element (row, col); with aux
+        tensors the positions are clamped into the sequence (fa4/mods.py: a table indexed by them
+        is never read out of bounds; the rows and keys past the sequence are dropped or masked)."""
         g = self.qhead_per_kvhead
         prow = m_block * self.tile_m + row
+        k = n_block * self.tile_n + col
         if const_expr(g == 1):
-            return self.head, prow, n_block * self.tile_n + col
-        q = prow // g
-        return self.head * g + (prow - q * g), q, n_block * self.tile_n + col
+            h, q = self.head, prow
+        else:
+            q = prow // g
+            h = self.head * g + (prow - q * g)
+        if const_expr(self.aux is not None):
+            q = cutlass.min(q, self.seqlen.seqlen_q - 1)
+            k = cutlass.min(k, self.seqlen.seqlen_k - 1)
+        return h, q, k
 
     @cute.jit
     def apply(self, acc_S: cute.Tensor, thr_mma, m_block: Int32, n_block: Int32, softmax_scale) -> None:
@@ -50,7 +59,7 @@ class UserMods:
         tScS = thr_mma.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
         n = cute.size(acc_S)
         if const_expr(self.score_mod is not None):
-            vec = vec_size(self.score_mod)
+            vec = vec_size(self.score_mod, self.aux is not None)
             if const_expr(n % vec):
                 vec = 1
             for i in cutlass.range(0, n, vec, unroll_full=True):
@@ -63,7 +72,7 @@ class UserMods:
                     scores.append(acc_S[i + j] * softmax_scale)
                 out = self.score_mod(_ssa(scores, Float32), _ssa([self.batch] * vec, Int32), _ssa(heads, Int32),
                                      q_idx=_ssa(qs, Int32), kv_idx=_ssa(ks, Int32), seqlen_info=self.seqlen,
-                                     aux_tensors=())
+                                     aux_tensors=self.aux if const_expr(self.aux is not None) else ())
                 res = cute.make_rmem_tensor(vec, Float32)
                 res.store(out)
                 for j in cutlass.range_constexpr(vec):
@@ -72,7 +81,7 @@ class UserMods:
             for i in cutlass.range(n, unroll_full=True):
                 h, q, k = self._coords(tScS[i][0], tScS[i][1], m_block, n_block)
                 keep = self.mask_mod(_ssa([self.batch], Int32), _ssa([h], Int32), _ssa([q], Int32), _ssa([k], Int32),
-                                     self.seqlen, None)
+                                     self.seqlen, self.aux)
                 if const_expr(isinstance(keep, cute.TensorSSA)):
                     keep = keep[0]
                 acc_S[i] = acc_S[i] if keep else -Float32.inf

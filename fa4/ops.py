@@ -87,13 +87,14 @@ def _forward(problem: AttnProblem, q: torch.Tensor, k: torch.Tensor, v: torch.Te
              cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_k: Optional[torch.Tensor],
              seqused_k: Optional[torch.Tensor], options: KernelOptions, need_lse: bool,
              seqused_q: Optional[torch.Tensor] = None, page_table: Optional[torch.Tensor] = None,
-             sink: Optional[torch.Tensor] = None):
+             sink: Optional[torch.Tensor] = None, aux: Optional[tuple] = None):
     """Run the forward on the tensors as the user passed them ((b, s, h, d), or (total, h, d) for
     a packed side, which the kernels see as (1, total, h, d); paged k/v (num_pages, page_size, h_k,
     d)). Returns (out, lse); lse is (b, h, s_q) (packed q: (h, total_q)) float32, or None when not
     needed. ``sink`` ((h,), with ``problem.has_sink``): learnable sink logits, applied in the
     kernel's softmax (Note [Attention sinks in the softmax] in fa4/softmax.py) or, with split-KV, by
-    the combine; lse then includes the sink."""
+    the combine; lse then includes the sink. ``aux``: the aux tensors of the user's score_mod /
+    mask_mod (:mod:`fa4.mods`; sm90 family)."""
     varlen = problem.varlen_q
     if sink is not None:
         need_lse = True  # the host composition of a split run, and the gradient, read it
@@ -122,7 +123,7 @@ def _forward(problem: AttnProblem, q: torch.Tensor, k: torch.Tensor, v: torch.Te
     else:
         mod, cfg = _plan("fwd", problem, options, q.device, need_lse)
         mod.run(cfg, problem, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q=seqused_q,
-                page_table=page_table, sink=sink)
+                page_table=page_table, sink=sink, **({"aux": aux} if aux else {}))
         return _as_user(out, varlen), _as_user(lse, varlen)
     # No kernel ran (no queries or no keys): with a sink, lse = sink and out = 0.
     out, lse = _as_user(out, varlen), _as_user(lse, varlen)

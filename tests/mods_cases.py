@@ -106,3 +106,47 @@ SCORE_MODS = {"identity": identity, "alibi": lambda: alibi(0.05), "tanh_cap": la
               "batch_bias": lambda: batch_bias(0.5)}
 MASK_MODS = {"causal_mask": causal_mask, "doc64": lambda: doc_mask(64), "doc100": lambda: doc_mask(100),
              "head_parity": head_parity, "blind7": every_seventh_row_blind}
+
+
+# With aux tensors (the call passes ``aux_tensors=[table]``; the factories return the table too).
+
+
+def doc_ids(batch: int, seqlen: int, device, seed: int = 0):
+    """A mask from per-position document ids, an int32 ``(batch, seqlen)`` aux tensor (ids rise
+    along the positions, documents of random lengths)."""
+    import cutlass.cute as cute
+
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.cumsum((torch.rand(batch, seqlen, generator=gen) < 0.01).int(), dim=1).int().to(device)
+
+    @cute.jit
+    def same_doc(b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+        d = aux_tensors[0]
+        return d[b[0], q_idx[0]] == d[b[0], kv_idx[0]]
+
+    def twin(b, h, q, kv):
+        bb = b.view(-1, 1)
+        dq = ids.long()[bb, q.view(1, -1)]  # (B, Sq)
+        dk = ids.long()[bb, kv.view(1, -1)]  # (B, Sk)
+        return dq[:, None, :, None] == dk[:, None, None, :]
+
+    return same_doc, twin, ids
+
+
+def rel_bias_table(heads: int, max_len: int, device, seed: int = 0):
+    """A learned relative-position bias per head, a float32 ``(heads, 2 * max_len - 1)`` aux tensor
+    indexed by ``q_idx - kv_idx + max_len - 1``."""
+    import cutlass.cute as cute
+
+    gen = torch.Generator().manual_seed(seed)
+    table = (torch.randn(heads, 2 * max_len - 1, generator=gen) * 0.5).to(device)
+
+    @cute.jit
+    def rel_bias(scores, b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+        t = aux_tensors[0]
+        return scores + t[h[0], q_idx[0] - kv_idx[0] + (max_len - 1)]
+
+    def twin(s, b, h, q, kv):
+        return s + table[h, q - kv + (max_len - 1)]
+
+    return rel_bias, twin, table

@@ -28,9 +28,36 @@ def test_run_passes_the_signature(monkeypatch, mod, local):
     # cu_seqlens_q / _k, seqused_q / _k, page table, sink
     assert args[:11] == (q, k, v, out, lse, None, None, None, None, None, None)
     assert args[11:16] == (0.125, 1.0, 30 if local else 0, 5 if local else 0, 100)
-    # ([persistent grid,] K splits[, the dynamic scheduler's claims counter])
-    assert args[16:] == ((132, 1, None) if mod is sm90 else (1,))
+    # ([persistent grid,] K splits[, the dynamic scheduler's claims counter, the aux tensors])
+    assert args[16:] == ((132, 1, None, None) if mod is sm90 else (1,))
     # as many runtime arguments as the compiled signature (fake_args without the stream)
+    assert len(args) == len(jit.kernel_class(cfg).fake_args(cfg)) - 1
+
+
+def test_sm90_passes_the_aux_tensors(monkeypatch):
+    """A call with a user function's aux tensors (fa4/mods.py): the kernel gets them as one tuple,
+    last before the stream, as its compiled signature has them."""
+    import cutlass.cute as cute
+
+    from fa4 import mods
+
+    @cute.jit
+    def same_doc(b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+        return aux_tensors[0][q_idx[0]] == aux_tensors[0][kv_idx[0]]
+
+    calls = []
+    monkeypatch.setattr(jit, "get_kernel", lambda cfg: lambda *a: calls.append(a))
+    monkeypatch.setattr(sm90, "_num_sms", lambda device: 132)
+    q, k, v = (torch.empty(2, 100, h, 64, dtype=torch.bfloat16) for h in (4, 2, 2))
+    ids = torch.zeros(100, dtype=torch.int32)
+    with validate.allow_any_device():
+        problem = validate.check_dense(q, k, v, 0.125, False, (None, None), 0.0)
+    problem = dataclasses.replace(problem, mask_mod=mods.key_of(same_doc, "mask_mod"),
+                                  aux=mods.aux_signature([ids], None))
+    cfg = sm90.make_config(problem, None, "sm_90a", True)
+    sm90.run(cfg, problem, q, k, v, torch.empty_like(q), torch.empty(2, 4, 100), aux=[ids])
+    (args,) = calls
+    assert args[-1] == (ids,)
     assert len(args) == len(jit.kernel_class(cfg).fake_args(cfg)) - 1
 
 

@@ -78,8 +78,6 @@ def test_check_and_lookup_refusals():
         mods.check(None, "x", 0.0, None, None)
     with pytest.raises(ValueError, match="softcap and score_mod"):
         mods.check(f, None, 30.0, None, None)
-    with pytest.raises(NotImplementedError, match="aux_tensors"):
-        mods.check(f, None, 0.0, [torch.zeros(1)], None)
     with pytest.raises(NotImplementedError, match="aux_scalars"):
         mods.check(f, None, 0.0, None, [1.0])
     g = _make_bias(2.0)
@@ -89,7 +87,7 @@ def test_check_and_lookup_refusals():
     with pytest.raises(KeyError, match="no user function"):
         mods.lookup("score_mod:nothing:0")
     assert mods.lookup("") is None
-    assert mods.check(None, None, 30.0, None, None) == ("", "")
+    assert mods.check(None, None, 30.0, None, None) == ("", "", ())
 
 
 def test_api_refusals_before_launch():
@@ -106,8 +104,10 @@ def _api_refusals():
     f = _make_bias(1.0)
     with pytest.raises(ValueError, match="softcap and score_mod"):
         fa4.flash_attn_func(q, q, q, softcap=10.0, score_mod=f)
-    with pytest.raises(NotImplementedError, match="aux_tensors"):
-        fa4.flash_attn_func(q, q, q, score_mod=f, aux_tensors=[q])
+    with pytest.raises(NotImplementedError, match="aux_scalars"):
+        fa4.flash_attn_func(q, q, q, score_mod=f, aux_scalars=[1.0])
+    with pytest.raises(TypeError, match="aux_tensors"):
+        fa4.flash_attn_func(q, q, q, score_mod=f, aux_tensors=q)
     with pytest.raises(NotImplementedError, match="score_mod_bwd"):
         fa4.flash_attn_func(q, q, q, score_mod=f, score_mod_bwd=f)
     with pytest.raises(TypeError, match="mask_mod must be a callable"):
@@ -214,3 +214,42 @@ def test_gpu_test_functions_compile(score, mask, kw):
                         total_q=1500 if kw.get("varlen_q") else 0, total_k=1500 if kw.get("varlen_k") else 0, **kw)
     cfg = sm90.make_config(p, None, "sm_90a", True)
     jit.compile_uncached(cfg, engine=False)
+
+
+@pytest.mark.parametrize("which", ["doc_ids", "rel_bias"])
+def test_aux_functions_compile(which):
+    """The aux-tensor functions of tests/mods_cases.py trace and compile with their tables as
+    kernel arguments (a 2-D int32 and a 2-D float32 tensor), varlen and packed GQA."""
+    from mods_cases import doc_ids, rel_bias_table
+
+    from fa4 import jit
+    from fa4.fwd import sm90
+
+    if which == "doc_ids":
+        fn, _, t = doc_ids(2, 1000, "cpu")
+        p = AttnProblem("bf16", 2, 1000, 1000, 4, 2, 64, 64, 0.125, varlen_q=True, varlen_k=True, total_q=1500,
+                        total_k=1500, mask_mod=mods.key_of(fn, "mask_mod"), aux=mods.aux_signature([t], None))
+    else:
+        fn, _, t = rel_bias_table(16, 3000, "cpu")
+        p = AttnProblem("bf16", 4, 4, 3000, 16, 2, 128, 128, 128 ** -0.5, score_mod=mods.key_of(fn, "score_mod"),
+                        aux=mods.aux_signature([t], None))
+    cfg = sm90.make_config(p, None, "sm_90a", True)
+    assert cfg.aux == ((("int32" if which == "doc_ids" else "float32"), 2),) and not cfg.disk_cacheable
+    jit.compile_uncached(cfg, engine=False)
+
+
+def test_aux_tensor_checks():
+    f = _make_doc_mask(64)
+    with pytest.raises(TypeError, match="non-empty list or tuple"):
+        mods.check(None, f, 0.0, torch.zeros(3), None)
+    with pytest.raises(TypeError, match=r"aux_tensors\[1\] must be a torch.Tensor"):
+        mods.check(None, f, 0.0, [torch.zeros(3), 3], None)
+    with pytest.raises(TypeError, match="dtype torch.complex64"):
+        mods.check(None, f, 0.0, [torch.zeros(3, dtype=torch.complex64)], None)
+    with pytest.raises(ValueError, match="1 to 4 dimensions"):
+        mods.check(None, f, 0.0, [torch.zeros(())], None)
+    with pytest.raises(ValueError, match="expected q's device"):
+        mods.check(None, f, 0.0, [torch.zeros(3)], None, torch.device("meta"))
+    with pytest.raises(ValueError, match="neither was given"):
+        mods.check(None, None, 0.0, [torch.zeros(3)], None)
+    assert mods.check(None, f, 0.0, [torch.zeros(3, 4, dtype=torch.int32)], None)[2] == (("int32", 2),)

@@ -118,3 +118,49 @@ def test_backward_is_refused():
     with torch.no_grad():
         out, _ = fa4.flash_attn_func(q, k, v, mask_mod=MASK_MODS["doc64"]()[0])
     assert not torch.isnan(out).any()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128])
+def test_aux_doc_ids_mask(causal, d):
+    """A mask read from an aux tensor of per-position document ids ``(batch, seqlen)``, sized to the
+    sequence exactly (1000 positions: the tile's rows and keys past it index the table clamped,
+    never out of bounds)."""
+    from mods_cases import doc_ids
+
+    fn, twin, ids = doc_ids(2, 1000, "cuda", seed=d)
+    q, k, v = random_qkv(2, 1000, 1000, 8, 2, d, torch.bfloat16, "cuda", seed=d)
+    out, lse = fa4.flash_attn_func(q, k, v, causal=causal, mask_mod=fn, aux_tensors=[ids], return_lse=True,
+                                   kernel_options=SM90)
+    check(out, lse, q, k, v, causal=causal, mask_fn=twin)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pack_gqa", [False, True])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_aux_rel_bias_decode(pack_gqa, num_splits):
+    """A per-head relative-position bias table (float32 aux tensor) on decode shapes: packed heads
+    index it by their own q head; split-KV partials merge in the combine."""
+    from mods_cases import rel_bias_table
+
+    fn, twin, table = rel_bias_table(16, 3000, "cuda", seed=num_splits)
+    q, k, v = random_qkv(4, 4, 3000, 16, 2, 128, torch.bfloat16, "cuda", seed=7)
+    out, lse = fa4.flash_attn_func(q, k, v, score_mod=fn, aux_tensors=[table], pack_gqa=pack_gqa,
+                                   num_splits=num_splits, return_lse=True, kernel_options=SM90)
+    check(out, lse, q, k, v, score_fn=twin)
+
+
+@pytest.mark.gpu
+def test_aux_doc_ids_varlen():
+    """Varlen: the table is indexed by the sequence's index and positions in the sequence."""
+    from mods_cases import doc_ids
+
+    vb = random_varlen(4, 600, 8, 2, 128, torch.bfloat16, "cuda", max_seqlen_k=600, seed=3)
+    fn, twin, ids = doc_ids(4, 600, "cuda", seed=3)
+    out, lse = fa4.flash_attn_varlen_func(
+        vb.q, vb.k, vb.v, cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k, max_seqlen_q=vb.max_seqlen_q,
+        max_seqlen_k=vb.max_seqlen_k, causal=True, mask_mod=fn, aux_tensors=[ids], return_lse=True,
+        kernel_options=SM90)
+    check(out, lse, vb.q, vb.k, vb.v, cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k, causal=True,
+          mask_fn=twin)

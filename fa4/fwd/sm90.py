@@ -142,6 +142,13 @@ _BAR_EPI, _BAR_PP0, _BAR_VTAIL, _BAR_Q, _BAR_PP2 = 1, 2, 4, 5, 6
 _pad32 = fwd_common.pad32
 
 
+def _fake_aux(dtype: str, ndim: int):
+    """A fake aux tensor (fa4/mods.py): any shape and strides, element-aligned."""
+    dt = fwd_common.AUX_DTYPES[dtype]
+    return cute.runtime.make_fake_tensor(dt, tuple(cute.sym_int() for _ in range(ndim)),
+                                         tuple(cute.sym_int64() for _ in range(ndim)), assumed_align=dt.width // 8)
+
+
 @dataclass(frozen=True)
 class FwdSm90Config(AttnFwdConfig):
     """Compile key of the sm90 forward. ``tile_m`` = 64 x consumer warpgroups; ``persistent``: a
@@ -301,7 +308,8 @@ class FlashFwdSm90:
         counter = None
         if cfg.dynamic_sched:
             counter = cute.runtime.make_fake_compact_tensor(Int32, (1,), assumed_align=4)
-        return fwd_common.fake_args(cfg, extra=(Int32(1), Int32(1), counter))
+        aux = tuple(_fake_aux(dtype, ndim) for dtype, ndim in cfg.aux) if cfg.aux else None
+        return fwd_common.fake_args(cfg, extra=(Int32(1), Int32(1), counter, aux))
 
     def _setup(self):
         """Smem layouts, tiled MMAs and the shared storage struct (trace-time constants)."""
@@ -370,6 +378,7 @@ class FlashFwdSm90:
         max_ctas: Int32,  # persistent grid size (the SM count); ignored unless cfg.persistent
         num_splits: Int32,  # split-KV: K splits per tile (1 unless cfg.split_kv)
         mTileCounter: Optional[cute.Tensor],  # (1,) int32, zero: the dynamic scheduler's claims
+        mAux: Optional[tuple],  # the user functions' aux tensors (cfg.aux; fa4/mods.py)
         stream,
     ):
         self._setup()
@@ -406,8 +415,8 @@ class FlashFwdSm90:
             grid = CompactVarlenTileScheduler.grid(num_m_blocks, sched_heads)
         self.kernel(
             mQ_tma, mK_tma, mV_tma, mO_tma if const_expr(self.tma_o) else mO, mLSE,
-            mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ, mSeqUsedK, mPageTable, mSink, mTileCounter, tma_q, tma_k, tma_v,
-            tma_o,
+            mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ, mSeqUsedK, mPageTable, mSink, mTileCounter, mAux, tma_q, tma_k,
+            tma_v, tma_o,
             scale_log2, prescale, window_left, window_right, num_m_blocks, sched_heads, num_batch, num_splits,
             section, mQ.shape[1], seqlen_k_static,
             self.sQ_layout, self.sK_layout, self.sV_layout, self.sO_layout, self.tiled_mma_qk, self.tiled_mma_pv,
@@ -438,6 +447,7 @@ class FlashFwdSm90:
         mPageTable: Optional[cute.Tensor],
         mSink: Optional[cute.Tensor],
         mTileCounter: Optional[cute.Tensor],
+        mAux: Optional[tuple],
         tma_q: Optional[cute.CopyAtom],
         tma_k: cute.CopyAtom,
         tma_v: cute.CopyAtom,
@@ -503,7 +513,7 @@ class FlashFwdSm90:
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.mma_softmax(mQ, mO, mLSE, sQ, sK, sV, sO, tma_o, pipes, sched, tile_info, scale_log2, prescale,
-                             num_batch, mSink)
+                             num_batch, mSink, mAux)
 
     def make_pipelines(self, storage):
         """The Q, K and V pipelines (arrive counts: module docstring)."""
@@ -676,7 +686,7 @@ class FlashFwdSm90:
 
     @cute.jit
     def mma_softmax(self, mQ, mO, mLSE, sQ, sK, sV, sO, tma_o, pipes, sched, tile_info, scale_log2, prescale,
-                    num_batch, mSink) -> None:
+                    num_batch, mSink, mAux) -> None:
         """Consumer warpgroups: per tile, the K-block loop (Note [intra-warpgroup overlap]), then
         :meth:`epilogue`."""
         cfg = self.cfg
@@ -721,7 +731,7 @@ class FlashFwdSm90:
                 umod = None
                 if const_expr(self.user_mods):
                     umod = UserMods(self.score_mod, self.mask_mod, self.tile_m, self.tile_n, cfg.qhead_per_kvhead,
-                                    batch, head, seqlen)
+                                    batch, head, seqlen, mAux)
                 if has_work:
                     if const_expr(self.tma_q):
                         pq.consumer_wait(q_state)
@@ -1200,8 +1210,9 @@ def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: F
 
 
 def run(cfg: FwdSm90Config, problem: AttnProblem, q, k, v, out, lse, cu_seqlens_q=None, cu_seqlens_k=None,
-        seqused_k=None, seqused_q=None, page_table=None, sink=None) -> None:
-    """Launch (arguments: :func:`fa4.fwd.common.run`; the persistent grid is the SM count)."""
+        seqused_k=None, seqused_q=None, page_table=None, sink=None, aux=None) -> None:
+    """Launch (arguments: :func:`fa4.fwd.common.run`; the persistent grid is the SM count; ``aux``:
+    the tensors of ``cfg.aux``, read by the user functions)."""
     num_sms = _num_sms(q.device)
     splits = fwd_common.launch_splits(cfg, problem, num_sms)
     counter = None
@@ -1210,7 +1221,8 @@ def run(cfg: FwdSm90Config, problem: AttnProblem, q, k, v, out, lse, cu_seqlens_
 
         counter = torch.zeros(1, dtype=torch.int32, device=q.device)
     fwd_common.run(cfg, problem, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                   extra=(num_sms, splits, counter), splits=splits, seqused_q=seqused_q, page_table=page_table,
+                   extra=(num_sms, splits, counter, tuple(aux) if cfg.aux else None), splits=splits,
+                   seqused_q=seqused_q, page_table=page_table,
                    sink=sink)
 
 
