@@ -7,7 +7,9 @@ sequences, prefill against a longer cache (GPU).
                                   [--variant "fwd.l2_section_mb=0" --variant "fwd.l2_section_mb=16 ..." --rounds 3]
 
 Cases ending in ``-nomax`` make their varlen calls without ``max_seqlen_q`` / ``max_seqlen_k``, as
-flash_attn.cute allows (fa4 then sizes its grids by the packed token count).
+flash_attn.cute allows (fa4 then sizes its grids by the packed token count). Cases starting with
+``mods-`` pass a user ``score_mod`` / ``mask_mod`` (with ``aux_tensors``) to fa4 and flash-attn-4
+alike (forward only: fa4's backward refuses them).
 (``python -m fa4.offgrid`` and ``tools/offgrid.py`` are the same.) TFLOP/s count the (query, key)
 pairs a mask keeps exactly (per sequence for varlen): forward ``4 * h * d * pairs``, backward 2.5x.
 Medians of ``triton.testing.do_bench``; the backward is timed as in fa4.bench (forward once, then
@@ -63,6 +65,53 @@ CASES.update({name + NOMAX: CASES[name] for name in ("varlen-d128", "varlen-d128
                                                      "varlen-decode")})
 
 
+# User score / mask functions (fa4/mods.py; flash_attn.cute's conventions, so flash-attn-4 takes the
+# same calls): name -> (shape case, the function's kwargs made for q). TFLOP/s count the window's pairs
+# only (what a mask_mod hides is counted too): the same count for every implementation.
+def _alibi(q):
+    import cutlass.cute as cute
+
+    @cute.jit
+    def alibi(scores, b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+        return scores - (h + 1).to(cute.Float32) * 0.0625 * (q_idx - kv_idx).to(cute.Float32)
+    return dict(score_mod=alibi)
+
+
+def _doc_ids(q, doc: int = 1024):
+    import cutlass.cute as cute
+
+    b, s = q.shape[0], q.shape[1]
+    g = torch.Generator(q.device).manual_seed(1)
+    ids = torch.cumsum((torch.rand(b, s, device=q.device, generator=g) < 1.0 / doc).int(), dim=1).int()
+
+    @cute.jit
+    def same_doc(b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+        d = aux_tensors[0]
+        return d[b[0], q_idx[0]] == d[b[0], kv_idx[0]]
+    return dict(mask_mod=same_doc, aux_tensors=[ids])
+
+
+def _rel_bias(q):
+    import cutlass.cute as cute
+
+    h, s = q.shape[2], q.shape[1]
+    g = torch.Generator(q.device).manual_seed(2)
+    table = torch.randn(h, 2 * s - 1, device=q.device, generator=g) * 0.5
+
+    @cute.jit
+    def rel_bias(scores, b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+        return scores + aux_tensors[0][h[0], q_idx[0] - kv_idx[0] + (s - 1)]
+    return dict(score_mod=rel_bias, aux_tensors=[table])
+
+
+USER_FUNCS = {
+    "mods-alibi-d128": (([8192] * 2, None, 16, 16, 128, False, False), _alibi),
+    "mods-docmask-d128-causal": (([8192] * 2, None, 16, 16, 128, True, False), _doc_ids),
+    "mods-relbias-d128-causal": (([8192] * 2, None, 16, 16, 128, True, False), _rel_bias),
+}
+CASES.update({name: case for name, (case, _) in USER_FUNCS.items()})
+
+
 def mixed_lengths(total: int = 16384, lo: int = 128, hi: int = 4096, seed: int = 0) -> list[int]:
     """Random sequence lengths in [lo, hi] (odd ones included) summing to ``total``."""
     rng, out = random.Random(seed), []
@@ -95,10 +144,12 @@ def build(case, device="cuda", dtype=torch.bfloat16, seed=0):
     return q, k, v, lq, lk, causal, varlen, flops
 
 
-def callers(q, k, v, lq, lk, causal, varlen, deterministic, arch=None, max_seqlen=True):
+def callers(q, k, v, lq, lk, causal, varlen, deterministic, arch=None, max_seqlen=True, extra=None):
     """name -> forward callable (returns out) on leaves that may require grad. ``max_seqlen=False``:
-    varlen calls without max_seqlen_q / max_seqlen_k (the ``-nomax`` cases)."""
+    varlen calls without max_seqlen_q / max_seqlen_k (the ``-nomax`` cases). ``extra``: keyword
+    arguments of fa4's and flash-attn-4's calls (user functions; SDPA is then left out)."""
     out = {}
+    extra = extra or {}
     opts = fa4.KernelOptions(arch=arch) if arch else None
     cu = lambda ls: torch.tensor([0] + list(itertools.accumulate(ls)), dtype=torch.int32, device=q.device)  # noqa: E731
     cq, ck = cu(lq), cu(lk)
@@ -114,13 +165,13 @@ def callers(q, k, v, lq, lk, causal, varlen, deterministic, arch=None, max_seqle
             pass
     else:
         out["fa4"] = lambda: fa4.flash_attn_func(q, k, v, causal=causal, deterministic=deterministic,
-                                                 kernel_options=opts)[0]
+                                                 kernel_options=opts, **extra)[0]
         try:
             from flash_attn.cute import flash_attn_func as peer
-            out["flash-attn-4"] = lambda: peer(q, k, v, causal=causal, deterministic=deterministic)[0]
+            out["flash-attn-4"] = lambda: peer(q, k, v, causal=causal, deterministic=deterministic, **extra)[0]
         except ImportError:
             pass
-        if not deterministic and (not causal or q.shape[1] == k.shape[1]):
+        if not deterministic and not extra and (not causal or q.shape[1] == k.shape[1]):
             from torch.nn.attention import SDPBackend, sdpa_kernel
             from torch.nn.functional import scaled_dot_product_attention as sdpa
 
@@ -248,7 +299,8 @@ def main(argv=None) -> int:
                 for vi, (text, items) in enumerate(variants[shift:] + variants[:shift]):
                     hooks.use(parse_items(items))
                     fns = callers(*leaves, lq, lk, causal, varlen, args.deterministic, args.arch,
-                                  max_seqlen=not name.endswith(NOMAX))
+                                  max_seqlen=not name.endswith(NOMAX),
+                                  extra=USER_FUNCS[name][1](q) if name in USER_FUNCS else None)
                     for impl, fn in fns.items():
                         if vi and impl != "fa4":
                             continue  # the peers once per case and round

@@ -253,3 +253,18 @@ def test_aux_tensor_checks():
     with pytest.raises(ValueError, match="neither was given"):
         mods.check(None, None, 0.0, [torch.zeros(3)], None)
     assert mods.check(None, f, 0.0, [torch.zeros(3, 4, dtype=torch.int32)], None)[2] == (("int32", 2),)
+
+
+@pytest.mark.parametrize("name", ["mods-alibi-d128", "mods-docmask-d128-causal", "mods-relbias-d128-causal"])
+def test_offgrid_functions_compile(name):
+    """The bench's user-function cases (fa4/offgrid.py USER_FUNCS) validate and compile."""
+    from fa4 import jit, offgrid
+    from fa4.fwd import sm90
+
+    case, make = offgrid.USER_FUNCS[name]
+    q = torch.empty(2, 256, 4, 128, dtype=torch.bfloat16)
+    kw = make(q)
+    sk, mk, aux = mods.check(kw.get("score_mod"), kw.get("mask_mod"), 0.0, kw.get("aux_tensors"), None)
+    p = AttnProblem("bf16", 2, 256, 256, 4, 4, 128, 128, 128 ** -0.5, causal=case[5], score_mod=sk, mask_mod=mk,
+                    aux=aux)
+    jit.compile_uncached(sm90.make_config(p, None, "sm_90a", True), engine=False)
