@@ -55,21 +55,25 @@ class UserMods:
     @cute.jit
     def apply(self, acc_S: cute.Tensor, thr_mma, m_block: Int32, n_block: Int32, softmax_scale) -> None:
         """``score_mod`` on every score of the tile (times ``softmax_scale`` first), then
-        ``mask_mod`` (-inf where it is False), in place on the forward's ``S`` accumulator."""
+        ``mask_mod`` (-inf where it is False), in place on the forward's ``S`` accumulator. One pass
+        over the thread's scores, ``vec`` adjacent ones (one row) at a time: their coordinates are
+        computed once for both functions."""
         tScS = thr_mma.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
         n = cute.size(acc_S)
+        vec = 1
         if const_expr(self.score_mod is not None):
             vec = vec_size(self.score_mod, self.aux is not None)
             if const_expr(n % vec):
                 vec = 1
-            for i in cutlass.range(0, n, vec, unroll_full=True):
-                heads, qs, ks, scores = [], [], [], []
-                for j in cutlass.range_constexpr(vec):
-                    h, q, k = self._coords(tScS[i + j][0], tScS[i + j][1], m_block, n_block)
-                    heads.append(h)
-                    qs.append(q)
-                    ks.append(k)
-                    scores.append(acc_S[i + j] * softmax_scale)
+        for i in cutlass.range(0, n, vec, unroll_full=True):
+            heads, qs, ks = [], [], []
+            for j in cutlass.range_constexpr(vec):
+                h, q, k = self._coords(tScS[i + j][0], tScS[i + j][1], m_block, n_block)
+                heads.append(h)
+                qs.append(q)
+                ks.append(k)
+            if const_expr(self.score_mod is not None):
+                scores = [acc_S[i + j] * softmax_scale for j in range(vec)]
                 out = self.score_mod(_ssa(scores, Float32), _ssa([self.batch] * vec, Int32), _ssa(heads, Int32),
                                      q_idx=_ssa(qs, Int32), kv_idx=_ssa(ks, Int32), seqlen_info=self.seqlen,
                                      aux_tensors=self.aux if const_expr(self.aux is not None) else ())
@@ -77,11 +81,10 @@ class UserMods:
                 res.store(out)
                 for j in cutlass.range_constexpr(vec):
                     acc_S[i + j] = res[j]
-        if const_expr(self.mask_mod is not None):
-            for i in cutlass.range(n, unroll_full=True):
-                h, q, k = self._coords(tScS[i][0], tScS[i][1], m_block, n_block)
-                keep = self.mask_mod(_ssa([self.batch], Int32), _ssa([h], Int32), _ssa([q], Int32), _ssa([k], Int32),
-                                     self.seqlen, self.aux)
-                if const_expr(isinstance(keep, cute.TensorSSA)):
-                    keep = keep[0]
-                acc_S[i] = acc_S[i] if keep else -Float32.inf
+            if const_expr(self.mask_mod is not None):
+                for j in cutlass.range_constexpr(vec):
+                    keep = self.mask_mod(_ssa([self.batch], Int32), _ssa([heads[j]], Int32), _ssa([qs[j]], Int32),
+                                         _ssa([ks[j]], Int32), self.seqlen, self.aux)
+                    if const_expr(isinstance(keep, cute.TensorSSA)):
+                        keep = keep[0]
+                    acc_S[i + j] = acc_S[i + j] if keep else -Float32.inf
