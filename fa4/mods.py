@@ -50,6 +50,7 @@ import hashlib
 import inspect
 import marshal
 import types
+import warnings
 import weakref
 from typing import Any, Callable, Optional
 
@@ -58,6 +59,7 @@ from typing import Any, Callable, Optional
 _REGISTRY: dict[str, Callable] = {}
 _KEYS: dict[str, weakref.WeakKeyDictionary] = {"score_mod": weakref.WeakKeyDictionary(),
                                               "mask_mod": weakref.WeakKeyDictionary()}
+_opaque_warned: list = []
 _PLAIN = (type(None), bool, int, float, complex, str, bytes)
 
 
@@ -135,6 +137,12 @@ def key_of(fn: Callable, what: str) -> str:
         key = f"{what}:{name}:{_fingerprint(fn)}"
     except _Opaque:
         key = f"{what}:{name}:id{id(fn):x}"
+        if not _opaque_warned:
+            _opaque_warned.append(key)
+            warnings.warn(f"fa4: {what} {name!r} captures a value that is not a number, string or function (a "
+                          f"tensor, an object): its kernel is keyed by the function object, so a {what} made anew "
+                          f"for each call compiles anew for each call; capture plain values or pass tensors as "
+                          f"aux_tensors (Note [User functions in the compile key] in fa4/mods.py)", stacklevel=4)
     _REGISTRY.setdefault(key, fn)
     try:
         _KEYS[what][fn] = key
