@@ -252,7 +252,10 @@ class KernelConfig:
 @dataclass(frozen=True)
 class AttnKernelConfig(KernelConfig):
     """Base of the attention kernels' compile keys (forward and backward, every arch): the masking
-    and varlen flags of an :class:`AttnProblem` that the kernels compile in."""
+    and varlen flags of an :class:`AttnProblem` that the kernels compile in. ``score_mod`` /
+    ``mask_mod``: keys of user functions traced into the kernel ('' when absent; :mod:`fa4.mods`),
+    ``aux`` the ``(dtype, ndim)`` of each aux tensor they read; such kernels stay in process memory
+    (a family that does not implement them refuses them in ``can_implement``)."""
 
     causal: bool = False
     local: bool = False
@@ -260,6 +263,13 @@ class AttnKernelConfig(KernelConfig):
     varlen_q: bool = False
     varlen_k: bool = False
     has_seqused_k: bool = False
+    score_mod: str = ""
+    mask_mod: str = ""
+    aux: tuple = ()
+
+    @property
+    def disk_cacheable(self) -> bool:
+        return not (self.score_mod or self.mask_mod or self.aux)
 
     @staticmethod
     def problem_flags(problem: AttnProblem) -> dict[str, bool]:
@@ -271,6 +281,9 @@ class AttnKernelConfig(KernelConfig):
             varlen_q=problem.varlen_q,
             varlen_k=problem.varlen_k,
             has_seqused_k=problem.has_seqused_k,
+            score_mod=problem.score_mod,
+            mask_mod=problem.mask_mod,
+            aux=problem.aux,
         )
 
 
@@ -283,25 +296,13 @@ class AttnFwdConfig(AttnKernelConfig):
     local): the K blocks after a tile's first through one step body, the window mask a runtime
     branch in it, instead of separate loops over masked and free blocks (two causal, three local;
     a smaller kernel to compile; :func:`fa4.mask.walk_blocks`). ``has_sink``: a learnable sink
-    logit per q head in the softmax (Note [Attention sinks in the softmax] in fa4/softmax.py).
-    ``score_mod`` / ``mask_mod``: keys of user functions traced into the softmax step ('' when
-    absent; :mod:`fa4.mods`), ``aux`` the ``(dtype, ndim)`` of each aux tensor they read; such
-    kernels stay in process memory."""
+    logit per q head in the softmax (Note [Attention sinks in the softmax] in fa4/softmax.py)."""
 
     has_seqused_q: bool = False
     page_rows: int = 0
     one_step_loop: bool = False
     has_sink: bool = False
-    score_mod: str = ""
-    mask_mod: str = ""
-    aux: tuple = ()
-
-    @property
-    def disk_cacheable(self) -> bool:
-        return not (self.score_mod or self.mask_mod or self.aux)
-
     @staticmethod
     def fwd_flags(problem: AttnProblem) -> dict:
         return dict(AttnKernelConfig.problem_flags(problem), has_seqused_q=problem.has_seqused_q,
-                    has_sink=problem.has_sink, score_mod=problem.score_mod, mask_mod=problem.mask_mod,
-                    aux=problem.aux)
+                    has_sink=problem.has_sink)

@@ -74,6 +74,10 @@ def _with_mods(problem: AttnProblem, score_mod, mask_mod, aux_tensors, aux_scala
     if torch.compiler.is_compiling():
         raise NotImplementedError("fa4 does not support score_mod / mask_mod under torch.compile yet (the custom op "
                                   "takes no functions); call it eagerly")
+    if mask_mod is not None and (problem.causal or problem.local):
+        raise ValueError("mask_mod with causal=True or a window_size: flash_attn.cute ignores causal and window_size "
+                         "when a mask_mod is given; fa4 refuses the pair rather than differ from it silently. Put the "
+                         "condition in the mask_mod (its seqlen_info has seqlen_q and seqlen_k; fa4/mods.py)")
     sk, mk, aux = mods.check(score_mod, mask_mod, problem.softcap, aux_tensors, aux_scalars, device)
     return dataclasses.replace(problem, score_mod=sk, mask_mod=mk, aux=aux)
 
@@ -85,14 +89,13 @@ def _run(problem: AttnProblem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, o
     grad_sink = torch.is_grad_enabled() and sink is not None and sink.requires_grad
     grad = grad_qkv or grad_sink
     need_lse = return_lse or grad
-    forward_only = problem.has_seqused_q or problem.page_size or problem.score_mod or problem.mask_mod
+    forward_only = problem.has_seqused_q or problem.page_size or problem.score_mod
     if grad_qkv and forward_only:
-        name = ("seqused_q" if problem.has_seqused_q else "page_table" if problem.page_size
-                else "score_mod" if problem.score_mod else "mask_mod")
+        name = "seqused_q" if problem.has_seqused_q else "page_table" if problem.page_size else "score_mod"
         raise NotImplementedError(f"fa4's backward does not support {name} yet (forward only); call it under "
                                   f"torch.no_grad() or without inputs that require grad")
-    if (grad_qkv and (problem.head_dim_v != problem.head_dim or options.bwd_kv_split is not None)
-            and not torch.compiler.is_compiling()):
+    if (grad_qkv and (problem.head_dim_v != problem.head_dim or options.bwd_kv_split is not None
+                      or problem.mask_mod) and not torch.compiler.is_compiling()):
         # Only the sm90 backward serves head_dim_v != head_dim, and a backward option such as
         # bwd_kv_split may not fit the problem: ask the backward's family now (its make_config
         # raises), not after the forward has run. (The plan is cached for the backward.)
@@ -115,8 +118,9 @@ def _run(problem: AttnProblem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, o
         return out, (lse if return_lse else None)
     if grad:
         return ops.FlashAttnFunction.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, problem, options,
-                                           deterministic, return_lse, need_lse, sink)
-    out, lse = ops.forward(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options, need_lse, sink=sink)
+                                           deterministic, return_lse, need_lse, sink, aux)
+    out, lse = ops.forward(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options, need_lse, sink=sink,
+                           aux=aux)
     return out, (lse if return_lse else None)
 
 
@@ -346,9 +350,9 @@ def explain(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
     problem = _with_mods(problem, score_mod, mask_mod, None, None)
     ex = Explanation(problem, tuple(capability))
     if problem.score_mod or problem.mask_mod:
-        ex.notes.append("score_mod / mask_mod: traced into the forward's softmax step; the kernel is compiled per "
-                        "function (keyed by its code and captured values) and kept in process memory only, and the "
-                        "backward does not support them yet (fa4/mods.py)")
+        ex.notes.append("score_mod / mask_mod: traced into the kernels (every K block); each kernel is compiled "
+                        "per function (keyed by its code and captured values) and kept in process memory only; the "
+                        "backward supports mask_mod (sm90), not score_mod yet (fa4/mods.py)")
     for side, given, cu in (("q", max_seqlen_q, cu_seqlens_q), ("k", max_seqlen_k, cu_seqlens_k)):
         if cu is not None and cu.shape[0] > 2 and (given is None or (isinstance(given, torch.Tensor)
                                                                       and given.device.type != "cpu")):
@@ -369,9 +373,9 @@ def explain(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
             fwd_problem = dataclasses.replace(problem, page_size=0)
     need_bwd = q.requires_grad or k.requires_grad or v.requires_grad
     for direction in ("fwd", "bwd"):
-        if direction == "bwd" and (problem.score_mod or problem.mask_mod):
-            ex.directions[direction] = {"error": "the backward does not support score_mod / mask_mod yet (a call "
-                                                 "whose inputs require grad raises NotImplementedError)"}
+        if direction == "bwd" and problem.score_mod:
+            ex.directions[direction] = {"error": "the backward does not support score_mod yet (a call whose inputs "
+                                                 "require grad raises NotImplementedError; mask_mod it supports)"}
             continue
         try:
             d = _arch.resolve(direction, tuple(capability), options, warn=False)

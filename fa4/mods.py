@@ -10,9 +10,10 @@ function written for flash_attn.cute runs unchanged:
   ``TensorSSA`` of the same size. ``vec_size`` is the function's ``__vec_size__`` (1 or 2),
   else 2.
 * ``mask_mod(batch_idx, head_idx, q_idx, kv_idx, seqlen_info, aux_tensors)`` -> a Boolean (or a
-  one-element Boolean ``TensorSSA``): False hides key ``kv_idx`` from query ``q_idx``. It
-  applies to every K block (on top of ``causal`` / ``window_size``, which still skip the blocks
-  outside the window).
+  one-element Boolean ``TensorSSA``): False hides key ``kv_idx`` from query ``q_idx``, in every K
+  block, forward and (sm90) backward. flash_attn.cute ignores ``causal`` / ``window_size`` when a
+  mask_mod is given; fa4 raises a ValueError for the pair instead (the mask_mod states the whole
+  mask). A ``score_mod`` combines with them.
 
 ``q_idx`` / ``kv_idx`` are positions in the sequence (varlen: in sequence ``batch_idx``),
 ``head_idx`` the q head (pack GQA included), ``seqlen_info`` has ``offset_q``, ``offset_k``,
@@ -26,18 +27,20 @@ them instead; inside the sequence both are the same). ``aux_scalars`` raise
 NotImplementedError: values a function closes over are compile-time constants of its kernel.
 
 Note [User functions in the compile key]
-    A config names its functions by key (``AttnFwdConfig.score_mod`` / ``mask_mod``), and the
+    A config names its functions by key (``AttnKernelConfig.score_mod`` / ``mask_mod``), and the
     kernel looks the function up here when it is traced. The key is a hash of what the function
-    computes: its code object (with its file and lines), the plain values it closes over or reads
-    as globals (numbers, strings, tuples of them; functions by their own key), its defaults and
-    ``__vec_size__``. So a function redefined with the same code and values (a closure made per
-    call, a script run again) reuses the compiled kernel, and an edit or another captured value
-    compiles a new one. A function that captures anything else (a tensor, an object) gets a key
-    of its identity instead: one kernel per function object, held alive here. Globals that are
-    not plain values (an imported helper module's contents) are not hashed: changing them in a
-    running process does not recompile. Kernels with user functions stay in process memory; the
-    disk cache does not take them (a key of identity means nothing in another process, and a
-    hash cannot see everything a function reads).
+    computes, taken at every call: its code (field by field, with its file and lines, nested
+    functions included), the values it closes over, its defaults, the globals its code names, a
+    bound method's instance attributes, and ``__vec_size__``, where each value is plain (numbers,
+    strings, tuples / lists / dicts of them, modules, classes, other functions by their own hash).
+    So a function redefined with the same code and values (a closure made per call, a script run
+    again) reuses its kernel, and an edit, another captured or global value or another instance
+    compiles a new one. A function that reads any other value (a tensor, a NumPy scalar, an
+    object) is keyed by its identity instead (a bound method: its instance's and function's), with
+    a one-time warning: one kernel per function object, held alive here, and a change of that
+    value is not seen. Kernels with user functions stay in process memory; the disk cache does
+    not take them (an identity means nothing in another process, and a hash cannot see everything
+    a function reads, e.g. the contents of a module it calls into).
 
 This module (host only: ``import fa4`` does not load the DSL) validates and names the functions
 (:func:`key_of`, :func:`lookup`, :func:`check`); :class:`fa4.mods_kernel.UserMods` applies them to an
@@ -48,17 +51,13 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-import marshal
 import types
 import warnings
-import weakref
 from typing import Any, Callable, Optional
 
 # key -> function (Note [User functions in the compile key]): the first function of each key, which
-# its kernels trace; function -> key, weakly (a closure made per call is hashed once and not kept).
+# its kernels trace.
 _REGISTRY: dict[str, Callable] = {}
-_KEYS: dict[str, weakref.WeakKeyDictionary] = {"score_mod": weakref.WeakKeyDictionary(),
-                                              "mask_mod": weakref.WeakKeyDictionary()}
 _opaque_warned: list = []
 _PLAIN = (type(None), bool, int, float, complex, str, bytes)
 
@@ -86,29 +85,54 @@ def _plain(value: Any, depth: int = 0) -> str:
     raise _Opaque()
 
 
+def _hash_code(h, code: types.CodeType) -> None:
+    """What ``code`` computes, field by field (``marshal.dumps`` would hash reference counts too)."""
+    h.update(code.co_code)
+    h.update(repr((code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars, code.co_filename,
+                   code.co_firstlineno, code.co_argcount, code.co_kwonlyargcount, code.co_flags)).encode())
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):  # nested functions and comprehensions
+            _hash_code(h, const)
+        else:
+            h.update(repr(const).encode())
+
+
 def _fingerprint(fn: Callable, depth: int = 0) -> str:
-    """A content hash of ``fn`` (Note [User functions in the compile key]); raises _Opaque."""
+    """A content hash of ``fn`` (Note [User functions in the compile key]); raises _Opaque where a
+    value it reads cannot be hashed by content."""
+    h = hashlib.sha256()
+    if inspect.ismethod(fn):  # a bound method: its function and its instance's attributes
+        try:
+            state = vars(fn.__self__)
+        except TypeError:
+            raise _Opaque() from None
+        h.update(_plain(state, depth).encode())
+        h.update(_fingerprint(fn.__func__, depth + 1).encode())
+        h.update(repr(getattr(fn, "__vec_size__", None)).encode())
+        return h.hexdigest()[:24]
     f = inspect.unwrap(fn)
     code = getattr(f, "__code__", None)
     if code is None:
         raise _Opaque()
-    h = hashlib.sha256()
     h.update(f"{getattr(f, '__module__', '')}.{getattr(f, '__qualname__', '')}".encode())
-    h.update(marshal.dumps(code))
+    _hash_code(h, code)
     for cell in f.__closure__ or ():
         try:
-            h.update(_plain(cell.cell_contents, depth).encode())
+            value = cell.cell_contents
         except ValueError:  # an empty cell (a name assigned after the function was made)
             h.update(b"<empty>")
+            continue
+        h.update(_plain(value, depth).encode())
     h.update(_plain(f.__defaults__, depth).encode())
     h.update(_plain(f.__kwdefaults__, depth).encode())
     g = getattr(f, "__globals__", {})
+    builtins = g.get("__builtins__")
     for name in _global_names(code):
         if name in g:
-            try:
-                h.update(f"{name}={_plain(g[name], depth)}".encode())
-            except _Opaque:
-                pass  # not hashed (Note [User functions in the compile key])
+            h.update(f"{name}={_plain(g[name], depth)}".encode())  # _Opaque: keyed by identity
+        elif not (builtins is not None and (name in builtins if isinstance(builtins, dict)
+                                             else hasattr(builtins, name))):
+            h.update(f"{name}=<unbound>".encode())  # (an attribute name, or a global not yet defined)
     h.update(repr(getattr(fn, "__vec_size__", None)).encode())
     return h.hexdigest()[:24]
 
@@ -123,31 +147,27 @@ def _global_names(code: types.CodeType) -> list[str]:
 
 def key_of(fn: Callable, what: str) -> str:
     """The compile key of user function ``fn`` (``what``: its argument's name), registered for
-    :func:`lookup`. TypeError if it is not callable."""
-    try:
-        key = _KEYS[what].get(fn)
-    except TypeError:  # not weakly referenceable (nor, then, a function)
-        key = None
-    if key is not None:
-        return key
+    :func:`lookup`; computed on every call, so a value the function reads that changed since
+    (a global, a captured cell, its ``__vec_size__``) gives a new key. TypeError if it is not
+    callable."""
     if not callable(fn):
         raise TypeError(f"{what} must be a callable (a CuTe DSL function), got {type(fn).__name__}")
     name = getattr(inspect.unwrap(fn), "__name__", type(fn).__name__)
     try:
         key = f"{what}:{name}:{_fingerprint(fn)}"
     except _Opaque:
-        key = f"{what}:{name}:id{id(fn):x}"
-        if not _opaque_warned:
+        # Identity: of a bound method's instance and function (a bound method is a new object at
+        # each attribute access), else of the function; the registry keeps them alive.
+        ident = f"{id(fn.__self__):x}-{id(fn.__func__):x}" if inspect.ismethod(fn) else f"{id(fn):x}"
+        key = f"{what}:{name}:id{ident}"
+        if key not in _REGISTRY and not _opaque_warned:
             _opaque_warned.append(key)
-            warnings.warn(f"fa4: {what} {name!r} captures a value that is not a number, string or function (a "
-                          f"tensor, an object): its kernel is keyed by the function object, so a {what} made anew "
-                          f"for each call compiles anew for each call; capture plain values or pass tensors as "
-                          f"aux_tensors (Note [User functions in the compile key] in fa4/mods.py)", stacklevel=4)
+            warnings.warn(f"fa4: {what} {name!r} reads a value that is not a number, string, tuple, module or "
+                          f"function (a tensor, a NumPy scalar, an object): its kernel is keyed by the function "
+                          f"object, so a {what} made anew for each call compiles anew for each call, and a change "
+                          f"of that value is not seen; read plain values, or pass tensors as aux_tensors (Note "
+                          f"[User functions in the compile key] in fa4/mods.py)", stacklevel=4)
     _REGISTRY.setdefault(key, fn)
-    try:
-        _KEYS[what][fn] = key
-    except TypeError:
-        pass
     return key
 
 

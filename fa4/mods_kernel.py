@@ -1,5 +1,6 @@
 """The device side of user score / mask functions: :class:`UserMods` applies a tile's ``score_mod`` and
-``mask_mod`` to the forward's ``S`` accumulator (conventions and keys: :mod:`fa4.mods`)."""
+``mask_mod`` to an ``S`` accumulator (the sm90 forward's and dQ pass's, the sm90 backward's ``S^T``;
+conventions and keys: :mod:`fa4.mods`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,25 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
 from fa4.mods import vec_size
+
+
+# The kernel dtypes of aux tensors (fa4.mods.AUX_DTYPES).
+AUX_DTYPES = {"float32": Float32, "float16": cutlass.Float16, "bfloat16": cutlass.BFloat16, "int32": Int32,
+              "int64": cutlass.Int64, "int8": cutlass.Int8, "uint8": cutlass.Uint8}
+
+
+def fake_aux(aux: tuple):
+    """Fake tensors of a config's ``aux`` signature (``((dtype, ndim), ...)``; None when empty): any
+    shape and strides, element-aligned; a kernel's ``mAux`` argument at compile time."""
+    if not aux:
+        return None
+    out = []
+    for dtype, ndim in aux:
+        dt = AUX_DTYPES[dtype]
+        out.append(cute.runtime.make_fake_tensor(dt, tuple(cute.sym_int() for _ in range(ndim)),
+                                                 tuple(cute.sym_int64() for _ in range(ndim)),
+                                                 assumed_align=dt.width // 8))
+    return tuple(out)
 
 
 def _ssa(values: list, dtype) -> cute.TensorSSA:
@@ -34,6 +54,7 @@ class UserMods:
     head: Int32
     seqlen: Any  # fa4.seqlen.SeqlenInfo
     aux: Any = None  # tuple of the call's aux tensors (gmem cute.Tensor), or None
+    transpose: cutlass.Constexpr[bool] = False  # the tile is S^T (keys x queries: the backward's)
 
     def _coords(self, row, col, m_block, n_block):
         """(q head, query position, key position) of accumulator element (row, col); with aux
@@ -55,10 +76,13 @@ class UserMods:
     @cute.jit
     def apply(self, acc_S: cute.Tensor, thr_mma, m_block: Int32, n_block: Int32, softmax_scale) -> None:
         """``score_mod`` on every score of the tile (times ``softmax_scale`` first), then
-        ``mask_mod`` (-inf where it is False), in place on the forward's ``S`` accumulator. One pass
+        ``mask_mod`` (-inf where it is False), in place on an ``S`` accumulator (the forward's, the dQ
+        pass's; ``transpose``: the backward's ``S^T``, whose adjacent pairs are two queries of one
+        key). One pass
         over the thread's scores, ``vec`` adjacent ones (one row) at a time: their coordinates are
         computed once for both functions."""
-        tScS = thr_mma.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
+        shape = (self.tile_n, self.tile_m) if const_expr(self.transpose) else (self.tile_m, self.tile_n)
+        tScS = thr_mma.partition_C(cute.make_identity_tensor(shape))
         n = cute.size(acc_S)
         vec = 1
         if const_expr(self.score_mod is not None):
@@ -68,7 +92,10 @@ class UserMods:
         for i in cutlass.range(0, n, vec, unroll_full=True):
             heads, qs, ks = [], [], []
             for j in cutlass.range_constexpr(vec):
-                h, q, k = self._coords(tScS[i + j][0], tScS[i + j][1], m_block, n_block)
+                row, col = tScS[i + j][0], tScS[i + j][1]
+                if const_expr(self.transpose):
+                    row, col = col, row
+                h, q, k = self._coords(row, col, m_block, n_block)
                 heads.append(h)
                 qs.append(q)
                 ks.append(k)

@@ -209,7 +209,7 @@ def backward(problem: AttnProblem, dout, q, *args, **kwargs):
 
 
 def _backward(problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_k,
-              options: KernelOptions, deterministic: bool):
+              options: KernelOptions, deterministic: bool, aux: Optional[tuple] = None):
     """Gradients (dq, dk, dv) of the attention forward, tensors in the user's layout as in
     :func:`forward`. Layout fix-ups of the inputs (an expanded ``dout``...) are the launcher's."""
     vq, vk = problem.varlen_q, problem.varlen_k
@@ -222,7 +222,8 @@ def _backward(problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_seqlens_q,
     mod, cfg = _plan("bwd", problem, options, q.device, deterministic)
     mod.run_backward(
         cfg, problem, _as4d(dout, vq), _as4d(q, vq), _as4d(k, vk), _as4d(v, vk), _as4d(out, vq), _as4d(lse, vq),
-        _as4d(dlse, vq), cu_seqlens_q, cu_seqlens_k, seqused_k, _as4d(dq, vq), _as4d(dk, vk), _as4d(dv, vk))
+        _as4d(dlse, vq), cu_seqlens_q, cu_seqlens_k, seqused_k, _as4d(dq, vq), _as4d(dk, vk), _as4d(dv, vk),
+        **({"aux": aux} if aux else {}))
     return dq, dk, dv
 
 
@@ -236,10 +237,12 @@ class FlashAttnFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, problem: AttnProblem,
-                options: KernelOptions, deterministic: bool, return_lse: bool, need_lse: bool, sink=None):
-        out, lse = forward(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options, need_lse, sink=sink)
+                options: KernelOptions, deterministic: bool, return_lse: bool, need_lse: bool, sink=None, aux=None):
+        out, lse = forward(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options, need_lse, sink=sink,
+                           aux=aux)
         ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, sink)
         ctx.problem, ctx.options, ctx.deterministic, ctx.return_lse = problem, options, deterministic, return_lse
+        ctx.aux = aux  # a mask_mod's aux tensors (no gradient)
         ctx.set_materialize_grads(False)
         return out, (lse if return_lse else None)
 
@@ -255,11 +258,11 @@ class FlashAttnFunction(torch.autograd.Function):
         dq = dk = dv = None
         if any(ctx.needs_input_grad[:3]):  # not when only the sink takes a gradient
             dq, dk, dv = backward(p, dout, q, k, v, out, lse, dlse, cu_q, cu_k, seqused_k, ctx.options,
-                                  ctx.deterministic)
+                                  ctx.deterministic, aux=ctx.aux)
         dsink = None
         if sink is not None and ctx.needs_input_grad[11]:
             dsink = sink_grad(sink, out, dout, lse, dlse, p.varlen_q)
-        return dq, dk, dv, None, None, None, None, None, None, None, None, dsink
+        return dq, dk, dv, None, None, None, None, None, None, None, None, dsink, None
 
 
 # --------------------------------------------------------------------------------------------

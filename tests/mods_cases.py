@@ -80,6 +80,23 @@ def doc_mask(doc: int):
     return doc_mask, lambda b, h, q, kv: (q // doc) == (kv // doc)
 
 
+def causal_doc(doc: int):
+    """Bottom-right causal within documents of ``doc`` positions: the mask a causal call with a
+    document mask_mod states (causal=True itself does not combine with a mask_mod)."""
+    import cutlass.cute as cute
+
+    @cute.jit
+    def causal_doc(b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+        qk = q_idx + (seqlen_info.seqlen_k - seqlen_info.seqlen_q)
+        return (kv_idx <= qk) & ((qk // doc) == (kv_idx // doc))
+
+    def twin(b, h, q, kv):
+        qk = q + (kv.shape[3] - q.shape[2])
+        return (kv <= qk) & ((qk // doc) == (kv // doc))
+
+    return causal_doc, twin
+
+
 def head_parity():
     """Head h sees the keys of h's parity: a head-dependent mask (pack GQA's head index)."""
     import cutlass.cute as cute
@@ -105,6 +122,7 @@ def every_seventh_row_blind():
 SCORE_MODS = {"identity": identity, "alibi": lambda: alibi(0.05), "tanh_cap": lambda: tanh_cap(20.0),
               "batch_bias": lambda: batch_bias(0.5)}
 MASK_MODS = {"causal_mask": causal_mask, "doc64": lambda: doc_mask(64), "doc100": lambda: doc_mask(100),
+             "causal_doc100": lambda: causal_doc(100),
              "head_parity": head_parity, "blind7": every_seventh_row_blind}
 
 

@@ -73,6 +73,38 @@ def test_key_sees_vec_size_and_plain_globals():
     assert mods.vec_size(g) == 1 and mods.vec_size(f) == 2
 
 
+class _Scaled:
+    def __init__(self, x):
+        self.x = x
+
+    def score_mod(self, scores, b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+        return scores * self.x
+
+
+_GLOBAL_SLOPE = 0.5
+
+
+def _uses_global(scores, b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+    return scores * _GLOBAL_SLOPE
+
+
+def test_key_sees_bound_instances_and_globals():
+    """A bound method is keyed with its instance's attributes (two instances of other values do not
+    share a kernel; the same values do, though each access makes a new method object); a global the
+    code reads is part of the key, read at every call."""
+    global _GLOBAL_SLOPE
+    assert mods.key_of(_Scaled(0.5).score_mod, "score_mod") != mods.key_of(_Scaled(0.25).score_mod, "score_mod")
+    a = _Scaled(0.5)
+    assert mods.key_of(a.score_mod, "score_mod") == mods.key_of(a.score_mod, "score_mod")
+    k1 = mods.key_of(_uses_global, "score_mod")
+    _GLOBAL_SLOPE = 0.25
+    try:
+        assert mods.key_of(_uses_global, "score_mod") != k1
+    finally:
+        _GLOBAL_SLOPE = 0.5
+    assert mods.key_of(_uses_global, "score_mod") == k1
+
+
 def test_check_and_lookup_refusals():
     f = _make_bias(1.0)
     with pytest.raises(TypeError, match="score_mod must be a callable"):
@@ -115,11 +147,13 @@ def _api_refusals():
         fa4.flash_attn_func(q, q, q, score_mod=f, score_mod_bwd=f)
     with pytest.raises(TypeError, match="mask_mod must be a callable"):
         fa4.flash_attn_func(q, q, q, mask_mod=1)
+    with pytest.raises(ValueError, match="ignores causal and window_size"):
+        fa4.flash_attn_func(q, q, q, causal=True, mask_mod=_make_doc_mask(64))
+    with pytest.raises(ValueError, match="ignores causal and window_size"):
+        fa4.flash_attn_func(q, q, q, window_size=(8, 0), mask_mod=_make_doc_mask(64))
     qg = q.clone().requires_grad_()
     with pytest.raises(NotImplementedError, match="backward does not support score_mod"):
         fa4.flash_attn_func(qg, qg, qg, score_mod=f)
-    with pytest.raises(NotImplementedError, match="backward does not support mask_mod"):
-        fa4.flash_attn_func(qg, qg, qg, mask_mod=_make_doc_mask(64))
     cu = torch.tensor([0, 10], dtype=torch.int32)
     with pytest.raises(TypeError, match="score_mod must be a callable"):
         fa4.flash_attn_varlen_func(q[0], q[0], q[0], cu_seqlens_q=cu, cu_seqlens_k=cu, score_mod="bias")
@@ -150,13 +184,64 @@ def test_configs_with_functions_stay_in_memory():
         jit.precompile(cfg)
 
 
-def test_sm80_forward_refuses_functions():
+def test_sm80_family_refuses_functions():
+    from fa4.bwd import sm80 as bwd80
     from fa4.fwd import sm80
 
     mk = mods.key_of(_make_doc_mask(64), "mask_mod")
     p = AttnProblem("bf16", 2, 512, 512, 4, 4, 64, 64, 0.125, mask_mod=mk)
     with pytest.raises(NotImplementedError, match="score_mod / mask_mod"):
         sm80.make_config(p, None, "sm_80", True)
+    with pytest.raises(NotImplementedError, match="score_mod / mask_mod"):
+        bwd80.make_config(p, None, "sm_80", False)
+
+
+def test_sm90_backward_takes_mask_mod_not_score_mod():
+    """The sm90 backward (main kernel and dQ pass) carries the mask_mod and its aux signature into
+    its configs; a score_mod it refuses."""
+    from fa4.bwd import dq_sm90
+    from fa4.bwd import sm90 as bwd90
+
+    mk = mods.key_of(_make_doc_mask(64), "mask_mod")
+    p = AttnProblem("bf16", 2, 512, 512, 4, 4, 256, 256, 0.0625, mask_mod=mk, aux=(("int32", 2),))
+    cfg = bwd90.make_config(p, None, "sm_90a", False)
+    assert cfg.mask_mod == mk and cfg.aux == (("int32", 2),) and not cfg.disk_cacheable and cfg.dq_pass
+    dcfg = dq_sm90.config_for(cfg)
+    assert dcfg.mask_mod == mk and dcfg.aux == cfg.aux
+    sk = mods.key_of(_make_bias(0.5), "score_mod")
+    with pytest.raises(NotImplementedError, match="backward does not implement score_mod"):
+        bwd90.make_config(dataclasses.replace(p, score_mod=sk, mask_mod=""), None, "sm_90a", False)
+
+
+BWD_VARIANTS = [(128, {}, None, False), (64, {}, None, True), (128, {}, "2cta", False), (256, {}, None, False)]
+
+
+@pytest.mark.parametrize("d,kw,opt,det", BWD_VARIANTS, ids=["d128-aux", "d64-det", "d128-2cta", "d256-dqpass"])
+def test_sm90_backward_traces_mask_mod(d, kw, opt, det):
+    """The sm90 backward with a mask_mod compiles (1-CTA, deterministic, 2-CTA, and from d256 the
+    dQ pass, an aux doc-id table in one), HGMMA in its SASS, more instructions than without it."""
+    from mods_cases import doc_ids
+
+    from fa4 import sass
+    from fa4.bwd import dq_sm90
+    from fa4.bwd import sm90 as bwd90
+    from fa4.config import KernelOptions
+
+    if d == 128 and opt is None:
+        fn, _, ids = doc_ids(2, 1000, "cpu")
+        mk, aux = mods.key_of(fn, "mask_mod"), mods.aux_signature([ids], None)
+    else:
+        mk, aux = mods.key_of(_make_doc_mask(64), "mask_mod"), ()
+    p = AttnProblem("bf16", 2, 1000, 1000, 8, 2, d, d, d ** -0.5, mask_mod=mk, aux=aux, **kw)
+    cfg = bwd90.make_config(p, KernelOptions(bwd_two_cta=True) if opt == "2cta" else None, "sm_90a", det)
+    assert cfg.two_cta == (opt == "2cta") and cfg.deterministic == det
+    kernels = [cfg] + ([dq_sm90.config_for(cfg)] if cfg.dq_pass else [])
+    assert cfg.dq_pass == (d == 256)
+    for c in kernels:
+        ops = sass.opcode_counts(sass.disassemble(c))
+        assert sass.count(ops, "HGMMA")
+        plain = sass.opcode_counts(sass.disassemble(dataclasses.replace(c, mask_mod="", aux=())))
+        assert sum(ops.values()) > sum(plain.values())
 
 
 def test_explain_names_the_functions():
@@ -193,9 +278,10 @@ def test_sm90_traces_the_functions(kind):
     assert sum(ops.values()) > sum(plain.values())
 
 
-PAIRS = [("identity", "causal_mask", dict(causal=True)), ("alibi", "doc64", dict(varlen_q=True, varlen_k=True)),
-         ("tanh_cap", "doc100", dict(local=True, window_left=100, window_right=0)),
-         ("batch_bias", "head_parity", dict(pack=True)), (None, "blind7", {})]
+PAIRS = [("identity", "causal_mask", {}), ("alibi", "doc64", dict(varlen_q=True, varlen_k=True)),
+         ("tanh_cap", None, dict(local=True, window_left=100, window_right=0)), ("alibi", None, dict(causal=True)),
+         ("batch_bias", "head_parity", dict(pack=True)), (None, "blind7", {}), ("tanh_cap", "causal_doc100", {}),
+         (None, "doc100", {})]
 
 
 @pytest.mark.parametrize("score,mask,kw", PAIRS, ids=[f"{s}-{m}" for s, m, _ in PAIRS])
@@ -258,7 +344,7 @@ def test_aux_tensor_checks():
     assert mods.check(None, f, 0.0, [torch.zeros(3, 4, dtype=torch.int32)], None)[2] == (("int32", 2),)
 
 
-@pytest.mark.parametrize("name", ["mods-alibi-d128", "mods-docmask-d128-causal", "mods-relbias-d128-causal"])
+@pytest.mark.parametrize("name", ["mods-alibi-d128", "mods-docmask-d128", "mods-relbias-d128-causal"])
 def test_offgrid_functions_compile(name):
     """The bench's user-function cases (fa4/offgrid.py USER_FUNCS) validate and compile."""
     from fa4 import jit, offgrid

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import fa4
-from fa4.testing import random_qkv, random_varlen
+from fa4.testing import attention_ref, check_close, grad_noise_floor, random_qkv, random_varlen
 from fwd_cases import check
 from mods_cases import MASK_MODS, SCORE_MODS
 
@@ -44,11 +44,11 @@ CASES = [
     (None, "causal_mask", 128, (1000, 1000), "none"),
     (None, "causal_mask", 64, (113, 203), "none"),
     (None, "doc64", 128, (1000, 1000), "none"),
-    (None, "doc100", 128, (1000, 1000), "causal"),
+    (None, "causal_doc100", 128, (1000, 1000), "none"),
     (None, "head_parity", 256, (300, 300), "none"),
     (None, "blind7", 64, (203, 113), "none"),
-    ("alibi", "doc100", 96, (1000, 1000), "local"),
-    ("identity", "blind7", 128, (1, 4096), "none"),
+    ("alibi", "doc100", 96, (1000, 1000), "none"),
+    ("identity", "blind7", 128, (17, 4096), "none"),
 ]
 
 
@@ -76,11 +76,13 @@ def test_doc_masks_of_two_sizes_do_not_share_a_kernel():
 
 @pytest.mark.gpu
 def test_mask_mod_causal_matches_causal():
-    """A causal mask_mod gives the causal kernel's result within the rule, fa4's causal=True and
-    the reference's causal mask alike."""
+    """A causal mask_mod gives the causal kernel's result within the rule (the reference's causal
+    mask), and the pair causal=True + mask_mod is refused (flash_attn.cute would ignore causal)."""
     q, k, v = random_qkv(2, 777, 1025, 8, 2, 128, torch.bfloat16, "cuda", seed=11)
     out_m, lse_m = _call(q, k, v, mask="causal_mask")
     check(out_m, lse_m, q, k, v, causal=True)
+    with pytest.raises(ValueError, match="ignores causal and window_size"):
+        fa4.flash_attn_func(q, k, v, causal=True, mask_mod=MASK_MODS["causal_mask"]()[0], kernel_options=SM90)
 
 
 @pytest.mark.gpu
@@ -111,19 +113,105 @@ def test_functions_varlen(d):
 
 
 @pytest.mark.gpu
-def test_backward_is_refused():
+def test_score_mod_backward_is_refused():
     q, k, v = random_qkv(1, 128, 128, 4, 4, 64, torch.bfloat16, "cuda", seed=1, requires_grad=True)
     with pytest.raises(NotImplementedError, match="backward does not support score_mod"):
         fa4.flash_attn_func(q, k, v, score_mod=SCORE_MODS["identity"]()[0])
     with torch.no_grad():
-        out, _ = fa4.flash_attn_func(q, k, v, mask_mod=MASK_MODS["doc64"]()[0])
+        out, _ = fa4.flash_attn_func(q, k, v, score_mod=SCORE_MODS["identity"]()[0])
     assert not torch.isnan(out).any()
 
 
+# --- the backward through a mask_mod (sm90) --------------------------------------------------
+
+
+def _mask_grads(q, k, v, fn, twin, aux=None, opts=SM90, deterministic=False, ref=True, **kw):
+    """fa4's (out, lse) gradients with a mask_mod against the float32 reference's, by the pass rule
+    (with the gradient cancellation floor); returns fa4's (dq, dk, dv)."""
+    out, lse = fa4.flash_attn_func(q, k, v, mask_mod=fn, aux_tensors=aux, return_lse=True,
+                                   deterministic=deterministic, kernel_options=opts, **kw)
+    gen = torch.Generator("cuda").manual_seed(3)
+    g = torch.randn(out.shape, device="cuda", generator=gen).to(out.dtype)
+    glse = torch.randn(lse.shape, device="cuda", generator=gen)
+    got = torch.autograd.grad((out, lse), (q, k, v), (g, glse))
+    if not ref:
+        return got
+    q32 = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    o_ref, l_ref = attention_ref(*q32, mask_fn=twin, **kw)
+    want = torch.autograd.grad((o_ref, l_ref), q32, (g.float(), glse))
+    qlp = [t.detach().requires_grad_() for t in (q, k, v)]
+    o_pt, l_pt = attention_ref(*qlp, upcast=False, mask_fn=twin, **kw)
+    pt = torch.autograd.grad((o_pt, l_pt), qlp, (g, glse))
+    floors = grad_noise_floor(q, k, v, g)
+    for name, a, r, p in zip(("dq", "dk", "dv"), got, want, pt):
+        check_close(name, a, r, p, extra_atol=floors[name])
+    return got
+
+
+BWD_CASES = [  # (mask_mod, head dim, (seqlen_q, seqlen_k), mask): d256 takes the dQ pass
+    ("doc64", 64, (1000, 1000), "none"),
+    ("causal_doc100", 128, (1000, 1000), "none"),
+    ("head_parity", 128, (113, 203), "none"),
+    ("blind7", 64, (203, 113), "none"),
+    ("causal_mask", 256, (300, 333), "none"),
+    ("causal_doc100", 256, (1000, 1000), "none"),
+    ("head_parity", 96, (1000, 1000), "none"),
+]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("mask,d,seqlens,win", BWD_CASES,
+                         ids=[f"{m}-d{d}-{a}x{b}-{w}" for m, d, (a, b), w in BWD_CASES])
+def test_mask_mod_backward(mask, d, seqlens, win):
+    fn, twin = MASK_MODS[mask]()
+    q, k, v = random_qkv(2, seqlens[0], seqlens[1], 8, 2, d, torch.bfloat16, "cuda", requires_grad=True, seed=d)
+    _mask_grads(q, k, v, fn, twin, **_mask_kw(win))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("two_cta,deterministic", [(True, False), (False, True)])
+def test_mask_mod_backward_paths(two_cta, deterministic):
+    """The 2-CTA backward (dS halves exchanged) and the deterministic one (20 runs, the same bits)
+    with a document mask."""
+    fn, twin = MASK_MODS["causal_doc100"]()
+    opts = fa4.KernelOptions(arch="sm90", bwd_two_cta=two_cta)
+    q, k, v = random_qkv(2, 1024, 1024, 8, 2, 128, torch.bfloat16, "cuda", requires_grad=True, seed=9)
+    first = _mask_grads(q, k, v, fn, twin, opts=opts, deterministic=deterministic)
+    if deterministic:
+        for _ in range(19):
+            again = _mask_grads(q, k, v, fn, twin, opts=opts, deterministic=True, ref=False)
+            for name, a, b in zip(("dq", "dk", "dv"), first, again):
+                assert torch.equal(a, b), f"{name} differs between deterministic runs"
+
+
+@pytest.mark.gpu
+def test_mask_mod_backward_aux_and_varlen():
+    """An aux doc-id mask, dense, and a varlen batch with a one-token sequence."""
+    from mods_cases import doc_ids
+
+    fn, twin, ids = doc_ids(2, 700, "cuda", seed=4)
+    q, k, v = random_qkv(2, 700, 700, 8, 2, 128, torch.bfloat16, "cuda", requires_grad=True, seed=4)
+    _mask_grads(q, k, v, fn, twin, aux=[ids])
+    vb = random_varlen(4, 500, 8, 2, 64, torch.bfloat16, "cuda", max_seqlen_k=500, requires_grad=True, seed=5)
+    fn, twin = MASK_MODS["doc64"]()
+    out, lse = fa4.flash_attn_varlen_func(
+        vb.q, vb.k, vb.v, cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k, max_seqlen_q=vb.max_seqlen_q,
+        max_seqlen_k=vb.max_seqlen_k, mask_mod=fn, return_lse=True, kernel_options=SM90)
+    g = torch.randn_like(out)
+    got = torch.autograd.grad(out, (vb.q, vb.k, vb.v), g)
+    ref_kw = dict(cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k, mask_fn=twin)
+    q32 = [t.detach().float().requires_grad_() for t in (vb.q, vb.k, vb.v)]
+    want = torch.autograd.grad(attention_ref(*q32, **ref_kw)[0], q32, g.float())
+    qlp = [t.detach().requires_grad_() for t in (vb.q, vb.k, vb.v)]
+    pt = torch.autograd.grad(attention_ref(*qlp, upcast=False, **ref_kw)[0], qlp, g)
+    floors = grad_noise_floor(vb.q, vb.k, vb.v, g)
+    for name, a, r, p in zip(("dq", "dk", "dv"), got, want, pt):
+        check_close(name, a, r, p, extra_atol=floors[name])
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("d", [64, 128])
-def test_aux_doc_ids_mask(causal, d):
+def test_aux_doc_ids_mask(d):
     """A mask read from an aux tensor of per-position document ids ``(batch, seqlen)``, sized to the
     sequence exactly (1000 positions: the tile's rows and keys past it index the table clamped,
     never out of bounds)."""
@@ -131,9 +219,8 @@ def test_aux_doc_ids_mask(causal, d):
 
     fn, twin, ids = doc_ids(2, 1000, "cuda", seed=d)
     q, k, v = random_qkv(2, 1000, 1000, 8, 2, d, torch.bfloat16, "cuda", seed=d)
-    out, lse = fa4.flash_attn_func(q, k, v, causal=causal, mask_mod=fn, aux_tensors=[ids], return_lse=True,
-                                   kernel_options=SM90)
-    check(out, lse, q, k, v, causal=causal, mask_fn=twin)
+    out, lse = fa4.flash_attn_func(q, k, v, mask_mod=fn, aux_tensors=[ids], return_lse=True, kernel_options=SM90)
+    check(out, lse, q, k, v, mask_fn=twin)
 
 
 @pytest.mark.gpu
@@ -160,7 +247,5 @@ def test_aux_doc_ids_varlen():
     fn, twin, ids = doc_ids(4, 600, "cuda", seed=3)
     out, lse = fa4.flash_attn_varlen_func(
         vb.q, vb.k, vb.v, cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k, max_seqlen_q=vb.max_seqlen_q,
-        max_seqlen_k=vb.max_seqlen_k, causal=True, mask_mod=fn, aux_tensors=[ids], return_lse=True,
-        kernel_options=SM90)
-    check(out, lse, vb.q, vb.k, vb.v, cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k, causal=True,
-          mask_fn=twin)
+        max_seqlen_k=vb.max_seqlen_k, mask_mod=fn, aux_tensors=[ids], return_lse=True, kernel_options=SM90)
+    check(out, lse, vb.q, vb.k, vb.v, cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k, mask_fn=twin)

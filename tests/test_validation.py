@@ -152,10 +152,17 @@ def test_flags_must_be_bool(fake):
     raises(TypeError, "deterministic must be a bool", fa4.flash_attn_func, q, k, v, deterministic="yes")
 
 
-@pytest.mark.parametrize("arg", ["qv", "score_mod", "mask_mod", "block_sparse_tensors"])
+@pytest.mark.parametrize("arg", ["qv", "aux_scalars", "score_mod_bwd", "block_sparse_tensors"])
 def test_unsupported_arguments_raise(fake, arg):
     q, k, v = qkv()
-    raises(NotImplementedError, repr(arg), fa4.flash_attn_func, q, k, v, **{arg: q if arg != "score_mod" else (lambda *a: a)})
+    raises(NotImplementedError, repr(arg), fa4.flash_attn_func, q, k, v, **{arg: q})
+
+
+@pytest.mark.parametrize("arg", ["score_mod", "mask_mod"])
+def test_user_functions_must_be_callable(fake, arg):
+    """score_mod / mask_mod are supported (fa4/mods.py); a non-callable is a TypeError naming it."""
+    q, k, v = qkv()
+    raises(TypeError, f"{arg} must be a callable", fa4.flash_attn_func, q, k, v, **{arg: q})
 
 
 def test_kernel_options_type_and_values(fake):

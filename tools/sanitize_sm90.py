@@ -160,5 +160,11 @@ fa4.flash_attn_varlen_func(vb.q, vb.k, vb.v, cu_seqlens_q=vb.cu_seqlens_q, cu_se
 fn, _, table = rel_bias_table(8, 700, "cuda", seed=3)
 q, k, v = random_qkv(2, 3, 700, 8, 2, 128, torch.bfloat16, "cuda", seed=23)
 fa4.flash_attn_func(q, k, v, score_mod=fn, aux_tensors=[table], pack_gqa=True, num_splits=2, kernel_options=SM90)
+# The backward through a mask_mod with an aux table: the 1-CTA kernel (d128) and the dQ pass (d256).
+for d in (128, 256):
+    fn, _, ids = doc_ids(2, 333, "cuda", seed=d)
+    q, k, v = random_qkv(2, 333, 333, 4, 2, d, torch.bfloat16, "cuda", requires_grad=True, seed=d + 30)
+    out, _ = fa4.flash_attn_func(q, k, v, mask_mod=fn, aux_tensors=[ids], kernel_options=SM90)
+    torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
 torch.cuda.synchronize()
 print("sanitize cases done")

@@ -560,14 +560,15 @@ def counts_slots(cfg) -> bool:
 
 
 def run_backward(cfg, problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                 dq, dk, dv, *, order: LaunchOrder) -> None:
+                 dq, dk, dv, *, order: LaunchOrder, extra: tuple = ()) -> None:
     """dq, dk, dv of attention (written in place) with the main-kernel config ``cfg`` (its family's
     ``make_config`` of ``problem``): preprocess -> main kernel -> postprocess.
 
     Tensors are 4D ``(b, s, h, d)`` (varlen ``(1, total, h, d)``); ``lse``/``dlse`` float32
     ``(b, h, s_q)`` (varlen ``(1, h, total_q)``), ``dlse`` None when the LSE has no gradient.
     Workspaces (:func:`workspace_shapes`) come from torch's caching allocator; ``order`` is the
-    family's launch order (Note [Launch order]).
+    family's launch order (Note [Launch order]); ``extra``: the family's further arguments of the
+    main kernel and the dQ pass (the sm90 family's aux tensors).
     """
     import torch
 
@@ -611,6 +612,7 @@ def run_backward(cfg, problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_se
             int(problem.window_right), int(max_seqlen_k),
             launch_sections(cfg, order, num_batch * heads_k, max_seqlen_k, problem.seqlen_q,
                             q.shape[-2] // heads_k, q.shape[-1], v.shape[-1], q.element_size(), q.device.index),
+            *extra,
         )
     else:
         dk_k.zero_()
@@ -634,7 +636,7 @@ def run_backward(cfg, problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_se
             get_kernel(dq_sm90.config_for(cfg))(
                 q, k, v, dout, lse_log2, dpsum, dq_k, cu_seqlens_q, cu_seqlens_k, seqused_k,
                 float(problem.softmax_scale), float(problem.softcap), int(problem.window_left),
-                int(problem.window_right), int(problem.seqlen_q if varlen_q else q.shape[1]))
+                int(problem.window_right), int(problem.seqlen_q if varlen_q else q.shape[1]), *extra)
     else:
         postprocess.run_postprocess(
             post_cfg, dq_accum, dq_k, problem.softmax_scale, cu_seqlens_q=cu_seqlens_q,

@@ -47,7 +47,7 @@ Note [dQ pass tile order]
 import functools
 from dataclasses import dataclass, replace
 from types import SimpleNamespace
-from typing import ClassVar
+from typing import ClassVar, Optional
 
 import cutlass
 import cutlass.cute as cute
@@ -71,6 +71,8 @@ from fa4.cute_utils import (
 )
 from fa4.fwd.common import grid_extent
 from fa4.mask import AttentionMask, walk_blocks
+from fa4.mods import lookup
+from fa4.mods_kernel import UserMods, fake_aux
 from fa4.sched.tile import SectionTileScheduler
 from fa4.seqlen import SeqlenInfo, to_sdhb
 from fa4.softmax import apply_softcap, exp2_rows, score_scales, softcap_grad
@@ -127,6 +129,7 @@ class FlashBwdDqSm90:
         self.num_consumer_threads = 128 * self.num_wg
         self.num_threads = 128 * (self.num_wg + 1)
         self.stages = cfg.num_stages
+        self.mask_mod = lookup(cfg.mask_mod)  # a user mask (fa4/mods.py), None when absent
 
     @staticmethod
     def can_implement(cfg: BwdDqSm90Config) -> None:
@@ -142,6 +145,9 @@ class FlashBwdDqSm90:
             raise ValueError(f"{name}.num_stages must be 1 or 2, got {cfg.num_stages}")
         if cfg.smem_bytes() > SMEM_CAPACITY:
             raise ValueError(f"{name}: {cfg.smem_bytes()} bytes of shared memory exceed sm_90a's {SMEM_CAPACITY}")
+        if cfg.score_mod:
+            raise NotImplementedError("the sm90 backward's dQ pass does not implement score_mod yet")
+        lookup(cfg.mask_mod)
         # dQ, S and dP (float32), dS (16-bit), and with softcap tanh(S): registers per thread. The
         # largest compiled without spills: 224 (d128 with 128-key blocks, d160 with 112: 220).
         acc = cfg.head_dim // 2 + cfg.tile_n + cfg.tile_n // 4 + (cfg.tile_n // 2 if cfg.has_softcap else 0)
@@ -170,7 +176,7 @@ class FlashBwdDqSm90:
         used_k = compact(Int32, (cute.sym_int(),)) if cfg.has_seqused_k else None
         stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
         return (q, k, v, do, lse_log2, dpsum, dq, cu_q, cu_k, used_k, Float32(1.0), Float32(0.0), Int32(0), Int32(0),
-                Int32(1), stream)
+                Int32(1), fake_aux(cfg.aux), stream)
 
     # ----------------------------------------------------------------------------------------
     # Host side
@@ -221,6 +227,7 @@ class FlashBwdDqSm90:
         window_left: Int32,
         window_right: Int32,
         max_seqlen_q: Int32,
+        mAux: Optional[tuple],  # the mask_mod's aux tensors (cfg.aux; fa4/mods.py)
         stream,
     ):
         self._setup()
@@ -239,7 +246,7 @@ class FlashBwdDqSm90:
         tma_k, mK_t = cpasync.make_tiled_tma_atom(g2s, to_sdhb(mK), k_box, (self.tile_n, self.hd))
         tma_v, mV_t = cpasync.make_tiled_tma_atom(g2s, to_sdhb(mV), v_box, (self.tile_n, self.hd_v))
         self.kernel(
-            mQ_t, mK_t, mV_t, mdO_t, mLSElog2, mDpsum, mdQ, mCuSeqlensQ, mCuSeqlensK, mSeqUsedK,
+            mQ_t, mK_t, mV_t, mdO_t, mLSElog2, mDpsum, mdQ, mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, mAux,
             tma_q, tma_k, tma_v, tma_do, softmax_scale, prescale, scale_log2, window_left, window_right,
             num_m, num_heads, num_batch, section, mQ.shape[1], mK.shape[1], mQ.shape[2] // mK.shape[2],
             self.sQ_layout, self.sdO_layout, self.sK_layout, self.sV_layout, self.tiled_mma_s, self.tiled_mma_dq,
@@ -256,7 +263,7 @@ class FlashBwdDqSm90:
     # ----------------------------------------------------------------------------------------
 
     @cute.kernel
-    def kernel(self, mQ, mK, mV, mdO, mLSElog2, mDpsum, mdQ, mCuSeqlensQ, mCuSeqlensK, mSeqUsedK,
+    def kernel(self, mQ, mK, mV, mdO, mLSElog2, mDpsum, mdQ, mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, mAux,
                tma_q, tma_k, tma_v, tma_do, softmax_scale: Float32, prescale: Float32, scale_log2: Float32,
                window_left: Int32, window_right: Int32, num_m: Int32, num_heads: Int32, num_batch: Int32,
                section: Int32, seqlen_q_static: Int32,
@@ -286,8 +293,11 @@ class FlashBwdDqSm90:
         mask = AttentionMask(self.tile_m, self.tile_n, self.cfg.causal, self.cfg.local, seq.seqlen_q, seq.seqlen_k,
                              window_left, window_right)
         n_min, n_max = mask.n_block_range(m_block)
+        umod = None
+        if const_expr(self.mask_mod is not None):
+            umod = UserMods(None, self.mask_mod, self.tile_m, self.tile_n, 1, batch, head, seq, mAux)
         work = SimpleNamespace(seq=seq, mask=mask, m_block=m_block, head=head, head_kv=head // group, batch=batch,
-                               n_min=n_min, n_max=n_max,
+                               n_min=n_min, n_max=n_max, umod=umod,
                                active=m_block * self.tile_m < seq.seqlen_q)
         sm = SimpleNamespace(
             sQ=storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner),
@@ -399,6 +409,8 @@ class FlashBwdDqSm90:
             apply_softcap(c.acc_S, prescale)
             tanh_S = cute.make_rmem_tensor_like(c.acc_S)
             tanh_S.store(c.acc_S.load())
+        if const_expr(work.umod is not None):  # the user's mask, every block (fa4/mods.py)
+            work.umod.apply(c.acc_S, c.thr_s, work.m_block, n, prescale)
         work.mask.apply_block(c.acc_S, c.thr_s, work.m_block, n, last, mask_window, window_if)
         acc_S_mn = make_acc_mn_view(c.acc_S)
         exp2_rows(acc_S_mn, c.rLSE, scale_log2, 0.0)
@@ -454,7 +466,8 @@ def config_for(main_cfg) -> BwdDqSm90Config:
     return largest_tile(BwdDqSm90Config(
         arch=main_cfg.arch, dtype=main_cfg.dtype, head_dim=main_cfg.head_dim, head_dim_v=main_cfg.head_dim_v,
         rows_tile_m=main_cfg.tile_m, causal=main_cfg.causal, local=main_cfg.local, has_softcap=main_cfg.has_softcap,
-        varlen_q=main_cfg.varlen_q, varlen_k=main_cfg.varlen_k, has_seqused_k=main_cfg.has_seqused_k))
+        varlen_q=main_cfg.varlen_q, varlen_k=main_cfg.varlen_k, has_seqused_k=main_cfg.has_seqused_k,
+        score_mod=main_cfg.score_mod, mask_mod=main_cfg.mask_mod, aux=main_cfg.aux))
 
 
 def variants(arch: str) -> list[BwdDqSm90Config]:

@@ -192,6 +192,9 @@ class FlashBwdSm80:
     @staticmethod
     def can_implement(cfg: BwdSm80Config) -> None:
         cfg.check_target(_DTYPES, head_dim_multiple=32)
+        if cfg.score_mod or cfg.mask_mod:
+            raise NotImplementedError("the sm80 backward does not implement score_mod / mask_mod (the sm90 backward "
+                                      "implements mask_mod)")
         if cfg.num_threads not in (128, 256):
             raise ValueError(f"BwdSm80Config.num_threads must be 128 or 256, got {cfg.num_threads}")
         if cfg.tile_m not in (32, 64, 128) or cfg.tile_n not in (32, 64, 128):
@@ -971,6 +974,8 @@ def make_config(
             f"{cfg.smem_bytes()} bytes of shared memory for head_dim {problem.head_dim}, "
             f"more than {arch}'s {SMEM_CAPACITY[arch]}"
         )
+    if cfg.score_mod or cfg.mask_mod:  # (before anything runs: the interface asks at forward time)
+        FlashBwdSm80.can_implement(cfg)
     return cfg
 
 

@@ -271,6 +271,8 @@ from fa4.cute_utils import (
     zero_rows_from,
 )
 from fa4.mask import AttentionMask
+from fa4.mods import lookup
+from fa4.mods_kernel import UserMods, fake_aux
 from fa4.sched import semaphore
 from fa4.sched.tile import LOOSE_BOUND_RATIO, compact_tile, loose_bound, lowest_pow2, section_tile
 from fa4.seqlen import SeqlenInfo, grid_extent, to_sdhb
@@ -526,6 +528,7 @@ class FlashBwdSm90:
         # Floats of dq_accum per consumer thread, and per warpgroup (one bulk reduce each).
         self.dq_frag_size = cfg.dq_rows * cfg.head_dim // self.num_consumer_threads
         self.dq_chunk = self.dq_frag_size * 128
+        self.mask_mod = lookup(cfg.mask_mod)  # a user mask (fa4/mods.py), None when absent
 
     @property
     def dkv_split(self) -> int:
@@ -632,6 +635,9 @@ class FlashBwdSm90:
         if cfg.dq_first_store and (cfg.dq_direct or cfg.two_cta):
             raise ValueError(f"{name}.dq_first_store (Note [First store]) is the dQ writer warp's; it needs "
                              "dq_direct=False and two_cta=False")
+        if cfg.score_mod:
+            raise NotImplementedError("the sm90 backward does not implement score_mod yet (mask_mod it does)")
+        lookup(cfg.mask_mod)  # registered (KeyError otherwise)
         if cfg.smem_bytes() > SMEM_CAPACITY:
             raise ValueError(f"{name}: {cfg.smem_bytes()} bytes of shared memory at head_dim {cfg.head_dim}, "
                              f"tile {cfg.tile_m}x{cfg.tile_n}, {cfg.q_stages} Q stages, {cfg.pds_stages} dS stages "
@@ -639,7 +645,8 @@ class FlashBwdSm90:
 
     @staticmethod
     def fake_args(cfg: BwdSm90Config) -> tuple:
-        return common.fake_args(cfg)
+        args = common.fake_args(cfg)
+        return args[:-1] + (fake_aux(cfg.aux),) + args[-1:]  # the aux tensors before the stream
 
     # ----------------------------------------------------------------------------------------
     # Host side
@@ -717,6 +724,7 @@ class FlashBwdSm90:
         window_right: Int32,
         max_seqlen_k: Int32,  # longest key sequence (varlen grid); ignored for fixed length
         section_pairs: Int32,  # (batch, kv head) pairs per launch section (Note [Launch order], common.py)
+        mAux: Optional[tuple],  # the mask_mod's aux tensors (cfg.aux; fa4/mods.py)
         stream,
     ):
         common.check_main_kernel_types(self.cfg, self.dtype, mQ, mK, mV, mdO, mdK, mdV)
@@ -746,7 +754,7 @@ class FlashBwdSm90:
             grid_x = num_x * mdK.shape[2]
         self.kernel(
             mQ_tma, mK_tma, mV_tma, mdO_tma, mLSE_tma, mDpsum_tma, mdQaccum, mdK, mdV, mCuSeqlensQ, mCuSeqlensK,
-            mSeqUsedK, mSemaphore, tma_q, tma_k, tma_v, tma_do, tma_lse, tma_dpsum, softmax_scale, prescale,
+            mSeqUsedK, mSemaphore, mAux, tma_q, tma_k, tma_v, tma_do, tma_lse, tma_dpsum, softmax_scale, prescale,
             scale_log2,
             window_left, window_right, num_x, num_batch, section, mQ.shape[1], mK.shape[1], mQ.shape[2],
             self.sQ_layout, self.sdO_layout, self.sK_layout, self.sV_layout, self.sPdS_layout, self.sHalf_layout,
@@ -780,6 +788,7 @@ class FlashBwdSm90:
         mCuSeqlensK: Optional[cute.Tensor],
         mSeqUsedK: Optional[cute.Tensor],
         mSemaphore: Optional[cute.Tensor],
+        mAux: Optional[tuple],
         tma_q: cute.CopyAtom,
         tma_k: cute.CopyAtom,
         tma_v: cute.CopyAtom,
@@ -853,7 +862,7 @@ class FlashBwdSm90:
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.mma(mdK, mdV, mdQaccum, smem(), pipes, work(), softmax_scale, prescale, scale_log2,
-                     cute.arch.thread_idx()[0] - 128)
+                     cute.arch.thread_idx()[0] - 128, mAux)
 
     def smem_tensors(self, storage, sQ_layout, sdO_layout, sK_layout, sV_layout, sPdS_layout,
                      sHalf_layout) -> SimpleNamespace:
@@ -1315,7 +1324,7 @@ class FlashBwdSm90:
 
     @cute.jit
     def mma(self, mdK, mdV, mdQaccum, sm, pipes, work, softmax_scale: Float32, prescale: Float32,
-            scale_log2: Float32, tidx: Int32) -> None:
+            scale_log2: Float32, tidx: Int32, mAux=None) -> None:
         """Consumer warpgroups: the step loop (:meth:`mma_step`), then :meth:`epilogue`."""
         pipe_kv, pipe_q, pipe_do = pipes
         wg = cute.arch.make_warp_uniform(tidx // 128)
@@ -1359,6 +1368,7 @@ class FlashBwdSm90:
         c.tScS_mn = make_acc_mn_view(thr_sdp.partition_C(cute.make_identity_tensor(shape_S)))
         c.r2s = cute.make_tiled_copy_C(self.stmatrix_atom(), sdp).get_slice(tidx)
         c.thr_sdp = thr_sdp
+        c.aux = mAux
         c.sdQ = sm.sdQ
         c.tidx = tidx
 
@@ -1377,13 +1387,14 @@ class FlashBwdSm90:
             seqlen_partial = (work.n_block + 1) * self.tile_n > work.seq.seqlen_k
             # step_cursor, causal: which steps need the mask follows from the step index (the m_blocks
             # below m_no_mask are the first or the last steps), so m_block is computed on those only.
-            lazy = self.cfg.step_cursor and self.cfg.causal and not self.cfg.local and not self.cfg.dq_direct
+            lazy = (self.cfg.step_cursor and self.cfg.causal and not self.cfg.local and not self.cfg.dq_direct
+                    and self.mask_mod is None)  # (a mask_mod reads every step's q head)
             if const_expr(lazy):
                 # Walking down the masked steps are the last ones (t >= edge), walking up the first (t < edge).
                 edge = (work.m_min + work.num_m - m_no_mask if const_expr(self.cfg.walks_down)
                         else m_no_mask - work.m_min) * work.group
             for t in cutlass.range(work.num_steps, unroll=1):
-                m_block = None
+                m_block, head = None, None
                 if const_expr(not lazy):
                     head, m_block = self.step_slot(work, t)
                 gdQ = None
@@ -1397,7 +1408,7 @@ class FlashBwdSm90:
                 elif const_expr(self.cfg.causal):
                     need_mask = need_mask or m_block < m_no_mask
                 self.mma_step(c, sm, pipe_q, pipe_do, work, q_state, do_state, t, m_block, need_mask, wg,
-                              prescale, scale_log2, gdQ)
+                              prescale, scale_log2, gdQ, head)
                 q_state.advance()
                 do_state.advance()
             if const_expr(self.cfg.two_cta):
@@ -1442,7 +1453,8 @@ class FlashBwdSm90:
 
     @cute.jit
     def mma_step(self, c, sm, pipe_q, pipe_do, work, q_state, do_state, t: Int32, m_block: Int32, need_mask,
-                 wg: Int32, prescale: Float32, scale_log2: Float32, gdQ: Optional[cute.Tensor]) -> None:
+                 wg: Int32, prescale: Float32, scale_log2: Float32, gdQ: Optional[cute.Tensor],
+                 head: Optional[Int32] = None) -> None:
         """One (q head, m_block) step of a consumer warpgroup (module docstring)."""
         qi, di = q_state.index, do_state.index
         pds = t % self.pds_stages if const_expr(self.pds_stages > 1) else 0
@@ -1481,6 +1493,9 @@ class FlashBwdSm90:
                 _, m_masked = self.step_slot(work, t)
             work.mask.apply(c.acc_S, c.thr_sdp, m_masked, work.n_block, mask_seqlen=True, mask_window=True,
                             transpose=True)
+        if const_expr(self.mask_mod is not None):  # every step (fa4/mods.py); head, m_block: not lazy
+            UserMods(None, self.mask_mod, self.tile_m, self.tile_n, 1, work.batch, head, work.seq, c.aux,
+                     transpose=True).apply(c.acc_S, c.thr_sdp, m_block, work.n_block, prescale)
         acc_S_mn = make_acc_mn_view(c.acc_S)
         if const_expr(not lse_in_regs):
             emu = emulated_elements(ncol, self.cfg.exp2_emu_frac)
@@ -2086,10 +2101,12 @@ def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: B
 
 
 def run_backward(cfg: BwdSm90Config, problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_seqlens_q,
-                 cu_seqlens_k, seqused_k, dq, dk, dv) -> None:
-    """dq, dk, dv in place: :func:`fa4.bwd.common.run_backward` with this family's launch order."""
+                 cu_seqlens_k, seqused_k, dq, dk, dv, aux=None) -> None:
+    """dq, dk, dv in place: :func:`fa4.bwd.common.run_backward` with this family's launch order;
+    ``aux``: the mask_mod's aux tensors (``cfg.aux``), the main kernel's and the dQ pass's last
+    argument."""
     common.run_backward(cfg, problem, dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                        dq, dk, dv, order=LAUNCH_ORDER)
+                        dq, dk, dv, order=LAUNCH_ORDER, extra=(tuple(aux) if cfg.aux else None,))
 
 
 def variants(arch: str) -> list[BwdSm90Config]:

@@ -27,11 +27,6 @@ def pad32(d: int) -> int:
     return (d + 31) // 32 * 32
 
 
-# The kernel dtypes of aux tensors (fa4/mods.py AUX_DTYPES).
-AUX_DTYPES = {"float32": Float32, "float16": cutlass.Float16, "bfloat16": cutlass.BFloat16, "int32": Int32,
-              "int64": cutlass.Int64, "int8": cutlass.Int8, "uint8": cutlass.Uint8}
-
-
 def fake_args(cfg, extra: tuple = ()) -> tuple:
     """Fake tensors with symbolic sizes (64-bit strides, multiples of 16 bytes) and scalars for the
     forward signature, ``extra`` runtime scalars before the stream. With ``cfg.split_kv`` O is the

@@ -121,7 +121,7 @@ from fa4.cute_utils import (
 from fa4.fwd import common as fwd_common
 from fa4.mask import AttentionMask, walk_blocks
 from fa4.mods import lookup
-from fa4.mods_kernel import UserMods
+from fa4.mods_kernel import UserMods, fake_aux
 from fa4.pack_gqa import (
     TileRows, batch_slot, load_q_rows, partial_slot, row_sinks, store_acc_rows, store_lse_rows, store_rows,
 )
@@ -140,13 +140,6 @@ _BAR_EPI, _BAR_PP0, _BAR_VTAIL, _BAR_Q, _BAR_PP2 = 1, 2, 4, 5, 6
 
 
 _pad32 = fwd_common.pad32
-
-
-def _fake_aux(dtype: str, ndim: int):
-    """A fake aux tensor (fa4/mods.py): any shape and strides, element-aligned."""
-    dt = fwd_common.AUX_DTYPES[dtype]
-    return cute.runtime.make_fake_tensor(dt, tuple(cute.sym_int() for _ in range(ndim)),
-                                         tuple(cute.sym_int64() for _ in range(ndim)), assumed_align=dt.width // 8)
 
 
 @dataclass(frozen=True)
@@ -308,8 +301,7 @@ class FlashFwdSm90:
         counter = None
         if cfg.dynamic_sched:
             counter = cute.runtime.make_fake_compact_tensor(Int32, (1,), assumed_align=4)
-        aux = tuple(_fake_aux(dtype, ndim) for dtype, ndim in cfg.aux) if cfg.aux else None
-        return fwd_common.fake_args(cfg, extra=(Int32(1), Int32(1), counter, aux))
+        return fwd_common.fake_args(cfg, extra=(Int32(1), Int32(1), counter, fake_aux(cfg.aux)))
 
     def _setup(self):
         """Smem layouts, tiled MMAs and the shared storage struct (trace-time constants)."""
