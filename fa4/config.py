@@ -162,7 +162,8 @@ class AttnProblem:
     then ``max_pages * page_size`` unless ``seqused_k`` gives each sequence's length), ``has_sink``
     (a learnable sink logit per q head, applied in the forward's softmax). ``score_mod`` /
     ``mask_mod``: the keys of user functions (forward only; :mod:`fa4.mods`), '' when absent;
-    ``aux``: the ``(dtype, ndim)`` of each of their aux tensors.
+    ``aux``: the ``(dtype, ndim)`` of each of their aux tensors; ``score_mod_bwd``: the key of the
+    score_mod's derivative (backward only).
     """
 
     dtype: str
@@ -192,6 +193,7 @@ class AttnProblem:
     score_mod: str = ""
     mask_mod: str = ""
     aux: tuple = ()
+    score_mod_bwd: str = ""
 
     @property
     def qhead_per_kvhead(self) -> int:
@@ -266,10 +268,11 @@ class AttnKernelConfig(KernelConfig):
     score_mod: str = ""
     mask_mod: str = ""
     aux: tuple = ()
+    score_mod_bwd: str = ""  # (backward configs only: the forward kernels do not read it)
 
     @property
     def disk_cacheable(self) -> bool:
-        return not (self.score_mod or self.mask_mod or self.aux)
+        return not (self.score_mod or self.mask_mod or self.aux or self.score_mod_bwd)
 
     @staticmethod
     def problem_flags(problem: AttnProblem) -> dict[str, bool]:

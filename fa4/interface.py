@@ -66,10 +66,12 @@ def _with_hints(problem: AttnProblem, num_splits, pack_gqa) -> AttnProblem:
     return hinted
 
 
-def _with_mods(problem: AttnProblem, score_mod, mask_mod, aux_tensors, aux_scalars, device=None) -> AttnProblem:
-    """``problem`` with the keys of the user's ``score_mod`` / ``mask_mod`` and the signature of
-    their ``aux_tensors`` (validated; :mod:`fa4.mods`)."""
-    if score_mod is None and mask_mod is None and aux_tensors is None and aux_scalars is None:
+def _with_mods(problem: AttnProblem, score_mod, mask_mod, aux_tensors, aux_scalars, device=None,
+               score_mod_bwd=None) -> AttnProblem:
+    """``problem`` with the keys of the user's ``score_mod`` / ``mask_mod`` / ``score_mod_bwd`` and the
+    signature of their ``aux_tensors`` (validated; :mod:`fa4.mods`)."""
+    if (score_mod is None and mask_mod is None and aux_tensors is None and aux_scalars is None
+            and score_mod_bwd is None):
         return problem
     if torch.compiler.is_compiling():
         raise NotImplementedError("fa4 does not support score_mod / mask_mod under torch.compile yet (the custom op "
@@ -78,8 +80,9 @@ def _with_mods(problem: AttnProblem, score_mod, mask_mod, aux_tensors, aux_scala
         raise ValueError("mask_mod with causal=True or a window_size: flash_attn.cute ignores causal and window_size "
                          "when a mask_mod is given; fa4 refuses the pair rather than differ from it silently. Put the "
                          "condition in the mask_mod (its seqlen_info has seqlen_q and seqlen_k; fa4/mods.py)")
-    sk, mk, aux = mods.check(score_mod, mask_mod, problem.softcap, aux_tensors, aux_scalars, device)
-    return dataclasses.replace(problem, score_mod=sk, mask_mod=mk, aux=aux)
+    sk, mk, aux, bk = mods.check(score_mod, mask_mod, problem.softcap, aux_tensors, aux_scalars, device,
+                                 score_mod_bwd)
+    return dataclasses.replace(problem, score_mod=sk, mask_mod=mk, aux=aux, score_mod_bwd=bk)
 
 
 def _run(problem: AttnProblem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options: Optional[KernelOptions],
@@ -89,13 +92,16 @@ def _run(problem: AttnProblem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, o
     grad_sink = torch.is_grad_enabled() and sink is not None and sink.requires_grad
     grad = grad_qkv or grad_sink
     need_lse = return_lse or grad
-    forward_only = problem.has_seqused_q or problem.page_size or problem.score_mod
+    forward_only = problem.has_seqused_q or problem.page_size
     if grad_qkv and forward_only:
-        name = "seqused_q" if problem.has_seqused_q else "page_table" if problem.page_size else "score_mod"
+        name = "seqused_q" if problem.has_seqused_q else "page_table"
         raise NotImplementedError(f"fa4's backward does not support {name} yet (forward only); call it under "
                                   f"torch.no_grad() or without inputs that require grad")
+    if grad_qkv and problem.score_mod and not problem.score_mod_bwd:
+        raise ValueError("the backward through a score_mod needs its derivative, score_mod_bwd (flash_attn.cute's "
+                         "convention; fa4/mods.py); or call it under torch.no_grad()")
     if (grad_qkv and (problem.head_dim_v != problem.head_dim or options.bwd_kv_split is not None
-                      or problem.mask_mod) and not torch.compiler.is_compiling()):
+                      or problem.mask_mod or problem.score_mod) and not torch.compiler.is_compiling()):
         # Only the sm90 backward serves head_dim_v != head_dim, and a backward option such as
         # bwd_kv_split may not fit the problem: ask the backward's family now (its make_config
         # raises), not after the forward has run. (The plan is cached for the backward.)
@@ -178,14 +184,14 @@ def flash_attn_func(
     stay deterministic). ``kernel_options`` (fa4 only): tile sizes, stages, exp2 emulation, rescale
     threshold, forced kernel family. ``gather_bwd_recompute_p`` / ``gather_bwd_token_chunk`` belong to
     flash-attn-4's ``gather_kv_indices`` backward and, like it, raise ``NotImplementedError`` when set.
-    ``score_mod`` / ``mask_mod``: CuTe DSL functions with flash_attn.cute's signatures, traced into
-    the forward with the tensors of ``aux_tensors`` (sm90 family; forward only, eager only:
-    :mod:`fa4.mods`).
+    ``score_mod`` / ``score_mod_bwd`` / ``mask_mod``: CuTe DSL functions with flash_attn.cute's
+    signatures, traced into the kernels with the tensors of ``aux_tensors`` (sm90 family, eager
+    only: :mod:`fa4.mods`).
     """
-    if (qv is not None or gather_kv_indices is not None or score_mod_bwd is not None
+    if (qv is not None or gather_kv_indices is not None
             or block_sparse_tensors is not None or block_sparse_tensors_bwd is not None
             or gather_bwd_recompute_p is not False or gather_bwd_token_chunk is not None):
-        validate.reject_unsupported(qv=qv, gather_kv_indices=gather_kv_indices, score_mod_bwd=score_mod_bwd,
+        validate.reject_unsupported(qv=qv, gather_kv_indices=gather_kv_indices,
                                     block_sparse_tensors=block_sparse_tensors,
                                     block_sparse_tensors_bwd=block_sparse_tensors_bwd,
                                     gather_bwd_recompute_p=gather_bwd_recompute_p,
@@ -193,7 +199,7 @@ def flash_attn_func(
     _check_flags(kernel_options, deterministic, return_lse)
     problem = _with_hints(validate.check_dense(q, k, v, softmax_scale, causal, window_size, softcap), num_splits,
                           pack_gqa)
-    problem = _with_mods(problem, score_mod, mask_mod, aux_tensors, aux_scalars, q.device)
+    problem = _with_mods(problem, score_mod, mask_mod, aux_tensors, aux_scalars, q.device, score_mod_bwd)
     aux = tuple(aux_tensors) if problem.aux else None
     if learnable_sink is not None:
         validate.check_sink(learnable_sink, problem.heads, q.device)
@@ -253,7 +259,7 @@ def flash_attn_varlen_func(
     Returns ``(out, lse)`` with out like q and lse float32 (h, total_q) (batched q: (batch, h,
     seqlen_q)) or None.
     """
-    validate.reject_unsupported(qv=qv, gather_kv_indices=gather_kv_indices, score_mod_bwd=score_mod_bwd,
+    validate.reject_unsupported(qv=qv, gather_kv_indices=gather_kv_indices,
                                 block_sparse_tensors=block_sparse_tensors, scheduler_metadata=scheduler_metadata,
                                 seqlen_k_per_split=seqlen_k_per_split,
                                 disable_scheduler_metadata=disable_scheduler_metadata,
@@ -266,7 +272,7 @@ def flash_attn_varlen_func(
                                                 seqused_k, softmax_scale, causal, window_size, softcap,
                                                 seqused_q=seqused_q, page_table=page_table),
                           num_splits, pack_gqa)
-    problem = _with_mods(problem, score_mod, mask_mod, aux_tensors, aux_scalars, q.device)
+    problem = _with_mods(problem, score_mod, mask_mod, aux_tensors, aux_scalars, q.device, score_mod_bwd)
     aux = tuple(aux_tensors) if problem.aux else None
     if learnable_sink is not None:
         validate.check_sink(learnable_sink, problem.heads, q.device)
@@ -328,7 +334,8 @@ def explain(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
             seqused_k=None, softmax_scale=None, causal=False, window_size=(None, None), softcap=0.0,
             num_splits=None, pack_gqa=None, seqused_q=None, page_table=None, deterministic=False,
             return_lse=False, kernel_options: Optional[KernelOptions] = None,
-            capability: Optional[tuple] = None, score_mod=None, mask_mod=None) -> Explanation:
+            capability: Optional[tuple] = None, score_mod=None, mask_mod=None,
+            score_mod_bwd=None) -> Explanation:
     """Which kernels, arch and options a call with these arguments would use, and why.
 
     Launches nothing. ``capability`` (e.g. ``(9, 0)``) explains for another GPU, or on a machine
@@ -347,12 +354,12 @@ def explain(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
         else:
             problem = validate.check_dense(q, k, v, softmax_scale, causal, window_size, softcap)
     problem = _with_hints(problem, num_splits, pack_gqa)
-    problem = _with_mods(problem, score_mod, mask_mod, None, None)
+    problem = _with_mods(problem, score_mod, mask_mod, None, None, score_mod_bwd=score_mod_bwd)
     ex = Explanation(problem, tuple(capability))
     if problem.score_mod or problem.mask_mod:
         ex.notes.append("score_mod / mask_mod: traced into the kernels (every K block); each kernel is compiled "
-                        "per function (keyed by its code and captured values) and kept in process memory only; the "
-                        "backward supports mask_mod (sm90), not score_mod yet (fa4/mods.py)")
+                        "per function (keyed by its code and the values it reads) and kept in process memory only; "
+                        "the backward (sm90) takes mask_mod, and score_mod with its score_mod_bwd (fa4/mods.py)")
     for side, given, cu in (("q", max_seqlen_q, cu_seqlens_q), ("k", max_seqlen_k, cu_seqlens_k)):
         if cu is not None and cu.shape[0] > 2 and (given is None or (isinstance(given, torch.Tensor)
                                                                       and given.device.type != "cpu")):
@@ -373,9 +380,9 @@ def explain(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
             fwd_problem = dataclasses.replace(problem, page_size=0)
     need_bwd = q.requires_grad or k.requires_grad or v.requires_grad
     for direction in ("fwd", "bwd"):
-        if direction == "bwd" and problem.score_mod:
-            ex.directions[direction] = {"error": "the backward does not support score_mod yet (a call whose inputs "
-                                                 "require grad raises NotImplementedError; mask_mod it supports)"}
+        if direction == "bwd" and problem.score_mod and not problem.score_mod_bwd:
+            ex.directions[direction] = {"error": "the backward through a score_mod needs score_mod_bwd (a call whose "
+                                                 "inputs require grad without it raises ValueError)"}
             continue
         try:
             d = _arch.resolve(direction, tuple(capability), options, warn=False)

@@ -9,6 +9,10 @@ function written for flash_attn.cute runs unchanged:
   adjacent keys, already multiplied by ``softmax_scale``; the index arguments are int32
   ``TensorSSA`` of the same size. ``vec_size`` is the function's ``__vec_size__`` (1 or 2),
   else 2.
+* ``score_mod_bwd(grad, scores, batch_idx, head_idx, q_idx=, kv_idx=, seqlen_info=, aux_tensors=)``
+  -> the gradient with respect to ``scores`` (the score_mod's input, times ``softmax_scale``) given
+  ``grad``, the one with respect to its output: the backward through a score_mod (sm90) needs it,
+  as flash_attn.cute's does.
 * ``mask_mod(batch_idx, head_idx, q_idx, kv_idx, seqlen_info, aux_tensors)`` -> a Boolean (or a
   one-element Boolean ``TensorSSA``): False hides key ``kv_idx`` from query ``q_idx``, in every K
   block, forward and (sm90) backward. flash_attn.cute ignores ``causal`` / ``window_size`` when a
@@ -220,9 +224,11 @@ def aux_signature(aux_tensors, device) -> tuple:
     return tuple(sig)
 
 
-def check(score_mod, mask_mod, softcap: float, aux_tensors, aux_scalars, device=None) -> tuple[str, str, tuple]:
-    """Validate the user functions of a call; returns their keys ('' where absent) and the aux
-    tensors' signature (:func:`aux_signature`; ``()`` without them)."""
+def check(score_mod, mask_mod, softcap: float, aux_tensors, aux_scalars, device=None,
+          score_mod_bwd=None) -> tuple[str, str, tuple, str]:
+    """Validate the user functions of a call; returns the keys of ``score_mod`` and ``mask_mod`` ('' where
+    absent), the aux tensors' signature (:func:`aux_signature`; ``()`` without them) and the key of
+    ``score_mod_bwd``."""
     if aux_scalars is not None:
         raise NotImplementedError("fa4 does not support the argument 'aux_scalars' yet (capture the values in the "
                                   "function's closure: they become compile-time constants of its kernel)")
@@ -235,4 +241,10 @@ def check(score_mod, mask_mod, softcap: float, aux_tensors, aux_scalars, device=
     if score_mod is not None:
         vec_size(score_mod, bool(aux))
     mk = key_of(mask_mod, "mask_mod") if mask_mod is not None else ""
-    return sk, mk, aux
+    if score_mod_bwd is not None and score_mod is None:
+        raise ValueError("score_mod_bwd is the derivative of a score_mod; no score_mod was given")
+    bk = key_of(score_mod_bwd, "score_mod_bwd") if score_mod_bwd is not None else ""
+    if score_mod_bwd is not None and vec_size(score_mod_bwd, bool(aux)) != vec_size(score_mod, bool(aux)):
+        raise ValueError("score_mod_bwd.__vec_size__ must equal score_mod's (the backward calls both on the same "
+                         "scores)")
+    return sk, mk, aux, bk

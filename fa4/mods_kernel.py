@@ -55,6 +55,7 @@ class UserMods:
     seqlen: Any  # fa4.seqlen.SeqlenInfo
     aux: Any = None  # tuple of the call's aux tensors (gmem cute.Tensor), or None
     transpose: cutlass.Constexpr[bool] = False  # the tile is S^T (keys x queries: the backward's)
+    score_mod_bwd: cutlass.Constexpr = None  # the score_mod's derivative (the backward's apply_bwd)
 
     def _coords(self, row, col, m_block, n_block):
         """(q head, query position, key position) of accumulator element (row, col); with aux
@@ -73,6 +74,48 @@ class UserMods:
             k = cutlass.min(k, self.seqlen.seqlen_k - 1)
         return h, q, k
 
+    def _identity(self, thr_mma):
+        """The tile's (row, column) coordinates, partitioned like the accumulator."""
+        shape = (self.tile_n, self.tile_m) if const_expr(self.transpose) else (self.tile_m, self.tile_n)
+        return thr_mma.partition_C(cute.make_identity_tensor(shape))
+
+    def _element(self, tScS, i, m_block, n_block):
+        """(q head, query position, key position) of accumulator element ``i``."""
+        row, col = tScS[i][0], tScS[i][1]
+        if const_expr(self.transpose):
+            row, col = col, row
+        return self._coords(row, col, m_block, n_block)
+
+    @cute.jit
+    def apply_bwd(self, acc_dS: cute.Tensor, raw_S: cute.Tensor, thr_mma, m_block: Int32, n_block: Int32,
+                  softmax_scale) -> None:
+        """The backward through the score_mod, in place: ``dS <- score_mod_bwd(dS, raw_S * softmax_scale)``,
+        ``dS`` the gradient with respect to the score_mod's output, ``raw_S`` the ``Q K^T`` it read
+        (the same pairs and indices as :meth:`apply`); the result is the gradient with respect to
+        ``Q K^T * softmax_scale`` (the caller's dQ / dK carry the last ``softmax_scale``)."""
+        tScS = self._identity(thr_mma)
+        n = cute.size(acc_dS)
+        vec = vec_size(self.score_mod, self.aux is not None)
+        if const_expr(n % vec):
+            vec = 1
+        for i in cutlass.range(0, n, vec, unroll_full=True):
+            heads, qs, ks = [], [], []
+            for j in cutlass.range_constexpr(vec):
+                h, q, k = self._element(tScS, i + j, m_block, n_block)
+                heads.append(h)
+                qs.append(q)
+                ks.append(k)
+            grads = [acc_dS[i + j] for j in range(vec)]
+            scores = [raw_S[i + j] * softmax_scale for j in range(vec)]
+            out = self.score_mod_bwd(_ssa(grads, Float32), _ssa(scores, Float32), _ssa([self.batch] * vec, Int32),
+                                     _ssa(heads, Int32), q_idx=_ssa(qs, Int32), kv_idx=_ssa(ks, Int32),
+                                     seqlen_info=self.seqlen,
+                                     aux_tensors=self.aux if const_expr(self.aux is not None) else ())
+            res = cute.make_rmem_tensor(vec, Float32)
+            res.store(out)
+            for j in cutlass.range_constexpr(vec):
+                acc_dS[i + j] = res[j]
+
     @cute.jit
     def apply(self, acc_S: cute.Tensor, thr_mma, m_block: Int32, n_block: Int32, softmax_scale) -> None:
         """``score_mod`` on every score of the tile (times ``softmax_scale`` first), then
@@ -81,8 +124,7 @@ class UserMods:
         key). One pass
         over the thread's scores, ``vec`` adjacent ones (one row) at a time: their coordinates are
         computed once for both functions."""
-        shape = (self.tile_n, self.tile_m) if const_expr(self.transpose) else (self.tile_m, self.tile_n)
-        tScS = thr_mma.partition_C(cute.make_identity_tensor(shape))
+        tScS = self._identity(thr_mma)
         n = cute.size(acc_S)
         vec = 1
         if const_expr(self.score_mod is not None):
@@ -92,10 +134,7 @@ class UserMods:
         for i in cutlass.range(0, n, vec, unroll_full=True):
             heads, qs, ks = [], [], []
             for j in cutlass.range_constexpr(vec):
-                row, col = tScS[i + j][0], tScS[i + j][1]
-                if const_expr(self.transpose):
-                    row, col = col, row
-                h, q, k = self._coords(row, col, m_block, n_block)
+                h, q, k = self._element(tScS, i + j, m_block, n_block)
                 heads.append(h)
                 qs.append(q)
                 ks.append(k)

@@ -8,8 +8,8 @@ sequences, prefill against a longer cache (GPU).
 
 Cases ending in ``-nomax`` make their varlen calls without ``max_seqlen_q`` / ``max_seqlen_k``, as
 flash_attn.cute allows (fa4 then sizes its grids by the packed token count). Cases starting with
-``mods-`` pass a user ``score_mod`` / ``mask_mod`` (with ``aux_tensors``) to fa4 and flash-attn-4
-alike (forward only: fa4's backward refuses them).
+``mods-`` pass a user ``score_mod`` (with its ``score_mod_bwd``) / ``mask_mod`` (with ``aux_tensors``)
+to fa4 and flash-attn-4 alike.
 (``python -m fa4.offgrid`` and ``tools/offgrid.py`` are the same.) TFLOP/s count the (query, key)
 pairs a mask keeps exactly (per sequence for varlen): forward ``4 * h * d * pairs``, backward 2.5x.
 Medians of ``triton.testing.do_bench``; the backward is timed as in fa4.bench (forward once, then
@@ -75,7 +75,17 @@ def _alibi(q):
     @cute.jit
     def alibi(scores, b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
         return scores - (h + 1).to(cute.Float32) * 0.0625 * (q_idx - kv_idx).to(cute.Float32)
-    return dict(score_mod=alibi)
+    return dict(score_mod=alibi, score_mod_bwd=_shift_bwd())
+
+
+def _shift_bwd():
+    """The derivative of a score plus a constant (the backward of the two bias cases)."""
+    import cutlass.cute as cute
+
+    @cute.jit
+    def shift_bwd(grad, scores, b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+        return grad
+    return shift_bwd
 
 
 def _doc_ids(q, doc: int = 1024):
@@ -102,7 +112,7 @@ def _rel_bias(q):
     @cute.jit
     def rel_bias(scores, b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
         return scores + aux_tensors[0][h[0], q_idx[0] - kv_idx[0] + (s - 1)]
-    return dict(score_mod=rel_bias, aux_tensors=[table])
+    return dict(score_mod=rel_bias, score_mod_bwd=_shift_bwd(), aux_tensors=[table])
 
 
 USER_FUNCS = {

@@ -119,6 +119,26 @@ def every_seventh_row_blind():
     return blind, lambda b, h, q, kv: ((q % 7) != 0) & (kv >= 0)
 
 
+def derivative(name: str):
+    """The ``score_mod_bwd`` of SCORE_MODS[name] (flash_attn.cute's convention: the gradient with
+    respect to the score_mod's input, given the one with respect to its output)."""
+    import cutlass.cute as cute
+
+    if name == "tanh_cap":
+        cap = 20.0
+
+        @cute.jit
+        def tanh_cap_bwd(grad, scores, b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+            t = cute.math.tanh(scores * (1.0 / cap), fastmath=True)
+            return grad * (1.0 - t * t)
+        return tanh_cap_bwd
+
+    @cute.jit
+    def shift_bwd(grad, scores, b, h, q_idx, kv_idx, seqlen_info, aux_tensors):  # a score plus a constant
+        return grad
+    return shift_bwd
+
+
 SCORE_MODS = {"identity": identity, "alibi": lambda: alibi(0.05), "tanh_cap": lambda: tanh_cap(20.0),
               "batch_bias": lambda: batch_bias(0.5)}
 MASK_MODS = {"causal_mask": causal_mask, "doc64": lambda: doc_mask(64), "doc100": lambda: doc_mask(100),

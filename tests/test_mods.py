@@ -122,7 +122,7 @@ def test_check_and_lookup_refusals():
     with pytest.raises(KeyError, match="no user function"):
         mods.lookup("score_mod:nothing:0")
     assert mods.lookup("") is None
-    assert mods.check(None, None, 30.0, None, None) == ("", "", ())
+    assert mods.check(None, None, 30.0, None, None) == ("", "", (), "")
 
 
 def test_api_refusals_before_launch():
@@ -143,8 +143,8 @@ def _api_refusals():
         fa4.flash_attn_func(q, q, q, score_mod=f, aux_scalars=[1.0])
     with pytest.raises(TypeError, match="aux_tensors"):
         fa4.flash_attn_func(q, q, q, score_mod=f, aux_tensors=q)
-    with pytest.raises(NotImplementedError, match="score_mod_bwd"):
-        fa4.flash_attn_func(q, q, q, score_mod=f, score_mod_bwd=f)
+    with pytest.raises(ValueError, match="no score_mod was given"):
+        fa4.flash_attn_func(q, q, q, score_mod_bwd=f)
     with pytest.raises(TypeError, match="mask_mod must be a callable"):
         fa4.flash_attn_func(q, q, q, mask_mod=1)
     with pytest.raises(ValueError, match="ignores causal and window_size"):
@@ -152,7 +152,7 @@ def _api_refusals():
     with pytest.raises(ValueError, match="ignores causal and window_size"):
         fa4.flash_attn_func(q, q, q, window_size=(8, 0), mask_mod=_make_doc_mask(64))
     qg = q.clone().requires_grad_()
-    with pytest.raises(NotImplementedError, match="backward does not support score_mod"):
+    with pytest.raises(ValueError, match="needs its derivative, score_mod_bwd"):
         fa4.flash_attn_func(qg, qg, qg, score_mod=f)
     cu = torch.tensor([0, 10], dtype=torch.int32)
     with pytest.raises(TypeError, match="score_mod must be a callable"):
@@ -196,9 +196,10 @@ def test_sm80_family_refuses_functions():
         bwd80.make_config(p, None, "sm_80", False)
 
 
-def test_sm90_backward_takes_mask_mod_not_score_mod():
-    """The sm90 backward (main kernel and dQ pass) carries the mask_mod and its aux signature into
-    its configs; a score_mod it refuses."""
+def test_sm90_backward_takes_the_functions():
+    """The sm90 backward (main kernel and dQ pass) carries the mask_mod, the score_mod with its
+    score_mod_bwd and the aux signature into its configs; a score_mod without score_mod_bwd it
+    refuses."""
     from fa4.bwd import dq_sm90
     from fa4.bwd import sm90 as bwd90
 
@@ -208,12 +209,47 @@ def test_sm90_backward_takes_mask_mod_not_score_mod():
     assert cfg.mask_mod == mk and cfg.aux == (("int32", 2),) and not cfg.disk_cacheable and cfg.dq_pass
     dcfg = dq_sm90.config_for(cfg)
     assert dcfg.mask_mod == mk and dcfg.aux == cfg.aux
-    sk = mods.key_of(_make_bias(0.5), "score_mod")
-    with pytest.raises(NotImplementedError, match="backward does not implement score_mod"):
+    f = _make_bias(0.5)
+    sk, bk = mods.key_of(f, "score_mod"), mods.key_of(f, "score_mod_bwd")
+    with pytest.raises(ValueError, match="score_mod needs score_mod_bwd"):
         bwd90.make_config(dataclasses.replace(p, score_mod=sk, mask_mod=""), None, "sm_90a", False)
+    cfg = bwd90.make_config(dataclasses.replace(p, score_mod=sk, score_mod_bwd=bk), None, "sm_90a", False)
+    assert (cfg.score_mod, cfg.score_mod_bwd) == (sk, bk)
+    assert dq_sm90.config_for(cfg).score_mod_bwd == bk
+    # The forward configs do not take the derivative (one forward kernel whatever it is).
+    from fa4.fwd import sm90
+
+    assert sm90.make_config(dataclasses.replace(p, score_mod=sk, score_mod_bwd=bk), None, "sm_90a",
+                            True).score_mod_bwd == ""
 
 
 BWD_VARIANTS = [(128, {}, None, False), (64, {}, None, True), (128, {}, "2cta", False), (256, {}, None, False)]
+
+
+@pytest.mark.parametrize("d,name,causal", [(128, "tanh_cap", True), (256, "alibi", False)])
+def test_sm90_backward_traces_score_mod(d, name, causal):
+    """The backward through a score_mod and its score_mod_bwd compiles (d128 causal in the main
+    kernel, d256 with a mask_mod too, through the dQ pass), HGMMA in each kernel's SASS, more
+    instructions than without them."""
+    from mods_cases import MASK_MODS, SCORE_MODS, derivative
+
+    from fa4 import sass
+    from fa4.bwd import dq_sm90
+    from fa4.bwd import sm90 as bwd90
+
+    sk = mods.key_of(SCORE_MODS[name]()[0], "score_mod")
+    bk = mods.key_of(derivative(name), "score_mod_bwd")
+    mk = mods.key_of(MASK_MODS["doc64"]()[0], "mask_mod") if d == 256 else ""
+    p = AttnProblem("bf16", 2, 1000, 1000, 8, 2, d, d, d ** -0.5, causal=causal, score_mod=sk, mask_mod=mk,
+                    score_mod_bwd=bk)
+    cfg = bwd90.make_config(p, None, "sm_90a", False)
+    assert cfg.dq_pass == (d == 256)
+    for c in [cfg] + ([dq_sm90.config_for(cfg)] if cfg.dq_pass else []):
+        ops = sass.opcode_counts(sass.disassemble(c))
+        assert sass.count(ops, "HGMMA")
+        plain = sass.opcode_counts(sass.disassemble(dataclasses.replace(c, score_mod="", mask_mod="",
+                                                                        score_mod_bwd="")))
+        assert sum(ops.values()) > sum(plain.values())
 
 
 @pytest.mark.parametrize("d,kw,opt,det", BWD_VARIANTS, ids=["d128-aux", "d64-det", "d128-2cta", "d256-dqpass"])
@@ -252,7 +288,9 @@ def test_explain_names_the_functions():
     assert ex.directions["fwd"]["config"]["score_mod"].startswith("score_mod:bias:")
     assert ex.directions["fwd"]["config"]["mask_mod"].startswith("mask_mod:doc_mask:")
     assert "process memory only" in ex.directions["fwd"]["cache"]
-    assert "does not support score_mod" in ex.directions["bwd"]["error"]
+    assert "needs score_mod_bwd" in ex.directions["bwd"]["error"]
+    ex = fa4.explain(q, q, q, capability=(9, 0), score_mod=_make_bias(0.5), score_mod_bwd=_make_bias(0.5))
+    assert ex.directions["bwd"]["config"]["score_mod_bwd"].startswith("score_mod_bwd:bias:")
 
 
 @pytest.mark.parametrize("kind", ["score", "mask", "both_causal_packed_split"])
@@ -353,7 +391,12 @@ def test_offgrid_functions_compile(name):
     case, make = offgrid.USER_FUNCS[name]
     q = torch.empty(2, 256, 4, 128, dtype=torch.bfloat16)
     kw = make(q)
-    sk, mk, aux = mods.check(kw.get("score_mod"), kw.get("mask_mod"), 0.0, kw.get("aux_tensors"), None)
+    sk, mk, aux, bk = mods.check(kw.get("score_mod"), kw.get("mask_mod"), 0.0, kw.get("aux_tensors"), None,
+                                 score_mod_bwd=kw.get("score_mod_bwd"))
     p = AttnProblem("bf16", 2, 256, 256, 4, 4, 128, 128, 128 ** -0.5, causal=case[5], score_mod=sk, mask_mod=mk,
-                    aux=aux)
+                    aux=aux, score_mod_bwd=bk)
     jit.compile_uncached(sm90.make_config(p, None, "sm_90a", True), engine=False)
+    if bk or mk:  # the bench times the backward of these too
+        from fa4.bwd import sm90 as bwd90
+
+        jit.compile_uncached(bwd90.make_config(p, None, "sm_90a", False), engine=False)

@@ -113,9 +113,9 @@ def test_functions_varlen(d):
 
 
 @pytest.mark.gpu
-def test_score_mod_backward_is_refused():
+def test_score_mod_backward_needs_its_derivative():
     q, k, v = random_qkv(1, 128, 128, 4, 4, 64, torch.bfloat16, "cuda", seed=1, requires_grad=True)
-    with pytest.raises(NotImplementedError, match="backward does not support score_mod"):
+    with pytest.raises(ValueError, match="needs its derivative, score_mod_bwd"):
         fa4.flash_attn_func(q, k, v, score_mod=SCORE_MODS["identity"]()[0])
     with torch.no_grad():
         out, _ = fa4.flash_attn_func(q, k, v, score_mod=SCORE_MODS["identity"]()[0])
@@ -125,11 +125,16 @@ def test_score_mod_backward_is_refused():
 # --- the backward through a mask_mod (sm90) --------------------------------------------------
 
 
-def _mask_grads(q, k, v, fn, twin, aux=None, opts=SM90, deterministic=False, ref=True, **kw):
-    """fa4's (out, lse) gradients with a mask_mod against the float32 reference's, by the pass rule
-    (with the gradient cancellation floor); returns fa4's (dq, dk, dv)."""
+def _mask_grads(q, k, v, fn, twin, aux=None, opts=SM90, deterministic=False, ref=True, score=None, **kw):
+    """fa4's (out, lse) gradients with a mask_mod (and ``score``: a score_mod name, with its
+    derivative) against the float32 reference's, by the pass rule (with the gradient cancellation
+    floor); returns fa4's (dq, dk, dv)."""
+    from mods_cases import derivative
+
+    sm, st = SCORE_MODS[score]() if score else (None, None)
+    fns = dict(score_mod=sm, score_mod_bwd=derivative(score) if score else None)
     out, lse = fa4.flash_attn_func(q, k, v, mask_mod=fn, aux_tensors=aux, return_lse=True,
-                                   deterministic=deterministic, kernel_options=opts, **kw)
+                                   deterministic=deterministic, kernel_options=opts, **fns, **kw)
     gen = torch.Generator("cuda").manual_seed(3)
     g = torch.randn(out.shape, device="cuda", generator=gen).to(out.dtype)
     glse = torch.randn(lse.shape, device="cuda", generator=gen)
@@ -137,10 +142,10 @@ def _mask_grads(q, k, v, fn, twin, aux=None, opts=SM90, deterministic=False, ref
     if not ref:
         return got
     q32 = [t.detach().float().requires_grad_() for t in (q, k, v)]
-    o_ref, l_ref = attention_ref(*q32, mask_fn=twin, **kw)
+    o_ref, l_ref = attention_ref(*q32, mask_fn=twin, score_fn=st, **kw)
     want = torch.autograd.grad((o_ref, l_ref), q32, (g.float(), glse))
     qlp = [t.detach().requires_grad_() for t in (q, k, v)]
-    o_pt, l_pt = attention_ref(*qlp, upcast=False, mask_fn=twin, **kw)
+    o_pt, l_pt = attention_ref(*qlp, upcast=False, mask_fn=twin, score_fn=st, **kw)
     pt = torch.autograd.grad((o_pt, l_pt), qlp, (g, glse))
     floors = grad_noise_floor(q, k, v, g)
     for name, a, r, p in zip(("dq", "dk", "dv"), got, want, pt):
@@ -249,3 +254,77 @@ def test_aux_doc_ids_varlen():
         vb.q, vb.k, vb.v, cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k, max_seqlen_q=vb.max_seqlen_q,
         max_seqlen_k=vb.max_seqlen_k, mask_mod=fn, aux_tensors=[ids], return_lse=True, kernel_options=SM90)
     check(out, lse, vb.q, vb.k, vb.v, cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k, mask_fn=twin)
+
+
+
+# --- the backward through a score_mod (its score_mod_bwd) -------------------------------------
+
+SCORE_BWD_CASES = [  # (score_mod, mask_mod, head dim, (seqlen_q, seqlen_k), mask); d256: the dQ pass
+    ("alibi", None, 128, (1000, 1000), "causal"),
+    ("tanh_cap", None, 64, (113, 203), "none"),
+    ("tanh_cap", None, 256, (300, 333), "none"),
+    ("batch_bias", None, 128, (203, 113), "local"),
+    ("alibi", "doc100", 96, (1000, 1000), "none"),
+    ("tanh_cap", "head_parity", 128, (1000, 1000), "none"),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("score,mask,d,seqlens,win", SCORE_BWD_CASES,
+                         ids=[f"{s}-{m}-d{d}-{a}x{b}-{w}" for s, m, d, (a, b), w in SCORE_BWD_CASES])
+def test_score_mod_backward(score, mask, d, seqlens, win):
+    fn, twin = MASK_MODS[mask]() if mask else (None, None)
+    q, k, v = random_qkv(2, seqlens[0], seqlens[1], 8, 2, d, torch.bfloat16, "cuda", requires_grad=True, seed=d + 1)
+    _mask_grads(q, k, v, fn, twin, score=score, **_mask_kw(win))
+
+
+@pytest.mark.gpu
+def test_tanh_cap_score_mod_matches_softcap_backward():
+    """The softcap written as a score_mod (flash_attn.cute builds its softcap so) and fa4's own
+    softcap: gradients within the rule of the same reference."""
+    q, k, v = random_qkv(2, 700, 700, 8, 2, 128, torch.bfloat16, "cuda", requires_grad=True, seed=12)
+    got = _mask_grads(q, k, v, None, None, score="tanh_cap", causal=True)
+    out, lse = fa4.flash_attn_func(q, k, v, softcap=20.0, causal=True, return_lse=True, kernel_options=SM90)
+    gen = torch.Generator("cuda").manual_seed(3)
+    g = torch.randn(out.shape, device="cuda", generator=gen).to(out.dtype)
+    glse = torch.randn(lse.shape, device="cuda", generator=gen)
+    own = torch.autograd.grad((out, lse), (q, k, v), (g, glse))
+    for name, a, b in zip(("dq", "dk", "dv"), got, own):
+        scale = b.float().abs().max().item()
+        assert (a.float() - b.float()).abs().max().item() <= 0.05 * scale, name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("two_cta,deterministic", [(True, False), (False, True)])
+def test_score_mod_backward_paths(two_cta, deterministic):
+    """The 2-CTA backward and the deterministic one (5 runs, the same bits) through ALiBi."""
+    opts = fa4.KernelOptions(arch="sm90", bwd_two_cta=two_cta)
+    q, k, v = random_qkv(2, 1024, 1024, 8, 2, 128, torch.bfloat16, "cuda", requires_grad=True, seed=13)
+    first = _mask_grads(q, k, v, None, None, opts=opts, deterministic=deterministic, score="alibi", causal=True)
+    if deterministic:
+        for _ in range(4):
+            again = _mask_grads(q, k, v, None, None, opts=opts, deterministic=True, ref=False, score="alibi",
+                                causal=True)
+            for name, a, b in zip(("dq", "dk", "dv"), first, again):
+                assert torch.equal(a, b), f"{name} differs between deterministic runs"
+
+
+@pytest.mark.gpu
+def test_score_mod_backward_aux_table():
+    """A relative-position bias table (aux tensor) through the backward: its derivative with respect
+    to the scores is the identity."""
+    from mods_cases import derivative, rel_bias_table
+
+    fn, twin, table = rel_bias_table(8, 700, "cuda", seed=6)
+    q, k, v = random_qkv(2, 700, 700, 8, 2, 128, torch.bfloat16, "cuda", requires_grad=True, seed=14)
+    out, lse = fa4.flash_attn_func(q, k, v, score_mod=fn, score_mod_bwd=derivative("rel_bias"),
+                                   aux_tensors=[table], causal=True, return_lse=True, kernel_options=SM90)
+    g = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), g)
+    q32 = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    want = torch.autograd.grad(attention_ref(*q32, score_fn=twin, causal=True)[0], q32, g.float())
+    qlp = [t.detach().requires_grad_() for t in (q, k, v)]
+    pt = torch.autograd.grad(attention_ref(*qlp, upcast=False, score_fn=twin, causal=True)[0], qlp, g)
+    floors = grad_noise_floor(q, k, v, g)
+    for name, a, r, p in zip(("dq", "dk", "dv"), got, want, pt):
+        check_close(name, a, r, p, extra_atol=floors[name])

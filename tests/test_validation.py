@@ -152,7 +152,7 @@ def test_flags_must_be_bool(fake):
     raises(TypeError, "deterministic must be a bool", fa4.flash_attn_func, q, k, v, deterministic="yes")
 
 
-@pytest.mark.parametrize("arg", ["qv", "aux_scalars", "score_mod_bwd", "block_sparse_tensors"])
+@pytest.mark.parametrize("arg", ["qv", "aux_scalars", "block_sparse_tensors"])
 def test_unsupported_arguments_raise(fake, arg):
     q, k, v = qkv()
     raises(NotImplementedError, repr(arg), fa4.flash_attn_func, q, k, v, **{arg: q})
@@ -163,6 +163,11 @@ def test_user_functions_must_be_callable(fake, arg):
     """score_mod / mask_mod are supported (fa4/mods.py); a non-callable is a TypeError naming it."""
     q, k, v = qkv()
     raises(TypeError, f"{arg} must be a callable", fa4.flash_attn_func, q, k, v, **{arg: q})
+
+
+def test_score_mod_bwd_needs_a_score_mod(fake):
+    q, k, v = qkv()
+    raises(ValueError, "no score_mod was given", fa4.flash_attn_func, q, k, v, score_mod_bwd=lambda *a, **kw: a[0])
 
 
 def test_kernel_options_type_and_values(fake):

@@ -390,7 +390,7 @@ fi
 if has next30m; then
   # Session 29: score_mod / mask_mod in the sm90 forward (fa4/mods.py), never run on a GPU yet.
   gpu_tests next30mods 300 tests/test_mods_gpu.py || exit 1
-  logged next30modsbench 200 12 python3 -m fa4.bench --offgrid --mode fwd --rounds 2 \
+  logged next30modsbench 240 24 python3 -m fa4.bench --offgrid --mode fwd,bwd --rounds 2 \
     --cases mods-alibi-d128,mods-docmask-d128,mods-relbias-d128-causal
 fi
 if has next30v; then

@@ -129,7 +129,9 @@ class FlashBwdDqSm90:
         self.num_consumer_threads = 128 * self.num_wg
         self.num_threads = 128 * (self.num_wg + 1)
         self.stages = cfg.num_stages
-        self.mask_mod = lookup(cfg.mask_mod)  # a user mask (fa4/mods.py), None when absent
+        # User functions (fa4/mods.py), None when absent.
+        self.score_mod, self.mask_mod = lookup(cfg.score_mod), lookup(cfg.mask_mod)
+        self.score_mod_bwd = lookup(cfg.score_mod_bwd)
 
     @staticmethod
     def can_implement(cfg: BwdDqSm90Config) -> None:
@@ -145,12 +147,14 @@ class FlashBwdDqSm90:
             raise ValueError(f"{name}.num_stages must be 1 or 2, got {cfg.num_stages}")
         if cfg.smem_bytes() > SMEM_CAPACITY:
             raise ValueError(f"{name}: {cfg.smem_bytes()} bytes of shared memory exceed sm_90a's {SMEM_CAPACITY}")
-        if cfg.score_mod:
-            raise NotImplementedError("the sm90 backward's dQ pass does not implement score_mod yet")
-        lookup(cfg.mask_mod)
-        # dQ, S and dP (float32), dS (16-bit), and with softcap tanh(S): registers per thread. The
+        if cfg.score_mod and not cfg.score_mod_bwd:
+            raise ValueError(f"{name}.score_mod needs score_mod_bwd (the backward through a score_mod)")
+        for key in (cfg.score_mod, cfg.mask_mod, cfg.score_mod_bwd):
+            lookup(key)
+        # dQ, S and dP (float32), dS (16-bit), and with softcap tanh(S) (score_mod: S): registers per thread. The
         # largest compiled without spills: 224 (d128 with 128-key blocks, d160 with 112: 220).
-        acc = cfg.head_dim // 2 + cfg.tile_n + cfg.tile_n // 4 + (cfg.tile_n // 2 if cfg.has_softcap else 0)
+        acc = (cfg.head_dim // 2 + cfg.tile_n + cfg.tile_n // 4
+               + (cfg.tile_n // 2 if cfg.has_softcap or cfg.score_mod else 0))  # (tanh(S), or S for score_mod_bwd)
         if acc > _REGS[0] - 16:
             raise ValueError(f"{name}: head_dim {cfg.head_dim} with tile_n {cfg.tile_n} needs {acc} accumulator "
                              "registers per thread")
@@ -227,7 +231,7 @@ class FlashBwdDqSm90:
         window_left: Int32,
         window_right: Int32,
         max_seqlen_q: Int32,
-        mAux: Optional[tuple],  # the mask_mod's aux tensors (cfg.aux; fa4/mods.py)
+        mAux: Optional[tuple],  # the user functions' aux tensors (cfg.aux; fa4/mods.py)
         stream,
     ):
         self._setup()
@@ -235,8 +239,8 @@ class FlashBwdDqSm90:
         num_batch, num_m, section, num_heads = grid_extent(
             mQ, mK, mCuSeqlensQ, mCuSeqlensK, seqlen_q, self.tile_m, 2 * (self.hd + self.hd_v),
             l2_budget=self.cfg.l2_section_mb << 20, pow2_sections=True)
-        prescale, scale_log2 = score_scales(softmax_scale, softcap, self.cfg.has_softcap)
-        if const_expr(not self.cfg.has_softcap):
+        prescale, scale_log2 = score_scales(softmax_scale, softcap, self.cfg.has_softcap, self.score_mod is not None)
+        if const_expr(not self.cfg.has_softcap and self.score_mod is None):
             prescale = Float32(1.0)
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         tma_q, mQ_t = cpasync.make_tiled_tma_atom(g2s, to_sdhb(mQ), self.sQ_layout, (self.tile_m, self.hd))
@@ -294,8 +298,9 @@ class FlashBwdDqSm90:
                              window_left, window_right)
         n_min, n_max = mask.n_block_range(m_block)
         umod = None
-        if const_expr(self.mask_mod is not None):
-            umod = UserMods(None, self.mask_mod, self.tile_m, self.tile_n, 1, batch, head, seq, mAux)
+        if const_expr(self.score_mod is not None or self.mask_mod is not None):
+            umod = UserMods(self.score_mod, self.mask_mod, self.tile_m, self.tile_n, 1, batch, head, seq, mAux,
+                            score_mod_bwd=self.score_mod_bwd)
         work = SimpleNamespace(seq=seq, mask=mask, m_block=m_block, head=head, head_kv=head // group, batch=batch,
                                n_min=n_min, n_max=n_max, umod=umod,
                                active=m_block * self.tile_m < seq.seqlen_q)
@@ -409,7 +414,11 @@ class FlashBwdDqSm90:
             apply_softcap(c.acc_S, prescale)
             tanh_S = cute.make_rmem_tensor_like(c.acc_S)
             tanh_S.store(c.acc_S.load())
-        if const_expr(work.umod is not None):  # the user's mask, every block (fa4/mods.py)
+        raw_S = None
+        if const_expr(work.umod is not None):  # the user's functions, every block (fa4/mods.py)
+            if const_expr(self.score_mod is not None):  # Q K^T as the score_mod read it, for its derivative
+                raw_S = cute.make_rmem_tensor_like(c.acc_S)
+                raw_S.store(c.acc_S.load())
             work.umod.apply(c.acc_S, c.thr_s, work.m_block, n, prescale)
         work.mask.apply_block(c.acc_S, c.thr_s, work.m_block, n, last, mask_window, window_if)
         acc_S_mn = make_acc_mn_view(c.acc_S)
@@ -421,6 +430,8 @@ class FlashBwdDqSm90:
                 acc_dP_mn[r, j] = acc_S_mn[r, j] * (acc_dP_mn[r, j] - c.rD[r])
         if const_expr(self.cfg.has_softcap):
             softcap_grad(c.acc_dP, tanh_S)
+        if const_expr(self.score_mod is not None):  # through the score_mod: its derivative
+            work.umod.apply_bwd(c.acc_dP, raw_S, c.thr_s, work.m_block, n, prescale)
         rdS = cute.make_rmem_tensor_like(c.acc_dP, self.dtype)
         convert_f32_to_half(c.acc_dP, rdS)
         gemm_sm90(self.tiled_mma_dq, c.acc_dQ, make_acc_as_A(rdS), c.tdQrKt[None, None, None, s])
@@ -467,7 +478,8 @@ def config_for(main_cfg) -> BwdDqSm90Config:
         arch=main_cfg.arch, dtype=main_cfg.dtype, head_dim=main_cfg.head_dim, head_dim_v=main_cfg.head_dim_v,
         rows_tile_m=main_cfg.tile_m, causal=main_cfg.causal, local=main_cfg.local, has_softcap=main_cfg.has_softcap,
         varlen_q=main_cfg.varlen_q, varlen_k=main_cfg.varlen_k, has_seqused_k=main_cfg.has_seqused_k,
-        score_mod=main_cfg.score_mod, mask_mod=main_cfg.mask_mod, aux=main_cfg.aux))
+        score_mod=main_cfg.score_mod, mask_mod=main_cfg.mask_mod, aux=main_cfg.aux,
+        score_mod_bwd=main_cfg.score_mod_bwd))
 
 
 def variants(arch: str) -> list[BwdDqSm90Config]:

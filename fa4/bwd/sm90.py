@@ -528,7 +528,10 @@ class FlashBwdSm90:
         # Floats of dq_accum per consumer thread, and per warpgroup (one bulk reduce each).
         self.dq_frag_size = cfg.dq_rows * cfg.head_dim // self.num_consumer_threads
         self.dq_chunk = self.dq_frag_size * 128
-        self.mask_mod = lookup(cfg.mask_mod)  # a user mask (fa4/mods.py), None when absent
+        # User functions (fa4/mods.py), None when absent.
+        self.score_mod, self.mask_mod = lookup(cfg.score_mod), lookup(cfg.mask_mod)
+        self.score_mod_bwd = lookup(cfg.score_mod_bwd)
+        self.user_mods = self.score_mod is not None or self.mask_mod is not None
 
     @property
     def dkv_split(self) -> int:
@@ -635,9 +638,12 @@ class FlashBwdSm90:
         if cfg.dq_first_store and (cfg.dq_direct or cfg.two_cta):
             raise ValueError(f"{name}.dq_first_store (Note [First store]) is the dQ writer warp's; it needs "
                              "dq_direct=False and two_cta=False")
-        if cfg.score_mod:
-            raise NotImplementedError("the sm90 backward does not implement score_mod yet (mask_mod it does)")
-        lookup(cfg.mask_mod)  # registered (KeyError otherwise)
+        if cfg.score_mod and not cfg.score_mod_bwd:
+            raise ValueError(f"{name}.score_mod needs score_mod_bwd (the backward through a score_mod)")
+        if cfg.score_mod and cfg.has_softcap:
+            raise ValueError(f"{name}.score_mod and has_softcap cannot be used together")
+        for key in (cfg.score_mod, cfg.mask_mod, cfg.score_mod_bwd):
+            lookup(key)  # registered (KeyError otherwise)
         if cfg.smem_bytes() > SMEM_CAPACITY:
             raise ValueError(f"{name}: {cfg.smem_bytes()} bytes of shared memory at head_dim {cfg.head_dim}, "
                              f"tile {cfg.tile_m}x{cfg.tile_n}, {cfg.q_stages} Q stages, {cfg.pds_stages} dS stages "
@@ -724,7 +730,7 @@ class FlashBwdSm90:
         window_right: Int32,
         max_seqlen_k: Int32,  # longest key sequence (varlen grid); ignored for fixed length
         section_pairs: Int32,  # (batch, kv head) pairs per launch section (Note [Launch order], common.py)
-        mAux: Optional[tuple],  # the mask_mod's aux tensors (cfg.aux; fa4/mods.py)
+        mAux: Optional[tuple],  # the user functions' aux tensors (cfg.aux; fa4/mods.py)
         stream,
     ):
         common.check_main_kernel_types(self.cfg, self.dtype, mQ, mK, mV, mdO, mdK, mdV)
@@ -734,8 +740,8 @@ class FlashBwdSm90:
         num_x = cute.ceil_div(cute.ceil_div(seqlen_k, self.tile_n), self.cfg.cluster_n)
         # (batch, kv head) pairs: with kv_split, of the partials' virtual kv heads (Note [Split GQA group]).
         section = cutlass.max(cutlass.min(section_pairs, mdK.shape[2] * num_batch), 1)
-        prescale, scale_log2 = score_scales(softmax_scale, softcap, self.cfg.has_softcap)
-        if const_expr(not self.cfg.has_softcap):
+        prescale, scale_log2 = score_scales(softmax_scale, softcap, self.cfg.has_softcap, self.score_mod is not None)
+        if const_expr(not self.cfg.has_softcap and self.score_mod is None):
             prescale = Float32(1.0)
 
         g2s = cpasync.CopyBulkTensorTileG2SOp()
@@ -1388,7 +1394,7 @@ class FlashBwdSm90:
             # step_cursor, causal: which steps need the mask follows from the step index (the m_blocks
             # below m_no_mask are the first or the last steps), so m_block is computed on those only.
             lazy = (self.cfg.step_cursor and self.cfg.causal and not self.cfg.local and not self.cfg.dq_direct
-                    and self.mask_mod is None)  # (a mask_mod reads every step's q head)
+                    and not self.user_mods)  # (user functions read every step's q head and m_block)
             if const_expr(lazy):
                 # Walking down the masked steps are the last ones (t >= edge), walking up the first (t < edge).
                 edge = (work.m_min + work.num_m - m_no_mask if const_expr(self.cfg.walks_down)
@@ -1487,15 +1493,20 @@ class FlashBwdSm90:
             apply_softcap(c.acc_S, prescale)
             tanh_S = cute.make_rmem_tensor_like(c.acc_S)
             tanh_S.store(c.acc_S.load())
+        umod, raw_S = None, None
+        if const_expr(self.user_mods):  # every step (fa4/mods.py); head, m_block: not lazy
+            umod = UserMods(self.score_mod, self.mask_mod, self.tile_m, self.tile_n, 1, work.batch, head, work.seq,
+                            c.aux, transpose=True, score_mod_bwd=self.score_mod_bwd)
+            if const_expr(self.score_mod is not None):  # Q K^T as the score_mod read it, for its derivative
+                raw_S = cute.make_rmem_tensor_like(c.acc_S)
+                raw_S.store(c.acc_S.load())
+            umod.apply(c.acc_S, c.thr_sdp, m_block, work.n_block, prescale)
         if need_mask:
             m_masked = m_block
             if const_expr(m_block is None):  # step_cursor: only the masked steps compute it
                 _, m_masked = self.step_slot(work, t)
             work.mask.apply(c.acc_S, c.thr_sdp, m_masked, work.n_block, mask_seqlen=True, mask_window=True,
                             transpose=True)
-        if const_expr(self.mask_mod is not None):  # every step (fa4/mods.py); head, m_block: not lazy
-            UserMods(None, self.mask_mod, self.tile_m, self.tile_n, 1, work.batch, head, work.seq, c.aux,
-                     transpose=True).apply(c.acc_S, c.thr_sdp, m_block, work.n_block, prescale)
         acc_S_mn = make_acc_mn_view(c.acc_S)
         if const_expr(not lse_in_regs):
             emu = emulated_elements(ncol, self.cfg.exp2_emu_frac)
@@ -1531,6 +1542,8 @@ class FlashBwdSm90:
                 acc_dP_mn[r, j] = P_mn[r, j].to(Float32) * (acc_dP_mn[r, j] - d)
         if const_expr(self.cfg.has_softcap):
             softcap_grad(c.acc_dP, tanh_S)
+        if const_expr(self.score_mod is not None):  # through the score_mod: its derivative
+            umod.apply_bwd(c.acc_dP, raw_S, c.thr_sdp, m_block, work.n_block, prescale)
         rdS = cute.make_rmem_tensor_like(c.acc_dP, self.dtype)
         convert_f32_to_half(c.acc_dP, rdS)
         use = t // self.pds_stages  # of this P/dS stage
@@ -1999,6 +2012,7 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         kv_split=common.choose_kv_split(opts, problem, lambda: kv_split_for(problem, steps, tile_n, _num_sms()),
                                         two_cta=two_cta, deterministic=asked_det),
         compact_grid=((COMPACT_VARLEN or _loose_k(problem)) and problem.varlen_k and not deterministic and not two_cta and not first_store),
+        score_mod_bwd=problem.score_mod_bwd,
         **BwdSm90Config.problem_flags(problem))
     # What a larger tile_m leaves no room for: the second dQ buffer. What the sdQ tile of a
     # deterministic run (no dq_direct) leaves no room for: P/dS stages, then Q/dO stages.
