@@ -73,16 +73,35 @@ def _with_mods(problem: AttnProblem, score_mod, mask_mod, aux_tensors, aux_scala
     if (score_mod is None and mask_mod is None and aux_tensors is None and aux_scalars is None
             and score_mod_bwd is None):
         return problem
-    if torch.compiler.is_compiling():
-        raise NotImplementedError("fa4 does not support score_mod / mask_mod under torch.compile yet (the custom op "
-                                  "takes no functions); call it eagerly")
     if mask_mod is not None and (problem.causal or problem.local):
         raise ValueError("mask_mod with causal=True or a window_size: flash_attn.cute ignores causal and window_size "
                          "when a mask_mod is given; fa4 refuses the pair rather than differ from it silently. Put the "
                          "condition in the mask_mod (its seqlen_info has seqlen_q and seqlen_k; fa4/mods.py)")
-    sk, mk, aux, bk = mods.check(score_mod, mask_mod, problem.softcap, aux_tensors, aux_scalars, device,
-                                 score_mod_bwd)
+    if torch.compiler.is_compiling():
+        # Traced: the functions' keys are a constant of the graph (computed once, at trace time; a
+        # function that changes needs a new trace, as any Python value the graph was traced with),
+        # the aux tensors' signature is read from their (static) dtypes and ranks.
+        mods.check_arguments(score_mod, mask_mod, aux_tensors, aux_scalars)
+        aux = mods.aux_signature(aux_tensors, device) if aux_tensors is not None else ()
+        if len(aux) > mods.MAX_AUX_COMPILED:
+            raise NotImplementedError(f"fa4 passes at most {mods.MAX_AUX_COMPILED} aux_tensors through a "
+                                      f"torch.compile graph (its custom op has that many slots); got {len(aux)}")
+        sk, mk, bk = mods.split_keys(_constant_keys(score_mod, mask_mod, problem.softcap, bool(aux), score_mod_bwd))
+    else:
+        sk, mk, aux, bk = mods.check(score_mod, mask_mod, problem.softcap, aux_tensors, aux_scalars, device,
+                                     score_mod_bwd)
+        if aux and torch.is_grad_enabled() and any(t.requires_grad for t in aux_tensors) and not _aux_grad_warned:
+            _aux_grad_warned.append(True)
+            warnings.warn("fa4: an aux tensor requires grad, but aux_tensors get no gradient (as in flash_attn.cute); "
+                          "its .grad stays None", stacklevel=4)
     return dataclasses.replace(problem, score_mod=sk, mask_mod=mk, aux=aux, score_mod_bwd=bk)
+
+
+_aux_grad_warned: list = []
+
+# The user functions' keys under torch.compile: dynamo calls this once per trace and bakes the
+# string into the graph (the functions themselves cannot enter a custom op's schema).
+_constant_keys = torch.compiler.assume_constant_result(mods.check_functions)
 
 
 def _run(problem: AttnProblem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options: Optional[KernelOptions],
@@ -108,10 +127,13 @@ def _run(problem: AttnProblem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, o
         ops.check_backward(problem, q.device, options, deterministic)
     if torch.compiler.is_compiling():
         pack = -1 if problem.pack_gqa is None else int(problem.pack_gqa)
+        keys = (f"{problem.score_mod}|{problem.mask_mod}|{problem.score_mod_bwd}"
+                if problem.score_mod or problem.mask_mod else "")
+        slots = list(aux or ()) + [None] * (mods.MAX_AUX_COMPILED - len(aux or ()))
         out, lse = ops.fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, problem.seqlen_q, problem.seqlen_k,
                               problem.softmax_scale, problem.causal, problem.local, problem.window_left,
                               problem.window_right, problem.softcap, need_lse, deterministic, options.to_str(),
-                              problem.num_splits, pack, seqused_q, page_table, sink)
+                              problem.num_splits, pack, seqused_q, page_table, sink, keys, *slots)
         return out, (lse if return_lse else None)
     if forward_only:
         if grad_sink:  # only the sink takes a gradient: the kernel without it, composed under autograd

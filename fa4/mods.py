@@ -5,14 +5,17 @@ forward kernel traces into its softmax step, with flash_attn.cute's calling conv
 function written for flash_attn.cute runs unchanged:
 
 * ``score_mod(scores, batch_idx, head_idx, q_idx=, kv_idx=, seqlen_info=, aux_tensors=)`` ->
-  scores. ``scores`` is a float32 ``TensorSSA`` of ``vec_size`` scores of one query row and
-  adjacent keys, already multiplied by ``softmax_scale``; the index arguments are int32
-  ``TensorSSA`` of the same size. ``vec_size`` is the function's ``__vec_size__`` (1 or 2),
-  else 2.
+  scores. ``scores`` is a float32 ``TensorSSA`` of ``vec_size`` scores, already multiplied by
+  ``softmax_scale``; the index arguments are int32 ``TensorSSA`` of the same size, element ``j``
+  holding score ``j``'s indices. ``vec_size`` is the function's ``__vec_size__`` (1 or 2), else 2
+  (1 with aux tensors). A function must be element-wise: in the forward a vector is adjacent keys
+  of one query, in the backward adjacent queries of one key (flash_attn.cute's backward groups
+  them so too), so reading ``q_idx[0]`` for the whole vector is wrong in the backward.
 * ``score_mod_bwd(grad, scores, batch_idx, head_idx, q_idx=, kv_idx=, seqlen_info=, aux_tensors=)``
   -> the gradient with respect to ``scores`` (the score_mod's input, times ``softmax_scale``) given
   ``grad``, the one with respect to its output: the backward through a score_mod (sm90) needs it,
-  as flash_attn.cute's does.
+  as flash_attn.cute's does. Its own ``__vec_size__``, else the score_mod's. Where ``grad`` is 0
+  (a masked score) the result is taken as 0.
 * ``mask_mod(batch_idx, head_idx, q_idx, kv_idx, seqlen_info, aux_tensors)`` -> a Boolean (or a
   one-element Boolean ``TensorSSA``): False hides key ``kv_idx`` from query ``q_idx``, in every K
   block, forward and (sm90) backward. flash_attn.cute ignores ``causal`` / ``window_size`` when a
@@ -198,6 +201,13 @@ def vec_size(score_mod: Callable, has_aux: bool = False) -> int:
 # dtypes an aux tensor may have (torch name -> the kernel's): read by the user's functions.
 AUX_DTYPES = ("float32", "float16", "bfloat16", "int32", "int64", "int8", "uint8")
 MAX_AUX_RANK = 4
+MAX_AUX_COMPILED = 4  # aux tensors a torch.compile graph's custom op carries (fa4/ops.py)
+
+
+def _dtype_names() -> dict:
+    import torch
+
+    return {getattr(torch, n): n for n in AUX_DTYPES}
 
 
 def aux_signature(aux_tensors, device) -> tuple:
@@ -211,8 +221,8 @@ def aux_signature(aux_tensors, device) -> tuple:
     for i, t in enumerate(aux_tensors):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"aux_tensors[{i}] must be a torch.Tensor, got {type(t).__name__}")
-        name = str(t.dtype).replace("torch.", "")
-        if name not in AUX_DTYPES:
+        name = _dtype_names().get(t.dtype)
+        if name is None:
             raise TypeError(f"aux_tensors[{i}] has dtype {t.dtype}; expected one of {AUX_DTYPES}")
         if not 1 <= t.dim() <= MAX_AUX_RANK:
             raise ValueError(f"aux_tensors[{i}] must have 1 to {MAX_AUX_RANK} dimensions, got {t.dim()}")
@@ -224,27 +234,48 @@ def aux_signature(aux_tensors, device) -> tuple:
     return tuple(sig)
 
 
+def check_functions(score_mod, mask_mod, softcap: float, has_aux: bool, score_mod_bwd=None) -> str:
+    """Validate the user functions of a call (not their tensors); returns their keys as one string,
+    ``"score_mod key|mask_mod key|score_mod_bwd key"`` ('' where absent): the form the custom ops
+    of ``torch.compile`` graphs carry (:func:`split_keys`). Plain Python on the functions alone,
+    so a ``torch.compile`` trace takes its result as a constant (fa4/interface.py)."""
+    if score_mod is not None and softcap:
+        raise ValueError("softcap and score_mod cannot be used together: apply the softcap inside score_mod")
+    sk = key_of(score_mod, "score_mod") if score_mod is not None else ""
+    if score_mod is not None:
+        vec_size(score_mod, has_aux)
+    mk = key_of(mask_mod, "mask_mod") if mask_mod is not None else ""
+    if score_mod_bwd is not None and score_mod is None:
+        raise ValueError("score_mod_bwd is the derivative of a score_mod; no score_mod was given")
+    bk = key_of(score_mod_bwd, "score_mod_bwd") if score_mod_bwd is not None else ""
+    if score_mod_bwd is not None and hasattr(score_mod_bwd, "__vec_size__"):
+        vec_size(score_mod_bwd, has_aux)
+    return f"{sk}|{mk}|{bk}"
+
+
+def split_keys(keys: str) -> tuple[str, str, str]:
+    """``(score_mod, mask_mod, score_mod_bwd)`` keys of :func:`check_functions`' string ('' -> all '')."""
+    if not keys:
+        return "", "", ""
+    sk, mk, bk = keys.split("|")
+    return sk, mk, bk
+
+
 def check(score_mod, mask_mod, softcap: float, aux_tensors, aux_scalars, device=None,
           score_mod_bwd=None) -> tuple[str, str, tuple, str]:
     """Validate the user functions of a call; returns the keys of ``score_mod`` and ``mask_mod`` ('' where
     absent), the aux tensors' signature (:func:`aux_signature`; ``()`` without them) and the key of
     ``score_mod_bwd``."""
+    check_arguments(score_mod, mask_mod, aux_tensors, aux_scalars)
+    aux = aux_signature(aux_tensors, device) if aux_tensors is not None else ()
+    sk, mk, bk = split_keys(check_functions(score_mod, mask_mod, softcap, bool(aux), score_mod_bwd))
+    return sk, mk, aux, bk
+
+
+def check_arguments(score_mod, mask_mod, aux_tensors, aux_scalars) -> None:
+    """The checks on which arguments come together."""
     if aux_scalars is not None:
         raise NotImplementedError("fa4 does not support the argument 'aux_scalars' yet (capture the values in the "
                                   "function's closure: they become compile-time constants of its kernel)")
     if aux_tensors is not None and score_mod is None and mask_mod is None:
         raise ValueError("aux_tensors are read by score_mod / mask_mod only; neither was given")
-    if score_mod is not None and softcap:
-        raise ValueError("softcap and score_mod cannot be used together: apply the softcap inside score_mod")
-    aux = aux_signature(aux_tensors, device) if aux_tensors is not None else ()
-    sk = key_of(score_mod, "score_mod") if score_mod is not None else ""
-    if score_mod is not None:
-        vec_size(score_mod, bool(aux))
-    mk = key_of(mask_mod, "mask_mod") if mask_mod is not None else ""
-    if score_mod_bwd is not None and score_mod is None:
-        raise ValueError("score_mod_bwd is the derivative of a score_mod; no score_mod was given")
-    bk = key_of(score_mod_bwd, "score_mod_bwd") if score_mod_bwd is not None else ""
-    if score_mod_bwd is not None and vec_size(score_mod_bwd, bool(aux)) != vec_size(score_mod, bool(aux)):
-        raise ValueError("score_mod_bwd.__vec_size__ must equal score_mod's (the backward calls both on the same "
-                         "scores)")
-    return sk, mk, aux, bk

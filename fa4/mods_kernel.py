@@ -74,6 +74,14 @@ class UserMods:
             k = cutlass.min(k, self.seqlen.seqlen_k - 1)
         return h, q, k
 
+    def _row_inside(self, tScS, i, m_block):
+        """Whether accumulator element ``i``'s query lies inside the sequence."""
+        row = tScS[i][1] if const_expr(self.transpose) else tScS[i][0]
+        prow = m_block * self.tile_m + row
+        if const_expr(self.qhead_per_kvhead > 1):
+            return prow < self.seqlen.seqlen_q * self.qhead_per_kvhead
+        return prow < self.seqlen.seqlen_q
+
     def _identity(self, thr_mma):
         """The tile's (row, column) coordinates, partitioned like the accumulator."""
         shape = (self.tile_n, self.tile_m) if const_expr(self.transpose) else (self.tile_m, self.tile_n)
@@ -95,7 +103,9 @@ class UserMods:
         ``Q K^T * softmax_scale`` (the caller's dQ / dK carry the last ``softmax_scale``)."""
         tScS = self._identity(thr_mma)
         n = cute.size(acc_dS)
-        vec = vec_size(self.score_mod, self.aux is not None)
+        has_aux = self.aux is not None
+        # The derivative's own __vec_size__, else the score_mod's (flash-attn-4 reads none of it).
+        vec = vec_size(self.score_mod_bwd if hasattr(self.score_mod_bwd, "__vec_size__") else self.score_mod, has_aux)
         if const_expr(n % vec):
             vec = 1
         for i in cutlass.range(0, n, vec, unroll_full=True):
@@ -114,7 +124,9 @@ class UserMods:
             res = cute.make_rmem_tensor(vec, Float32)
             res.store(out)
             for j in cutlass.range_constexpr(vec):
-                acc_dS[i + j] = res[j]
+                # A score P = 0 has no gradient (masked, hidden, or a padded row), whatever the
+                # derivative says there (0 * inf would be NaN).
+                acc_dS[i + j] = res[j] if grads[j] != 0.0 else Float32(0.0)
 
     @cute.jit
     def apply(self, acc_S: cute.Tensor, thr_mma, m_block: Int32, n_block: Int32, softmax_scale) -> None:
@@ -146,7 +158,13 @@ class UserMods:
                 res = cute.make_rmem_tensor(vec, Float32)
                 res.store(out)
                 for j in cutlass.range_constexpr(vec):
-                    acc_S[i + j] = res[j]
+                    if const_expr(self.transpose):
+                        # Query columns past the sequence: P must be 0 there (its lse_log2 is +inf),
+                        # whatever the score_mod made of the scores (+inf or NaN would reach dV / dK).
+                        inside = self._row_inside(tScS, i + j, m_block)
+                        acc_S[i + j] = res[j] if inside else -Float32.inf
+                    else:
+                        acc_S[i + j] = res[j]  # (forward: rows past the sequence are never stored)
             if const_expr(self.mask_mod is not None):
                 for j in cutlass.range_constexpr(vec):
                     keep = self.mask_mod(_ssa([self.batch], Int32), _ssa([heads[j]], Int32), _ssa([qs[j]], Int32),

@@ -273,9 +273,10 @@ class FlashAttnFunction(torch.autograd.Function):
 def _problem_from_op_args(q, k, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                           local, window_left, window_right, softcap, num_splits: int = 0,
                           pack_gqa: int = -1, cu_seqlens_k=None, seqused_q=None, page_table=None,
-                          v=None) -> AttnProblem:
+                          v=None, keys: str = "", aux: tuple = ()) -> AttnProblem:
     """The AttnProblem of a custom-op call (the interface validated it before tracing). Each side
-    is packed (its cu_seqlens given) or batched; ``page_table``: paged K/V."""
+    is packed (its cu_seqlens given) or batched; ``page_table``: paged K/V; ``keys`` / ``aux``: the
+    user functions' keys (``fa4.mods.split_keys``) and aux tensors."""
     varlen_q = cu_seqlens_q is not None
     varlen_k = cu_seqlens_k is not None
     if varlen_q:
@@ -299,7 +300,22 @@ def _problem_from_op_args(q, k, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqle
                        softcap, varlen_q=varlen_q, varlen_k=varlen_k, has_seqused_k=seqused_k is not None,
                        total_q=total_q, total_k=total_k, num_splits=num_splits,
                        pack_gqa=None if pack_gqa < 0 else bool(pack_gqa), has_seqused_q=seqused_q is not None,
-                       page_size=page_size)
+                       page_size=page_size, **_user_fields(keys, aux))
+
+
+def _user_fields(keys: str, aux: tuple) -> dict:
+    """AttnProblem fields of the user functions a custom op carries (fa4/mods.py)."""
+    if not keys:
+        return {}
+    from fa4 import mods
+
+    sk, mk, bk = mods.split_keys(keys)
+    return dict(score_mod=sk, mask_mod=mk, score_mod_bwd=bk, aux=mods.aux_signature(aux, None) if aux else ())
+
+
+def _aux_of(*slots) -> tuple:
+    """The aux tensors in a custom op's slots (the used slots come first)."""
+    return tuple(t for t in slots if t is not None)
 
 
 @torch.library.custom_op("fa4::fwd", mutates_args=(), device_types="cuda")
@@ -309,18 +325,23 @@ def fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: Opti
            softcap: float, need_lse: bool, deterministic: bool, options: str, num_splits: int = 0,
            pack_gqa: int = -1, seqused_q: Optional[torch.Tensor] = None,
            page_table: Optional[torch.Tensor] = None,
-           learnable_sink: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+           learnable_sink: Optional[torch.Tensor] = None, user_keys: str = "", aux0: Optional[torch.Tensor] = None,
+           aux1: Optional[torch.Tensor] = None, aux2: Optional[torch.Tensor] = None,
+           aux3: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Custom-op form of the forward; lse is an empty tensor when ``need_lse`` is False;
-    ``pack_gqa`` -1 / 0 / 1 = None / False / True; ``learnable_sink`` as :func:`forward`'s sink."""
+    ``pack_gqa`` -1 / 0 / 1 = None / False / True; ``learnable_sink`` as :func:`forward`'s sink;
+    ``user_keys`` / ``aux0``-``aux3``: the user functions' keys and aux tensors (fa4/mods.py;
+    ``mods.MAX_AUX_COMPILED`` slots)."""
     for name, t in (("q", q), ("k", k), ("v", v)):  # the only check a traced graph could not do
         validate.check_aligned(name, t)
+    aux = _aux_of(aux0, aux1, aux2, aux3)
     p = _problem_from_op_args(q, k, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                               local, window_left, window_right, softcap, num_splits, pack_gqa, cu_seqlens_k,
-                              seqused_q, page_table, v)
+                              seqused_q, page_table, v, user_keys, aux)
     if learnable_sink is not None:
         p = dataclasses.replace(p, has_sink=True)
     out, lse = forward(p, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, KernelOptions.from_str(options), need_lse,
-                       seqused_q=seqused_q, page_table=page_table, sink=learnable_sink)
+                       seqused_q=seqused_q, page_table=page_table, sink=learnable_sink, aux=aux or None)
     if not need_lse:
         lse = None
     return out, (lse if lse is not None else q.new_empty((0,), dtype=torch.float32))
@@ -329,7 +350,8 @@ def fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: Opti
 @fwd_op.register_fake
 def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
               local, window_left, window_right, softcap, need_lse, deterministic, options, num_splits=0,
-              pack_gqa=-1, seqused_q=None, page_table=None, learnable_sink=None):
+              pack_gqa=-1, seqused_q=None, page_table=None, learnable_sink=None, user_keys="", aux0=None, aux1=None,
+              aux2=None, aux3=None):
     out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
     if not need_lse:
         return out, q.new_empty((0,), dtype=torch.float32)
@@ -343,40 +365,46 @@ def bwd_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
            lse: torch.Tensor, dlse: Optional[torch.Tensor], cu_seqlens_q: Optional[torch.Tensor],
            cu_seqlens_k: Optional[torch.Tensor], seqused_k: Optional[torch.Tensor], max_seqlen_q: int,
            max_seqlen_k: int, softmax_scale: float, causal: bool, local: bool, window_left: int, window_right: int,
-           softcap: float, deterministic: bool, options: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+           softcap: float, deterministic: bool, options: str, user_keys: str = "",
+           aux0: Optional[torch.Tensor] = None, aux1: Optional[torch.Tensor] = None,
+           aux2: Optional[torch.Tensor] = None,
+           aux3: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    aux = _aux_of(aux0, aux1, aux2, aux3)
     p = _problem_from_op_args(q, k, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                              local, window_left, window_right, softcap, cu_seqlens_k=cu_seqlens_k, v=v)
+                              local, window_left, window_right, softcap, cu_seqlens_k=cu_seqlens_k, v=v,
+                              keys=user_keys, aux=aux)
     return backward(p, dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                    KernelOptions.from_str(options), deterministic)
+                    KernelOptions.from_str(options), deterministic, aux=aux or None)
 
 
 @bwd_op.register_fake
 def _bwd_fake(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-              softmax_scale, causal, local, window_left, window_right, softcap, deterministic, options):
+              softmax_scale, causal, local, window_left, window_right, softcap, deterministic, options, user_keys="",
+              aux0=None, aux1=None, aux2=None, aux3=None):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _fwd_setup_context(ctx, inputs, output):
     (q, k, v, cu_q, cu_k, seqused_k, max_sq, max_sk, scale, causal, local, wl, wr, softcap, need_lse,
-     deterministic, options, _num_splits, _pack_gqa, _seqused_q, _page_table, sink) = inputs
+     deterministic, options, _num_splits, _pack_gqa, _seqused_q, _page_table, sink, user_keys, *aux) = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, seqused_k, sink)
-    ctx.scalars = (max_sq, max_sk, scale, causal, local, wl, wr, softcap, deterministic, options)
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, seqused_k, sink, *aux)
+    ctx.scalars = (max_sq, max_sk, scale, causal, local, wl, wr, softcap, deterministic, options, user_keys)
     ctx.return_lse = need_lse
 
 
 def _fwd_backward(ctx, dout, dlse):
-    q, k, v, out, lse, cu_q, cu_k, seqused_k, sink = ctx.saved_tensors
-    max_sq, max_sk, scale, causal, local, wl, wr, softcap, deterministic, options = ctx.scalars
+    q, k, v, out, lse, cu_q, cu_k, seqused_k, sink, *aux = ctx.saved_tensors
+    max_sq, max_sk, scale, causal, local, wl, wr, softcap, deterministic, options, user_keys = ctx.scalars
     dq = dk = dv = None
     if any(ctx.needs_input_grad[:3]):  # not when only the sink takes a gradient
         dq, dk, dv = bwd_op(dout, q, k, v, out, lse, dlse, cu_q, cu_k, seqused_k, max_sq, max_sk, scale, causal,
-                            local, wl, wr, softcap, deterministic, options)
+                            local, wl, wr, softcap, deterministic, options, user_keys, *aux)
     # With a sink the saved lse includes it (the op's forward always computes it then).
     dsink = None
     if sink is not None and ctx.needs_input_grad[21]:
         dsink = sink_grad(sink, out, dout, lse, dlse if ctx.return_lse else None, cu_q is not None)
-    return (dq, dk, dv) + (None,) * 18 + (dsink,)
+    return (dq, dk, dv) + (None,) * 18 + (dsink,) + (None,) * 5  # (the user keys, the aux slots)
 
 
 fwd_op.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)

@@ -159,15 +159,98 @@ def _api_refusals():
         fa4.flash_attn_varlen_func(q[0], q[0], q[0], cu_seqlens_q=cu, cu_seqlens_k=cu, score_mod="bias")
 
 
-def test_torch_compile_is_refused(monkeypatch):
-    """Under torch.compile the custom op takes no functions: a clear NotImplementedError (seen here
-    by faking the tracing flag; the checks before it run on CPU tensors)."""
+class _Captured(Exception):
+    pass
+
+
+def _capture_graph(fn, *args):
+    """Trace ``fn`` with torch.compile(fullgraph=True) on CPU tensors (the device check lifted) and
+    return the FX graph, without running it (fa4's ops have CUDA kernels only)."""
     from fa4 import validate
 
-    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    q = torch.empty(2, 10, 4, 64, dtype=torch.bfloat16)
-    with validate.allow_any_device(), pytest.raises(NotImplementedError, match="torch.compile"):
-        fa4.flash_attn_func(q, q, q, score_mod=_make_bias(1.0))
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+
+        def stop(*a):
+            raise _Captured()
+        return stop
+
+    torch._dynamo.reset()
+    with validate.allow_any_device(), pytest.raises(_Captured):
+        torch.compile(fn, fullgraph=True, backend=backend)(*args)
+    (gm,) = graphs
+    return gm
+
+
+def test_torch_compile_carries_the_functions():
+    """torch.compile(fullgraph=True) traces a call with a score_mod, a mask_mod with an aux tensor
+    and a score_mod_bwd without a graph break: the fa4::fwd op carries the functions' keys (a
+    constant of the graph, computed once at trace time) and the aux tensor in its first slot."""
+    from mods_cases import doc_ids
+
+    f = _make_bias(0.5)
+    fn, _, ids = doc_ids(2, 64, "cpu")
+
+    def call(q, k, v, ids):
+        return fa4.flash_attn_func(q, k, v, score_mod=f, score_mod_bwd=f, mask_mod=fn, aux_tensors=[ids])[0]
+
+    q = torch.randn(2, 64, 4, 64, dtype=torch.bfloat16)
+    gm = _capture_graph(call, q, q, q, ids)
+    ops = [n for n in gm.graph.nodes if n.op == "call_function" and "fa4" in str(n.target)]
+    assert len(ops) == 1, gm.graph
+    args = ops[0].args
+    keys = next(a for a in args if isinstance(a, str) and a.count("|") == 2)
+    sk, mk, bk = mods.split_keys(keys)
+    assert sk == mods.key_of(f, "score_mod") and mk == mods.key_of(fn, "mask_mod")
+    assert bk == mods.key_of(f, "score_mod_bwd")
+    assert "ids" in str(args[-4]) and tuple(args[-3:]) == (None, None, None)
+
+
+def test_torch_compile_refuses_too_many_aux_tensors():
+    from fa4 import validate
+
+    fn, _, ids = __import__("mods_cases").doc_ids(2, 64, "cpu")
+    q = torch.randn(2, 64, 4, 64, dtype=torch.bfloat16)
+
+    def call(q):
+        return fa4.flash_attn_func(q, q, q, mask_mod=fn, aux_tensors=[ids] * (mods.MAX_AUX_COMPILED + 1))[0]
+
+    torch._dynamo.reset()
+    with validate.allow_any_device(), pytest.raises(Exception, match="at most 4 aux_tensors"):
+        torch.compile(call, fullgraph=True, backend="eager")(q)
+
+
+def test_aux_tensor_requiring_grad_warns():
+    """aux_tensors get no gradient (as in flash_attn.cute): one warning, not silence (seen before any
+    launch: the device check is lifted and the call fails later on the CPU)."""
+    from fa4 import interface, validate
+
+    interface._aux_grad_warned.clear()
+    table = torch.zeros(8, 8, requires_grad=True)
+    q = torch.empty(2, 8, 4, 64, dtype=torch.bfloat16)
+    with validate.allow_any_device(), pytest.warns(UserWarning, match="aux_tensors get no gradient"):
+        with pytest.raises(Exception):  # noqa: B017 - past the checks, nothing runs on a CPU
+            fa4.flash_attn_func(q, q, q, mask_mod=_make_doc_mask(64), aux_tensors=[table])
+
+
+def test_backward_traces_the_derivative():
+    """The score_mod_bwd is compiled into the backward where dS is formed: the same config with a
+    tanh derivative has MUFU.TANH in its SASS, with the identity derivative none (ALiBi score_mod)."""
+    from mods_cases import SCORE_MODS, derivative
+
+    from fa4 import sass
+    from fa4.bwd import sm90 as bwd90
+
+    sk = mods.key_of(SCORE_MODS["alibi"]()[0], "score_mod")
+    counts = []
+    for name in ("alibi", "tanh_cap"):
+        bk = mods.key_of(derivative(name), "score_mod_bwd")
+        p = AttnProblem("bf16", 2, 1000, 1000, 8, 2, 128, 128, 128 ** -0.5, score_mod=sk, score_mod_bwd=bk)
+        counts.append(sass.count(sass.opcode_counts(sass.disassemble(bwd90.make_config(p, None, "sm_90a", False))),
+                                 "MUFU.TANH"))
+    assert counts[0] == 0 and counts[1] > 0
 
 
 def test_configs_with_functions_stay_in_memory():

@@ -153,7 +153,7 @@ def _mask_grads(q, k, v, fn, twin, aux=None, opts=SM90, deterministic=False, ref
     return got
 
 
-BWD_CASES = [  # (mask_mod, head dim, (seqlen_q, seqlen_k), mask): d256 takes the dQ pass
+BWD_CASES = [  # (mask_mod, head dim, (seqlen_q, seqlen_k), window): d256 takes the dQ pass
     ("doc64", 64, (1000, 1000), "none"),
     ("causal_doc100", 128, (1000, 1000), "none"),
     ("head_parity", 128, (113, 203), "none"),
@@ -328,3 +328,73 @@ def test_score_mod_backward_aux_table():
     floors = grad_noise_floor(q, k, v, g)
     for name, a, r, p in zip(("dq", "dk", "dv"), got, want, pt):
         check_close(name, a, r, p, extra_atol=floors[name])
+
+
+@pytest.mark.gpu
+def test_torch_compile_with_functions_matches_eager():
+    """torch.compile(fullgraph=True) of a training step with a score_mod (and its derivative) and an
+    aux-table mask_mod: the same outputs and gradients as the eager calls (the custom ops carry the
+    functions' keys and the table)."""
+    from mods_cases import derivative, doc_ids
+
+    sm, _ = SCORE_MODS["alibi"]()
+    fn, _, ids = doc_ids(2, 512, "cuda", seed=8)
+    q, k, v = random_qkv(2, 512, 512, 8, 2, 128, torch.bfloat16, "cuda", requires_grad=True, seed=15)
+    g = torch.randn(2, 512, 8, 128, device="cuda", dtype=torch.bfloat16)
+
+    def step(q, k, v, ids):
+        out, _ = fa4.flash_attn_func(q, k, v, score_mod=sm, score_mod_bwd=derivative("alibi"), mask_mod=fn,
+                                     aux_tensors=[ids], kernel_options=SM90)
+        return (out.float() * g.float()).sum()
+
+    eager = torch.autograd.grad(step(q, k, v, ids), (q, k, v))
+    compiled = torch.autograd.grad(torch.compile(step, fullgraph=True)(q, k, v, ids), (q, k, v))
+    for name, a, b in zip(("dq", "dk", "dv"), eager, compiled):
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("score", ["alibi", "batch_bias"])
+def test_score_mod_backward_varlen(score):
+    """Varlen with seqused_k and a one-token sequence: positions and lengths per sequence (ALiBi
+    reads seqlen_info), the sequence's index as the batch (batch_bias)."""
+    from mods_cases import derivative
+
+    vb = random_varlen(5, 600, 8, 2, 128, torch.bfloat16, "cuda", max_seqlen_k=700, with_seqused_k=True,
+                       requires_grad=True, seed=16)
+    sm, st = SCORE_MODS[score]()
+    out, lse = fa4.flash_attn_varlen_func(
+        vb.q, vb.k, vb.v, cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k, max_seqlen_q=vb.max_seqlen_q,
+        max_seqlen_k=vb.max_seqlen_k, seqused_k=vb.seqused_k, score_mod=sm, score_mod_bwd=derivative(score),
+        causal=True, return_lse=True, kernel_options=SM90)
+    g = torch.randn_like(out)
+    got = torch.autograd.grad(out, (vb.q, vb.k, vb.v), g)
+    ref_kw = dict(cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k, seqused_k=vb.seqused_k, score_fn=st,
+                  causal=True)
+    q32 = [t.detach().float().requires_grad_() for t in (vb.q, vb.k, vb.v)]
+    want = torch.autograd.grad(attention_ref(*q32, **ref_kw)[0], q32, g.float())
+    qlp = [t.detach().requires_grad_() for t in (vb.q, vb.k, vb.v)]
+    pt = torch.autograd.grad(attention_ref(*qlp, upcast=False, **ref_kw)[0], qlp, g)
+    floors = grad_noise_floor(vb.q, vb.k, vb.v, g)
+    for name, a, r, p in zip(("dq", "dk", "dv"), got, want, pt):
+        check_close(name, a, r, p, extra_atol=floors[name])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["kv_split2", "det_d256", "blind_rows"])
+def test_user_functions_backward_paths(case):
+    """Paths the default configs of the cases above may not take on every GPU: a split GQA group
+    (pinned), the deterministic dQ pass (d256), and a score_mod on rows the mask_mod hides."""
+    if case == "kv_split2":
+        opts = fa4.KernelOptions(arch="sm90", bwd_kv_split=2)
+        q, k, v = random_qkv(2, 512, 512, 8, 2, 128, torch.bfloat16, "cuda", requires_grad=True, seed=17)
+        _mask_grads(q, k, v, *MASK_MODS["doc64"](), opts=opts, score="alibi")
+    elif case == "det_d256":
+        q, k, v = random_qkv(2, 400, 400, 4, 2, 256, torch.bfloat16, "cuda", requires_grad=True, seed=18)
+        first = _mask_grads(q, k, v, *MASK_MODS["causal_doc100"](), deterministic=True, score="tanh_cap")
+        again = _mask_grads(q, k, v, *MASK_MODS["causal_doc100"](), deterministic=True, score="tanh_cap", ref=False)
+        assert all(torch.equal(a, b) for a, b in zip(first, again))
+    else:
+        q, k, v = random_qkv(2, 300, 300, 8, 2, 64, torch.bfloat16, "cuda", requires_grad=True, seed=19)
+        dq, _, _ = _mask_grads(q, k, v, *MASK_MODS["blind7"](), score="tanh_cap")
+        assert torch.equal(dq[:, ::7], torch.zeros_like(dq[:, ::7]))

@@ -73,9 +73,9 @@ def test_registered_backward_calls_the_bwd_op():
     from fa4 import ops
 
     def formula(q, k, v, out, lse, dout, dlse):
-        ctx = SimpleNamespace(saved_tensors=(q, k, v, out, lse, None, None, None, None),
-                              scalars=(33, 33, 0.125, True, False, 33, 0, 0.0, True, ""), return_lse=True,
-                              needs_input_grad=(True,) * 22)
+        ctx = SimpleNamespace(saved_tensors=(q, k, v, out, lse, None, None, None, None, None, None, None, None),
+                              scalars=(33, 33, 0.125, True, False, 33, 0, 0.0, True, "", ""), return_lse=True,
+                              needs_input_grad=(True,) * 27)
         return ops._fwd_backward(ctx, dout, dlse)[:3]
 
     with FakeTensorMode():
