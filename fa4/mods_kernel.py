@@ -94,6 +94,26 @@ class UserMods:
             row, col = col, row
         return self._coords(row, col, m_block, n_block)
 
+    def _vector(self, tScS, i, vec: int, m_block, n_block):
+        """(q heads, query positions, key positions) of accumulator elements ``i .. i + vec - 1``."""
+        heads, qs, ks = [], [], []
+        for j in range(vec):
+            h, q, k = self._element(tScS, i + j, m_block, n_block)
+            heads.append(h)
+            qs.append(q)
+            ks.append(k)
+        return heads, qs, ks
+
+    def _call(self, fn, leading: list, vec: int, heads, qs, ks) -> cute.Tensor:
+        """``fn(*leading, batch, head, q_idx=, kv_idx=, seqlen_info=, aux_tensors=)`` on ``vec`` scores
+        (flash_attn.cute's calling convention); its result in a float32 register tensor."""
+        out = fn(*leading, _ssa([self.batch] * vec, Int32), _ssa(heads, Int32), q_idx=_ssa(qs, Int32),
+                 kv_idx=_ssa(ks, Int32), seqlen_info=self.seqlen,
+                 aux_tensors=self.aux if const_expr(self.aux is not None) else ())
+        res = cute.make_rmem_tensor(vec, Float32)
+        res.store(out)
+        return res
+
     @cute.jit
     def apply_bwd(self, acc_dS: cute.Tensor, raw_S: cute.Tensor, thr_mma, m_block: Int32, n_block: Int32,
                   softmax_scale) -> None:
@@ -109,20 +129,10 @@ class UserMods:
         if const_expr(n % vec):
             vec = 1
         for i in cutlass.range(0, n, vec, unroll_full=True):
-            heads, qs, ks = [], [], []
-            for j in cutlass.range_constexpr(vec):
-                h, q, k = self._element(tScS, i + j, m_block, n_block)
-                heads.append(h)
-                qs.append(q)
-                ks.append(k)
+            heads, qs, ks = self._vector(tScS, i, vec, m_block, n_block)
             grads = [acc_dS[i + j] for j in range(vec)]
             scores = [raw_S[i + j] * softmax_scale for j in range(vec)]
-            out = self.score_mod_bwd(_ssa(grads, Float32), _ssa(scores, Float32), _ssa([self.batch] * vec, Int32),
-                                     _ssa(heads, Int32), q_idx=_ssa(qs, Int32), kv_idx=_ssa(ks, Int32),
-                                     seqlen_info=self.seqlen,
-                                     aux_tensors=self.aux if const_expr(self.aux is not None) else ())
-            res = cute.make_rmem_tensor(vec, Float32)
-            res.store(out)
+            res = self._call(self.score_mod_bwd, [_ssa(grads, Float32), _ssa(scores, Float32)], vec, heads, qs, ks)
             for j in cutlass.range_constexpr(vec):
                 # A score P = 0 has no gradient (masked, hidden, or a padded row), whatever the
                 # derivative says there (0 * inf would be NaN).
@@ -133,9 +143,8 @@ class UserMods:
         """``score_mod`` on every score of the tile (times ``softmax_scale`` first), then
         ``mask_mod`` (-inf where it is False), in place on an ``S`` accumulator (the forward's, the dQ
         pass's; ``transpose``: the backward's ``S^T``, whose adjacent pairs are two queries of one
-        key). One pass
-        over the thread's scores, ``vec`` adjacent ones (one row) at a time: their coordinates are
-        computed once for both functions."""
+        key). One pass over the thread's scores, ``vec`` adjacent ones at a time: their coordinates
+        are computed once for both functions."""
         tScS = self._identity(thr_mma)
         n = cute.size(acc_S)
         vec = 1
@@ -144,19 +153,10 @@ class UserMods:
             if const_expr(n % vec):
                 vec = 1
         for i in cutlass.range(0, n, vec, unroll_full=True):
-            heads, qs, ks = [], [], []
-            for j in cutlass.range_constexpr(vec):
-                h, q, k = self._element(tScS, i + j, m_block, n_block)
-                heads.append(h)
-                qs.append(q)
-                ks.append(k)
+            heads, qs, ks = self._vector(tScS, i, vec, m_block, n_block)
             if const_expr(self.score_mod is not None):
                 scores = [acc_S[i + j] * softmax_scale for j in range(vec)]
-                out = self.score_mod(_ssa(scores, Float32), _ssa([self.batch] * vec, Int32), _ssa(heads, Int32),
-                                     q_idx=_ssa(qs, Int32), kv_idx=_ssa(ks, Int32), seqlen_info=self.seqlen,
-                                     aux_tensors=self.aux if const_expr(self.aux is not None) else ())
-                res = cute.make_rmem_tensor(vec, Float32)
-                res.store(out)
+                res = self._call(self.score_mod, [_ssa(scores, Float32)], vec, heads, qs, ks)
                 for j in cutlass.range_constexpr(vec):
                     if const_expr(self.transpose):
                         # Query columns past the sequence: P must be 0 there (its lse_log2 is +inf),

@@ -153,6 +153,20 @@ def _mask_grads(q, k, v, fn, twin, aux=None, opts=SM90, deterministic=False, ref
     return got
 
 
+def _check_out_grads(out, inputs, ref_kw):
+    """The gradients of ``out`` (a random cotangent) against the float32 reference's (``ref_kw``:
+    attention_ref's arguments), by the pass rule with the gradient cancellation floor."""
+    g = torch.randn_like(out)
+    got = torch.autograd.grad(out, inputs, g)
+    q32 = [t.detach().float().requires_grad_() for t in inputs]
+    want = torch.autograd.grad(attention_ref(*q32, **ref_kw)[0], q32, g.float())
+    qlp = [t.detach().requires_grad_() for t in inputs]
+    pt = torch.autograd.grad(attention_ref(*qlp, upcast=False, **ref_kw)[0], qlp, g)
+    floors = grad_noise_floor(*inputs, g)
+    for name, a, r, p in zip(("dq", "dk", "dv"), got, want, pt):
+        check_close(name, a, r, p, extra_atol=floors[name])
+
+
 BWD_CASES = [  # (mask_mod, head dim, (seqlen_q, seqlen_k), window): d256 takes the dQ pass
     ("doc64", 64, (1000, 1000), "none"),
     ("causal_doc100", 128, (1000, 1000), "none"),
@@ -202,16 +216,8 @@ def test_mask_mod_backward_aux_and_varlen():
     out, lse = fa4.flash_attn_varlen_func(
         vb.q, vb.k, vb.v, cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k, max_seqlen_q=vb.max_seqlen_q,
         max_seqlen_k=vb.max_seqlen_k, mask_mod=fn, return_lse=True, kernel_options=SM90)
-    g = torch.randn_like(out)
-    got = torch.autograd.grad(out, (vb.q, vb.k, vb.v), g)
-    ref_kw = dict(cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k, mask_fn=twin)
-    q32 = [t.detach().float().requires_grad_() for t in (vb.q, vb.k, vb.v)]
-    want = torch.autograd.grad(attention_ref(*q32, **ref_kw)[0], q32, g.float())
-    qlp = [t.detach().requires_grad_() for t in (vb.q, vb.k, vb.v)]
-    pt = torch.autograd.grad(attention_ref(*qlp, upcast=False, **ref_kw)[0], qlp, g)
-    floors = grad_noise_floor(vb.q, vb.k, vb.v, g)
-    for name, a, r, p in zip(("dq", "dk", "dv"), got, want, pt):
-        check_close(name, a, r, p, extra_atol=floors[name])
+    _check_out_grads(out, (vb.q, vb.k, vb.v), dict(cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k,
+                                                   mask_fn=twin))
 
 
 @pytest.mark.gpu
@@ -319,15 +325,7 @@ def test_score_mod_backward_aux_table():
     q, k, v = random_qkv(2, 700, 700, 8, 2, 128, torch.bfloat16, "cuda", requires_grad=True, seed=14)
     out, lse = fa4.flash_attn_func(q, k, v, score_mod=fn, score_mod_bwd=derivative("rel_bias"),
                                    aux_tensors=[table], causal=True, return_lse=True, kernel_options=SM90)
-    g = torch.randn_like(out)
-    got = torch.autograd.grad(out, (q, k, v), g)
-    q32 = [t.detach().float().requires_grad_() for t in (q, k, v)]
-    want = torch.autograd.grad(attention_ref(*q32, score_fn=twin, causal=True)[0], q32, g.float())
-    qlp = [t.detach().requires_grad_() for t in (q, k, v)]
-    pt = torch.autograd.grad(attention_ref(*qlp, upcast=False, score_fn=twin, causal=True)[0], qlp, g)
-    floors = grad_noise_floor(q, k, v, g)
-    for name, a, r, p in zip(("dq", "dk", "dv"), got, want, pt):
-        check_close(name, a, r, p, extra_atol=floors[name])
+    _check_out_grads(out, (q, k, v), dict(score_fn=twin, causal=True))
 
 
 @pytest.mark.gpu
@@ -367,17 +365,8 @@ def test_score_mod_backward_varlen(score):
         vb.q, vb.k, vb.v, cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k, max_seqlen_q=vb.max_seqlen_q,
         max_seqlen_k=vb.max_seqlen_k, seqused_k=vb.seqused_k, score_mod=sm, score_mod_bwd=derivative(score),
         causal=True, return_lse=True, kernel_options=SM90)
-    g = torch.randn_like(out)
-    got = torch.autograd.grad(out, (vb.q, vb.k, vb.v), g)
-    ref_kw = dict(cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k, seqused_k=vb.seqused_k, score_fn=st,
-                  causal=True)
-    q32 = [t.detach().float().requires_grad_() for t in (vb.q, vb.k, vb.v)]
-    want = torch.autograd.grad(attention_ref(*q32, **ref_kw)[0], q32, g.float())
-    qlp = [t.detach().requires_grad_() for t in (vb.q, vb.k, vb.v)]
-    pt = torch.autograd.grad(attention_ref(*qlp, upcast=False, **ref_kw)[0], qlp, g)
-    floors = grad_noise_floor(vb.q, vb.k, vb.v, g)
-    for name, a, r, p in zip(("dq", "dk", "dv"), got, want, pt):
-        check_close(name, a, r, p, extra_atol=floors[name])
+    _check_out_grads(out, (vb.q, vb.k, vb.v), dict(cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k,
+                                                   seqused_k=vb.seqused_k, score_fn=st, causal=True))
 
 
 @pytest.mark.gpu
