@@ -29,7 +29,7 @@ def test_run_passes_the_signature(monkeypatch, mod, local):
     assert args[:11] == (q, k, v, out, lse, None, None, None, None, None, None)
     assert args[11:16] == (0.125, 1.0, 30 if local else 0, 5 if local else 0, 100)
     # ([persistent grid,] K splits[, the dynamic scheduler's claims counter, the aux tensors])
-    assert args[16:] == ((132, 1, None, None) if mod is sm90 else (1,))
+    assert args[16:] == ((132, 1, None, None) if mod is sm90 else (1, None))
     # as many runtime arguments as the compiled signature (fake_args without the stream)
     assert len(args) == len(jit.kernel_class(cfg).fake_args(cfg)) - 1
 
@@ -101,7 +101,7 @@ def test_sm80_split_launch(monkeypatch):
     o_part, lse_part = args[3], args[4]
     assert o_part.dtype == lse_part.dtype == torch.float32
     assert o_part.shape == (6, 3, 8, 64) and lse_part.shape == (6, 8, 3)
-    assert args[16:] == (3,)
+    assert args[16:] == (3, None)
     assert len(args) == len(jit.kernel_class(cfg).fake_args(cfg)) - 1
     (c,) = combined
     assert c[0].shape == (3, 2, 3, 8, 64) and c[2] is out and c[3] is None

@@ -267,16 +267,40 @@ def test_configs_with_functions_stay_in_memory():
         jit.precompile(cfg)
 
 
-def test_sm80_family_refuses_functions():
+def test_sm80_backward_refuses_functions():
+    """The sm80 family's forward takes user functions (tests below); its backward does not."""
     from fa4.bwd import sm80 as bwd80
-    from fa4.fwd import sm80
 
     mk = mods.key_of(_make_doc_mask(64), "mask_mod")
     p = AttnProblem("bf16", 2, 512, 512, 4, 4, 64, 64, 0.125, mask_mod=mk)
     with pytest.raises(NotImplementedError, match="score_mod / mask_mod"):
-        sm80.make_config(p, None, "sm_80", True)
-    with pytest.raises(NotImplementedError, match="score_mod / mask_mod"):
         bwd80.make_config(p, None, "sm_80", False)
+
+
+@pytest.mark.parametrize("case", ["plain", "packed_split_aux"])
+def test_sm80_forward_traces_the_functions(case):
+    """The sm80 family's forward (Ampere, and what runs on a GPU without a family of its own) with a
+    score_mod and a mask_mod: compiled for sm_80, more instructions than without them; packed GQA
+    with split-KV and an aux table."""
+    from mods_cases import SCORE_MODS, doc_ids
+
+    from fa4 import sass
+    from fa4.fwd import sm80
+
+    sk = mods.key_of(SCORE_MODS["alibi"]()[0], "score_mod")
+    if case == "plain":
+        mk, aux = mods.key_of(_make_doc_mask(64), "mask_mod"), ()
+        p = AttnProblem("bf16", 2, 1000, 1000, 4, 2, 128, 128, 128 ** -0.5, score_mod=sk, mask_mod=mk)
+    else:
+        fn, _, ids = doc_ids(4, 3000, "cpu")
+        mk, aux = mods.key_of(fn, "mask_mod"), mods.aux_signature([ids], None)
+        p = AttnProblem("bf16", 4, 4, 3000, 16, 2, 128, 128, 128 ** -0.5, score_mod=sk, mask_mod=mk, aux=aux)
+    cfg = sm80.make_config(p, None, "sm_80", True)
+    if case != "plain":
+        assert cfg.qhead_per_kvhead > 1 and cfg.split_kv and cfg.aux == aux
+    ops = sass.opcode_counts(sass.disassemble(cfg))
+    plain = sass.opcode_counts(sass.disassemble(dataclasses.replace(cfg, score_mod="", mask_mod="", aux=())))
+    assert sum(ops.values()) > sum(plain.values())
 
 
 def test_sm90_backward_takes_the_functions():

@@ -387,3 +387,42 @@ def test_user_functions_backward_paths(case):
         q, k, v = random_qkv(2, 300, 300, 8, 2, 64, torch.bfloat16, "cuda", requires_grad=True, seed=19)
         dq, _, _ = _mask_grads(q, k, v, *MASK_MODS["blind7"](), score="tanh_cap")
         assert torch.equal(dq[:, ::7], torch.zeros_like(dq[:, ::7]))
+
+
+SM80 = fa4.KernelOptions(arch="sm80")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("score,mask,d,seqlens,win", [
+    ("alibi", None, 128, (1000, 1000), "causal"),
+    ("tanh_cap", "doc100", 64, (113, 203), "none"),
+    (None, "head_parity", 256, (300, 300), "none"),
+])
+def test_sm80_forward_functions(score, mask, d, seqlens, win):
+    """The sm80 family's forward (forced on the H200) with the same functions and references."""
+    sm, st = SCORE_MODS[score]() if score else (None, None)
+    mm, mt = MASK_MODS[mask]() if mask else (None, None)
+    q, k, v = random_qkv(2, seqlens[0], seqlens[1], 8, 2, d, torch.bfloat16, "cuda", seed=d + 3)
+    out, lse = fa4.flash_attn_func(q, k, v, score_mod=sm, mask_mod=mm, return_lse=True, kernel_options=SM80,
+                                   **_mask_kw(win))
+    check(out, lse, q, k, v, score_fn=st, mask_fn=mt, **_mask_kw(win))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pack_gqa", [False, True])
+def test_sm80_forward_aux_decode(pack_gqa):
+    """sm80: an aux bias table on decode shapes, packed or not, split in three."""
+    from mods_cases import rel_bias_table
+
+    fn, twin, table = rel_bias_table(16, 3000, "cuda", seed=2)
+    q, k, v = random_qkv(4, 4, 3000, 16, 2, 128, torch.bfloat16, "cuda", seed=21)
+    out, lse = fa4.flash_attn_func(q, k, v, score_mod=fn, aux_tensors=[table], pack_gqa=pack_gqa, num_splits=3,
+                                   return_lse=True, kernel_options=SM80)
+    check(out, lse, q, k, v, score_fn=twin)
+
+
+@pytest.mark.gpu
+def test_sm80_backward_refuses_functions():
+    q, k, v = random_qkv(1, 128, 128, 4, 4, 64, torch.bfloat16, "cuda", seed=1, requires_grad=True)
+    with pytest.raises(NotImplementedError, match="sm80 backward"):
+        fa4.flash_attn_func(q, k, v, mask_mod=MASK_MODS["doc64"]()[0], kernel_options=SM80)

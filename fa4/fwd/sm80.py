@@ -69,6 +69,8 @@ from fa4.cute_utils import (
 )
 from fa4.fwd import common as fwd_common
 from fa4.mask import AttentionMask, walk_blocks
+from fa4.mods import lookup
+from fa4.mods_kernel import UserMods, fake_aux
 from fa4.pack_gqa import TileRows, partial_slot, row_sinks, store_acc_rows, store_lse_rows, store_rows
 from fa4.sched.tile import SectionTileScheduler, split_head, split_range
 from fa4.seqlen import SeqlenInfo
@@ -138,6 +140,8 @@ class FlashFwdSm80:
         self.check_hdim = cfg.head_dim != self.tile_hdim
         self.check_hdim_v = cfg.head_dim_v != self.tile_hdimv
         self.pack = cfg.qhead_per_kvhead > 1
+        # User functions traced into the K-block step (fa4/mods.py); None when absent.
+        self.score_mod, self.mask_mod = lookup(cfg.score_mod), lookup(cfg.mask_mod)
         self.split = cfg.split_kv
 
     # ----------------------------------------------------------------------------------------
@@ -151,9 +155,10 @@ class FlashFwdSm80:
         fwd_common.check_head_dims(cfg)
         if cfg.page_rows:
             raise NotImplementedError("the sm80 forward does not implement paged K/V (page_table) yet")
-        if cfg.score_mod or cfg.mask_mod:
-            raise NotImplementedError("the sm80 forward does not implement score_mod / mask_mod yet (the sm90 "
-                                      "forward does)")
+        if cfg.score_mod and cfg.has_softcap:
+            raise ValueError("FwdSm80Config.score_mod and has_softcap cannot be used together: apply the softcap "
+                             "inside score_mod")
+        lookup(cfg.score_mod), lookup(cfg.mask_mod)  # registered (KeyError otherwise)
         if cfg.num_threads not in (64, 128, 256):
             raise ValueError(f"FwdSm80Config.num_threads (KernelOptions.num_threads) must be 64, 128 or 256, "
                              f"got {cfg.num_threads}")
@@ -191,7 +196,7 @@ class FlashFwdSm80:
 
     @staticmethod
     def fake_args(cfg: FwdSm80Config) -> tuple:
-        return fwd_common.fake_args(cfg, extra=(Int32(1),))
+        return fwd_common.fake_args(cfg, extra=(Int32(1), fake_aux(cfg.aux)))
 
     def _setup(self):
         """Layouts, copy atoms and the tiled MMA (trace-time constants)."""
@@ -241,6 +246,7 @@ class FlashFwdSm80:
         window_right: Int32,
         max_seqlen_q: Int32,  # longest query sequence (= s_q when not varlen): sizes the grid
         num_splits: Int32,  # split-KV: K splits per tile (1 unless cfg.split_kv)
+        mAux: Optional[tuple],  # the user functions' aux tensors (cfg.aux; fa4/mods.py)
         stream,
     ):
         self._setup()
@@ -250,9 +256,9 @@ class FlashFwdSm80:
         num_batch, num_m_blocks, section, sched_heads = fwd_common.grid_extent(
             mQ, mK, mCuSeqlensQ, mCuSeqlensK, max_seqlen_q, self.tile_m, 2 * (self.tile_hdim + self.tile_hdimv),
             cfg.qhead_per_kvhead, num_splits)
-        prescale, scale_log2 = score_scales(softmax_scale, softcap, cfg.has_softcap)
+        prescale, scale_log2 = score_scales(softmax_scale, softcap, cfg.has_softcap, self.score_mod is not None)
         self.kernel(
-            mQ, mK, mV, mO, mLSE, mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ, mSeqUsedK, mSink,
+            mQ, mK, mV, mO, mLSE, mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ, mSeqUsedK, mSink, mAux,
             scale_log2, prescale, window_left, window_right, num_m_blocks, num_batch, section, num_splits,
             self.sQ_layout, self.sK_layout, self.sV_layout, self.sO_layout,
             self.gmem_copy_QK, self.gmem_copy_V, self.gmem_copy_O, self.tiled_mma,
@@ -280,6 +286,7 @@ class FlashFwdSm80:
         mSeqUsedQ: Optional[cute.Tensor],
         mSeqUsedK: Optional[cute.Tensor],
         mSink: Optional[cute.Tensor],
+        mAux: Optional[tuple],
         scale_log2: Float32,
         prescale: Optional[Float32],
         window_left: Int32,
@@ -333,8 +340,11 @@ class FlashFwdSm80:
             n_min, n_max = mask.n_block_range(m_block)
             if const_expr(self.split):
                 n_min, n_max = split_range(n_min, n_max, split, num_splits)
+            umod = None
+            if const_expr(self.score_mod is not None or self.mask_mod is not None):
+                umod = UserMods(self.score_mod, self.mask_mod, self.tile_m, self.tile_n, g, batch, head, seqlen, mAux)
             self.mainloop(p, acc_O, softmax, mask, seqlen, rows, mQ, batch, m_block, n_min, n_max, prescale,
-                          tiled_mma)
+                          tiled_mma, umod)
             sinks = None
             if const_expr(cfg.has_sink and not self.split):  # split-KV: the combine adds it
                 sinks = row_sinks(mSink, p.thr_mma, rows, self.tile_hdimv, softmax.num_rows)
@@ -472,7 +482,7 @@ class FlashFwdSm80:
     @cute.jit
     def mainloop(self, p: SimpleNamespace, acc_O: cute.Tensor, softmax: OnlineSoftmax, mask: AttentionMask,
                  seqlen: SeqlenInfo, rows: TileRows, mQ: cute.Tensor, batch: Int32, m_block: Int32, n_min: Int32,
-                 n_max: Int32, prescale, tiled_mma) -> None:
+                 n_max: Int32, prescale, tiled_mma, umod=None) -> None:
         """Prologue loads and the loop over the K blocks ``[n_min, n_max)`` of the tile (its split's
         share with split-KV; see Note [K/V pipeline]); no-op for an empty range. The mask
         boundaries are clamped to the range, so a split's first block (its last) is masked like
@@ -499,7 +509,7 @@ class FlashFwdSm80:
                 cute.copy(p.smem_copy_Q, p.tSsQ, p.smem_copy_Q.retile(p.tSrQ))
 
             step = partial(self.compute_one_n_block, p, acc_O, softmax, mask, seqlen, m_block,
-                           n_min=n_min, n_max=n_max, prescale=prescale, tiled_mma=tiled_mma)
+                           n_min=n_min, n_max=n_max, prescale=prescale, tiled_mma=tiled_mma, umod=umod)
             # The last block (partial in seqlen_k and/or on the causal/local diagonal), then the
             # others through fa4.mask.walk_blocks (masked where the window cuts them).
             step(n_max - 1, is_first=True, mask_seqlen=True, mask_window=True)
@@ -528,9 +538,11 @@ class FlashFwdSm80:
         mask_seqlen: cutlass.Constexpr[bool],
         mask_window: cutlass.Constexpr[bool],
         window_if=None,
+        umod=None,
     ) -> None:
         """One K block (Note [K/V pipeline]); ``window_if``: a runtime Boolean, the window mask
-        applied only where it is true (``one_step_loop``, :func:`fa4.mask.walk_blocks`)."""
+        applied only where it is true (``one_step_loop``, :func:`fa4.mask.walk_blocks`); ``umod``:
+        the tile's user functions (fa4/mods.py), before the window / length mask."""
         S = self.num_stages
         # Blocks are visited n_max-1, n_max-2, ...: the stage of block n is (n_max - 1 - n) % S.
         stage = 0
@@ -561,6 +573,8 @@ class FlashFwdSm80:
             cute.arch.cp_async_commit_group()
         if const_expr(self.cfg.has_softcap):
             apply_softcap(acc_S, prescale)
+        if const_expr(umod is not None):
+            umod.apply(acc_S, p.thr_mma, m_block, n_block, prescale)
         mask.apply_block(acc_S, p.thr_mma, m_block, n_block, mask_seqlen, mask_window, window_if)
         softmax.online_softmax(acc_S, acc_O, is_first=is_first)
         rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
@@ -752,9 +766,10 @@ def variants(arch: str) -> list[FwdSm80Config]:
 
 
 def run(cfg: FwdSm80Config, problem: AttnProblem, q, k, v, out, lse, cu_seqlens_q=None, cu_seqlens_k=None,
-        seqused_k=None, seqused_q=None, page_table=None, sink=None) -> None:
+        seqused_k=None, seqused_q=None, page_table=None, sink=None, aux=None) -> None:
     """Launch (arguments: :func:`fa4.fwd.common.run`; split-KV: :func:`fa4.fwd.common.split_count` K splits on this
-    GPU, cached per problem and config)."""
+    GPU, cached per problem and config; ``aux``: the tensors of ``cfg.aux``)."""
     splits = fwd_common.launch_splits(cfg, problem, fwd_common.default_num_sms(q.device))
-    fwd_common.run(cfg, problem, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, extra=(splits,),
+    fwd_common.run(cfg, problem, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                   extra=(splits, tuple(aux) if cfg.aux else None),
                    splits=splits, seqused_q=seqused_q, page_table=page_table, sink=sink)
