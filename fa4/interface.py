@@ -99,9 +99,15 @@ def _with_mods(problem: AttnProblem, score_mod, mask_mod, aux_tensors, aux_scala
 
 _aux_grad_warned: list = []
 
-# The user functions' keys under torch.compile: dynamo calls this once per trace and bakes the
-# string into the graph (the functions themselves cannot enter a custom op's schema).
-_constant_keys = torch.compiler.assume_constant_result(mods.check_functions)
+def _constant_keys(*args) -> str:
+    """The user functions' keys under torch.compile: dynamo calls this once per trace and bakes the
+    string into the graph (the functions themselves cannot enter a custom op's schema)."""
+    return mods.check_functions(*args)
+
+
+# ``torch.compiler.assume_constant_result(_constant_keys)``, without importing torch._dynamo with
+# fa4 (+1.5 s of import time): the mark it sets (tests/test_mods.py checks that it is that one).
+_constant_keys._dynamo_marked_constant = True
 
 
 def _run(problem: AttnProblem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options: Optional[KernelOptions],

@@ -208,6 +208,18 @@ def test_torch_compile_carries_the_functions():
     assert "ids" in str(args[-4]) and tuple(args[-3:]) == (None, None, None)
 
 
+def test_constant_keys_carry_dynamos_mark():
+    """fa4 marks its key function as torch.compiler.assume_constant_result would, without importing
+    torch._dynamo at import time: the mark must be the one that function sets."""
+    from fa4 import interface
+
+    def probe():
+        return ""
+    torch.compiler.assume_constant_result(probe)
+    marks = {k for k in vars(probe)}
+    assert marks and all(getattr(interface._constant_keys, k, None) == vars(probe)[k] for k in marks)
+
+
 def test_torch_compile_refuses_too_many_aux_tensors():
     from fa4 import validate
 
