@@ -1,6 +1,6 @@
 """The public API: the same calls and argument names as flash-attn-4's ``flash_attn.cute``.
 
-``score_mod`` / ``mask_mod`` (user CuTe DSL functions, forward only) are described in :mod:`fa4.mods`.
+``score_mod`` / ``score_mod_bwd`` / ``mask_mod`` (user CuTe DSL functions) are described in :mod:`fa4.mods`.
 Arguments of that API that fa4 cannot honour yet raise ``NotImplementedError`` naming the argument;
 pure performance hints that fa4 does not use (``min_seqlen_k``) give a one-time warning, never a
 silent change of results.
@@ -15,6 +15,7 @@ tile where that needs fewer tiles (short ``seqlen_q`` with GQA); ``True`` / ``Fa
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -78,9 +79,16 @@ def _with_mods(problem: AttnProblem, score_mod, mask_mod, aux_tensors, aux_scala
                          "when a mask_mod is given; fa4 refuses the pair rather than differ from it silently. Put the "
                          "condition in the mask_mod (its seqlen_info has seqlen_q and seqlen_k; fa4/mods.py)")
     if torch.compiler.is_compiling():
-        # Traced: the functions' keys are a constant of the graph (computed once, at trace time; a
-        # function that changes needs a new trace, as any Python value the graph was traced with),
-        # the aux tensors' signature is read from their (static) dtypes and ranks.
+        # Traced: the functions' keys are a constant of the graph, computed once per trace (Note
+        # [User functions under torch.compile] in fa4/mods.py); the aux tensors' signature is read
+        # from their (static) dtypes and ranks.
+        for fn in (score_mod, mask_mod, score_mod_bwd):
+            if fn is not None:
+                if inspect.ismethod(fn):
+                    raise NotImplementedError("a bound method as score_mod / mask_mod under torch.compile: its "
+                                              "instance cannot be a constant of the graph; pass a function or a "
+                                              "closure (eager calls take bound methods)")
+                id(fn)  # dynamo guards on the object's identity (its code is the DSL's shared jit wrapper)
         mods.check_arguments(score_mod, mask_mod, aux_tensors, aux_scalars)
         aux = mods.aux_signature(aux_tensors, device) if aux_tensors is not None else ()
         if len(aux) > mods.MAX_AUX_COMPILED:

@@ -49,6 +49,15 @@ Note [User functions in the compile key]
     not take them (an identity means nothing in another process, and a hash cannot see everything
     a function reads, e.g. the contents of a module it calls into).
 
+Note [User functions under torch.compile]
+    A traced call cannot hash at every call: dynamo computes the keys once per trace (the key
+    function is marked as ``torch.compiler.assume_constant_result`` would mark it) and guards the
+    graph on each function object's identity (``id(fn)`` in the traced code; its code object alone
+    is the DSL's ``jit_wrapper``, the same for every ``@cute.jit`` function). So another function
+    object retraces, but the same object reading a changed global, captured value or attribute
+    keeps its graph and kernel, and a closure made per call retraces at every call. Bound methods
+    are refused there (their instance cannot be a constant of the graph).
+
 This module (host only: ``import fa4`` does not load the DSL) validates and names the functions
 (:func:`key_of`, :func:`lookup`, :func:`check`); :class:`fa4.mods_kernel.UserMods` applies them to an
 accumulator tile in the kernel.
@@ -154,8 +163,9 @@ def _global_names(code: types.CodeType) -> list[str]:
 
 def key_of(fn: Callable, what: str) -> str:
     """The compile key of user function ``fn`` (``what``: its argument's name), registered for
-    :func:`lookup`; computed on every call, so a value the function reads that changed since
-    (a global, a captured cell, its ``__vec_size__``) gives a new key. TypeError if it is not
+    :func:`lookup`; computed on every (eager) call, so a value the function reads that changed
+    since (a global, a captured cell, its ``__vec_size__``) gives a new key (traced calls: Note
+    [User functions under torch.compile]). TypeError if it is not
     callable."""
     if not callable(fn):
         raise TypeError(f"{what} must be a callable (a CuTe DSL function), got {type(fn).__name__}")

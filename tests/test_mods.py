@@ -208,6 +208,95 @@ def test_torch_compile_carries_the_functions():
     assert "ids" in str(args[-4]) and tuple(args[-3:]) == (None, None, None)
 
 
+def test_torch_compile_retraces_for_another_function():
+    """One compiled callable called with two closures of other values (the same DSL wrapper code):
+    two graphs, each with its own key (Note [User functions under torch.compile])."""
+    from fa4 import validate
+
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+
+        def stop(*a):
+            raise _Captured()
+        return stop
+
+    def call(q, fn):
+        return fa4.flash_attn_func(q, q, q, score_mod=fn)[0]
+
+    torch._dynamo.reset()
+    compiled = torch.compile(call, fullgraph=True, backend=backend)
+    q = torch.randn(2, 64, 4, 64, dtype=torch.bfloat16)
+    fns = [_make_bias(0.5), _make_bias(0.25)]
+    for fn in fns:
+        with validate.allow_any_device(), pytest.raises(_Captured):
+            compiled(q, fn)
+    assert len(graphs) == 2
+    keys = [next(a for n in gm.graph.nodes if n.op == "call_function" and "fa4" in str(n.target)
+                 for a in n.args if isinstance(a, str) and a.count("|") == 2) for gm in graphs]
+    assert [mods.split_keys(k)[0] for k in keys] == [mods.key_of(f, "score_mod") for f in fns]
+
+
+def test_torch_compile_refuses_bound_methods():
+    from fa4 import validate
+
+    q = torch.randn(2, 64, 4, 64, dtype=torch.bfloat16)
+    m = _Scaled(0.5)
+
+    def call(q):
+        return fa4.flash_attn_func(q, q, q, score_mod=m.score_mod)[0]
+
+    torch._dynamo.reset()
+    with validate.allow_any_device(), pytest.raises(Exception, match="bound method"):
+        torch.compile(call, fullgraph=True, backend="eager")(q)
+
+
+def test_torch_compile_backward_graph_carries_the_functions():
+    """AOTAutograd's backward graph of a compiled call calls fa4::bwd with the user keys and the aux
+    table (captured on CPU tensors; nothing runs)."""
+    from mods_cases import doc_ids
+    from torch._dynamo.backends.common import aot_autograd
+
+    from fa4 import validate
+
+    graphs = {}
+
+    def compiler(name):
+        def comp(gm, example_inputs):
+            graphs[name] = gm
+            if name == "bw":
+                def stop(*a):
+                    raise _Captured()
+                return stop
+            out = next(n for n in gm.graph.nodes if n.op == "output")
+            places = [n for n in gm.graph.nodes if n.op == "placeholder"]
+
+            def run(*a):  # the forward's outputs, as zeros of their traced shapes
+                return [a[places.index(o)] if o.op == "placeholder"
+                        else torch.zeros(o.meta["val"].shape, dtype=o.meta["val"].dtype) for o in out.args[0]]
+            return run
+        return comp
+
+    f = _make_bias(0.5)
+    fn, _, ids = doc_ids(2, 64, "cpu")
+
+    def call(q, k, v, ids):
+        return fa4.flash_attn_func(q, k, v, score_mod=f, score_mod_bwd=f, mask_mod=fn, aux_tensors=[ids])[0]
+
+    q, k, v = (torch.randn(2, 64, 4, 64, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    torch._dynamo.reset()
+    backend = aot_autograd(fw_compiler=compiler("fw"), bw_compiler=compiler("bw"))
+    with validate.allow_any_device(), pytest.raises(_Captured):
+        torch.compile(call, fullgraph=True, backend=backend)(q, k, v, ids).float().sum().backward()
+    (bwd,) = [n for n in graphs["bw"].graph.nodes if n.op == "call_function" and "fa4.bwd" in str(n.target)]
+    at = next(i for i, a in enumerate(bwd.args) if isinstance(a, str) and a.count("|") == 2)
+    assert mods.split_keys(bwd.args[at]) == (mods.key_of(f, "score_mod"), mods.key_of(fn, "mask_mod"),
+                                             mods.key_of(f, "score_mod_bwd"))
+    slots = list(bwd.args[at + 1:])  # (trailing None slots may be left out of the node)
+    assert isinstance(slots[0], torch.fx.Node) and all(a is None for a in slots[1:])
+
+
 def test_constant_keys_carry_dynamos_mark():
     """fa4 marks its key function as torch.compiler.assume_constant_result would, without importing
     torch._dynamo at import time: the mark must be the one that function sets."""

@@ -395,8 +395,10 @@ SM80 = fa4.KernelOptions(arch="sm80")
 @pytest.mark.gpu
 @pytest.mark.parametrize("score,mask,d,seqlens,win", [
     ("alibi", None, 128, (1000, 1000), "causal"),
+    ("alibi", None, 96, (700, 900), "local"),
     ("tanh_cap", "doc100", 64, (113, 203), "none"),
     (None, "head_parity", 256, (300, 300), "none"),
+    ("batch_bias", "head_parity", 128, (4, 3000), "none"),  # decode: packed rows
 ])
 def test_sm80_forward_functions(score, mask, d, seqlens, win):
     """The sm80 family's forward (forced on the H200) with the same functions and references."""
@@ -426,3 +428,39 @@ def test_sm80_backward_refuses_functions():
     q, k, v = random_qkv(1, 128, 128, 4, 4, 64, torch.bfloat16, "cuda", seed=1, requires_grad=True)
     with pytest.raises(NotImplementedError, match="sm80 backward"):
         fa4.flash_attn_func(q, k, v, mask_mod=MASK_MODS["doc64"]()[0], kernel_options=SM80)
+
+
+@pytest.mark.gpu
+def test_sm80_forward_varlen_and_aux():
+    """sm80: varlen with a one-token sequence (the sequence's index as the batch), and a mask read
+    from an aux doc-id table."""
+    from mods_cases import doc_ids
+
+    vb = random_varlen(5, 600, 8, 2, 128, torch.bfloat16, "cuda", max_seqlen_k=700, with_seqused_k=True, seed=22)
+    sm, st = SCORE_MODS["batch_bias"]()
+    out, lse = fa4.flash_attn_varlen_func(
+        vb.q, vb.k, vb.v, cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k, max_seqlen_q=vb.max_seqlen_q,
+        max_seqlen_k=vb.max_seqlen_k, seqused_k=vb.seqused_k, score_mod=sm, causal=True, return_lse=True,
+        kernel_options=SM80)
+    check(out, lse, vb.q, vb.k, vb.v, cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k,
+          seqused_k=vb.seqused_k, score_fn=st, causal=True)
+    fn, twin, ids = doc_ids(2, 1000, "cuda", seed=23)
+    q, k, v = random_qkv(2, 1000, 1000, 8, 2, 64, torch.bfloat16, "cuda", seed=23)
+    out, lse = fa4.flash_attn_func(q, k, v, mask_mod=fn, aux_tensors=[ids], return_lse=True, kernel_options=SM80)
+    check(out, lse, q, k, v, mask_fn=twin)
+
+
+@pytest.mark.gpu
+def test_torch_compile_another_function_retraces():
+    """A compiled callable given two closures of other values computes each one's result
+    (Note [User functions under torch.compile])."""
+    q, k, v = random_qkv(2, 256, 256, 4, 4, 64, torch.bfloat16, "cuda", seed=24)
+    compiled = torch.compile(lambda q, k, v, fn: fa4.flash_attn_func(q, k, v, score_mod=fn, kernel_options=SM90)[0],
+                             fullgraph=True)
+    from mods_cases import alibi
+    for slope in (0.05, 0.2):
+        fn, twin = alibi(slope)
+        out = compiled(q, k, v, fn)
+        eager, lse = fa4.flash_attn_func(q, k, v, score_mod=fn, return_lse=True, kernel_options=SM90)
+        assert torch.equal(out, eager)
+        check(eager, lse, q, k, v, score_fn=twin)

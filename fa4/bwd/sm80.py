@@ -194,7 +194,7 @@ class FlashBwdSm80:
         cfg.check_target(_DTYPES, head_dim_multiple=32)
         if cfg.score_mod or cfg.mask_mod:
             raise NotImplementedError("the sm80 backward does not implement score_mod / mask_mod (the sm90 backward "
-                                      "implements mask_mod)")
+                                      "does)")
         if cfg.num_threads not in (128, 256):
             raise ValueError(f"BwdSm80Config.num_threads must be 128 or 256, got {cfg.num_threads}")
         if cfg.tile_m not in (32, 64, 128) or cfg.tile_n not in (32, 64, 128):
