@@ -2,7 +2,7 @@
 # One device run: environment, parallel precompile of the sm_90a variants, then the named steps.
 # Usage (device tool, carry [".device"]):  . .device/env.sh && bash tools/device_run.sh STEPS
 # STEPS (comma list): bwd90 (the backward GPU tests, both families), gpu (the whole GPU suite),
-# sanitize (compute-sanitizer memcheck/racecheck on tools/sanitize_sm90.py), bench (fwd+bwd grid),
+# sanitize (compute-sanitizer memcheck/racecheck on tools/sanitize_sm90.py), sanitizemods (the same on tools/sanitize_mods.py), bench (fwd+bwd grid),
 # benchbwd, det (deterministic bench), latency, sweep (tools/sweep_bwd.py), ncu (tools/ncu_bwd.py),
 # pytests (pytest -m gpu $PYTESTS), sweepfwd80 (tools/sweep_fwd.py --family sm80 $SWEEP_FWD80), detsec (tools/det_sections.py $DETSEC_ARGS), sink (learnable-sink GPU tests + tools/sink_diag.py), issue9 (pack GQA / split-KV / combine / paged / flash_attn.cute call GPU tests), decode (bench --decode),
 # next9 .. next11 (session 9: lane slots; the rotated order at d64; d64 det rotated), next13 (ping-pong
@@ -88,6 +88,14 @@ if has sanitize; then
     timeout 150 compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 3 python3 tools/sanitize_sm90.py \
       > "$out/sanitize_$tool.log" 2>&1
     echo "$tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize_$tool.log" | tail -1)"
+  done
+fi
+if has sanitizemods; then
+  # Session 29: the user functions' cases (their kernels compile under each tool: not disk-cached).
+  for tool in memcheck racecheck; do
+    timeout 240 compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 3 python3 tools/sanitize_mods.py \
+      > "$out/sanitizemods_$tool.log" 2>&1
+    echo "mods $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitizemods_$tool.log" | tail -1)"
   done
 fi
 if has bwdacc; then
