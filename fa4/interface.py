@@ -395,7 +395,7 @@ def explain(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
     if problem.score_mod or problem.mask_mod:
         ex.notes.append("score_mod / mask_mod: traced into the kernels (every K block); each kernel is compiled "
                         "per function (keyed by its code and the values it reads) and kept in process memory only; "
-                        "the backward (sm90) takes mask_mod, and score_mod with its score_mod_bwd (fa4/mods.py)")
+                        "the backward takes mask_mod, and score_mod with its score_mod_bwd (fa4/mods.py)")
     for side, given, cu in (("q", max_seqlen_q, cu_seqlens_q), ("k", max_seqlen_k, cu_seqlens_k)):
         if cu is not None and cu.shape[0] > 2 and (given is None or (isinstance(given, torch.Tensor)
                                                                       and given.device.type != "cpu")):

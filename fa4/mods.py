@@ -1,7 +1,7 @@
 """User score and mask functions (``score_mod`` / ``score_mod_bwd`` / ``mask_mod``, flash_attn.cute's API).
 
 A ``score_mod`` rewrites each score, a ``mask_mod`` hides keys; both are CuTe DSL functions the
-kernels trace into their K-block step (the sm90 forward and backward, the sm80 forward), with
+kernels trace into their K-block step (the forward and backward of both families), with
 flash_attn.cute's calling conventions, so a function written for flash_attn.cute runs unchanged:
 
 * ``score_mod(scores, batch_idx, head_idx, q_idx=, kv_idx=, seqlen_info=, aux_tensors=)`` ->

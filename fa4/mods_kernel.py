@@ -56,6 +56,7 @@ class UserMods:
     aux: Any = None  # tuple of the call's aux tensors (gmem cute.Tensor), or None
     transpose: cutlass.Constexpr[bool] = False  # the tile is S^T (keys x queries: the backward's)
     score_mod_bwd: cutlass.Constexpr = None  # the score_mod's derivative (the backward's apply_bwd)
+    backward: cutlass.Constexpr[bool] = False  # query rows / columns past the sequence feed dK / dV sums
 
     def _coords(self, row, col, m_block, n_block):
         """(q head, query position, key position) of accumulator element (row, col); with aux
@@ -158,13 +159,13 @@ class UserMods:
                 scores = [acc_S[i + j] * softmax_scale for j in range(vec)]
                 res = self._call(self.score_mod, [_ssa(scores, Float32)], vec, heads, qs, ks)
                 for j in cutlass.range_constexpr(vec):
-                    if const_expr(self.transpose):
-                        # Query columns past the sequence: P must be 0 there (its lse_log2 is +inf),
+                    if const_expr(self.backward):
+                        # Queries past the sequence: P must be 0 there (their lse_log2 is +inf),
                         # whatever the score_mod made of the scores (+inf or NaN would reach dV / dK).
                         inside = self._row_inside(tScS, i + j, m_block)
                         acc_S[i + j] = res[j] if inside else -Float32.inf
                     else:
-                        acc_S[i + j] = res[j]  # (forward: rows past the sequence are never stored)
+                        acc_S[i + j] = res[j]  # (forward, dQ pass: rows past the sequence are not stored)
             if const_expr(self.mask_mod is not None):
                 for j in cutlass.range_constexpr(vec):
                     keep = self.mask_mod(_ssa([self.batch], Int32), _ssa([heads[j]], Int32), _ssa([qs[j]], Int32),

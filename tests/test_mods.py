@@ -368,14 +368,31 @@ def test_configs_with_functions_stay_in_memory():
         jit.precompile(cfg)
 
 
-def test_sm80_backward_refuses_functions():
-    """The sm80 family's forward takes user functions (tests below); its backward does not."""
+@pytest.mark.parametrize("det", [False, True])
+def test_sm80_backward_traces_the_functions(det):
+    """The sm80 family's backward with a score_mod + its derivative and an aux-table mask_mod:
+    compiled for sm_80 (deterministic too), more instructions than without them; a score_mod
+    without its derivative is refused."""
+    from mods_cases import SCORE_MODS, derivative, doc_ids
+
+    from fa4 import sass
     from fa4.bwd import sm80 as bwd80
 
-    mk = mods.key_of(_make_doc_mask(64), "mask_mod")
-    p = AttnProblem("bf16", 2, 512, 512, 4, 4, 64, 64, 0.125, mask_mod=mk)
-    with pytest.raises(NotImplementedError, match="score_mod / mask_mod"):
-        bwd80.make_config(p, None, "sm_80", False)
+    sk = mods.key_of(SCORE_MODS["tanh_cap"]()[0], "score_mod")
+    bk = mods.key_of(derivative("tanh_cap"), "score_mod_bwd")
+    fn, _, ids = doc_ids(2, 1000, "cpu")
+    mk, aux = mods.key_of(fn, "mask_mod"), mods.aux_signature([ids], None)
+    p = AttnProblem("bf16", 2, 1000, 1000, 8, 2, 128, 128, 128 ** -0.5, score_mod=sk, mask_mod=mk, aux=aux,
+                    score_mod_bwd=bk)
+    with pytest.raises(ValueError, match="score_mod needs score_mod_bwd"):
+        bwd80.make_config(dataclasses.replace(p, score_mod_bwd=""), None, "sm_80", det)
+    cfg = bwd80.make_config(p, None, "sm_80", det)
+    assert (cfg.score_mod, cfg.mask_mod, cfg.score_mod_bwd, cfg.aux) == (sk, mk, bk, aux)
+    ops = sass.opcode_counts(sass.disassemble(cfg))
+    assert sass.count(ops, "MUFU.TANH")  # the score_mod and its derivative
+    plain = sass.opcode_counts(sass.disassemble(dataclasses.replace(cfg, score_mod="", mask_mod="", aux=(),
+                                                                    score_mod_bwd="")))
+    assert sum(ops.values()) > sum(plain.values())
 
 
 @pytest.mark.parametrize("case", ["plain", "packed_split_aux"])

@@ -80,6 +80,8 @@ from fa4.cute_utils import (
     tiled_mma_sm80,
 )
 from fa4.mask import AttentionMask
+from fa4.mods import lookup
+from fa4.mods_kernel import UserMods, fake_aux
 from fa4.sched import semaphore
 from fa4.sched.tile import section_tile
 from fa4.seqlen import SeqlenInfo, grid_extent
@@ -184,6 +186,10 @@ class FlashBwdSm80:
         self.tile_m, self.tile_n, self.head_dim = cfg.tile_m, cfg.tile_n, cfg.head_dim
         self.num_threads = cfg.num_threads
         self.num_stages = cfg.num_stages
+        # User functions (fa4/mods.py), None when absent.
+        self.score_mod, self.mask_mod = lookup(cfg.score_mod), lookup(cfg.mask_mod)
+        self.score_mod_bwd = lookup(cfg.score_mod_bwd)
+        self.user_mods = self.score_mod is not None or self.mask_mod is not None
 
     # ----------------------------------------------------------------------------------------
     # Protocol
@@ -192,9 +198,12 @@ class FlashBwdSm80:
     @staticmethod
     def can_implement(cfg: BwdSm80Config) -> None:
         cfg.check_target(_DTYPES, head_dim_multiple=32)
-        if cfg.score_mod or cfg.mask_mod:
-            raise NotImplementedError("the sm80 backward does not implement score_mod / mask_mod (the sm90 backward "
-                                      "does)")
+        if cfg.score_mod and not cfg.score_mod_bwd:
+            raise ValueError("BwdSm80Config.score_mod needs score_mod_bwd (the backward through a score_mod)")
+        if cfg.score_mod and cfg.has_softcap:
+            raise ValueError("BwdSm80Config.score_mod and has_softcap cannot be used together")
+        for key in (cfg.score_mod, cfg.mask_mod, cfg.score_mod_bwd):
+            lookup(key)  # registered (KeyError otherwise)
         if cfg.num_threads not in (128, 256):
             raise ValueError(f"BwdSm80Config.num_threads must be 128 or 256, got {cfg.num_threads}")
         if cfg.tile_m not in (32, 64, 128) or cfg.tile_n not in (32, 64, 128):
@@ -218,7 +227,8 @@ class FlashBwdSm80:
 
     @staticmethod
     def fake_args(cfg: BwdSm80Config) -> tuple:
-        return common.fake_args(cfg)
+        args = common.fake_args(cfg)
+        return args[:-1] + (fake_aux(cfg.aux),) + args[-1:]  # the aux tensors before the stream
 
     # ----------------------------------------------------------------------------------------
     # Host side: layouts, copies, MMAs, launch
@@ -246,6 +256,7 @@ class FlashBwdSm80:
         window_right: Int32,
         max_seqlen_k: Int32,  # longest key sequence (varlen grid); ignored for fixed length
         section_pairs: Int32,  # launch order: (batch, kv head) pairs per section (Note [Launch order], common.py)
+        mAux: Optional[tuple],  # the user functions' aux tensors (cfg.aux; fa4/mods.py)
         stream,
     ):
         common.check_main_kernel_types(self.cfg, self.dtype, mQ, mK, mV, mdO, mdK, mdV)
@@ -298,8 +309,8 @@ class FlashBwdSm80:
         # (with kv_split, of the partials' virtual kv heads: Note [Split GQA group]).
         section = cutlass.max(cutlass.min(section_pairs, mdK.shape[2] * num_batch), 1)
         grid = (num_x * mdK.shape[2] * num_batch, 1, 1)
-        prescale, scale_log2 = score_scales(softmax_scale, softcap, self.cfg.has_softcap)
-        if const_expr(not self.cfg.has_softcap):
+        prescale, scale_log2 = score_scales(softmax_scale, softcap, self.cfg.has_softcap, self.score_mod is not None)
+        if const_expr(not self.cfg.has_softcap and self.score_mod is None):
             prescale = Float32(1.0)
         self.kernel(
             mQ,
@@ -315,6 +326,7 @@ class FlashBwdSm80:
             mCuSeqlensK,
             mSeqUsedK,
             mSemaphore,
+            mAux,
             softmax_scale,
             prescale,
             scale_log2,
@@ -356,6 +368,7 @@ class FlashBwdSm80:
         mCuSeqlensK: Optional[cute.Tensor],
         mSeqUsedK: Optional[cute.Tensor],
         mSemaphore: Optional[cute.Tensor],
+        mAux: Optional[tuple],
         softmax_scale: Float32,
         prescale: Float32,
         scale_log2: Float32,
@@ -474,6 +487,7 @@ class FlashBwdSm80:
                     mma_dkv,
                     mma_dq,
                     tidx,
+                    mAux,
                 )
             # No cp.async may still target sK/sV, and every warp is done reading them.
             cute.arch.cp_async_wait_group(0)
@@ -563,8 +577,10 @@ class FlashBwdSm80:
         mma_dkv: cute.TiledMma,
         mma_dq: cute.TiledMma,
         tidx: Int32,
+        mAux=None,
     ):
-        """Steps t = 0 .. num_steps - 1 over the (q head, m_block) slots of :meth:`step_slot`."""
+        """Steps t = 0 .. num_steps - 1 over the (q head, m_block) slots of :meth:`step_slot`;
+        ``mAux``: the user functions' aux tensors (fa4/mods.py)."""
         hd = self.head_dim
         d = mQ.shape[3]
         # Transposed smem views for the MMAs whose reduction runs over the strided dim.
@@ -663,6 +679,14 @@ class FlashBwdSm80:
                 apply_softcap(acc_S, prescale)
                 tanh_S = cute.make_rmem_tensor(acc_shape_S, Float32)
                 tanh_S.store(acc_S.load())
+            umod, raw_S = None, None
+            if const_expr(self.user_mods):  # every step, before the mask (fa4/mods.py)
+                umod = UserMods(self.score_mod, self.mask_mod, self.tile_m, self.tile_n, 1, batch, head, seq, mAux,
+                                score_mod_bwd=self.score_mod_bwd, backward=True)
+                if const_expr(self.score_mod is not None):  # Q K^T as the score_mod read it, for its derivative
+                    raw_S = cute.make_rmem_tensor(acc_shape_S, Float32)
+                    raw_S.store(acc_S.load())
+                umod.apply(acc_S, thr_sdp, m_block, n_block, prescale)
             need_mask = seqlen_k_partial
             if const_expr(self.cfg.local):
                 need_mask = Boolean(True)
@@ -687,6 +711,8 @@ class FlashBwdSm80:
                     acc_dP_mn[r, c] = acc_S_mn[r, c] * (acc_dP_mn[r, c] - dpsum)
             if const_expr(self.cfg.has_softcap):
                 softcap_grad(acc_dP, tanh_S)
+            if const_expr(self.score_mod is not None):  # through the score_mod: its derivative
+                umod.apply_bwd(acc_dP, raw_S, thr_sdp, m_block, n_block, prescale)
 
             # P and dS to smem (16-bit) for the transposed operands.
             rP = cute.make_rmem_tensor(acc_shape_S, self.dtype)
@@ -964,6 +990,7 @@ def make_config(
             opts, problem,
             (lambda: common.kv_split_for(problem, tile_m, tile_n, common.arch.num_sms())) if KV_SPLIT else None,
             deterministic=bool(deterministic)),
+        score_mod_bwd=problem.score_mod_bwd,
         **BwdSm80Config.problem_flags(problem),
     )
     if cfg.smem_bytes() > SMEM_CAPACITY[arch]:
@@ -997,10 +1024,10 @@ at seqlen 1024 and sections of 2 by 1-13%, and 64 (causal) beat 16 by 0-5% and 4
 
 
 def run_backward(cfg: BwdSm80Config, problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_seqlens_q,
-                 cu_seqlens_k, seqused_k, dq, dk, dv) -> None:
+                 cu_seqlens_k, seqused_k, dq, dk, dv, aux=None) -> None:
     """dq, dk, dv in place: :func:`fa4.bwd.common.run_backward` with this family's launch order."""
     common.run_backward(cfg, problem, dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                        dq, dk, dv, order=LAUNCH_ORDER)
+                        dq, dk, dv, order=LAUNCH_ORDER, extra=(tuple(aux) if cfg.aux else None,))
 
 
 def deterministic_schedule(*args, **kwargs):

@@ -1496,7 +1496,7 @@ class FlashBwdSm90:
         umod, raw_S = None, None
         if const_expr(self.user_mods):  # every step (fa4/mods.py); head, m_block: not lazy
             umod = UserMods(self.score_mod, self.mask_mod, self.tile_m, self.tile_n, 1, work.batch, head, work.seq,
-                            c.aux, transpose=True, score_mod_bwd=self.score_mod_bwd)
+                            c.aux, transpose=True, score_mod_bwd=self.score_mod_bwd, backward=True)
             if const_expr(self.score_mod is not None):  # Q K^T as the score_mod read it, for its derivative
                 raw_S = cute.make_rmem_tensor_like(c.acc_S)
                 raw_S.store(c.acc_S.load())
