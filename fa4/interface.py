@@ -221,8 +221,7 @@ def flash_attn_func(
     threshold, forced kernel family. ``gather_bwd_recompute_p`` / ``gather_bwd_token_chunk`` belong to
     flash-attn-4's ``gather_kv_indices`` backward and, like it, raise ``NotImplementedError`` when set.
     ``score_mod`` / ``score_mod_bwd`` / ``mask_mod``: CuTe DSL functions with flash_attn.cute's
-    signatures, traced into the kernels with the tensors of ``aux_tensors`` (sm90 family, eager
-    only: :mod:`fa4.mods`).
+    signatures, traced into the kernels with the tensors of ``aux_tensors`` (:mod:`fa4.mods`).
     """
     if (qv is not None or gather_kv_indices is not None
             or block_sparse_tensors is not None or block_sparse_tensors_bwd is not None

@@ -8,7 +8,8 @@ flash_attn.cute's calling conventions, so a function written for flash_attn.cute
   scores. ``scores`` is a float32 ``TensorSSA`` of ``vec_size`` scores, already multiplied by
   ``softmax_scale``; the index arguments are int32 ``TensorSSA`` of the same size, element ``j``
   holding score ``j``'s indices. ``vec_size`` is the function's ``__vec_size__`` (1 or 2), else 2
-  (1 with aux tensors). A function must be element-wise: in the forward a vector is adjacent keys
+  (1 with aux tensors). Its values must be finite or -inf (+inf or NaN in a row is not guarded). A
+  function must be element-wise: in the forward a vector is adjacent keys
   of one query, in the backward adjacent queries of one key (flash_attn.cute's backward groups
   them so too), so reading ``q_idx[0]`` for the whole vector is wrong in the backward.
 * ``score_mod_bwd(grad, scores, batch_idx, head_idx, q_idx=, kv_idx=, seqlen_info=, aux_tensors=)``

@@ -1,6 +1,6 @@
 """The device side of user score / mask functions: :class:`UserMods` applies a tile's ``score_mod`` and
-``mask_mod`` to an ``S`` accumulator (the sm90 forward's and dQ pass's, the sm90 backward's ``S^T``;
-conventions and keys: :mod:`fa4.mods`)."""
+``mask_mod`` to an ``S`` accumulator (both families' forward and backward: the sm90 backward's is
+``S^T``, and its dQ pass's ``S``; conventions and keys: :mod:`fa4.mods`)."""
 
 from __future__ import annotations
 
@@ -142,9 +142,9 @@ class UserMods:
     @cute.jit
     def apply(self, acc_S: cute.Tensor, thr_mma, m_block: Int32, n_block: Int32, softmax_scale) -> None:
         """``score_mod`` on every score of the tile (times ``softmax_scale`` first), then
-        ``mask_mod`` (-inf where it is False), in place on an ``S`` accumulator (the forward's, the dQ
-        pass's; ``transpose``: the backward's ``S^T``, whose adjacent pairs are two queries of one
-        key). One pass over the thread's scores, ``vec`` adjacent ones at a time: their coordinates
+        ``mask_mod`` (-inf where it is False), in place on an ``S`` accumulator (``transpose``: the
+        sm90 backward's ``S^T``, whose adjacent pairs are two queries of one key; ``backward``: a
+        score_mod's output for queries past the sequence becomes -inf). One pass over the thread's scores, ``vec`` adjacent ones at a time: their coordinates
         are computed once for both functions."""
         tScS = self._identity(thr_mma)
         n = cute.size(acc_S)

@@ -961,6 +961,10 @@ def make_config(
     if opts.bwd_exp2_emu_frac:
         raise ValueError(f"KernelOptions.bwd_exp2_emu_frac={opts.bwd_exp2_emu_frac}: the sm80 backward computes every "
                          "exponential with MUFU ex2; use the sm90 family or leave it None (or 0)")
+    if problem.score_mod and opts.bwd_tile_m is None:
+        # The kept Q K^T of a score_mod (fa4/mods.py) spills with 128 rows (d64 with the tanh
+        # score_mod of the tests: 25 spill stores; 64 rows: none).
+        tile_m = min(tile_m, 64)
     tile_m = opts.bwd_tile_m or tile_m
     tile_n = opts.bwd_tile_n or tile_n
     threads = opts.bwd_num_threads or threads
