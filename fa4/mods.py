@@ -185,8 +185,27 @@ def key_of(fn: Callable, what: str) -> str:
                           f"object, so a {what} made anew for each call compiles anew for each call, and a change "
                           f"of that value is not seen; read plain values, or pass tensors as aux_tensors (Note "
                           f"[User functions in the compile key] in fa4/mods.py)", stacklevel=4)
+    if key not in _REGISTRY:
+        _count_variant(what, fn, name)
     _REGISTRY.setdefault(key, fn)
     return key
+
+
+# Keys made per (argument, function's qualified name): a value captured anew at each call (a slope,
+# a length) compiles a kernel per value; past MANY_VARIANTS a one-time warning says so.
+MANY_VARIANTS = 8
+_variants: dict = {}
+_many_warned: set = set()
+
+
+def _count_variant(what: str, fn: Callable, name: str) -> None:
+    qual = (what, getattr(inspect.unwrap(fn), "__qualname__", name))
+    n = _variants[qual] = _variants.get(qual, 0) + 1
+    if n >= MANY_VARIANTS and qual not in _many_warned:
+        _many_warned.add(qual)
+        warnings.warn(f"fa4: {what} {name!r} has compiled {n} kernels, one per distinct value it captures or reads "
+                      f"(Note [User functions in the compile key]); a value that changes from call to call is "
+                      f"better passed as an aux_tensors entry and read in the function", stacklevel=4)
 
 
 def lookup(key: str) -> Optional[Callable]:

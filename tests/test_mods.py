@@ -4,6 +4,7 @@ functions into its kernel (SASS). The results are checked on the GPU (tests/test
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import pytest
 import torch
@@ -62,6 +63,20 @@ def test_key_of_an_opaque_capture_is_the_function():
     assert kf != mods.key_of(g, "score_mod")
     assert mods.key_of(f, "score_mod") == mods.key_of(f, "score_mod")
     assert mods.lookup(mods.key_of(f, "score_mod")) is f
+
+
+def test_many_captured_values_warn():
+    """A closure remade with a new captured value at every call compiles a kernel per value: past
+    MANY_VARIANTS keys of one function a warning points to aux_tensors."""
+    mods._variants.clear()
+    mods._many_warned.clear()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for i in range(mods.MANY_VARIANTS - 1):
+            mods.key_of(_make_bias(3.0 + i / 1000), "score_mod")  # (values no other test uses)
+        assert not [w for w in seen if "kernels" in str(w.message)]
+        mods.key_of(_make_bias(4.5), "score_mod")
+    assert [w for w in seen if "better passed as an aux_tensors" in str(w.message)]
 
 
 def test_key_sees_vec_size_and_plain_globals():
