@@ -640,3 +640,25 @@ def test_offgrid_functions_compile(name):
         from fa4.bwd import sm90 as bwd90
 
         jit.compile_uncached(bwd90.make_config(p, None, "sm_90a", False), engine=False)
+
+
+@pytest.mark.parametrize("case", ["paged", "sink", "one_step_loop"])
+def test_functions_compile_on_other_paths(case):
+    """The sm90 forward with user functions on the paths the GPU tests take through the same step:
+    a paged cache, a learnable sink, and one_step_loop (causal, one step body)."""
+    from mods_cases import MASK_MODS, SCORE_MODS
+
+    from fa4 import jit
+    from fa4.fwd import sm90
+
+    sk = mods.key_of(SCORE_MODS["alibi"]()[0], "score_mod")
+    mk = mods.key_of(MASK_MODS["head_parity"]()[0], "mask_mod") if case != "one_step_loop" else ""
+    kw = dict(paged=dict(page_size=16, has_seqused_k=True, varlen_k=False), sink=dict(has_sink=True),
+              one_step_loop=dict(causal=True))[case]
+    p = AttnProblem("bf16", 3, 5 if case == "paged" else 1000, 900 if case == "paged" else 1000, 16, 2, 128, 128,
+                    128 ** -0.5, score_mod=sk, mask_mod=mk, **kw)
+    cfg = sm90.make_config(p, None, "sm_90a", True)
+    if case == "one_step_loop":
+        cfg = dataclasses.replace(cfg, one_step_loop=True)
+    assert (cfg.page_rows > 0) == (case == "paged") and cfg.has_sink == (case == "sink")
+    jit.compile_uncached(cfg, engine=False)

@@ -475,3 +475,35 @@ def test_torch_compile_another_function_retraces():
         eager, lse = fa4.flash_attn_func(q, k, v, score_mod=fn, return_lse=True, kernel_options=SM90)
         assert torch.equal(out, eager)
         check(eager, lse, q, k, v, score_fn=twin)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["sm90", "sm80"])
+def test_functions_with_paged_kv_and_sinks(family):
+    """Paths the functions pass through without a case of their own above: a paged KV cache (the
+    same bits as the same call on the contiguous cache with seqused_k) and a learnable sink (the
+    reference's sink composed on the host, ops.compose_sink)."""
+    import fa4.ops
+    from test_flash_attn_cute_calls_gpu import _paged
+
+    opts = fa4.KernelOptions(arch=family)
+    sm, st = SCORE_MODS["alibi"]()
+    mm, mt = MASK_MODS["head_parity"]()
+    gen = torch.Generator().manual_seed(25)
+    q, k, v = random_qkv(3, 5, 900, 16, 2, 128, torch.bfloat16, "cuda", seed=25)
+    lens = [900, 333, 17]
+    used = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    kc, vc, table = _paged(k, v, lens, 16, gen)
+    paged, _ = fa4.flash_attn_varlen_func(q, kc, vc, seqused_k=used, page_table=table, score_mod=sm, mask_mod=mm,
+                                          kernel_options=opts)
+    flat, _ = fa4.flash_attn_varlen_func(q, k, v, seqused_k=used, score_mod=sm, mask_mod=mm, kernel_options=opts)
+    assert torch.equal(paged, flat)
+    sink = torch.randn(16, device="cuda")
+    q, k, v = random_qkv(2, 300, 300, 16, 2, 128, torch.bfloat16, "cuda", seed=26)
+    out, lse = fa4.flash_attn_func(q, k, v, score_mod=sm, learnable_sink=sink, return_lse=True, kernel_options=opts)
+    o_ref, l_ref = attention_ref(q, k, v, score_fn=st)
+    o_pt, l_pt = attention_ref(q, k, v, score_fn=st, upcast=False)
+    o_ref, l_ref = fa4.ops.compose_sink(o_ref, l_ref, sink, False)
+    o_pt, l_pt = fa4.ops.compose_sink(o_pt, l_pt, sink, False)
+    check_close("out", out, o_ref, o_pt)
+    check_close("lse", lse, l_ref, l_pt)
