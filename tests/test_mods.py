@@ -178,9 +178,10 @@ class _Captured(Exception):
     pass
 
 
-def _capture_graph(fn, *args):
-    """Trace ``fn`` with torch.compile(fullgraph=True) on CPU tensors (the device check lifted) and
-    return the FX graph, without running it (fa4's ops have CUDA kernels only)."""
+def _capture_graphs(fn, *calls) -> list:
+    """Trace ``fn`` with torch.compile(fullgraph=True) once per argument tuple in ``calls`` (CPU
+    tensors, the device check lifted), returning the FX graphs traced, without running them
+    (fa4's ops have CUDA kernels only)."""
     from fa4 import validate
 
     graphs = []
@@ -193,9 +194,15 @@ def _capture_graph(fn, *args):
         return stop
 
     torch._dynamo.reset()
-    with validate.allow_any_device(), pytest.raises(_Captured):
-        torch.compile(fn, fullgraph=True, backend=backend)(*args)
-    (gm,) = graphs
+    compiled = torch.compile(fn, fullgraph=True, backend=backend)
+    for args in calls:
+        with validate.allow_any_device(), pytest.raises(_Captured):
+            compiled(*args)
+    return graphs
+
+
+def _capture_graph(fn, *args):
+    (gm,) = _capture_graphs(fn, args)
     return gm
 
 
@@ -226,27 +233,12 @@ def test_torch_compile_carries_the_functions():
 def test_torch_compile_retraces_for_another_function():
     """One compiled callable called with two closures of other values (the same DSL wrapper code):
     two graphs, each with its own key (Note [User functions under torch.compile])."""
-    from fa4 import validate
-
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-
-        def stop(*a):
-            raise _Captured()
-        return stop
-
     def call(q, fn):
         return fa4.flash_attn_func(q, q, q, score_mod=fn)[0]
 
-    torch._dynamo.reset()
-    compiled = torch.compile(call, fullgraph=True, backend=backend)
     q = torch.randn(2, 64, 4, 64, dtype=torch.bfloat16)
     fns = [_make_bias(0.5), _make_bias(0.25)]
-    for fn in fns:
-        with validate.allow_any_device(), pytest.raises(_Captured):
-            compiled(q, fn)
+    graphs = _capture_graphs(call, *[(q, fn) for fn in fns])
     assert len(graphs) == 2
     keys = [next(a for n in gm.graph.nodes if n.op == "call_function" and "fa4" in str(n.target)
                  for a in n.args if isinstance(a, str) and a.count("|") == 2) for gm in graphs]

@@ -102,14 +102,19 @@ def test_functions_varlen(d):
     """Varlen with a one-token sequence and seqused_k: the functions see positions in the sequence
     and the sequence's index as the batch index."""
     vb = random_varlen(5, 700, 8, 2, d, torch.bfloat16, "cuda", max_seqlen_k=900, with_seqused_k=True, seed=d)
-    sm, st = SCORE_MODS["batch_bias"]()
-    mm, mt = MASK_MODS["causal_mask"]()
+    _check_varlen(vb, SM90, "batch_bias", "causal_mask")
+
+
+def _check_varlen(vb, opts, score=None, mask=None, **kw):
+    """A varlen call with seqused_k and the named functions, against the reference."""
+    sm, st = SCORE_MODS[score]() if score else (None, None)
+    mm, mt = MASK_MODS[mask]() if mask else (None, None)
     out, lse = fa4.flash_attn_varlen_func(
         vb.q, vb.k, vb.v, cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k, max_seqlen_q=vb.max_seqlen_q,
         max_seqlen_k=vb.max_seqlen_k, seqused_k=vb.seqused_k, score_mod=sm, mask_mod=mm, return_lse=True,
-        kernel_options=SM90)
+        kernel_options=opts, **kw)
     check(out, lse, vb.q, vb.k, vb.v, cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k,
-          seqused_k=vb.seqused_k, score_fn=st, mask_fn=mt)
+          seqused_k=vb.seqused_k, score_fn=st, mask_fn=mt, **kw)
 
 
 @pytest.mark.gpu
@@ -448,13 +453,7 @@ def test_sm80_forward_varlen_and_aux():
     from mods_cases import doc_ids
 
     vb = random_varlen(5, 600, 8, 2, 128, torch.bfloat16, "cuda", max_seqlen_k=700, with_seqused_k=True, seed=22)
-    sm, st = SCORE_MODS["batch_bias"]()
-    out, lse = fa4.flash_attn_varlen_func(
-        vb.q, vb.k, vb.v, cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k, max_seqlen_q=vb.max_seqlen_q,
-        max_seqlen_k=vb.max_seqlen_k, seqused_k=vb.seqused_k, score_mod=sm, causal=True, return_lse=True,
-        kernel_options=SM80)
-    check(out, lse, vb.q, vb.k, vb.v, cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k,
-          seqused_k=vb.seqused_k, score_fn=st, causal=True)
+    _check_varlen(vb, SM80, "batch_bias", causal=True)
     fn, twin, ids = doc_ids(2, 1000, "cuda", seed=23)
     q, k, v = random_qkv(2, 1000, 1000, 8, 2, 64, torch.bfloat16, "cuda", seed=23)
     out, lse = fa4.flash_attn_func(q, k, v, mask_mod=fn, aux_tensors=[ids], return_lse=True, kernel_options=SM80)

@@ -83,20 +83,21 @@ if has gpu; then
   timeout ${GPU_TIMEOUT:-420} python3 -m pytest -m gpu -p no:cacheprovider $xd -q -rfE tests > "$out/gpu.log" 2>&1
   echo "gpu rc=$?"; grep -E "passed|failed|FAILED|ERROR" "$out/gpu.log" | tail -30
 fi
-if has sanitize; then
+# sanitize_run NAME LIMIT SCRIPT: memcheck and racecheck over SCRIPT, each under LIMIT seconds.
+sanitize_run() {
+  local name=$1 limit=$2 script=$3
   for tool in memcheck racecheck; do
-    timeout 150 compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 3 python3 tools/sanitize_sm90.py \
-      > "$out/sanitize_$tool.log" 2>&1
-    echo "$tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize_$tool.log" | tail -1)"
+    timeout "$limit" compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 3 python3 "$script" \
+      > "$out/${name}_$tool.log" 2>&1
+    echo "$name $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/${name}_$tool.log" | tail -1)"
   done
+}
+if has sanitize; then
+  sanitize_run sanitize 150 tools/sanitize_sm90.py
 fi
 if has sanitizemods; then
   # Session 29: the user functions' cases (their kernels compile under each tool: not disk-cached).
-  for tool in memcheck racecheck; do
-    timeout 240 compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 3 python3 tools/sanitize_mods.py \
-      > "$out/sanitizemods_$tool.log" 2>&1
-    echo "mods $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitizemods_$tool.log" | tail -1)"
-  done
+  sanitize_run sanitizemods 240 tools/sanitize_mods.py
 fi
 if has bwdacc; then
   # Gradient error of backward variants against the float32 reference, beside flash-attn-4's (BWDACC: experiments).
