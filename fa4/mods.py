@@ -66,6 +66,7 @@ accumulator tile in the kernel.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import types
@@ -219,6 +220,19 @@ def lookup(key: str) -> Optional[Callable]:
     return fn
 
 
+def check_config(cfg, name: str, backward: bool) -> None:
+    """The user-function checks of every kernel's ``can_implement`` (``cfg``: an
+    ``AttnKernelConfig``; ``name`` its class name): the keys are registered, a score_mod comes
+    without softcap and, in a backward, with its derivative."""
+    if cfg.score_mod and cfg.has_softcap:
+        raise ValueError(f"{name}.score_mod and has_softcap cannot be used together: apply the softcap inside "
+                         f"score_mod")
+    if backward and cfg.score_mod and not cfg.score_mod_bwd:
+        raise ValueError(f"{name}.score_mod needs score_mod_bwd (the backward through a score_mod)")
+    for key in (cfg.score_mod, cfg.mask_mod, cfg.score_mod_bwd):
+        lookup(key)  # registered (KeyError otherwise)
+
+
 def vec_size(score_mod: Callable, has_aux: bool = False) -> int:
     """Scores per ``score_mod`` call: its ``__vec_size__`` (1 or 2), else 2, or 1 with aux tensors
     (flash_attn.cute's defaults on Hopper)."""
@@ -234,6 +248,7 @@ MAX_AUX_RANK = 4
 MAX_AUX_COMPILED = 4  # aux tensors a torch.compile graph's custom op carries (fa4/ops.py)
 
 
+@functools.lru_cache(maxsize=1)
 def _dtype_names() -> dict:
     import torch
 

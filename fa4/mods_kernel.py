@@ -42,8 +42,9 @@ def _ssa(values: list, dtype) -> cute.TensorSSA:
 
 @dataclass(frozen=True)
 class UserMods:
-    """The user functions of one forward tile: ``head`` is the q head, or the kv head when the
-    tile packs ``qhead_per_kvhead`` q heads (Note [Pack GQA] in fa4/pack_gqa.py)."""
+    """The user functions of one tile (a forward tile, or a backward step): ``head`` is the q
+    head, or the kv head when the tile packs ``qhead_per_kvhead`` q heads (Note [Pack GQA] in
+    fa4/pack_gqa.py)."""
 
     score_mod: cutlass.Constexpr
     mask_mod: cutlass.Constexpr
@@ -76,24 +77,30 @@ class UserMods:
         return h, q, k
 
     def _row_inside(self, tScS, i, m_block):
-        """Whether accumulator element ``i``'s query lies inside the sequence."""
-        row = tScS[i][1] if const_expr(self.transpose) else tScS[i][0]
-        prow = m_block * self.tile_m + row
-        if const_expr(self.qhead_per_kvhead > 1):
-            return prow < self.seqlen.seqlen_q * self.qhead_per_kvhead
-        return prow < self.seqlen.seqlen_q
+        """Whether accumulator element ``i``'s query lies inside the sequence (its packed row below
+        ``seqlen_q * qhead_per_kvhead``)."""
+        row, _ = self._row_col(tScS, i)
+        return m_block * self.tile_m + row < self.seqlen.seqlen_q * self.qhead_per_kvhead
 
     def _identity(self, thr_mma):
         """The tile's (row, column) coordinates, partitioned like the accumulator."""
         shape = (self.tile_n, self.tile_m) if const_expr(self.transpose) else (self.tile_m, self.tile_n)
         return thr_mma.partition_C(cute.make_identity_tensor(shape))
 
+    def _row_col(self, tScS, i):
+        """(query row, key column) of accumulator element ``i`` in the tile."""
+        if const_expr(self.transpose):
+            return tScS[i][1], tScS[i][0]
+        return tScS[i][0], tScS[i][1]
+
     def _element(self, tScS, i, m_block, n_block):
         """(q head, query position, key position) of accumulator element ``i``."""
-        row, col = tScS[i][0], tScS[i][1]
-        if const_expr(self.transpose):
-            row, col = col, row
-        return self._coords(row, col, m_block, n_block)
+        return self._coords(*self._row_col(tScS, i), m_block, n_block)
+
+    def _vec(self, fn, n: int) -> int:
+        """Scores per call of ``fn`` (:func:`fa4.mods.vec_size`), 1 where it does not divide ``n``."""
+        vec = vec_size(fn, self.aux is not None)
+        return vec if n % vec == 0 else 1
 
     def _vector(self, tScS, i, vec: int, m_block, n_block):
         """(q heads, query positions, key positions) of accumulator elements ``i .. i + vec - 1``."""
@@ -124,11 +131,8 @@ class UserMods:
         ``Q K^T * softmax_scale`` (the caller's dQ / dK carry the last ``softmax_scale``)."""
         tScS = self._identity(thr_mma)
         n = cute.size(acc_dS)
-        has_aux = self.aux is not None
         # The derivative's own __vec_size__, else the score_mod's (flash-attn-4 reads none of it).
-        vec = vec_size(self.score_mod_bwd if hasattr(self.score_mod_bwd, "__vec_size__") else self.score_mod, has_aux)
-        if const_expr(n % vec):
-            vec = 1
+        vec = self._vec(self.score_mod_bwd if hasattr(self.score_mod_bwd, "__vec_size__") else self.score_mod, n)
         for i in cutlass.range(0, n, vec, unroll_full=True):
             heads, qs, ks = self._vector(tScS, i, vec, m_block, n_block)
             grads = [acc_dS[i + j] for j in range(vec)]
@@ -144,15 +148,14 @@ class UserMods:
         """``score_mod`` on every score of the tile (times ``softmax_scale`` first), then
         ``mask_mod`` (-inf where it is False), in place on an ``S`` accumulator (``transpose``: the
         sm90 backward's ``S^T``, whose adjacent pairs are two queries of one key; ``backward``: a
-        score_mod's output for queries past the sequence becomes -inf). One pass over the thread's scores, ``vec`` adjacent ones at a time: their coordinates
-        are computed once for both functions."""
+        score_mod's output for queries past the sequence becomes -inf). One pass over the thread's
+        scores, ``vec`` adjacent ones at a time: their coordinates are computed once for both
+        functions."""
         tScS = self._identity(thr_mma)
         n = cute.size(acc_S)
         vec = 1
         if const_expr(self.score_mod is not None):
-            vec = vec_size(self.score_mod, self.aux is not None)
-            if const_expr(n % vec):
-                vec = 1
+            vec = self._vec(self.score_mod, n)
         for i in cutlass.range(0, n, vec, unroll_full=True):
             heads, qs, ks = self._vector(tScS, i, vec, m_block, n_block)
             if const_expr(self.score_mod is not None):

@@ -71,7 +71,7 @@ from fa4.cute_utils import (
 )
 from fa4.fwd.common import grid_extent
 from fa4.mask import AttentionMask, walk_blocks
-from fa4.mods import lookup
+from fa4.mods import check_config, lookup
 from fa4.mods_kernel import UserMods, fake_aux
 from fa4.sched.tile import SectionTileScheduler
 from fa4.seqlen import SeqlenInfo, to_sdhb
@@ -147,10 +147,7 @@ class FlashBwdDqSm90:
             raise ValueError(f"{name}.num_stages must be 1 or 2, got {cfg.num_stages}")
         if cfg.smem_bytes() > SMEM_CAPACITY:
             raise ValueError(f"{name}: {cfg.smem_bytes()} bytes of shared memory exceed sm_90a's {SMEM_CAPACITY}")
-        if cfg.score_mod and not cfg.score_mod_bwd:
-            raise ValueError(f"{name}.score_mod needs score_mod_bwd (the backward through a score_mod)")
-        for key in (cfg.score_mod, cfg.mask_mod, cfg.score_mod_bwd):
-            lookup(key)
+        check_config(cfg, name, backward=True)
         # dQ, S and dP (float32), dS (16-bit), and with softcap tanh(S) (score_mod: S): registers per thread. The
         # largest compiled without spills: 224 (d128 with 128-key blocks, d160 with 112: 220).
         acc = (cfg.head_dim // 2 + cfg.tile_n + cfg.tile_n // 4

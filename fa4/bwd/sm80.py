@@ -80,7 +80,7 @@ from fa4.cute_utils import (
     tiled_mma_sm80,
 )
 from fa4.mask import AttentionMask
-from fa4.mods import lookup
+from fa4.mods import check_config, lookup
 from fa4.mods_kernel import UserMods, fake_aux
 from fa4.sched import semaphore
 from fa4.sched.tile import section_tile
@@ -198,12 +198,7 @@ class FlashBwdSm80:
     @staticmethod
     def can_implement(cfg: BwdSm80Config) -> None:
         cfg.check_target(_DTYPES, head_dim_multiple=32)
-        if cfg.score_mod and not cfg.score_mod_bwd:
-            raise ValueError("BwdSm80Config.score_mod needs score_mod_bwd (the backward through a score_mod)")
-        if cfg.score_mod and cfg.has_softcap:
-            raise ValueError("BwdSm80Config.score_mod and has_softcap cannot be used together")
-        for key in (cfg.score_mod, cfg.mask_mod, cfg.score_mod_bwd):
-            lookup(key)  # registered (KeyError otherwise)
+        check_config(cfg, "BwdSm80Config", backward=True)
         if cfg.num_threads not in (128, 256):
             raise ValueError(f"BwdSm80Config.num_threads must be 128 or 256, got {cfg.num_threads}")
         if cfg.tile_m not in (32, 64, 128) or cfg.tile_n not in (32, 64, 128):

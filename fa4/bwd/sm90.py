@@ -271,7 +271,7 @@ from fa4.cute_utils import (
     zero_rows_from,
 )
 from fa4.mask import AttentionMask
-from fa4.mods import lookup
+from fa4.mods import check_config, lookup
 from fa4.mods_kernel import UserMods, fake_aux
 from fa4.sched import semaphore
 from fa4.sched.tile import LOOSE_BOUND_RATIO, compact_tile, loose_bound, lowest_pow2, section_tile
@@ -638,12 +638,7 @@ class FlashBwdSm90:
         if cfg.dq_first_store and (cfg.dq_direct or cfg.two_cta):
             raise ValueError(f"{name}.dq_first_store (Note [First store]) is the dQ writer warp's; it needs "
                              "dq_direct=False and two_cta=False")
-        if cfg.score_mod and not cfg.score_mod_bwd:
-            raise ValueError(f"{name}.score_mod needs score_mod_bwd (the backward through a score_mod)")
-        if cfg.score_mod and cfg.has_softcap:
-            raise ValueError(f"{name}.score_mod and has_softcap cannot be used together")
-        for key in (cfg.score_mod, cfg.mask_mod, cfg.score_mod_bwd):
-            lookup(key)  # registered (KeyError otherwise)
+        check_config(cfg, name, backward=True)
         if cfg.smem_bytes() > SMEM_CAPACITY:
             raise ValueError(f"{name}: {cfg.smem_bytes()} bytes of shared memory at head_dim {cfg.head_dim}, "
                              f"tile {cfg.tile_m}x{cfg.tile_n}, {cfg.q_stages} Q stages, {cfg.pds_stages} dS stages "

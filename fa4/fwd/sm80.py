@@ -69,7 +69,7 @@ from fa4.cute_utils import (
 )
 from fa4.fwd import common as fwd_common
 from fa4.mask import AttentionMask, walk_blocks
-from fa4.mods import lookup
+from fa4.mods import check_config, lookup
 from fa4.mods_kernel import UserMods, fake_aux
 from fa4.pack_gqa import TileRows, partial_slot, row_sinks, store_acc_rows, store_lse_rows, store_rows
 from fa4.sched.tile import SectionTileScheduler, split_head, split_range
@@ -155,10 +155,7 @@ class FlashFwdSm80:
         fwd_common.check_head_dims(cfg)
         if cfg.page_rows:
             raise NotImplementedError("the sm80 forward does not implement paged K/V (page_table) yet")
-        if cfg.score_mod and cfg.has_softcap:
-            raise ValueError("FwdSm80Config.score_mod and has_softcap cannot be used together: apply the softcap "
-                             "inside score_mod")
-        lookup(cfg.score_mod), lookup(cfg.mask_mod)  # registered (KeyError otherwise)
+        check_config(cfg, "FwdSm80Config", backward=False)
         if cfg.num_threads not in (64, 128, 256):
             raise ValueError(f"FwdSm80Config.num_threads (KernelOptions.num_threads) must be 64, 128 or 256, "
                              f"got {cfg.num_threads}")

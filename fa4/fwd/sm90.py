@@ -120,7 +120,7 @@ from fa4.cute_utils import (
 )
 from fa4.fwd import common as fwd_common
 from fa4.mask import AttentionMask, walk_blocks
-from fa4.mods import lookup
+from fa4.mods import check_config, lookup
 from fa4.mods_kernel import UserMods, fake_aux
 from fa4.pack_gqa import (
     TileRows, batch_slot, load_q_rows, partial_slot, row_sinks, store_acc_rows, store_lse_rows, store_rows,
@@ -291,10 +291,7 @@ class FlashFwdSm90:
                              "and persistent=False (one CTA per tile)")
         if cfg.split_kv and not cfg.has_lse:
             raise ValueError("FwdSm90Config.split_kv needs has_lse (the combine reads every split's LSE)")
-        if cfg.score_mod and cfg.has_softcap:
-            raise ValueError("FwdSm90Config.score_mod and has_softcap cannot be used together: apply the softcap "
-                             "inside score_mod")
-        lookup(cfg.score_mod), lookup(cfg.mask_mod)  # registered (KeyError otherwise)
+        check_config(cfg, "FwdSm90Config", backward=False)
 
     @staticmethod
     def fake_args(cfg: FwdSm90Config) -> tuple:
