@@ -98,14 +98,26 @@ def _with_mods(problem: AttnProblem, score_mod, mask_mod, aux_tensors, aux_scala
     else:
         sk, mk, aux, bk = mods.check(score_mod, mask_mod, problem.softcap, aux_tensors, aux_scalars, device,
                                      score_mod_bwd)
-        if aux and torch.is_grad_enabled() and any(t.requires_grad for t in aux_tensors) and not _aux_grad_warned:
-            _aux_grad_warned.append(True)
-            warnings.warn("fa4: an aux tensor requires grad, but aux_tensors get no gradient (as in flash_attn.cute); "
-                          "its .grad stays None", stacklevel=4)
+    if aux and torch.is_grad_enabled() and any(t.requires_grad for t in aux_tensors):
+        _warn_aux_grad()
     return dataclasses.replace(problem, score_mod=sk, mask_mod=mk, aux=aux, score_mod_bwd=bk)
 
 
 _aux_grad_warned: list = []
+
+
+def _warn_aux_grad() -> bool:
+    """The one-time warning that aux tensors get no gradient. Marked as a constant result (below), so
+    under torch.compile dynamo runs it once at trace time instead of breaking the graph on
+    ``warnings.warn``."""
+    if not _aux_grad_warned:
+        _aux_grad_warned.append(True)
+        warnings.warn("fa4: an aux tensor requires grad, but aux_tensors get no gradient (as in flash_attn.cute); "
+                      "its .grad stays None", stacklevel=5)
+    return True
+
+
+_warn_aux_grad._dynamo_marked_constant = True
 
 def _constant_keys(*args) -> str:
     """The user functions' keys under torch.compile: dynamo calls this once per trace and bakes the

@@ -343,6 +343,25 @@ def test_aux_tensor_requiring_grad_warns():
             fa4.flash_attn_func(q, q, q, mask_mod=_make_doc_mask(64), aux_tensors=[table])
 
 
+def test_aux_tensor_requiring_grad_warns_under_torch_compile():
+    """The same warning from a fullgraph trace (dynamo runs it once at trace time; ``warnings.warn``
+    itself would break the graph)."""
+    from mods_cases import doc_ids
+
+    from fa4 import interface
+
+    interface._aux_grad_warned.clear()
+    fn, _, ids = doc_ids(2, 64, "cpu")
+    table = ids.float().requires_grad_()
+
+    def call(q, table):
+        return fa4.flash_attn_func(q, q, q, mask_mod=fn, aux_tensors=[table])[0]
+
+    q = torch.randn(2, 64, 4, 64, dtype=torch.bfloat16)
+    with pytest.warns(UserWarning, match="aux_tensors get no gradient"):
+        _capture_graph(call, q, table)
+
+
 def test_backward_traces_the_derivative():
     """The score_mod_bwd is compiled into the backward where dS is formed: the same config with a
     tanh derivative has MUFU.TANH in its SASS, with the identity derivative none (ALiBi score_mod)."""
