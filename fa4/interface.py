@@ -90,6 +90,10 @@ def _with_mods(problem: AttnProblem, score_mod, mask_mod, aux_tensors, aux_scala
                                               "closure (eager calls take bound methods)")
                 id(fn)  # dynamo guards on the object's identity (its code is the DSL's shared jit wrapper)
         mods.check_arguments(score_mod, mask_mod, aux_tensors, aux_scalars)
+        if aux_scalars is not None:
+            raise NotImplementedError("aux_scalars under torch.compile: fa4's custom op has no slot for runtime "
+                                      "scalars; capture the values in the function (compile-time constants) or "
+                                      "pass them in a one-element aux tensor")
         aux = mods.aux_signature(aux_tensors, device) if aux_tensors is not None else ()
         if len(aux) > mods.MAX_AUX_COMPILED:
             raise NotImplementedError(f"fa4 passes at most {mods.MAX_AUX_COMPILED} aux_tensors through a "
@@ -98,7 +102,7 @@ def _with_mods(problem: AttnProblem, score_mod, mask_mod, aux_tensors, aux_scala
     else:
         sk, mk, aux, bk = mods.check(score_mod, mask_mod, problem.softcap, aux_tensors, aux_scalars, device,
                                      score_mod_bwd)
-    if aux and torch.is_grad_enabled() and any(t.requires_grad for t in aux_tensors):
+    if aux_tensors is not None and torch.is_grad_enabled() and any(t.requires_grad for t in aux_tensors):
         _warn_aux_grad()
     return dataclasses.replace(problem, score_mod=sk, mask_mod=mk, aux=aux, score_mod_bwd=bk)
 
@@ -247,7 +251,7 @@ def flash_attn_func(
     problem = _with_hints(validate.check_dense(q, k, v, softmax_scale, causal, window_size, softcap), num_splits,
                           pack_gqa)
     problem = _with_mods(problem, score_mod, mask_mod, aux_tensors, aux_scalars, q.device, score_mod_bwd)
-    aux = tuple(aux_tensors) if problem.aux else None
+    aux = tuple(aux_tensors or ()) + tuple(aux_scalars or ()) if problem.aux else None
     if learnable_sink is not None:
         validate.check_sink(learnable_sink, problem.heads, q.device)
         return _run(dataclasses.replace(problem, has_sink=True), q, k, v, None, None, None, kernel_options,
@@ -320,7 +324,7 @@ def flash_attn_varlen_func(
                                                 seqused_q=seqused_q, page_table=page_table),
                           num_splits, pack_gqa)
     problem = _with_mods(problem, score_mod, mask_mod, aux_tensors, aux_scalars, q.device, score_mod_bwd)
-    aux = tuple(aux_tensors) if problem.aux else None
+    aux = tuple(aux_tensors or ()) + tuple(aux_scalars or ()) if problem.aux else None
     if learnable_sink is not None:
         validate.check_sink(learnable_sink, problem.heads, q.device)
         return _run(dataclasses.replace(problem, has_sink=True), q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,

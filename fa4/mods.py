@@ -31,8 +31,13 @@ flash_attn.cute's calling conventions, so a function written for flash_attn.cute
 tensors the indices a function sees are clamped into the sequence (``q_idx < seqlen_q``,
 ``kv_idx < seqlen_k``): the tile's rows and keys past the sequence are computed and then dropped
 or masked, and a table indexed by them must not be read out of bounds (flash_attn.cute wraps
-them instead; inside the sequence both are the same). ``aux_scalars`` raise
-NotImplementedError: values a function closes over are compile-time constants of its kernel.
+them instead; inside the sequence both are the same). ``aux_scalars``: a tuple of Python ints
+(int32) and floats (float32), runtime arguments of the kernel (their types are in the compile key,
+their values are not: another value reuses the kernel, where a value a function closes over is a
+compile-time constant of its own kernel). Given them, the functions receive them as flash_attn.cute
+passes them: ``aux_scalars=`` (score_mod, score_mod_bwd) or a seventh argument (mask_mod), each a
+DSL ``Int32`` / ``Float32``. Eager calls only: a torch.compile graph's custom op has no slot for
+them (NotImplementedError there).
 
 Note [User functions in the compile key]
     A config names its functions by key (``AttnKernelConfig.score_mod`` / ``mask_mod``), and the
@@ -255,11 +260,40 @@ def _dtype_names() -> dict:
     return {getattr(torch, n): n for n in AUX_DTYPES}
 
 
-def aux_signature(aux_tensors, device) -> tuple:
-    """The compile-relevant facts of ``aux_tensors`` (a list or tuple of tensors on ``device``):
-    ``((dtype, ndim), ...)``. Shapes and strides stay runtime values."""
+def has_aux_tensors(aux: tuple) -> bool:
+    """Whether an aux signature (:func:`aux_signature`) has tensors (rank > 0), not only scalars."""
+    return any(ndim > 0 for _, ndim in aux)
+
+
+INT32_RANGE = (-(2 ** 31), 2 ** 31 - 1)
+
+
+def scalar_signature(aux_scalars) -> tuple:
+    """The signature entries of ``aux_scalars`` (a list or tuple of ints and floats):
+    ``(("int32", 0) | ("float32", 0), ...)``; their values stay runtime arguments."""
+    if not isinstance(aux_scalars, (list, tuple)) or not aux_scalars:
+        raise TypeError(f"aux_scalars must be a non-empty list or tuple of ints and floats, got "
+                        f"{type(aux_scalars).__name__}")
+    sig = []
+    for i, x in enumerate(aux_scalars):
+        if isinstance(x, bool) or not isinstance(x, (int, float)):
+            raise TypeError(f"aux_scalars[{i}] must be a Python int or float (passed as int32 / float32), got "
+                            f"{type(x).__name__}")
+        if isinstance(x, int) and not INT32_RANGE[0] <= x <= INT32_RANGE[1]:
+            raise ValueError(f"aux_scalars[{i}] = {x} does not fit in int32")
+        sig.append(("int32" if isinstance(x, int) else "float32", 0))
+    return tuple(sig)
+
+
+def aux_signature(aux_tensors, device, aux_scalars=None) -> tuple:
+    """The compile-relevant facts of ``aux_tensors`` (a list or tuple of tensors on ``device``),
+    then of ``aux_scalars`` (:func:`scalar_signature`): ``((dtype, ndim), ...)``, ndim 0 for a
+    scalar. Shapes, strides and the scalars' values stay runtime values."""
     import torch
 
+    scalars = scalar_signature(aux_scalars) if aux_scalars is not None else ()
+    if aux_tensors is None:
+        return scalars
     if not isinstance(aux_tensors, (list, tuple)) or not aux_tensors:
         raise TypeError(f"aux_tensors must be a non-empty list or tuple of tensors, got {type(aux_tensors).__name__}")
     sig = []
@@ -276,7 +310,7 @@ def aux_signature(aux_tensors, device) -> tuple:
         if t.numel() == 0:
             raise ValueError(f"aux_tensors[{i}] is empty")
         sig.append((name, t.dim()))
-    return tuple(sig)
+    return tuple(sig) + scalars
 
 
 def check_functions(score_mod, mask_mod, softcap: float, has_aux: bool, score_mod_bwd=None) -> str:
@@ -312,15 +346,13 @@ def check(score_mod, mask_mod, softcap: float, aux_tensors, aux_scalars, device=
     absent), the aux tensors' signature (:func:`aux_signature`; ``()`` without them) and the key of
     ``score_mod_bwd``."""
     check_arguments(score_mod, mask_mod, aux_tensors, aux_scalars)
-    aux = aux_signature(aux_tensors, device) if aux_tensors is not None else ()
-    sk, mk, bk = split_keys(check_functions(score_mod, mask_mod, softcap, bool(aux), score_mod_bwd))
+    aux = aux_signature(aux_tensors, device, aux_scalars)
+    sk, mk, bk = split_keys(check_functions(score_mod, mask_mod, softcap, has_aux_tensors(aux), score_mod_bwd))
     return sk, mk, aux, bk
 
 
 def check_arguments(score_mod, mask_mod, aux_tensors, aux_scalars) -> None:
     """The checks on which arguments come together."""
-    if aux_scalars is not None:
-        raise NotImplementedError("fa4 does not support the argument 'aux_scalars' yet (capture the values in the "
-                                  "function's closure: they become compile-time constants of its kernel)")
-    if aux_tensors is not None and score_mod is None and mask_mod is None:
-        raise ValueError("aux_tensors are read by score_mod / mask_mod only; neither was given")
+    for name, value in (("aux_tensors", aux_tensors), ("aux_scalars", aux_scalars)):
+        if value is not None and score_mod is None and mask_mod is None:
+            raise ValueError(f"{name} are read by score_mod / mask_mod only; neither was given")

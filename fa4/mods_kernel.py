@@ -21,12 +21,16 @@ AUX_DTYPES = {"float32": Float32, "float16": cutlass.Float16, "bfloat16": cutlas
 
 def fake_aux(aux: tuple):
     """Fake tensors of a config's ``aux`` signature (``((dtype, ndim), ...)``; None when empty): any
-    shape and strides, element-aligned; a kernel's ``mAux`` argument at compile time."""
+    shape and strides, element-aligned; scalars (ndim 0) as runtime ``Int32`` / ``Float32``
+    arguments; a kernel's ``mAux`` argument at compile time."""
     if not aux:
         return None
     out = []
     for dtype, ndim in aux:
         dt = AUX_DTYPES[dtype]
+        if ndim == 0:
+            out.append(dt(0))
+            continue
         out.append(cute.runtime.make_fake_tensor(dt, tuple(cute.sym_int() for _ in range(ndim)),
                                                  tuple(cute.sym_int64() for _ in range(ndim)),
                                                  assumed_align=dt.width // 8))
@@ -54,10 +58,22 @@ class UserMods:
     batch: Int32
     head: Int32
     seqlen: Any  # fa4.seqlen.SeqlenInfo
-    aux: Any = None  # tuple of the call's aux tensors (gmem cute.Tensor), or None
+    aux: Any = None  # tuple of the call's aux tensors (gmem cute.Tensor), then its aux scalars, or None
     transpose: cutlass.Constexpr[bool] = False  # the tile is S^T (keys x queries: the backward's)
     score_mod_bwd: cutlass.Constexpr = None  # the score_mod's derivative (the backward's apply_bwd)
     backward: cutlass.Constexpr[bool] = False  # query rows / columns past the sequence feed dK / dV sums
+
+    @property
+    def tensors(self):
+        """The aux tensors (a tuple), or None without them (``aux`` holds the tensors, then the scalars)."""
+        found = tuple(a for a in (self.aux or ()) if not isinstance(a, cutlass.Numeric))
+        return found if found else None
+
+    @property
+    def scalars(self):
+        """The aux scalars (a tuple of ``Int32`` / ``Float32``), or None without them."""
+        found = tuple(a for a in (self.aux or ()) if isinstance(a, cutlass.Numeric))
+        return found if found else None
 
     def _coords(self, row, col, m_block, n_block):
         """(q head, query position, key position) of accumulator element (row, col); with aux
@@ -71,7 +87,7 @@ class UserMods:
         else:
             q = prow // g
             h = self.head * g + (prow - q * g)
-        if const_expr(self.aux is not None):
+        if const_expr(self.tensors is not None):
             q = cutlass.min(q, self.seqlen.seqlen_q - 1)
             k = cutlass.min(k, self.seqlen.seqlen_k - 1)
         return h, q, k
@@ -99,7 +115,7 @@ class UserMods:
 
     def _vec(self, fn, n: int) -> int:
         """Scores per call of ``fn`` (:func:`fa4.mods.vec_size`), 1 where it does not divide ``n``."""
-        vec = vec_size(fn, self.aux is not None)
+        vec = vec_size(fn, self.tensors is not None)
         return vec if n % vec == 0 else 1
 
     def _vector(self, tScS, i, vec: int, m_block, n_block):
@@ -114,10 +130,13 @@ class UserMods:
 
     def _call(self, fn, leading: list, vec: int, heads, qs, ks) -> cute.Tensor:
         """``fn(*leading, batch, head, q_idx=, kv_idx=, seqlen_info=, aux_tensors=)`` on ``vec`` scores
-        (flash_attn.cute's calling convention); its result in a float32 register tensor."""
+        (flash_attn.cute's calling convention; ``aux_scalars=`` too where the call has them); its
+        result in a float32 register tensor."""
+        extra = {"aux_scalars": self.scalars} if const_expr(self.scalars is not None) else {}
+        tensors = self.tensors
         out = fn(*leading, _ssa([self.batch] * vec, Int32), _ssa(heads, Int32), q_idx=_ssa(qs, Int32),
                  kv_idx=_ssa(ks, Int32), seqlen_info=self.seqlen,
-                 aux_tensors=self.aux if const_expr(self.aux is not None) else ())
+                 aux_tensors=tensors if const_expr(tensors is not None) else (), **extra)
         res = cute.make_rmem_tensor(vec, Float32)
         res.store(out)
         return res
@@ -170,9 +189,10 @@ class UserMods:
                     else:
                         acc_S[i + j] = res[j]  # (forward, dQ pass: rows past the sequence are not stored)
             if const_expr(self.mask_mod is not None):
+                extra = (self.scalars,) if const_expr(self.scalars is not None) else ()
                 for j in cutlass.range_constexpr(vec):
                     keep = self.mask_mod(_ssa([self.batch], Int32), _ssa([heads[j]], Int32), _ssa([qs[j]], Int32),
-                                         _ssa([ks[j]], Int32), self.seqlen, self.aux)
+                                         _ssa([ks[j]], Int32), self.seqlen, self.tensors, *extra)
                     if const_expr(isinstance(keep, cute.TensorSSA)):
                         keep = keep[0]
                     acc_S[i + j] = acc_S[i + j] if keep else -Float32.inf

@@ -188,3 +188,63 @@ def rel_bias_table(heads: int, max_len: int, device, seed: int = 0):
         return s + table[h, q - kv + (max_len - 1)]
 
     return rel_bias, twin, table
+
+
+# With aux scalars (the call passes ``aux_scalars=SCALARS``: runtime values, not compile-time ones).
+
+
+def scalar_alibi_band():
+    """ALiBi whose slope is a float aux scalar, a band of ``aux_scalars[1]`` keys below the bottom-right
+    diagonal (an int aux scalar, and every key above it hidden) and the derivative of the score_mod,
+    which also takes the scalars. Returns ``(score_mod, score_mod_bwd, mask_mod, score twin factory,
+    mask twin factory)``; a twin factory takes the scalars' values."""
+    import cutlass.cute as cute
+
+    @cute.jit
+    def slope_bias(scores, b, h, q_idx, kv_idx, seqlen_info, aux_tensors, aux_scalars):
+        dist = q_idx + (seqlen_info.seqlen_k - seqlen_info.seqlen_q) - kv_idx
+        return scores - dist.to(cute.Float32) * aux_scalars[0]
+
+    @cute.jit
+    def slope_bias_bwd(grad, scores, b, h, q_idx, kv_idx, seqlen_info, aux_tensors, aux_scalars):
+        return grad
+
+    @cute.jit
+    def band(b, h, q_idx, kv_idx, seqlen_info, aux_tensors, aux_scalars):
+        dist = q_idx[0] + (seqlen_info.seqlen_k - seqlen_info.seqlen_q) - kv_idx[0]
+        return (dist >= 0) & (dist < aux_scalars[1])
+
+    def score_twin(slope, width):
+        def twin(s, b, h, q, kv):
+            return s - (q + (kv.shape[3] - q.shape[2]) - kv).float() * slope
+        return twin
+
+    def mask_twin(slope, width):
+        def twin(b, h, q, kv):
+            dist = q + (kv.shape[3] - q.shape[2]) - kv
+            return (dist >= 0) & (dist < width)
+        return twin
+
+    return slope_bias, slope_bias_bwd, band, score_twin, mask_twin
+
+
+def doc_ids_window(batch: int, seqlen: int, device, seed: int = 0):
+    """Document ids (an aux tensor, :func:`doc_ids`) and a window of ``aux_scalars[0]`` keys on
+    either side of the query: a mask reading a tensor and a scalar. Returns ``(mask_mod, twin
+    factory, ids)``."""
+    import cutlass.cute as cute
+
+    same_doc, doc_twin, ids = doc_ids(batch, seqlen, device, seed)
+
+    @cute.jit
+    def doc_window(b, h, q_idx, kv_idx, seqlen_info, aux_tensors, aux_scalars):
+        d = aux_tensors[0]
+        near = (q_idx[0] - kv_idx[0] < aux_scalars[0]) & (kv_idx[0] - q_idx[0] < aux_scalars[0])
+        return near & (d[b[0], q_idx[0]] == d[b[0], kv_idx[0]])
+
+    def twin_of(width):
+        def twin(b, h, q, kv):
+            return doc_twin(b, h, q, kv) & ((q - kv).abs() < width)
+        return twin
+
+    return doc_window, twin_of, ids

@@ -128,8 +128,8 @@ def test_check_and_lookup_refusals():
         mods.check(None, "x", 0.0, None, None)
     with pytest.raises(ValueError, match="softcap and score_mod"):
         mods.check(f, None, 30.0, None, None)
-    with pytest.raises(NotImplementedError, match="aux_scalars"):
-        mods.check(f, None, 0.0, None, [1.0])
+    with pytest.raises(ValueError, match="aux_scalars are read by score_mod / mask_mod only"):
+        mods.check(None, None, 0.0, None, [1.0])
     g = _make_bias(2.0)
     g.__vec_size__ = 4
     with pytest.raises(ValueError, match="__vec_size__"):
@@ -154,8 +154,10 @@ def _api_refusals():
     f = _make_bias(1.0)
     with pytest.raises(ValueError, match="softcap and score_mod"):
         fa4.flash_attn_func(q, q, q, softcap=10.0, score_mod=f)
-    with pytest.raises(NotImplementedError, match="aux_scalars"):
-        fa4.flash_attn_func(q, q, q, score_mod=f, aux_scalars=[1.0])
+    with pytest.raises(TypeError, match=r"aux_scalars\[0\] must be a Python int or float"):
+        fa4.flash_attn_func(q, q, q, score_mod=f, aux_scalars=[q])
+    with pytest.raises(ValueError, match="aux_scalars are read by score_mod / mask_mod only"):
+        fa4.flash_attn_func(q, q, q, aux_scalars=[1.0])
     with pytest.raises(TypeError, match="aux_tensors"):
         fa4.flash_attn_func(q, q, q, score_mod=f, aux_tensors=q)
     with pytest.raises(ValueError, match="no score_mod was given"):
@@ -631,6 +633,68 @@ def test_aux_tensor_checks():
     with pytest.raises(ValueError, match="neither was given"):
         mods.check(None, None, 0.0, [torch.zeros(3)], None)
     assert mods.check(None, f, 0.0, [torch.zeros(3, 4, dtype=torch.int32)], None)[2] == (("int32", 2),)
+
+
+def test_aux_scalar_checks():
+    """aux_scalars: ints (int32) and floats (float32); their types are the signature, their values
+    are not (another value, the same kernel)."""
+    f = _make_doc_mask(64)
+    assert mods.check(None, f, 0.0, None, (0.5, 7))[2] == (("float32", 0), ("int32", 0))
+    assert mods.check(None, f, 0.0, None, [2.0, -3])[2] == mods.check(None, f, 0.0, None, (0.5, 7))[2]
+    assert mods.check(None, f, 0.0, None, (1, 2.0))[2] == (("int32", 0), ("float32", 0))
+    ids = torch.zeros(3, 4, dtype=torch.int32)
+    assert mods.check(None, f, 0.0, [ids], (3,))[2] == (("int32", 2), ("int32", 0))  # tensors, then scalars
+    assert not mods.has_aux_tensors(mods.check(None, f, 0.0, None, (3,))[2])
+    for bad, err, match in (((True,), TypeError, "must be a Python int or float"),
+                            ((torch.tensor(1.0),), TypeError, "got Tensor"),
+                            ((2 ** 31,), ValueError, "does not fit in int32"),
+                            ((), TypeError, "non-empty list or tuple"),
+                            (1.0, TypeError, "non-empty list or tuple")):
+        with pytest.raises(err, match=match):
+            mods.check(None, f, 0.0, None, bad)
+
+
+def test_torch_compile_refuses_aux_scalars():
+    from fa4 import validate
+
+    q = torch.randn(2, 64, 4, 64, dtype=torch.bfloat16)
+    f = _make_bias(0.5)
+
+    def call(q):
+        return fa4.flash_attn_func(q, q, q, score_mod=f, aux_scalars=(1.0,))[0]
+
+    torch._dynamo.reset()
+    with validate.allow_any_device(), pytest.raises(Exception, match="aux_scalars under torch.compile"):
+        torch.compile(call, fullgraph=True, backend="eager")(q)
+
+
+@pytest.mark.parametrize("kind", ["fwd90", "fwd80", "bwd90", "bwd90_d256", "bwd80", "doc_window"])
+def test_aux_scalar_functions_compile(kind):
+    """Functions reading aux_scalars (tests/mods_cases.py) trace and compile with the scalars as
+    runtime kernel arguments, with and without aux tensors, in every family and direction."""
+    from mods_cases import doc_ids_window, scalar_alibi_band
+
+    from fa4 import jit
+    from fa4.bwd import sm80 as bwd80
+    from fa4.bwd import sm90 as bwd90
+    from fa4.fwd import sm80, sm90
+
+    d = 256 if kind == "bwd90_d256" else 128
+    if kind == "doc_window":
+        fn, _, ids = doc_ids_window(2, 1000, "cpu")
+        p = AttnProblem("bf16", 2, 1000, 1000, 8, 2, d, d, d ** -0.5, mask_mod=mods.key_of(fn, "mask_mod"),
+                        aux=mods.aux_signature([ids], None, (64,)))
+        cfgs = [sm90.make_config(p, None, "sm_90a", True), bwd90.make_config(p, None, "sm_90a", False)]
+    else:
+        sm, sb, mm, _, _ = scalar_alibi_band()
+        p = AttnProblem("bf16", 2, 1000, 1000, 8, 2, d, d, d ** -0.5, score_mod=mods.key_of(sm, "score_mod"),
+                        mask_mod=mods.key_of(mm, "mask_mod"), score_mod_bwd=mods.key_of(sb, "score_mod_bwd"),
+                        aux=mods.aux_signature(None, None, (0.1, 300)))
+        mod = {"fwd90": sm90, "fwd80": sm80, "bwd90": bwd90, "bwd90_d256": bwd90, "bwd80": bwd80}[kind]
+        cfgs = [mod.make_config(p, None, "sm_80" if kind.endswith("80") else "sm_90a", kind.startswith("fwd"))]
+    for cfg in cfgs:
+        assert cfg.aux == p.aux and not cfg.disk_cacheable
+        jit.compile_uncached(cfg, engine=False)
 
 
 @pytest.mark.parametrize("name", ["mods-alibi-d128", "mods-docmask-d128", "mods-relbias-d128-causal"])

@@ -130,7 +130,8 @@ def test_score_mod_backward_needs_its_derivative():
 # --- the backward through a mask_mod (sm90) --------------------------------------------------
 
 
-def _mask_grads(q, k, v, fn, twin, aux=None, opts=SM90, deterministic=False, ref=True, score=None, **kw):
+def _mask_grads(q, k, v, fn, twin, aux=None, opts=SM90, deterministic=False, ref=True, score=None, aux_scalars=None,
+                **kw):
     """fa4's (out, lse) gradients with a mask_mod (and ``score``: a score_mod name, with its
     derivative) against the float32 reference's, by the pass rule (with the gradient cancellation
     floor); returns fa4's (dq, dk, dv)."""
@@ -138,7 +139,7 @@ def _mask_grads(q, k, v, fn, twin, aux=None, opts=SM90, deterministic=False, ref
 
     sm, st = SCORE_MODS[score]() if score else (None, None)
     fns = dict(score_mod=sm, score_mod_bwd=derivative(score) if score else None)
-    out, lse = fa4.flash_attn_func(q, k, v, mask_mod=fn, aux_tensors=aux, return_lse=True,
+    out, lse = fa4.flash_attn_func(q, k, v, mask_mod=fn, aux_tensors=aux, aux_scalars=aux_scalars, return_lse=True,
                                    deterministic=deterministic, kernel_options=opts, **fns, **kw)
     gen = torch.Generator("cuda").manual_seed(3)
     g = torch.randn(out.shape, device="cuda", generator=gen).to(out.dtype)
@@ -506,3 +507,46 @@ def test_functions_with_paged_kv_and_sinks(family):
     o_pt, l_pt = fa4.ops.compose_sink(o_pt, l_pt, sink, False)
     check_close("out", out, o_ref, o_pt)
     check_close("lse", lse, l_ref, l_pt)
+
+
+# --- aux_scalars: runtime values of the functions --------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["sm90", "sm80"])
+def test_aux_scalars_forward_and_backward(family):
+    """A score_mod, its derivative and a mask_mod reading aux_scalars (a float slope, an int band
+    width): each pair of values matches its own reference, forward and gradients, and a second pair
+    of values runs on the kernels the first compiled (the values are kernel arguments)."""
+    from fa4 import jit
+    from mods_cases import scalar_alibi_band
+
+    opts = fa4.KernelOptions(arch=family)
+    sm, sb, mm, st, mt = scalar_alibi_band()
+    q, k, v = random_qkv(2, 700, 1000, 8, 2, 128, torch.bfloat16, "cuda", requires_grad=True, seed=27)
+    misses = []
+    for slope, width in ((0.05, 300), (0.2, 77)):
+        out, lse = fa4.flash_attn_func(q, k, v, score_mod=sm, score_mod_bwd=sb, mask_mod=mm,
+                                       aux_scalars=(slope, width), return_lse=True, kernel_options=opts)
+        with torch.no_grad():
+            check(out, lse, q, k, v, score_fn=st(slope, width), mask_fn=mt(slope, width))
+        _check_out_grads(out, (q, k, v), dict(score_fn=st(slope, width), mask_fn=mt(slope, width)))
+        misses.append(jit.cache_info()["misses"])
+    assert misses[1] == misses[0], "another aux_scalars value compiled a new kernel"
+
+
+@pytest.mark.gpu
+def test_aux_scalars_with_aux_tensors():
+    """A mask reading an aux tensor (document ids) and an aux scalar (a window), forward and backward,
+    dense and on decode shapes with packed heads and split-KV."""
+    from mods_cases import doc_ids_window
+
+    fn, twin_of, ids = doc_ids_window(2, 1000, "cuda", seed=28)
+    q, k, v = random_qkv(2, 1000, 1000, 8, 2, 128, torch.bfloat16, "cuda", requires_grad=True, seed=28)
+    for width in (64, 500):
+        _mask_grads(q, k, v, fn, twin_of(width), aux=[ids], aux_scalars=(width,))
+    q, k, v = random_qkv(2, 4, 1000, 16, 2, 128, torch.bfloat16, "cuda", seed=29)
+    for pack_gqa, splits in ((True, 3), (False, 1)):
+        out, lse = fa4.flash_attn_func(q, k, v, mask_mod=fn, aux_tensors=[ids], aux_scalars=(900,), pack_gqa=pack_gqa,
+                                       num_splits=splits, return_lse=True, kernel_options=SM90)
+        check(out, lse, q, k, v, mask_fn=twin_of(900))

@@ -16,7 +16,7 @@ from fa4.config import AttnProblem
 DOC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "USER_FUNCTIONS.md")
 # The aux tensors the examples read ((dtype, ndim) each): the guide says what to pass.
 AUX = {"same_document": (("int32", 2),), "causal_same_document": (("int32", 2),),
-       "relative_bias": (("float32", 2),)}
+       "relative_bias": (("float32", 2),), "sliding_band": (("int32", 0),)}
 
 
 def _functions() -> dict:

@@ -152,7 +152,7 @@ def test_flags_must_be_bool(fake):
     raises(TypeError, "deterministic must be a bool", fa4.flash_attn_func, q, k, v, deterministic="yes")
 
 
-@pytest.mark.parametrize("arg", ["qv", "aux_scalars", "block_sparse_tensors"])
+@pytest.mark.parametrize("arg", ["qv", "block_sparse_tensors"])
 def test_unsupported_arguments_raise(fake, arg):
     q, k, v = qkv()
     raises(NotImplementedError, repr(arg), fa4.flash_attn_func, q, k, v, **{arg: q})
