@@ -67,17 +67,46 @@ def _with_hints(problem: AttnProblem, num_splits, pack_gqa) -> AttnProblem:
     return hinted
 
 
+def _with_block_sparsity(problem: AttnProblem, bst, bst_bwd, mask_mod, aux_tensors, aux_scalars, device):
+    """The mask function and aux tensors of a block-sparse call: the block table appended to the
+    aux tensors, read by :func:`fa4.block_sparse.table_mask` around the user's ``mask_mod`` (Note
+    [Block sparsity as a block table] in fa4/block_sparse.py)."""
+    from fa4 import block_sparse
+
+    if torch.compiler.is_compiling():
+        raise NotImplementedError("block_sparse_tensors under torch.compile: fa4 makes the call's mask function per "
+                                  "call, which a traced graph cannot; call it eagerly, or build the block table "
+                                  "with fa4.block_sparse.table and read it in your own mask_mod (Note [Block "
+                                  "sparsity as a block table])")
+    if mask_mod is not None and (problem.causal or problem.local):
+        _refuse_mask_with_window()
+    if mask_mod is not None and not callable(mask_mod):
+        raise TypeError(f"mask_mod must be a callable (a @cute.jit function), got {type(mask_mod).__name__}")
+    if aux_tensors is not None and not isinstance(aux_tensors, (list, tuple)):
+        raise TypeError(f"aux_tensors must be a non-empty list or tuple of tensors, got {type(aux_tensors).__name__}")
+    block = block_sparse.check(bst, bst_bwd, problem.batch, problem.heads, problem.seqlen_q, problem.seqlen_k, device)
+    table = block_sparse.table(bst, problem.batch, problem.heads, problem.seqlen_q, problem.seqlen_k, block)
+    slot = len(aux_tensors or ())
+    fn = block_sparse.table_mask(mask_mod, block[0], block[1], slot, aux_scalars is not None)
+    return fn, list(aux_tensors or ()) + [table]
+
+
+def _refuse_mask_with_window():
+    raise ValueError("mask_mod with causal=True or a window_size: flash_attn.cute ignores causal and window_size "
+                     "when a mask_mod is given; fa4 refuses the pair rather than differ from it silently. Put the "
+                     "condition in the mask_mod (its seqlen_info has seqlen_q and seqlen_k; fa4/mods.py)")
+
+
 def _with_mods(problem: AttnProblem, score_mod, mask_mod, aux_tensors, aux_scalars, device=None,
-               score_mod_bwd=None) -> AttnProblem:
+               score_mod_bwd=None, generated_mask: bool = False) -> AttnProblem:
     """``problem`` with the keys of the user's ``score_mod`` / ``mask_mod`` / ``score_mod_bwd`` and the
-    signature of their ``aux_tensors`` (validated; :mod:`fa4.mods`)."""
+    signature of their ``aux_tensors`` (validated; :mod:`fa4.mods`). ``generated_mask``: the
+    mask_mod is fa4's block-table mask (it combines with causal / window_size)."""
     if (score_mod is None and mask_mod is None and aux_tensors is None and aux_scalars is None
             and score_mod_bwd is None):
         return problem
-    if mask_mod is not None and (problem.causal or problem.local):
-        raise ValueError("mask_mod with causal=True or a window_size: flash_attn.cute ignores causal and window_size "
-                         "when a mask_mod is given; fa4 refuses the pair rather than differ from it silently. Put the "
-                         "condition in the mask_mod (its seqlen_info has seqlen_q and seqlen_k; fa4/mods.py)")
+    if mask_mod is not None and (problem.causal or problem.local) and not generated_mask:
+        _refuse_mask_with_window()
     if torch.compiler.is_compiling():
         # Traced: the functions' keys are a constant of the graph, computed once per trace (Note
         # [User functions under torch.compile] in fa4/mods.py); the aux tensors' signature is read
@@ -240,17 +269,20 @@ def flash_attn_func(
     signatures, traced into the kernels with the tensors of ``aux_tensors`` (:mod:`fa4.mods`).
     """
     if (qv is not None or gather_kv_indices is not None
-            or block_sparse_tensors is not None or block_sparse_tensors_bwd is not None
             or gather_bwd_recompute_p is not False or gather_bwd_token_chunk is not None):
         validate.reject_unsupported(qv=qv, gather_kv_indices=gather_kv_indices,
-                                    block_sparse_tensors=block_sparse_tensors,
-                                    block_sparse_tensors_bwd=block_sparse_tensors_bwd,
                                     gather_bwd_recompute_p=gather_bwd_recompute_p,
                                     gather_bwd_token_chunk=gather_bwd_token_chunk)
     _check_flags(kernel_options, deterministic, return_lse)
     problem = _with_hints(validate.check_dense(q, k, v, softmax_scale, causal, window_size, softcap), num_splits,
                           pack_gqa)
-    problem = _with_mods(problem, score_mod, mask_mod, aux_tensors, aux_scalars, q.device, score_mod_bwd)
+    generated = False
+    if block_sparse_tensors is not None or block_sparse_tensors_bwd is not None:
+        mask_mod, aux_tensors = _with_block_sparsity(problem, block_sparse_tensors, block_sparse_tensors_bwd, mask_mod,
+                                                     aux_tensors, aux_scalars, q.device)
+        generated = True
+    problem = _with_mods(problem, score_mod, mask_mod, aux_tensors, aux_scalars, q.device, score_mod_bwd,
+                         generated_mask=generated)
     aux = tuple(aux_tensors or ()) + tuple(aux_scalars or ()) if problem.aux else None
     if learnable_sink is not None:
         validate.check_sink(learnable_sink, problem.heads, q.device)
@@ -386,7 +418,7 @@ def explain(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
             num_splits=None, pack_gqa=None, seqused_q=None, page_table=None, deterministic=False,
             return_lse=False, kernel_options: Optional[KernelOptions] = None,
             capability: Optional[tuple] = None, score_mod=None, mask_mod=None,
-            score_mod_bwd=None) -> Explanation:
+            score_mod_bwd=None, block_sparse_tensors=None) -> Explanation:
     """Which kernels, arch and options a call with these arguments would use, and why.
 
     Launches nothing. ``capability`` (e.g. ``(9, 0)``) explains for another GPU, or on a machine
@@ -407,6 +439,10 @@ def explain(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
     problem = _with_hints(problem, num_splits, pack_gqa)
     problem = _with_mods(problem, score_mod, mask_mod, None, None, score_mod_bwd=score_mod_bwd)
     ex = Explanation(problem, tuple(capability))
+    if block_sparse_tensors is not None:
+        from fa4 import block_sparse
+
+        ex.notes.append(block_sparse.explain_note())
     if problem.score_mod or problem.mask_mod:
         ex.notes.append("score_mod / mask_mod: traced into the kernels (every K block); each kernel is compiled "
                         "per function (keyed by its code and the values it reads) and kept in process memory only; "

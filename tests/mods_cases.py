@@ -7,6 +7,8 @@ A twin gets broadcastable int64 index tensors ``b (B,1,1,1)``, ``h (1,H,1,1)``, 
 
 from __future__ import annotations
 
+from typing import NamedTuple, Optional
+
 import torch
 
 
@@ -248,3 +250,65 @@ def doc_ids_window(batch: int, seqlen: int, device, seed: int = 0):
         return twin
 
     return doc_window, twin_of, ids
+
+
+# Block sparsity (flash_attn.cute's block_sparse_tensors; fa4/block_sparse.py).
+
+
+class BlockSparseTensorsTorch(NamedTuple):
+    """The fields of flash_attn.cute's BlockSparseTensorsTorch, as a caller builds them."""
+
+    mask_block_cnt: torch.Tensor
+    mask_block_idx: torch.Tensor
+    full_block_cnt: Optional[torch.Tensor] = None
+    full_block_idx: Optional[torch.Tensor] = None
+    cu_total_m_blocks: Optional[torch.Tensor] = None
+    cu_block_idx_offsets: Optional[torch.Tensor] = None
+    block_size: Optional[tuple] = None
+    dq_write_order: Optional[torch.Tensor] = None
+    dq_write_order_full: Optional[torch.Tensor] = None
+    spt: Optional[bool] = None
+
+
+def random_block_sparse(batch: int, heads: int, seqlen_q: int, seqlen_k: int, block: tuple, device, seed: int = 0,
+                        full: bool = True, heads_broadcast: bool = False, empty_row: bool = False):
+    """Random block lists (each row: a random count of mask blocks, then of full blocks, disjoint),
+    and the state table they mean, int ``(B, H, Mb, Nb)``: 0 hidden, 1 mask_mod, 2 whole.
+    ``empty_row``: q block 0 of batch 0 attends to nothing. Returns ``(bst, state)``."""
+    import math
+
+    gen = torch.Generator().manual_seed(seed)
+    mb, nb = math.ceil(seqlen_q / block[0]), math.ceil(seqlen_k / block[1])
+    h = 1 if heads_broadcast else heads
+    state = torch.zeros(batch, h, mb, nb, dtype=torch.int32)
+    mask_cnt = torch.zeros(batch, h, mb, dtype=torch.int32)
+    full_cnt = torch.zeros(batch, h, mb, dtype=torch.int32)
+    mask_idx = torch.full((batch, h, mb, nb), -1, dtype=torch.int32)  # (entries past the count: junk)
+    full_idx = torch.full((batch, h, mb, nb), nb + 5, dtype=torch.int32)
+    for b in range(batch):
+        for hh in range(h):
+            for m in range(mb):
+                perm = torch.randperm(nb, generator=gen)
+                n_mask = int(torch.randint(0, nb + 1, (1,), generator=gen))
+                n_full = int(torch.randint(0, nb - n_mask + 1, (1,), generator=gen)) if full else 0
+                if empty_row and b == 0 and m == 0:
+                    n_mask = n_full = 0
+                mask_cnt[b, hh, m], full_cnt[b, hh, m] = n_mask, n_full
+                mask_idx[b, hh, m, :n_mask] = perm[:n_mask].int()
+                full_idx[b, hh, m, :n_full] = perm[n_mask:n_mask + n_full].int()
+                state[b, hh, m, perm[:n_mask]] = 1
+                state[b, hh, m, perm[n_mask:n_mask + n_full]] = 2
+    to = dict(device=device)
+    bst = BlockSparseTensorsTorch(mask_cnt.to(**to), mask_idx.to(**to), full_cnt.to(**to) if full else None,
+                                  full_idx.to(**to) if full else None, block_size=tuple(block))
+    return bst, state.expand(batch, heads, mb, nb)
+
+
+def block_sparse_twin(state: torch.Tensor, block: tuple, inner=None):
+    """The torch twin of a block-sparse call's mask: the state table, and inside the blocks marked 1
+    the twin ``inner`` of the user's mask_mod (None: none)."""
+    def twin(b, h, q, kv):
+        st = state.to(q.device)[b, h, q // block[0], kv // block[1]]
+        keep_inner = inner(b, h, q, kv) if inner is not None else torch.ones_like(st, dtype=torch.bool)
+        return (st == 2) | ((st == 1) & keep_inner)
+    return twin

@@ -152,10 +152,16 @@ def test_flags_must_be_bool(fake):
     raises(TypeError, "deterministic must be a bool", fa4.flash_attn_func, q, k, v, deterministic="yes")
 
 
-@pytest.mark.parametrize("arg", ["qv", "block_sparse_tensors"])
+@pytest.mark.parametrize("arg", ["qv"])
 def test_unsupported_arguments_raise(fake, arg):
     q, k, v = qkv()
     raises(NotImplementedError, repr(arg), fa4.flash_attn_func, q, k, v, **{arg: q})
+
+
+def test_block_sparse_tensors_must_be_the_named_tuple(fake):
+    q, k, v = qkv()
+    raises(TypeError, "block_sparse_tensors must be a BlockSparseTensorsTorch-like", fa4.flash_attn_func, q, k, v,
+           block_sparse_tensors=q)
 
 
 @pytest.mark.parametrize("arg", ["score_mod", "mask_mod"])

@@ -1,0 +1,216 @@
+"""flash_attn.cute's ``block_sparse_tensors``, as a block table read by a mask function.
+
+A block-sparse call names, for each ``(batch, head, q block)``, the K blocks it attends to, in two
+lists (flash_attn.cute's ``BlockSparseTensorsTorch`` fields):
+
+* ``mask_block_cnt`` ``(B, H, Mb)`` / ``mask_block_idx`` ``(B, H, Mb, N)``: blocks whose scores go
+  through the ``mask_mod`` (without one: taken whole);
+* ``full_block_cnt`` / ``full_block_idx`` (optional, the same shapes): blocks taken whole, without
+  the ``mask_mod``;
+* every other block is hidden.
+
+The first ``cnt`` entries of each index row count; B and H may be 1 (broadcast). ``block_size`` is
+``(q block, kv block)`` in tokens, so ``Mb = ceil(seqlen_q / q block)`` and every index is below
+``ceil(seqlen_k / kv block)``; fa4 defaults it to ``(128, 128)`` where the shapes fit that
+(flash_attn.cute's default is its own kernel's tile, which fa4's kernels do not share).
+
+Note [Block sparsity as a block table]
+    The kernels do not skip blocks yet. The call's lists become one int8 table ``(B, H, Mb, Nb)``
+    (0 hidden, 1 through the mask_mod, 2 whole), built on the device by scatters (no host sync;
+    an index outside ``[0, Nb)`` or past its row's count is dropped), and passed as one more aux
+    tensor. The mask function of the call (:func:`table_mask`) reads the table at ``(b, h, q_idx //
+    q block, kv_idx // kv block)`` and calls the user's ``mask_mod`` only on the blocks marked 1
+    (its result is discarded on the others). The results are those of a kernel that skips the
+    hidden blocks, in the forward and the backward of both families (the mask function is an
+    ordinary ``mask_mod``: Note [User functions in the compile key]), at the speed of computing
+    every block; a one-time warning and ``fa4.explain()`` say so. The backward reads the
+    forward's table, so ``block_sparse_tensors_bwd`` (the same pattern indexed by K block) is
+    checked for its shapes and not read. Eager calls only: under ``torch.compile`` the call raises
+    NotImplementedError (dynamo cannot trace the making of the mask function, nor guard on one made
+    outside the graph); there, build the table with :func:`table` and read it in your own mask_mod.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+from typing import Any, Callable, Optional
+
+DEFAULT_BLOCK = (128, 128)
+# Fields of flash_attn.cute's BlockSparseTensorsTorch fa4 does not take yet (varlen block sparsity,
+# its backward's write orders and options): NotImplementedError when set.
+UNSUPPORTED_FIELDS = ("cu_total_m_blocks", "cu_block_idx_offsets", "dq_write_order", "dq_write_order_full", "spt")
+_warned: list = []
+
+
+def _field(bst, name: str):
+    return getattr(bst, name, None)
+
+
+def _check_pair(bst, what: str, cnt_name: str, idx_name: str, lead: tuple, rows: int, device,
+                required: bool) -> bool:
+    """Check one (count, index) pair of ``bst``; whether it is present."""
+    import torch
+
+    cnt, idx = _field(bst, cnt_name), _field(bst, idx_name)
+    if cnt is None and idx is None and not required:
+        return False
+    for name, t, ndim in ((cnt_name, cnt, 3), (idx_name, idx, 4)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{what}.{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != torch.int32:
+            raise TypeError(f"{what}.{name} must be int32, got {t.dtype}")
+        if t.dim() != ndim:
+            raise ValueError(f"{what}.{name} must have {ndim} dimensions (batch, heads, {'q blocks' if ndim == 3 else 'q blocks, entries'}), got shape {tuple(t.shape)}")
+        if t.device != device:
+            raise ValueError(f"{what}.{name} is on {t.device}; expected q's device {device}")
+        for axis, (got, want) in enumerate(zip(t.shape[:2], lead)):
+            if got not in (1, want):
+                raise ValueError(f"{what}.{name} has {got} {('batches', 'heads')[axis]}; expected {want} or 1 "
+                                 f"(shape {tuple(t.shape)})")
+        if t.shape[2] != rows:
+            raise ValueError(f"{what}.{name} has {t.shape[2]} rows of blocks; expected {rows} "
+                             f"(ceil of the sequence length over the block size)")
+    if idx.shape[3] == 0:
+        raise ValueError(f"{what}.{idx_name} has no entries per row")
+    return True
+
+
+def block_size(bst, seqlen_q: int, seqlen_k: int) -> tuple[int, int]:
+    """``bst.block_size`` as a pair of positive ints, or :data:`DEFAULT_BLOCK` where it is None and
+    the counts' shape fits it."""
+    size = _field(bst, "block_size")
+    if size is None:
+        rows = _field(bst, "mask_block_cnt").shape[-1]
+        if rows != math.ceil(seqlen_q / DEFAULT_BLOCK[0]):
+            raise ValueError(f"block_sparse_tensors.block_size is None and mask_block_cnt's {rows} q blocks do not "
+                             f"fit fa4's default block size {DEFAULT_BLOCK}; pass block_size=(q block, kv block)")
+        return DEFAULT_BLOCK
+    if (not isinstance(size, (tuple, list)) or len(size) != 2
+            or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in size)):
+        raise ValueError(f"block_sparse_tensors.block_size must be a pair of positive ints, got {size!r}")
+    return int(size[0]), int(size[1])
+
+
+def check(bst, bst_bwd, batch: int, heads: int, seqlen_q: int, seqlen_k: int, device) -> tuple[int, int]:
+    """Validate a call's block-sparse tensors (before any launch); returns the block size."""
+    if bst is None:
+        if bst_bwd is not None:
+            raise ValueError("block_sparse_tensors_bwd without block_sparse_tensors: the forward's pattern is "
+                             "the one fa4 reads (Note [Block sparsity as a block table] in fa4/block_sparse.py)")
+        return (0, 0)
+    for what, value in (("block_sparse_tensors", bst), ("block_sparse_tensors_bwd", bst_bwd)):
+        if value is None:
+            continue
+        if not hasattr(value, "mask_block_cnt"):
+            raise TypeError(f"{what} must be a BlockSparseTensorsTorch-like named tuple (mask_block_cnt, "
+                            f"mask_block_idx, full_block_cnt, full_block_idx, ..., block_size), got "
+                            f"{type(value).__name__}")
+        for name in UNSUPPORTED_FIELDS:
+            if _field(value, name) is not None:
+                raise NotImplementedError(f"fa4 does not support {what}.{name} yet (varlen block sparsity and "
+                                          f"flash_attn.cute's backward write orders)")
+    bq, bk = block_size(bst, seqlen_q, seqlen_k)
+    mb, nb = math.ceil(seqlen_q / bq), math.ceil(seqlen_k / bk)
+    lead = (batch, heads)
+    _check_pair(bst, "block_sparse_tensors", "mask_block_cnt", "mask_block_idx", lead, mb, device, True)
+    _check_pair(bst, "block_sparse_tensors", "full_block_cnt", "full_block_idx", lead, mb, device, False)
+    if bst_bwd is not None:  # indexed by K block (rows: the K blocks; entries: q blocks)
+        if tuple(block_size(bst_bwd, seqlen_q, seqlen_k) if _field(bst_bwd, "block_size") is not None
+                 else (bq, bk)) != (bq, bk):
+            raise ValueError("block_sparse_tensors_bwd.block_size differs from block_sparse_tensors.block_size")
+        _check_pair(bst_bwd, "block_sparse_tensors_bwd", "mask_block_cnt", "mask_block_idx", lead, nb, device, True)
+        _check_pair(bst_bwd, "block_sparse_tensors_bwd", "full_block_cnt", "full_block_idx", lead, nb, device,
+                    False)
+    _warn_dense_speed()
+    return bq, bk
+
+
+def _warn_dense_speed() -> bool:
+    """The one-time warning that blocks are not skipped (a constant result for torch.compile, which
+    runs it once at trace time instead of breaking the graph on ``warnings.warn``)."""
+    if not _warned:
+        _warned.append(True)
+        warnings.warn("fa4: block_sparse_tensors are honoured as a mask (the same results), but fa4's kernels do "
+                      "not skip the hidden blocks yet: a block-sparse call runs at the speed of the dense one "
+                      "(Note [Block sparsity as a block table] in fa4/block_sparse.py)", stacklevel=5)
+    return True
+
+
+_warn_dense_speed._dynamo_marked_constant = True
+
+
+def table(bst, batch: int, heads: int, seqlen_q: int, seqlen_k: int, block: tuple[int, int]):
+    """The call's block table, int8 ``(batch, heads, Mb, Nb)`` (broadcast batch / heads have stride 0):
+    0 hidden, 1 through the mask_mod, 2 whole (Note [Block sparsity as a block table]). Device ops
+    only, no host sync."""
+    import torch
+
+    nb = math.ceil(seqlen_k / block[1])
+    cnt = bst.mask_block_cnt
+    b0, h0, mb = max(cnt.shape[0], _lead(bst, 0)), max(cnt.shape[1], _lead(bst, 1)), cnt.shape[2]
+    out = torch.zeros(b0, h0, mb, nb + 1, dtype=torch.int8, device=cnt.device)  # column nb: dropped entries
+    for cnt_name, idx_name, mark in (("mask_block_cnt", "mask_block_idx", 1), ("full_block_cnt", "full_block_idx", 2)):
+        c, i = _field(bst, cnt_name), _field(bst, idx_name)
+        if c is None:
+            continue
+        c, i = c.expand(b0, h0, mb), i.expand(b0, h0, mb, i.shape[3])
+        pos = torch.arange(i.shape[3], device=i.device, dtype=torch.int32)
+        keep = (pos < c[..., None]) & (i >= 0) & (i < nb)
+        cols = torch.where(keep, i, torch.full_like(i, nb)).long()
+        out.scatter_(3, cols, torch.full(cols.shape, mark, dtype=torch.int8, device=cols.device))
+    return out[..., :nb].expand(batch, heads, mb, nb)
+
+
+def _lead(bst, axis: int) -> int:
+    """The largest extent of dimension ``axis`` over the present fields (batch / heads broadcast)."""
+    sizes = [t.shape[axis] for t in (_field(bst, n) for n in ("mask_block_cnt", "mask_block_idx", "full_block_cnt",
+                                                                "full_block_idx")) if t is not None]
+    return max(sizes)
+
+
+@functools.lru_cache(maxsize=256)
+def table_mask(user_mask: Optional[Callable], block_q: int, block_k: int, slot: int, scalars: bool) -> Callable:
+    """The mask function of a block-sparse call: ``aux_tensors[slot]`` is the block table; the user's
+    ``mask_mod`` (None: none) decides inside the blocks marked 1; ``scalars``: the call has
+    ``aux_scalars`` (the function takes them, and passes them on). One function object per
+    arguments (cached: the same kernel key without rehashing a new closure's captures)."""
+    import cutlass
+    import cutlass.cute as cute
+
+    def state_of(b, h, q_idx, kv_idx, aux_tensors):
+        return aux_tensors[slot][b[0], h[0], q_idx[0] // block_q, kv_idx[0] // block_k]
+
+    def decide(state, inner):
+        if cutlass.const_expr(inner is None):
+            return state != cutlass.Int8(0)
+        if cutlass.const_expr(isinstance(inner, cute.TensorSSA)):
+            inner = inner[0]
+        return (state == cutlass.Int8(2)) | ((state == cutlass.Int8(1)) & inner)
+
+    if scalars:
+        @cute.jit
+        def block_table_mask_s(b, h, q_idx, kv_idx, seqlen_info, aux_tensors, aux_scalars):
+            inner = None
+            if cutlass.const_expr(user_mask is not None):
+                inner = user_mask(b, h, q_idx, kv_idx, seqlen_info, aux_tensors, aux_scalars)
+            return decide(state_of(b, h, q_idx, kv_idx, aux_tensors), inner)
+        return block_table_mask_s
+
+    @cute.jit
+    def block_table_mask(b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+        inner = None
+        if cutlass.const_expr(user_mask is not None):
+            inner = user_mask(b, h, q_idx, kv_idx, seqlen_info, aux_tensors)
+        return decide(state_of(b, h, q_idx, kv_idx, aux_tensors), inner)
+    return block_table_mask
+
+
+def explain_note() -> str:
+    return ("block_sparse_tensors: honoured as a block table read by the mask function (the same results); the "
+            "kernels do not skip the hidden blocks yet, so the call runs at dense speed (fa4/block_sparse.py)")
+
+
+def describe(bst: Any) -> str:  # pragma: no cover - debugging aid
+    return f"block_sparse_tensors(mask {tuple(bst.mask_block_idx.shape)}, block_size {bst.block_size})"

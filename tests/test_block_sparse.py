@@ -1,0 +1,169 @@
+"""flash_attn.cute's block_sparse_tensors (fa4/block_sparse.py), on the CPU: the block table, the
+checks before any launch, and the kernels' compile with the table's mask function."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import fa4
+from fa4 import block_sparse, mods
+from fa4.config import AttnProblem
+from mods_cases import BlockSparseTensorsTorch, MASK_MODS, random_block_sparse
+
+
+def _slow_table(bst, batch, heads, seqlen_q, seqlen_k, block):
+    """The table by loops over the lists (entries past a count, or outside [0, Nb), are dropped)."""
+    mb, nb = math.ceil(seqlen_q / block[0]), math.ceil(seqlen_k / block[1])
+    out = torch.zeros(batch, heads, mb, nb, dtype=torch.int8)
+    for cnt, idx, mark in ((bst.mask_block_cnt, bst.mask_block_idx, 1), (bst.full_block_cnt, bst.full_block_idx, 2)):
+        if cnt is None:
+            continue
+        for b in range(batch):
+            for h in range(heads):
+                for m in range(mb):
+                    c = cnt[min(b, cnt.shape[0] - 1), min(h, cnt.shape[1] - 1), m]
+                    for j in range(int(c)):
+                        n = int(idx[min(b, idx.shape[0] - 1), min(h, idx.shape[1] - 1), m, j])
+                        if 0 <= n < nb:
+                            out[b, h, m, n] = mark
+    return out
+
+
+@pytest.mark.parametrize("heads_broadcast", [False, True])
+@pytest.mark.parametrize("block", [(128, 128), (64, 192), (100, 37)])
+def test_table_matches_the_lists(block, heads_broadcast):
+    bst, state = random_block_sparse(2, 3, 300, 500, block, "cpu", seed=block[1], heads_broadcast=heads_broadcast)
+    t = block_sparse.table(bst, 2, 3, 300, 500, block)
+    assert t.shape == (2, 3, math.ceil(300 / block[0]), math.ceil(500 / block[1])) and t.dtype == torch.int8
+    assert torch.equal(t.int(), state.int())
+    assert torch.equal(t, _slow_table(bst, 2, 3, 300, 500, block))
+
+
+def test_table_drops_indices_out_of_range_and_past_the_count():
+    cnt = torch.tensor([[[3, 1]]], dtype=torch.int32)
+    idx = torch.tensor([[[[0, 9, -2, 1], [1, 0, 0, 0]]]], dtype=torch.int32)  # 9, -2: outside; row 1: one entry
+    bst = BlockSparseTensorsTorch(cnt, idx, block_size=(64, 64))
+    t = block_sparse.table(bst, 1, 1, 128, 256, (64, 64))
+    assert t.tolist() == [[[[1, 0, 0, 0], [0, 1, 0, 0]]]]
+    assert torch.equal(t, _slow_table(bst, 1, 1, 128, 256, (64, 64)))
+
+
+def _bst(**over):
+    bst, _ = random_block_sparse(2, 4, 300, 500, (128, 128), "cpu", seed=1)
+    return bst._replace(**over)
+
+
+def test_checks():
+    dev = torch.device("cpu")
+    ok = _bst()
+    assert block_sparse.check(ok, None, 2, 4, 300, 500, dev) == (128, 128)
+    cases = [
+        (dict(mask_block_cnt=ok.mask_block_cnt.long()), TypeError, "must be int32"),
+        (dict(mask_block_idx=ok.mask_block_idx[..., 0]), ValueError, "must have 4 dimensions"),
+        (dict(mask_block_cnt=ok.mask_block_cnt[:, :, :2]), ValueError, "expected 3"),
+        (dict(full_block_idx=ok.full_block_idx.repeat(1, 2, 1, 1)), ValueError, "expected 4 or 1"),
+        (dict(full_block_cnt=None, full_block_idx=ok.full_block_idx), TypeError, "full_block_cnt must be a torch"),
+        (dict(block_size=(128,)), ValueError, "pair of positive ints"),
+        (dict(block_size=(128, 0)), ValueError, "pair of positive ints"),
+        (dict(cu_total_m_blocks=ok.mask_block_cnt), NotImplementedError, "cu_total_m_blocks"),
+        (dict(dq_write_order=ok.mask_block_cnt), NotImplementedError, "dq_write_order"),
+        (dict(block_size=(64, 128)), ValueError, "expected 5"),
+    ]
+    for over, err, match in cases:
+        with pytest.raises(err, match=match):
+            block_sparse.check(ok._replace(**over), None, 2, 4, 300, 500, dev)
+    assert block_sparse.check(ok._replace(block_size=None), None, 2, 4, 300, 500, dev) == (128, 128)
+    with pytest.raises(ValueError, match="do not fit fa4's default block size"):
+        block_sparse.check(ok._replace(block_size=None), None, 2, 4, 700, 500, dev)
+    with pytest.raises(ValueError, match="block_sparse_tensors_bwd without block_sparse_tensors"):
+        block_sparse.check(None, ok, 2, 4, 300, 500, dev)
+    with pytest.raises(TypeError, match="BlockSparseTensorsTorch-like"):
+        block_sparse.check((ok.mask_block_cnt, ok.mask_block_idx), None, 2, 4, 300, 500, dev)
+    bwd, _ = random_block_sparse(2, 4, 500, 300, (128, 128), "cpu", seed=2)  # rows: K blocks
+    assert block_sparse.check(ok, bwd, 2, 4, 300, 500, dev) == (128, 128)
+    with pytest.raises(ValueError, match="block_sparse_tensors_bwd.mask_block_cnt has 3 rows"):
+        block_sparse.check(ok, ok, 2, 4, 300, 500, dev)
+
+
+def test_api_takes_block_sparse_tensors_before_launch():
+    """Through flash_attn_func (CPU tensors, the device check lifted): the checks run, one warning
+    says the blocks are not skipped, the call gets past validation (then fails: no GPU); varlen
+    refuses them; a user mask_mod with causal is refused as without block sparsity, while the
+    table alone combines with causal."""
+    from fa4 import validate
+
+    block_sparse._warned.clear()
+    q = torch.empty(2, 300, 4, 64, dtype=torch.bfloat16)
+    k = torch.empty(2, 500, 4, 64, dtype=torch.bfloat16)
+    bst = _bst()
+    with validate.allow_any_device():
+        with pytest.warns(UserWarning, match="do not skip the hidden blocks"), pytest.raises(Exception) as e:
+            fa4.flash_attn_func(q, k, k, block_sparse_tensors=bst, causal=True)
+        assert not isinstance(e.value, (ValueError, TypeError, NotImplementedError)), e.value
+        with pytest.raises(ValueError, match="ignores causal and window_size"):
+            fa4.flash_attn_func(q, k, k, block_sparse_tensors=bst, mask_mod=MASK_MODS["doc64"]()[0], causal=True)
+        with pytest.raises(ValueError, match="has 3 rows of blocks; expected 2"):
+            fa4.flash_attn_func(q[:, :200], k, k, block_sparse_tensors=bst)
+        cu = torch.tensor([0, 300], dtype=torch.int32)
+        with pytest.raises(NotImplementedError, match="block_sparse_tensors"):
+            fa4.flash_attn_varlen_func(q[0], k[0], k[0], cu_seqlens_q=cu, cu_seqlens_k=torch.tensor([0, 500]).int(),
+                                       block_sparse_tensors=bst)
+
+
+def test_mask_function_is_one_object_per_arguments():
+    """torch.compile guards on the mask function's identity: the same arguments give the same object."""
+    um = MASK_MODS["doc64"]()[0]
+    assert block_sparse.table_mask(um, 128, 128, 0, False) is block_sparse.table_mask(um, 128, 128, 0, False)
+    assert block_sparse.table_mask(um, 128, 128, 0, False) is not block_sparse.table_mask(um, 128, 64, 0, False)
+    keys = {mods.key_of(block_sparse.table_mask(m, 128, 128, 1, s), "mask_mod")
+            for m in (None, um) for s in (False, True)}
+    assert len(keys) == 4
+
+
+def test_explain_says_blocks_are_not_skipped():
+    q = torch.empty(2, 300, 4, 64, dtype=torch.bfloat16, device="meta")
+    ex = fa4.explain(q, q, q, capability=(9, 0), block_sparse_tensors=_bst())
+    assert any("do not skip the hidden blocks" in n for n in ex.notes)
+
+
+@pytest.mark.parametrize("kind", ["fwd90", "fwd90_user_scalars", "bwd90", "bwd90_d256", "fwd80", "bwd80"])
+def test_table_mask_compiles(kind):
+    """The mask function of a block-sparse call (the table alone, or around a user mask_mod, with
+    aux scalars) compiles in every family and direction, with causal."""
+    from mods_cases import scalar_alibi_band
+
+    from fa4 import jit
+    from fa4.bwd import sm80 as bwd80
+    from fa4.bwd import sm90 as bwd90
+    from fa4.fwd import sm80, sm90
+
+    bst, _ = random_block_sparse(2, 4, 300, 500, (128, 64), "cpu", seed=3)
+    table = block_sparse.table(bst, 2, 4, 300, 500, (128, 64))
+    scalars = (0.1, 40) if kind == "fwd90_user_scalars" else None
+    user = scalar_alibi_band()[2] if scalars else (MASK_MODS["head_parity"]()[0] if kind != "bwd80" else None)
+    fn = block_sparse.table_mask(user, 128, 64, 0, scalars is not None)
+    d = 256 if kind == "bwd90_d256" else 128
+    p = AttnProblem("bf16", 2, 300, 500, 4, 4, d, d, d ** -0.5, causal=user is None,
+                    mask_mod=mods.key_of(fn, "mask_mod"), aux=mods.aux_signature([table], None, scalars))
+    mod = {"fwd90": sm90, "fwd90_user_scalars": sm90, "bwd90": bwd90, "bwd90_d256": bwd90, "fwd80": sm80,
+           "bwd80": bwd80}[kind]
+    cfg = mod.make_config(p, None, "sm_80" if kind.endswith("80") else "sm_90a", kind.startswith("fwd"))
+    jit.compile_uncached(cfg, engine=False)
+
+
+def test_torch_compile_refuses_block_sparsity():
+    from fa4 import validate
+
+    bst = _bst()
+    q = torch.randn(2, 300, 4, 64, dtype=torch.bfloat16)
+    k = torch.randn(2, 500, 4, 64, dtype=torch.bfloat16)
+
+    def call(q, k):
+        return fa4.flash_attn_func(q, k, k, block_sparse_tensors=bst)[0]
+
+    torch._dynamo.reset()
+    with validate.allow_any_device(), pytest.raises(Exception, match="block_sparse_tensors under torch.compile"):
+        torch.compile(call, fullgraph=True, backend="eager")(q, k)

@@ -1,0 +1,91 @@
+"""flash_attn.cute's block_sparse_tensors on the GPU (fa4/block_sparse.py): outputs and gradients
+against the float32 reference masked by the same block lists, both families; and against
+flash-attn-4's own block-sparse forward on the same inputs where it is installed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fa4
+from fa4.testing import attention_ref, check_close, grad_noise_floor, random_qkv
+from fwd_cases import check
+from mods_cases import MASK_MODS, block_sparse_twin, random_block_sparse
+
+
+def _grads(out, lse, inputs, ref_kw):
+    """(out, lse) gradients against the float32 reference's, by the pass rule with the floor."""
+    gen = torch.Generator("cuda").manual_seed(3)
+    g = torch.randn(out.shape, device="cuda", generator=gen).to(out.dtype)
+    glse = torch.randn(lse.shape, device="cuda", generator=gen)
+    got = torch.autograd.grad((out, lse), inputs, (g, glse))
+    q32 = [t.detach().float().requires_grad_() for t in inputs]
+    want = torch.autograd.grad(attention_ref(*q32, **ref_kw), q32, (g.float(), glse))
+    qlp = [t.detach().requires_grad_() for t in inputs]
+    pt = torch.autograd.grad(attention_ref(*qlp, upcast=False, **ref_kw), qlp, (g, glse))
+    floors = grad_noise_floor(*inputs, g)
+    for name, a, r, p in zip(("dq", "dk", "dv"), got, want, pt):
+        check_close(name, a, r, p, extra_atol=floors[name])
+
+
+CASES = [  # (family, head dim, (seqlen_q, seqlen_k), block size, user mask_mod, causal, heads broadcast)
+    ("sm90", 128, (1000, 1000), (128, 128), None, False, False),
+    ("sm90", 64, (700, 1300), (64, 192), "doc64", False, True),
+    ("sm90", 128, (1000, 1000), (128, 128), None, True, False),
+    ("sm90", 256, (300, 333), (100, 37), "head_parity", False, False),
+    ("sm80", 128, (1000, 777), (128, 128), "doc100", False, False),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family,d,seqlens,block,user,causal,hb", CASES,
+                         ids=[f"{f}-d{d}-{a}x{b}-{bq}x{bk}-{u}-{'causal' if c else 'full'}{'-hb' if h else ''}"
+                              for f, d, (a, b), (bq, bk), u, c, h in CASES])
+def test_block_sparse_forward_and_backward(family, d, seqlens, block, user, causal, hb):
+    """Random lists of mask and full blocks (and a q block of batch 0 that sees nothing: its rows
+    are 0 with lse -inf); forward and gradients against the reference with the same mask."""
+    sq, sk = seqlens
+    bst, state = random_block_sparse(2, 8, sq, sk, block, "cuda", seed=d + sq, heads_broadcast=hb, empty_row=True)
+    um, ut = MASK_MODS[user]() if user else (None, None)
+    q, k, v = random_qkv(2, sq, sk, 8, 2, d, torch.bfloat16, "cuda", requires_grad=True, seed=d)
+    opts = fa4.KernelOptions(arch=family)
+    out, lse = fa4.flash_attn_func(q, k, v, mask_mod=um, block_sparse_tensors=bst, causal=causal, return_lse=True,
+                                   kernel_options=opts)
+    twin = block_sparse_twin(state, block, ut)
+    with torch.no_grad():
+        check(out, lse, q, k, v, mask_fn=twin, causal=causal)
+    _grads(out, lse, (q, k, v), dict(mask_fn=twin, causal=causal))
+
+
+@pytest.mark.gpu
+def test_block_sparse_decode_packed_and_split():
+    """Decode shapes with packed GQA rows and split-KV: the table is indexed by the q head."""
+    bst, state = random_block_sparse(4, 16, 4, 3000, (128, 128), "cuda", seed=5)
+    q, k, v = random_qkv(4, 4, 3000, 16, 2, 128, torch.bfloat16, "cuda", seed=5)
+    for pack_gqa, splits in ((True, 3), (False, 1)):
+        out, lse = fa4.flash_attn_func(q, k, v, block_sparse_tensors=bst, pack_gqa=pack_gqa, num_splits=splits,
+                                       return_lse=True, kernel_options=fa4.KernelOptions(arch="sm90"))
+        check(out, lse, q, k, v, mask_fn=block_sparse_twin(state, (128, 128)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("user", [None, "doc64"])
+def test_block_sparse_matches_flash_attn_4(user):
+    """The same call through flash_attn.cute (its sm90 forward's tile is 128 x 128 at d128, the lists'
+    block size): the two outputs agree within the rule's tolerance of the reference."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("compared on Hopper")
+    cute_api = pytest.importorskip("flash_attn.cute")
+    peer_bs = pytest.importorskip("flash_attn.cute.block_sparsity")
+    bst, state = random_block_sparse(2, 8, 1024, 1024, (128, 128), "cuda", seed=9)
+    peer_bst = peer_bs.BlockSparseTensorsTorch(bst.mask_block_cnt, bst.mask_block_idx, bst.full_block_cnt,
+                                               bst.full_block_idx, block_size=(128, 128))
+    um, ut = MASK_MODS[user]() if user else (None, None)
+    q, k, v = random_qkv(2, 1024, 1024, 8, 8, 128, torch.bfloat16, "cuda", seed=10)
+    ours, _ = fa4.flash_attn_func(q, k, v, mask_mod=um, block_sparse_tensors=bst, return_lse=True)
+    theirs = cute_api.flash_attn_func(q, k, v, mask_mod=um, block_sparse_tensors=peer_bst)
+    theirs = theirs[0] if isinstance(theirs, tuple) else theirs
+    ref, _ = attention_ref(q.float(), k.float(), v.float(), mask_fn=block_sparse_twin(state, (128, 128), ut))
+    err_ours = (ours.float() - ref).abs().max().item()
+    err_theirs = (theirs.float() - ref).abs().max().item()
+    assert err_ours <= 2 * err_theirs + 1e-3, (err_ours, err_theirs)
