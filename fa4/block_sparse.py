@@ -15,17 +15,21 @@ The first ``cnt`` entries of each index row count; B and H may be 1 (broadcast).
 (flash_attn.cute's default is its own kernel's tile, which fa4's kernels do not share).
 
 Note [Block sparsity as a block table]
-    The kernels do not skip blocks yet. The call's lists become one int8 table ``(B, H, Mb, Nb)``
+    The call's lists become one int8 table ``(B, H, Mb, Nb)``
     (0 hidden, 1 through the mask_mod, 2 whole), built on the device by scatters (no host sync;
     an index outside ``[0, Nb)`` or past its row's count is dropped), and passed as one more aux
     tensor. The mask function of the call (:func:`table_mask`) reads the table at ``(b, h, q_idx //
     q block, kv_idx // kv block)`` and calls the user's ``mask_mod`` only on the blocks marked 1
     (its result is discarded on the others). The results are those of a kernel that skips the
     hidden blocks, in the forward and the backward of both families (the mask function is an
-    ordinary ``mask_mod``: Note [User functions in the compile key]), at the speed of computing
-    every block; a one-time warning and ``fa4.explain()`` say so. The backward reads the
-    forward's table, so ``block_sparse_tensors_bwd`` (the same pattern indexed by K block) is
-    checked for its shapes and not read. Eager calls only: under ``torch.compile`` the call raises
+    ordinary ``mask_mod``: Note [User functions in the compile key]). The sm90 forward also skips
+    the hidden blocks (``AttnProblem.block_table`` names the table; ``FwdSm90Config.block_skip``,
+    :class:`fa4.mods_kernel.BlockSkip`): its producer and consumers narrow each tile's K range to
+    its visible blocks and step over the hidden ones, where a kernel block touches at most 16
+    table entries and the tile's rows are one q head (no pack GQA). Every other path (the
+    backward, the sm80 family) computes every block, at dense speed, with a one-time warning per
+    direction. The backward reads the forward's table, so ``block_sparse_tensors_bwd`` (the same
+    pattern indexed by K block) is checked for its shapes and not read. Eager calls only: under ``torch.compile`` the call raises
     NotImplementedError (dynamo cannot trace the making of the mask function, nor guard on one made
     outside the graph); there, build the table with :func:`table` and read it in your own mask_mod.
 """
@@ -123,22 +127,19 @@ def check(bst, bst_bwd, batch: int, heads: int, seqlen_q: int, seqlen_k: int, de
         _check_pair(bst_bwd, "block_sparse_tensors_bwd", "mask_block_cnt", "mask_block_idx", lead, nb, device, True)
         _check_pair(bst_bwd, "block_sparse_tensors_bwd", "full_block_cnt", "full_block_idx", lead, nb, device,
                     False)
-    _warn_dense_speed()
     return bq, bk
 
 
-def _warn_dense_speed() -> bool:
-    """The one-time warning that blocks are not skipped (a constant result for torch.compile, which
-    runs it once at trace time instead of breaking the graph on ``warnings.warn``)."""
-    if not _warned:
-        _warned.append(True)
-        warnings.warn("fa4: block_sparse_tensors are honoured as a mask (the same results), but fa4's kernels do "
-                      "not skip the hidden blocks yet: a block-sparse call runs at the speed of the dense one "
-                      "(Note [Block sparsity as a block table] in fa4/block_sparse.py)", stacklevel=5)
-    return True
-
-
-_warn_dense_speed._dynamo_marked_constant = True
+def warn_dense(direction: str, kernel: str) -> None:
+    """One warning per direction that a block-sparse call computes every block there (the same results
+    through the table's mask function, at dense speed): the backward, the sm80 family, and the sm90
+    forward where its tile cannot skip (pack GQA, sparse blocks much smaller than the tile)."""
+    if direction not in _warned:
+        _warned.append(direction)
+        warnings.warn(f"fa4: block_sparse_tensors in the {direction} ({kernel}): every block is computed, the "
+                      f"block table acting as a mask (the same results, at dense speed); only the sm90 forward "
+                      f"skips hidden blocks (Note [Block sparsity as a block table] in fa4/block_sparse.py)",
+                      stacklevel=4)
 
 
 def table(bst, batch: int, heads: int, seqlen_q: int, seqlen_k: int, block: tuple[int, int]):
@@ -208,8 +209,9 @@ def table_mask(user_mask: Optional[Callable], block_q: int, block_k: int, slot: 
 
 
 def explain_note() -> str:
-    return ("block_sparse_tensors: honoured as a block table read by the mask function (the same results); the "
-            "kernels do not skip the hidden blocks yet, so the call runs at dense speed (fa4/block_sparse.py)")
+    return ("block_sparse_tensors: a block table read by the mask function (the same results); the sm90 forward "
+            "skips the hidden blocks (not with pack GQA), the backward and the sm80 family compute every block "
+            "(fa4/block_sparse.py)")
 
 
 def describe(bst: Any) -> str:  # pragma: no cover - debugging aid

@@ -163,7 +163,9 @@ class AttnProblem:
     (a learnable sink logit per q head, applied in the forward's softmax). ``score_mod`` /
     ``mask_mod``: the keys of user functions (forward only; :mod:`fa4.mods`), '' when absent;
     ``aux``: the ``(dtype, ndim)`` of each of their aux tensors; ``score_mod_bwd``: the key of the
-    score_mod's derivative (backward only).
+    score_mod's derivative (backward only). ``block_table``: ``(slot, block_q, block_k)`` when aux
+    tensor ``slot`` is a block-sparse call's block table (fa4/block_sparse.py), whose hidden blocks
+    a forward may skip.
     """
 
     dtype: str
@@ -194,6 +196,7 @@ class AttnProblem:
     mask_mod: str = ""
     aux: tuple = ()
     score_mod_bwd: str = ""
+    block_table: tuple = ()
 
     @property
     def qhead_per_kvhead(self) -> int:

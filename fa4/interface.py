@@ -68,9 +68,9 @@ def _with_hints(problem: AttnProblem, num_splits, pack_gqa) -> AttnProblem:
 
 
 def _with_block_sparsity(problem: AttnProblem, bst, bst_bwd, mask_mod, aux_tensors, aux_scalars, device):
-    """The mask function and aux tensors of a block-sparse call: the block table appended to the
-    aux tensors, read by :func:`fa4.block_sparse.table_mask` around the user's ``mask_mod`` (Note
-    [Block sparsity as a block table] in fa4/block_sparse.py)."""
+    """The mask function and aux tensors of a block-sparse call, and its ``AttnProblem.block_table``:
+    the block table appended to the aux tensors, read by :func:`fa4.block_sparse.table_mask` around
+    the user's ``mask_mod`` (Note [Block sparsity as a block table] in fa4/block_sparse.py)."""
     from fa4 import block_sparse
 
     if torch.compiler.is_compiling():
@@ -88,7 +88,7 @@ def _with_block_sparsity(problem: AttnProblem, bst, bst_bwd, mask_mod, aux_tenso
     table = block_sparse.table(bst, problem.batch, problem.heads, problem.seqlen_q, problem.seqlen_k, block)
     slot = len(aux_tensors or ())
     fn = block_sparse.table_mask(mask_mod, block[0], block[1], slot, aux_scalars is not None)
-    return fn, list(aux_tensors or ()) + [table]
+    return fn, list(aux_tensors or ()) + [table], (slot, block[0], block[1])
 
 
 def _refuse_mask_with_window():
@@ -276,13 +276,14 @@ def flash_attn_func(
     _check_flags(kernel_options, deterministic, return_lse)
     problem = _with_hints(validate.check_dense(q, k, v, softmax_scale, causal, window_size, softcap), num_splits,
                           pack_gqa)
-    generated = False
+    table = ()
     if block_sparse_tensors is not None or block_sparse_tensors_bwd is not None:
-        mask_mod, aux_tensors = _with_block_sparsity(problem, block_sparse_tensors, block_sparse_tensors_bwd, mask_mod,
-                                                     aux_tensors, aux_scalars, q.device)
-        generated = True
+        mask_mod, aux_tensors, table = _with_block_sparsity(problem, block_sparse_tensors, block_sparse_tensors_bwd,
+                                                            mask_mod, aux_tensors, aux_scalars, q.device)
     problem = _with_mods(problem, score_mod, mask_mod, aux_tensors, aux_scalars, q.device, score_mod_bwd,
-                         generated_mask=generated)
+                         generated_mask=bool(table))
+    if table:
+        problem = dataclasses.replace(problem, block_table=table)
     aux = tuple(aux_tensors or ()) + tuple(aux_scalars or ()) if problem.aux else None
     if learnable_sink is not None:
         validate.check_sink(learnable_sink, problem.heads, q.device)

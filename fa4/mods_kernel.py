@@ -196,3 +196,54 @@ class UserMods:
                     if const_expr(isinstance(keep, cute.TensorSSA)):
                         keep = keep[0]
                     acc_S[i + j] = acc_S[i + j] if keep else -Float32.inf
+
+
+@dataclass(frozen=True)
+class BlockSkip:
+    """Which K blocks of one forward tile a block-sparse call hides (Note [Block sparsity as a block
+    table] in fa4/block_sparse.py): ``table`` is the call's int8 ``(B, H, Mb, Nb)`` block table
+    (0 hidden) in sparse blocks of ``block_q`` x ``block_k`` tokens; kernel block ``n`` of tile
+    ``m_block`` is hidden when every table entry its rows and keys touch is 0 (then skipping it
+    changes nothing: the table's mask function would hide all its scores)."""
+
+    table: Any  # cute.Tensor, int8 (B, H, Mb, Nb)
+    block_q: cutlass.Constexpr[int]
+    block_k: cutlass.Constexpr[int]
+    tile_m: cutlass.Constexpr[int]
+    tile_n: cutlass.Constexpr[int]
+    batch: Int32
+    head: Int32
+    m_block: Int32
+
+    @staticmethod
+    def spans(tile: int, block: int) -> int:
+        """The most sparse blocks ``tile`` consecutive positions can touch."""
+        return (tile + block - 2) // block + 1
+
+    @cute.jit
+    def visible(self, n: Int32):
+        """Whether kernel block ``n`` has any table entry that is not 0 (a warp-uniform Boolean)."""
+        last_row = self.table.shape[2] - 1
+        last_col = self.table.shape[3] - 1
+        r0 = self.m_block * self.tile_m // self.block_q
+        r1 = cutlass.min((self.m_block * self.tile_m + self.tile_m - 1) // self.block_q, last_row)
+        c0 = n * self.tile_n // self.block_k
+        c1 = cutlass.min((n * self.tile_n + self.tile_n - 1) // self.block_k, last_col)
+        seen = Int32(0)
+        for dr in cutlass.range_constexpr(BlockSkip.spans(self.tile_m, self.block_q)):
+            for dc in cutlass.range_constexpr(BlockSkip.spans(self.tile_n, self.block_k)):
+                # (clamped: an entry read twice changes nothing)
+                entry = self.table[self.batch, self.head, cutlass.min(r0 + dr, r1), cutlass.min(c0 + dc, c1)]
+                seen = seen | Int32(entry)
+        return seen != 0
+
+    @cute.jit
+    def narrow(self, n_min: Int32, n_max: Int32):
+        """``[lo, hi)``: the range from the lowest visible block of ``[n_min, n_max)`` to the highest
+        (``lo >= hi`` when none is visible), so the tile's first block (``hi - 1``) is one it computes."""
+        lo, hi = n_max, n_min
+        for n in cutlass.range(n_min, n_max, unroll=4):
+            if self.visible(n):
+                lo = cutlass.min(lo, n)
+                hi = cutlass.max(hi, n + 1)
+        return lo, hi

@@ -115,10 +115,39 @@ def _rel_bias(q):
     return dict(score_mod=rel_bias, score_mod_bwd=_shift_bwd(), aux_tensors=[table])
 
 
+def _block_doc(q, doc: int = 1024):
+    """The document mask of :func:`_doc_ids` with flash_attn.cute's block lists (128 x 128 blocks:
+    a (q, k) block pair of one document each is full, of documents that meet is a mask block,
+    others are hidden), so a kernel that skips blocks computes about the documents' share."""
+    import collections
+
+    kw = _doc_ids(q, doc)
+    ids, blk = kw["aux_tensors"][0], 128
+    b, s = ids.shape
+    first, last = ids.view(b, s // blk, blk)[..., 0], ids.view(b, s // blk, blk)[..., -1]
+    meet = (first[:, :, None] <= last[:, None, :]) & (first[:, None, :] <= last[:, :, None])
+    whole = meet & (first == last)[:, :, None] & (first == last)[:, None, :] & (first[:, :, None] == first[:, None, :])
+    part = meet & ~whole
+
+    def lists(sel):
+        order = torch.argsort((~sel).int(), dim=-1, stable=True).int()
+        return sel.sum(-1).int()[:, None], order[:, None]
+    try:
+        from flash_attn.cute.block_sparsity import BlockSparseTensorsTorch as Lists
+    except ImportError:
+        Lists = collections.namedtuple("BlockSparseTensorsTorch", "mask_block_cnt mask_block_idx full_block_cnt "
+                                       "full_block_idx block_size")
+    (mc, mi), (fc, fi) = lists(part), lists(whole)
+    return dict(kw, block_sparse_tensors=Lists(mask_block_cnt=mc, mask_block_idx=mi, full_block_cnt=fc,
+                                               full_block_idx=fi, block_size=(blk, blk)))
+
+
 USER_FUNCS = {
     "mods-alibi-d128": (([8192] * 2, None, 16, 16, 128, False, False), _alibi),
     "mods-docmask-d128": (([8192] * 2, None, 16, 16, 128, False, False), _doc_ids),
     "mods-relbias-d128-causal": (([8192] * 2, None, 16, 16, 128, True, False), _rel_bias),
+    # The same document mask with its block lists (block sparsity, fa4/block_sparse.py).
+    "mods-blockdoc-d128": (([8192] * 2, None, 16, 16, 128, False, False), _block_doc),
 }
 CASES.update({name: case for name, (case, _) in USER_FUNCS.items()})
 

@@ -58,6 +58,13 @@ def _family_module(d: _arch.Dispatch):
 _plans: dict = {}
 
 
+def _note_dense_blocks(direction: str, cfg) -> None:
+    """The one-time warning that a block-sparse call's ``direction`` computes every block (fa4/block_sparse.py)."""
+    from fa4 import block_sparse
+
+    block_sparse.warn_dense(direction, type(cfg).__name__)
+
+
 def _plan(direction: str, problem: AttnProblem, options: KernelOptions, device: torch.device, flag: bool):
     key = (direction, problem, options, device, flag)
     plan = _plans.get(key)
@@ -122,6 +129,8 @@ def _forward(problem: AttnProblem, q: torch.Tensor, k: torch.Tensor, v: torch.Te
             lse.fill_(-math.inf)
     else:
         mod, cfg = _plan("fwd", problem, options, q.device, need_lse)
+        if problem.block_table and not getattr(cfg, "block_skip", ()):
+            _note_dense_blocks("forward", cfg)
         mod.run(cfg, problem, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q=seqused_q,
                 page_table=page_table, sink=sink, **({"aux": aux} if aux else {}))
         return _as_user(out, varlen), _as_user(lse, varlen)
@@ -220,6 +229,8 @@ def _backward(problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_seqlens_q,
         dv.zero_()
         return dq, dk, dv
     mod, cfg = _plan("bwd", problem, options, q.device, deterministic)
+    if problem.block_table:
+        _note_dense_blocks("backward", cfg)
     mod.run_backward(
         cfg, problem, _as4d(dout, vq), _as4d(q, vq), _as4d(k, vk), _as4d(v, vk), _as4d(out, vq), _as4d(lse, vq),
         _as4d(dlse, vq), cu_seqlens_q, cu_seqlens_k, seqused_k, _as4d(dq, vq), _as4d(dk, vk), _as4d(dv, vk),

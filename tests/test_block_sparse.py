@@ -100,7 +100,7 @@ def test_api_takes_block_sparse_tensors_before_launch():
     k = torch.empty(2, 500, 4, 64, dtype=torch.bfloat16)
     bst = _bst()
     with validate.allow_any_device():
-        with pytest.warns(UserWarning, match="do not skip the hidden blocks"), pytest.raises(Exception) as e:
+        with pytest.raises(Exception) as e:
             fa4.flash_attn_func(q, k, k, block_sparse_tensors=bst, causal=True)
         assert not isinstance(e.value, (ValueError, TypeError, NotImplementedError)), e.value
         with pytest.raises(ValueError, match="ignores causal and window_size"):
@@ -123,10 +123,21 @@ def test_mask_function_is_one_object_per_arguments():
     assert len(keys) == 4
 
 
-def test_explain_says_blocks_are_not_skipped():
+def test_explain_names_the_paths_that_skip():
     q = torch.empty(2, 300, 4, 64, dtype=torch.bfloat16, device="meta")
     ex = fa4.explain(q, q, q, capability=(9, 0), block_sparse_tensors=_bst())
-    assert any("do not skip the hidden blocks" in n for n in ex.notes)
+    assert any("the sm90 forward skips the hidden blocks" in n for n in ex.notes)
+
+
+def test_dense_paths_warn_once_per_direction():
+    block_sparse._warned.clear()
+    for direction in ("forward", "backward"):
+        with pytest.warns(UserWarning, match=f"in the {direction} .*every block is computed"):
+            block_sparse.warn_dense(direction, "X")
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        block_sparse.warn_dense("forward", "X")
 
 
 @pytest.mark.parametrize("kind", ["fwd90", "fwd90_user_scalars", "bwd90", "bwd90_d256", "fwd80", "bwd80"])
@@ -167,3 +178,43 @@ def test_torch_compile_refuses_block_sparsity():
     torch._dynamo.reset()
     with validate.allow_any_device(), pytest.raises(Exception, match="block_sparse_tensors under torch.compile"):
         torch.compile(call, fullgraph=True, backend="eager")(q, k)
+
+
+def test_bench_block_lists_match_the_document_mask():
+    """fa4/offgrid.py's block-sparse case: its lists mark a block pair full where every (q, k) pair
+    in it is in one document, hidden where none is, mask otherwise."""
+    from fa4 import offgrid
+
+    q = torch.empty(2, 1024, 4, 64)
+    kw = offgrid._block_doc(q, doc=200)
+    ids, bst = kw["aux_tensors"][0], kw["block_sparse_tensors"]
+    assert block_sparse.check(bst, None, 2, 4, 1024, 1024, q.device) == (128, 128)
+    t = block_sparse.table(bst, 2, 4, 1024, 1024, (128, 128))
+    same = ids[:, :, None] == ids[:, None, :]  # (b, s, s)
+    blocks = same.view(2, 8, 128, 8, 128)
+    want = torch.where(blocks.all(dim=(2, 4)), 2, torch.where(blocks.any(dim=(2, 4)), 1, 0))
+    assert torch.equal(t[:, 0].long(), want) and torch.equal(t[:, 3], t[:, 0])
+    assert (want == 0).any() and (want == 2).any() and (want == 1).any()
+
+
+def test_config_skips_blocks_where_the_tile_allows():
+    """The sm90 forward's block_skip: on for aligned and unaligned block sizes with few table
+    reads a block, off with pack GQA and with sparse blocks much smaller than the tile; a config
+    with it compiles (producer and consumers walking the visible blocks)."""
+    from fa4 import jit
+    from fa4.fwd import sm90
+
+    def cfg(block, h=4, hk=4, sq=1000, d=128, causal=False):
+        bst, _ = random_block_sparse(2, h, sq, 1000, block, "cpu", seed=4)
+        table = block_sparse.table(bst, 2, h, sq, 1000, block)
+        fn = block_sparse.table_mask(None, *block, 0, False)
+        p = AttnProblem("bf16", 2, sq, 1000, h, hk, d, d, d ** -0.5, causal=causal,
+                        mask_mod=mods.key_of(fn, "mask_mod"), aux=mods.aux_signature([table], None),
+                        block_table=(0, *block))
+        return sm90.make_config(p, None, "sm_90a", True)
+
+    assert cfg((128, 128)).block_skip == (0, 128, 128)
+    assert cfg((100, 37)).block_skip == (0, 100, 37)  # 3 x 5 reads
+    assert cfg((16, 16)).block_skip == ()  # 9 x 9 reads: computed whole
+    assert cfg((128, 128), h=16, hk=2, sq=4).block_skip == ()  # decode: packed GQA rows
+    jit.compile_uncached(cfg((64, 192), d=64, causal=True), engine=False)

@@ -1,6 +1,7 @@
 """flash_attn.cute's block_sparse_tensors on the GPU (fa4/block_sparse.py): outputs and gradients
-against the float32 reference masked by the same block lists, both families; and against
-flash-attn-4's own block-sparse forward on the same inputs where it is installed."""
+against the float32 reference masked by the same block lists, both families (the sm90 forward
+skipping the hidden blocks, including unaligned block sizes and a tile with no visible block); and
+against flash-attn-4's own block-sparse forward on the same inputs where it is installed."""
 
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ def test_block_sparse_decode_packed_and_split():
     """Decode shapes with packed GQA rows and split-KV: the table is indexed by the q head."""
     bst, state = random_block_sparse(4, 16, 4, 3000, (128, 128), "cuda", seed=5)
     q, k, v = random_qkv(4, 4, 3000, 16, 2, 128, torch.bfloat16, "cuda", seed=5)
-    for pack_gqa, splits in ((True, 3), (False, 1)):
+    for pack_gqa, splits in ((True, 3), (False, 1), (False, 3)):  # (unpacked: the blocks skipped, split or not)
         out, lse = fa4.flash_attn_func(q, k, v, block_sparse_tensors=bst, pack_gqa=pack_gqa, num_splits=splits,
                                        return_lse=True, kernel_options=fa4.KernelOptions(arch="sm90"))
         check(out, lse, q, k, v, mask_fn=block_sparse_twin(state, (128, 128)))

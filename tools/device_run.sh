@@ -407,6 +407,9 @@ if has next31; then
   gpu_tests next31mods 360 tests/test_mods_gpu.py tests/test_block_sparse_gpu.py || exit 1
 fi
 if has next31b; then
+  # The document mask with its block lists: the sm90 forward skipping blocks, and not (block_skip=()).
+  logged next31bsparse 200 12 python3 -m fa4.bench --offgrid --mode fwd --rounds 2 \
+    --cases mods-blockdoc-d128,mods-docmask-d128 --variant "fwd.block_skip=()"
   logged next31modsbench 240 24 python3 -m fa4.bench --offgrid --mode fwd,bwd --rounds 2 \
     --cases mods-alibi-d128,mods-docmask-d128,mods-relbias-d128-causal
 fi

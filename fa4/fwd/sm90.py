@@ -121,7 +121,7 @@ from fa4.cute_utils import (
 from fa4.fwd import common as fwd_common
 from fa4.mask import AttentionMask, walk_blocks
 from fa4.mods import check_config, lookup
-from fa4.mods_kernel import UserMods, fake_aux
+from fa4.mods_kernel import BlockSkip, UserMods, fake_aux
 from fa4.pack_gqa import (
     TileRows, batch_slot, load_q_rows, partial_slot, row_sinks, store_acc_rows, store_lse_rows, store_rows,
 )
@@ -163,7 +163,10 @@ class FwdSm90Config(AttnFwdConfig):
     [Skipped claims] in fa4/sched/tile.py). ``compact_grid`` (varlen Q through cu_seqlens_q, not
     ``persistent``): one CTA per tile of ``total_q * g // tile_m + batch`` slots per scheduler head
     instead of ``ceil(max_seqlen_q * g / tile_m) * batch`` (Note [Compact varlen grid],
-    :class:`fa4.sched.tile.CompactVarlenTileScheduler`; an option, not yet timed)."""
+    :class:`fa4.sched.tile.CompactVarlenTileScheduler`; an option, not yet timed). ``block_skip``
+    ``(slot, block_q, block_k)``: aux tensor ``slot`` is a block-sparse call's block table, and the
+    producer and consumers skip the K blocks it hides (:class:`fa4.mods_kernel.BlockSkip`; not
+    with pack GQA, whose rows span several heads' table rows)."""
 
     head_dim: int = 128
     head_dim_v: int = 128
@@ -184,6 +187,7 @@ class FwdSm90Config(AttnFwdConfig):
     pp_steps_only: bool = False
     skip_empty: bool = False  # v0.28: tested, and not faster (varlen d128 -3 to -5%, masked rows +-3%)
     compact_grid: bool = False
+    block_skip: tuple = ()
 
     KERNEL = "fa4.fwd.sm90:FlashFwdSm90"
     REQUIRED_SASS = ("HGMMA", "UTMALDG")  # checked in the SASS of every compile variant (tests/test_compile.py)
@@ -289,6 +293,11 @@ class FlashFwdSm90:
         if cfg.compact_grid and (cfg.persistent or not cfg.varlen_q):
             raise ValueError("FwdSm90Config.compact_grid (Note [Compact varlen grid]) needs varlen_q (cu_seqlens_q) "
                              "and persistent=False (one CTA per tile)")
+        if cfg.block_skip:
+            slot, bq, bk = cfg.block_skip
+            if not (0 <= slot < len(cfg.aux) and cfg.aux[slot] == ("int8", 4)) or cfg.qhead_per_kvhead != 1:
+                raise ValueError(f"FwdSm90Config.block_skip {cfg.block_skip} needs aux[{slot}] an int8 4-D block "
+                                 f"table and no pack GQA (qhead_per_kvhead 1)")
         if cfg.split_kv and not cfg.has_lse:
             raise ValueError("FwdSm90Config.split_kv needs has_lse (the combine reads every split's LSE)")
         check_config(cfg, "FwdSm90Config", backward=False)
@@ -486,7 +495,7 @@ class FlashFwdSm90:
         tile_info = partial(self.tile_info, sched=sched, mCuSeqlensQ=mCuSeqlensQ, mCuSeqlensK=mCuSeqlensK,
                             mSeqUsedK=mSeqUsedK, mSeqUsedQ=mSeqUsedQ, seqlen_q_static=seqlen_q_static,
                             seqlen_k_static=seqlen_k_static, window_left=window_left, window_right=window_right,
-                            num_splits=num_splits)
+                            num_splits=num_splits, mAux=mAux)
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
@@ -498,7 +507,7 @@ class FlashFwdSm90:
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
-                self.load(mQ, mK, mV, sQ, sK, sV, tma_q, tma_k, tma_v, pipes, sched, tile_info, mPageTable)
+                self.load(mQ, mK, mV, sQ, sK, sV, tma_q, tma_k, tma_v, pipes, sched, tile_info, mPageTable, mAux)
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.mma_softmax(mQ, mO, mLSE, sQ, sK, sV, sO, tma_o, pipes, sched, tile_info, scale_log2, prescale,
@@ -527,10 +536,11 @@ class FlashFwdSm90:
 
     @cute.jit
     def tile_info(self, idx: Int32, sched, mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, mSeqUsedQ, seqlen_q_static,
-                  seqlen_k_static, window_left, window_right, num_splits):
+                  seqlen_k_static, window_left, window_right, num_splits, mAux=None):
         """``(m_block, head, split, batch, seqlen, mask, n_min, n_max, active)`` of tile ``idx``:
         ``head`` is the kv head when packed; ``[n_min, n_max)`` the K blocks of the tile's split
-        (may be empty); ``active`` is false for a varlen tile past its sequence."""
+        (may be empty; with ``block_skip``, from its lowest to its highest visible block);
+        ``active`` is false for a varlen tile past its sequence."""
         m_block, sched_head, batch = sched.tile(idx)
         head, split = sched_head, Int32(0)
         if const_expr(self.split):
@@ -542,15 +552,26 @@ class FlashFwdSm90:
         n_min, n_max = mask.n_block_range(m_block)
         if const_expr(self.split):
             n_min, n_max = split_range(n_min, n_max, split, num_splits)
+        if const_expr(self.cfg.block_skip):
+            n_min, n_max = self.block_skipper(mAux, batch, head, m_block).narrow(n_min, n_max)
         active = m_block * self.tile_m < seqlen.seqlen_q * self.cfg.qhead_per_kvhead
         return m_block, head, split, batch, seqlen, mask, n_min, n_max, active
+
+    def block_skipper(self, mAux, batch, head, m_block):
+        """The tile's :class:`BlockSkip` (``cfg.block_skip``), or None."""
+        if const_expr(not self.cfg.block_skip):
+            return None
+        slot, bq, bk = self.cfg.block_skip
+        return BlockSkip(mAux[slot], bq, bk, self.tile_m, self.tile_n, batch, head, m_block)
 
     # --- producer ---------------------------------------------------------------------------
 
     @cute.jit
-    def load(self, mQ, mK, mV, sQ, sK, sV, tma_q, tma_k, tma_v, pipes, sched, tile_info, mPageTable) -> None:
+    def load(self, mQ, mK, mV, sQ, sK, sV, tma_q, tma_k, tma_v, pipes, sched, tile_info, mPageTable,
+             mAux=None) -> None:
         """Warp 0: per tile, K[last], Q (by TMA unless packed), then K[n] / V[n + 1] pairs, then
-        V[first], over the K blocks of the tile's split (module docstring)."""
+        V[first], over the K blocks of the tile's split (module docstring); with ``block_skip``
+        the pairs are of visible blocks (K[n] / V[the previous visible one])."""
         pq, pk, pv = pipes["q"], pipes["k"], pipes["v"]
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
@@ -581,13 +602,26 @@ class FlashFwdSm90:
                     q_state.advance()
                 v_state = kv_state.clone()
                 kv_state.advance()
-                for i in cutlass.range(n_max - 1 - n_min, unroll=1):
-                    n = n_max - 2 - i
-                    self.load_block(tma_k, pk, tKgK, tKsK, n, kv_state)
-                    self.load_block(tma_v, pv, tVgV, tVsV, n + 1, v_state)
-                    kv_state.advance()
-                    v_state.advance()
-                self.load_block(tma_v, pv, tVgV, tVsV, n_min, v_state)
+                if const_expr(not self.cfg.block_skip):
+                    for i in cutlass.range(n_max - 1 - n_min, unroll=1):
+                        n = n_max - 2 - i
+                        self.load_block(tma_k, pk, tKgK, tKsK, n, kv_state)
+                        self.load_block(tma_v, pv, tVgV, tVsV, n + 1, v_state)
+                        kv_state.advance()
+                        v_state.advance()
+                    self.load_block(tma_v, pv, tVgV, tVsV, n_min, v_state)
+                else:
+                    skip = self.block_skipper(mAux, batch, head, m_block)
+                    prev = n_max - 1
+                    for i in cutlass.range(n_max - 1 - n_min, unroll=1):
+                        n = n_max - 2 - i
+                        if skip.visible(n):
+                            self.load_block(tma_k, pk, tKgK, tKsK, n, kv_state)
+                            self.load_block(tma_v, pv, tVgV, tVsV, prev, v_state)
+                            kv_state.advance()
+                            v_state.advance()
+                            prev = n
+                    self.load_block(tma_v, pv, tVgV, tVsV, prev, v_state)
             if const_expr(self.tma_q and self.o_in_q):
                 if active and n_min >= n_max:  # no K block: its Q anyway (Note [Empty tiles and o_in_q])
                     self.load_q(tma_q, mQ, sQ, pq, q_state, seqlen, batch, head, m_block)
@@ -748,6 +782,8 @@ class FlashFwdSm90:
                         self.clear_v_tail(pv, v_state, sV, seqlen.seqlen_k - (n_max - 1) * self.tile_n, tidx)
                     kv_state.advance()
                     step = partial(self.step_carry, c, softmax, mask, m_block, prescale, wg, umod=umod)
+                    if const_expr(self.cfg.block_skip):  # the hidden blocks: no step (the producer skips them too)
+                        step = partial(self.step_if_visible, self.block_skipper(mAux, batch, head, m_block), step)
                     kv_state, v_state = walk_blocks(mask, m_block, n_min, n_max, step, (kv_state, v_state),
                                                     cfg.one_step_loop)
                     if const_expr(self.tma_q and not self.o_in_q):
@@ -808,6 +844,14 @@ class FlashFwdSm90:
         if const_expr(umod is not None):
             umod.apply(acc_S, thr_mma_qk, m_block, n, prescale)
         mask.apply_block(acc_S, thr_mma_qk, m_block, n, mask_seqlen, mask_window, window_if)
+
+    @cute.jit
+    def step_if_visible(self, skip: BlockSkip, step, n: Int32, carry, mask_window: cutlass.Constexpr[bool],
+                        window_if=None):
+        """``step`` (:meth:`step_carry`) where block ``n`` is visible (``cfg.block_skip``); else the carry."""
+        if skip.visible(n):
+            carry = step(n, carry, mask_window, window_if)
+        return carry
 
     def step_carry(self, c, softmax, mask, m_block, prescale, wg, n, carry, mask_window, window_if, umod=None):
         """:meth:`step` in the form :func:`fa4.mask.walk_blocks` drives: the carry is the stage states."""
@@ -1057,10 +1101,27 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         qhead_per_kvhead=g,
         split_kv=splits > 1,
         page_rows=page_rows(problem.page_size, tile_n),
+        block_skip=block_skip(problem, tile_m, tile_n, g),
         **FwdSm90Config.fwd_flags(problem),
     )
     FlashFwdSm90.can_implement(cfg)
     return cfg
+
+
+# Table entries a kernel block may read to decide whether it is hidden (BlockSkip.visible); over
+# this (sparse blocks much smaller than the tile) the blocks are all computed.
+BLOCK_SKIP_MAX_READS = 16
+
+
+def block_skip(problem: AttnProblem, tile_m: int, tile_n: int, g: int) -> tuple:
+    """The config's ``block_skip`` for a block-sparse problem: its ``block_table`` where the tile can
+    skip hidden blocks (no pack GQA; few table entries per kernel block), else ``()``."""
+    if not problem.block_table or g != 1:
+        return ()
+    _, bq, bk = problem.block_table
+    if BlockSkip.spans(tile_m, bq) * BlockSkip.spans(tile_n, bk) > BLOCK_SKIP_MAX_READS:
+        return ()
+    return tuple(problem.block_table)
 
 
 def page_rows(page_size: int, tile_n: int) -> int:
