@@ -46,7 +46,8 @@ Note [User functions in the compile key]
     functions included), the values it closes over, its defaults, the globals its code names, a
     bound method's instance attributes, and ``__vec_size__``, where each value is plain (numbers,
     strings, tuples / lists / dicts of them, modules, classes, other functions by their own hash).
-    So a function redefined with the same code and values (a closure made per call, a script run
+    The code is the function's as fa4 first saw it (the DSL rewrites ``__code__`` in place on its
+    first trace). So a function redefined with the same code and values (a closure made per call, a script run
     again) reuses its kernel, and an edit, another captured or global value or another instance
     compiles a new one. A function that reads any other value (a tensor, a NumPy scalar, an
     object) is keyed by its identity instead (a bound method: its instance's and function's), with
@@ -76,6 +77,7 @@ import hashlib
 import inspect
 import types
 import warnings
+import weakref
 from typing import Any, Callable, Optional
 
 # key -> function (Note [User functions in the compile key]): the first function of each key, which
@@ -134,7 +136,7 @@ def _fingerprint(fn: Callable, depth: int = 0) -> str:
         h.update(repr(getattr(fn, "__vec_size__", None)).encode())
         return h.hexdigest()[:24]
     f = inspect.unwrap(fn)
-    code = getattr(f, "__code__", None)
+    code = _code_of(f)
     if code is None:
         raise _Opaque()
     h.update(f"{getattr(f, '__module__', '')}.{getattr(f, '__qualname__', '')}".encode())
@@ -158,6 +160,25 @@ def _fingerprint(fn: Callable, depth: int = 0) -> str:
             h.update(f"{name}=<unbound>".encode())  # (an attribute name, or a global not yet defined)
     h.update(repr(getattr(fn, "__vec_size__", None)).encode())
     return h.hexdigest()[:24]
+
+
+# The code object of each function as fa4 first saw it: the DSL rewrites a function's ``__code__``
+# in place when it first traces it (its AST preprocessor adds lines and names), which would change
+# the function's key after its first compile and so compile it again at the next call (v0.31).
+_first_code: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _code_of(f) -> Optional[types.CodeType]:
+    """``f.__code__`` as first seen (:data:`_first_code`), None if it has none."""
+    try:
+        code = _first_code.get(f)
+    except TypeError:  # not weak-referenceable
+        return getattr(f, "__code__", None)
+    if code is None:
+        code = getattr(f, "__code__", None)
+        if code is not None:
+            _first_code[f] = code
+    return code
 
 
 def _global_names(code: types.CodeType) -> list[str]:

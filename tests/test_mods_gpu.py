@@ -346,8 +346,10 @@ def test_torch_compile_with_functions_matches_eager():
     q, k, v = random_qkv(2, 512, 512, 8, 2, 128, torch.bfloat16, "cuda", requires_grad=True, seed=15)
     g = torch.randn(2, 512, 8, 128, device="cuda", dtype=torch.bfloat16)
 
+    sb = derivative("alibi")  # (made outside the traced function: the DSL's decorator cannot be traced)
+
     def step(q, k, v, ids):
-        out, _ = fa4.flash_attn_func(q, k, v, score_mod=sm, score_mod_bwd=derivative("alibi"), mask_mod=fn,
+        out, _ = fa4.flash_attn_func(q, k, v, score_mod=sm, score_mod_bwd=sb, mask_mod=fn,
                                      aux_tensors=[ids], kernel_options=SM90)
         return (out.float() * g.float()).sum()
 
