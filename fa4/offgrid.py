@@ -98,7 +98,8 @@ def _doc_ids(q, doc: int = 1024):
     @cute.jit
     def same_doc(b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
         d = aux_tensors[0]
-        return d[b[0], q_idx[0]] == d[b[0], kv_idx[0]]
+        # A one-element vector, as flash_attn.cute reads a mask_mod's result (fa4 takes a scalar too).
+        return (kv_idx - kv_idx + (d[b[0], q_idx[0]] - d[b[0], kv_idx[0]])) == 0
     return dict(mask_mod=same_doc, aux_tensors=[ids])
 
 

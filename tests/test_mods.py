@@ -737,3 +737,19 @@ def test_functions_compile_on_other_paths(case):
         cfg = dataclasses.replace(cfg, one_step_loop=True)
     assert (cfg.page_rows > 0) == (case == "paged") and cfg.has_sink == (case == "sink")
     jit.compile_uncached(cfg, engine=False)
+
+
+def test_key_is_stable_across_the_first_trace():
+    """The DSL rewrites a function's ``__code__`` when it first traces it; the key is of the code as
+    first seen, so the next call finds the kernel the first compiled (v0.31: it compiled again)."""
+    from mods_cases import SCORE_MODS
+
+    from fa4 import jit
+    from fa4.fwd import sm90
+
+    fn = SCORE_MODS["alibi"]()[0]
+    before = mods.key_of(fn, "score_mod")
+    p = AttnProblem("bf16", 2, 256, 256, 4, 4, 64, 64, 0.125, score_mod=before)
+    jit.compile_uncached(sm90.make_config(p, None, "sm_90a", True), engine=False)
+    assert mods.key_of(fn, "score_mod") == before
+    assert mods.key_of(SCORE_MODS["alibi"]()[0], "score_mod") == before  # a new closure of the same values
