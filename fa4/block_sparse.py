@@ -81,15 +81,18 @@ def _check_pair(bst, what: str, cnt_name: str, idx_name: str, lead: tuple, rows:
     return True
 
 
-def block_size(bst, seqlen_q: int, seqlen_k: int) -> tuple[int, int]:
-    """``bst.block_size`` as a pair of positive ints, or :data:`DEFAULT_BLOCK` where it is None and
-    the counts' shape fits it."""
+def block_size(bst, seqlen_q: int, seqlen_k: int, head_dim: int = 128) -> tuple[int, int]:
+    """``bst.block_size`` as a pair of positive ints, or :data:`DEFAULT_BLOCK` where it is None, the
+    head dim is 128 and the counts' shape fits it. (flash_attn.cute reads a None as its own
+    kernel's tile, 128 x 128 on Hopper at head dim 128 only; elsewhere the lists' meaning depends on
+    its tile table, so fa4 asks for the size.)"""
     size = _field(bst, "block_size")
     if size is None:
         rows = _field(bst, "mask_block_cnt").shape[-1]
-        if rows != math.ceil(seqlen_q / DEFAULT_BLOCK[0]):
-            raise ValueError(f"block_sparse_tensors.block_size is None and mask_block_cnt's {rows} q blocks do not "
-                             f"fit fa4's default block size {DEFAULT_BLOCK}; pass block_size=(q block, kv block)")
+        if head_dim != 128 or rows != math.ceil(seqlen_q / DEFAULT_BLOCK[0]):
+            raise ValueError(f"block_sparse_tensors.block_size is None: fa4 takes it as {DEFAULT_BLOCK} only at head "
+                             f"dim 128 with ceil(seqlen_q / 128) q blocks (head dim {head_dim}, {rows} q blocks); "
+                             f"pass block_size=(q block, kv block) in tokens")
         return DEFAULT_BLOCK
     if (not isinstance(size, (tuple, list)) or len(size) != 2
             or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in size)):
@@ -97,7 +100,8 @@ def block_size(bst, seqlen_q: int, seqlen_k: int) -> tuple[int, int]:
     return int(size[0]), int(size[1])
 
 
-def check(bst, bst_bwd, batch: int, heads: int, seqlen_q: int, seqlen_k: int, device) -> tuple[int, int]:
+def check(bst, bst_bwd, batch: int, heads: int, seqlen_q: int, seqlen_k: int, device,
+          head_dim: int = 128) -> tuple[int, int]:
     """Validate a call's block-sparse tensors (before any launch); returns the block size."""
     if bst is None:
         if bst_bwd is not None:
@@ -112,16 +116,16 @@ def check(bst, bst_bwd, batch: int, heads: int, seqlen_q: int, seqlen_k: int, de
                             f"mask_block_idx, full_block_cnt, full_block_idx, ..., block_size), got "
                             f"{type(value).__name__}")
         for name in UNSUPPORTED_FIELDS:
-            if _field(value, name) is not None:
+            if _field(value, name) is not None and _field(value, name) is not False:  # (spt=False: the default)
                 raise NotImplementedError(f"fa4 does not support {what}.{name} yet (varlen block sparsity and "
                                           f"flash_attn.cute's backward write orders)")
-    bq, bk = block_size(bst, seqlen_q, seqlen_k)
+    bq, bk = block_size(bst, seqlen_q, seqlen_k, head_dim)
     mb, nb = math.ceil(seqlen_q / bq), math.ceil(seqlen_k / bk)
     lead = (batch, heads)
     _check_pair(bst, "block_sparse_tensors", "mask_block_cnt", "mask_block_idx", lead, mb, device, True)
     _check_pair(bst, "block_sparse_tensors", "full_block_cnt", "full_block_idx", lead, mb, device, False)
     if bst_bwd is not None:  # indexed by K block (rows: the K blocks; entries: q blocks)
-        if tuple(block_size(bst_bwd, seqlen_q, seqlen_k) if _field(bst_bwd, "block_size") is not None
+        if tuple(block_size(bst_bwd, seqlen_q, seqlen_k, head_dim) if _field(bst_bwd, "block_size") is not None
                  else (bq, bk)) != (bq, bk):
             raise ValueError("block_sparse_tensors_bwd.block_size differs from block_sparse_tensors.block_size")
         _check_pair(bst_bwd, "block_sparse_tensors_bwd", "mask_block_cnt", "mask_block_idx", lead, nb, device, True)
@@ -183,6 +187,11 @@ def table_mask(user_mask: Optional[Callable], block_q: int, block_k: int, slot: 
     def state_of(b, h, q_idx, kv_idx, aux_tensors):
         return aux_tensors[slot][b[0], h[0], q_idx[0] // block_q, kv_idx[0] // block_k]
 
+    def own(aux_tensors):
+        """The user's aux tensors (the table is appended after them), None without any, as
+        flash_attn.cute passes a mask_mod's."""
+        return aux_tensors[:slot] if slot else None
+
     def decide(state, inner):
         if cutlass.const_expr(inner is None):
             return state != cutlass.Int8(0)
@@ -195,7 +204,7 @@ def table_mask(user_mask: Optional[Callable], block_q: int, block_k: int, slot: 
         def block_table_mask_s(b, h, q_idx, kv_idx, seqlen_info, aux_tensors, aux_scalars):
             inner = None
             if cutlass.const_expr(user_mask is not None):
-                inner = user_mask(b, h, q_idx, kv_idx, seqlen_info, aux_tensors, aux_scalars)
+                inner = user_mask(b, h, q_idx, kv_idx, seqlen_info, own(aux_tensors), aux_scalars)
             return decide(state_of(b, h, q_idx, kv_idx, aux_tensors), inner)
         return block_table_mask_s
 
@@ -203,7 +212,7 @@ def table_mask(user_mask: Optional[Callable], block_q: int, block_k: int, slot: 
     def block_table_mask(b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
         inner = None
         if cutlass.const_expr(user_mask is not None):
-            inner = user_mask(b, h, q_idx, kv_idx, seqlen_info, aux_tensors)
+            inner = user_mask(b, h, q_idx, kv_idx, seqlen_info, own(aux_tensors))
         return decide(state_of(b, h, q_idx, kv_idx, aux_tensors), inner)
     return block_table_mask
 

@@ -82,13 +82,19 @@ def _with_block_sparsity(problem: AttnProblem, bst, bst_bwd, mask_mod, aux_tenso
         _refuse_mask_with_window()
     if mask_mod is not None and not callable(mask_mod):
         raise TypeError(f"mask_mod must be a callable (a @cute.jit function), got {type(mask_mod).__name__}")
-    if aux_tensors is not None and not isinstance(aux_tensors, (list, tuple)):
-        raise TypeError(f"aux_tensors must be a non-empty list or tuple of tensors, got {type(aux_tensors).__name__}")
-    block = block_sparse.check(bst, bst_bwd, problem.batch, problem.heads, problem.seqlen_q, problem.seqlen_k, device)
+    # The user's own aux arguments, checked as without block sparsity (before the table is built).
+    mods.aux_signature(aux_tensors, device, aux_scalars)
+    block = block_sparse.check(bst, bst_bwd, problem.batch, problem.heads, problem.seqlen_q, problem.seqlen_k, device,
+                               problem.head_dim)
     table = block_sparse.table(bst, problem.batch, problem.heads, problem.seqlen_q, problem.seqlen_k, block)
     slot = len(aux_tensors or ())
     fn = block_sparse.table_mask(mask_mod, block[0], block[1], slot, aux_scalars is not None)
     return fn, list(aux_tensors or ()) + [table], (slot, block[0], block[1])
+
+
+def _no_empty(aux_scalars):
+    """An empty ``aux_scalars`` list or tuple is None (as flash_attn.cute takes it)."""
+    return None if isinstance(aux_scalars, (list, tuple)) and not aux_scalars else aux_scalars
 
 
 def _refuse_mask_with_window():
@@ -274,6 +280,7 @@ def flash_attn_func(
                                     gather_bwd_recompute_p=gather_bwd_recompute_p,
                                     gather_bwd_token_chunk=gather_bwd_token_chunk)
     _check_flags(kernel_options, deterministic, return_lse)
+    aux_scalars = _no_empty(aux_scalars)
     problem = _with_hints(validate.check_dense(q, k, v, softmax_scale, causal, window_size, softcap), num_splits,
                           pack_gqa)
     table = ()
@@ -352,6 +359,7 @@ def flash_attn_varlen_func(
     if min_seqlen_k is not None:
         _ignored_hint("min_seqlen_k", min_seqlen_k)
     _check_flags(kernel_options, deterministic, return_lse)
+    aux_scalars = _no_empty(aux_scalars)
     problem = _with_hints(validate.check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                                 seqused_k, softmax_scale, causal, window_size, softcap,
                                                 seqused_q=seqused_q, page_table=page_table),

@@ -241,7 +241,7 @@ class BlockSkip:
     def narrow(self, n_min: Int32, n_max: Int32):
         """``[lo, hi)``: the range from the lowest visible block of ``[n_min, n_max)`` to the highest
         (``lo >= hi`` when none is visible), so the tile's first block (``hi - 1``) is one it computes."""
-        lo, hi = n_max, n_min
+        lo, hi = n_max, cutlass.min(n_min, n_max)
         for n in cutlass.range(n_min, n_max, unroll=4):
             if self.visible(n):
                 lo = cutlass.min(lo, n)

@@ -76,8 +76,13 @@ def test_checks():
         with pytest.raises(err, match=match):
             block_sparse.check(ok._replace(**over), None, 2, 4, 300, 500, dev)
     assert block_sparse.check(ok._replace(block_size=None), None, 2, 4, 300, 500, dev) == (128, 128)
-    with pytest.raises(ValueError, match="do not fit fa4's default block size"):
+    with pytest.raises(ValueError, match="only at head dim 128 with ceil"):
         block_sparse.check(ok._replace(block_size=None), None, 2, 4, 700, 500, dev)
+    with pytest.raises(ValueError, match=r"\(head dim 256, 3 q blocks\); pass block_size"):
+        block_sparse.check(ok._replace(block_size=None), None, 2, 4, 300, 500, dev, head_dim=256)
+    assert block_sparse.check(ok._replace(spt=False), None, 2, 4, 300, 500, dev) == (128, 128)
+    with pytest.raises(NotImplementedError, match="spt"):
+        block_sparse.check(ok._replace(spt=True), None, 2, 4, 300, 500, dev)
     with pytest.raises(ValueError, match="block_sparse_tensors_bwd without block_sparse_tensors"):
         block_sparse.check(None, ok, 2, 4, 300, 500, dev)
     with pytest.raises(TypeError, match="BlockSparseTensorsTorch-like"):
