@@ -163,39 +163,57 @@ class UserMods:
                 acc_dS[i + j] = res[j] if grads[j] != 0.0 else Float32(0.0)
 
     @cute.jit
-    def apply(self, acc_S: cute.Tensor, thr_mma, m_block: Int32, n_block: Int32, softmax_scale) -> None:
+    def apply(self, acc_S: cute.Tensor, thr_mma, m_block: Int32, n_block: Int32, softmax_scale,
+              mask_off=None) -> None:
         """``score_mod`` on every score of the tile (times ``softmax_scale`` first), then
         ``mask_mod`` (-inf where it is False), in place on an ``S`` accumulator (``transpose``: the
         sm90 backward's ``S^T``, whose adjacent pairs are two queries of one key; ``backward``: a
         score_mod's output for queries past the sequence becomes -inf). One pass over the thread's
         scores, ``vec`` adjacent ones at a time: their coordinates are computed once for both
-        functions."""
+        functions. ``mask_off`` (a runtime, warp-uniform Boolean; block sparsity's full blocks):
+        where true the mask_mod is not called; the mask then takes a pass of its own under it."""
         tScS = self._identity(thr_mma)
         n = cute.size(acc_S)
         vec = 1
         if const_expr(self.score_mod is not None):
             vec = self._vec(self.score_mod, n)
-        for i in cutlass.range(0, n, vec, unroll_full=True):
-            heads, qs, ks = self._vector(tScS, i, vec, m_block, n_block)
-            if const_expr(self.score_mod is not None):
-                scores = [acc_S[i + j] * softmax_scale for j in range(vec)]
-                res = self._call(self.score_mod, [_ssa(scores, Float32)], vec, heads, qs, ks)
-                for j in cutlass.range_constexpr(vec):
-                    if const_expr(self.backward):
-                        # Queries past the sequence: P must be 0 there (their lse_log2 is +inf),
-                        # whatever the score_mod made of the scores (+inf or NaN would reach dV / dK).
-                        inside = self._row_inside(tScS, i + j, m_block)
-                        acc_S[i + j] = res[j] if inside else -Float32.inf
-                    else:
-                        acc_S[i + j] = res[j]  # (forward, dQ pass: rows past the sequence are not stored)
-            if const_expr(self.mask_mod is not None):
-                extra = (self.scalars,) if const_expr(self.scalars is not None) else ()
-                for j in cutlass.range_constexpr(vec):
-                    keep = self.mask_mod(_ssa([self.batch], Int32), _ssa([heads[j]], Int32), _ssa([qs[j]], Int32),
-                                         _ssa([ks[j]], Int32), self.seqlen, self.tensors, *extra)
-                    if const_expr(isinstance(keep, cute.TensorSSA)):
-                        keep = keep[0]
-                    acc_S[i + j] = acc_S[i + j] if keep else -Float32.inf
+        if const_expr(mask_off is None):
+            self._pass(acc_S, tScS, n, vec, m_block, n_block, softmax_scale, True, True)
+        else:
+            self._pass(acc_S, tScS, n, vec, m_block, n_block, softmax_scale, True, False)
+            if not mask_off:
+                self._pass(acc_S, tScS, n, vec, m_block, n_block, softmax_scale, False, True)
+
+    @cute.jit
+    def _pass(self, acc_S, tScS, n: cutlass.Constexpr[int], vec: cutlass.Constexpr[int], m_block, n_block,
+              softmax_scale, do_score: cutlass.Constexpr[bool], do_mask: cutlass.Constexpr[bool]) -> None:
+        """One pass of :meth:`apply` over the scores: the score_mod (``do_score``), the mask_mod
+        (``do_mask``), or both."""
+        do_score = do_score and self.score_mod is not None
+        do_mask = do_mask and self.mask_mod is not None
+        if const_expr(do_score or do_mask):
+            for i in cutlass.range(0, n, vec, unroll_full=True):
+                heads, qs, ks = self._vector(tScS, i, vec, m_block, n_block)
+                if const_expr(do_score):
+                    scores = [acc_S[i + j] * softmax_scale for j in range(vec)]
+                    res = self._call(self.score_mod, [_ssa(scores, Float32)], vec, heads, qs, ks)
+                    for j in cutlass.range_constexpr(vec):
+                        if const_expr(self.backward):
+                            # Queries past the sequence: P must be 0 there (their lse_log2 is +inf),
+                            # whatever the score_mod made of the scores (+inf or NaN would reach dV / dK).
+                            inside = self._row_inside(tScS, i + j, m_block)
+                            acc_S[i + j] = res[j] if inside else -Float32.inf
+                        else:
+                            acc_S[i + j] = res[j]  # (forward, dQ pass: rows past the sequence are not stored)
+                if const_expr(do_mask):
+                    extra = (self.scalars,) if const_expr(self.scalars is not None) else ()
+                    for j in cutlass.range_constexpr(vec):
+                        keep = self.mask_mod(_ssa([self.batch], Int32), _ssa([heads[j]], Int32),
+                                             _ssa([qs[j]], Int32), _ssa([ks[j]], Int32), self.seqlen, self.tensors,
+                                             *extra)
+                        if const_expr(isinstance(keep, cute.TensorSSA)):
+                            keep = keep[0]
+                        acc_S[i + j] = acc_S[i + j] if keep else -Float32.inf
 
 
 @dataclass(frozen=True)
@@ -236,6 +254,23 @@ class BlockSkip:
                 entry = self.table[self.batch, self.head, cutlass.min(r0 + dr, r1), cutlass.min(c0 + dc, c1)]
                 seen = seen | Int32(entry)
         return seen != 0
+
+    @cute.jit
+    def full(self, n: Int32):
+        """Whether every table entry kernel block ``n`` touches is 2 (taken whole: the mask function
+        need not run on it)."""
+        last_row = self.table.shape[2] - 1
+        last_col = self.table.shape[3] - 1
+        r0 = self.m_block * self.tile_m // self.block_q
+        r1 = cutlass.min((self.m_block * self.tile_m + self.tile_m - 1) // self.block_q, last_row)
+        c0 = n * self.tile_n // self.block_k
+        c1 = cutlass.min((n * self.tile_n + self.tile_n - 1) // self.block_k, last_col)
+        whole = Int32(1)
+        for dr in cutlass.range_constexpr(BlockSkip.spans(self.tile_m, self.block_q)):
+            for dc in cutlass.range_constexpr(BlockSkip.spans(self.tile_n, self.block_k)):
+                entry = self.table[self.batch, self.head, cutlass.min(r0 + dr, r1), cutlass.min(c0 + dc, c1)]
+                whole = whole & Int32(entry == cutlass.Int8(2))
+        return whole != 0
 
     @cute.jit
     def narrow(self, n_min: Int32, n_max: Int32):

@@ -774,7 +774,11 @@ class FlashFwdSm90:
                     self.pp_arrive(wg, edge=True)
                     warpgroup.wait_group(0)
                     pk.consumer_release(kv_state)
-                    self.scores(acc_S, mask, thr_mma_qk, m_block, n_max - 1, prescale, True, True, umod=umod)
+                    first_full = None
+                    if const_expr(self.cfg.block_skip):
+                        first_full = self.block_skipper(mAux, batch, head, m_block).full(n_max - 1)
+                    self.scores(acc_S, mask, thr_mma_qk, m_block, n_max - 1, prescale, True, True, umod=umod,
+                                mask_off=first_full)
                     row_scale_prev.store(softmax.update(acc_S, is_first=True)[0].load())
                     softmax.convert_P(acc_S, rP)
                     v_state = kv_state.clone()
@@ -834,34 +838,39 @@ class FlashFwdSm90:
     @cute.jit
     def scores(self, acc_S, mask: AttentionMask, thr_mma_qk, m_block: Int32, n: Int32, prescale,
                mask_seqlen: cutlass.Constexpr[bool], mask_window: cutlass.Constexpr[bool], window_if=None,
-               umod: Optional[UserMods] = None) -> None:
+               umod: Optional[UserMods] = None, mask_off=None) -> None:
         """Raw ``Q K^T`` of block ``n`` -> softcapped (or ``score_mod``-ed), masked scores (in place).
         ``window_if``: a runtime Boolean, the window mask applied only where it is true (one step
         body for every block, ``one_step_loop``). ``umod``: the tile's user functions
-        (:mod:`fa4.mods`), applied before the causal / window / length mask, on every block."""
+        (:mod:`fa4.mods`), applied before the causal / window / length mask, on every block;
+        ``mask_off``: a runtime Boolean, its mask_mod not called where true (a block-sparse call's
+        full blocks, ``cfg.block_skip``)."""
         if const_expr(self.cfg.has_softcap):
             apply_softcap(acc_S, prescale)
         if const_expr(umod is not None):
-            umod.apply(acc_S, thr_mma_qk, m_block, n, prescale)
+            umod.apply(acc_S, thr_mma_qk, m_block, n, prescale, mask_off)
         mask.apply_block(acc_S, thr_mma_qk, m_block, n, mask_seqlen, mask_window, window_if)
 
     @cute.jit
     def step_if_visible(self, skip: BlockSkip, step, n: Int32, carry, mask_window: cutlass.Constexpr[bool],
                         window_if=None):
-        """``step`` (:meth:`step_carry`) where block ``n`` is visible (``cfg.block_skip``); else the carry."""
+        """``step`` (:meth:`step_carry`) where block ``n`` is visible (``cfg.block_skip``), without the
+        mask function where it is full; else the carry."""
         if skip.visible(n):
-            carry = step(n, carry, mask_window, window_if)
+            carry = step(n, carry, mask_window, window_if, mask_off=skip.full(n))
         return carry
 
-    def step_carry(self, c, softmax, mask, m_block, prescale, wg, n, carry, mask_window, window_if, umod=None):
+    def step_carry(self, c, softmax, mask, m_block, prescale, wg, n, carry, mask_window, window_if, umod=None,
+                   mask_off=None):
         """:meth:`step` in the form :func:`fa4.mask.walk_blocks` drives: the carry is the stage states."""
         kv_state, v_state = carry
-        return self.step(c, softmax, mask, m_block, prescale, wg, n, kv_state, v_state, mask_window, window_if, umod)
+        return self.step(c, softmax, mask, m_block, prescale, wg, n, kv_state, v_state, mask_window, window_if, umod,
+                         mask_off)
 
     @cute.jit
     def step(self, c: SimpleNamespace, softmax: OnlineSoftmax, mask: AttentionMask, m_block: Int32, prescale,
              wg: Int32, n: Int32, kv_state, v_state, mask_window: cutlass.Constexpr[bool], window_if=None,
-             umod: Optional[UserMods] = None):
+             umod: Optional[UserMods] = None, mask_off=None):
         """One K block ``n`` after the first (Note [intra-warpgroup overlap]): ``S = Q K[n]^T`` and
         the previous block's ``O += P V`` in flight together; returns the advanced stage states."""
         c.pk.consumer_wait(kv_state)
@@ -874,7 +883,7 @@ class FlashFwdSm90:
         self.pp_arrive(wg)
         warpgroup.wait_group(1)
         c.pk.consumer_release(kv_state)
-        self.scores(c.acc_S, mask, c.thr_mma_qk, m_block, n, prescale, False, mask_window, window_if, umod)
+        self.scores(c.acc_S, mask, c.thr_mma_qk, m_block, n, prescale, False, mask_window, window_if, umod, mask_off)
         row_scale, do_rescale = softmax.update(c.acc_S)
         warpgroup.wait_group(0)
         c.pv.consumer_release(v_state)
