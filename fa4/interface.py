@@ -15,6 +15,7 @@ tile where that needs fewer tiles (short ``seqlen_q`` with GQA); ``True`` / ``Fa
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import warnings
 from dataclasses import dataclass, field
@@ -92,6 +93,17 @@ def _with_block_sparsity(problem: AttnProblem, bst, bst_bwd, mask_mod, aux_tenso
     return fn, list(aux_tensors or ()) + [table], (slot, block[0], block[1])
 
 
+@functools.lru_cache(maxsize=1)
+def _dynamo_guards_function_ids() -> bool:
+    """Whether this torch's dynamo guards ``id(fn)`` of a function (torch 2.13 does; 2.11's ``id()`` of a
+    function installs no guard: measured on the H200 host, v0.31)."""
+    parts = torch.__version__.split("+")[0].split(".")
+    try:
+        return (int(parts[0]), int(parts[1])) >= (2, 13)
+    except (ValueError, IndexError):
+        return True
+
+
 def _no_empty(aux_scalars):
     """An empty ``aux_scalars`` list or tuple is None (as flash_attn.cute takes it)."""
     return None if isinstance(aux_scalars, (list, tuple)) and not aux_scalars else aux_scalars
@@ -117,6 +129,13 @@ def _with_mods(problem: AttnProblem, score_mod, mask_mod, aux_tensors, aux_scala
         # Traced: the functions' keys are a constant of the graph, computed once per trace (Note
         # [User functions under torch.compile] in fa4/mods.py); the aux tensors' signature is read
         # from their (static) dtypes and ranks.
+        if not _dynamo_guards_function_ids():
+            raise NotImplementedError(
+                f"score_mod / mask_mod under torch.compile need torch >= 2.13 (this is {torch.__version__}): older "
+                f"dynamo guards a function by its code only, and every @cute.jit function shares the DSL's wrapper "
+                f"code, so a compiled callable would keep running the first function it traced when given another "
+                f"(another closure, another layer's function). Call fa4 outside the graph (a "
+                f"torch.compiler.disable'd function) or upgrade torch (Note [User functions under torch.compile])")
         for fn in (score_mod, mask_mod, score_mod_bwd):
             if fn is not None:
                 if inspect.ismethod(fn):

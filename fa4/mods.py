@@ -63,7 +63,11 @@ Note [User functions under torch.compile]
     is the DSL's ``jit_wrapper``, the same for every ``@cute.jit`` function). So another function
     object retraces, but the same object reading a changed global, captured value or attribute
     keeps its graph and kernel, and a closure made per call retraces at every call. Bound methods
-    are refused there (their instance cannot be a constant of the graph).
+    are refused there (their instance cannot be a constant of the graph). Torch before 2.13 is
+    refused too: its dynamo installs no guard for ``id()`` of a function and guards a function
+    argument by its ``__code__`` only, which every ``@cute.jit`` function shares, so a compiled
+    callable given another function kept running the first one's kernel (seen on the H200 host's
+    torch 2.11, v0.31).
 
 This module (host only: ``import fa4`` does not load the DSL) validates and names the functions
 (:func:`key_of`, :func:`lookup`, :func:`check`); :class:`fa4.mods_kernel.UserMods` applies them to an

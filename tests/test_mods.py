@@ -753,3 +753,20 @@ def test_key_is_stable_across_the_first_trace():
     jit.compile_uncached(sm90.make_config(p, None, "sm_90a", True), engine=False)
     assert mods.key_of(fn, "score_mod") == before
     assert mods.key_of(SCORE_MODS["alibi"]()[0], "score_mod") == before  # a new closure of the same values
+
+
+def test_torch_compile_refuses_functions_before_torch_2_13(monkeypatch):
+    """Torch before 2.13 guards a function argument by its code only (the DSL's shared wrapper), so a
+    compiled callable would keep its first function: fa4 refuses the trace there."""
+    from fa4 import interface, validate
+
+    monkeypatch.setattr(interface, "_dynamo_guards_function_ids", lambda: False)
+    q = torch.randn(2, 64, 4, 64, dtype=torch.bfloat16)
+    f = _make_bias(0.5)
+
+    def call(q):
+        return fa4.flash_attn_func(q, q, q, score_mod=f)[0]
+
+    torch._dynamo.reset()
+    with validate.allow_any_device(), pytest.raises(Exception, match="need torch >= 2.13"):
+        torch.compile(call, fullgraph=True, backend="eager")(q)
