@@ -199,7 +199,12 @@ def table_mask(user_mask: Optional[Callable], block_q: int, block_k: int, slot: 
             inner = inner[0]
         return (state == cutlass.Int8(2)) | ((state == cutlass.Int8(1)) & inner)
 
+    def marked(fn):
+        fn._fa4_inner = user_mask  # the kernels that skip blocks call it alone on blocks marked 1 (BlockSkip)
+        return fn
+
     if scalars:
+        @marked
         @cute.jit
         def block_table_mask_s(b, h, q_idx, kv_idx, seqlen_info, aux_tensors, aux_scalars):
             inner = None
@@ -208,6 +213,7 @@ def table_mask(user_mask: Optional[Callable], block_q: int, block_k: int, slot: 
             return decide(state_of(b, h, q_idx, kv_idx, aux_tensors), inner)
         return block_table_mask_s
 
+    @marked
     @cute.jit
     def block_table_mask(b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
         inner = None

@@ -62,6 +62,12 @@ class UserMods:
     transpose: cutlass.Constexpr[bool] = False  # the tile is S^T (keys x queries: the backward's)
     score_mod_bwd: cutlass.Constexpr = None  # the score_mod's derivative (the backward's apply_bwd)
     backward: cutlass.Constexpr[bool] = False  # query rows / columns past the sequence feed dK / dV sums
+    # Block skipping (fa4/block_sparse.py): the user's own mask_mod inside the call's table mask
+    # (None: none), how many of ``aux``'s tensors are the user's (the table follows them), and
+    # whether a kernel block can touch table entries of several states.
+    inner_mask: cutlass.Constexpr = None
+    inner_slot: cutlass.Constexpr[int] = 0
+    mixed: cutlass.Constexpr[bool] = True
 
     @property
     def tensors(self):
@@ -164,33 +170,44 @@ class UserMods:
 
     @cute.jit
     def apply(self, acc_S: cute.Tensor, thr_mma, m_block: Int32, n_block: Int32, softmax_scale,
-              mask_off=None) -> None:
+              mask_mode=None) -> None:
         """``score_mod`` on every score of the tile (times ``softmax_scale`` first), then
         ``mask_mod`` (-inf where it is False), in place on an ``S`` accumulator (``transpose``: the
         sm90 backward's ``S^T``, whose adjacent pairs are two queries of one key; ``backward``: a
         score_mod's output for queries past the sequence becomes -inf). One pass over the thread's
         scores, ``vec`` adjacent ones at a time: their coordinates are computed once for both
-        functions. ``mask_off`` (a runtime, warp-uniform Boolean; block sparsity's full blocks):
-        where true the mask_mod is not called; the mask then takes a pass of its own under it."""
+        functions. ``mask_mode`` (block skipping: a runtime, warp-uniform :class:`BlockSkip` mode):
+        WHOLE calls no mask function, INNER the user's own (``inner_mask``), MIXED the table's; the
+        mask then takes a pass of its own."""
         tScS = self._identity(thr_mma)
         n = cute.size(acc_S)
         vec = 1
         if const_expr(self.score_mod is not None):
             vec = self._vec(self.score_mod, n)
-        if const_expr(mask_off is None):
+        if const_expr(mask_mode is None):
             self._pass(acc_S, tScS, n, vec, m_block, n_block, softmax_scale, True, True)
         else:
             self._pass(acc_S, tScS, n, vec, m_block, n_block, softmax_scale, True, False)
-            if not mask_off:
-                self._pass(acc_S, tScS, n, vec, m_block, n_block, softmax_scale, False, True)
+            if const_expr(self.mixed):
+                if mask_mode == BlockSkip.MIXED:
+                    self._pass(acc_S, tScS, n, vec, m_block, n_block, softmax_scale, False, True)
+            if const_expr(self.inner_mask is not None):
+                if mask_mode == BlockSkip.INNER:
+                    self._pass(acc_S, tScS, n, vec, m_block, n_block, softmax_scale, False, True, True)
 
     @cute.jit
     def _pass(self, acc_S, tScS, n: cutlass.Constexpr[int], vec: cutlass.Constexpr[int], m_block, n_block,
-              softmax_scale, do_score: cutlass.Constexpr[bool], do_mask: cutlass.Constexpr[bool]) -> None:
+              softmax_scale, do_score: cutlass.Constexpr[bool], do_mask: cutlass.Constexpr[bool],
+              inner: cutlass.Constexpr[bool] = False) -> None:
         """One pass of :meth:`apply` over the scores: the score_mod (``do_score``), the mask_mod
-        (``do_mask``), or both."""
+        (``do_mask``; ``inner``: the user's own inside a block-sparse call's table mask, with its
+        own aux tensors), or both."""
         do_score = do_score and self.score_mod is not None
-        do_mask = do_mask and self.mask_mod is not None
+        mask_fn, mask_aux = self.mask_mod, self.tensors
+        if const_expr(inner):
+            mask_fn = self.inner_mask
+            mask_aux = self.tensors[:self.inner_slot] if const_expr(self.inner_slot > 0) else None
+        do_mask = do_mask and mask_fn is not None
         if const_expr(do_score or do_mask):
             for i in cutlass.range(0, n, vec, unroll_full=True):
                 heads, qs, ks = self._vector(tScS, i, vec, m_block, n_block)
@@ -208,9 +225,8 @@ class UserMods:
                 if const_expr(do_mask):
                     extra = (self.scalars,) if const_expr(self.scalars is not None) else ()
                     for j in cutlass.range_constexpr(vec):
-                        keep = self.mask_mod(_ssa([self.batch], Int32), _ssa([heads[j]], Int32),
-                                             _ssa([qs[j]], Int32), _ssa([ks[j]], Int32), self.seqlen, self.tensors,
-                                             *extra)
+                        keep = mask_fn(_ssa([self.batch], Int32), _ssa([heads[j]], Int32),
+                                       _ssa([qs[j]], Int32), _ssa([ks[j]], Int32), self.seqlen, mask_aux, *extra)
                         if const_expr(isinstance(keep, cute.TensorSSA)):
                             keep = keep[0]
                         acc_S[i + j] = acc_S[i + j] if keep else -Float32.inf
@@ -220,9 +236,10 @@ class UserMods:
 class BlockSkip:
     """Which K blocks of one forward tile a block-sparse call hides (Note [Block sparsity as a block
     table] in fa4/block_sparse.py): ``table`` is the call's int8 ``(B, H, Mb, Nb)`` block table
-    (0 hidden) in sparse blocks of ``block_q`` x ``block_k`` tokens; kernel block ``n`` of tile
-    ``m_block`` is hidden when every table entry its rows and keys touch is 0 (then skipping it
-    changes nothing: the table's mask function would hide all its scores)."""
+    (0 hidden, 1 through the mask_mod, 2 whole) in sparse blocks of ``block_q`` x ``block_k``
+    tokens; kernel block ``n`` of tile ``m_block`` is hidden when every table entry its rows and
+    keys touch is 0 (then skipping it changes nothing: the table's mask function would hide all its
+    scores)."""
 
     table: Any  # cute.Tensor, int8 (B, H, Mb, Nb)
     block_q: cutlass.Constexpr[int]
@@ -233,44 +250,66 @@ class BlockSkip:
     head: Int32
     m_block: Int32
 
+    # How a visible block's scores are masked (:meth:`state`; UserMods.apply's ``mask_mode``).
+    MIXED, WHOLE, INNER = 0, 1, 2
+
     @staticmethod
     def spans(tile: int, block: int) -> int:
-        """The most sparse blocks ``tile`` consecutive positions can touch."""
+        """The most sparse blocks ``tile`` consecutive positions, starting at a multiple of ``tile``,
+        can touch (exact where one size divides the other)."""
+        if block % tile == 0:
+            return 1
+        if tile % block == 0:
+            return tile // block
         return (tile + block - 2) // block + 1
+
+    @staticmethod
+    def uniform(tile_m: int, tile_n: int, block_q: int, block_k: int) -> bool:
+        """Whether every kernel block lies in one sparse block (so its state is never mixed)."""
+        return BlockSkip.spans(tile_m, block_q) == 1 and BlockSkip.spans(tile_n, block_k) == 1
+
+    def _entries(self, n: Int32) -> list:
+        """The table entries kernel block ``n`` touches (clamped at the table's edges: an entry read
+        twice changes nothing)."""
+        last_row = self.table.shape[2] - 1
+        last_col = self.table.shape[3] - 1
+        r0 = self.m_block * self.tile_m // self.block_q
+        c0 = n * self.tile_n // self.block_k
+        rows, cols = BlockSkip.spans(self.tile_m, self.block_q), BlockSkip.spans(self.tile_n, self.block_k)
+        r1 = r0 if rows == 1 else cutlass.min((self.m_block * self.tile_m + self.tile_m - 1) // self.block_q, last_row)
+        c1 = c0 if cols == 1 else cutlass.min((n * self.tile_n + self.tile_n - 1) // self.block_k, last_col)
+        out = []
+        for dr in range(rows):
+            for dc in range(cols):
+                r = r0 if dr == 0 else cutlass.min(r0 + dr, r1)
+                c = c0 if dc == 0 else cutlass.min(c0 + dc, c1)
+                out.append(Int32(self.table[self.batch, self.head, r, c]))
+        return out
 
     @cute.jit
     def visible(self, n: Int32):
         """Whether kernel block ``n`` has any table entry that is not 0 (a warp-uniform Boolean)."""
-        last_row = self.table.shape[2] - 1
-        last_col = self.table.shape[3] - 1
-        r0 = self.m_block * self.tile_m // self.block_q
-        r1 = cutlass.min((self.m_block * self.tile_m + self.tile_m - 1) // self.block_q, last_row)
-        c0 = n * self.tile_n // self.block_k
-        c1 = cutlass.min((n * self.tile_n + self.tile_n - 1) // self.block_k, last_col)
         seen = Int32(0)
-        for dr in cutlass.range_constexpr(BlockSkip.spans(self.tile_m, self.block_q)):
-            for dc in cutlass.range_constexpr(BlockSkip.spans(self.tile_n, self.block_k)):
-                # (clamped: an entry read twice changes nothing)
-                entry = self.table[self.batch, self.head, cutlass.min(r0 + dr, r1), cutlass.min(c0 + dc, c1)]
-                seen = seen | Int32(entry)
+        for e in self._entries(n):
+            seen = seen | e
         return seen != 0
 
     @cute.jit
-    def full(self, n: Int32):
-        """Whether every table entry kernel block ``n`` touches is 2 (taken whole: the mask function
-        need not run on it)."""
-        last_row = self.table.shape[2] - 1
-        last_col = self.table.shape[3] - 1
-        r0 = self.m_block * self.tile_m // self.block_q
-        r1 = cutlass.min((self.m_block * self.tile_m + self.tile_m - 1) // self.block_q, last_row)
-        c0 = n * self.tile_n // self.block_k
-        c1 = cutlass.min((n * self.tile_n + self.tile_n - 1) // self.block_k, last_col)
-        whole = Int32(1)
-        for dr in cutlass.range_constexpr(BlockSkip.spans(self.tile_m, self.block_q)):
-            for dc in cutlass.range_constexpr(BlockSkip.spans(self.tile_n, self.block_k)):
-                entry = self.table[self.batch, self.head, cutlass.min(r0 + dr, r1), cutlass.min(c0 + dc, c1)]
-                whole = whole & Int32(entry == cutlass.Int8(2))
-        return whole != 0
+    def state(self, n: Int32):
+        """``(visible, mode)`` of kernel block ``n`` from one read of its entries: ``mode`` WHOLE
+        when every entry is 2, INNER when every entry is 1 (the user's mask_mod alone decides), else
+        MIXED (the table's mask function, element by element)."""
+        seen, all2, all1 = Int32(0), Int32(1), Int32(1)
+        for e in self._entries(n):
+            seen = seen | e
+            all2 = all2 & Int32(e == 2)
+            all1 = all1 & Int32(e == 1)
+        mode = Int32(BlockSkip.MIXED)
+        if all2 != 0:
+            mode = Int32(BlockSkip.WHOLE)
+        if all1 != 0:
+            mode = Int32(BlockSkip.INNER)
+        return seen != 0, mode
 
     @cute.jit
     def narrow(self, n_min: Int32, n_max: Int32):

@@ -94,8 +94,8 @@ def test_checks():
 
 
 def test_api_takes_block_sparse_tensors_before_launch():
-    """Through flash_attn_func (CPU tensors, the device check lifted): the checks run, one warning
-    says the blocks are not skipped, the call gets past validation (then fails: no GPU); varlen
+    """Through flash_attn_func (CPU tensors, the device check lifted): the checks run and the call gets
+    past validation (then fails: no GPU); varlen
     refuses them; a user mask_mod with causal is refused as without block sparsity, while the
     table alone combines with causal."""
     from fa4 import validate
@@ -105,9 +105,9 @@ def test_api_takes_block_sparse_tensors_before_launch():
     k = torch.empty(2, 500, 4, 64, dtype=torch.bfloat16)
     bst = _bst()
     with validate.allow_any_device():
-        with pytest.raises(Exception) as e:
+        # Past every check, the call reaches the device (a CPU-only torch: "not compiled with CUDA").
+        with pytest.raises((AssertionError, RuntimeError), match="CUDA|cuda|device"):
             fa4.flash_attn_func(q, k, k, block_sparse_tensors=bst, causal=True)
-        assert not isinstance(e.value, (ValueError, TypeError, NotImplementedError)), e.value
         with pytest.raises(ValueError, match="ignores causal and window_size"):
             fa4.flash_attn_func(q, k, k, block_sparse_tensors=bst, mask_mod=MASK_MODS["doc64"]()[0], causal=True)
         with pytest.raises(ValueError, match="has 3 rows of blocks; expected 2"):

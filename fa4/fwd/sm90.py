@@ -557,6 +557,16 @@ class FlashFwdSm90:
         active = m_block * self.tile_m < seqlen.seqlen_q * self.cfg.qhead_per_kvhead
         return m_block, head, split, batch, seqlen, mask, n_min, n_max, active
 
+    def block_mods(self) -> dict:
+        """UserMods' block-skipping fields (``cfg.block_skip``): the user's own mask_mod inside the
+        table's (``_fa4_inner``, fa4/block_sparse.py), its aux tensors' count, whether a kernel block
+        can mix states."""
+        if const_expr(not self.cfg.block_skip):
+            return {}
+        slot, bq, bk = self.cfg.block_skip
+        return dict(inner_mask=getattr(self.mask_mod, "_fa4_inner", None), inner_slot=slot,
+                    mixed=not BlockSkip.uniform(self.tile_m, self.tile_n, bq, bk))
+
     def block_skipper(self, mAux, batch, head, m_block):
         """The tile's :class:`BlockSkip` (``cfg.block_skip``), or None."""
         if const_expr(not self.cfg.block_skip):
@@ -754,7 +764,7 @@ class FlashFwdSm90:
                 umod = None
                 if const_expr(self.user_mods):
                     umod = UserMods(self.score_mod, self.mask_mod, self.tile_m, self.tile_n, cfg.qhead_per_kvhead,
-                                    batch, head, seqlen, mAux)
+                                    batch, head, seqlen, mAux, **self.block_mods())
                 if has_work:
                     if const_expr(self.tma_q):
                         pq.consumer_wait(q_state)
@@ -774,11 +784,11 @@ class FlashFwdSm90:
                     self.pp_arrive(wg, edge=True)
                     warpgroup.wait_group(0)
                     pk.consumer_release(kv_state)
-                    first_full = None
+                    first_mode = None
                     if const_expr(self.cfg.block_skip):
-                        first_full = self.block_skipper(mAux, batch, head, m_block).full(n_max - 1)
+                        _, first_mode = self.block_skipper(mAux, batch, head, m_block).state(n_max - 1)
                     self.scores(acc_S, mask, thr_mma_qk, m_block, n_max - 1, prescale, True, True, umod=umod,
-                                mask_off=first_full)
+                                mask_mode=first_mode)
                     row_scale_prev.store(softmax.update(acc_S, is_first=True)[0].load())
                     softmax.convert_P(acc_S, rP)
                     v_state = kv_state.clone()
@@ -838,39 +848,40 @@ class FlashFwdSm90:
     @cute.jit
     def scores(self, acc_S, mask: AttentionMask, thr_mma_qk, m_block: Int32, n: Int32, prescale,
                mask_seqlen: cutlass.Constexpr[bool], mask_window: cutlass.Constexpr[bool], window_if=None,
-               umod: Optional[UserMods] = None, mask_off=None) -> None:
+               umod: Optional[UserMods] = None, mask_mode=None) -> None:
         """Raw ``Q K^T`` of block ``n`` -> softcapped (or ``score_mod``-ed), masked scores (in place).
         ``window_if``: a runtime Boolean, the window mask applied only where it is true (one step
         body for every block, ``one_step_loop``). ``umod``: the tile's user functions
         (:mod:`fa4.mods`), applied before the causal / window / length mask, on every block;
-        ``mask_off``: a runtime Boolean, its mask_mod not called where true (a block-sparse call's
-        full blocks, ``cfg.block_skip``)."""
+        ``mask_mode``: a block-sparse call's runtime :class:`BlockSkip` mode of the block (which mask
+        function runs, if any; ``cfg.block_skip``)."""
         if const_expr(self.cfg.has_softcap):
             apply_softcap(acc_S, prescale)
         if const_expr(umod is not None):
-            umod.apply(acc_S, thr_mma_qk, m_block, n, prescale, mask_off)
+            umod.apply(acc_S, thr_mma_qk, m_block, n, prescale, mask_mode)
         mask.apply_block(acc_S, thr_mma_qk, m_block, n, mask_seqlen, mask_window, window_if)
 
     @cute.jit
     def step_if_visible(self, skip: BlockSkip, step, n: Int32, carry, mask_window: cutlass.Constexpr[bool],
                         window_if=None):
-        """``step`` (:meth:`step_carry`) where block ``n`` is visible (``cfg.block_skip``), without the
-        mask function where it is full; else the carry."""
-        if skip.visible(n):
-            carry = step(n, carry, mask_window, window_if, mask_off=skip.full(n))
+        """``step`` (:meth:`step_carry`) where block ``n`` is visible (``cfg.block_skip``), with the mask
+        function its state asks for (:meth:`BlockSkip.state`); else the carry."""
+        visible, mode = skip.state(n)
+        if visible:
+            carry = step(n, carry, mask_window, window_if, mask_mode=mode)
         return carry
 
     def step_carry(self, c, softmax, mask, m_block, prescale, wg, n, carry, mask_window, window_if, umod=None,
-                   mask_off=None):
+                   mask_mode=None):
         """:meth:`step` in the form :func:`fa4.mask.walk_blocks` drives: the carry is the stage states."""
         kv_state, v_state = carry
         return self.step(c, softmax, mask, m_block, prescale, wg, n, kv_state, v_state, mask_window, window_if, umod,
-                         mask_off)
+                         mask_mode)
 
     @cute.jit
     def step(self, c: SimpleNamespace, softmax: OnlineSoftmax, mask: AttentionMask, m_block: Int32, prescale,
              wg: Int32, n: Int32, kv_state, v_state, mask_window: cutlass.Constexpr[bool], window_if=None,
-             umod: Optional[UserMods] = None, mask_off=None):
+             umod: Optional[UserMods] = None, mask_mode=None):
         """One K block ``n`` after the first (Note [intra-warpgroup overlap]): ``S = Q K[n]^T`` and
         the previous block's ``O += P V`` in flight together; returns the advanced stage states."""
         c.pk.consumer_wait(kv_state)
@@ -883,7 +894,7 @@ class FlashFwdSm90:
         self.pp_arrive(wg)
         warpgroup.wait_group(1)
         c.pk.consumer_release(kv_state)
-        self.scores(c.acc_S, mask, c.thr_mma_qk, m_block, n, prescale, False, mask_window, window_if, umod, mask_off)
+        self.scores(c.acc_S, mask, c.thr_mma_qk, m_block, n, prescale, False, mask_window, window_if, umod, mask_mode)
         row_scale, do_rescale = softmax.update(c.acc_S)
         warpgroup.wait_group(0)
         c.pv.consumer_release(v_state)
