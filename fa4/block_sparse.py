@@ -39,7 +39,7 @@ from __future__ import annotations
 import functools
 import math
 import warnings
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 DEFAULT_BLOCK = (128, 128)
 # Fields of flash_attn.cute's BlockSparseTensorsTorch fa4 does not take yet (varlen block sparsity,
@@ -153,9 +153,8 @@ def table(bst, batch: int, heads: int, seqlen_q: int, seqlen_k: int, block: tupl
     import torch
 
     nb = math.ceil(seqlen_k / block[1])
-    cnt = bst.mask_block_cnt
-    b0, h0, mb = max(cnt.shape[0], _lead(bst, 0)), max(cnt.shape[1], _lead(bst, 1)), cnt.shape[2]
-    out = torch.zeros(b0, h0, mb, nb + 1, dtype=torch.int8, device=cnt.device)  # column nb: dropped entries
+    b0, h0, mb = _lead(bst, 0), _lead(bst, 1), bst.mask_block_cnt.shape[2]
+    out = torch.zeros(b0, h0, mb, nb + 1, dtype=torch.int8, device=bst.mask_block_cnt.device)  # column nb: dropped
     for cnt_name, idx_name, mark in (("mask_block_cnt", "mask_block_idx", 1), ("full_block_cnt", "full_block_idx", 2)):
         c, i = _field(bst, cnt_name), _field(bst, idx_name)
         if c is None:
@@ -227,7 +226,3 @@ def explain_note() -> str:
     return ("block_sparse_tensors: a block table read by the mask function (the same results); the sm90 forward "
             "skips the hidden blocks (not with pack GQA), the backward and the sm80 family compute every block "
             "(fa4/block_sparse.py)")
-
-
-def describe(bst: Any) -> str:  # pragma: no cover - debugging aid
-    return f"block_sparse_tensors(mask {tuple(bst.mask_block_idx.shape)}, block_size {bst.block_size})"

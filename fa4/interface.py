@@ -81,8 +81,8 @@ def _with_block_sparsity(problem: AttnProblem, bst, bst_bwd, mask_mod, aux_tenso
                                   "sparsity as a block table])")
     if mask_mod is not None and (problem.causal or problem.local):
         _refuse_mask_with_window()
-    if mask_mod is not None and not callable(mask_mod):
-        raise TypeError(f"mask_mod must be a callable (a @cute.jit function), got {type(mask_mod).__name__}")
+    if mask_mod is not None:
+        mods.require_callable(mask_mod, "mask_mod")
     # The user's own aux arguments, checked as without block sparsity (before the table is built).
     mods.aux_signature(aux_tensors, device, aux_scalars)
     block = block_sparse.check(bst, bst_bwd, problem.batch, problem.heads, problem.seqlen_q, problem.seqlen_k, device,

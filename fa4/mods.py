@@ -193,14 +193,19 @@ def _global_names(code: types.CodeType) -> list[str]:
     return names
 
 
+def require_callable(fn, what: str) -> None:
+    """TypeError naming ``what`` unless ``fn`` is callable."""
+    if not callable(fn):
+        raise TypeError(f"{what} must be a callable (a CuTe DSL function), got {type(fn).__name__}")
+
+
 def key_of(fn: Callable, what: str) -> str:
     """The compile key of user function ``fn`` (``what``: its argument's name), registered for
     :func:`lookup`; computed on every (eager) call, so a value the function reads that changed
     since (a global, a captured cell, its ``__vec_size__``) gives a new key (traced calls: Note
     [User functions under torch.compile]). TypeError if it is not
     callable."""
-    if not callable(fn):
-        raise TypeError(f"{what} must be a callable (a CuTe DSL function), got {type(fn).__name__}")
+    require_callable(fn, what)
     name = getattr(inspect.unwrap(fn), "__name__", type(fn).__name__)
     try:
         key = f"{what}:{name}:{_fingerprint(fn)}"

@@ -19,6 +19,7 @@ from typing import Optional
 import torch
 
 from fa4 import arch as _arch
+from fa4 import block_sparse
 from fa4 import validate
 from fa4.config import AttnProblem, KernelOptions
 
@@ -56,13 +57,6 @@ def _family_module(d: _arch.Dispatch):
 # decisions of a call signature, made once (host overhead is part of the product). ``flag``: need_lse
 # for the forward, deterministic for the backward. FA4_ARCH is read when a signature is first seen.
 _plans: dict = {}
-
-
-def _note_dense_blocks(direction: str, cfg) -> None:
-    """The one-time warning that a block-sparse call's ``direction`` computes every block (fa4/block_sparse.py)."""
-    from fa4 import block_sparse
-
-    block_sparse.warn_dense(direction, type(cfg).__name__)
 
 
 def _plan(direction: str, problem: AttnProblem, options: KernelOptions, device: torch.device, flag: bool):
@@ -130,7 +124,7 @@ def _forward(problem: AttnProblem, q: torch.Tensor, k: torch.Tensor, v: torch.Te
     else:
         mod, cfg = _plan("fwd", problem, options, q.device, need_lse)
         if problem.block_table and not getattr(cfg, "block_skip", ()):
-            _note_dense_blocks("forward", cfg)
+            block_sparse.warn_dense("forward", type(cfg).__name__)
         mod.run(cfg, problem, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q=seqused_q,
                 page_table=page_table, sink=sink, **({"aux": aux} if aux else {}))
         return _as_user(out, varlen), _as_user(lse, varlen)
@@ -230,7 +224,7 @@ def _backward(problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_seqlens_q,
         return dq, dk, dv
     mod, cfg = _plan("bwd", problem, options, q.device, deterministic)
     if problem.block_table:
-        _note_dense_blocks("backward", cfg)
+        block_sparse.warn_dense("backward", type(cfg).__name__)
     mod.run_backward(
         cfg, problem, _as4d(dout, vq), _as4d(q, vq), _as4d(k, vk), _as4d(v, vk), _as4d(out, vq), _as4d(lse, vq),
         _as4d(dlse, vq), cu_seqlens_q, cu_seqlens_k, seqused_k, _as4d(dq, vq), _as4d(dk, vk), _as4d(dv, vk),

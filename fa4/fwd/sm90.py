@@ -784,9 +784,10 @@ class FlashFwdSm90:
                     self.pp_arrive(wg, edge=True)
                     warpgroup.wait_group(0)
                     pk.consumer_release(kv_state)
+                    skip = self.block_skipper(mAux, batch, head, m_block)
                     first_mode = None
-                    if const_expr(self.cfg.block_skip):
-                        _, first_mode = self.block_skipper(mAux, batch, head, m_block).state(n_max - 1)
+                    if const_expr(skip is not None):
+                        _, first_mode = skip.state(n_max - 1)
                     self.scores(acc_S, mask, thr_mma_qk, m_block, n_max - 1, prescale, True, True, umod=umod,
                                 mask_mode=first_mode)
                     row_scale_prev.store(softmax.update(acc_S, is_first=True)[0].load())
@@ -796,8 +797,8 @@ class FlashFwdSm90:
                         self.clear_v_tail(pv, v_state, sV, seqlen.seqlen_k - (n_max - 1) * self.tile_n, tidx)
                     kv_state.advance()
                     step = partial(self.step_carry, c, softmax, mask, m_block, prescale, wg, umod=umod)
-                    if const_expr(self.cfg.block_skip):  # the hidden blocks: no step (the producer skips them too)
-                        step = partial(self.step_if_visible, self.block_skipper(mAux, batch, head, m_block), step)
+                    if const_expr(skip is not None):  # the hidden blocks: no step (the producer skips them too)
+                        step = partial(self.step_if_visible, skip, step)
                     kv_state, v_state = walk_blocks(mask, m_block, n_min, n_max, step, (kv_state, v_state),
                                                     cfg.one_step_loop)
                     if const_expr(self.tma_q and not self.o_in_q):
