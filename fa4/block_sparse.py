@@ -88,7 +88,12 @@ def block_size(bst, seqlen_q: int, seqlen_k: int, head_dim: int = 128) -> tuple[
     its tile table, so fa4 asks for the size.)"""
     size = _field(bst, "block_size")
     if size is None:
-        rows = _field(bst, "mask_block_cnt").shape[-1]
+        import torch
+
+        cnt = _field(bst, "mask_block_cnt")
+        if not isinstance(cnt, torch.Tensor):
+            raise TypeError(f"block_sparse_tensors.mask_block_cnt must be a torch.Tensor, got {type(cnt).__name__}")
+        rows = cnt.shape[-1]
         if head_dim != 128 or rows != math.ceil(seqlen_q / DEFAULT_BLOCK[0]):
             raise ValueError(f"block_sparse_tensors.block_size is None: fa4 takes it as {DEFAULT_BLOCK} only at head "
                              f"dim 128 with ceil(seqlen_q / 128) q blocks (head dim {head_dim}, {rows} q blocks); "

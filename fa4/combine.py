@@ -343,6 +343,9 @@ def check_args(out_partial, lse_partial, out=None, out_dtype=None, cu_seqlens=No
         if out.device != device:
             raise ValueError(f"out must be on the same device as out_partial ({device}), got {out.device}")
         _check_layout("out", out, on_gpu)
+        if any(s == 0 and n > 1 for n, s in zip(out.shape, out.stride())):
+            raise ValueError(f"out must not be a broadcast view (a dimension of stride 0 would have every split "
+                             f"write the same elements), got strides {tuple(out.stride())}")
         out_dtype = out.dtype
     elif out_dtype is None:
         out_dtype = out_partial.dtype

@@ -31,7 +31,16 @@ and newer ones (the sm80 family runs on sm_90a), so family and target arch are s
 DTYPES = ("bf16", "fp16")
 
 
+def _is_real(value) -> bool:
+    """An int or float (numpy scalars included), not a bool."""
+    import numbers
+
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 def _check_fraction(name: str, value: Optional[float]) -> None:
+    if value is not None and not _is_real(value):
+        raise TypeError(f"KernelOptions.{name} must be a float in [0, 1] or None, got {value!r}")
     if value is not None and not (0.0 <= value <= 1.0):
         raise ValueError(f"KernelOptions.{name} must be in [0, 1], got {value!r}")
 
@@ -94,10 +103,18 @@ class KernelOptions:
                 raise ValueError(f"KernelOptions.{name} must be a bool or None, got {v!r}")
         _check_fraction("exp2_emu_frac", self.exp2_emu_frac)
         _check_fraction("bwd_exp2_emu_frac", self.bwd_exp2_emu_frac)
+        if self.rescale_threshold is not None and not _is_real(self.rescale_threshold):
+            raise TypeError(f"KernelOptions.rescale_threshold must be a float in [0, 64] or None, got "
+                            f"{self.rescale_threshold!r}")
         if self.rescale_threshold is not None and not (0.0 <= float(self.rescale_threshold) <= 64.0):
             raise ValueError(
                 f"KernelOptions.rescale_threshold must be in [0, 64] (log2 units), got {self.rescale_threshold!r}"
             )
+
+    def sets_backward(self) -> bool:
+        """Whether any backward option (``bwd_*``) is set: a call that takes gradients has the
+        backward's family check them before its forward runs."""
+        return any(getattr(self, name) is not None for name in _OPTION_FIELDS if name.startswith("bwd_"))
 
     # Options travel through torch.library custom ops as a canonical string "name=repr;...", built
     # from plain attribute reads and f-strings so torch.compile can trace it.

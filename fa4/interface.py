@@ -68,7 +68,8 @@ def _with_hints(problem: AttnProblem, num_splits, pack_gqa) -> AttnProblem:
     return hinted
 
 
-def _with_block_sparsity(problem: AttnProblem, bst, bst_bwd, mask_mod, aux_tensors, aux_scalars, device):
+def _with_block_sparsity(problem: AttnProblem, bst, bst_bwd, mask_mod, aux_tensors, aux_scalars, device,
+                         score_mod=None):
     """The mask function and aux tensors of a block-sparse call, and its ``AttnProblem.block_table``:
     the block table appended to the aux tensors, read by :func:`fa4.block_sparse.table_mask` around
     the user's ``mask_mod`` (Note [Block sparsity as a block table] in fa4/block_sparse.py)."""
@@ -83,6 +84,11 @@ def _with_block_sparsity(problem: AttnProblem, bst, bst_bwd, mask_mod, aux_tenso
         _refuse_mask_with_window()
     if mask_mod is not None:
         mods.require_callable(mask_mod, "mask_mod")
+    # As without block sparsity: aux arguments need a user function to read them (the table's own
+    # mask function is not one).
+    mods.check_arguments(score_mod, mask_mod, aux_tensors, aux_scalars)
+    if problem.seqlen_q == 0 or problem.seqlen_k == 0:  # no blocks: the dense call's empty result
+        return mask_mod, aux_tensors, ()
     # The user's own aux arguments, checked as without block sparsity (before the table is built).
     mods.aux_signature(aux_tensors, device, aux_scalars)
     block = block_sparse.check(bst, bst_bwd, problem.batch, problem.heads, problem.seqlen_q, problem.seqlen_k, device,
@@ -203,10 +209,10 @@ def _run(problem: AttnProblem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, o
     if grad_qkv and problem.score_mod and not problem.score_mod_bwd:
         raise ValueError("the backward through a score_mod needs its derivative, score_mod_bwd (flash_attn.cute's "
                          "convention; fa4/mods.py); or call it under torch.no_grad()")
-    if (grad_qkv and (problem.head_dim_v != problem.head_dim or options.bwd_kv_split is not None
+    if (grad_qkv and (problem.head_dim_v != problem.head_dim or options.sets_backward()
                       or problem.mask_mod or problem.score_mod) and not torch.compiler.is_compiling()):
-        # Only the sm90 backward serves head_dim_v != head_dim, and a backward option such as
-        # bwd_kv_split may not fit the problem: ask the backward's family now (its make_config
+        # Only the sm90 backward serves head_dim_v != head_dim, and a backward option (bwd_tile_m,
+        # bwd_kv_split, ...) may not fit the problem: ask the backward's family now (its make_config
         # raises), not after the forward has run. (The plan is cached for the backward.)
         ops.check_backward(problem, q.device, options, deterministic)
     if torch.compiler.is_compiling():
@@ -305,7 +311,7 @@ def flash_attn_func(
     table = ()
     if block_sparse_tensors is not None or block_sparse_tensors_bwd is not None:
         mask_mod, aux_tensors, table = _with_block_sparsity(problem, block_sparse_tensors, block_sparse_tensors_bwd,
-                                                            mask_mod, aux_tensors, aux_scalars, q.device)
+                                                            mask_mod, aux_tensors, aux_scalars, q.device, score_mod)
     problem = _with_mods(problem, score_mod, mask_mod, aux_tensors, aux_scalars, q.device, score_mod_bwd,
                          generated_mask=bool(table))
     if table:

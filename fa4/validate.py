@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import numbers
 from typing import Optional
 
 import torch
@@ -82,6 +83,16 @@ def _check_same(name: str, t: torch.Tensor, ref: torch.Tensor) -> None:
         raise ValueError(f"{name} must be on the same device as q ({ref.device}), got {t.device}")
 
 
+def _is_int(v) -> bool:
+    """A Python or numpy integer, not a bool."""
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _is_real(v) -> bool:
+    """A Python or numpy int / float, not a bool."""
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
 def _check_window(window_size) -> tuple[Optional[int], Optional[int]]:
     if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
         raise TypeError(f"window_size must be a pair (left, right) of int or None, got {window_size!r}")
@@ -90,8 +101,9 @@ def _check_window(window_size) -> tuple[Optional[int], Optional[int]]:
         if w is None:
             out.append(None)
             continue
-        if isinstance(w, bool) or not isinstance(w, int):
+        if not _is_int(w):
             raise TypeError(f"window_size {side} must be an int or None, got {w!r}")
+        w = int(w)
         if w == -1:  # FlashAttention-2's spelling of "unbounded"
             out.append(None)
         elif w < 0:
@@ -127,18 +139,19 @@ def _check_cu_seqlens(name: str, t, batch: Optional[int], device: torch.device) 
 
 
 def _check_max_seqlen(name: str, v) -> int:
-    if isinstance(v, bool) or not isinstance(v, int):
+    if not _is_int(v):
         raise TypeError(f"{name} must be an int (the longest sequence of the batch), got {v!r}")
     if v < 0:
         raise ValueError(f"{name} must be >= 0, got {v}")
-    return v
+    return int(v)
 
 
 def _max_seqlen(name: str, v, bound: int) -> int:
     """The longest sequence of a varlen batch as the kernels use it (to size grids): an int as
     given; ``None`` or a 0-dim tensor on the GPU: ``bound``, the packed token count, an upper
     bound read from the shapes without a device sync (flash_attn.cute makes both optional, and
-    Hugging Face-style callers pass 0-dim tensors); a 0-dim CPU integer tensor: its value."""
+    Hugging Face-style callers pass 0-dim tensors); a 0-dim CPU integer tensor: its value. A value
+    above ``bound`` is ``bound`` (no sequence is longer than the packed tokens)."""
     if v is None:
         return bound
     if isinstance(v, torch.Tensor):
@@ -148,22 +161,39 @@ def _max_seqlen(name: str, v, bound: int) -> int:
         if v.device.type != "cpu":
             return bound
         v = int(v)
-    return _check_max_seqlen(name, v)
+    return min(_check_max_seqlen(name, v), bound)
+
+
+# The kernels take softmax_scale and softcap as float32: normal float32 values only.
+FLOAT32_NORMAL = (1.1754943508222875e-38, 3.4028234663852886e+38)
+
+
+def _as_float(v) -> float:
+    """``float(v)`` of an int / float (numpy scalars included); inf where it is too large for a float."""
+    try:
+        return float(v)
+    except OverflowError:
+        return math.inf
 
 
 def _check_scalars(softmax_scale, softcap, head_dim: int) -> tuple[float, float]:
+    lo, hi = FLOAT32_NORMAL
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(head_dim)
-    elif isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
+    elif not _is_real(softmax_scale):
         raise TypeError(f"softmax_scale must be a float or None, got {softmax_scale!r}")
-    elif not (math.isfinite(softmax_scale) and softmax_scale > 0):
+    elif not (math.isfinite(_as_float(softmax_scale)) and softmax_scale > 0):
         raise ValueError(f"softmax_scale must be a finite positive number, got {softmax_scale}")
+    elif not lo <= float(softmax_scale) <= hi:
+        raise ValueError(f"softmax_scale must be a normal float32 value (in [{lo:.4g}, {hi:.4g}]), got {softmax_scale}")
     if softcap is None:
         softcap = 0.0
-    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
+    if not _is_real(softcap):
         raise TypeError(f"softcap must be a float, got {softcap!r}")
-    if not (math.isfinite(softcap) and softcap >= 0):
+    if not (math.isfinite(_as_float(softcap)) and softcap >= 0):
         raise ValueError(f"softcap must be a finite number >= 0 (0 disables it), got {softcap}")
+    if softcap and not lo <= float(softcap) <= hi:
+        raise ValueError(f"softcap must be 0 or a normal float32 value (in [{lo:.4g}, {hi:.4g}]), got {softcap}")
     return float(softmax_scale), float(softcap)
 
 
@@ -227,9 +257,20 @@ def _check_qkv(q, k, v, rank: int, what: str, kv_rank: Optional[int] = None, kv_
         _check_layout(name, t)
 
 
+# flash_attn.cute's ``qv`` is the fourth parameter of both calls: an argument meant for a later one
+# (FlashAttention-2's dropout_p / softmax_scale, or cu_seqlens_q) given by position lands there.
+_QV_HINT = ("qv is flash_attn.cute's fourth parameter (after q, k, v): pass the later arguments by keyword "
+            "(softmax_scale=..., causal=..., cu_seqlens_q=..., ...)")
+
+
 def reject_unsupported(**kwargs) -> None:
     """Arguments of flash-attn-4's API that no fa4 kernel implements yet raise, never pass silently."""
     for name, value in kwargs.items():
+        if name == "qv" and value is not None and not isinstance(value, torch.Tensor):
+            raise TypeError(f"qv must be a torch.Tensor or None, got {value!r}: {_QV_HINT}")
+        if name == "qv" and isinstance(value, torch.Tensor) and value.dtype == torch.int32:
+            raise NotImplementedError(f"fa4 does not support the argument 'qv' yet, and this int32 tensor looks like "
+                                      f"cu_seqlens given by position: {_QV_HINT}")
         if value is not None and value is not False:
             raise NotImplementedError(f"fa4 does not support the argument {name!r} yet (got {value!r})")
 
@@ -400,6 +441,9 @@ def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
         page_size = k.shape[1]
         if page_size == 0:
             raise ValueError("k and v (the paged cache) must have page_size >= 1")
+        if k.shape[0] == 0:
+            raise ValueError("k and v (the paged cache) must have num_pages >= 1, got shape "
+                             f"{tuple(k.shape)}")
     sq = _max_seqlen("max_seqlen_q", max_seqlen_q, q.shape[0]) if varlen_q else q.shape[1]
     if varlen_k:
         sk = _max_seqlen("max_seqlen_k", max_seqlen_k, k.shape[0])
@@ -438,9 +482,9 @@ def check_num_splits(num_splits) -> int:
     """``num_splits`` as :class:`fa4.config.AttnProblem` holds it: None or <= 0 -> 0 (fa4 chooses)."""
     if num_splits is None:
         return 0
-    if isinstance(num_splits, bool) or not isinstance(num_splits, int):
+    if not _is_int(num_splits):
         raise TypeError(f"num_splits must be an int or None (<= 0 or None: chosen by fa4), got {num_splits!r}")
-    return max(num_splits, 0)
+    return max(int(num_splits), 0)
 
 
 def check_options(options) -> None:

@@ -201,6 +201,8 @@ BAD = [
      "out must be contiguous in its last dimension"),
     ("out-stride", lambda: dict(out=strided((2, 5, 4, 64), (1400, 280, 70, 1), BF16)), ValueError,
      "out stride 70 of dimension 2 must be a multiple of 4"),
+    ("out-broadcast", lambda: dict(out=strided((2, 5, 4, 64), (320, 64, 0, 1), BF16)), ValueError,
+     "out must not be a broadcast view"),
     ("cu_seqlens-with-dense", lambda: dict(cu_seqlens=cu(0, 5, 10)), ValueError,
      "cu_seqlens is only for packed partials"),
     ("cu_seqlens-dtype", lambda: packed_call(cu_seqlens=cu(0, 9).long()), TypeError,

@@ -347,3 +347,98 @@ def test_varlen_validation_cache(fake):
     short = torch.empty(3, dtype=torch.int32, device="cuda")
     with pytest.raises(ValueError, match="cu_seqlens_k must have length"):
         validate.check_varlen(q, k, v, cu_q, short, mq, mk, None, None, True, (None, None), 0.0)
+
+
+# Found by an audit of bad inputs (v0.32): each used to pass, or to fail deep inside, or late.
+
+
+def test_positional_arguments_landing_on_qv(fake):
+    """flash_attn.cute's qv is the fourth parameter: a FlashAttention-2-style positional call, or
+    cu_seqlens given by position, gets a message saying so."""
+    q, k, v = qkv()
+    raises(TypeError, "qv must be a torch.Tensor or None, got 0.0: qv is flash_attn.cute's fourth parameter",
+           fa4.flash_attn_func, q, k, v, 0.0, 0.125, True)
+    q, k, v, cu_q, cu_k, mq, mk = varlen_inputs()
+    raises(NotImplementedError, "looks like cu_seqlens given by position", fa4.flash_attn_varlen_func, q, k, v, cu_q,
+           cu_k, mq, mk)
+
+
+def test_numpy_scalars_are_numbers(fake):
+    np = pytest.importorskip("numpy")
+    q, k, v = qkv()
+    with pytest.raises(AssertionError, match="driver was reached"):
+        fa4.flash_attn_func(q, k, v, softmax_scale=np.float32(0.1), window_size=(np.int64(8), np.int32(0)),
+                            softcap=np.float64(30.0), num_splits=np.int64(2))
+    raises(TypeError, "softmax_scale must be a float", fa4.flash_attn_func, q, k, v, softmax_scale=np.bool_(True))
+
+
+@pytest.mark.parametrize("name,value,match", [
+    ("softmax_scale", 10 ** 400, "softmax_scale must be a finite positive number"),
+    ("softmax_scale", 1e39, "softmax_scale must be a normal float32 value"),
+    ("softmax_scale", 1e-40, "softmax_scale must be a normal float32 value"),
+    ("softcap", 10 ** 400, "softcap must be a finite number"),
+    ("softcap", 1e-40, "softcap must be 0 or a normal float32 value"),
+])
+def test_scalars_in_float32_range(fake, name, value, match):
+    q, k, v = qkv()
+    raises(ValueError, match, fa4.flash_attn_func, q, k, v, **{name: value})
+
+
+def test_paged_cache_without_pages(fake):
+    q, _, _, cu_q, _, _, _ = varlen_inputs()
+    kc = cuda(0, 16, 2, 64)
+    raises(ValueError, "the paged cache\) must have num_pages >= 1", fa4.flash_attn_varlen_func, q, kc, kc,
+           cu_seqlens_q=cu_q, page_table=torch.zeros(3, 4, dtype=torch.int32, device="cuda"))
+
+
+def test_max_seqlen_above_the_packed_tokens_is_the_bound():
+    q, k, v = torch.empty(21, 4, 64, dtype=BF16), torch.empty(44, 2, 64, dtype=BF16), torch.empty(44, 2, 64, dtype=BF16)
+    cu_q, cu_k = torch.tensor([0, 3, 20, 21], dtype=torch.int32), torch.tensor([0, 5, 14, 44], dtype=torch.int32)
+    with validate.allow_any_device():
+        p = validate.check_varlen(q, k, v, cu_q, cu_k, 2 ** 40, 10 ** 6, None, None, False, (None, None), 0.0)
+    assert (p.seqlen_q, p.seqlen_k) == (21, 44)
+
+
+def test_kernel_options_field_types():
+    raises(TypeError, "KernelOptions.exp2_emu_frac must be a float", fa4.KernelOptions, exp2_emu_frac="0.5")
+    raises(TypeError, "KernelOptions.rescale_threshold must be a float", fa4.KernelOptions, rescale_threshold="1")
+    assert fa4.KernelOptions(bwd_tile_m=64).sets_backward() and not fa4.KernelOptions(tile_m=64).sets_backward()
+
+
+def test_sm90_forward_refuses_a_thread_count_it_does_not_run():
+    from fa4.config import AttnProblem
+    from fa4.fwd import sm90
+
+    p = AttnProblem("bf16", 2, 1024, 1024, 8, 8, 128, 128, 128 ** -0.5)
+    assert sm90.make_config(p, fa4.KernelOptions(num_threads=384), "sm_90a", True).tile_m == 128
+    raises(ValueError, "KernelOptions.num_threads=33: the sm90 forward runs 384 threads", sm90.make_config, p,
+           fa4.KernelOptions(num_threads=33), "sm_90a", True)
+
+
+def test_backward_options_checked_before_the_forward(fake, monkeypatch):
+    """A backward option the backward's family refuses raises before the forward runs (the driver
+    fixture fails the test if the forward is reached)."""
+    from fa4 import arch
+
+    monkeypatch.setattr(arch, "device_capability", lambda index: (9, 0))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    q, k, v = (t.requires_grad_() for t in qkv(d=128))
+    for opts, match in ((fa4.KernelOptions(bwd_tile_m=7), "bwd_tile_m=7"),
+                        (fa4.KernelOptions(bwd_num_threads=33), "bwd_num_threads=33")):
+        raises(ValueError, match, fa4.flash_attn_func, q, k, v, kernel_options=opts)
+
+
+def test_block_sparse_argument_checks(fake):
+    from mods_cases import BlockSparseTensorsTorch
+
+    q, k, v = qkv(sq=256, sk=256, d=128)
+    cnt = torch.zeros(2, 8, 2, dtype=torch.int32, device="cuda")
+    idx = torch.zeros(2, 8, 2, 2, dtype=torch.int32, device="cuda")
+    raises(TypeError, "block_sparse_tensors.mask_block_cnt must be a torch.Tensor, got NoneType", fa4.flash_attn_func,
+           q, k, v, block_sparse_tensors=BlockSparseTensorsTorch(None, idx, cnt, idx, block_size=None))
+    bst = BlockSparseTensorsTorch(cnt, idx, None, None, block_size=(128, 128))
+    raises(ValueError, "aux_tensors are read by score_mod / mask_mod only", fa4.flash_attn_func, q, k, v,
+           block_sparse_tensors=bst, aux_tensors=[torch.zeros(4, device="cuda")])
+    q0, k0, v0 = qkv(sq=256, sk=0, d=128)  # no keys: no blocks; the dense call's empty result
+    with pytest.raises(AssertionError, match="driver was reached"):
+        fa4.flash_attn_func(q0, k0, v0, block_sparse_tensors=bst)

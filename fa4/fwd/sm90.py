@@ -1126,6 +1126,11 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         **FwdSm90Config.fwd_flags(problem),
     )
     FlashFwdSm90.can_implement(cfg)
+    threads = 128 * (cfg.num_wg + 1)  # a producer warpgroup, one consumer warpgroup per 64 rows
+    if options.num_threads is not None and options.num_threads != threads:
+        raise ValueError(f"KernelOptions.num_threads={options.num_threads}: the sm90 forward runs {threads} threads "
+                         f"with tile_m {cfg.tile_m} (a producer warpgroup and one consumer warpgroup per 64 rows; "
+                         f"choose the rows with tile_m, or leave num_threads unset)")
     return cfg
 
 
