@@ -299,6 +299,28 @@ def flash_attn_func(
     ``score_mod`` / ``score_mod_bwd`` / ``mask_mod``: CuTe DSL functions with flash_attn.cute's
     signatures, traced into the kernels with the tensors of ``aux_tensors`` (:mod:`fa4.mods`).
     """
+    fast_key = None
+    if (qv is None and gather_kv_indices is None and learnable_sink is None and score_mod is None
+            and score_mod_bwd is None and mask_mod is None and aux_tensors is None and aux_scalars is None
+            and block_sparse_tensors is None and block_sparse_tensors_bwd is None and gather_bwd_recompute_p is False
+            and gather_bwd_token_chunk is None and not torch.compiler.is_compiling()):
+        # Note [Fast path] in fa4/ops.py (the key is None for arguments that are not tensors)
+        dense_key = validate._dense_key(q, k, v, softmax_scale, causal, window_size, softcap)
+        if dense_key is not None and not (torch.is_grad_enabled()
+                                          and (q.requires_grad or k.requires_grad or v.requires_grad)):
+            fast_key = ("fast", dense_key, num_splits.__class__, num_splits, pack_gqa.__class__, pack_gqa,
+                        deterministic.__class__, deterministic, return_lse.__class__, return_lse, kernel_options)
+            try:
+                entry = ops.fast_entry(fast_key)
+            except TypeError:  # an unhashable argument: the full way says what is wrong with it
+                entry, fast_key = None, None
+            if entry is not None:
+                call = entry[0]
+                if (call is not None and not (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15
+                        and q.device.index == torch.cuda.current_device()):
+                    out, lse = call(q, k, v)
+                    return out, (lse if return_lse else None)
+                fast_key = None  # (decided: the full way)
     if (qv is not None or gather_kv_indices is not None
             or gather_bwd_recompute_p is not False or gather_bwd_token_chunk is not None):
         validate.reject_unsupported(qv=qv, gather_kv_indices=gather_kv_indices,
@@ -308,6 +330,9 @@ def flash_attn_func(
     aux_scalars = _no_empty(aux_scalars)
     problem = _with_hints(validate.check_dense(q, k, v, softmax_scale, causal, window_size, softcap), num_splits,
                           pack_gqa)
+    if fast_key is not None:
+        ops.set_fast_entry(fast_key, problem, q, k, v, kernel_options if kernel_options is not None else
+                           _DEFAULT_OPTIONS, return_lse)
     table = ()
     if block_sparse_tensors is not None or block_sparse_tensors_bwd is not None:
         mask_mod, aux_tensors, table = _with_block_sparsity(problem, block_sparse_tensors, block_sparse_tensors_bwd,

@@ -130,21 +130,27 @@ def run(cfg, problem: AttnProblem, q, k, v, out, lse, cu_seqlens_q=None, cu_seql
 
     forward_tiles(cfg, problem, q, cu_seqlens_q, splits if cfg.split_kv else 1)
     fn = get_kernel(cfg)
-    window_left, window_right = (problem.window_left, problem.window_right) if cfg.local else (0, 0)
+    scalars = launch_scalars(cfg, problem)
 
     def launch(o, l):
         fn(q, k, v, o, l if cfg.has_lse else None,
            cu_seqlens_q if cfg.varlen_q else None, cu_seqlens_k if cfg.varlen_k else None,
            seqused_q if cfg.has_seqused_q else None, seqused_k if cfg.has_seqused_k else None,
-           page_table if cfg.page_rows else None, sink if cfg.has_sink else None,
-           float(problem.softmax_scale), float(problem.softcap) if cfg.has_softcap else 1.0,
-           int(window_left), int(window_right), int(max(problem.seqlen_q, 1)), *extra)
+           page_table if cfg.page_rows else None, sink if cfg.has_sink else None, *scalars, *extra)
 
     if cfg.split_kv:
         run_split(cfg, problem, launch, q, out, lse, splits, cu_seqlens_q if cfg.varlen_q else None,
                   seqused_q if cfg.has_seqused_q else None, sink if cfg.has_sink else None)
     else:
         launch(out, lse)
+
+
+def launch_scalars(cfg, problem: AttnProblem) -> tuple:
+    """The forward kernels' scalar arguments after the tensors: softmax scale, softcap, window left /
+    right, the grid's query length."""
+    window_left, window_right = (problem.window_left, problem.window_right) if cfg.local else (0, 0)
+    return (float(problem.softmax_scale), float(problem.softcap) if cfg.has_softcap else 1.0, int(window_left),
+            int(window_right), int(max(problem.seqlen_q, 1)))
 
 
 MAX_GRID_X = 2**31 - 1

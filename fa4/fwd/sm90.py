@@ -1302,4 +1302,25 @@ def run(cfg: FwdSm90Config, problem: AttnProblem, q, k, v, out, lse, cu_seqlens_
                    sink=sink)
 
 
+def prepare_launch(cfg: FwdSm90Config, problem: AttnProblem, device):
+    """``launch(q, k, v, out, lse)`` for a dense call of ``cfg`` whose launch needs no per-call state
+    (Note [Fast path] in fa4/ops.py), with the arguments :func:`run` would pass; None for configs
+    that need some (a claims counter, split-KV's partials and combine, aux tensors, block lists,
+    varlen, paged or seqused tensors, a sink)."""
+    if (cfg.dynamic_sched or cfg.split_kv or cfg.aux or cfg.block_skip or cfg.page_rows or cfg.varlen_q
+            or cfg.varlen_k or cfg.has_seqused_q or cfg.has_seqused_k or cfg.has_sink):
+        return None
+    from fa4 import jit
+
+    num_sms = _num_sms(device)
+    scalars = fwd_common.launch_scalars(cfg, problem)
+    has_lse = cfg.has_lse
+
+    def launch(q, k, v, out, lse):
+        fwd_common.forward_tiles(cfg, problem, q, None, 1)
+        jit.get_kernel(cfg)(q, k, v, out, lse if has_lse else None, None, None, None, None, None, None, *scalars,
+                            num_sms, 1, None, None)
+    return launch
+
+
 _num_sms = fwd_common.default_num_sms  # (a module attribute: tests/test_fwd_launch_args.py replaces it)

@@ -1,0 +1,111 @@
+"""Note [Fast path] (fa4/ops.py): a repeated dense forward call skips the layers between
+flash_attn_func and the kernel, with the same kernel and the same arguments as the full way. On the
+CPU: the kernel is a recorder, the tensors CPU tensors under validate.allow_any_device."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fa4
+from fa4 import jit, ops, validate
+from fa4.fwd import sm90
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    got = []
+    monkeypatch.setattr(jit, "get_kernel", lambda cfg: lambda *a: got.append((cfg, a)))
+    monkeypatch.setattr(sm90, "_num_sms", lambda device: 132)
+    monkeypatch.setattr(fa4.arch, "device_capability", lambda index: (9, 0))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: None)  # (CPU tensors: device index None)
+    ops._plans.clear()
+    with validate.allow_any_device():
+        yield got
+    ops._plans.clear()
+
+
+def _qkv(b=1, sq=128, sk=512, h=16, hk=16, d=128, dv=None):
+    gen = torch.Generator().manual_seed(0)
+    return (torch.randn(b, sq, h, d, generator=gen, dtype=torch.bfloat16),
+            torch.randn(b, sk, hk, d, generator=gen, dtype=torch.bfloat16),
+            torch.randn(b, sk, hk, dv or d, generator=gen, dtype=torch.bfloat16))
+
+
+def _fast_entries():
+    return [e for key, e in ops._plans.items() if key[0] == "fast"]
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(causal=True), dict(window_size=(64, 8)), dict(softcap=20.0),
+                                dict(return_lse=True), dict(softmax_scale=0.07, causal=True)])
+@pytest.mark.parametrize("shape", [dict(), dict(b=2, sq=3, sk=700, h=8, hk=2), dict(d=64, sq=200),
+                                   dict(d=192, dv=128, sq=100, sk=300)])
+def test_fast_call_launches_what_the_full_way_does(calls, kw, shape):
+    q, k, v = _qkv(**shape)
+    first = fa4.flash_attn_func(q, k, v, **kw)
+    entries = _fast_entries()
+    assert len(entries) == 1
+    if entries[0][0] is None:  # a config with per-call state (the dynamic scheduler, split-KV): the full way
+        assert sm90.prepare_launch(calls[0][0], None, q.device) is None
+        return
+    second = fa4.flash_attn_func(q, k, v, **kw)
+    assert len(calls) == 2
+    (cfg1, a1), (cfg2, a2) = calls
+    assert cfg1 == cfg2
+    # Same tensors in, same scalars; the outputs are fresh tensors of the same shapes and dtypes.
+    assert a1[:3] == a2[:3] and a1[5:] == a2[5:]
+    for x, y in zip(a1[3:5], a2[3:5]):
+        assert (x is None) == (y is None)
+        if x is not None:
+            assert x.shape == y.shape and x.dtype == y.dtype and x.data_ptr() != y.data_ptr()
+    assert (first[1] is None) == (second[1] is None) == (not kw.get("return_lse"))
+    assert second[0].shape == first[0].shape
+
+
+def test_fast_path_steps_aside(calls):
+    """Gradients, other hints, a cleared plan cache and a misaligned pointer take the full way."""
+    q, k, v = _qkv()
+    fa4.flash_attn_func(q, k, v)
+    (call, _), = _fast_entries()
+    assert call is not None
+    full = []
+    orig = ops.forward
+    try:
+        ops.forward = lambda *a, **kw: full.append(1) or orig(*a, **kw)
+        fa4.flash_attn_func(q, k, v)
+        assert not full  # the fast path
+        fa4.flash_attn_func(q.requires_grad_(), k, v)  # gradients: the autograd function, the full way
+        q.requires_grad_(False)
+        assert len(full) == 1
+        fa4.flash_attn_func(q, k, v, num_splits=2)  # another signature: the full way once
+        assert len(full) == 2
+        buf = torch.empty(q.numel() + 8, dtype=q.dtype)
+        q_odd = buf[1:1 + q.numel()].view(q.shape)  # a 2-byte offset
+        with pytest.raises(ValueError, match="16-byte aligned"):
+            fa4.flash_attn_func(q_odd, k, v)
+        ops._plans.clear()
+        fa4.flash_attn_func(q, k, v)
+        assert len(full) == 3
+    finally:
+        ops.forward = orig
+
+
+def test_fast_path_validates_what_it_keys(calls):
+    """A flag of the wrong type is a different signature, checked the full way."""
+    q, k, v = _qkv()
+    fa4.flash_attn_func(q, k, v)
+    with pytest.raises(TypeError, match="return_lse must be a bool"):
+        fa4.flash_attn_func(q, k, v, return_lse=1)
+    with pytest.raises(TypeError, match="deterministic must be a bool"):
+        fa4.flash_attn_func(q, k, v, deterministic="yes")
+
+
+def test_fast_path_honours_nan_filled_outputs(calls):
+    q, k, v = _qkv()
+    fa4.flash_attn_func(q, k, v)
+    ops.set_nan_fill(True)
+    try:
+        out, _ = fa4.flash_attn_func(q, k, v)  # (the recorder writes nothing)
+        assert out.isnan().all()
+    finally:
+        ops.set_nan_fill(False)
