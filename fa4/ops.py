@@ -77,10 +77,11 @@ def _plan(direction: str, problem: AttnProblem, options: KernelOptions, device: 
 #     signature's launch (its family's ``prepare_launch``: the compiled kernel through the memory
 #     cache, the same arguments ``run`` would pass) is kept in ``_plans`` under ("fast", ...) (so
 #     clearing the plans clears it), and a call checks only what can change with the same
-#     signature: the pointers' 16-byte alignment, the current device, grad mode. Its first call, and
-#     every signature the fast path does not take (a config needing per-call state: the dynamic
-#     scheduler's counter, split-KV, varlen, paged, aux tensors; a copy or view kernel_ready would
-#     make; an empty problem), go the full way; (None, None) marks a signature that never will.
+#     signature: the pointers' 16-byte alignment, the current device, grad mode. A config with
+#     per-call state (the dynamic scheduler's claims counter, split-KV's partials) calls its family's
+#     ``run`` instead of a prepared launch. The first call of a signature, and the signatures the fast
+#     path does not take (aux tensors, block sparsity, a sink; a copy or view kernel_ready would make;
+#     an empty problem), go the full way; (None, None) marks a signature that never will.
 #     Host time per call on a 2-core CPU (launches stubbed, b1 s128 / s_k 512 h16 d128): 22-30 us the
 #     full way, 8-10 us the fast one (RESULTS v0.32).
 
@@ -99,22 +100,31 @@ def set_fast_entry(key, problem: AttnProblem, q, k, v, options: KernelOptions, n
     if (ready and q.numel() and problem.seqlen_k and not problem.block_table and not problem.aux
             and not problem.has_sink and (dev.type == "cuda" or validate._any_device)
             and (dev.index if dev.index is not None else torch.cuda.current_device()) == torch.cuda.current_device()):
-        mod, cfg = _plan("fwd", problem, options, dev, need_lse)
-        prepare = getattr(mod, "prepare_launch", None)
-        launch = prepare(cfg, problem, dev) if prepare is not None else None
-        if launch is not None:
-            out_tail = (problem.head_dim_v,)
-            lse_shape = (q.shape[0], q.shape[2], q.shape[1])
-
-            def call(q, k, v):
-                out = _empty_like(q) if problem.head_dim_v == problem.head_dim else _empty(
-                    q.shape[:-1] + out_tail, q.dtype, q.device)
-                lse = _empty(lse_shape, torch.float32, q.device) if need_lse else None
-                launch(q, k, v, out, lse)
-                return out, lse
-            entry = (call, need_lse)
+        entry = (_fast_call(problem, q, options, need_lse), need_lse)
     if len(_plans) < 8192:
         _plans[key] = entry
+
+
+def _fast_call(problem: AttnProblem, q, options: KernelOptions, need_lse: bool):
+    """``call(q, k, v) -> (out, lse)`` of a signature on the fast path: the outputs allocated as
+    :func:`_forward` does, then the family's prepared launch, or, for a config with per-call state
+    (the dynamic scheduler's claims counter, split-KV's partials and combine), its ``run``."""
+    mod, cfg = _plan("fwd", problem, options, q.device, need_lse)
+    prepare = getattr(mod, "prepare_launch", None)
+    launch = prepare(cfg, problem, q.device) if prepare is not None else None
+    if launch is None:
+        def launch(q, k, v, out, lse):
+            mod.run(cfg, problem, q, k, v, out, lse)
+    same_dv = problem.head_dim_v == problem.head_dim
+    out_tail = (problem.head_dim_v,)
+    lse_shape = (q.shape[0], q.shape[2], q.shape[1])
+
+    def call(q, k, v):
+        out = _empty_like(q) if same_dv else _empty(q.shape[:-1] + out_tail, q.dtype, q.device)
+        lse = _empty(lse_shape, torch.float32, q.device) if need_lse else None
+        launch(q, k, v, out, lse)
+        return out, lse
+    return call
 
 
 def _as4d(t: Optional[torch.Tensor], varlen: bool) -> Optional[torch.Tensor]:

@@ -44,20 +44,19 @@ def test_fast_call_launches_what_the_full_way_does(calls, kw, shape):
     q, k, v = _qkv(**shape)
     first = fa4.flash_attn_func(q, k, v, **kw)
     entries = _fast_entries()
-    assert len(entries) == 1
-    if entries[0][0] is None:  # a config with per-call state (the dynamic scheduler, split-KV): the full way
-        assert sm90.prepare_launch(calls[0][0], None, q.device) is None
-        return
+    assert len(entries) == 1 and entries[0][0] is not None
+    n = len(calls)  # (split-KV: the kernel, then the combine)
     second = fa4.flash_attn_func(q, k, v, **kw)
-    assert len(calls) == 2
-    (cfg1, a1), (cfg2, a2) = calls
+    assert len(calls) == 2 * n
+    (cfg1, a1), (cfg2, a2) = calls[0], calls[n]
     assert cfg1 == cfg2
     # Same tensors in, same scalars; the outputs are fresh tensors of the same shapes and dtypes.
     assert a1[:3] == a2[:3] and a1[5:] == a2[5:]
     for x, y in zip(a1[3:5], a2[3:5]):
         assert (x is None) == (y is None)
         if x is not None:
-            assert x.shape == y.shape and x.dtype == y.dtype and x.data_ptr() != y.data_ptr()
+            assert x.shape == y.shape and x.dtype == y.dtype
+            assert n == 2 or x.data_ptr() != y.data_ptr()  # (split-KV's partials are freed: they may be reused)
     assert (first[1] is None) == (second[1] is None) == (not kw.get("return_lse"))
     assert second[0].shape == first[0].shape
 
