@@ -400,6 +400,34 @@ def flash_attn_varlen_func(
     Returns ``(out, lse)`` with out like q and lse float32 (h, total_q) (batched q: (batch, h,
     seqlen_q)) or None.
     """
+    fast_key = None
+    if (qv is None and gather_kv_indices is None and learnable_sink is None and score_mod is None
+            and score_mod_bwd is None and mask_mod is None and aux_tensors is None and aux_scalars is None
+            and block_sparse_tensors is None and scheduler_metadata is None and seqlen_k_per_split is None
+            and disable_scheduler_metadata is False and gather_bwd_recompute_p is False
+            and gather_bwd_token_chunk is None and min_seqlen_k is None and not torch.compiler.is_compiling()):
+        # Note [Fast path] in fa4/ops.py. A paged or batched k does not read max_seqlen_k (checked, not
+        # used): a decode loop's growing value is left out of the key once it is a valid int.
+        key_max_k = max_seqlen_k
+        if cu_seqlens_k is None and (max_seqlen_k is None or (max_seqlen_k.__class__ is int and max_seqlen_k >= 0)):
+            key_max_k = None
+        varlen_key = validate._varlen_key((q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, key_max_k, seqused_k,
+                                           softmax_scale, causal, window_size, softcap, seqused_q, page_table))
+        if varlen_key is not None and not (torch.is_grad_enabled()
+                                           and (q.requires_grad or k.requires_grad or v.requires_grad)):
+            fast_key = ("fast", "varlen", varlen_key, num_splits.__class__, num_splits, pack_gqa.__class__, pack_gqa,
+                        deterministic.__class__, deterministic, return_lse.__class__, return_lse, kernel_options)
+            try:
+                entry = ops.fast_entry(fast_key)
+            except TypeError:  # an unhashable argument: the full way says what is wrong with it
+                entry, fast_key = None, None
+            if entry is not None:
+                call = entry[0]
+                if (call is not None and not (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15
+                        and q.device.index == torch.cuda.current_device()):
+                    out, lse = call(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q, page_table)
+                    return out, (lse if return_lse else None)
+                fast_key = None  # (decided: the full way)
     validate.reject_unsupported(qv=qv, gather_kv_indices=gather_kv_indices,
                                 block_sparse_tensors=block_sparse_tensors, scheduler_metadata=scheduler_metadata,
                                 seqlen_k_per_split=seqlen_k_per_split,
@@ -415,6 +443,9 @@ def flash_attn_varlen_func(
                                                 seqused_q=seqused_q, page_table=page_table),
                           num_splits, pack_gqa)
     problem = _with_mods(problem, score_mod, mask_mod, aux_tensors, aux_scalars, q.device, score_mod_bwd)
+    if fast_key is not None:
+        ops.set_fast_entry(fast_key, problem, q, k, v, kernel_options if kernel_options is not None else
+                           _DEFAULT_OPTIONS, return_lse, page_table)
     aux = tuple(aux_tensors or ()) + tuple(aux_scalars or ()) if problem.aux else None
     if learnable_sink is not None:
         validate.check_sink(learnable_sink, problem.heads, q.device)

@@ -71,9 +71,12 @@ def _plan(direction: str, problem: AttnProblem, options: KernelOptions, device: 
 
 
 # Note [Fast path]
-#     A dense forward call without gradients, user functions, sinks or other extras, whose signature
-#     (fa4.validate's validation key: shapes, strides, dtypes, devices, scalars; the hints, options
-#     and return_lse) was seen before, skips the layers between flash_attn_func and the kernel: the
+#     A forward call (flash_attn_func or flash_attn_varlen_func) without gradients, user functions,
+#     sinks or other extras, whose signature (fa4.validate's validation key: shapes, strides, dtypes,
+#     devices, scalars, the metadata of cu_seqlens / seqused / page table but not their values; the
+#     hints, options and return_lse; a paged or batched k's max_seqlen_k, which nothing reads, left
+#     out, so a decode loop's growing value keeps its entry) was seen before, skips the layers between
+#     the API and the kernel: the
 #     signature's launch (its family's ``prepare_launch``: the compiled kernel through the memory
 #     cache, the same arguments ``run`` would pass) is kept in ``_plans`` under ("fast", ...) (so
 #     clearing the plans clears it), and a call checks only what can change with the same
@@ -82,8 +85,9 @@ def _plan(direction: str, problem: AttnProblem, options: KernelOptions, device: 
 #     ``run`` instead of a prepared launch. The first call of a signature, and the signatures the fast
 #     path does not take (aux tensors, block sparsity, a sink; a copy or view kernel_ready would make;
 #     an empty problem), go the full way; (None, None) marks a signature that never will.
-#     Host time per call on a 2-core CPU (launches stubbed, b1 s128 / s_k 512 h16 d128): 22-30 us the
-#     full way, 8-10 us the fast one (RESULTS v0.32).
+#     Host time per call on a 2-core CPU (launches stubbed): dense b1 s128 / s_k 512 h16 d128, 22-30 us
+#     the full way, 8-10 us the fast one; a paged decode step (b8, 32 / 8 heads, 16-row pages, one
+#     split) 97-113 against 39-40 us (RESULTS v0.32).
 
 
 def fast_entry(key) -> Optional[tuple]:
@@ -92,37 +96,55 @@ def fast_entry(key) -> Optional[tuple]:
     return _plans.get(key)
 
 
-def set_fast_entry(key, problem: AttnProblem, q, k, v, options: KernelOptions, need_lse: bool) -> None:
+def set_fast_entry(key, problem: AttnProblem, q, k, v, options: KernelOptions, need_lse: bool,
+                   page_table: Optional[torch.Tensor] = None) -> None:
     """Decide (once) whether the signature ``key`` takes the fast path (Note [Fast path])."""
     entry = (None, None)
-    ready = all(validate.kernel_ready(t) is t for t in (q, k, v)) and not validate.is_fake(q)
     dev = q.device
-    if (ready and q.numel() and problem.seqlen_k and not problem.block_table and not problem.aux
-            and not problem.has_sink and (dev.type == "cuda" or validate._any_device)
-            and (dev.index if dev.index is not None else torch.cuda.current_device()) == torch.cuda.current_device()):
+    if (q.numel() and problem.seqlen_k and not problem.block_table and not problem.aux and not problem.has_sink
+            and not validate.is_fake(q) and (dev.type == "cuda" or validate._any_device)
+            and (dev.index if dev.index is not None else torch.cuda.current_device()) == torch.cuda.current_device()
+            and all(validate.kernel_ready(t) is t for t in (_as4d(q, problem.varlen_q), _as4d(k, problem.varlen_k),
+                                                           _as4d(v, problem.varlen_k)))
+            and k.shape[-3] > 0
+            and (page_table is None or (page_table.stride(-1) == 1
+                                        and paged_in_kernel(_dispatch("fwd", dev, options).family,
+                                                            problem.page_size)))):
         entry = (_fast_call(problem, q, options, need_lse), need_lse)
     if len(_plans) < 8192:
         _plans[key] = entry
 
 
 def _fast_call(problem: AttnProblem, q, options: KernelOptions, need_lse: bool):
-    """``call(q, k, v) -> (out, lse)`` of a signature on the fast path: the outputs allocated as
-    :func:`_forward` does, then the family's prepared launch, or, for a config with per-call state
-    (the dynamic scheduler's claims counter, split-KV's partials and combine), its ``run``."""
+    """``call(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q, page_table) -> (out, lse)``
+    of a signature on the fast path: :func:`_forward`'s steps without its checks (the outputs
+    allocated the same way), then the family's prepared launch, or its ``run`` (varlen, paged and
+    seqused calls, and configs with per-call state: the dynamic scheduler's claims counter,
+    split-KV's partials and combine)."""
     mod, cfg = _plan("fwd", problem, options, q.device, need_lse)
+    vq, vk = problem.varlen_q, problem.varlen_k
+    dense = not (vq or vk or problem.page_size or problem.has_seqused_k or problem.has_seqused_q)
     prepare = getattr(mod, "prepare_launch", None)
-    launch = prepare(cfg, problem, q.device) if prepare is not None else None
-    if launch is None:
-        def launch(q, k, v, out, lse):
-            mod.run(cfg, problem, q, k, v, out, lse)
+    launch = prepare(cfg, problem, q.device) if prepare is not None and dense else None
     same_dv = problem.head_dim_v == problem.head_dim
     out_tail = (problem.head_dim_v,)
-    lse_shape = (q.shape[0], q.shape[2], q.shape[1])
+    q4_shape = tuple(_as4d(q, vq).shape)
+    lse_shape = (q4_shape[0], q4_shape[2], q4_shape[1])
 
-    def call(q, k, v):
+    def call(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, seqused_q=None, page_table=None):
+        if vq:
+            q = q.unsqueeze(0)
+        if vk:
+            k, v = k.unsqueeze(0), v.unsqueeze(0)
         out = _empty_like(q) if same_dv else _empty(q.shape[:-1] + out_tail, q.dtype, q.device)
         lse = _empty(lse_shape, torch.float32, q.device) if need_lse else None
-        launch(q, k, v, out, lse)
+        if launch is not None:
+            launch(q, k, v, out, lse)
+        else:
+            mod.run(cfg, problem, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q=seqused_q,
+                    page_table=page_table)
+        if vq:
+            return out.squeeze(0), (lse.squeeze(0) if lse is not None else None)
         return out, lse
     return call
 

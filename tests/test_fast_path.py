@@ -108,3 +108,56 @@ def test_fast_path_honours_nan_filled_outputs(calls):
         assert out.isnan().all()
     finally:
         ops.set_nan_fill(False)
+
+
+def _same_launches(calls, n):
+    """The first call's launches (``n``: kernel, and combine with split-KV) against the next call's."""
+    assert len(calls) == 2 * n
+    for (cfg1, a1), (cfg2, a2) in zip(calls[:n], calls[n:]):
+        assert cfg1 == cfg2 and len(a1) == len(a2)
+        for x, y in zip(a1, a2):
+            if isinstance(x, torch.Tensor):
+                assert isinstance(y, torch.Tensor) and x.shape == y.shape and x.dtype == y.dtype
+            else:
+                assert x == y
+
+
+@pytest.mark.parametrize("case", ["packed", "paged-decode", "batched-q-packed-k", "seqused"])
+def test_fast_varlen_calls_launch_what_the_full_way_does(calls, case):
+    gen = torch.Generator().manual_seed(1)
+    bf = dict(dtype=torch.bfloat16)
+    lens = torch.tensor([0, 3, 20, 21], dtype=torch.int32)
+    kw = {}
+    if case == "packed":
+        q, k, v = torch.randn(21, 8, 128, **bf), torch.randn(44, 2, 128, **bf), torch.randn(44, 2, 128, **bf)
+        kw = dict(cu_seqlens_q=lens, cu_seqlens_k=torch.tensor([0, 5, 14, 44], dtype=torch.int32), max_seqlen_q=17,
+                  max_seqlen_k=30, causal=True)
+    elif case == "paged-decode":
+        q = torch.randn(3, 32, 128, generator=gen, **bf)
+        k, v = torch.randn(40, 16, 8, 128, **bf), torch.randn(40, 16, 8, 128, **bf)
+        kw = dict(cu_seqlens_q=torch.tensor([0, 1, 2, 3], dtype=torch.int32), max_seqlen_q=1,
+                  page_table=torch.randint(0, 40, (3, 8), dtype=torch.int32, generator=gen),
+                  seqused_k=torch.tensor([100, 17, 128], dtype=torch.int32), max_seqlen_k=128)
+    elif case == "batched-q-packed-k":
+        q = torch.randn(3, 7, 8, 128, **bf)
+        k, v = torch.randn(44, 2, 128, **bf), torch.randn(44, 2, 128, **bf)
+        kw = dict(cu_seqlens_k=torch.tensor([0, 5, 14, 44], dtype=torch.int32), max_seqlen_k=30)
+    else:
+        q, k, v = torch.randn(3, 64, 8, 64, **bf), torch.randn(3, 300, 8, 64, **bf), torch.randn(3, 300, 8, 64, **bf)
+        kw = dict(seqused_k=torch.tensor([300, 17, 128], dtype=torch.int32), return_lse=True)
+    full = []
+    orig = ops.forward
+    try:
+        ops.forward = lambda *a, **k_: full.append(1) or orig(*a, **k_)
+        first = fa4.flash_attn_varlen_func(q, k, v, **kw)
+        n = len(calls)
+        if case == "paged-decode":
+            kw["max_seqlen_k"] = 129  # a decode loop's growing bound: not part of a paged call's key
+        second = fa4.flash_attn_varlen_func(q, k, v, **kw)
+    finally:
+        ops.forward = orig
+    assert len(full) == 1, "the second call went the full way"
+    _same_launches(calls, n)
+    assert first[0].shape == second[0].shape and (first[1] is None) == (second[1] is None)
+    if first[1] is not None:
+        assert first[1].shape == second[1].shape
