@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import os
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -108,6 +109,19 @@ def _dynamo_guards_function_ids() -> bool:
         return (int(parts[0]), int(parts[1])) >= (2, 13)
     except (ValueError, IndexError):
         return True
+
+
+def _unread_max_seqlen_k_valid(v) -> bool:
+    """Whether ``max_seqlen_k`` of a call whose k is paged or batched (the value is checked, never
+    read) passes the full way's check: None, an int >= 0 (numpy's too), a 0-dim integer tensor (a
+    CPU one >= 0). Such a value is left out of the fast path's key (Note [Fast path])."""
+    if v is None:
+        return True
+    if isinstance(v, torch.Tensor):
+        if v.dim() != 0 or v.dtype.is_floating_point or v.dtype == torch.bool or v.is_complex():
+            return False
+        return v.device.type != "cpu" or int(v) >= 0
+    return validate._is_int(v) and v >= 0
 
 
 def _no_empty(aux_scalars):
@@ -409,14 +423,16 @@ def flash_attn_varlen_func(
         # Note [Fast path] in fa4/ops.py. A paged or batched k does not read max_seqlen_k (checked, not
         # used): a decode loop's growing value is left out of the key once it is a valid int.
         key_max_k = max_seqlen_k
-        if cu_seqlens_k is None and (max_seqlen_k is None or (max_seqlen_k.__class__ is int and max_seqlen_k >= 0)):
+        if cu_seqlens_k is None and _unread_max_seqlen_k_valid(max_seqlen_k):
             key_max_k = None
         varlen_key = validate._varlen_key((q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, key_max_k, seqused_k,
                                            softmax_scale, causal, window_size, softcap, seqused_q, page_table))
         if varlen_key is not None and not (torch.is_grad_enabled()
                                            and (q.requires_grad or k.requires_grad or v.requires_grad)):
             fast_key = ("fast", "varlen", varlen_key, num_splits.__class__, num_splits, pack_gqa.__class__, pack_gqa,
-                        deterministic.__class__, deterministic, return_lse.__class__, return_lse, kernel_options)
+                        deterministic.__class__, deterministic, return_lse.__class__, return_lse, kernel_options,
+                        # a paged call's gather-or-load decision is read per call the full way
+                        os.environ.get("FA4_ARCH") if page_table is not None else None)
             try:
                 entry = ops.fast_entry(fast_key)
             except TypeError:  # an unhashable argument: the full way says what is wrong with it

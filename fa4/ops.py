@@ -56,7 +56,18 @@ def _family_module(d: _arch.Dispatch):
 # (direction, problem, options, device, flag) -> (family module, config): the dispatch and tuning
 # decisions of a call signature, made once (host overhead is part of the product). ``flag``: need_lse
 # for the forward, deterministic for the backward. FA4_ARCH is read when a signature is first seen.
-_plans: dict = {}
+class _Plans(dict):
+    """The plans; clearing them clears the fast path's entries too (Note [Fast path]): a test that
+    changes a tuning constant and clears the plans sees the new choice on both paths."""
+
+    def clear(self) -> None:
+        super().clear()
+        _fast.clear()
+
+
+_plans: dict = _Plans()
+_fast: dict = {}  # Note [Fast path]: ("fast", ...) keys -> (call, need_lse) or (None, None)
+_FAST_LIMIT = 8192
 
 
 def _plan(direction: str, problem: AttnProblem, options: KernelOptions, device: torch.device, flag: bool):
@@ -78,8 +89,8 @@ def _plan(direction: str, problem: AttnProblem, options: KernelOptions, device: 
 #     out, so a decode loop's growing value keeps its entry) was seen before, skips the layers between
 #     the API and the kernel: the
 #     signature's launch (its family's ``prepare_launch``: the compiled kernel through the memory
-#     cache, the same arguments ``run`` would pass) is kept in ``_plans`` under ("fast", ...) (so
-#     clearing the plans clears it), and a call checks only what can change with the same
+#     cache, the same arguments ``run`` would pass) is kept in ``_fast`` (cleared with ``_plans``), and
+#     a call checks only what can change with the same
 #     signature: the pointers' 16-byte alignment, the current device, grad mode. A config with
 #     per-call state (the dynamic scheduler's claims counter, split-KV's partials) calls its family's
 #     ``run`` instead of a prepared launch. The first call of a signature, and the signatures the fast
@@ -93,17 +104,19 @@ def _plan(direction: str, problem: AttnProblem, options: KernelOptions, device: 
 def fast_entry(key) -> Optional[tuple]:
     """The ("fast", ...) entry of a signature: (``call(q, k, v) -> (out, lse)``, need_lse), (None,
     None) where the fast path does not take it, or None when not yet decided."""
-    return _plans.get(key)
+    return _fast.get(key)
 
 
 def set_fast_entry(key, problem: AttnProblem, q, k, v, options: KernelOptions, need_lse: bool,
                    page_table: Optional[torch.Tensor] = None) -> None:
-    """Decide (once) whether the signature ``key`` takes the fast path (Note [Fast path])."""
-    entry = (None, None)
+    """Decide (once) whether the signature ``key`` takes the fast path (Note [Fast path]). Left
+    undecided where the reason can change: fake tensors (tracing), a GPU other than the current one."""
     dev = q.device
+    if validate.is_fake(q) or not (dev.type == "cuda" or validate._any_device) or (
+            (dev.index if dev.index is not None else torch.cuda.current_device()) != torch.cuda.current_device()):
+        return
+    entry = (None, None)
     if (q.numel() and problem.seqlen_k and not problem.block_table and not problem.aux and not problem.has_sink
-            and not validate.is_fake(q) and (dev.type == "cuda" or validate._any_device)
-            and (dev.index if dev.index is not None else torch.cuda.current_device()) == torch.cuda.current_device()
             and all(validate.kernel_ready(t) is t for t in (_as4d(q, problem.varlen_q), _as4d(k, problem.varlen_k),
                                                            _as4d(v, problem.varlen_k)))
             and k.shape[-3] > 0
@@ -111,8 +124,9 @@ def set_fast_entry(key, problem: AttnProblem, q, k, v, options: KernelOptions, n
                                         and paged_in_kernel(_dispatch("fwd", dev, options).family,
                                                             problem.page_size)))):
         entry = (_fast_call(problem, q, options, need_lse), need_lse)
-    if len(_plans) < 8192:
-        _plans[key] = entry
+    if len(_fast) >= _FAST_LIMIT:
+        _fast.clear()
+    _fast[key] = entry
 
 
 def _fast_call(problem: AttnProblem, q, options: KernelOptions, need_lse: bool):

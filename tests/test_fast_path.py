@@ -33,7 +33,7 @@ def _qkv(b=1, sq=128, sk=512, h=16, hk=16, d=128, dv=None):
 
 
 def _fast_entries():
-    return [e for key, e in ops._plans.items() if key[0] == "fast"]
+    return list(ops._fast.values())
 
 
 @pytest.mark.parametrize("kw", [dict(), dict(causal=True), dict(window_size=(64, 8)), dict(softcap=20.0),
@@ -110,14 +110,21 @@ def test_fast_path_honours_nan_filled_outputs(calls):
         ops.set_nan_fill(False)
 
 
-def _same_launches(calls, n):
-    """The first call's launches (``n``: kernel, and combine with split-KV) against the next call's."""
+def _same_launches(calls, n, inputs):
+    """The first call's launches (``n``: kernel, and combine with split-KV) against the next call's:
+    the caller's tensors (``inputs``) in the same places (the same memory, shapes and strides: a
+    swapped pair of same-shaped tensors fails), fresh outputs of the same shapes and dtypes."""
     assert len(calls) == 2 * n
+    ptrs = {t.data_ptr() for t in inputs if t is not None}
     for (cfg1, a1), (cfg2, a2) in zip(calls[:n], calls[n:]):
         assert cfg1 == cfg2 and len(a1) == len(a2)
         for x, y in zip(a1, a2):
             if isinstance(x, torch.Tensor):
                 assert isinstance(y, torch.Tensor) and x.shape == y.shape and x.dtype == y.dtype
+                if x.data_ptr() in ptrs:
+                    assert y.data_ptr() == x.data_ptr() and y.stride() == x.stride()
+                else:
+                    assert y.data_ptr() not in ptrs
             else:
                 assert x == y
 
@@ -157,7 +164,30 @@ def test_fast_varlen_calls_launch_what_the_full_way_does(calls, case):
     finally:
         ops.forward = orig
     assert len(full) == 1, "the second call went the full way"
-    _same_launches(calls, n)
+    _same_launches(calls, n, [q, k, v] + [x for x in kw.values() if isinstance(x, torch.Tensor)])
     assert first[0].shape == second[0].shape and (first[1] is None) == (second[1] is None)
     if first[1] is not None:
         assert first[1].shape == second[1].shape
+
+
+def test_fast_path_keys_and_staleness(calls, monkeypatch):
+    """A paged decode loop keeps its entry whatever form its (unread) max_seqlen_k takes; the SM
+    count is read per launch; a paged entry follows FA4_ARCH; clearing the plans clears the entries."""
+    np = pytest.importorskip("numpy")
+    q = torch.randn(3, 32, 128, dtype=torch.bfloat16)
+    k, v = torch.randn(40, 16, 8, 128, dtype=torch.bfloat16), torch.randn(40, 16, 8, 128, dtype=torch.bfloat16)
+    kw = dict(cu_seqlens_q=torch.tensor([0, 1, 2, 3], dtype=torch.int32), max_seqlen_q=1, num_splits=1,
+              page_table=torch.zeros(3, 8, dtype=torch.int32), seqused_k=torch.tensor([100, 17, 128], dtype=torch.int32))
+    for mk in (100, np.int32(101), torch.tensor(102), None):
+        fa4.flash_attn_varlen_func(q, k, v, max_seqlen_k=mk, **kw)
+    assert len(ops._fast) == 1
+    monkeypatch.setattr(sm90, "_num_sms", lambda device: 7)
+    qd, kd, vd = _qkv()
+    fa4.flash_attn_func(qd, kd, vd)
+    fa4.flash_attn_func(qd, kd, vd)
+    assert calls[-1][1][16] == 7  # (the persistent grid's size, first of the sm90 kernel's extra arguments)
+    monkeypatch.setenv("FA4_ARCH", "sm80")
+    fa4.flash_attn_varlen_func(q, k, v, **kw)
+    assert len(ops._fast) == 3  # a new signature for the paged call under another FA4_ARCH
+    ops._plans.clear()
+    assert not ops._fast

@@ -1312,14 +1312,13 @@ def prepare_launch(cfg: FwdSm90Config, problem: AttnProblem, device):
         return None
     from fa4 import jit
 
-    num_sms = _num_sms(device)
     scalars = fwd_common.launch_scalars(cfg, problem)
     has_lse = cfg.has_lse
 
     def launch(q, k, v, out, lse):
         fwd_common.forward_tiles(cfg, problem, q, None, 1)
         jit.get_kernel(cfg)(q, k, v, out, lse if has_lse else None, None, None, None, None, None, None, *scalars,
-                            num_sms, 1, None, None)
+                            _num_sms(q.device), 1, None, None)
     return launch
 
 
