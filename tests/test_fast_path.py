@@ -50,6 +50,7 @@ def test_fast_call_launches_what_the_full_way_does(calls, kw, shape):
     assert len(calls) == 2 * n
     (cfg1, a1), (cfg2, a2) = calls[0], calls[n]
     assert cfg1 == cfg2
+    assert len(a2) == len(jit.kernel_class(cfg2).fake_args(cfg2)) - 1  # every runtime argument (not the stream)
     # Same tensors in, same scalars; the outputs are fresh tensors of the same shapes and dtypes.
     assert a1[:3] == a2[:3] and a1[5:] == a2[5:]
     for x, y in zip(a1[3:5], a2[3:5]):
@@ -117,7 +118,7 @@ def _same_launches(calls, n, inputs):
     assert len(calls) == 2 * n
     ptrs = {t.data_ptr() for t in inputs if t is not None}
     for (cfg1, a1), (cfg2, a2) in zip(calls[:n], calls[n:]):
-        assert cfg1 == cfg2 and len(a1) == len(a2)
+        assert cfg1 == cfg2 and len(a1) == len(a2) == len(jit.kernel_class(cfg2).fake_args(cfg2)) - 1
         for x, y in zip(a1, a2):
             if isinstance(x, torch.Tensor):
                 assert isinstance(y, torch.Tensor) and x.shape == y.shape and x.dtype == y.dtype
