@@ -140,18 +140,13 @@ def _fast_call(problem: AttnProblem, q, options: KernelOptions, need_lse: bool):
     dense = not (vq or vk or problem.page_size or problem.has_seqused_k or problem.has_seqused_q)
     prepare = getattr(mod, "prepare_launch", None)
     launch = prepare(cfg, problem, q.device) if prepare is not None and dense else None
-    same_dv = problem.head_dim_v == problem.head_dim
-    out_tail = (problem.head_dim_v,)
-    q4_shape = tuple(_as4d(q, vq).shape)
-    lse_shape = (q4_shape[0], q4_shape[2], q4_shape[1])
 
     def call(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, seqused_q=None, page_table=None):
         if vq:
             q = q.unsqueeze(0)
         if vk:
             k, v = k.unsqueeze(0), v.unsqueeze(0)
-        out = _empty_like(q) if same_dv else _empty(q.shape[:-1] + out_tail, q.dtype, q.device)
-        lse = _empty(lse_shape, torch.float32, q.device) if need_lse else None
+        out, lse = _outputs(problem, q, need_lse)
         if launch is not None:
             launch(q, k, v, out, lse)
         else:
@@ -161,6 +156,15 @@ def _fast_call(problem: AttnProblem, q, options: KernelOptions, need_lse: bool):
             return out.squeeze(0), (lse.squeeze(0) if lse is not None else None)
         return out, lse
     return call
+
+
+def _outputs(problem: AttnProblem, q: torch.Tensor, need_lse: bool):
+    """The forward's ``(out, lse)`` for a 4-D ``q`` (varlen: (1, total, h, d)): ``out`` like q with
+    ``head_dim_v``, ``lse`` float32 (b, h, s_q) or None; NaN-filled in the tests' mode."""
+    out = _empty_like(q) if problem.head_dim_v == problem.head_dim else _empty(
+        q.shape[:-1] + (problem.head_dim_v,), q.dtype, q.device)
+    lse = _empty((q.shape[0], q.shape[2], q.shape[1]), torch.float32, q.device) if need_lse else None
+    return out, lse
 
 
 def _as4d(t: Optional[torch.Tensor], varlen: bool) -> Optional[torch.Tensor]:
@@ -204,10 +208,7 @@ def _forward(problem: AttnProblem, q: torch.Tensor, k: torch.Tensor, v: torch.Te
         q = validate.kernel_ready(q)
     if 1 in k.shape:
         k, v = validate.kernel_ready(k), validate.kernel_ready(v)
-    b, sq, h, _ = q.shape
-    out = _empty_like(q) if problem.head_dim_v == problem.head_dim else _empty(
-        q.shape[:-1] + (problem.head_dim_v,), q.dtype, q.device)
-    lse = _empty((b, h, sq), torch.float32, q.device) if need_lse else None
+    out, lse = _outputs(problem, q, need_lse)
     if out.numel() == 0:
         pass
     elif problem.seqlen_k == 0 or k.shape[1] == 0:
