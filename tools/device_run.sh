@@ -11,7 +11,7 @@
 # (dv_late at d64; run in session 11), next18 (publish_peek), next20 (publish_peek as the default), next22 (v27 sections, det bench), next8 (session 8's not-yet-run tests and sweeps), ncusrc (source-level stall sampling
 # of the forwards; NCUSRC_IMPLS), ncusrcbwd (the same for the backwards), bwdacc (tools/bwd_accuracy.py $BWDACC), ncustall (stall reasons, fa4 vs
 # flash-attn-4), sweepfwd (tools/sweep_fwd.py $SWEEP_FWD), ncufwd (ncu of the fa4 and flash-attn-4 forwards,
-# tools/ncu_fwd.py), ncubwd (the same for the backwards, NCU_BWD_SHAPES), v012b (session 10's side-by-side benches), firststore (session 17: Note [First store]'s tests and the backward profile), claims (session 18: the relaxed, rotated claims: tests and profile), bwdprof (tools/bwd_profile.py $BWDPROF_ROWS), hostprof (tools/host_profile.py $HOSTPROF_ARGS), hostbd (tools/host_breakdown.py $HOSTBD_ROWS), offgrid (tools/offgrid.py: shapes off the standard grid), next26 (session 25: the split GQA group), next27 / next27b (session 25's unrun work: tests / timings), next28 / next28b / next28c (session 26's: tests / forward timings / backward sections and decode), next29 (session 27: the decode grid, the compact varlen backward grid, their tests and timings; skipfwd leaves out its forward tests), next30 / next30m / next30v / next30b / next30c / next30d / next30e (the decode rule's and the compact grids' forward tests / score_mod and mask_mod / the varlen backward suite with the compact grid on / the compact grids' timings / the decode rule's timings and the decode bench / one_step_loop at d128-256 causal / varlen calls without max_seqlen, default and compact grids), next25 (session 24's unrun test edits and sweep v57), next31 / next31b / sanitizebs (session 30: the user-function and block-sparse GPU tests / the mods timings), nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
+# tools/ncu_fwd.py), ncubwd (the same for the backwards, NCU_BWD_SHAPES), v012b (session 10's side-by-side benches), firststore (session 17: Note [First store]'s tests and the backward profile), claims (session 18: the relaxed, rotated claims: tests and profile), bwdprof (tools/bwd_profile.py $BWDPROF_ROWS), hostprof (tools/host_profile.py $HOSTPROF_ARGS), hostbd (tools/host_breakdown.py $HOSTBD_ROWS), offgrid (tools/offgrid.py: shapes off the standard grid), next26 (session 25: the split GQA group), next27 / next27b (session 25's unrun work: tests / timings), next28 / next28b / next28c (session 26's: tests / forward timings / backward sections and decode), next29 (session 27: the decode grid, the compact varlen backward grid, their tests and timings; skipfwd leaves out its forward tests), next30 / next30m / next30v / next30b / next30c / next30d / next30e (the decode rule's and the compact grids' forward tests / score_mod and mask_mod / the varlen backward suite with the compact grid on / the compact grids' timings / the decode rule's timings and the decode bench / one_step_loop at d128-256 causal / varlen calls without max_seqlen, default and compact grids), next25 (session 24's unrun test edits and sweep v57), next31 / next31b / sanitizebs (session 30: the user-function and block-sparse GPU tests / the mods timings), gpu1 / gpu2 (the whole GPU suite in two calls), nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
 set -uo pipefail
 steps=${1:-bwd90}
 out=${OUT:-/tmp/out}; mkdir -p "$out"
@@ -82,6 +82,18 @@ fi
 if has gpu; then
   timeout ${GPU_TIMEOUT:-420} python3 -m pytest -m gpu -p no:cacheprovider $xd -q -rfE tests > "$out/gpu.log" 2>&1
   echo "gpu rc=$?"; grep -E "passed|failed|FAILED|ERROR" "$out/gpu.log" | tail -30
+fi
+if has gpu1; then
+  # The whole GPU suite in two calls (v0.32: every test's second call of a signature takes the fast
+  # path, Note [Fast path]): the backward and API files here, the forward files in gpu2; 380 s each,
+  # so a call that precompiles first (200 s at most) fits the 600 s limit.
+  gpu_tests gpu1 ${GPU_PART_TIMEOUT:-380} tests/test_bwd_gpu.py tests/test_api_gpu.py tests/test_preprocess_gpu.py \
+    tests/test_cuda_graph_gpu.py tests/test_device_guard_gpu.py tests/test_mods_gpu.py tests/test_block_sparse_gpu.py
+fi
+if has gpu2; then
+  gpu_tests gpu2 ${GPU_PART_TIMEOUT:-380} tests/test_fwd_sm90_gpu.py tests/test_fwd_sm80_gpu.py tests/test_fwd_splitkv_gpu.py \
+    tests/test_flash_attn_cute_calls_gpu.py tests/test_combine_gpu.py tests/test_one_step_loop_gpu.py \
+    tests/test_rescale_accuracy_gpu.py tests/test_softmax_gpu.py
 fi
 # sanitize_run NAME LIMIT SCRIPT: memcheck and racecheck over SCRIPT, each under LIMIT seconds.
 sanitize_run() {
