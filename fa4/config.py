@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import numbers
 import os
 from dataclasses import dataclass
 from typing import Any, ClassVar, Optional
@@ -31,15 +32,18 @@ and newer ones (the sm80 family runs on sm_90a), so family and target arch are s
 DTYPES = ("bf16", "fp16")
 
 
-def _is_real(value) -> bool:
-    """An int or float (numpy scalars included), not a bool."""
-    import numbers
+def is_int(value) -> bool:
+    """A Python or numpy integer, not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
+
+def is_real(value) -> bool:
+    """A Python or numpy int / float, not a bool."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def _check_fraction(name: str, value: Optional[float]) -> None:
-    if value is not None and not _is_real(value):
+    if value is not None and not is_real(value):
         raise TypeError(f"KernelOptions.{name} must be a float in [0, 1] or None, got {value!r}")
     if value is not None and not (0.0 <= value <= 1.0):
         raise ValueError(f"KernelOptions.{name} must be in [0, 1], got {value!r}")
@@ -103,7 +107,7 @@ class KernelOptions:
                 raise ValueError(f"KernelOptions.{name} must be a bool or None, got {v!r}")
         _check_fraction("exp2_emu_frac", self.exp2_emu_frac)
         _check_fraction("bwd_exp2_emu_frac", self.bwd_exp2_emu_frac)
-        if self.rescale_threshold is not None and not _is_real(self.rescale_threshold):
+        if self.rescale_threshold is not None and not is_real(self.rescale_threshold):
             raise TypeError(f"KernelOptions.rescale_threshold must be a float in [0, 64] or None, got "
                             f"{self.rescale_threshold!r}")
         if self.rescale_threshold is not None and not (0.0 <= float(self.rescale_threshold) <= 64.0):

@@ -115,13 +115,38 @@ def _unread_max_seqlen_k_valid(v) -> bool:
     """Whether ``max_seqlen_k`` of a call whose k is paged or batched (the value is checked, never
     read) passes the full way's check: None, an int >= 0 (numpy's too), a 0-dim integer tensor (a
     CPU one >= 0). Such a value is left out of the fast path's key (Note [Fast path])."""
-    if v is None:
-        return True
-    if isinstance(v, torch.Tensor):
-        if v.dim() != 0 or v.dtype.is_floating_point or v.dtype == torch.bool or v.is_complex():
-            return False
-        return v.device.type != "cpu" or int(v) >= 0
-    return validate._is_int(v) and v >= 0
+    try:
+        validate._max_seqlen("max_seqlen_k", v, 0)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _flags_key(num_splits, pack_gqa, deterministic, return_lse, kernel_options) -> tuple:
+    """The part of a fast-path key from a call's hints, flags and options, with the flags' classes
+    (``return_lse=1`` is another signature, which the full way rejects; Note [Fast path])."""
+    return (num_splits.__class__, num_splits, pack_gqa.__class__, pack_gqa, deterministic.__class__, deterministic,
+            return_lse.__class__, return_lse, kernel_options)
+
+
+def _fast_try(key: tuple, q, k, v, return_lse: bool, *tensors):
+    """Note [Fast path]: ``(result, key)``. ``result`` is the call's ``(out, lse)`` where the
+    signature's entry launched it (None otherwise); ``key`` is the key for the full way to record,
+    None where the signature is decided, unhashable, or the call takes gradients."""
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return None, None
+    try:
+        entry = ops.fast_entry(key)
+    except TypeError:  # an unhashable argument: the full way says what is wrong with it
+        return None, None
+    if entry is None:
+        return None, key
+    call = entry[0]
+    if (call is not None and not (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15
+            and q.device.index == torch.cuda.current_device()):
+        out, lse = call(q, k, v, *tensors)
+        return (out, lse if return_lse else None), None
+    return None, None
 
 
 def _no_empty(aux_scalars):
@@ -320,21 +345,12 @@ def flash_attn_func(
             and gather_bwd_token_chunk is None and not torch.compiler.is_compiling()):
         # Note [Fast path] in fa4/ops.py (the key is None for arguments that are not tensors)
         dense_key = validate._dense_key(q, k, v, softmax_scale, causal, window_size, softcap)
-        if dense_key is not None and not (torch.is_grad_enabled()
-                                          and (q.requires_grad or k.requires_grad or v.requires_grad)):
-            fast_key = ("fast", dense_key, num_splits.__class__, num_splits, pack_gqa.__class__, pack_gqa,
-                        deterministic.__class__, deterministic, return_lse.__class__, return_lse, kernel_options)
-            try:
-                entry = ops.fast_entry(fast_key)
-            except TypeError:  # an unhashable argument: the full way says what is wrong with it
-                entry, fast_key = None, None
-            if entry is not None:
-                call = entry[0]
-                if (call is not None and not (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15
-                        and q.device.index == torch.cuda.current_device()):
-                    out, lse = call(q, k, v)
-                    return out, (lse if return_lse else None)
-                fast_key = None  # (decided: the full way)
+        if dense_key is not None:
+            signature = ("fast", dense_key) + _flags_key(num_splits, pack_gqa, deterministic, return_lse,
+                                                         kernel_options)
+            done, fast_key = _fast_try(signature, q, k, v, return_lse)
+            if done is not None:
+                return done
     if (qv is not None or gather_kv_indices is not None
             or gather_bwd_recompute_p is not False or gather_bwd_token_chunk is not None):
         validate.reject_unsupported(qv=qv, gather_kv_indices=gather_kv_indices,
@@ -427,23 +443,14 @@ def flash_attn_varlen_func(
             key_max_k = None
         varlen_key = validate._varlen_key((q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, key_max_k, seqused_k,
                                            softmax_scale, causal, window_size, softcap, seqused_q, page_table))
-        if varlen_key is not None and not (torch.is_grad_enabled()
-                                           and (q.requires_grad or k.requires_grad or v.requires_grad)):
-            fast_key = ("fast", "varlen", varlen_key, num_splits.__class__, num_splits, pack_gqa.__class__, pack_gqa,
-                        deterministic.__class__, deterministic, return_lse.__class__, return_lse, kernel_options,
-                        # a paged call's gather-or-load decision is read per call the full way
-                        os.environ.get("FA4_ARCH") if page_table is not None else None)
-            try:
-                entry = ops.fast_entry(fast_key)
-            except TypeError:  # an unhashable argument: the full way says what is wrong with it
-                entry, fast_key = None, None
-            if entry is not None:
-                call = entry[0]
-                if (call is not None and not (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15
-                        and q.device.index == torch.cuda.current_device()):
-                    out, lse = call(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q, page_table)
-                    return out, (lse if return_lse else None)
-                fast_key = None  # (decided: the full way)
+        if varlen_key is not None:
+            # (a paged call's gather-or-load decision is read per call the full way: FA4_ARCH in its key)
+            signature = ("fast", "varlen", varlen_key, os.environ.get("FA4_ARCH") if page_table is not None else None)
+            signature += _flags_key(num_splits, pack_gqa, deterministic, return_lse, kernel_options)
+            done, fast_key = _fast_try(signature, q, k, v, return_lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                                       seqused_q, page_table)
+            if done is not None:
+                return done
     validate.reject_unsupported(qv=qv, gather_kv_indices=gather_kv_indices,
                                 block_sparse_tensors=block_sparse_tensors, scheduler_metadata=scheduler_metadata,
                                 seqlen_k_per_split=seqlen_k_per_split,

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import math
-import numbers
 from typing import Optional
 
 import torch
 
 from fa4.config import AttnProblem
+from fa4.config import is_int as _is_int
+from fa4.config import is_real as _is_real
 
 def is_fake(t: torch.Tensor) -> bool:
     """FakeTensors (torch.compile tracing) have no storage to check."""
@@ -81,16 +82,6 @@ def _check_same(name: str, t: torch.Tensor, ref: torch.Tensor) -> None:
         raise TypeError(f"{name} must have the same dtype as q ({ref.dtype}), got {t.dtype}")
     if t.device != ref.device:
         raise ValueError(f"{name} must be on the same device as q ({ref.device}), got {t.device}")
-
-
-def _is_int(v) -> bool:
-    """A Python or numpy integer, not a bool."""
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
-
-
-def _is_real(v) -> bool:
-    """A Python or numpy int / float, not a bool."""
-    return isinstance(v, numbers.Real) and not isinstance(v, bool)
 
 
 def _check_window(window_size) -> tuple[Optional[int], Optional[int]]:

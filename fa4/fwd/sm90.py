@@ -197,6 +197,11 @@ class FwdSm90Config(AttnFwdConfig):
         return self.tile_m // 64
 
     @property
+    def num_threads(self) -> int:
+        """A producer warpgroup, then one consumer warpgroup per 64 rows."""
+        return 128 * (self.num_wg + 1)
+
+    @property
     def split_tile_n(self) -> int:
         """The K blocks the split-KV rule counts in (:func:`fa4.fwd.common.split_tile_n`): the tuning
         table's ``tile_n``, which the rule was measured with, whatever this tile's (a decode tile's
@@ -238,7 +243,7 @@ class FlashFwdSm90:
         self.tile_hdim, self.tile_hdimv = _pad32(cfg.head_dim), _pad32(cfg.head_dim_v)
         self.num_wg = cfg.num_wg
         self.num_consumer_threads = 128 * self.num_wg
-        self.num_threads = 128 * (self.num_wg + 1)
+        self.num_threads = cfg.num_threads
         self.consumer_regs, self.producer_regs = _REGS[self.num_wg]
         self.pingpong = cfg.pingpong and self.num_wg in (2, 3)
         self.pack = cfg.qhead_per_kvhead > 1
@@ -1126,10 +1131,10 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         **FwdSm90Config.fwd_flags(problem),
     )
     FlashFwdSm90.can_implement(cfg)
-    threads = 128 * (cfg.num_wg + 1)  # a producer warpgroup, one consumer warpgroup per 64 rows
-    if options.num_threads is not None and options.num_threads != threads:
-        raise ValueError(f"KernelOptions.num_threads={options.num_threads}: the sm90 forward runs {threads} threads "
-                         f"with tile_m {cfg.tile_m} (a producer warpgroup and one consumer warpgroup per 64 rows; "
+    if options.num_threads is not None and options.num_threads != cfg.num_threads:
+        raise ValueError(f"KernelOptions.num_threads={options.num_threads}: the sm90 forward runs "
+                         f"{cfg.num_threads} threads with tile_m {cfg.tile_m} (a producer warpgroup and one consumer "
+                         f"warpgroup per 64 rows; "
                          f"choose the rows with tile_m, or leave num_threads unset)")
     return cfg
 
