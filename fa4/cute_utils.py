@@ -117,6 +117,68 @@ def make_acc_mn_view(acc: cute.Tensor, transpose: bool = False) -> cute.Tensor:
     return cute.make_tensor(acc.iterator, _acc_mn_layout(acc.layout, transpose))
 
 
+def _leaves(shape, stride):
+    """``(extent, stride)`` of each leaf of a (nested) layout mode, in colexicographic order."""
+    if isinstance(shape, tuple):
+        for s, d in zip(shape, stride):
+            yield from _leaves(s, d)
+    else:
+        yield shape, stride
+
+
+def _add_offset(out: list, shape, stride, i) -> None:
+    """Add to ``out`` the coordinate offset of index ``i`` (an int: colexicographic over the mode;
+    or a tuple shaped like the mode) of one layout mode whose strides are basis elements or 0."""
+    if isinstance(i, tuple):
+        for s, d, j in zip(shape, stride, i):
+            _add_offset(out, s, d, j)
+        return
+    for extent, d in _leaves(shape, stride):
+        if isinstance(d, cute.ScaledBasis):
+            out[d.mode[0]] += d.value * (i % extent)
+        i //= extent
+
+
+def static_coords(t: cute.Tensor) -> Callable:
+    """``coord(index)`` for the coordinate tensor ``t``: the coordinate that element ``index`` (one
+    index per top-level mode, each an int or a coordinate of that mode) holds, as ``t[index]``
+    gives it, but computed in Python when ``t``'s origin and layout are static (thread 0's
+    partition of an identity tensor), so a lookup costs no IR; otherwise ``t[index]``.
+    Note [Static coordinates]."""
+    origin = t.iterator
+    static = isinstance(origin, tuple) and all(type(x) is int for x in origin)
+    if static:
+        layout = t.layout
+        shape, stride = layout.shape, layout.stride
+        if not isinstance(shape, tuple):  # a rank-1 layout
+            shape, stride = (shape,), (stride,)
+        for extent, d in _leaves(shape, stride):
+            basis = isinstance(d, cute.ScaledBasis) and len(d.mode) == 1 and type(d.value) is int
+            static = static and type(extent) is int and (basis or (type(d) is int and d == 0))
+    if not static:
+        return lambda index: t[index]
+
+    def coord(index):
+        out = list(origin)
+        _add_offset(out, shape, stride, tuple(index))
+        return tuple(out)
+    return coord
+
+
+# Note [Static coordinates]
+# Indexing a coordinate tensor (``t0ScS[r, c]``) traces a chain of CuTe ops (make_coord, slice,
+# get_iter, deref, get_leaves; ~12 a lookup) that canonicalization folds into the constant the
+# lookup returned anyway. The masks looked up thread 0's coordinates once per accumulator element:
+# 1,536 of the ~9,300 ops a d128 causal sm90 forward traced (v0.33). ``static_coords`` evaluates
+# the same layout in Python instead; its results equal the lookups' (tests/test_static_coords.py,
+# every element of the sm80 and sm90 accumulators, straight and transposed). The SASS of every
+# sm_90a variant stayed the same (v0.33, hashed before and after).
+#
+# Removing dead ops is not SASS-neutral in general: the same trim of cute.gemm's rank checks, or
+# one gemm call over the whole k mode, changed the register allocation of sm90 kernels (ptxas
+# sees differently ordered IR), so neither is used without a GPU to time them.
+
+
 def make_acc_as_A(acc: cute.Tensor) -> cute.Tensor:
     """Reinterpret an accumulator fragment (already converted to 16-bit) as the A-operand fragment
     of the next MMA, to feed P to ``P @ V`` from registers.

@@ -31,7 +31,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
-from fa4.cute_utils import make_acc_mn_view
+from fa4.cute_utils import make_acc_mn_view, static_coords
 
 
 @dataclass(frozen=True)
@@ -188,6 +188,11 @@ class AttentionMask:
             t0ScS = make_acc_mn_view(thr_mma.get_slice(0).partition_C(cS))
             # q (row of S) and k (column of S) coordinate of a view element.
             Q, K = (0, 1) if const_expr(not transpose) else (1, 0)
+            # Thread 0's coordinates of each view row / column, as Python ints (Note [Static
+            # coordinates] in fa4/cute_utils.py).
+            coord0 = static_coords(t0ScS)
+            row0 = [coord0((r, 0)) for r in range(cute.size(acc_mn.shape[0]))]
+            col0 = [coord0((0, c)) for c in range(cute.size(acc_mn.shape[1]))]
             # Offsets of this thread's first element (runtime) in the S tile.
             thr_q = tScS[0][Q]
             thr_k = tScS[0][K]
@@ -196,12 +201,12 @@ class AttentionMask:
             if const_expr(not mask_window_):
                 if const_expr(not transpose):
                     for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
-                        oob = t0ScS[0, c][K] >= k_limit
+                        oob = col0[c][K] >= k_limit
                         for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
                             acc_mn[r, c] = -Float32.inf if oob else acc_mn[r, c]
                 else:
                     for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
-                        oob = t0ScS[r, 0][K] >= k_limit
+                        oob = row0[r][K] >= k_limit
                         for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
                             acc_mn[r, c] = -Float32.inf if oob else acc_mn[r, c]
             else:
@@ -213,9 +218,9 @@ class AttentionMask:
                     for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
                         # row_diag: the row's diagonal key in thread-0-local key units.
                         if const_expr(g == 1):
-                            row_diag = t0ScS[r, 0][Q] + diag
+                            row_diag = row0[r][Q] + diag
                         else:  # packed rows: the query position is (packed row) // g
-                            q_pos = (m_block * self.tile_m + thr_q + t0ScS[r, 0][Q]) // g
+                            q_pos = (m_block * self.tile_m + thr_q + row0[r][Q]) // g
                             row_diag = q_pos + self.seqlen_k - self.seqlen_q - n_block * self.tile_n - thr_k
                         right = row_diag + self._wr() + 1  # exclusive
                         if const_expr(mask_seqlen):
@@ -223,17 +228,17 @@ class AttentionMask:
                         if const_expr(self.local):
                             left = row_diag - self.window_left
                             for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
-                                k_loc = t0ScS[0, c][K]
+                                k_loc = col0[c][K]
                                 masked = k_loc >= right or k_loc < left
                                 acc_mn[r, c] = -Float32.inf if masked else acc_mn[r, c]
                         else:
                             for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
-                                acc_mn[r, c] = -Float32.inf if t0ScS[0, c][K] >= right else acc_mn[r, c]
+                                acc_mn[r, c] = -Float32.inf if col0[c][K] >= right else acc_mn[r, c]
                 else:
                     # Rows are keys: key k_loc sees queries q_loc with
                     # k_loc - diag - wr <= q_loc <= k_loc - diag + wl.
                     for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
-                        k_loc = t0ScS[r, 0][K]
+                        k_loc = row0[r][K]
                         q_first = k_loc - diag - self._wr()
                         if const_expr(mask_seqlen):
                             # A key past seqlen_k: every query is masked.
@@ -241,12 +246,12 @@ class AttentionMask:
                         if const_expr(self.local):
                             q_last = k_loc - diag + self.window_left
                             for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
-                                q_loc = t0ScS[0, c][Q]
+                                q_loc = col0[c][Q]
                                 masked = q_loc < q_first or q_loc > q_last
                                 acc_mn[r, c] = -Float32.inf if masked else acc_mn[r, c]
                         else:
                             for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
-                                acc_mn[r, c] = -Float32.inf if t0ScS[0, c][Q] < q_first else acc_mn[r, c]
+                                acc_mn[r, c] = -Float32.inf if col0[c][Q] < q_first else acc_mn[r, c]
 
 
 @cute.jit

@@ -133,16 +133,26 @@ def run(cfg, problem: AttnProblem, q, k, v, out, lse, cu_seqlens_q=None, cu_seql
     scalars = launch_scalars(cfg, problem)
 
     def launch(o, l):
-        fn(q, k, v, o, l if cfg.has_lse else None,
-           cu_seqlens_q if cfg.varlen_q else None, cu_seqlens_k if cfg.varlen_k else None,
-           seqused_q if cfg.has_seqused_q else None, seqused_k if cfg.has_seqused_k else None,
-           page_table if cfg.page_rows else None, sink if cfg.has_sink else None, *scalars, *extra)
+        fn(*kernel_args(cfg, q, k, v, o, l, scalars, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table,
+                        sink, extra))
 
     if cfg.split_kv:
         run_split(cfg, problem, launch, q, out, lse, splits, cu_seqlens_q if cfg.varlen_q else None,
                   seqused_q if cfg.has_seqused_q else None, sink if cfg.has_sink else None)
     else:
         launch(out, lse)
+
+
+def kernel_args(cfg, q, k, v, o, l, scalars: tuple, cu_seqlens_q=None, cu_seqlens_k=None, seqused_q=None,
+                seqused_k=None, page_table=None, sink=None, extra: tuple = ()) -> tuple:
+    """The forward kernels' positional arguments, in their ``__call__``'s order: the tensors (None
+    where ``cfg`` does not read them), :func:`launch_scalars`, then the family's ``extra``. The one
+    place that order is written: :func:`run` and the sm90 fast path's prepared launch
+    (``fa4.fwd.sm90.prepare_launch``) both build their calls here."""
+    return (q, k, v, o, l if cfg.has_lse else None,
+            cu_seqlens_q if cfg.varlen_q else None, cu_seqlens_k if cfg.varlen_k else None,
+            seqused_q if cfg.has_seqused_q else None, seqused_k if cfg.has_seqused_k else None,
+            page_table if cfg.page_rows else None, sink if cfg.has_sink else None, *scalars, *extra)
 
 
 def launch_scalars(cfg, problem: AttnProblem) -> tuple:

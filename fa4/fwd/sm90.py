@@ -1302,9 +1302,15 @@ def run(cfg: FwdSm90Config, problem: AttnProblem, q, k, v, out, lse, cu_seqlens_
 
         counter = torch.zeros(1, dtype=torch.int32, device=q.device)
     fwd_common.run(cfg, problem, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                   extra=(num_sms, splits, counter, tuple(aux) if cfg.aux else None), splits=splits,
-                   seqused_q=seqused_q, page_table=page_table,
-                   sink=sink)
+                   extra=_extra(cfg, num_sms, splits, counter, aux), splits=splits, seqused_q=seqused_q,
+                   page_table=page_table, sink=sink)
+
+
+def _extra(cfg: FwdSm90Config, num_sms: int, splits: int, counter, aux) -> tuple:
+    """The sm90 kernel's arguments after :func:`fa4.fwd.common.kernel_args`'s: the persistent grid
+    (SM count), the K splits, the dynamic scheduler's claims counter and the user functions' aux
+    tensors."""
+    return num_sms, splits, counter, tuple(aux) if cfg.aux else None
 
 
 def prepare_launch(cfg: FwdSm90Config, problem: AttnProblem, device):
@@ -1318,12 +1324,12 @@ def prepare_launch(cfg: FwdSm90Config, problem: AttnProblem, device):
     from fa4 import jit
 
     scalars = fwd_common.launch_scalars(cfg, problem)
-    has_lse = cfg.has_lse
+    kernel_args = fwd_common.kernel_args
 
     def launch(q, k, v, out, lse):
         fwd_common.forward_tiles(cfg, problem, q, None, 1)
-        jit.get_kernel(cfg)(q, k, v, out, lse if has_lse else None, None, None, None, None, None, None, *scalars,
-                            _num_sms(q.device), 1, None, None)
+        jit.get_kernel(cfg)(*kernel_args(cfg, q, k, v, out, lse, scalars,
+                                         extra=_extra(cfg, _num_sms(q.device), 1, None, None)))
     return launch
 
 
