@@ -11,6 +11,7 @@ from fa4.combine import flash_attn_combine  # noqa: E402
 from fa4.config import KernelOptions  # noqa: E402
 from fa4.interface import explain, flash_attn_func, flash_attn_varlen_func  # noqa: E402
 from fa4.jit import cache_info  # noqa: E402
+from fa4.kvcache import flash_attn_with_kvcache  # noqa: E402
 
 __all__ = ["__version__", "KernelOptions", "cache_info", "explain", "flash_attn_combine", "flash_attn_func",
-           "flash_attn_varlen_func"]
+           "flash_attn_varlen_func", "flash_attn_with_kvcache"]
