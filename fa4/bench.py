@@ -16,7 +16,9 @@ bandwidth of the K + V bytes each call must read; a row ``copy`` measures the GP
 is fa4's K + V bandwidth over it. ``fa4-paged16`` runs fa4 on the same K/V in a paged cache of
 16-row pages (vLLM's layout, pages shuffled), with its own ``paged/best`` (over the fastest peer on
 the contiguous cache) and ``paged/copy``; ``flash-attn-4-paged16`` runs flash-attn-4 on that same
-paged cache (when importable), and ``paged/peer`` is fa4's paged speed over it.
+paged cache (when importable), and ``paged/peer`` is fa4's paged speed over it. ``fa4-kvcache16`` is
+a ``flash_attn_with_kvcache`` step on that cache (one token appended, then the attention), and
+``kvcache/paged`` its time over ``fa4-paged16``'s.
 
 Implementations: fa4 (``fa4.flash_attn_func``), torch SDPA with the flash (FA2) and the cuDNN
 backends, and flash-attn-4 (``flash_attn.cute``) when importable. Each one's output (and, for the
@@ -65,9 +67,10 @@ FA4 = "fa4"
 FA4_NONDET = "fa4-nondet"  # with --deterministic: fa4's own non-deterministic backward, same row
 FA4_PAGED = "fa4-paged16"  # with --decode: fa4 on the same K/V in a paged cache of 16-row pages
 PEER_PAGED = "flash-attn-4-paged16"  # with --decode: flash-attn-4 on that paged cache
+FA4_KVCACHE = "fa4-kvcache16"  # with --decode: a flash_attn_with_kvcache step (append + attention) on that cache
 PAGE_SIZE = 16
-OWN = (FA4_NONDET, FA4_PAGED)  # fa4's own extra columns: never counted as peers
-PAGED = (FA4_PAGED, PEER_PAGED)  # the paged-cache columns: compared with each other, not in fa4/best
+OWN = (FA4_NONDET, FA4_PAGED, FA4_KVCACHE)  # fa4's own extra columns: never counted as peers
+PAGED = (FA4_PAGED, PEER_PAGED, FA4_KVCACHE)  # the paged-cache columns: compared with each other, not in fa4/best
 EXIT_NO_GPU = 2
 NO_GPU_MESSAGE = (
     "fa4.bench: no CUDA GPU is visible (torch.cuda.is_available() is False); run the benchmark on the GPU machine."
@@ -288,6 +291,27 @@ def paged_impl(name: str, varlen_func: Callable[[], Callable], page_size: int = 
 def fa4_paged_impl(page_size: int = PAGE_SIZE, name: str = FA4_PAGED) -> Impl:
     """fa4 on the paged cache (:func:`paged_impl`)."""
     return paged_impl(name, lambda: fa4.flash_attn_varlen_func, page_size)
+
+
+def fa4_kvcache_impl(page_size: int = PAGE_SIZE, name: str = FA4_KVCACHE) -> Impl:
+    """A decode step through :func:`fa4.flash_attn_with_kvcache` on the paged cache of
+    :func:`paged_impl`: each sequence's last token appended again at its own position (the cache
+    stays the same, so the output is the plain call's), then the attention: the composition's cost
+    over ``fa4-paged16`` (Note [KV cache calls])."""
+
+    def setup(q, k, v, causal, requires_grad):
+        if requires_grad:
+            raise NotImplementedError("the KV cache call is forward only")
+        kc, vc, table, used = paged_cache(k, v, page_size)
+        k_new, v_new, lens = k[:, -1:].contiguous(), v[:, -1:].contiguous(), used - 1
+
+        def run():
+            return fa4.flash_attn_with_kvcache(q, kc, vc, k_new, v_new, cache_seqlens=lens, block_table=table,
+                                               causal=causal)
+
+        return Prepared(run, (q, k, v), bhsd=False)
+
+    return Impl(name, setup)
 
 
 def peer_paged_impl(page_size: int = PAGE_SIZE, name: str = PEER_PAGED) -> Impl:
@@ -591,8 +615,11 @@ def summarize_decode(records: Sequence[Record], copy_tbs: Optional[float]) -> tu
     names = _impl_order(records)
     paged = FA4_PAGED in names
     columns = ["b", "sq", "sk", "h", "hk", "d"] + [f"{n} us (TB/s)" for n in names] + ["fa4/best", "fa4/copy"]
+    kvc = FA4_KVCACHE in names and paged
     if paged:
         columns += ["paged/best", "paged/copy"] + (["paged/peer"] if PEER_PAGED in names else [])
+    if kvc:
+        columns += ["kvcache/paged"]
     columns += [f"diff {n}" for n in names]
     groups: dict[Shape, dict[str, Record]] = {}
     for rec in records:
@@ -617,6 +644,10 @@ def summarize_decode(records: Sequence[Record], copy_tbs: Optional[float]) -> tu
         if paged and PEER_PAGED in names:
             ratio = _ratio(row, FA4_PAGED, peers=(PEER_PAGED,))
             cells.append(f"{ratio:.2f}x" if ratio is not None else "-")
+        if kvc:  # the KV cache step's time over the plain paged call's (> 1: the append's cost)
+            a, b = row.get(FA4_KVCACHE), row.get(FA4_PAGED)
+            ok = a is not None and b is not None and a.status == b.status == "ok"
+            cells.append(f"{a.ms / b.ms:.2f}" if ok else "-")
         cells += [_diff_cell(row.get(n)) for n in names]
         rows.append(dict(zip(columns, map(str, cells))))
     return columns, rows
@@ -851,6 +882,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.decode:  # the paged cache (page size 16) beside the contiguous one, the peer's first
         impls[len(peers):len(peers)] = [peer_paged_impl()]
         impls.append(fa4_paged_impl())
+        impls.append(fa4_kvcache_impl())
     if args.deterministic:  # the det / non-det ratio from one row (not counted as a peer in fa4/best)
         impls.insert(len(peers), fa4_impl(kernel_option_kwargs(args), False, name=FA4_NONDET))
     records = run_grid(shapes, impls, timer=repeated(timer, args.repeats), directions=directions, reference=peers[0])

@@ -504,6 +504,12 @@ def test_decode_mode_shapes_and_table():
     records.append(Record(bench.PEER_PAGED, "fwd", shape, "ok", ms=0.125, maxdiff=1e-3))
     columns, rows = bench.summarize_decode(records, copy_tbs=4.0)
     assert rows[0]["paged/peer"] == "0.12x" and rows[0]["fa4/best"] == "2.00x" and rows[0]["paged/best"] == "0.50x"
+    # The KV cache step on the same paged cache: its time over the paged call's, never a peer.
+    assert "kvcache/paged" not in columns
+    records.append(Record(bench.FA4_KVCACHE, "fwd", shape, "ok", ms=1.25, maxdiff=1e-3))
+    columns, rows = bench.summarize_decode(records, copy_tbs=4.0)
+    assert rows[0]["kvcache/paged"] == "1.25" and rows[0]["paged/peer"] == "0.12x"
+    assert rows[0]["fa4/best"] == "2.00x" and rows[0]["paged/best"] == "0.50x"
 
 
 def test_offgrid_cases_and_flops():
