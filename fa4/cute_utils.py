@@ -31,6 +31,7 @@ from typing import Callable, Type
 import cutlass
 import cutlass.cute as cute
 from cutlass import Boolean, Float32, Int32, const_expr
+import cutlass._mlir.dialects.cute as _cute_ir
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
@@ -171,12 +172,13 @@ def static_coords(t: cute.Tensor) -> Callable:
 # lookup returned anyway. The masks looked up thread 0's coordinates once per accumulator element:
 # 1,536 of the ~9,300 ops a d128 causal sm90 forward traced (v0.33). ``static_coords`` evaluates
 # the same layout in Python instead; its results equal the lookups' (tests/test_static_coords.py,
-# every element of the sm80 and sm90 accumulators, straight and transposed). The SASS of every
-# sm_90a variant stayed the same (v0.33, hashed before and after).
+# every element of the sm80 and sm90 accumulators, straight and transposed). Likewise
+# ``_gemm_op`` drops ``cute.gemm``'s rank checks (12 traced shape queries a call). With both, the
+# SASS of every sm_90a and sm_80 variant stayed the same (v0.33, hashed before and after).
 #
-# Removing dead ops is not SASS-neutral in general: the same trim of cute.gemm's rank checks, or
-# one gemm call over the whole k mode, changed the register allocation of sm90 kernels (ptxas
-# sees differently ordered IR), so neither is used without a GPU to time them.
+# Dead ops are not SASS-neutral in general: one gemm call over the whole k mode (instead of one a
+# k slice) and a zero fragment shared by the sm80 loads' row fills both changed some variants'
+# SASS, so neither is used without a GPU to time them.
 
 
 def make_acc_as_A(acc: cute.Tensor) -> cute.Tensor:
@@ -408,7 +410,7 @@ def gemm_sm80(
                 cute.copy(smem_thr_copy_A, tCsA[None, None, k + 1], tCrA_v[None, None, k + 1])
             if not B_in_regs:
                 cute.copy(smem_thr_copy_B, tCsB[None, None, k + 1], tCrB_v[None, None, k + 1])
-        cute.gemm(tiled_mma, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
+        _gemm_op(tiled_mma, acc, tCrA[None, None, k], tCrB[None, None, k])
 
 
 def gemm_sm80_rs(
@@ -426,7 +428,7 @@ def gemm_sm80_rs(
     for k in range(num_k):
         if k + 1 < num_k:
             cute.copy(smem_thr_copy_B, tCsB[None, None, k + 1], tCrB_v[None, None, k + 1])
-        cute.gemm(tiled_mma, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
+        _gemm_op(tiled_mma, acc, tCrA[None, None, k], tCrB[None, None, k])
 
 
 # --------------------------------------------------------------------------------------------
@@ -448,8 +450,16 @@ def gemm_sm90(tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor, tCr
     warpgroup.fence()
     for k in range(cute.size(tCrA.shape[2])):
         tiled_mma.set(warpgroup.Field.ACCUMULATE, not (zero_init and k == 0))
-        cute.gemm(tiled_mma, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
+        _gemm_op(tiled_mma, acc, tCrA[None, None, k], tCrB[None, None, k])
     warpgroup.commit_group()
+
+
+def _gemm_op(tiled_mma: cute.TiledMma, acc: cute.Tensor, a: cute.Tensor, b: cute.Tensor) -> None:
+    """``cute.gemm(tiled_mma, acc, a, b, acc)`` without its Python-side rank checks, whose shape
+    queries trace 12 ops a call that canonicalization removes (Note [Static coordinates]): the same
+    gemm op. The callers' operands are rank-2 slices of ``tiled_mma``'s partitions, which those
+    checks accept."""
+    _cute_ir.gemm(tiled_mma._unpack(), acc.value, [a.value], [b.value], acc.value)
 
 
 def transposed(sT: cute.Tensor) -> cute.Tensor:
