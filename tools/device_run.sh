@@ -11,7 +11,7 @@
 # (dv_late at d64; run in session 11), next18 (publish_peek), next20 (publish_peek as the default), next22 (v27 sections, det bench), next8 (session 8's not-yet-run tests and sweeps), ncusrc (source-level stall sampling
 # of the forwards; NCUSRC_IMPLS), ncusrcbwd (the same for the backwards), bwdacc (tools/bwd_accuracy.py $BWDACC), ncustall (stall reasons, fa4 vs
 # flash-attn-4), sweepfwd (tools/sweep_fwd.py $SWEEP_FWD), ncufwd (ncu of the fa4 and flash-attn-4 forwards,
-# tools/ncu_fwd.py), ncubwd (the same for the backwards, NCU_BWD_SHAPES), v012b (session 10's side-by-side benches), firststore (session 17: Note [First store]'s tests and the backward profile), claims (session 18: the relaxed, rotated claims: tests and profile), bwdprof (tools/bwd_profile.py $BWDPROF_ROWS), hostprof (tools/host_profile.py $HOSTPROF_ARGS), hostbd (tools/host_breakdown.py $HOSTBD_ROWS), offgrid (tools/offgrid.py: shapes off the standard grid), next26 (session 25: the split GQA group), next27 / next27b (session 25's unrun work: tests / timings), next28 / next28b / next28c (session 26's: tests / forward timings / backward sections and decode), next29 (session 27: the decode grid, the compact varlen backward grid, their tests and timings; skipfwd leaves out its forward tests), next30 / next30m / next30v / next30b / next30c / next30d / next30e (the decode rule's and the compact grids' forward tests / score_mod and mask_mod / the varlen backward suite with the compact grid on / the compact grids' timings / the decode rule's timings and the decode bench / one_step_loop at d128-256 causal / varlen calls without max_seqlen, default and compact grids), next25 (session 24's unrun test edits and sweep v57), next31 / next31b / sanitizebs (session 30: the user-function and block-sparse GPU tests / the mods timings), gpu1 / gpu2 (the whole GPU suite in two calls), nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
+# tools/ncu_fwd.py), ncubwd (the same for the backwards, NCU_BWD_SHAPES), v012b (session 10's side-by-side benches), firststore (session 17: Note [First store]'s tests and the backward profile), claims (session 18: the relaxed, rotated claims: tests and profile), bwdprof (tools/bwd_profile.py $BWDPROF_ROWS), hostprof (tools/host_profile.py $HOSTPROF_ARGS), hostbd (tools/host_breakdown.py $HOSTBD_ROWS), offgrid (tools/offgrid.py: shapes off the standard grid), next26 (session 25: the split GQA group), next27 / next27b (session 25's unrun work: tests / timings), next28 / next28b / next28c (session 26's: tests / forward timings / backward sections and decode), next29 (session 27: the decode grid, the compact varlen backward grid, their tests and timings; skipfwd leaves out its forward tests), next30 / next30m / next30v / next30b / next30c / next30d / next30e (the decode rule's and the compact grids' forward tests / score_mod and mask_mod / the varlen backward suite with the compact grid on / the compact grids' timings / the decode rule's timings and the decode bench / one_step_loop at d128-256 causal / varlen calls without max_seqlen, default and compact grids), next25 (session 24's unrun test edits and sweep v57), next31 / next31b / sanitizebs (session 30: the user-function and block-sparse GPU tests / the mods timings), next33 (session 32: flash_attn_with_kvcache's GPU tests, then the decode bench with its fa4-kvcache16 column), gpu1 / gpu2 (the whole GPU suite in two calls), nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
 set -uo pipefail
 steps=${1:-bwd90}
 out=${OUT:-/tmp/out}; mkdir -p "$out"
@@ -128,6 +128,13 @@ fi
 if has det; then
   timeout 300 python3 -m fa4.bench --mode bwd --deterministic --out "$out/det" ${BENCH_ARGS:-} > "$out/det.log" 2>&1
   echo "det rc=$?"; tail -32 "$out/det.log"
+fi
+if has next33; then
+  # Session 32 (RESULTS v0.33): flash_attn_with_kvcache (Note [KV cache calls]): its GPU tests,
+  # then python -m fa4.bench --decode with the new fa4-kvcache16 / kvcache/paged columns.
+  gpu_tests next33tests 300 tests/test_kvcache_gpu.py || exit 1
+  timeout 300 python3 -m fa4.bench --decode --out "$out/decode33" > "$out/next33decode.log" 2>&1
+  echo "next33 decode rc=$?"; grep -v Warning "$out/next33decode.log" | tail -8
 fi
 if has latency; then
   timeout 120 python3 -m fa4.bench --latency --out "$out/latency" > "$out/latency.log" 2>&1
