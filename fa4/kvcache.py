@@ -125,6 +125,7 @@ def flash_attn_with_kvcache(
     attention_chunk: int = 0,
     scheduler_metadata=None,
     sm_margin: int = 0,
+    learnable_sink: Optional[torch.Tensor] = None,
     kernel_options=None,
 ):
     """Attention of ``q`` over a KV cache, after appending ``k`` / ``v`` to it (flash_attn's
@@ -139,7 +140,8 @@ def flash_attn_with_kvcache(
     (required with ``k``; without it the whole cache is read). ``cache_batch_idx``: the cache row
     of each sequence (not with ``block_table``). ``rotary_cos`` / ``rotary_sin``: ``(seqlen_ro,
     rotary_dim / 2)``, applied to ``q`` and ``k`` (only with ``k``). ``window_size``: ``-1`` or
-    None is unbounded. ``num_splits``: 0 chooses.
+    None is unbounded. ``num_splits``: 0 chooses. ``learnable_sink`` (keyword): flash_attn.cute's
+    attention sinks, a ``(heads,)`` logit per q head (gpt-oss's decode).
 
     Returns ``out`` ``(batch, seqlen_q, heads, head_dim_v)``, or ``(out, softmax_lse)`` with
     ``softmax_lse`` float32 ``(batch, heads, seqlen_q)`` when ``return_softmax_lse``. No gradients.
@@ -238,6 +240,8 @@ def flash_attn_with_kvcache(
     # Every check of the attention call, before the append mutates the caches.
     validate.check_varlen(q, k_att, v_att, None, None, None, None, seqused_k, softmax_scale, causal, window_size,
                           softcap, page_table=page_table_att)
+    if learnable_sink is not None:
+        validate.check_sink(learnable_sink, q.shape[2], device)
     validate.check_num_splits(num_splits)
     if pack_gqa is not None:
         validate.as_bool("pack_gqa", pack_gqa)
@@ -266,6 +270,6 @@ def flash_attn_with_kvcache(
             v_cache.index_put_(where, v)
         out, lse = interface.flash_attn_varlen_func(
             q, k_att, v_att, seqused_k=seqused_k, page_table=page_table_att, softmax_scale=softmax_scale,
-            causal=causal, window_size=window_size, softcap=softcap, num_splits=num_splits, pack_gqa=pack_gqa,
-            return_lse=return_softmax_lse, kernel_options=kernel_options)
+            causal=causal, window_size=window_size, learnable_sink=learnable_sink, softcap=softcap,
+            num_splits=num_splits, pack_gqa=pack_gqa, return_lse=return_softmax_lse, kernel_options=kernel_options)
     return (out, lse) if return_softmax_lse else out

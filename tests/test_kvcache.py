@@ -39,9 +39,11 @@ def emulated(monkeypatch):
     calls = []
 
     def emulate(q, k, v, seqused_k=None, page_table=None, softmax_scale=None, causal=False, window_size=(None, None),
-                softcap=0.0, num_splits=None, pack_gqa=None, return_lse=False, kernel_options=None):
+                learnable_sink=None, softcap=0.0, num_splits=None, pack_gqa=None, return_lse=False,
+                kernel_options=None):
         calls.append(dict(q=q, k=k, v=v, seqused_k=seqused_k, page_table=page_table, causal=causal,
-                          window_size=window_size, num_splits=num_splits, return_lse=return_lse))
+                          window_size=window_size, num_splits=num_splits, return_lse=return_lse,
+                          learnable_sink=learnable_sink))
         assert seqused_k is None or seqused_k.dtype == torch.int32
         assert page_table is None or page_table.dtype == torch.int32
         win = tuple(None if (w is None or w < 0) else w for w in window_size)
@@ -123,6 +125,18 @@ def test_kvcache_without_new_tokens(emulated):
     fa4.flash_attn_with_kvcache(q, k_cache, v_cache)
     assert emulated[-1]["k"].shape[0] == 3  # the first batch rows of a larger cache, as a view
     assert emulated[-1]["k"].data_ptr() == k_cache.data_ptr()
+
+
+def test_kvcache_passes_the_sink(emulated):
+    """learnable_sink reaches the attention call, checked before the append."""
+    q, k_cache, v_cache, k, v, lens, _, _ = make_case("batched")
+    sink = torch.randn(4)
+    fa4.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lens, learnable_sink=sink)
+    assert emulated[-1]["learnable_sink"] is sink
+    before = k_cache.clone()
+    with pytest.raises(ValueError, match="learnable_sink must have shape"):
+        fa4.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lens + 1, learnable_sink=sink[:2])
+    assert torch.equal(k_cache, before) and len(emulated) == 1
 
 
 def test_kvcache_takes_no_gradients(emulated):

@@ -90,6 +90,28 @@ def test_kvcache_decode_loop():
         assert torch.equal(k_cache[:, :t + 1], kk) and torch.equal(v_cache[:, :t + 1], vv)
 
 
+@pytest.mark.parametrize("window", [(-1, -1), (128, 0)])
+def test_kvcache_with_sinks(window):
+    """learnable_sink (gpt-oss's decode: sinks and a sliding window): the reference's out and lse
+    composed with a sink column of logit sink[h] and value 0."""
+    q, k_cache, v_cache, k, v, lens, extra, logical = make_case("paged", batch=4, seqlen_q=1, heads=8, heads_k=2,
+                                                                d=64, cache_len=700, page_size=16, device="cuda")
+    sink = torch.randn(8, device="cuda") * 2
+    out, lse = fa4.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lens, causal=True, window_size=window,
+                                           learnable_sink=sink, return_softmax_lse=True, **extra)
+
+    def with_sink(o, l):
+        s = sink.to(l.dtype)[None, :, None]
+        return o * torch.sigmoid(l - s).transpose(1, 2)[..., None].to(o.dtype), torch.logaddexp(l, s)
+
+    ref, ref_lse, _ = reference(q, k, v, lens, logical, causal=True, window_size=window)
+    pt, pt_lse, _ = reference(q, k, v, lens, logical, causal=True, window_size=window, upcast=False)
+    ref, ref_lse = with_sink(ref, ref_lse)
+    pt, _ = with_sink(pt, pt_lse)
+    check_close("out", out, ref, pt)
+    assert (lse - ref_lse).abs().max() < 1e-2
+
+
 def test_kvcache_under_torch_compile():
     """A decode step compiled with fullgraph=True (the append mutates the caches inside the graph):
     the output and the caches of the eager call (Inductor may fuse the rotary's float32 math
