@@ -75,6 +75,21 @@ def _check_index(name: str, t, batch: int, device) -> torch.Tensor:
     return t
 
 
+_steps: dict = {}
+
+
+def _arange(n: int, device) -> torch.Tensor:
+    """``arange(n)`` (int64) on ``device``, kept: a decode step asks for the same one every time
+    (one launch fewer; kept per device, at most a few dozen lengths)."""
+    key = (n, device)
+    t = _steps.get(key)
+    if t is None:
+        t = torch.arange(n, device=device)
+        if len(_steps) < 256 and not torch.compiler.is_compiling():
+            _steps[key] = t
+    return t
+
+
 def _rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor, interleaved: bool):
     """``x (b, s, h, d)`` with its first ``2 * cos.shape[1]`` channels rotated by the angles of
     positions ``pos (b, s)`` (Note [KV cache calls])."""
@@ -230,8 +245,8 @@ def flash_attn_with_kvcache(
     elif pages.dtype not in _INDEX_DTYPES:
         raise ValueError(f"block_table must be an int32 tensor, got {pages.dtype}")
     page_table_att = None if pages is None else pages.to(torch.int32)
-    seqused_k = None
-    if cache_seqlens is not None:
+    seqused_k = cache_seqlens
+    if cache_seqlens is not None and (k is not None or cache_seqlens.dtype != torch.int32):
         seqused_k = (cache_seqlens + (k.shape[1] if k is not None else 0)).to(torch.int32)
     capacity = k_cache.shape[1] * (pages.shape[1] if pages is not None and cache_batch_idx is None else 1)
     if rotary_cos is not None and rotary_cos.shape[0] < capacity:
@@ -253,18 +268,19 @@ def flash_attn_with_kvcache(
 
     with torch.no_grad():
         if k is not None:
-            steps = torch.arange(k.shape[1], device=device)
-            pos_k = cache_seqlens.long()[:, None] + steps  # (b, seqlen_new)
+            pos_k = cache_seqlens[:, None] + _arange(k.shape[1], device)  # (b, seqlen_new), int64
             if rotary_cos is not None:
-                pos_q = cache_seqlens.long()[:, None] + (torch.arange(seqlen_q, device=device) if causal or local
-                                                         else torch.zeros(seqlen_q, dtype=torch.long, device=device))
+                if causal or local:
+                    pos_q = cache_seqlens[:, None] + _arange(seqlen_q, device)
+                else:  # every query at cache_seqlens (flash_attn's convention)
+                    pos_q = cache_seqlens.long()[:, None].expand(batch, seqlen_q)
                 q = _rotary(q, rotary_cos, rotary_sin, pos_q, rotary_interleaved)
                 k = _rotary(k, rotary_cos, rotary_sin, pos_k, rotary_interleaved)
             if block_table is not None or page_table is not None:
                 page_size = k_cache.shape[1]
-                where = (pages.long().gather(1, pos_k // page_size), pos_k % page_size)
+                where = (pages.gather(1, pos_k // page_size), pos_k % page_size)
             else:
-                rows = cache_batch_idx.long() if cache_batch_idx is not None else torch.arange(batch, device=device)
+                rows = cache_batch_idx if cache_batch_idx is not None else _arange(batch, device)
                 where = (rows[:, None].expand_as(pos_k), pos_k)
             k_cache.index_put_(where, k)
             v_cache.index_put_(where, v)
