@@ -90,20 +90,36 @@ def _arange(n: int, device) -> torch.Tensor:
     return t
 
 
+_angles: list = []  # [(cos, sin, cos._version, sin._version, table)], the last few tables used
+
+
+def _angle_table(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``cos + i sin`` as complex64 ``(seqlen_ro, rotary_dim / 2)``: kept for the last few (cos,
+    sin) pairs, by identity and version (an in-place change of either makes a new one)."""
+    for entry in _angles:
+        if entry[0] is cos and entry[1] is sin and entry[2] == cos._version and entry[3] == sin._version:
+            return entry[4]
+    table = torch.complex(cos.float(), sin.float())
+    if not torch.compiler.is_compiling():
+        _angles.insert(0, (cos, sin, cos._version, sin._version, table))
+        del _angles[4:]
+    return table
+
+
 def _rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor, interleaved: bool):
     """``x (b, s, h, d)`` with its first ``2 * cos.shape[1]`` channels rotated by the angles of
-    positions ``pos (b, s)`` (Note [KV cache calls])."""
+    positions ``pos (b, s)`` (Note [KV cache calls]): each pair times ``cos + i sin`` in float32
+    complex arithmetic (``x1 cos - x2 sin``, ``x2 cos + x1 sin``), rounded to ``x``'s dtype; a
+    handful of launches."""
     half = cos.shape[1]
-    c = cos[pos].unsqueeze(2).float()  # (b, s, 1, half)
-    s = sin[pos].unsqueeze(2).float()
+    ang = _angle_table(cos, sin)[pos].unsqueeze(2)  # (b, s, 1, half)
     xr = x[..., :2 * half].float()
-    if interleaved:
-        x1, x2 = xr[..., 0::2], xr[..., 1::2]
-        rot = torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).flatten(-2)
-    else:
-        x1, x2 = xr[..., :half], xr[..., half:]
-        rot = torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
-    return torch.cat((rot.to(x.dtype), x[..., 2 * half:]), dim=-1)
+    if interleaved:  # pairs (2i, 2i + 1)
+        rot = torch.view_as_real(torch.view_as_complex(xr.unflatten(-1, (half, 2))) * ang).flatten(-2)
+    else:  # pairs (i, i + half)
+        rot = torch.view_as_real(torch.complex(xr[..., :half], xr[..., half:]) * ang).transpose(-1, -2).flatten(-2)
+    rot = rot.to(x.dtype)
+    return rot if 2 * half == x.shape[-1] else torch.cat((rot, x[..., 2 * half:]), dim=-1)
 
 
 def flash_attn_with_kvcache(

@@ -31,6 +31,21 @@ def test_rotary_matches_complex_multiplication(interleaved, rotary_dim):
     # Position 0 is the identity rotation.
     zero = kvcache._rotary(x, cos, sin, torch.zeros_like(pos), interleaved)
     assert torch.equal(zero, x)
+    # A strided view (q from a packed qkv) and a float32 tensor rotate the same way.
+    packed = torch.stack((x, x, x), dim=2)[:, :, 1]
+    assert not packed.is_contiguous() and torch.equal(kvcache._rotary(packed, cos, sin, pos, interleaved), got)
+    f32 = kvcache._rotary(x.float(), cos, sin, pos, interleaved)
+    assert (f32 - rotary_ref(x.float(), cos, sin, pos, interleaved)).abs().max() < 1e-5
+
+
+def test_rotary_angle_table_follows_in_place_changes():
+    cos, sin = rotary_tables(16, 8, "cpu")
+    first = kvcache._angle_table(cos, sin)
+    assert kvcache._angle_table(cos, sin) is first  # kept
+    sin.neg_()  # an in-place change: a new table
+    again = kvcache._angle_table(cos, sin)
+    assert again is not first and torch.equal(again.imag, sin)
+    assert kvcache._angle_table(cos.clone(), sin) is not again  # another tensor
 
 
 @pytest.fixture
