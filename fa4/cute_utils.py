@@ -160,8 +160,10 @@ def static_coords(t: cute.Tensor) -> Callable:
         return lambda index: t[index]
 
     def coord(index):
+        if not isinstance(index, tuple) or len(index) != len(shape):  # (not one index per mode)
+            return t[index]
         out = list(origin)
-        _add_offset(out, shape, stride, tuple(index))
+        _add_offset(out, shape, stride, index)
         return tuple(out)
     return coord
 
@@ -454,12 +456,14 @@ def gemm_sm90(tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor, tCr
     warpgroup.commit_group()
 
 
-def _gemm_op(tiled_mma: cute.TiledMma, acc: cute.Tensor, a: cute.Tensor, b: cute.Tensor) -> None:
+@dsl_user_op
+def _gemm_op(tiled_mma: cute.TiledMma, acc: cute.Tensor, a: cute.Tensor, b: cute.Tensor, *, loc=None,
+             ip=None) -> None:
     """``cute.gemm(tiled_mma, acc, a, b, acc)`` without its Python-side rank checks, whose shape
     queries trace 12 ops a call that canonicalization removes (Note [Static coordinates]): the same
     gemm op. The callers' operands are rank-2 slices of ``tiled_mma``'s partitions, which those
     checks accept."""
-    _cute_ir.gemm(tiled_mma._unpack(), acc.value, [a.value], [b.value], acc.value)
+    _cute_ir.gemm(tiled_mma._unpack(loc=loc, ip=ip), acc.value, [a.value], [b.value], acc.value, loc=loc, ip=ip)
 
 
 def transposed(sT: cute.Tensor) -> cute.Tensor:

@@ -75,45 +75,15 @@ def _check_index(name: str, t, batch: int, device) -> torch.Tensor:
     return t
 
 
-_steps: dict = {}
-
-
-def _arange(n: int, device) -> torch.Tensor:
-    """``arange(n)`` (int64) on ``device``, kept: a decode step asks for the same one every time
-    (one launch fewer; kept per device, at most a few dozen lengths)."""
-    key = (n, device)
-    t = _steps.get(key)
-    if t is None:
-        t = torch.arange(n, device=device)
-        if len(_steps) < 256 and not torch.compiler.is_compiling():
-            _steps[key] = t
-    return t
-
-
-_angles: list = []  # [(cos, sin, cos._version, sin._version, table)], the last few tables used
-
-
-def _angle_table(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """``cos + i sin`` as complex64 ``(seqlen_ro, rotary_dim / 2)``: kept for the last few (cos,
-    sin) pairs, by identity and version (an in-place change of either makes a new one)."""
-    for entry in _angles:
-        if entry[0] is cos and entry[1] is sin and entry[2] == cos._version and entry[3] == sin._version:
-            return entry[4]
-    table = torch.complex(cos.float(), sin.float())
-    if not torch.compiler.is_compiling():
-        _angles.insert(0, (cos, sin, cos._version, sin._version, table))
-        del _angles[4:]
-    return table
-
-
 def _rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor, interleaved: bool):
     """``x (b, s, h, d)`` with its first ``2 * cos.shape[1]`` channels rotated by the angles of
-    positions ``pos (b, s)`` (Note [KV cache calls]): each pair times ``cos + i sin`` in float32
-    complex arithmetic (``x1 cos - x2 sin``, ``x2 cos + x1 sin``), rounded to ``x``'s dtype; a
-    handful of launches."""
+    positions ``pos (b, s)`` (Note [KV cache calls]): each pair times ``cos + i sin`` (gathered for
+    those positions only) in float32 complex arithmetic (``x1 cos - x2 sin``, ``x2 cos + x1 sin``),
+    rounded to ``x``'s dtype. No state is kept between calls (safe under torch.compile, CUDA graph
+    capture and inference mode)."""
     half = cos.shape[1]
-    ang = _angle_table(cos, sin)[pos].unsqueeze(2)  # (b, s, 1, half)
-    xr = x[..., :2 * half].float()
+    ang = torch.complex(cos[pos].float(), sin[pos].float()).unsqueeze(2)  # (b, s, 1, half)
+    xr = x[..., :2 * half].float().contiguous()  # (view_as_complex needs a unit last stride)
     if interleaved:  # pairs (2i, 2i + 1)
         rot = torch.view_as_real(torch.view_as_complex(xr.unflatten(-1, (half, 2))) * ang).flatten(-2)
     else:  # pairs (i, i + half)
@@ -284,10 +254,10 @@ def flash_attn_with_kvcache(
 
     with torch.no_grad():
         if k is not None:
-            pos_k = cache_seqlens[:, None] + _arange(k.shape[1], device)  # (b, seqlen_new), int64
+            pos_k = cache_seqlens[:, None] + torch.arange(k.shape[1], device=device)  # (b, seqlen_new), int64
             if rotary_cos is not None:
                 if causal or local:
-                    pos_q = cache_seqlens[:, None] + _arange(seqlen_q, device)
+                    pos_q = cache_seqlens[:, None] + torch.arange(seqlen_q, device=device)
                 else:  # every query at cache_seqlens (flash_attn's convention)
                     pos_q = cache_seqlens.long()[:, None].expand(batch, seqlen_q)
                 q = _rotary(q, rotary_cos, rotary_sin, pos_q, rotary_interleaved)
@@ -296,7 +266,7 @@ def flash_attn_with_kvcache(
                 page_size = k_cache.shape[1]
                 where = (pages.gather(1, pos_k // page_size), pos_k % page_size)
             else:
-                rows = cache_batch_idx if cache_batch_idx is not None else _arange(batch, device)
+                rows = cache_batch_idx if cache_batch_idx is not None else torch.arange(batch, device=device)
                 where = (rows[:, None].expand_as(pos_k), pos_k)
             k_cache.index_put_(where, k)
             v_cache.index_put_(where, v)

@@ -38,14 +38,17 @@ def test_rotary_matches_complex_multiplication(interleaved, rotary_dim):
     assert (f32 - rotary_ref(x.float(), cos, sin, pos, interleaved)).abs().max() < 1e-5
 
 
-def test_rotary_angle_table_follows_in_place_changes():
-    cos, sin = rotary_tables(16, 8, "cpu")
-    first = kvcache._angle_table(cos, sin)
-    assert kvcache._angle_table(cos, sin) is first  # kept
-    sin.neg_()  # an in-place change: a new table
-    again = kvcache._angle_table(cos, sin)
-    assert again is not first and torch.equal(again.imag, sin)
-    assert kvcache._angle_table(cos.clone(), sin) is not again  # another tensor
+def test_rotary_of_a_key_with_a_strided_last_dim():
+    """A new k whose head_dim is not the unit-stride dimension (a transposed copy): rotated like
+    its contiguous twin."""
+    gen = torch.Generator().manual_seed(2)
+    k = torch.randn(2, 3, 4, 64, generator=gen).to(torch.bfloat16)
+    odd = k.transpose(2, 3).contiguous().transpose(2, 3)
+    assert odd.stride(-1) != 1
+    cos, sin = rotary_tables(16, 64, "cpu")
+    pos = torch.randint(0, 16, (2, 3), generator=gen)
+    for interleaved in (True, False):
+        assert torch.equal(kvcache._rotary(odd, cos, sin, pos, interleaved), kvcache._rotary(k, cos, sin, pos, interleaved))
 
 
 @pytest.fixture

@@ -33,6 +33,8 @@ def _check(tiled_mma, shape, transpose, seen):
             got, want = coord((r, c)), view[r, c]
             assert isinstance(got, tuple) and all(type(x) is int for x in got), got
             assert got == tuple(want), (shape, transpose, r, c, got, want)
+    # An index that is not one int per mode (a flat index here) is the lookup itself.
+    assert tuple(coord(7)) == tuple(view[7])
     flat_coord = static_coords(flat)
     for i in range(cute.size(flat)):
         idx = cute.idx2crd(i, flat.shape)
