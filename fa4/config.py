@@ -118,7 +118,10 @@ class KernelOptions:
     def sets_backward(self) -> bool:
         """Whether any backward option (``bwd_*``) is set: a call that takes gradients has the
         backward's family check them before its forward runs."""
-        return any(getattr(self, name) is not None for name in _OPTION_FIELDS if name.startswith("bwd_"))
+        for name in _BWD_OPTION_FIELDS:
+            if getattr(self, name) is not None:
+                return True
+        return False
 
     # Options travel through torch.library custom ops as a canonical string "name=repr;...", built
     # from plain attribute reads and f-strings so torch.compile can trace it.
@@ -146,6 +149,7 @@ class KernelOptions:
 
 
 _OPTION_FIELDS = tuple(f.name for f in dataclasses.fields(KernelOptions))
+_BWD_OPTION_FIELDS = tuple(name for name in _OPTION_FIELDS if name.startswith("bwd_"))
 
 
 def normalize_family(name: Optional[str]) -> Optional[str]:
