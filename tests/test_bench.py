@@ -553,3 +553,28 @@ def test_offgrid_cases_and_flops():
         hooks.restore()
     if not torch.cuda.is_available():
         assert bench.main(["--offgrid", "--cases", "varlen-d128"]) == bench.EXIT_NO_GPU
+
+
+def test_kvcache_bench_step_equals_the_paged_call(monkeypatch):
+    """--decode's fa4-kvcache16 appends each sequence's last token again at its own position, so
+    the cache and the output stay the paged call's (the kernel emulated here, on the CPU)."""
+    from fa4 import interface, validate
+    from fa4.testing import attention_ref
+
+    def emulate(q, k, v, seqused_k=None, page_table=None, causal=False, **kw):
+        outs = []
+        for b in range(q.shape[0]):
+            keys, vals = k[page_table[b].long()].flatten(0, 1), v[page_table[b].long()].flatten(0, 1)
+            n = int(seqused_k[b])
+            outs.append(attention_ref(q[b:b + 1], keys[None, :n], vals[None, :n], causal=causal)[0].to(q.dtype))
+        return torch.cat(outs), None
+
+    monkeypatch.setattr(interface, "flash_attn_varlen_func", emulate)
+    monkeypatch.setattr(fa4, "flash_attn_varlen_func", emulate)
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(*s, generator=gen).to(torch.bfloat16) for s in ((2, 1, 4, 64), (2, 40, 2, 64), (2, 40, 2, 64)))
+    with validate.allow_any_device():
+        step = bench.fa4_kvcache_impl().setup(q, k, v, True, False)
+        plain = bench.fa4_paged_impl().setup(q, k, v, True, False)
+        first = step.run()
+        assert torch.equal(first, plain.run()) and torch.equal(step.run(), first)
