@@ -171,6 +171,7 @@ def flash_attn_with_kvcache(
     if block_table is not None and page_table is not None:
         raise ValueError("pass block_table or page_table (its FlashAttention-3 name), not both")
     pages = block_table if block_table is not None else page_table
+    paged = pages is not None  # (the user's pages; cache_batch_idx's one-page table comes later)
     batch, seqlen_q = q.shape[0], q.shape[1]
     if (k is None) != (v is None):
         raise ValueError("pass k and v together (the new keys and values to append), or neither")
@@ -183,7 +184,7 @@ def flash_attn_with_kvcache(
         raise TypeError(f"rotary_interleaved must be a bool, got {rotary_interleaved!r}")
     if not isinstance(return_softmax_lse, bool):
         raise TypeError(f"return_softmax_lse must be a bool, got {return_softmax_lse!r}")
-    if pages is not None:
+    if paged:
         if cache_batch_idx is not None:
             raise ValueError("cache_batch_idx cannot be used with a paged cache (block_table): the table names each "
                              "sequence's pages")
@@ -234,7 +235,7 @@ def flash_attn_with_kvcache(
     seqused_k = cache_seqlens
     if cache_seqlens is not None and (k is not None or cache_seqlens.dtype != torch.int32):
         seqused_k = (cache_seqlens + (k.shape[1] if k is not None else 0)).to(torch.int32)
-    capacity = k_cache.shape[1] * (pages.shape[1] if pages is not None and cache_batch_idx is None else 1)
+    capacity = k_cache.shape[1] * (pages.shape[1] if paged else 1)
     if rotary_cos is not None and rotary_cos.shape[0] < capacity:
         raise ValueError(f"rotary_cos / rotary_sin have {rotary_cos.shape[0]} positions, fewer than the cache's "
                          f"{capacity} (seqlen_ro >= the cache's length, as flash_attn requires)")
@@ -262,7 +263,7 @@ def flash_attn_with_kvcache(
                     pos_q = cache_seqlens.long()[:, None].expand(batch, seqlen_q)
                 q = _rotary(q, rotary_cos, rotary_sin, pos_q, rotary_interleaved)
                 k = _rotary(k, rotary_cos, rotary_sin, pos_k, rotary_interleaved)
-            if block_table is not None or page_table is not None:
+            if paged:
                 page_size = k_cache.shape[1]
                 where = (pages.gather(1, pos_k // page_size), pos_k % page_size)
             else:
