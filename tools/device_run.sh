@@ -11,7 +11,7 @@
 # (dv_late at d64; run in session 11), next18 (publish_peek), next20 (publish_peek as the default), next22 (v27 sections, det bench), next8 (session 8's not-yet-run tests and sweeps), ncusrc (source-level stall sampling
 # of the forwards; NCUSRC_IMPLS), ncusrcbwd (the same for the backwards), bwdacc (tools/bwd_accuracy.py $BWDACC), ncustall (stall reasons, fa4 vs
 # flash-attn-4), sweepfwd (tools/sweep_fwd.py $SWEEP_FWD), ncufwd (ncu of the fa4 and flash-attn-4 forwards,
-# tools/ncu_fwd.py), ncubwd (the same for the backwards, NCU_BWD_SHAPES), v012b (session 10's side-by-side benches), firststore (session 17: Note [First store]'s tests and the backward profile), claims (session 18: the relaxed, rotated claims: tests and profile), bwdprof (tools/bwd_profile.py $BWDPROF_ROWS), hostprof (tools/host_profile.py $HOSTPROF_ARGS), hostbd (tools/host_breakdown.py $HOSTBD_ROWS), offgrid (tools/offgrid.py: shapes off the standard grid), next26 (session 25: the split GQA group), next27 / next27b (session 25's unrun work: tests / timings), next28 / next28b / next28c (session 26's: tests / forward timings / backward sections and decode), next29 (session 27: the decode grid, the compact varlen backward grid, their tests and timings; skipfwd leaves out its forward tests), next30 / next30m / next30v / next30b / next30c / next30d / next30e (the decode rule's and the compact grids' forward tests / score_mod and mask_mod / the varlen backward suite with the compact grid on / the compact grids' timings / the decode rule's timings and the decode bench / one_step_loop at d128-256 causal / varlen calls without max_seqlen, default and compact grids), next25 (session 24's unrun test edits and sweep v57), next31 / next31b / sanitizebs (session 30: the user-function and block-sparse GPU tests / the mods timings), next33 (session 32: flash_attn_with_kvcache's GPU tests, then the decode bench with its fa4-kvcache16 column), gpu1 / gpu2 (the whole GPU suite in two calls), nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
+# tools/ncu_fwd.py), ncubwd (the same for the backwards, NCU_BWD_SHAPES), v012b (session 10's side-by-side benches), firststore (session 17: Note [First store]'s tests and the backward profile), claims (session 18: the relaxed, rotated claims: tests and profile), bwdprof (tools/bwd_profile.py $BWDPROF_ROWS), hostprof (tools/host_profile.py $HOSTPROF_ARGS), hostbd (tools/host_breakdown.py $HOSTBD_ROWS), offgrid (tools/offgrid.py: shapes off the standard grid), next26 (session 25: the split GQA group), next27 / next27b (session 25's unrun work: tests / timings), next28 / next28b / next28c (session 26's: tests / forward timings / backward sections and decode), next29 (session 27: the decode grid, the compact varlen backward grid, their tests and timings; skipfwd leaves out its forward tests), next30 / next30m / next30v / next30b / next30c / next30d / next30e (the decode rule's and the compact grids' forward tests / score_mod and mask_mod / the varlen backward suite with the compact grid on / the compact grids' timings / the decode rule's timings and the decode bench / one_step_loop at d128-256 causal / varlen calls without max_seqlen, default and compact grids), next25 (session 24's unrun test edits and sweep v57), next31 / next31b / sanitizebs (session 30: the user-function and block-sparse GPU tests / the mods timings), next33 (session 32: flash_attn_with_kvcache's GPU tests, then the decode bench with its fa4-kvcache16 column), next34 (session 33: the kvcache, one_step_loop, sm90 forward and flash_attn.cute-call GPU tests; one_step_loop's cost with its uniform branch; compile times), gpu1 / gpu2 (the whole GPU suite in two calls), nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
 set -uo pipefail
 steps=${1:-bwd90}
 out=${OUT:-/tmp/out}; mkdir -p "$out"
@@ -135,6 +135,18 @@ if has next33; then
   gpu_tests next33tests 300 tests/test_kvcache_gpu.py  # (the bench runs whatever the tests say)
   timeout 300 python3 -m fa4.bench --decode --out "$out/decode33" > "$out/next33decode.log" 2>&1
   echo "next33 decode rc=$?"; grep -v Warning "$out/next33decode.log" | tail -8
+fi
+if has next34; then
+  # Session 33 (RESULTS v0.34): the fast path's and flash_attn_with_kvcache's first GPU run on the
+  # forward files, one_step_loop with its uniform window branch (Note [A uniform window branch]):
+  # its same-bits tests, then its cost against the separate loops, then compile times on this host.
+  gpu_tests next34tests 330 tests/test_kvcache_gpu.py tests/test_one_step_loop_gpu.py tests/test_fwd_sm90_gpu.py \
+    tests/test_flash_attn_cute_calls_gpu.py || exit 1
+  logged next34osl 150 30 python3 tools/sweep_fwd.py --hdim 64,128,192,256 --seqlen 4096,8192 --causal yes --any-pair \
+    --repeat 3 osl:one_step_loop=True
+  logged next34osl_local 90 12 python3 tools/sweep_fwd.py --hdim 128,256 --seqlen 8192 --window 1024 --any-pair \
+    --repeat 3 osl:one_step_loop=True
+  logged next34ctime 100 30 python3 tools/compile_time.py
 fi
 if has latency; then
   timeout 120 python3 -m fa4.bench --latency --out "$out/latency" > "$out/latency.log" 2>&1

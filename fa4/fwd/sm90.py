@@ -805,7 +805,7 @@ class FlashFwdSm90:
                     if const_expr(skip is not None):  # the hidden blocks: no step (the producer skips them too)
                         step = partial(self.step_if_visible, skip, step)
                     kv_state, v_state = walk_blocks(mask, m_block, n_min, n_max, step, (kv_state, v_state),
-                                                    cfg.one_step_loop)
+                                                    cfg.one_step_loop, uniform_bounds=True)
                     if const_expr(self.tma_q and not self.o_in_q):
                         pq.consumer_release(q_state)
                     # Last P V.
