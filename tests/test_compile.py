@@ -11,6 +11,7 @@ single-threaded; CI's wall time is mostly these compiles), in the order the test
 waits for its own case. ``FA4_COMPILE_TEST_JOBS`` sets the pool size (1: compile in the test).
 """
 
+import dataclasses
 import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor
@@ -84,3 +85,19 @@ def test_variant_compiles_for_its_arch(case, compiled):
     assert set(report["required"]) == set(required), report["required"]
     for op in required:
         assert report["required"][op] > 0, f"no {op} in the SASS of {cfg.key()}"
+
+
+@pytest.mark.slow
+def test_one_step_window_branch_stays_uniform():
+    """Note [A uniform window branch]: with one step body, the sm90 forward's window mask sits under
+    a runtime branch that ptxas must see as warp-uniform; else it wraps it in convergence barriers
+    (d128 causal: 18 BSSY against 2) and slows every free block. The one-body kernel may hold no
+    more BSSY than the same kernel with separate loops."""
+    one = next(c for c in arch.all_variants("sm_90a")
+               if type(c).__name__ == "FwdSm90Config" and c.one_step_loop and c.causal and c.head_dim == 128)
+    sep = dataclasses.replace(one, one_step_loop=False)
+
+    def bssy(cfg):
+        return sum(1 for line in sass.disassemble(cfg).splitlines() if "BSSY" in line)
+
+    assert bssy(one) <= bssy(sep), (bssy(one), bssy(sep))

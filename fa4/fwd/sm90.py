@@ -1198,6 +1198,7 @@ def variants(arch: str) -> list[FwdSm90Config]:
         cfg(64, dtype="fp16", has_lse=False),
         cfg(96, local=True, has_softcap=True),
         cfg(96, local=True, one_step_loop=True),
+        cfg(128, causal=True, one_step_loop=True),
         cfg(192, causal=True, varlen_q=True, varlen_k=True),
         cfg(256, local=True, varlen_q=True, varlen_k=True, has_seqused_k=True),
         cfg(72, causal=True, exp2_emu_frac=0.25, rescale_threshold=0.0),
