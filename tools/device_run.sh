@@ -139,14 +139,15 @@ fi
 if has next34; then
   # Session 33 (RESULTS v0.34): the fast path's and flash_attn_with_kvcache's first GPU run on the
   # forward files, one_step_loop with its uniform window branch (Note [A uniform window branch]):
-  # its same-bits tests, then its cost against the separate loops, then compile times on this host.
-  gpu_tests next34tests 330 tests/test_kvcache_gpu.py tests/test_one_step_loop_gpu.py tests/test_fwd_sm90_gpu.py \
+  # its same-bits tests, then its cost against the separate loops, compile times on this host, and
+  # the sliding-window rows. Limits sum to 540 s after the precompile (the call's 600 s).
+  gpu_tests next34tests 270 tests/test_kvcache_gpu.py tests/test_one_step_loop_gpu.py tests/test_fwd_sm90_gpu.py \
     tests/test_flash_attn_cute_calls_gpu.py || exit 1
-  logged next34osl 150 30 python3 tools/sweep_fwd.py --hdim 64,128,192,256 --seqlen 4096,8192 --causal yes --any-pair \
+  logged next34osl 110 30 python3 tools/sweep_fwd.py --hdim 64,128,192,256 --seqlen 4096,8192 --causal yes --any-pair \
     --repeat 3 osl:one_step_loop=True
-  logged next34osl_local 90 12 python3 tools/sweep_fwd.py --hdim 128,256 --seqlen 8192 --window 1024 --any-pair \
+  logged next34ctime 80 30 python3 tools/compile_time.py
+  logged next34osl_local 60 12 python3 tools/sweep_fwd.py --hdim 128,256 --seqlen 8192 --window 1024 --any-pair \
     --repeat 3 osl:one_step_loop=True
-  logged next34ctime 100 30 python3 tools/compile_time.py
 fi
 if has latency; then
   timeout 120 python3 -m fa4.bench --latency --out "$out/latency" > "$out/latency.log" 2>&1
