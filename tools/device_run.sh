@@ -142,11 +142,11 @@ if has next34; then
   # its cost against the separate loops, compile times on this host; then flash_attn_with_kvcache's
   # and the flash_attn.cute calls' tests (never run), and the sliding-window rows. Limits sum to 540 s
   # after the precompile (the call's 600 s).
-  gpu_tests next34tests 180 tests/test_one_step_loop_gpu.py tests/test_fwd_sm90_gpu.py || exit 1
+  gpu_tests next34tests 150 tests/test_one_step_loop_gpu.py tests/test_fwd_sm90_gpu.py || exit 1
   logged next34osl 110 30 python3 tools/sweep_fwd.py --hdim 64,128,192,256 --seqlen 4096,8192 --causal yes --any-pair \
     --repeat 3 osl:one_step_loop=True
-  logged next34ctime 80 30 python3 tools/compile_time.py
-  gpu_tests next34kvc 110 tests/test_kvcache_gpu.py tests/test_flash_attn_cute_calls_gpu.py
+  logged next34ctime 70 30 python3 tools/compile_time.py
+  gpu_tests next34kvc 90 tests/test_kvcache_gpu.py tests/test_flash_attn_cute_calls_gpu.py
   logged next34osl_local 60 12 python3 tools/sweep_fwd.py --hdim 128,256 --seqlen 8192 --window 1024 --any-pair \
     --repeat 3 osl:one_step_loop=True
 fi
