@@ -140,9 +140,10 @@ if has next34; then
   # Session 33 (RESULTS v0.34): one_step_loop with its uniform window branch (Note [A uniform window
   # branch]): its same-bits tests and the sm90 forward file (the fast path's first GPU run there),
   # its cost against the separate loops, compile times on this host; then flash_attn_with_kvcache's
-  # and the flash_attn.cute calls' tests (never run), and the sliding-window rows. Limits sum to 540 s
-  # after the precompile (the call's 600 s).
-  gpu_tests next34tests 150 tests/test_one_step_loop_gpu.py tests/test_fwd_sm90_gpu.py || exit 1
+  # and the flash_attn.cute calls' tests (never run), and the sliding-window rows. Limits sum to 480 s
+  # after the precompile.
+  gpu_tests next34tests 150 tests/test_one_step_loop_gpu.py tests/test_fwd_sm90_gpu.py
+  rc=$?; [ $rc = 0 ] || [ $rc = 124 ] || exit 1  # a failure stops the run; the time limit does not
   logged next34osl 110 30 python3 tools/sweep_fwd.py --hdim 64,128,192,256 --seqlen 4096,8192 --causal yes --any-pair \
     --repeat 3 osl:one_step_loop=True
   logged next34ctime 70 30 python3 tools/compile_time.py
