@@ -46,10 +46,6 @@ from fa4.config import is_int
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
 
-def _unbounded(w) -> bool:
-    return w is None or (is_int(w) and w < 0)
-
-
 def _check_new(name: str, t: torch.Tensor, cache: torch.Tensor, batch: int, seqlen_new: Optional[int]) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
@@ -64,7 +60,7 @@ def _check_new(name: str, t: torch.Tensor, cache: torch.Tensor, batch: int, seql
         raise ValueError(f"{name} must be on the cache's device {cache.device}, got {t.device}")
 
 
-def _check_index(name: str, t, batch: int, device) -> torch.Tensor:
+def _check_index(name: str, t, batch: int, device) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be an int32 torch.Tensor of shape ({batch},), got {type(t).__name__}")
     if t.dtype not in _INDEX_DTYPES or t.shape != (batch,):
@@ -72,7 +68,6 @@ def _check_index(name: str, t, batch: int, device) -> torch.Tensor:
                          f"{tuple(t.shape)}")
     if t.device != device:
         raise ValueError(f"{name} must be on q's device {device}, got {t.device}")
-    return t
 
 
 def _rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor, interleaved: bool):
@@ -250,8 +245,7 @@ def flash_attn_with_kvcache(
     interface._check_flags(kernel_options, False, return_softmax_lse)
     # flash_attn's local test (for the queries' rotary positions): a window side at least the
     # cache's length is unbounded.
-    wl, wr = window_size
-    local = any(not _unbounded(w) and w < capacity for w in (wl, wr))
+    local = any(w is not None and w < capacity for w in validate._check_window(window_size))  # None: unbounded
 
     with torch.no_grad():
         if k is not None:
