@@ -18,10 +18,21 @@ out=${OUT:-/tmp/out}; mkdir -p "$out"
 export FA4_CACHE_DIR=${FA4_CACHE_DIR:-/tmp/fa4c}
 has() { [[ ",$steps," == *",$1,"* ]]; }
 # gpu_tests NAME LIMIT PYTEST_ARGS...: GPU tests logged to $out/NAME.log, a summary printed; pytest's status.
+# Tests that fail only for want of GPU memory (12 workers share an 80 GiB H100) run again one at a
+# time, logged to NAME_serial.log; its status is then the step's. Any other failure stands.
 gpu_tests() {
   local name=$1 limit=$2; shift 2
-  timeout "$limit" python3 -m pytest -m gpu -p no:cacheprovider $xd -q -rfE --maxfail=5 "$@" > "$out/$name.log" 2>&1
-  local rc=$?; echo "$name tests rc=$rc"; grep -E "passed|failed|FAILED|ERROR|Timeout" "$out/$name.log" | tail -12
+  COLUMNS=2000 timeout "$limit" python3 -m pytest -m gpu -p no:cacheprovider $xd -q -rfE --maxfail=5 "$@" \
+    > "$out/$name.log" 2>&1
+  local rc=$?; echo "$name tests rc=$rc"; grep -E "passed|failed|FAILED|ERROR|Timeout" "$out/$name.log" | cut -c1-200 | tail -12
+  local failed oom
+  failed=$(grep -cE "^(FAILED|ERROR) " "$out/$name.log")
+  oom=$(grep -E "^FAILED \S+ - torch.OutOfMemoryError" "$out/$name.log" | awk '{print $2}')
+  if [ "$rc" = 1 ] && [ -n "$oom" ] && [ "$failed" = "$(echo "$oom" | wc -l)" ]; then
+    timeout 200 python3 -m pytest -m gpu -p no:cacheprovider -q -rfE $oom > "$out/${name}_serial.log" 2>&1
+    rc=$?; echo "$name: $failed out-of-memory failures, one at a time: rc=$rc"
+    grep -E "passed|failed|FAILED|ERROR" "$out/${name}_serial.log" | cut -c1-200 | tail -6
+  fi
   return $rc
 }
 # logged NAME LIMIT LINES CMD...: a command under a timeout, logged to $out/NAME.log, its last LINES printed.
