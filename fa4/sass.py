@@ -91,6 +91,26 @@ def count(ops: collections.Counter, key: str) -> int:
     return sum(v for op, v in ops.items() if op == key or op.startswith(key + "."))
 
 
+def loop_bodies(sass: str) -> list[list[str]]:
+    """The instructions of every loop in ``sass``: from a label to a later branch back to it
+    (inner loops and the loops around them alike), in address order."""
+    instrs: list[str] = []
+    labels: dict[str, int] = {}
+    loops = []
+    for line in sass.splitlines():
+        m = re.match(r"\s*(\.L_x_\d+):", line)
+        if m:
+            labels[m.group(1)] = len(instrs)
+            continue
+        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(.*?)\s*;", line)
+        if m:
+            instrs.append(m.group(1))
+            b = re.search(r"BRA.*`\((\.L_x_\d+)\)", m.group(1))
+            if b and b.group(1) in labels:
+                loops.append(instrs[labels[b.group(1)]:])
+    return loops
+
+
 def compile_report(cfg) -> dict:
     """Compile ``cfg`` (uncached), export it, and report what the compile tests check: the cubins'
     arch, registers and stack bytes, and the count of each opcode in the config's ``REQUIRED_SASS``.

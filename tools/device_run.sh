@@ -11,7 +11,7 @@
 # (dv_late at d64; run in session 11), next18 (publish_peek), next20 (publish_peek as the default), next22 (v27 sections, det bench), next8 (session 8's not-yet-run tests and sweeps), ncusrc (source-level stall sampling
 # of the forwards; NCUSRC_IMPLS), ncusrcbwd (the same for the backwards), bwdacc (tools/bwd_accuracy.py $BWDACC), ncustall (stall reasons, fa4 vs
 # flash-attn-4), sweepfwd (tools/sweep_fwd.py $SWEEP_FWD), ncufwd (ncu of the fa4 and flash-attn-4 forwards,
-# tools/ncu_fwd.py), ncubwd (the same for the backwards, NCU_BWD_SHAPES), v012b (session 10's side-by-side benches), firststore (session 17: Note [First store]'s tests and the backward profile), claims (session 18: the relaxed, rotated claims: tests and profile), bwdprof (tools/bwd_profile.py $BWDPROF_ROWS), hostprof (tools/host_profile.py $HOSTPROF_ARGS), hostbd (tools/host_breakdown.py $HOSTBD_ROWS), offgrid (tools/offgrid.py: shapes off the standard grid), next26 (session 25: the split GQA group), next27 / next27b (session 25's unrun work: tests / timings), next28 / next28b / next28c (session 26's: tests / forward timings / backward sections and decode), next29 (session 27: the decode grid, the compact varlen backward grid, their tests and timings; skipfwd leaves out its forward tests), next30 / next30m / next30v / next30b / next30c / next30d / next30e (the decode rule's and the compact grids' forward tests / score_mod and mask_mod / the varlen backward suite with the compact grid on / the compact grids' timings / the decode rule's timings and the decode bench / one_step_loop at d128-256 causal / varlen calls without max_seqlen, default and compact grids), next25 (session 24's unrun test edits and sweep v57), next31 / next31b / sanitizebs (session 30: the user-function and block-sparse GPU tests / the mods timings), next33 (session 32: flash_attn_with_kvcache's GPU tests, then the decode bench with its fa4-kvcache16 column), next34 (session 33: the kvcache, one_step_loop, sm90 forward and flash_attn.cute-call GPU tests; one_step_loop's cost with its uniform branch; compile times; next34m: the one_step_loop part alone), gpu1 / gpu2 (the whole GPU suite in two calls), nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
+# tools/ncu_fwd.py), ncubwd (the same for the backwards, NCU_BWD_SHAPES), v012b (session 10's side-by-side benches), firststore (session 17: Note [First store]'s tests and the backward profile), claims (session 18: the relaxed, rotated claims: tests and profile), bwdprof (tools/bwd_profile.py $BWDPROF_ROWS), hostprof (tools/host_profile.py $HOSTPROF_ARGS), hostbd (tools/host_breakdown.py $HOSTBD_ROWS), offgrid (tools/offgrid.py: shapes off the standard grid), next26 (session 25: the split GQA group), next27 / next27b (session 25's unrun work: tests / timings), next28 / next28b / next28c (session 26's: tests / forward timings / backward sections and decode), next29 (session 27: the decode grid, the compact varlen backward grid, their tests and timings; skipfwd leaves out its forward tests), next30 / next30m / next30v / next30b / next30c / next30d / next30e (the decode rule's and the compact grids' forward tests / score_mod and mask_mod / the varlen backward suite with the compact grid on / the compact grids' timings / the decode rule's timings and the decode bench / one_step_loop at d128-256 causal / varlen calls without max_seqlen, default and compact grids), next25 (session 24's unrun test edits and sweep v57), next31 / next31b / sanitizebs (session 30: the user-function and block-sparse GPU tests / the mods timings), next33 (session 32: flash_attn_with_kvcache's GPU tests, then the decode bench with its fa4-kvcache16 column), next34 (session 33: the kvcache, one_step_loop, sm90 forward and flash_attn.cute-call GPU tests; one_step_loop's cost with its uniform branch; compile times; next34m: the one_step_loop part alone), next35 (session 34: one_step_loop with K released after the mask: its tests, then five-round sweeps against the separate loops, causal and local), gpu1 / gpu2 (the whole GPU suite in two calls), nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
 set -uo pipefail
 steps=${1:-bwd90}
 out=${OUT:-/tmp/out}; mkdir -p "$out"
@@ -169,6 +169,17 @@ if has next34m; then
   rc=$?; [ $rc = 0 ] || [ $rc = 124 ] || exit 1
   logged next34osl 110 30 python3 tools/sweep_fwd.py --hdim 64,128,192,256 --seqlen 4096,8192 --causal yes --any-pair \
     --repeat 3 osl:one_step_loop=True
+fi
+if has next35; then
+  # Session 34 (RESULTS v0.35): one_step_loop with K released after the mask (Note [K's release
+  # after the mask]): its same-bits tests, then its cost against the separate loops, five rounds,
+  # causal and local, on one machine (the default changes only if it is within 1% on every row).
+  gpu_tests next35tests 120 tests/test_one_step_loop_gpu.py
+  rc=$?; [ $rc = 0 ] || [ $rc = 124 ] || exit 1
+  logged next35osl 150 30 python3 tools/sweep_fwd.py --hdim 64,128,192,256 --seqlen 4096,8192 --causal yes --any-pair \
+    --repeat 5 osl:one_step_loop=True
+  logged next35osl_local 90 12 python3 tools/sweep_fwd.py --hdim 128,192,256 --seqlen 8192 --window 1024 --any-pair \
+    --repeat 5 osl:one_step_loop=True
 fi
 if has latency; then
   timeout 120 python3 -m fa4.bench --latency --out "$out/latency" > "$out/latency.log" 2>&1
