@@ -22,7 +22,7 @@ has() { [[ ",$steps," == *",$1,"* ]]; }
 # time, logged to NAME_serial.log; its status is then the step's. Any other failure stands.
 gpu_tests() {
   local name=$1 limit=$2; shift 2
-  COLUMNS=2000 timeout "$limit" python3 -m pytest -m gpu -p no:cacheprovider $xd -q -rfE --maxfail=5 "$@" \
+  COLUMNS=2000 timeout "$limit" python3 -m pytest -m gpu -p no:cacheprovider $xd -q -rfEs --maxfail=5 "$@" \
     > "$out/$name.log" 2>&1
   local rc=$?; echo "$name tests rc=$rc"; grep -E "passed|failed|FAILED|ERROR|Timeout" "$out/$name.log" | cut -c1-200 | tail -12
   local failed oom
