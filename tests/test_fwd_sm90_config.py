@@ -23,6 +23,16 @@ def test_tuning_table(d, expect):
     assert cfg.pingpong == (d == 64) and cfg.pp_steps_only == (d == 64)
 
 
+@pytest.mark.parametrize("d,dv,mask,one", [
+    (192, None, "causal", True), (192, None, "local", True), (192, None, None, False), (160, None, "causal", True),
+    (192, 128, "causal", False), (128, None, "causal", False), (64, None, "local", False), (256, None, "causal", False)])
+def test_one_step_loop_by_bucket(d, dv, mask, one):
+    """one_step_loop is the default where it measured faster (RESULTS v0.36): causal and local tiles of
+    the 192 bucket with head_dim_v == head_dim; the other head dims keep the separate loops."""
+    kw = dict(causal=True) if mask == "causal" else dict(local=True, window_left=512, window_right=0) if mask else {}
+    assert sm90.make_config(_problem(d, dv, **kw), None, "sm_90a", True).one_step_loop == one
+
+
 def test_pingpong_belongs_to_the_table_tile():
     """A user's tile_m or a decode tile runs without the table's ping-pong."""
     assert not sm90.make_config(_problem(64), KernelOptions(tile_m=128), "sm_90a", True).pingpong

@@ -1063,6 +1063,18 @@ DECODE_GRID = True  # tools/decode_sweep.py --grid turns it off to time the pref
 # (fa4.sched.tile.loose_bound: the call omitted it, or one long sequence among short ones) takes the
 # compact varlen grid, one CTA per tile, whose size does not depend on it.
 COMPACT_LOOSE_BOUND = False
+# v0.36: causal and local calls at d192 (the 192 bucket, head_dim_v == head_dim) run the K blocks
+# after a tile's first through one step body (``one_step_loop``; Note [K's release after the mask]).
+# Measured on the H100, five rounds against the separate loops (RESULTS v0.36): d192 causal s4k
+# 589.3 -> 617.5 TFLOP/s, s8k 664.0 -> 666.7, window (1024, 0) s8k +1.4% (3968 -> 4025 in the sweep's
+# full-attention TFLOP/s); v0.35's H100 run (before K's release moved) +1.1 / +0.8%. The other buckets
+# stay on the separate loops: d64 -0.7 / -2.7%, d128 +0.8 / -2.5%, d256 -2.9 / -1.6%, local d256 -1.9%.
+ONE_STEP_LOOP_BUCKETS = frozenset({192})
+
+
+def _one_step(head_dim: int, head_dim_v: int, causal: bool, local: bool) -> bool:
+    """Whether a causal or local tile walks its K blocks through one step body (the rule above)."""
+    return (causal or local) and head_dim == head_dim_v and _bucket(head_dim) in ONE_STEP_LOOP_BUCKETS
 
 
 def _loose_q(problem: AttnProblem) -> bool:
@@ -1144,6 +1156,7 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         split_kv=splits > 1,
         page_rows=page_rows(problem.page_size, tile_n),
         block_skip=block_skip(problem, tile_m, tile_n, g),
+        one_step_loop=_one_step(problem.head_dim, problem.head_dim_v, problem.causal, problem.local),
         **FwdSm90Config.fwd_flags(problem),
     )
     FlashFwdSm90.can_implement(cfg)
@@ -1200,7 +1213,7 @@ def variants(arch: str) -> list[FwdSm90Config]:
         tile_m, tile_n, stages, pingpong = TUNING[_bucket(max(d, dv or d))]
         pp, pp_steps = _turns(pingpong, tile_m, kw.get("tile_m", tile_m))  # as make_config
         kw = {"tile_m": tile_m, "tile_n": tile_n, "num_stages": stages, "pingpong": pp, "pp_steps_only": pp_steps,
-              **kw}
+              "one_step_loop": _one_step(d, dv or d, kw.get("causal", False), kw.get("local", False)), **kw}
         return replace(base, head_dim=d, head_dim_v=dv or d, **kw)
 
     return [
@@ -1216,6 +1229,7 @@ def variants(arch: str) -> list[FwdSm90Config]:
         cfg(96, local=True, one_step_loop=True),
         cfg(128, causal=True, one_step_loop=True),
         cfg(192, causal=True, varlen_q=True, varlen_k=True),
+        cfg(192, local=True, one_step_loop=False),  # d192's separate loops (its default is one step)
         cfg(256, local=True, varlen_q=True, varlen_k=True, has_seqused_k=True),
         cfg(72, causal=True, exp2_emu_frac=0.25, rescale_threshold=0.0),
         cfg(64, tile_m=64),
