@@ -100,3 +100,39 @@ def test_block_sparse_matches_flash_attn_4(user):
     # Both read the lists the same way (a different reading would put flash-attn-4 far off the reference).
     assert err_theirs <= 0.02 and err_ours <= 0.02, (err_ours, err_theirs)
     assert err_ours <= 2 * err_theirs + 1e-3, (err_ours, err_theirs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("full,heads_broadcast", [(True, False), (False, True), (True, True)])
+def test_table_kernel_matches_torch(full, heads_broadcast, monkeypatch):
+    """Note [One launch for the table]: the one-launch table equals the torch scatters' on random
+    lists (broadcast heads, junk past the counts, indices outside [0, Nb), counts past the rows'
+    entries and negative ones, a block in both lists)."""
+    from fa4 import block_sparse
+
+    bst, state = random_block_sparse(3, 5, 1000, 1300, (64, 100), "cuda", seed=11, full=full,
+                                     heads_broadcast=heads_broadcast, empty_row=True)
+    mb, nb = state.shape[2], state.shape[3]
+    if full:  # a block in both lists (whole wins), and counts past the row / below zero
+        bst.mask_block_idx[0, 0, 1, 0] = 3
+        bst.mask_block_cnt[0, 0, 1] = max(int(bst.mask_block_cnt[0, 0, 1]), 1)
+        bst.full_block_idx[0, 0, 1, 0] = 3
+        bst.full_block_cnt[0, 0, 1] = max(int(bst.full_block_cnt[0, 0, 1]), 1)
+    bst.mask_block_cnt[1, 0, 2] = nb + 7
+    bst.mask_block_cnt[2, 0, 3] = -4
+    bst.mask_block_idx[1, 0, 2, 0] = -2
+    bst.mask_block_idx[1, 0, 2, 1] = nb
+    want = block_sparse._table_torch(bst, 3, 5, 1000, 1300, (64, 100))
+    monkeypatch.setattr(block_sparse, "_table_torch", None)  # (the kernel must serve the calls below)
+    got = block_sparse.table(bst, 3, 5, 1000, 1300, (64, 100))
+    torch.cuda.synchronize()
+    assert got.shape == want.shape == (3, 5, mb, nb) and got.dtype == want.dtype == torch.int8
+    assert torch.equal(got, want)
+    if full:
+        assert int(got[0, 0, 1, 3]) == 2
+    # The table's memory held junk first (the allocator hands the freed block back): every entry is written.
+    for _ in range(3):
+        del got
+        torch.full((3, 5, mb, nb), 7, dtype=torch.int8, device="cuda")
+        got = block_sparse.table(bst, 3, 5, 1000, 1300, (64, 100))
+        assert torch.equal(got, want)
