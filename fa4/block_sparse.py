@@ -195,9 +195,10 @@ def __getattr__(name: str):
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 # Every block-sparse call turns its lists into the table anew (the lists may have changed in
 # place, and a CUDA graph replays the conversion with the call). Built by torch ops, that is about
-# 20 small launches, each some microseconds of host time: on the H100 host, where a block-sparse
-# forward runs in about half a millisecond of GPU time, the bench read 0.64-0.97 ms for fa4 (v0.35),
-# the spread of a host-bound call. fa4.block_table_kernel builds the table in one launch: a CTA per
+# 20 small launches, each some microseconds of host time: on the H100 host, where flash-attn-4's
+# block-sparse forward of the same case runs in 0.46 ms, the bench read 0.64-0.97 ms for fa4 (v0.35),
+# a spread that suggests a host-bound call (not yet measured: tools/host_vs_gpu.py, device steps
+# next35h / next35t). fa4.block_table_kernel builds the table in one launch: a CTA per
 # table row zeroes it, then marks the mask lists' blocks 1 and the full lists' 2 (a barrier between,
 # so a block in both ends whole, as the scatters left it). tests/test_block_sparse_gpu.py compares
 # it with the torch build (:func:`_table_torch`), which CPU tensors and ``TABLE_KERNEL = False`` take.
