@@ -230,7 +230,8 @@ def _table_kernel(bst, batch: int, heads: int, seqlen_k: int, block: tuple[int, 
     index = dev.index if dev.index is not None else torch.cuda.current_device()
     cfg = BlockTableConfig(arch=_arch.target_arch(_arch.device_capability(index)), dtype="int32",
                            has_full=lists[2] is not None)
-    get_kernel(cfg)(*lists, out)
+    with _arch.device_guard(dev):  # Note [Device guard] in fa4/arch.py
+        get_kernel(cfg)(*lists, out)
     return out.expand(batch, heads, mb, nb)
 
 
