@@ -207,8 +207,14 @@ def __getattr__(name: str):
 def table(bst, batch: int, heads: int, seqlen_q: int, seqlen_k: int, block: tuple[int, int]):
     """The call's block table, int8 ``(batch, heads, Mb, Nb)`` (broadcast batch / heads have stride 0):
     0 hidden, 1 through the mask_mod, 2 whole (Note [Block sparsity as a block table]). Device ops
-    only, no host sync: one kernel for CUDA lists (Note [One launch for the table])."""
-    if TABLE_KERNEL and bst.mask_block_cnt.is_cuda:
+    only, no host sync: one kernel for int32 CUDA lists outside a torch.compile trace (Note [One
+    launch for the table]), else torch ops (which dynamo traces, and which take any integer lists)."""
+    import torch
+
+    lists = [t for t in (_field(bst, n) for n in ("mask_block_cnt", "mask_block_idx", "full_block_cnt",
+                                                    "full_block_idx")) if t is not None]
+    if (TABLE_KERNEL and bst.mask_block_cnt.is_cuda and all(t.dtype == torch.int32 for t in lists)
+            and not torch.compiler.is_compiling()):
         return _table_kernel(bst, batch, heads, seqlen_k, block)
     return _table_torch(bst, batch, heads, seqlen_q, seqlen_k, block)
 
@@ -223,6 +229,8 @@ def _table_kernel(bst, batch: int, heads: int, seqlen_k: int, block: tuple[int, 
     b0, h0, mb = _lead(bst, 0), _lead(bst, 1), bst.mask_block_cnt.shape[2]
     dev = bst.mask_block_cnt.device
     out = torch.empty(b0, h0, mb, nb, dtype=torch.int8, device=dev)
+    if out.numel() == 0:  # (no rows: no launch; a grid may not be empty)
+        return out.expand(batch, heads, mb, nb)
     lists = []
     for cnt_name, idx_name in (("mask_block_cnt", "mask_block_idx"), ("full_block_cnt", "full_block_idx")):
         c, i = _field(bst, cnt_name), _field(bst, idx_name)

@@ -19,7 +19,7 @@ class BlockTableBuilder:
     """SIMT kernel: a block-sparse call's lists -> its int8 block table (Note [Block sparsity as a
     block table] in fa4/block_sparse.py), in one launch.
 
-    One CTA per table row ``(batch, head, q block)`` (grid ``(Mb, H, B)``), ``num_threads`` threads
+    One CTA per table row ``(batch, head, q block)`` (a flat grid of ``B * H * Mb``), ``num_threads`` threads
     striding over the row. Three phases, a CTA barrier between each: the row's ``Nb`` entries set to
     0 (hidden); each of the first ``mask_block_cnt`` entries of ``mask_block_idx`` inside ``[0, Nb)``
     set to 1; then the same for the full lists with 2, so a block in both lists ends whole, as the
@@ -49,7 +49,7 @@ class BlockTableBuilder:
 
         mask_cnt, mask_idx = lists(cute.sym_int())
         full_cnt, full_idx = lists(cute.sym_int()) if cfg.has_full else (None, None)
-        table = cute.runtime.make_fake_compact_tensor(Int8, (b, h, mb, nb), assumed_align=1)
+        table = cute.runtime.make_fake_compact_tensor(Int8, (b, h, mb, nb), stride_order=(3, 2, 1, 0), assumed_align=1)
         stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
         return (mask_cnt, mask_idx, full_cnt, full_idx, table, stream)
 
@@ -63,15 +63,19 @@ class BlockTableBuilder:
         mTable: cute.Tensor,  # (B, H, Mb, Nb) int8, written whole
         stream,
     ):
-        grid = (mTable.shape[2], mTable.shape[1], mTable.shape[0])
+        rows = mTable.shape[0] * mTable.shape[1] * mTable.shape[2]  # one CTA a row, on grid x (no 65535 cap)
         self.kernel(mMaskCnt, mMaskIdx, mFullCnt, mFullIdx, mTable).launch(
-            grid=grid, block=[self.num_threads, 1, 1], stream=stream)
+            grid=(rows, 1, 1), block=[self.num_threads, 1, 1], stream=stream)
 
     @cute.kernel
     def kernel(self, mMaskCnt: cute.Tensor, mMaskIdx: cute.Tensor, mFullCnt: Optional[cute.Tensor],
                mFullIdx: Optional[cute.Tensor], mTable: cute.Tensor):
         tidx, _, _ = cute.arch.thread_idx()
-        m, h, b = cute.arch.block_idx()
+        bid, _, _ = cute.arch.block_idx()
+        mb, heads = mTable.shape[2], mTable.shape[1]
+        m = bid % mb
+        h = (bid // mb) % heads
+        b = bid // (mb * heads)
         row = mTable[b, h, m, None]
         nb = mTable.shape[3]
         for j in cutlass.range(tidx, nb, self.num_threads):
