@@ -87,27 +87,30 @@ def test_variant_compiles_for_its_arch(case, compiled):
         assert report["required"][op] > 0, f"no {op} in the SASS of {cfg.key()}"
 
 
+@pytest.fixture(scope="module")
+def one_step_sass():
+    """SASS of the d128 causal one_step_loop compile variant and of the same config with separate
+    loops, compiled once for the tests below: ``{"one": text, "sep": text}``."""
+    one = next(c for c in arch.all_variants("sm_90a")
+               if type(c).__name__ == "FwdSm90Config" and c.one_step_loop and c.causal and c.head_dim == 128)
+    return {"one": sass.disassemble(one), "sep": sass.disassemble(dataclasses.replace(one, one_step_loop=False))}
+
+
 @pytest.mark.slow
-def test_one_step_window_branch_stays_uniform():
+def test_one_step_window_branch_stays_uniform(one_step_sass):
     """Note [A uniform window branch]: with one step body, the sm90 forward's window mask sits under
     a runtime branch that ptxas must see as warp-uniform; else it wraps it in convergence barriers
     (d128 causal: 18 BSSY against 2) and slows every free block. The one-body kernel may hold no
     more BSSY than the same kernel with separate loops."""
-    one = next(c for c in arch.all_variants("sm_90a")
-               if type(c).__name__ == "FwdSm90Config" and c.one_step_loop and c.causal and c.head_dim == 128)
-    sep = dataclasses.replace(one, one_step_loop=False)
-
-    def bssy(cfg):
-        return sum(1 for line in sass.disassemble(cfg).splitlines() if "BSSY" in line)
-
-    assert bssy(one) <= bssy(sep), (bssy(one), bssy(sep))
+    bssy = {k: sum(1 for line in text.splitlines() if "BSSY" in line) for k, text in one_step_sass.items()}
+    assert bssy["one"] <= bssy["sep"], bssy
 
 
-def _max_before_pv_wait(cfg) -> list[int]:
-    """For each K-block loop of ``cfg``'s SASS (one step: at most 16 wgmmas, with exponentials):
+def _max_before_pv_wait(text: str) -> list[int]:
+    """For each K-block loop of the SASS ``text`` (one step: at most 16 wgmmas, with exponentials):
     the row-max instructions (FMNMX) ahead of its wait for the previous P V (``wait_group(0)``)."""
     counts = []
-    for body in sass.loop_bodies(sass.disassemble(cfg)):
+    for body in sass.loop_bodies(text):
         wgmmas = sum(1 for x in body if x.startswith("HGMMA"))
         wait = next((i for i, x in enumerate(body) if "WARPGROUP.DEPBAR.LE gsb0, 0x0" in x), None)
         if 0 < wgmmas <= 16 and wait is not None and any("MUFU.EX2" in x for x in body):
@@ -116,13 +119,10 @@ def _max_before_pv_wait(cfg) -> list[int]:
 
 
 @pytest.mark.slow
-def test_one_step_row_max_overlaps_pv():
+def test_one_step_row_max_overlaps_pv(one_step_sass):
     """Note [K's release after the mask]: in the one-body loop the row max runs while the previous
     block's P V is in flight, as in the separate loops (released before the mask, K's arrive held
     the wait for P V at the top of the row max: 1 FMNMX ahead of it, against 68)."""
-    one = next(c for c in arch.all_variants("sm_90a")
-               if type(c).__name__ == "FwdSm90Config" and c.one_step_loop and c.causal and c.head_dim == 128)
-    sep = dataclasses.replace(one, one_step_loop=False)
-    counts = {"one": _max_before_pv_wait(one), "sep": _max_before_pv_wait(sep)}
+    counts = {k: _max_before_pv_wait(text) for k, text in one_step_sass.items()}
     assert counts["one"] and counts["sep"], counts
     assert min(counts["one"]) >= 16 and min(counts["sep"]) >= 16, counts

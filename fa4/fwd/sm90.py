@@ -928,7 +928,7 @@ class FlashFwdSm90:
     # wait lands after the row max (tests/test_compile.py::test_one_step_row_max_overlaps_pv).
     # Only the one-body form moves its release; the separate loops' code is as before. Measured:
     # the H100 had one_step_loop 1.4-4.5% slower than the separate loops before this (d64 / d128 /
-    # d256 causal), the H200 1.1% slower on average after (another GPU: no clean before / after).
+    # d256 causal), the H200 1.2% slower on average after (another GPU: no clean before / after).
 
     @cute.jit
     def epilogue(self, acc_O, lse, mO, mLSE, sO, tma_o, seqlen: SeqlenInfo, rows: TileRows, slot: Int32,
