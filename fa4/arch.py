@@ -181,7 +181,7 @@ def resolve(direction: str, cc: tuple[int, int], options: Optional[KernelOptions
 # Every module that defines kernels, for `python -m fa4 compile` and the compile tests. Each has
 # `variants(arch) -> list[KernelConfig]` (empty for an arch it does not claim).
 KERNEL_MODULES = ("fa4.bwd.preprocess", "fa4.bwd.postprocess", "fa4.fwd.sm80", "fa4.fwd.sm90", "fa4.bwd.sm80",
-                  "fa4.bwd.sm90", "fa4.bwd.dq_sm90", "fa4.combine")
+                  "fa4.bwd.sm90", "fa4.bwd.dq_sm90", "fa4.combine", "fa4.block_sparse")
 
 
 def all_variants(arch: str, modules=KERNEL_MODULES) -> list:

@@ -16,8 +16,9 @@ The first ``cnt`` entries of each index row count; B and H may be 1 (broadcast).
 
 Note [Block sparsity as a block table]
     The call's lists become one int8 table ``(B, H, Mb, Nb)``
-    (0 hidden, 1 through the mask_mod, 2 whole), built on the device by scatters (no host sync;
-    an index outside ``[0, Nb)`` or past its row's count is dropped), and passed as one more aux
+    (0 hidden, 1 through the mask_mod, 2 whole), built on the device (one launch, Note [One launch
+    for the table]; no host sync; an index outside ``[0, Nb)`` or past its row's count is
+    dropped), and passed as one more aux
     tensor. The mask function of the call (:func:`table_mask`) reads the table at ``(b, h, q_idx //
     q block, kv_idx // kv block)`` and calls the user's ``mask_mod`` only on the blocks marked 1
     (its result is discarded on the others). The results are those of a kernel that skips the
@@ -36,12 +37,18 @@ Note [Block sparsity as a block table]
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import warnings
-from typing import Callable, Optional
+from typing import Callable, ClassVar, Optional
+
+from fa4.config import ARCHS, KernelConfig
 
 DEFAULT_BLOCK = (128, 128)
+# CUDA lists become the table in one launch of fa4.block_table_kernel (False: the torch scatters of
+# _table_torch, about 20 launches; CPU tensors always take those). Note [One launch for the table].
+TABLE_KERNEL = True
 # Fields of flash_attn.cute's BlockSparseTensorsTorch fa4 does not take yet (varlen block sparsity,
 # its backward's write orders and options): NotImplementedError when set.
 UNSUPPORTED_FIELDS = ("cu_total_m_blocks", "cu_block_idx_offsets", "dq_write_order", "dq_write_order_full", "spt")
@@ -151,10 +158,93 @@ def warn_dense(direction: str, kernel: str) -> None:
                       stacklevel=4)
 
 
+@dataclasses.dataclass(frozen=True)
+class BlockTableConfig(KernelConfig):
+    """Compile key of :class:`fa4.block_table_kernel.BlockTableBuilder`. ``dtype``: the lists'
+    ("int32"); ``has_full``: the call has full lists; ``num_threads``: threads per CTA (one CTA per
+    table row)."""
+
+    has_full: bool = False
+    num_threads: int = 128
+
+    KERNEL: ClassVar[str] = "fa4.block_sparse:BlockTableBuilder"
+
+
+def check_table_config(cfg: BlockTableConfig) -> None:
+    cfg.check_target(("int32",))
+    if cfg.num_threads % 32 or not 32 <= cfg.num_threads <= 1024:
+        raise ValueError(f"BlockTableConfig.num_threads must be a multiple of 32 in [32, 1024], got {cfg.num_threads}")
+
+
+def variants(arch: str) -> list[BlockTableConfig]:
+    """Both kernels (with and without full lists); SIMT code, so every arch."""
+    if arch not in ARCHS:
+        return []
+    return [BlockTableConfig(arch=arch, dtype="int32", has_full=f) for f in (False, True)]
+
+
+def __getattr__(name: str):
+    if name == "BlockTableBuilder":  # BlockTableConfig.KERNEL: the DSL is imported on first use only
+        from fa4.block_table_kernel import BlockTableBuilder
+
+        return BlockTableBuilder
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# Note [One launch for the table]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Every block-sparse call turns its lists into the table anew (the lists may have changed in
+# place, and a CUDA graph replays the conversion with the call). Built by torch ops, that is about
+# 20 small launches, each some microseconds of host time: on the H100 host, where flash-attn-4's
+# block-sparse forward of the same case runs in 0.46 ms, the bench read 0.64-0.97 ms for fa4 (v0.35),
+# a spread that suggests a host-bound call (not yet measured: tools/host_vs_gpu.py, device steps
+# next35h / next35t). fa4.block_table_kernel builds the table in one launch: a CTA per
+# table row zeroes it, then marks the mask lists' blocks 1 and the full lists' 2 (a barrier between,
+# so a block in both ends whole, as the scatters left it). tests/test_block_sparse_gpu.py compares
+# it with the torch build (:func:`_table_torch`), which CPU tensors and ``TABLE_KERNEL = False`` take.
+
+
 def table(bst, batch: int, heads: int, seqlen_q: int, seqlen_k: int, block: tuple[int, int]):
     """The call's block table, int8 ``(batch, heads, Mb, Nb)`` (broadcast batch / heads have stride 0):
     0 hidden, 1 through the mask_mod, 2 whole (Note [Block sparsity as a block table]). Device ops
-    only, no host sync."""
+    only, no host sync: one kernel for int32 CUDA lists outside a torch.compile trace (Note [One
+    launch for the table]), else torch ops (which dynamo traces, and which take any integer lists)."""
+    import torch
+
+    lists = [t for t in (_field(bst, n) for n in ("mask_block_cnt", "mask_block_idx", "full_block_cnt",
+                                                    "full_block_idx")) if t is not None]
+    if (TABLE_KERNEL and bst.mask_block_cnt.is_cuda and all(t.dtype == torch.int32 for t in lists)
+            and not torch.compiler.is_compiling()):
+        return _table_kernel(bst, batch, heads, seqlen_k, block)
+    return _table_torch(bst, batch, heads, seqlen_q, seqlen_k, block)
+
+
+def _table_kernel(bst, batch: int, heads: int, seqlen_k: int, block: tuple[int, int]):
+    import torch
+
+    from fa4 import arch as _arch
+    from fa4.jit import get_kernel
+
+    nb = math.ceil(seqlen_k / block[1])
+    b0, h0, mb = _lead(bst, 0), _lead(bst, 1), bst.mask_block_cnt.shape[2]
+    dev = bst.mask_block_cnt.device
+    out = torch.empty(b0, h0, mb, nb, dtype=torch.int8, device=dev)
+    if out.numel() == 0:  # (no rows: no launch; a grid may not be empty)
+        return out.expand(batch, heads, mb, nb)
+    lists = []
+    for cnt_name, idx_name in (("mask_block_cnt", "mask_block_idx"), ("full_block_cnt", "full_block_idx")):
+        c, i = _field(bst, cnt_name), _field(bst, idx_name)
+        lists += [c.expand(b0, h0, mb), i.expand(b0, h0, mb, i.shape[3])] if c is not None else [None, None]
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    cfg = BlockTableConfig(arch=_arch.target_arch(_arch.device_capability(index)), dtype="int32",
+                           has_full=lists[2] is not None)
+    with _arch.device_guard(dev):  # Note [Device guard] in fa4/arch.py
+        get_kernel(cfg)(*lists, out)
+    return out.expand(batch, heads, mb, nb)
+
+
+def _table_torch(bst, batch: int, heads: int, seqlen_q: int, seqlen_k: int, block: tuple[int, int]):
+    """:func:`table` by torch ops (any device)."""
     import torch
 
     nb = math.ceil(seqlen_k / block[1])

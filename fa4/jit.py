@@ -94,7 +94,7 @@ def dsl_version() -> str:
 #     edits have made unreachable (:func:`stale_entries`).
 FAMILY_MODULES = frozenset({
     "fa4.fwd.sm80", "fa4.fwd.sm90", "fa4.bwd.sm80", "fa4.bwd.sm90", "fa4.bwd.dq_sm90", "fa4.bwd.preprocess",
-    "fa4.bwd.postprocess", "fa4.combine_kernel", "fa4._device_tests",
+    "fa4.bwd.postprocess", "fa4.combine_kernel", "fa4.block_table_kernel", "fa4._device_tests",
 })
 # Never run while a kernel is traced: not in any key (editing the bench recompiles nothing).
 HOST_ONLY_MODULES = frozenset({"fa4.bench", "fa4.__main__", "fa4.testing", "fa4.sass"})

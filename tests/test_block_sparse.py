@@ -223,3 +223,16 @@ def test_config_skips_blocks_where_the_tile_allows():
     assert cfg((16, 16)).block_skip == ()  # 9 x 9 reads: computed whole
     assert cfg((128, 128), h=16, hk=2, sq=4).block_skip == ()  # decode: packed GQA rows
     jit.compile_uncached(cfg((64, 192), d=64, causal=True), engine=False)
+
+
+def test_table_kernel_compiles_for_row_major_tables():
+    """The one-launch table (Note [One launch for the table]) is compiled for the row-major int8
+    table torch allocates: a fake tensor without a stride order is column-major, and the compiled
+    call would then refuse every table of more than one batch (TVM-FFI checks the static stride)."""
+    from fa4.block_table_kernel import BlockTableBuilder
+
+    for cfg in block_sparse.variants("sm_90a"):
+        args = BlockTableBuilder.fake_args(cfg)
+        assert args[4].stride[-1] == 1 and all(not isinstance(s, int) for s in args[4].stride[:-1]), args[4].stride
+        for lists in args[:4]:
+            assert lists is None or not any(isinstance(s, int) for s in lists.stride), lists.stride  # stride 0 ok

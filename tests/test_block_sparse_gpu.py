@@ -100,3 +100,70 @@ def test_block_sparse_matches_flash_attn_4(user):
     # Both read the lists the same way (a different reading would put flash-attn-4 far off the reference).
     assert err_theirs <= 0.02 and err_ours <= 0.02, (err_ours, err_theirs)
     assert err_ours <= 2 * err_theirs + 1e-3, (err_ours, err_theirs)
+
+
+def _table_case(full, heads_broadcast, seqlen_k, seed=11):
+    """Random lists of 3 batches, 5 heads, 1000 queries in 64 x 100 blocks, with the edge cases the
+    table drops or resolves: junk past the counts, indices outside [0, Nb), counts past the rows'
+    entries and below zero, a block in both lists (whole wins)."""
+    bst, state = random_block_sparse(3, 5, 1000, seqlen_k, (64, 100), "cuda", seed=seed, full=full,
+                                     heads_broadcast=heads_broadcast, empty_row=True)
+    nb = state.shape[3]
+    if full:
+        bst.mask_block_idx[0, 0, 1, 0] = 3
+        bst.mask_block_cnt[0, 0, 1] = max(int(bst.mask_block_cnt[0, 0, 1]), 1)
+        bst.full_block_idx[0, 0, 1, 0] = 3
+        bst.full_block_cnt[0, 0, 1] = max(int(bst.full_block_cnt[0, 0, 1]), 1)
+    bst.mask_block_cnt[1, 0, 2] = nb + 7
+    bst.mask_block_cnt[2, 0, 3] = -4
+    bst.mask_block_idx[1, 0, 2, 0] = -2
+    bst.mask_block_idx[1, 0, 2, 1] = nb
+    return bst, state
+
+
+def _check_table(bst, seqlen_k, monkeypatch):
+    """The kernel's table equals the torch build's, also where the memory held junk before."""
+    from fa4 import block_sparse
+
+    want = block_sparse._table_torch(bst, 3, 5, 1000, seqlen_k, (64, 100))
+    with monkeypatch.context() as m:
+        m.setattr(block_sparse, "_table_torch", None)  # (the kernel must serve the calls below)
+        got = block_sparse.table(bst, 3, 5, 1000, seqlen_k, (64, 100))
+        torch.cuda.synchronize()
+        assert got.shape == want.shape and got.dtype == want.dtype == torch.int8
+        assert torch.equal(got, want)
+        size = got.untyped_storage().nbytes()
+        for _ in range(3):  # the allocator hands the freed block back, filled with 7s
+            del got
+            torch.full((size,), 7, dtype=torch.int8, device="cuda")
+            got = block_sparse.table(bst, 3, 5, 1000, seqlen_k, (64, 100))
+            assert torch.equal(got, want)
+    return want
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("full,heads_broadcast", [(True, False), (False, True), (True, True)])
+def test_table_kernel_matches_torch(full, heads_broadcast, monkeypatch):
+    """Note [One launch for the table]: the one-launch table equals the torch scatters' on random
+    lists (:func:`_table_case`'s edge cases), with rows shorter than a CTA's threads and longer
+    (13 and 300 K blocks: a thread's loop runs once, then three times)."""
+    for seqlen_k in (1300, 30000):
+        bst, _ = _table_case(full, heads_broadcast, seqlen_k)
+        want = _check_table(bst, seqlen_k, monkeypatch)
+        if full:
+            assert int(want[0, 0, 1, 3]) == 2
+
+
+@pytest.mark.gpu
+def test_table_kernel_takes_broadcast_lists(monkeypatch):
+    """Lists broadcast over heads beside lists that are not (the kernel reads stride-0 views), and
+    lists broadcast over the batch."""
+    from mods_cases import BlockSparseTensorsTorch
+
+    bst, _ = _table_case(True, False, 1300)
+    heads1 = BlockSparseTensorsTorch(bst.mask_block_cnt[:, :1].contiguous(), bst.mask_block_idx[:, :1].contiguous(),
+                                     bst.full_block_cnt, bst.full_block_idx, block_size=(64, 100))
+    _check_table(heads1, 1300, monkeypatch)
+    batch1 = BlockSparseTensorsTorch(bst.mask_block_cnt[:1].contiguous(), bst.mask_block_idx[:1].contiguous(),
+                                     bst.full_block_cnt[:1].contiguous(), bst.full_block_idx, block_size=(64, 100))
+    _check_table(batch1, 1300, monkeypatch)
