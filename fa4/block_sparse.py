@@ -195,10 +195,11 @@ def __getattr__(name: str):
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 # Every block-sparse call turns its lists into the table anew (the lists may have changed in
 # place, and a CUDA graph replays the conversion with the call). Built by torch ops, that is about
-# 20 small launches, each some microseconds of host time: on the H100 host, where flash-attn-4's
-# block-sparse forward of the same case runs in 0.46 ms, the bench read 0.64-0.97 ms for fa4 (v0.35),
-# a spread that suggests a host-bound call (not yet measured: tools/host_vs_gpu.py, device steps
-# next35h / next35t). fa4.block_table_kernel builds the table in one launch: a CTA per
+# 20 small launches. On the H100 host the bench read 0.64-0.97 ms for fa4 (v0.35) on a case that
+# flash-attn-4 runs in 0.46 ms, a spread that suggested a host-bound call. Measured (RESULTS v0.36,
+# tools/host_vs_gpu.py, H100): it is not; the eager call and its CUDA-graph replay take the same
+# time (torch build 0.631 / 0.614 ms). The 20 launches cost GPU time, though: with the one launch
+# below 0.562 / 0.573 ms. fa4.block_table_kernel builds the table in one launch: a CTA per
 # table row zeroes it, then marks the mask lists' blocks 1 and the full lists' 2 (a barrier between,
 # so a block in both ends whole, as the scatters left it). tests/test_block_sparse_gpu.py compares
 # it with the torch build (:func:`_table_torch`), which CPU tensors and ``TABLE_KERNEL = False`` take.
