@@ -198,10 +198,10 @@ if has next36; then
   # Session 35 (RESULTS v0.36): one_step_loop the default at d192 (causal / local): the sm90 forward
   # suite and the one_step_loop tests, then d192 against the separate loops (five rounds), then the
   # forward grid side by side, three repeats (issue 7's misses).
-  gpu_tests next36tests 300 tests/test_fwd_sm90_gpu.py tests/test_one_step_loop_gpu.py || exit 1
-  logged next36sep 120 12 python3 tools/sweep_fwd.py --hdim 192 --seqlen 4096,8192 --causal yes --any-pair \
+  gpu_tests next36tests 200 tests/test_fwd_sm90_gpu.py tests/test_one_step_loop_gpu.py || exit 1
+  logged next36sep 90 12 python3 tools/sweep_fwd.py --hdim 192 --seqlen 4096,8192 --causal yes --any-pair \
     --repeat 5 sep:one_step_loop=False
-  timeout 200 python3 -m fa4.bench --mode fwd --repeats 3 --out "$out/next36bench" > "$out/next36bench.log" 2>&1
+  timeout 150 python3 -m fa4.bench --mode fwd --hdim 64,128,256 --seqlen 8192 --repeats 3 --out "$out/next36bench" > "$out/next36bench.log" 2>&1
   echo "next36bench rc=$?"; grep -E "^ *[0-9]+ +[0-9]+ +[0-9]+ " "$out/next36bench.log" | tail -14
 fi
 if has ctime; then
