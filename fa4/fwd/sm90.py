@@ -1065,10 +1065,11 @@ DECODE_GRID = True  # tools/decode_sweep.py --grid turns it off to time the pref
 COMPACT_LOOSE_BOUND = False
 # v0.36: causal and local calls at d192 (the 192 bucket, head_dim_v == head_dim) run the K blocks
 # after a tile's first through one step body (``one_step_loop``; Note [K's release after the mask]).
-# Measured on the H100, five rounds against the separate loops (RESULTS v0.36): d192 causal s4k
-# 589.3 -> 617.5 TFLOP/s, s8k 664.0 -> 666.7, window (1024, 0) s8k +1.4% (3968 -> 4025 in the sweep's
-# full-attention TFLOP/s); v0.35's H100 run (before K's release moved) +1.1 / +0.8%. The other buckets
-# stay on the separate loops: d64 -0.7 / -2.7%, d128 +0.8 / -2.5%, d256 -2.9 / -1.6%, local d256 -1.9%.
+# On the H100 (RESULTS v0.36) it runs as fast as the separate loops: four sweeps of d192 causal s4k /
+# s8k read +4.8 / +0.4%, -2.2 / +1.2%, -0.2 / -0.0% (5, 5 and 7 rounds) and v0.35's +1.1 / +0.8%,
+# a window (1024, 0) +1.4% / +0.4%; and it compiles 1.1-2.4 s faster there (causal 3.69 -> 2.62 s,
+# local 4.87 -> 2.52 s). The other buckets keep the separate loops, which are faster there: d64
+# -0.7 / -2.7%, d128 +0.8 / -2.5%, d256 -2.9 / -1.6%, local d256 -1.9%.
 ONE_STEP_LOOP_BUCKETS = frozenset({192})
 
 
