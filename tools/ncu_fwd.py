@@ -7,13 +7,15 @@ each, warm-up first so the profiled launch is a steady one::
 ``fa4:field=value,...`` runs fa4 with :class:`fa4.fwd.sm90.FwdSm90Config` fields overridden (e.g.
 ``fa4:pingpong=True,rescale_o_before_pv=True``), as ``tools/sweep_fwd.py`` does.
 
-Shapes ``d,s,causal`` (bf16, b*s = 16k tokens, h*d = 2048, FlashAttention's grid); default d128 s8192."""
+Shapes ``d,s,causal`` (bf16, b*s = 16k tokens, h*d = 2048, FlashAttention's grid); default d128 s8192.
+A dense case of ``fa4.offgrid`` by name (e.g. ``mods-docmask-d128``, the document mask_mod with its
+aux tensor) runs that case instead, with its user functions, for both implementations."""
 import sys
 
 import torch
 
 impl = sys.argv[1] if len(sys.argv) > 1 else "fa4"
-shapes = [tuple(int(x) for x in a.split(",")) for a in sys.argv[2:]] or [(128, 8192, 0)]
+shapes = [a if not a[0].isdigit() else tuple(int(x) for x in a.split(",")) for a in sys.argv[2:]] or [(128, 8192, 0)]
 if impl == "peer":
     from flash_attn.cute import flash_attn_func
 else:
@@ -30,10 +32,19 @@ else:
         make = fam.make_config
         fam.make_config = lambda *a, **kw: dataclasses.replace(make(*a, **kw), **fields)
         ops._plans.clear()
-for d, s, causal in shapes:
-    b, h = 16384 // s, 2048 // d
-    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+for shape in shapes:
+    if isinstance(shape, str):  # an off-grid case, dense (not varlen), with its user functions
+        from fa4 import offgrid
+
+        q, k, v, _, _, causal, varlen, _ = offgrid.build(offgrid.CASES[shape])
+        assert not varlen, f"{shape}: dense off-grid cases only"
+        extra = offgrid.USER_FUNCS[shape][1](q) if shape in offgrid.USER_FUNCS else {}
+    else:
+        d, s, causal = shape
+        b, h = 16384 // s, 2048 // d
+        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        extra = {}
     for _ in range(3):
-        flash_attn_func(q, k, v, causal=bool(causal))
+        flash_attn_func(q, k, v, causal=bool(causal), **extra)
     torch.cuda.synchronize()
 print("done")
