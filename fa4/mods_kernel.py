@@ -21,7 +21,7 @@ AUX_DTYPES = {"float32": Float32, "float16": cutlass.Float16, "bfloat16": cutlas
 
 def fake_aux(aux: tuple):
     """Fake tensors of a config's ``aux`` signature (``((dtype, ndim), ...)``; None when empty): any
-    shape and strides, element-aligned; scalars (ndim 0) as runtime ``Int32`` / ``Float32``
+    shape, any strides but the last (1), element-aligned; scalars (ndim 0) as runtime ``Int32`` / ``Float32``
     arguments; a kernel's ``mAux`` argument at compile time."""
     if not aux:
         return None
@@ -31,8 +31,9 @@ def fake_aux(aux: tuple):
         if ndim == 0:
             out.append(dt(0))
             continue
+        # The last stride a constant 1 (Note [Aux tensors' unit stride] in fa4/mods.py).
         out.append(cute.runtime.make_fake_tensor(dt, tuple(cute.sym_int() for _ in range(ndim)),
-                                                 tuple(cute.sym_int64() for _ in range(ndim)),
+                                                 tuple(cute.sym_int64() for _ in range(ndim - 1)) + (1,),
                                                  assumed_align=dt.width // 8))
     return tuple(out)
 

@@ -618,6 +618,25 @@ def test_aux_functions_compile(which):
     jit.compile_uncached(cfg, engine=False)
 
 
+def test_launch_aux_gives_unit_last_strides():
+    """Note [Aux tensors' unit stride]: the kernels compile an aux tensor's last stride as the constant
+    1; a launch passes unit-stride tensors as they are, copies others (same values), takes a size-1
+    last dim at stride 1 without a copy, and passes scalars and None through."""
+    from fa4.mods_kernel import fake_aux
+
+    assert mods.launch_aux(None) is None
+    base = torch.arange(24, dtype=torch.int32).view(4, 6)
+    strided, transposed, column = base[:, ::2], base.t(), base[:, :1].t().contiguous().t()
+    assert column.stride(-1) != 1 and column.size(-1) == 1
+    out = mods.launch_aux((base, strided, transposed, column, 3, 0.5))
+    assert out[0] is base and out[4:] == (3, 0.5)
+    for got, want in zip(out[1:4], (strided, transposed, column)):
+        assert got.stride(-1) == 1 and torch.equal(got, want)
+    assert out[3].data_ptr() == column.data_ptr()  # a view, not a copy
+    fakes = fake_aux((("int32", 2), ("float32", 1), ("int32", 0)))
+    assert fakes[0].stride[-1] == 1 and fakes[1].stride[-1] == 1
+
+
 def test_aux_tensor_checks():
     f = _make_doc_mask(64)
     with pytest.raises(TypeError, match="non-empty list or tuple"):
