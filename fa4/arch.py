@@ -74,6 +74,13 @@ def device_capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
 
+def capability_of(device) -> tuple[int, int]:
+    """:func:`device_capability` of a CUDA ``torch.device`` (no index: the current GPU)."""
+    import torch
+
+    return device_capability(device.index if device.index is not None else torch.cuda.current_device())
+
+
 @functools.lru_cache(maxsize=None)
 def num_sms(index: Optional[int] = None) -> int:
     """SM count of GPU ``index`` (default the current one), or an H100/H200's 132 on a machine

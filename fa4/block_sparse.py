@@ -236,8 +236,7 @@ def _table_kernel(bst, batch: int, heads: int, seqlen_k: int, block: tuple[int, 
     for cnt_name, idx_name in (("mask_block_cnt", "mask_block_idx"), ("full_block_cnt", "full_block_idx")):
         c, i = _field(bst, cnt_name), _field(bst, idx_name)
         lists += [c.expand(b0, h0, mb), i.expand(b0, h0, mb, i.shape[3])] if c is not None else [None, None]
-    index = dev.index if dev.index is not None else torch.cuda.current_device()
-    cfg = BlockTableConfig(arch=_arch.target_arch(_arch.device_capability(index)), dtype="int32",
+    cfg = BlockTableConfig(arch=_arch.target_arch(_arch.capability_of(dev)), dtype="int32",
                            has_full=lists[2] is not None)
     with _arch.device_guard(dev):  # Note [Device guard] in fa4/arch.py
         get_kernel(cfg)(*lists, out)

@@ -540,7 +540,7 @@ def explain(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
     options = kernel_options if kernel_options is not None else KernelOptions()
     validate.check_options(kernel_options)
     if capability is None:
-        capability = _arch.device_capability(q.device.index if q.device.index is not None else torch.cuda.current_device())
+        capability = _arch.capability_of(q.device)
     varlen = any(t is not None for t in (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table))
     with validate.allow_any_device():
         if varlen:

@@ -43,8 +43,7 @@ def _empty_like(t: torch.Tensor) -> torch.Tensor:
 
 
 def _dispatch(direction: str, device: torch.device, options: KernelOptions) -> _arch.Dispatch:
-    cc = _arch.device_capability(device.index if device.index is not None else torch.cuda.current_device())
-    return _arch.resolve(direction, cc, options)
+    return _arch.resolve(direction, _arch.capability_of(device), options)
 
 
 def _family_module(d: _arch.Dispatch):
