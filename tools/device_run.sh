@@ -217,6 +217,23 @@ if has next37a; then
   logged next37abench 200 12 python3 -m fa4.bench --offgrid --mode fwd,bwd --rounds 3 \
     --cases mods-docmask-d128,mods-relbias-d128-causal,mods-blockdoc-d128
 fi
+if has next38; then
+  # Session 36, one call (branch wip/aux-unit-stride, main's fa4 unpacked in baseline/, untracked):
+  # (1) the branch's user-function and block-sparse GPU tests; (2) the user-function cases, main
+  # (baseline/) and the branch in turn, twice; (3) issue 7's s8k forward rows with three repeats;
+  # (4) next37n's profile of both document-mask forwards.
+  gpu_tests next38tests 300 tests/test_mods_gpu.py tests/test_block_sparse_gpu.py || exit 1
+  for r in 1 2; do
+    (cd baseline && FA4_CACHE_DIR=/tmp/fa4c_main \
+      logged next38main$r 150 10 python3 -m fa4.bench --offgrid --mode fwd,bwd --rounds 2 \
+        --cases mods-docmask-d128,mods-relbias-d128-causal,mods-blockdoc-d128 )
+    logged next38aux$r 150 10 python3 -m fa4.bench --offgrid --mode fwd,bwd --rounds 2 \
+        --cases mods-docmask-d128,mods-relbias-d128-causal,mods-blockdoc-d128
+  done
+  timeout 150 python3 -m fa4.bench --mode fwd --hdim 64,128,256 --seqlen 8192 --repeats 3 --out "$out/next38bench" > "$out/next38bench.log" 2>&1
+  echo "next38bench rc=$?"; grep -E "^ *[0-9]+ +[0-9]+ +[0-9]+ " "$out/next38bench.log" | tail -14
+  NCU_FWD_SHAPES=mods-docmask-d128 bash "$0" nocompile,ncusrc
+fi
 if has ctime; then
   # Issue 7 item 7: cold compile times on this host (the H100 host needed more than 70 s for the list, v0.35).
   logged ctime 200 40 python3 tools/compile_time.py
