@@ -234,6 +234,19 @@ if has next38; then
   echo "next38bench rc=$?"; grep -E "^ *[0-9]+ +[0-9]+ +[0-9]+ " "$out/next38bench.log" | tail -14
   NCU_FWD_SHAPES=mods-docmask-d128 bash "$0" nocompile,ncusrc
 fi
+if has next38b; then
+  # Session 36, branch wip/aux-unit-stride with the score positions (Note [Score positions]: the
+  # document mask's d128 step 892 -> 642 SASS instructions): the user-function and block-sparse GPU
+  # tests, then main (baseline/, untracked) and the branch in turn on the user-function cases.
+  gpu_tests next38btests 300 tests/test_mods_gpu.py tests/test_block_sparse_gpu.py || exit 1
+  for r in 1 2; do
+    (cd baseline && FA4_CACHE_DIR=/tmp/fa4c_main \
+      logged next38bmain$r 150 13 python3 -m fa4.bench --offgrid --mode fwd,bwd --rounds 2 \
+        --cases mods-docmask-d128,mods-relbias-d128-causal,mods-blockdoc-d128 )
+    logged next38bnew$r 150 13 python3 -m fa4.bench --offgrid --mode fwd,bwd --rounds 2 \
+        --cases mods-docmask-d128,mods-relbias-d128-causal,mods-blockdoc-d128
+  done
+fi
 if has ctime; then
   # Issue 7 item 7: cold compile times on this host (the H100 host needed more than 70 s for the list, v0.35).
   logged ctime 200 40 python3 tools/compile_time.py

@@ -571,7 +571,7 @@ class FlashFwdSm80:
         if const_expr(self.cfg.has_softcap):
             apply_softcap(acc_S, prescale)
         if const_expr(umod is not None):
-            umod.apply(acc_S, p.thr_mma, m_block, n_block, prescale)
+            umod.apply(acc_S, p.thr_mma, m_block, n_block, prescale, clamp_keys=mask_seqlen)
         mask.apply_block(acc_S, p.thr_mma, m_block, n_block, mask_seqlen, mask_window, window_if)
         softmax.online_softmax(acc_S, acc_O, is_first=is_first)
         rP = cute.make_rmem_tensor_like(acc_S, self.dtype)

@@ -864,7 +864,7 @@ class FlashFwdSm90:
         if const_expr(self.cfg.has_softcap):
             apply_softcap(acc_S, prescale)
         if const_expr(umod is not None):
-            umod.apply(acc_S, thr_mma_qk, m_block, n, prescale, mask_mode)
+            umod.apply(acc_S, thr_mma_qk, m_block, n, prescale, mask_mode, clamp_keys=mask_seqlen)
         mask.apply_block(acc_S, thr_mma_qk, m_block, n, mask_seqlen, mask_window, window_if)
 
     @cute.jit
