@@ -47,8 +47,9 @@ def _ssa(values: list, dtype) -> cute.TensorSSA:
 
 
 def add_nsw(a, b) -> Int32:
-    """``a + b`` (Int32) marked as never wrapping (LLVM's ``nsw``), so that the 64-bit index of
-    ``a + constant`` folds into the address as an immediate offset (Note [Score positions])."""
+    """``a + b`` (Int32) marked as never wrapping (``nsw``): a position plus a constant offset, whose
+    64-bit index may then fold into an address as an immediate (Note [Score positions]; the
+    compilers folded it without the flag too, in the measured build)."""
     from cutlass._mlir.dialects import arith
 
     a, b = Int32(a), Int32(b)
@@ -70,9 +71,37 @@ class _Positions:
     clamp_keys: bool
 
     def offset(self, i: int):
+        """Element ``i``'s (row, key) offset from the first, Python ints."""
         e = static_coords(self.t0)(i)
         return e[self.r], e[self.c]
 
+
+# Note [Score positions]
+# ~~~~~~~~~~~~~~~~~~~~~~
+# A user function receives each score's query and key position as Int32 and indexes its aux
+# tensors with them: the document mask reads ``ids[b, kv_idx]`` for each of the thread's 32 key
+# columns per step. The positions are computed as the thread's first row / key (runtime, once per
+# block) plus element ``i``'s offset from it, the same for every thread: thread 0's coordinate,
+# a Python int (Note [Static coordinates] in fa4/cute_utils.py). That needs the loop over the
+# scores unrolled at trace time (``range_constexpr``): a loop unrolled by the compiler, as before,
+# made the offsets runtime values in the IR, and the unrolled 64-bit address of each column stayed
+# its own computation (sign extension, LEA / LEA.HI.X, IMAD: two to five instructions a column, and
+# the largest source of ncu's dispatch stalls in that step). With the offsets constants (added
+# ``nsw``) and the aux tensor's last stride the constant 1 (Note [Aux tensors' unit stride] in
+# fa4/mods.py), the 32 loads of a step share one address with immediate offsets.
+#
+# Keys are clamped below seqlen_k only where the caller says a block can reach past it
+# (``clamp_keys``: the forward's and dQ pass's first, length-masked block); a ``min`` per column
+# would give each its own address again. Query rows are still clamped (two rows per thread in the
+# forward; the sm90 backward's S^T has queries as columns and clamps them: no fold there, and the
+# unroll at trace time costs compile time for nothing: relbias backward 1.2 -> 1.8-2.1 s on this
+# CPU, forward +0.1-0.6 s; branch wip/positions-fold-only keeps it to the folding blocks).
+# The positions' assumption (every thread's coordinates are its first element's plus thread 0's)
+# is checked for the MMAs in use by tests/test_static_coords.py.
+#
+# Measured (H200, document mask b2 s8k h16 d128, ``--offgrid``, two interleaved runs of two rounds
+# each against main): the step 892 -> 642 SASS instructions; forward 2.86 -> 1.77-1.90 ms
+# (flash-attn-4 2.19).
 
 @dataclass(frozen=True)
 class UserMods:
@@ -112,17 +141,17 @@ class UserMods:
         return found if found else None
 
     def _positions(self, thr_mma, m_block: Int32, n_block: Int32, clamp_keys: bool = True) -> "_Positions":
-        """Where the thread's accumulator elements lie (Note [Score positions]): the tile's first
-        query row and key of this thread (runtime), and each element's offset from it (Python ints).
-        ``clamp_keys``: keys are clamped below ``seqlen_k`` (only a tile's block that can reach past
-        the sequence needs it; with aux tensors, :meth:`_coords`)."""
+        """Where the thread's accumulator elements lie (Note [Score positions]): the tile-level query
+        row and key of this thread's first element (runtime) and thread 0's coordinates (each
+        element's offset from the first, Python ints). ``clamp_keys``: with aux tensors, keys are
+        clamped below ``seqlen_k`` (:meth:`_coords`); only a block that can reach past the sequence
+        needs it."""
         shape = (self.tile_n, self.tile_m) if const_expr(self.transpose) else (self.tile_m, self.tile_n)
         ident = cute.make_identity_tensor(shape)
         first = thr_mma.partition_C(ident)[0]
-        t0 = thr_mma.get_slice(0).partition_C(ident)  # thread 0's coordinates: constants once unrolled
+        t0 = thr_mma.get_slice(0).partition_C(ident)
         r, c = (1, 0) if const_expr(self.transpose) else (0, 1)
-        return _Positions(m_block * self.tile_m + first[r], (n_block * self.tile_n + first[c]), t0, r, c,
-                          clamp_keys)
+        return _Positions(m_block * self.tile_m + first[r], n_block * self.tile_n + first[c], t0, r, c, clamp_keys)
 
     def _coords(self, pos: "_Positions", i: int):
         """(q head, query position, key position) of accumulator element ``i``; with aux tensors the
@@ -208,7 +237,8 @@ class UserMods:
         scores, ``vec`` adjacent ones at a time: their coordinates are computed once for both
         functions. ``mask_mode`` (block skipping: a runtime, warp-uniform :class:`BlockSkip` mode):
         WHOLE calls no mask function, INNER the user's own (``inner_mask``), MIXED the table's; the
-        mask then takes a pass of its own."""
+        mask then takes a pass of its own. ``clamp_keys``: whether this block's keys can reach past
+        ``seqlen_k`` (a table read at them is then clamped; Note [Score positions])."""
         pos = self._positions(thr_mma, m_block, n_block, clamp_keys)
         n = cute.size(acc_S)
         vec = 1
