@@ -11,6 +11,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
+from fa4.cute_utils import static_coords
 from fa4.mods import vec_size
 
 
@@ -21,7 +22,7 @@ AUX_DTYPES = {"float32": Float32, "float16": cutlass.Float16, "bfloat16": cutlas
 
 def fake_aux(aux: tuple):
     """Fake tensors of a config's ``aux`` signature (``((dtype, ndim), ...)``; None when empty): any
-    shape and strides, element-aligned; scalars (ndim 0) as runtime ``Int32`` / ``Float32``
+    shape, any strides but the last (1), element-aligned; scalars (ndim 0) as runtime ``Int32`` / ``Float32``
     arguments; a kernel's ``mAux`` argument at compile time."""
     if not aux:
         return None
@@ -31,8 +32,9 @@ def fake_aux(aux: tuple):
         if ndim == 0:
             out.append(dt(0))
             continue
+        # The last stride a constant 1 (Note [Aux tensors' unit stride] in fa4/mods.py).
         out.append(cute.runtime.make_fake_tensor(dt, tuple(cute.sym_int() for _ in range(ndim)),
-                                                 tuple(cute.sym_int64() for _ in range(ndim)),
+                                                 tuple(cute.sym_int64() for _ in range(ndim - 1)) + (1,),
                                                  assumed_align=dt.width // 8))
     return tuple(out)
 
@@ -43,6 +45,63 @@ def _ssa(values: list, dtype) -> cute.TensorSSA:
         t[j] = x
     return t.load()
 
+
+def add_nsw(a, b) -> Int32:
+    """``a + b`` (Int32) marked as never wrapping (``nsw``): a position plus a constant offset, whose
+    64-bit index may then fold into an address as an immediate (Note [Score positions]; the
+    compilers folded it without the flag too, in the measured build)."""
+    from cutlass._mlir.dialects import arith
+
+    a, b = Int32(a), Int32(b)
+    return Int32(arith.addi(a.ir_value(), b.ir_value(), overflow_flags=arith.IntegerOverflowFlags.nsw))
+
+
+@dataclass(frozen=True)
+class _Positions:
+    """The positions of a thread's accumulator elements (:meth:`UserMods._positions`): ``row`` and
+    ``col``, the tile-level query row and key of its first element; ``t0``, thread 0's partition
+    of the identity tensor (element ``i``'s offset from the first, the same for every thread);
+    ``r`` / ``c``, which coordinate of ``t0`` is the row / the key."""
+
+    row: Any
+    col: Any
+    t0: Any  # (its coordinates are Python ints: Note [Static coordinates] in fa4/cute_utils.py)
+    r: int
+    c: int
+    clamp_keys: bool
+
+    def offset(self, i: int):
+        """Element ``i``'s (row, key) offset from the first, Python ints."""
+        e = static_coords(self.t0)(i)
+        return e[self.r], e[self.c]
+
+
+# Note [Score positions]
+# ~~~~~~~~~~~~~~~~~~~~~~
+# A user function receives each score's query and key position as Int32 and indexes its aux
+# tensors with them: the document mask reads ``ids[b, kv_idx]`` for each of the thread's 32 key
+# columns per step. The positions are computed as the thread's first row / key (runtime, once per
+# block) plus element ``i``'s offset from it, the same for every thread: thread 0's coordinate,
+# a Python int (Note [Static coordinates] in fa4/cute_utils.py). That needs the loop over the
+# scores unrolled at trace time (``range_constexpr``): a loop unrolled by the compiler, as before,
+# made the offsets runtime values in the IR, and the unrolled 64-bit address of each column stayed
+# its own computation (sign extension, LEA / LEA.HI.X, IMAD: two to five instructions a column, and
+# the largest source of ncu's dispatch stalls in that step). With the offsets constants (added
+# ``nsw``) and the aux tensor's last stride the constant 1 (Note [Aux tensors' unit stride] in
+# fa4/mods.py), the 32 loads of a step share one address with immediate offsets.
+#
+# Keys are clamped below seqlen_k only where the caller says a block can reach past it
+# (``clamp_keys``: the forward's and dQ pass's first, length-masked block); a ``min`` per column
+# would give each its own address again. Query rows are still clamped (two rows per thread in the
+# forward; the sm90 backward's S^T has queries as columns and clamps them: no fold there, and the
+# unroll at trace time costs compile time for nothing: relbias backward 1.2 -> 1.8-2.1 s on this
+# CPU, forward +0.1-0.6 s; branch wip/positions-fold-only keeps it to the folding blocks).
+# The positions' assumption (every thread's coordinates are its first element's plus thread 0's)
+# is checked for the MMAs in use by tests/test_static_coords.py.
+#
+# Measured (H200, document mask b2 s8k h16 d128, ``--offgrid``, two interleaved runs of two rounds
+# each against main): the step 892 -> 642 SASS instructions; forward 2.86 -> 1.77-1.90 ms
+# (flash-attn-4 2.19).
 
 @dataclass(frozen=True)
 class UserMods:
@@ -81,13 +140,28 @@ class UserMods:
         found = tuple(a for a in (self.aux or ()) if isinstance(a, cutlass.Numeric))
         return found if found else None
 
-    def _coords(self, row, col, m_block, n_block):
-        """(q head, query position, key position) of accumulator element (row, col); with aux
-        tensors the positions are clamped into the sequence (fa4/mods.py: a table indexed by them
-        is never read out of bounds; the rows and keys past the sequence are dropped or masked)."""
+    def _positions(self, thr_mma, m_block: Int32, n_block: Int32, clamp_keys: bool = True) -> "_Positions":
+        """Where the thread's accumulator elements lie (Note [Score positions]): the tile-level query
+        row and key of this thread's first element (runtime) and thread 0's coordinates (each
+        element's offset from the first, Python ints). ``clamp_keys``: with aux tensors, keys are
+        clamped below ``seqlen_k`` (:meth:`_coords`); only a block that can reach past the sequence
+        needs it."""
+        shape = (self.tile_n, self.tile_m) if const_expr(self.transpose) else (self.tile_m, self.tile_n)
+        ident = cute.make_identity_tensor(shape)
+        first = thr_mma.partition_C(ident)[0]
+        t0 = thr_mma.get_slice(0).partition_C(ident)
+        r, c = (1, 0) if const_expr(self.transpose) else (0, 1)
+        return _Positions(m_block * self.tile_m + first[r], n_block * self.tile_n + first[c], t0, r, c, clamp_keys)
+
+    def _coords(self, pos: "_Positions", i: int):
+        """(q head, query position, key position) of accumulator element ``i``; with aux tensors the
+        positions are clamped into the sequence (fa4/mods.py: a table indexed by them is never read
+        out of bounds; the rows and keys past the sequence are dropped or masked). The key is the
+        thread's first key plus a constant, added without signed wrap (Note [Score positions])."""
         g = self.qhead_per_kvhead
-        prow = m_block * self.tile_m + row
-        k = n_block * self.tile_n + col
+        dr, dc = pos.offset(i)
+        prow = add_nsw(pos.row, dr)
+        k = add_nsw(pos.col, dc)
         if const_expr(g == 1):
             h, q = self.head, prow
         else:
@@ -95,40 +169,25 @@ class UserMods:
             h = self.head * g + (prow - q * g)
         if const_expr(self.tensors is not None):
             q = cutlass.min(q, self.seqlen.seqlen_q - 1)
-            k = cutlass.min(k, self.seqlen.seqlen_k - 1)
+            if const_expr(pos.clamp_keys):
+                k = cutlass.min(k, self.seqlen.seqlen_k - 1)
         return h, q, k
 
-    def _row_inside(self, tScS, i, m_block):
+    def _row_inside(self, pos: "_Positions", i: int, m_block):
         """Whether accumulator element ``i``'s query lies inside the sequence (its packed row below
         ``seqlen_q * qhead_per_kvhead``)."""
-        row, _ = self._row_col(tScS, i)
-        return m_block * self.tile_m + row < self.seqlen.seqlen_q * self.qhead_per_kvhead
-
-    def _identity(self, thr_mma):
-        """The tile's (row, column) coordinates, partitioned like the accumulator."""
-        shape = (self.tile_n, self.tile_m) if const_expr(self.transpose) else (self.tile_m, self.tile_n)
-        return thr_mma.partition_C(cute.make_identity_tensor(shape))
-
-    def _row_col(self, tScS, i):
-        """(query row, key column) of accumulator element ``i`` in the tile."""
-        if const_expr(self.transpose):
-            return tScS[i][1], tScS[i][0]
-        return tScS[i][0], tScS[i][1]
-
-    def _element(self, tScS, i, m_block, n_block):
-        """(q head, query position, key position) of accumulator element ``i``."""
-        return self._coords(*self._row_col(tScS, i), m_block, n_block)
+        return pos.row + pos.offset(i)[0] < self.seqlen.seqlen_q * self.qhead_per_kvhead
 
     def _vec(self, fn, n: int) -> int:
         """Scores per call of ``fn`` (:func:`fa4.mods.vec_size`), 1 where it does not divide ``n``."""
         vec = vec_size(fn, self.tensors is not None)
         return vec if n % vec == 0 else 1
 
-    def _vector(self, tScS, i, vec: int, m_block, n_block):
+    def _vector(self, pos: "_Positions", i, vec: int):
         """(q heads, query positions, key positions) of accumulator elements ``i .. i + vec - 1``."""
         heads, qs, ks = [], [], []
         for j in range(vec):
-            h, q, k = self._element(tScS, i + j, m_block, n_block)
+            h, q, k = self._coords(pos, i + j)
             heads.append(h)
             qs.append(q)
             ks.append(k)
@@ -154,12 +213,12 @@ class UserMods:
         ``dS`` the gradient with respect to the score_mod's output, ``raw_S`` the ``Q K^T`` it read
         (the same pairs and indices as :meth:`apply`); the result is the gradient with respect to
         ``Q K^T * softmax_scale`` (the caller's dQ / dK carry the last ``softmax_scale``)."""
-        tScS = self._identity(thr_mma)
+        pos = self._positions(thr_mma, m_block, n_block)
         n = cute.size(acc_dS)
         # The derivative's own __vec_size__, else the score_mod's (flash-attn-4 reads none of it).
         vec = self._vec(self.score_mod_bwd if hasattr(self.score_mod_bwd, "__vec_size__") else self.score_mod, n)
-        for i in cutlass.range(0, n, vec, unroll_full=True):
-            heads, qs, ks = self._vector(tScS, i, vec, m_block, n_block)
+        for i in cutlass.range_constexpr(0, n, vec):
+            heads, qs, ks = self._vector(pos, i, vec)
             grads = [acc_dS[i + j] for j in range(vec)]
             scores = [raw_S[i + j] * softmax_scale for j in range(vec)]
             res = self._call(self.score_mod_bwd, [_ssa(grads, Float32), _ssa(scores, Float32)], vec, heads, qs, ks)
@@ -170,7 +229,7 @@ class UserMods:
 
     @cute.jit
     def apply(self, acc_S: cute.Tensor, thr_mma, m_block: Int32, n_block: Int32, softmax_scale,
-              mask_mode=None) -> None:
+              mask_mode=None, clamp_keys: cutlass.Constexpr[bool] = True) -> None:
         """``score_mod`` on every score of the tile (times ``softmax_scale`` first), then
         ``mask_mod`` (-inf where it is False), in place on an ``S`` accumulator (``transpose``: the
         sm90 backward's ``S^T``, whose adjacent pairs are two queries of one key; ``backward``: a
@@ -178,25 +237,26 @@ class UserMods:
         scores, ``vec`` adjacent ones at a time: their coordinates are computed once for both
         functions. ``mask_mode`` (block skipping: a runtime, warp-uniform :class:`BlockSkip` mode):
         WHOLE calls no mask function, INNER the user's own (``inner_mask``), MIXED the table's; the
-        mask then takes a pass of its own."""
-        tScS = self._identity(thr_mma)
+        mask then takes a pass of its own. ``clamp_keys``: whether this block's keys can reach past
+        ``seqlen_k`` (a table read at them is then clamped; Note [Score positions])."""
+        pos = self._positions(thr_mma, m_block, n_block, clamp_keys)
         n = cute.size(acc_S)
         vec = 1
         if const_expr(self.score_mod is not None):
             vec = self._vec(self.score_mod, n)
         if const_expr(mask_mode is None):
-            self._pass(acc_S, tScS, n, vec, m_block, n_block, softmax_scale, True, True)
+            self._pass(acc_S, pos, n, vec, m_block, softmax_scale, True, True)
         else:
-            self._pass(acc_S, tScS, n, vec, m_block, n_block, softmax_scale, True, False)
+            self._pass(acc_S, pos, n, vec, m_block, softmax_scale, True, False)
             if const_expr(self.mixed):
                 if mask_mode == BlockSkip.MIXED:
-                    self._pass(acc_S, tScS, n, vec, m_block, n_block, softmax_scale, False, True)
+                    self._pass(acc_S, pos, n, vec, m_block, softmax_scale, False, True)
             if const_expr(self.inner_mask is not None):
                 if mask_mode == BlockSkip.INNER:
-                    self._pass(acc_S, tScS, n, vec, m_block, n_block, softmax_scale, False, True, True)
+                    self._pass(acc_S, pos, n, vec, m_block, softmax_scale, False, True, True)
 
     @cute.jit
-    def _pass(self, acc_S, tScS, n: cutlass.Constexpr[int], vec: cutlass.Constexpr[int], m_block, n_block,
+    def _pass(self, acc_S, pos, n: cutlass.Constexpr[int], vec: cutlass.Constexpr[int], m_block,
               softmax_scale, do_score: cutlass.Constexpr[bool], do_mask: cutlass.Constexpr[bool],
               inner: cutlass.Constexpr[bool] = False) -> None:
         """One pass of :meth:`apply` over the scores: the score_mod (``do_score``), the mask_mod
@@ -209,8 +269,8 @@ class UserMods:
             mask_aux = self.tensors[:self.inner_slot] if const_expr(self.inner_slot > 0) else None
         do_mask = do_mask and mask_fn is not None
         if const_expr(do_score or do_mask):
-            for i in cutlass.range(0, n, vec, unroll_full=True):
-                heads, qs, ks = self._vector(tScS, i, vec, m_block, n_block)
+            for i in cutlass.range_constexpr(0, n, vec):
+                heads, qs, ks = self._vector(pos, i, vec)
                 if const_expr(do_score):
                     scores = [acc_S[i + j] * softmax_scale for j in range(vec)]
                     res = self._call(self.score_mod, [_ssa(scores, Float32)], vec, heads, qs, ks)
@@ -218,7 +278,7 @@ class UserMods:
                         if const_expr(self.backward):
                             # Queries past the sequence: P must be 0 there (their lse_log2 is +inf),
                             # whatever the score_mod made of the scores (+inf or NaN would reach dV / dK).
-                            inside = self._row_inside(tScS, i + j, m_block)
+                            inside = self._row_inside(pos, i + j, m_block)
                             acc_S[i + j] = res[j] if inside else -Float32.inf
                         else:
                             acc_S[i + j] = res[j]  # (forward, dQ pass: rows past the sequence are not stored)

@@ -618,6 +618,25 @@ def test_aux_functions_compile(which):
     jit.compile_uncached(cfg, engine=False)
 
 
+def test_launch_aux_gives_unit_last_strides():
+    """Note [Aux tensors' unit stride]: the kernels compile an aux tensor's last stride as the constant
+    1; a launch passes unit-stride tensors as they are, copies others (same values), takes a size-1
+    last dim at stride 1 without a copy, and passes scalars and None through."""
+    from fa4.mods_kernel import fake_aux
+
+    assert mods.launch_aux(None) is None
+    base = torch.arange(24, dtype=torch.int32).view(4, 6)
+    strided, transposed, column = base[:, ::2], base.t(), base[:, :1].t().contiguous().t()
+    assert column.stride(-1) != 1 and column.size(-1) == 1
+    out = mods.launch_aux((base, strided, transposed, column, 3, 0.5))
+    assert out[0] is base and out[4:] == (3, 0.5)
+    for got, want in zip(out[1:4], (strided, transposed, column)):
+        assert got.stride(-1) == 1 and torch.equal(got, want)
+    assert out[3].data_ptr() == column.data_ptr()  # a view, not a copy
+    fakes = fake_aux((("int32", 2), ("float32", 1), ("int32", 0)))
+    assert fakes[0].stride[-1] == 1 and fakes[1].stride[-1] == 1
+
+
 def test_aux_tensor_checks():
     f = _make_doc_mask(64)
     with pytest.raises(TypeError, match="non-empty list or tuple"):
@@ -770,3 +789,29 @@ def test_torch_compile_refuses_functions_before_torch_2_13(monkeypatch):
     torch._dynamo.reset()
     with validate.allow_any_device(), pytest.raises(Exception, match="need torch >= 2.13"):
         torch.compile(call, fullgraph=True, backend="eager")(q)
+
+
+@pytest.mark.slow
+def test_document_mask_columns_share_one_address():
+    """Note [Score positions]: a mask_mod that reads a table at each key (the off-grid document
+    mask, sm90 forward d128) loads its 32 key columns per step from one 64-bit address plus
+    immediate offsets, not one address computation per column (v0.36: 34 address registers for
+    34 loads, the step 892 SASS instructions; with the positions, 642)."""
+    import re
+
+    from fa4 import offgrid, sass
+    from fa4.config import AttnProblem
+    from fa4.fwd import sm90
+
+    case, make = offgrid.USER_FUNCS["mods-docmask-d128"]
+    kw = make(torch.empty(2, 256, 4, 128, dtype=torch.bfloat16))
+    sk, mk, aux, bk = mods.check(kw.get("score_mod"), kw.get("mask_mod"), 0.0, kw.get("aux_tensors"), None)
+    p = AttnProblem("bf16", 2, 8192, 8192, 16, 16, 128, 128, 128 ** -0.5, score_mod=sk, mask_mod=mk, aux=aux,
+                    score_mod_bwd=bk)
+    text = sass.disassemble(sm90.make_config(p, None, "sm_90a", True))
+    steps = [b for b in sass.loop_bodies(text)
+             if sum(x.startswith("HGMMA") for x in b) == 16 and sum("LDG" in x for x in b) >= 32]
+    assert steps, "no K-block step with the mask's loads"
+    for body in steps:
+        addresses = {m.group(1) for x in body for m in [re.search(r"LDG\S* \S+ desc\[\w+\]\[(R\d+)\.64", x)] if m}
+        assert len(addresses) <= 4, sorted(addresses)

@@ -241,6 +241,38 @@ def test_aux_doc_ids_mask(d):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("family", ["sm90", "sm80"])
+def test_aux_tensor_without_unit_stride(family):
+    """Note [Aux tensors' unit stride]: the kernels take aux tensors with the last stride 1; a
+    transposed (column-major) table is copied at the launch, and the outputs and gradients match
+    the same table passed contiguous, bit for bit (the deterministic backward: dQ's atomic adds
+    would differ between any two runs), and the reference."""
+    from mods_cases import doc_ids
+
+    fn, twin, ids = doc_ids(2, 1000, "cuda", seed=11)
+    strided = ids.t().contiguous().t()  # the same values, column-major: stride (1, 2)
+    assert strided.stride(-1) != 1
+    q, k, v = random_qkv(2, 1000, 1000, 4, 2, 128, torch.bfloat16, "cuda", seed=11)
+    opts = fa4.KernelOptions(arch=family)
+    runs = []
+    for table in (ids, ids, strided):  # the contiguous table twice: the control
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        out, lse = fa4.flash_attn_func(*leaves, mask_mod=fn, aux_tensors=[table], return_lse=True,
+                                       deterministic=True, kernel_options=opts)
+        grads = torch.autograd.grad(out, leaves, torch.ones_like(out))
+        runs.append((out, lse) + grads)
+    names = ("out", "lse", "dq", "dk", "dv")
+
+    def differ(a, b):
+        return [f"{n} (max {(x.float() - y.float()).abs().max().item():.3g})"
+                for n, x, y in zip(names, a, b) if not torch.equal(x, y)]
+
+    assert not differ(runs[0], runs[1]), f"the same contiguous table twice: {differ(runs[0], runs[1])}"
+    assert not differ(runs[0], runs[2]), f"column-major against contiguous: {differ(runs[0], runs[2])}"
+    check(runs[1][0], runs[1][1], q, k, v, mask_fn=twin)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("pack_gqa", [False, True])
 @pytest.mark.parametrize("num_splits", [1, 3])
 def test_aux_rel_bias_decode(pack_gqa, num_splits):

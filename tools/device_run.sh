@@ -11,7 +11,7 @@
 # (dv_late at d64; run in session 11), next18 (publish_peek), next20 (publish_peek as the default), next22 (v27 sections, det bench), next8 (session 8's not-yet-run tests and sweeps), ncusrc (source-level stall sampling
 # of the forwards; NCUSRC_IMPLS), ncusrcbwd (the same for the backwards), bwdacc (tools/bwd_accuracy.py $BWDACC), ncustall (stall reasons, fa4 vs
 # flash-attn-4), sweepfwd (tools/sweep_fwd.py $SWEEP_FWD), ncufwd (ncu of the fa4 and flash-attn-4 forwards,
-# tools/ncu_fwd.py), ncubwd (the same for the backwards, NCU_BWD_SHAPES), v012b (session 10's side-by-side benches), firststore (session 17: Note [First store]'s tests and the backward profile), claims (session 18: the relaxed, rotated claims: tests and profile), bwdprof (tools/bwd_profile.py $BWDPROF_ROWS), hostprof (tools/host_profile.py $HOSTPROF_ARGS), hostbd (tools/host_breakdown.py $HOSTBD_ROWS), offgrid (tools/offgrid.py: shapes off the standard grid), next26 (session 25: the split GQA group), next27 / next27b (session 25's unrun work: tests / timings), next28 / next28b / next28c (session 26's: tests / forward timings / backward sections and decode), next29 (session 27: the decode grid, the compact varlen backward grid, their tests and timings; skipfwd leaves out its forward tests), next30 / next30m / next30v / next30b / next30c / next30d / next30e (the decode rule's and the compact grids' forward tests / score_mod and mask_mod / the varlen backward suite with the compact grid on / the compact grids' timings / the decode rule's timings and the decode bench / one_step_loop at d128-256 causal / varlen calls without max_seqlen, default and compact grids), next25 (session 24's unrun test edits and sweep v57), next31 / next31b / sanitizebs (session 30: the user-function and block-sparse GPU tests / the mods timings), next33 (session 32: flash_attn_with_kvcache's GPU tests, then the decode bench with its fa4-kvcache16 column), next34 (session 33: the kvcache, one_step_loop, sm90 forward and flash_attn.cute-call GPU tests; one_step_loop's cost with its uniform branch; compile times; next34m: the one_step_loop part alone), next35 (session 34: one_step_loop with K released after the mask: its tests, then five-round sweeps against the separate loops, causal and local), ctime (tools/compile_time.py, 200 s), next36 (session 35: the d192 one_step_loop default's tests and timing, the forward grid with three repeats), next37n (ncu source counters of fa4's and flash-attn-4's document mask_mod forwards), next35t (branch wip/table-kernel: the block table in one launch, its tests and timings), next35h (eager against CUDA-graph replay of the block-sparse and user-function cases: tools/host_vs_gpu.py), gpu1 / gpu2 (the whole GPU suite in two calls), nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
+# tools/ncu_fwd.py), ncubwd (the same for the backwards, NCU_BWD_SHAPES), v012b (session 10's side-by-side benches), firststore (session 17: Note [First store]'s tests and the backward profile), claims (session 18: the relaxed, rotated claims: tests and profile), bwdprof (tools/bwd_profile.py $BWDPROF_ROWS), hostprof (tools/host_profile.py $HOSTPROF_ARGS), hostbd (tools/host_breakdown.py $HOSTBD_ROWS), offgrid (tools/offgrid.py: shapes off the standard grid), next26 (session 25: the split GQA group), next27 / next27b (session 25's unrun work: tests / timings), next28 / next28b / next28c (session 26's: tests / forward timings / backward sections and decode), next29 (session 27: the decode grid, the compact varlen backward grid, their tests and timings; skipfwd leaves out its forward tests), next30 / next30m / next30v / next30b / next30c / next30d / next30e (the decode rule's and the compact grids' forward tests / score_mod and mask_mod / the varlen backward suite with the compact grid on / the compact grids' timings / the decode rule's timings and the decode bench / one_step_loop at d128-256 causal / varlen calls without max_seqlen, default and compact grids), next25 (session 24's unrun test edits and sweep v57), next31 / next31b / sanitizebs (session 30: the user-function and block-sparse GPU tests / the mods timings), next33 (session 32: flash_attn_with_kvcache's GPU tests, then the decode bench with its fa4-kvcache16 column), next34 (session 33: the kvcache, one_step_loop, sm90 forward and flash_attn.cute-call GPU tests; one_step_loop's cost with its uniform branch; compile times; next34m: the one_step_loop part alone), next35 (session 34: one_step_loop with K released after the mask: its tests, then five-round sweeps against the separate loops, causal and local), ctime (tools/compile_time.py, 200 s), next36 (session 35: the d192 one_step_loop default's tests and timing, the forward grid with three repeats), next37n (ncu source counters of fa4's and flash-attn-4's document mask_mod forwards), next37a (branch wip/aux-unit-stride: its tests and the user-function timings), next35t (branch wip/table-kernel: the block table in one launch, its tests and timings), next35h (eager against CUDA-graph replay of the block-sparse and user-function cases: tools/host_vs_gpu.py), gpu1 / gpu2 (the whole GPU suite in two calls), nocompile (skip the precompile). Logs go to $OUT; each step has a timeout.
 set -uo pipefail
 steps=${1:-bwd90}
 out=${OUT:-/tmp/out}; mkdir -p "$out"
@@ -208,6 +208,44 @@ if has next37n; then
   # Session 35's Next: where the document mask_mod's time goes, fa4 against flash-attn-4 (0.77x):
   # source-level stall sampling of both forwards on mods-docmask-d128 (the ncusrc step's method).
   NCU_FWD_SHAPES=mods-docmask-d128 bash "$0" nocompile,ncusrc
+fi
+if has next37a; then
+  # Session 35, branch wip/aux-unit-stride: aux tensors compiled with the last stride 1 (Note [Aux
+  # tensors' unit stride]): the user-function GPU tests (a column-major table among them), then the
+  # user-function cases against main's numbers (run next37n's bench beside it on main).
+  gpu_tests next37atests 300 tests/test_mods_gpu.py tests/test_block_sparse_gpu.py || exit 1
+  logged next37abench 200 12 python3 -m fa4.bench --offgrid --mode fwd,bwd --rounds 3 \
+    --cases mods-docmask-d128,mods-relbias-d128-causal,mods-blockdoc-d128
+fi
+if has next38; then
+  # Session 36, one call (branch wip/aux-unit-stride, main's fa4 unpacked in baseline/, untracked):
+  # (1) the branch's user-function and block-sparse GPU tests; (2) the user-function cases, main
+  # (baseline/) and the branch in turn, twice; (3) issue 7's s8k forward rows with three repeats;
+  # (4) next37n's profile of both document-mask forwards.
+  gpu_tests next38tests 300 tests/test_mods_gpu.py tests/test_block_sparse_gpu.py || exit 1
+  for r in 1 2; do
+    (cd baseline && FA4_CACHE_DIR=/tmp/fa4c_main \
+      logged next38main$r 150 10 python3 -m fa4.bench --offgrid --mode fwd,bwd --rounds 2 \
+        --cases mods-docmask-d128,mods-relbias-d128-causal,mods-blockdoc-d128 )
+    logged next38aux$r 150 10 python3 -m fa4.bench --offgrid --mode fwd,bwd --rounds 2 \
+        --cases mods-docmask-d128,mods-relbias-d128-causal,mods-blockdoc-d128
+  done
+  timeout 150 python3 -m fa4.bench --mode fwd --hdim 64,128,256 --seqlen 8192 --repeats 3 --out "$out/next38bench" > "$out/next38bench.log" 2>&1
+  echo "next38bench rc=$?"; grep -E "^ *[0-9]+ +[0-9]+ +[0-9]+ " "$out/next38bench.log" | tail -14
+  NCU_FWD_SHAPES=mods-docmask-d128 bash "$0" nocompile,ncusrc
+fi
+if has next38b; then
+  # Session 36, branch wip/aux-unit-stride with the score positions (Note [Score positions]: the
+  # document mask's d128 step 892 -> 642 SASS instructions): the user-function and block-sparse GPU
+  # tests, then main (baseline/, untracked) and the branch in turn on the user-function cases.
+  gpu_tests next38btests 300 tests/test_mods_gpu.py tests/test_block_sparse_gpu.py || exit 1
+  for r in 1 2; do
+    (cd baseline && FA4_CACHE_DIR=/tmp/fa4c_main \
+      logged next38bmain$r 150 13 python3 -m fa4.bench --offgrid --mode fwd,bwd --rounds 2 \
+        --cases mods-docmask-d128,mods-relbias-d128-causal,mods-blockdoc-d128 )
+    logged next38bnew$r 150 13 python3 -m fa4.bench --offgrid --mode fwd,bwd --rounds 2 \
+        --cases mods-docmask-d128,mods-relbias-d128-causal,mods-blockdoc-d128
+  done
 fi
 if has ctime; then
   # Issue 7 item 7: cold compile times on this host (the H100 host needed more than 70 s for the list, v0.35).

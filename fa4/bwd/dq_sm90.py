@@ -416,7 +416,7 @@ class FlashBwdDqSm90:
             if const_expr(self.score_mod is not None):  # Q K^T as the score_mod read it, for its derivative
                 raw_S = cute.make_rmem_tensor_like(c.acc_S)
                 raw_S.store(c.acc_S.load())
-            work.umod.apply(c.acc_S, c.thr_s, work.m_block, n, prescale)
+            work.umod.apply(c.acc_S, c.thr_s, work.m_block, n, prescale, clamp_keys=last)
         work.mask.apply_block(c.acc_S, c.thr_s, work.m_block, n, last, mask_window, window_if)
         acc_S_mn = make_acc_mn_view(c.acc_S)
         exp2_rows(acc_S_mn, c.rLSE, scale_log2, 0.0)

@@ -80,7 +80,7 @@ from fa4.cute_utils import (
     tiled_mma_sm80,
 )
 from fa4.mask import AttentionMask
-from fa4.mods import check_config, lookup
+from fa4.mods import check_config, launch_aux, lookup
 from fa4.mods_kernel import UserMods, fake_aux
 from fa4.sched import semaphore
 from fa4.sched.tile import section_tile
@@ -1026,7 +1026,7 @@ def run_backward(cfg: BwdSm80Config, problem: AttnProblem, dout, q, k, v, out, l
                  cu_seqlens_k, seqused_k, dq, dk, dv, aux=None) -> None:
     """dq, dk, dv in place: :func:`fa4.bwd.common.run_backward` with this family's launch order."""
     common.run_backward(cfg, problem, dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                        dq, dk, dv, order=LAUNCH_ORDER, extra=(tuple(aux) if cfg.aux else None,))
+                        dq, dk, dv, order=LAUNCH_ORDER, extra=(launch_aux(aux) if cfg.aux else None,))
 
 
 def deterministic_schedule(*args, **kwargs):

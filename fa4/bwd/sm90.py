@@ -271,7 +271,7 @@ from fa4.cute_utils import (
     zero_rows_from,
 )
 from fa4.mask import AttentionMask
-from fa4.mods import check_config, lookup
+from fa4.mods import check_config, launch_aux, lookup
 from fa4.mods_kernel import UserMods, fake_aux
 from fa4.sched import semaphore
 from fa4.sched.tile import LOOSE_BOUND_RATIO, compact_tile, loose_bound, lowest_pow2, section_tile
@@ -2119,7 +2119,7 @@ def run_backward(cfg: BwdSm90Config, problem: AttnProblem, dout, q, k, v, out, l
     ``aux``: the mask_mod's aux tensors (``cfg.aux``), the main kernel's and the dQ pass's last
     argument."""
     common.run_backward(cfg, problem, dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                        dq, dk, dv, order=LAUNCH_ORDER, extra=(tuple(aux) if cfg.aux else None,))
+                        dq, dk, dv, order=LAUNCH_ORDER, extra=(launch_aux(aux) if cfg.aux else None,))
 
 
 def variants(arch: str) -> list[BwdSm90Config]:

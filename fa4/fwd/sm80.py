@@ -69,7 +69,7 @@ from fa4.cute_utils import (
 )
 from fa4.fwd import common as fwd_common
 from fa4.mask import AttentionMask, walk_blocks
-from fa4.mods import check_config, lookup
+from fa4.mods import check_config, launch_aux, lookup
 from fa4.mods_kernel import UserMods, fake_aux
 from fa4.pack_gqa import TileRows, partial_slot, row_sinks, store_acc_rows, store_lse_rows, store_rows
 from fa4.sched.tile import SectionTileScheduler, split_head, split_range
@@ -571,7 +571,7 @@ class FlashFwdSm80:
         if const_expr(self.cfg.has_softcap):
             apply_softcap(acc_S, prescale)
         if const_expr(umod is not None):
-            umod.apply(acc_S, p.thr_mma, m_block, n_block, prescale)
+            umod.apply(acc_S, p.thr_mma, m_block, n_block, prescale, clamp_keys=mask_seqlen)
         mask.apply_block(acc_S, p.thr_mma, m_block, n_block, mask_seqlen, mask_window, window_if)
         softmax.online_softmax(acc_S, acc_O, is_first=is_first)
         rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
@@ -768,5 +768,5 @@ def run(cfg: FwdSm80Config, problem: AttnProblem, q, k, v, out, lse, cu_seqlens_
     GPU, cached per problem and config; ``aux``: the tensors of ``cfg.aux``)."""
     splits = fwd_common.launch_splits(cfg, problem, fwd_common.default_num_sms(q.device))
     fwd_common.run(cfg, problem, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                   extra=(splits, tuple(aux) if cfg.aux else None),
+                   extra=(splits, launch_aux(aux) if cfg.aux else None),
                    splits=splits, seqused_q=seqused_q, page_table=page_table, sink=sink)

@@ -120,7 +120,7 @@ from fa4.cute_utils import (
 )
 from fa4.fwd import common as fwd_common
 from fa4.mask import AttentionMask, walk_blocks
-from fa4.mods import check_config, lookup
+from fa4.mods import check_config, launch_aux, lookup
 from fa4.mods_kernel import BlockSkip, UserMods, fake_aux
 from fa4.pack_gqa import (
     TileRows, batch_slot, load_q_rows, partial_slot, row_sinks, store_acc_rows, store_lse_rows, store_rows,
@@ -864,7 +864,7 @@ class FlashFwdSm90:
         if const_expr(self.cfg.has_softcap):
             apply_softcap(acc_S, prescale)
         if const_expr(umod is not None):
-            umod.apply(acc_S, thr_mma_qk, m_block, n, prescale, mask_mode)
+            umod.apply(acc_S, thr_mma_qk, m_block, n, prescale, mask_mode, clamp_keys=mask_seqlen)
         mask.apply_block(acc_S, thr_mma_qk, m_block, n, mask_seqlen, mask_window, window_if)
 
     @cute.jit
@@ -1342,7 +1342,7 @@ def _extra(cfg: FwdSm90Config, num_sms: int, splits: int, counter, aux) -> tuple
     """The sm90 kernel's arguments after :func:`fa4.fwd.common.kernel_args`'s: the persistent grid
     (SM count), the K splits, the dynamic scheduler's claims counter and the user functions' aux
     tensors."""
-    return num_sms, splits, counter, tuple(aux) if cfg.aux else None
+    return num_sms, splits, counter, launch_aux(aux) if cfg.aux else None
 
 
 def prepare_launch(cfg: FwdSm90Config, problem: AttnProblem, device):
