@@ -47,8 +47,9 @@ def _ssa(values: list, dtype) -> cute.TensorSSA:
 
 
 def add_nsw(a, b) -> Int32:
-    """``a + b`` (Int32) marked as never wrapping (LLVM's ``nsw``), so that the 64-bit index of
-    ``a + constant`` folds into the address as an immediate offset (Note [Score positions])."""
+    """``a + b`` (Int32) marked as never wrapping (``nsw``): a position plus a constant offset, whose
+    64-bit index may then fold into an address as an immediate (Note [Score positions]; the
+    compilers folded it without the flag too, in the measured build)."""
     from cutlass._mlir.dialects import arith
 
     a, b = Int32(a), Int32(b)
@@ -69,10 +70,36 @@ class _Positions:
     c: int
     clamp_keys: bool
 
-    def offset(self, i: int):
+    folds: bool  # the loop over the scores is unrolled at trace time (Note [Score positions])
+
+    def offset(self, i):
+        """Element ``i``'s (row, key) offset from the first: Python ints for an int ``i``."""
         e = static_coords(self.t0)(i)
         return e[self.r], e[self.c]
 
+
+# Note [Score positions]
+# ~~~~~~~~~~~~~~~~~~~~~~
+# A user function receives each score's query and key position as Int32 and indexes its aux
+# tensors with them: the document mask reads ``ids[b, kv_idx]`` for each of the thread's 32 key
+# columns per step. The positions are computed as the thread's first row / key (runtime, once per
+# block) plus element ``i``'s offset from it, the same for every thread: thread 0's coordinate,
+# a Python int (Note [Static coordinates] in fa4/cute_utils.py). That needs the loop over the
+# scores unrolled at trace time (``range_constexpr``): a loop unrolled by the compiler, as before,
+# made the offsets runtime values in the IR, and the unrolled 64-bit address of each column stayed
+# its own computation (sign extension, LEA / LEA.HI.X, IMAD: two to five instructions a column, and
+# the largest source of ncu's dispatch stalls in that step). With the offsets constants (added
+# ``nsw``) and the aux tensor's last stride the constant 1 (Note [Aux tensors' unit stride] in
+# fa4/mods.py), the 32 loads of a step share one address with immediate offsets.
+#
+# Keys are clamped below seqlen_k only where the caller says a block can reach past it
+# (``clamp_keys``: the forward's and dQ pass's first, length-masked block); a ``min`` per column
+# would give each its own address again. Query rows are still clamped (two rows per thread in the
+# forward; the sm90 backward's S^T has queries as columns and clamps them: no fold there).
+#
+# Measured (H200, document mask b2 s8k h16 d128, ``--offgrid``, two interleaved runs of two rounds
+# each against main): the step 892 -> 642 SASS instructions; forward 2.86 -> 1.77-1.90 ms
+# (flash-attn-4 2.19).
 
 @dataclass(frozen=True)
 class UserMods:
@@ -112,17 +139,20 @@ class UserMods:
         return found if found else None
 
     def _positions(self, thr_mma, m_block: Int32, n_block: Int32, clamp_keys: bool = True) -> "_Positions":
-        """Where the thread's accumulator elements lie (Note [Score positions]): the tile's first
-        query row and key of this thread (runtime), and each element's offset from it (Python ints).
-        ``clamp_keys``: keys are clamped below ``seqlen_k`` (only a tile's block that can reach past
-        the sequence needs it; with aux tensors, :meth:`_coords`)."""
+        """Where the thread's accumulator elements lie (Note [Score positions]): the tile-level query
+        row and key of this thread's first element (runtime) and thread 0's coordinates (each
+        element's offset from the first, Python ints). ``clamp_keys``: with aux tensors, keys are
+        clamped below ``seqlen_k`` (:meth:`_coords`); only a block that can reach past the sequence
+        needs it."""
         shape = (self.tile_n, self.tile_m) if const_expr(self.transpose) else (self.tile_m, self.tile_n)
         ident = cute.make_identity_tensor(shape)
         first = thr_mma.partition_C(ident)[0]
-        t0 = thr_mma.get_slice(0).partition_C(ident)  # thread 0's coordinates: constants once unrolled
+        t0 = thr_mma.get_slice(0).partition_C(ident)
         r, c = (1, 0) if const_expr(self.transpose) else (0, 1)
-        return _Positions(m_block * self.tile_m + first[r], (n_block * self.tile_n + first[c]), t0, r, c,
-                          clamp_keys)
+        # Unrolled at trace time only where a table read at the keys can fold (forward S, keys unclamped).
+        folds = self.tensors is not None and not self.transpose and not clamp_keys
+        return _Positions(m_block * self.tile_m + first[r], n_block * self.tile_n + first[c], t0, r, c, clamp_keys,
+                          folds)
 
     def _coords(self, pos: "_Positions", i: int):
         """(q head, query position, key position) of accumulator element ``i``; with aux tensors the
@@ -188,7 +218,7 @@ class UserMods:
         n = cute.size(acc_dS)
         # The derivative's own __vec_size__, else the score_mod's (flash-attn-4 reads none of it).
         vec = self._vec(self.score_mod_bwd if hasattr(self.score_mod_bwd, "__vec_size__") else self.score_mod, n)
-        for i in cutlass.range_constexpr(0, n, vec):
+        for i in cutlass.range(0, n, vec, unroll_full=True):  # (no fold: Note [Score positions])
             heads, qs, ks = self._vector(pos, i, vec)
             grads = [acc_dS[i + j] for j in range(vec)]
             scores = [raw_S[i + j] * softmax_scale for j in range(vec)]
@@ -208,7 +238,8 @@ class UserMods:
         scores, ``vec`` adjacent ones at a time: their coordinates are computed once for both
         functions. ``mask_mode`` (block skipping: a runtime, warp-uniform :class:`BlockSkip` mode):
         WHOLE calls no mask function, INNER the user's own (``inner_mask``), MIXED the table's; the
-        mask then takes a pass of its own."""
+        mask then takes a pass of its own. ``clamp_keys``: whether this block's keys can reach past
+        ``seqlen_k`` (a table read at them is then clamped; Note [Score positions])."""
         pos = self._positions(thr_mma, m_block, n_block, clamp_keys)
         n = cute.size(acc_S)
         vec = 1
@@ -239,28 +270,37 @@ class UserMods:
             mask_aux = self.tensors[:self.inner_slot] if const_expr(self.inner_slot > 0) else None
         do_mask = do_mask and mask_fn is not None
         if const_expr(do_score or do_mask):
-            for i in cutlass.range_constexpr(0, n, vec):
-                heads, qs, ks = self._vector(pos, i, vec)
-                if const_expr(do_score):
-                    scores = [acc_S[i + j] * softmax_scale for j in range(vec)]
-                    res = self._call(self.score_mod, [_ssa(scores, Float32)], vec, heads, qs, ks)
-                    for j in cutlass.range_constexpr(vec):
-                        if const_expr(self.backward):
-                            # Queries past the sequence: P must be 0 there (their lse_log2 is +inf),
-                            # whatever the score_mod made of the scores (+inf or NaN would reach dV / dK).
-                            inside = self._row_inside(pos, i + j, m_block)
-                            acc_S[i + j] = res[j] if inside else -Float32.inf
-                        else:
-                            acc_S[i + j] = res[j]  # (forward, dQ pass: rows past the sequence are not stored)
-                if const_expr(do_mask):
-                    extra = (self.scalars,) if const_expr(self.scalars is not None) else ()
-                    for j in cutlass.range_constexpr(vec):
-                        keep = mask_fn(_ssa([self.batch], Int32), _ssa([heads[j]], Int32),
-                                       _ssa([qs[j]], Int32), _ssa([ks[j]], Int32), self.seqlen, mask_aux, *extra)
-                        if const_expr(isinstance(keep, cute.TensorSSA)):
-                            keep = keep[0]
-                        acc_S[i + j] = acc_S[i + j] if keep else -Float32.inf
+            if const_expr(pos.folds):
+                for i in cutlass.range_constexpr(0, n, vec):
+                    self._pass_at(acc_S, pos, i, vec, m_block, softmax_scale, do_score, do_mask, mask_fn, mask_aux)
+            else:
+                for i in cutlass.range(0, n, vec, unroll_full=True):
+                    self._pass_at(acc_S, pos, i, vec, m_block, softmax_scale, do_score, do_mask, mask_fn, mask_aux)
 
+    @cute.jit
+    def _pass_at(self, acc_S, pos, i, vec: cutlass.Constexpr[int], m_block, softmax_scale,
+                 do_score: cutlass.Constexpr[bool], do_mask: cutlass.Constexpr[bool], mask_fn, mask_aux) -> None:
+        """:meth:`_pass` on scores ``i .. i + vec - 1`` (``i`` a Python int where ``pos.folds``)."""
+        heads, qs, ks = self._vector(pos, i, vec)
+        if const_expr(do_score):
+            scores = [acc_S[i + j] * softmax_scale for j in range(vec)]
+            res = self._call(self.score_mod, [_ssa(scores, Float32)], vec, heads, qs, ks)
+            for j in cutlass.range_constexpr(vec):
+                if const_expr(self.backward):
+                    # Queries past the sequence: P must be 0 there (their lse_log2 is +inf),
+                    # whatever the score_mod made of the scores (+inf or NaN would reach dV / dK).
+                    inside = self._row_inside(pos, i + j, m_block)
+                    acc_S[i + j] = res[j] if inside else -Float32.inf
+                else:
+                    acc_S[i + j] = res[j]  # (forward, dQ pass: rows past the sequence are not stored)
+        if const_expr(do_mask):
+            extra = (self.scalars,) if const_expr(self.scalars is not None) else ()
+            for j in cutlass.range_constexpr(vec):
+                keep = mask_fn(_ssa([self.batch], Int32), _ssa([heads[j]], Int32),
+                               _ssa([qs[j]], Int32), _ssa([ks[j]], Int32), self.seqlen, mask_aux, *extra)
+                if const_expr(isinstance(keep, cute.TensorSSA)):
+                    keep = keep[0]
+                acc_S[i + j] = acc_S[i + j] if keep else -Float32.inf
 
 @dataclass(frozen=True)
 class BlockSkip:
