@@ -95,7 +95,14 @@ class _Positions:
 # Keys are clamped below seqlen_k only where the caller says a block can reach past it
 # (``clamp_keys``: the forward's and dQ pass's first, length-masked block); a ``min`` per column
 # would give each its own address again. Query rows are still clamped (two rows per thread in the
-# forward; the sm90 backward's S^T has queries as columns and clamps them: no fold there).
+# forward; the sm90 backward's S^T has queries as columns and clamps them: no fold there). The
+# trace-time unroll costs compile time (the user functions traced once per score), so it is kept to
+# where a fold can happen (``_Positions.folds``: aux tensors, the forward's S, keys unclamped);
+# elsewhere the compiler unrolls a runtime loop over the same positions (thread 0's coordinates
+# then read from its partition in the IR). v0.37, this CPU: relative-bias backward 1.8-2.1 s with
+# the unroll everywhere, 1.0-1.3 s without (main before it 1.2 s).
+# The positions' assumption (every thread's coordinates are its first element's plus thread 0's)
+# is checked for the MMAs in use by tests/test_static_coords.py.
 #
 # Measured (H200, document mask b2 s8k h16 d128, ``--offgrid``, two interleaved runs of two rounds
 # each against main): the step 892 -> 642 SASS instructions; forward 2.86 -> 1.77-1.90 ms
