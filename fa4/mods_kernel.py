@@ -71,8 +71,10 @@ class _Positions:
     c: int
     clamp_keys: bool
 
-    def offset(self, i: int):
-        """Element ``i``'s (row, key) offset from the first, Python ints."""
+    folds: bool  # the loop over the scores is unrolled at trace time (Note [Score positions])
+
+    def offset(self, i):
+        """Element ``i``'s (row, key) offset from the first: Python ints for an int ``i``."""
         e = self.coord0(i)
         return e[self.r], e[self.c]
 
@@ -94,9 +96,12 @@ class _Positions:
 # Keys are clamped below seqlen_k only where the caller says a block can reach past it
 # (``clamp_keys``: the forward's and dQ pass's first, length-masked block); a ``min`` per column
 # would give each its own address again. Query rows are still clamped (two rows per thread in the
-# forward; the sm90 backward's S^T has queries as columns and clamps them: no fold there, and the
-# unroll at trace time costs compile time for nothing: relbias backward 1.2 -> 1.8-2.1 s on this
-# CPU, forward +0.1-0.6 s; branch wip/positions-fold-only keeps it to the folding blocks).
+# forward; the sm90 backward's S^T has queries as columns and clamps them: no fold there). The
+# trace-time unroll costs compile time (the user functions traced once per score), so it is kept to
+# where a fold can happen (``_Positions.folds``: aux tensors, the forward's S, keys unclamped);
+# elsewhere the compiler unrolls a runtime loop over the same positions (thread 0's coordinates
+# then read from its partition in the IR). v0.37, this CPU: relative-bias backward 1.8-2.1 s with
+# the unroll everywhere, 1.0-1.3 s without (main before it 1.2 s).
 # The positions' assumption (every thread's coordinates are its first element's plus thread 0's)
 # is checked for the MMAs in use by tests/test_static_coords.py.
 #
@@ -152,8 +157,10 @@ class UserMods:
         first = thr_mma.partition_C(ident)[0]
         coord0 = static_coords(thr_mma.get_slice(0).partition_C(ident))
         r, c = (1, 0) if const_expr(self.transpose) else (0, 1)
+        # Unrolled at trace time only where a table read at the keys can fold (forward S, keys unclamped).
+        folds = self.tensors is not None and not self.transpose and not clamp_keys
         return _Positions(m_block * self.tile_m + first[r], n_block * self.tile_n + first[c], coord0, r, c,
-                          clamp_keys)
+                          clamp_keys, folds)
 
     def _coords(self, pos: "_Positions", i: int):
         """(q head, query position, key position) of accumulator element ``i``; with aux tensors the
@@ -219,7 +226,7 @@ class UserMods:
         n = cute.size(acc_dS)
         # The derivative's own __vec_size__, else the score_mod's (flash-attn-4 reads none of it).
         vec = self._vec(self.score_mod_bwd if hasattr(self.score_mod_bwd, "__vec_size__") else self.score_mod, n)
-        for i in cutlass.range_constexpr(0, n, vec):
+        for i in cutlass.range(0, n, vec, unroll_full=True):  # (no fold: Note [Score positions])
             heads, qs, ks = self._vector(pos, i, vec)
             grads = [acc_dS[i + j] for j in range(vec)]
             scores = [raw_S[i + j] * softmax_scale for j in range(vec)]
@@ -271,28 +278,37 @@ class UserMods:
             mask_aux = self.tensors[:self.inner_slot] if const_expr(self.inner_slot > 0) else None
         do_mask = do_mask and mask_fn is not None
         if const_expr(do_score or do_mask):
-            for i in cutlass.range_constexpr(0, n, vec):
-                heads, qs, ks = self._vector(pos, i, vec)
-                if const_expr(do_score):
-                    scores = [acc_S[i + j] * softmax_scale for j in range(vec)]
-                    res = self._call(self.score_mod, [_ssa(scores, Float32)], vec, heads, qs, ks)
-                    for j in cutlass.range_constexpr(vec):
-                        if const_expr(self.backward):
-                            # Queries past the sequence: P must be 0 there (their lse_log2 is +inf),
-                            # whatever the score_mod made of the scores (+inf or NaN would reach dV / dK).
-                            inside = self._row_inside(pos, i + j)
-                            acc_S[i + j] = res[j] if inside else -Float32.inf
-                        else:
-                            acc_S[i + j] = res[j]  # (forward, dQ pass: rows past the sequence are not stored)
-                if const_expr(do_mask):
-                    extra = (self.scalars,) if const_expr(self.scalars is not None) else ()
-                    for j in cutlass.range_constexpr(vec):
-                        keep = mask_fn(_ssa([self.batch], Int32), _ssa([heads[j]], Int32),
-                                       _ssa([qs[j]], Int32), _ssa([ks[j]], Int32), self.seqlen, mask_aux, *extra)
-                        if const_expr(isinstance(keep, cute.TensorSSA)):
-                            keep = keep[0]
-                        acc_S[i + j] = acc_S[i + j] if keep else -Float32.inf
+            if const_expr(pos.folds):
+                for i in cutlass.range_constexpr(0, n, vec):
+                    self._pass_at(acc_S, pos, i, vec, softmax_scale, do_score, do_mask, mask_fn, mask_aux)
+            else:
+                for i in cutlass.range(0, n, vec, unroll_full=True):
+                    self._pass_at(acc_S, pos, i, vec, softmax_scale, do_score, do_mask, mask_fn, mask_aux)
 
+    @cute.jit
+    def _pass_at(self, acc_S, pos, i, vec: cutlass.Constexpr[int], softmax_scale,
+                 do_score: cutlass.Constexpr[bool], do_mask: cutlass.Constexpr[bool], mask_fn, mask_aux) -> None:
+        """:meth:`_pass` on scores ``i .. i + vec - 1`` (``i`` a Python int where ``pos.folds``)."""
+        heads, qs, ks = self._vector(pos, i, vec)
+        if const_expr(do_score):
+            scores = [acc_S[i + j] * softmax_scale for j in range(vec)]
+            res = self._call(self.score_mod, [_ssa(scores, Float32)], vec, heads, qs, ks)
+            for j in cutlass.range_constexpr(vec):
+                if const_expr(self.backward):
+                    # Queries past the sequence: P must be 0 there (their lse_log2 is +inf),
+                    # whatever the score_mod made of the scores (+inf or NaN would reach dV / dK).
+                    inside = self._row_inside(pos, i + j)
+                    acc_S[i + j] = res[j] if inside else -Float32.inf
+                else:
+                    acc_S[i + j] = res[j]  # (forward, dQ pass: rows past the sequence are not stored)
+        if const_expr(do_mask):
+            extra = (self.scalars,) if const_expr(self.scalars is not None) else ()
+            for j in cutlass.range_constexpr(vec):
+                keep = mask_fn(_ssa([self.batch], Int32), _ssa([heads[j]], Int32),
+                               _ssa([qs[j]], Int32), _ssa([ks[j]], Int32), self.seqlen, mask_aux, *extra)
+                if const_expr(isinstance(keep, cute.TensorSSA)):
+                    keep = keep[0]
+                acc_S[i + j] = acc_S[i + j] if keep else -Float32.inf
 
 @dataclass(frozen=True)
 class BlockSkip:
