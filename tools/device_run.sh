@@ -41,6 +41,17 @@ logged() {
   timeout "$limit" "$@" > "$out/$name.log" 2>&1
   echo "$name rc=$?"; grep -v Warning "$out/$name.log" | grep -v exe_args | tail -"$lines"
 }
+# beside_main NAME REPS BENCH_ARGS...: off-grid bench runs of main's fa4 (unpacked in baseline/,
+# untracked: rm -rf baseline && mkdir baseline && git archive main fa4 | tar -x -C baseline) and of
+# the working tree in turn, REPS times, logged to NAMEmainR / NAMEnewR.
+beside_main() {
+  local name=$1 reps=$2; shift 2
+  [ -d baseline/fa4 ] || { echo "$name: no baseline/fa4 to run main from"; return 1; }
+  for r in $(seq "$reps"); do
+    (cd baseline && FA4_CACHE_DIR=/tmp/fa4c_main logged "${name}main$r" 150 13 python3 -m fa4.bench --offgrid "$@")
+    logged "${name}new$r" 150 13 python3 -m fa4.bench --offgrid "$@"
+  done
+}
 xd=""; python3 -c "import xdist" 2>/dev/null && xd="-n 12"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu,power.draw --format=csv,noheader | tee "$out/env.log"
 t0=$(date +%s)
@@ -223,13 +234,8 @@ if has next38; then
   # (baseline/) and the branch in turn, twice; (3) issue 7's s8k forward rows with three repeats;
   # (4) next37n's profile of both document-mask forwards.
   gpu_tests next38tests 300 tests/test_mods_gpu.py tests/test_block_sparse_gpu.py || exit 1
-  for r in 1 2; do
-    (cd baseline && FA4_CACHE_DIR=/tmp/fa4c_main \
-      logged next38main$r 150 10 python3 -m fa4.bench --offgrid --mode fwd,bwd --rounds 2 \
-        --cases mods-docmask-d128,mods-relbias-d128-causal,mods-blockdoc-d128 )
-    logged next38aux$r 150 10 python3 -m fa4.bench --offgrid --mode fwd,bwd --rounds 2 \
-        --cases mods-docmask-d128,mods-relbias-d128-causal,mods-blockdoc-d128
-  done
+  beside_main next38 2 --mode fwd,bwd --rounds 2 \
+    --cases mods-docmask-d128,mods-relbias-d128-causal,mods-blockdoc-d128
   timeout 150 python3 -m fa4.bench --mode fwd --hdim 64,128,256 --seqlen 8192 --repeats 3 --out "$out/next38bench" > "$out/next38bench.log" 2>&1
   echo "next38bench rc=$?"; grep -E "^ *[0-9]+ +[0-9]+ +[0-9]+ " "$out/next38bench.log" | tail -14
   NCU_FWD_SHAPES=mods-docmask-d128 bash "$0" nocompile,ncusrc
@@ -239,13 +245,8 @@ if has next38b; then
   # document mask's d128 step 892 -> 642 SASS instructions): the user-function and block-sparse GPU
   # tests, then main (baseline/, untracked) and the branch in turn on the user-function cases.
   gpu_tests next38btests 300 tests/test_mods_gpu.py tests/test_block_sparse_gpu.py || exit 1
-  for r in 1 2; do
-    (cd baseline && FA4_CACHE_DIR=/tmp/fa4c_main \
-      logged next38bmain$r 150 13 python3 -m fa4.bench --offgrid --mode fwd,bwd --rounds 2 \
-        --cases mods-docmask-d128,mods-relbias-d128-causal,mods-blockdoc-d128 )
-    logged next38bnew$r 150 13 python3 -m fa4.bench --offgrid --mode fwd,bwd --rounds 2 \
-        --cases mods-docmask-d128,mods-relbias-d128-causal,mods-blockdoc-d128
-  done
+  beside_main next38b 2 --mode fwd,bwd --rounds 2 \
+    --cases mods-docmask-d128,mods-relbias-d128-causal,mods-blockdoc-d128
 fi
 if has next39; then
   # Session 36's Next 1, on branch wip/positions-fold-only with main's fa4 unpacked in baseline/
@@ -253,24 +254,15 @@ if has next39; then
   # the trace-time unroll only where a key table read folds; its user-function and block-sparse
   # GPU tests, then main and the branch in turn on the user-function cases.
   gpu_tests next39tests 300 tests/test_mods_gpu.py tests/test_block_sparse_gpu.py || exit 1
-  for r in 1 2; do
-    (cd baseline && FA4_CACHE_DIR=/tmp/fa4c_main \
-      logged next39main$r 150 13 python3 -m fa4.bench --offgrid --mode fwd,bwd --rounds 2 \
-        --cases mods-docmask-d128,mods-relbias-d128-causal,mods-blockdoc-d128 )
-    logged next39new$r 150 13 python3 -m fa4.bench --offgrid --mode fwd,bwd --rounds 2 \
-        --cases mods-docmask-d128,mods-relbias-d128-causal,mods-blockdoc-d128
-  done
+  beside_main next39 2 --mode fwd,bwd --rounds 2 \
+    --cases mods-docmask-d128,mods-relbias-d128-causal,mods-blockdoc-d128
 fi
 if has next39n; then
   # Session 36's Next 2, on branch wip/narrow-ballot with main's fa4 in baseline/ (as next39): the
   # block-sparse forward's K range by ballot (Note [Narrowing by ballot]); its GPU tests, then the
   # block-sparse document lists beside main, three times in turn.
   gpu_tests next39ntests 300 tests/test_block_sparse_gpu.py || exit 1
-  for r in 1 2 3; do
-    (cd baseline && FA4_CACHE_DIR=/tmp/fa4c_main \
-      logged next39nmain$r 100 4 python3 -m fa4.bench --offgrid --mode fwd --rounds 2 --cases mods-blockdoc-d128 )
-    logged next39nnew$r 100 4 python3 -m fa4.bench --offgrid --mode fwd --rounds 2 --cases mods-blockdoc-d128
-  done
+  beside_main next39n 3 --mode fwd --rounds 2 --cases mods-blockdoc-d128
 fi
 if has ctime; then
   # Issue 7 item 7: cold compile times on this host (the H100 host needed more than 70 s for the list, v0.35).
