@@ -181,6 +181,8 @@ def static_coords(t: cute.Tensor) -> Callable:
 # every element of the sm80 and sm90 accumulators, straight and transposed). Likewise
 # ``_gemm_op`` drops ``cute.gemm``'s rank checks (12 traced shape queries a call). With both, the
 # SASS of every sm_90a and sm_80 variant stayed the same (v0.33, hashed before and after).
+# A flat index (an int) is evaluated in Python too (v0.37): the user functions' positions read
+# thread 0's coordinates element by element (Note [Score positions] in fa4/mods_kernel.py).
 #
 # Dead ops are not SASS-neutral in general: one gemm call over the whole k mode (instead of one a
 # k slice) and a zero fragment shared by the sm80 loads' row fills both changed some variants'

@@ -101,7 +101,7 @@ class _Positions:
 #
 # Measured (H200, document mask b2 s8k h16 d128, ``--offgrid``, two interleaved runs of two rounds
 # each against main): the step 892 -> 642 SASS instructions; forward 2.86 -> 1.77-1.90 ms
-# (flash-attn-4 2.19).
+# (flash-attn-4 2.19). The sm80 forward's loop (this CPU, SASS only): 1,626 -> 1,274 instructions.
 
 @dataclass(frozen=True)
 class UserMods:
