@@ -298,7 +298,7 @@ class UserMods:
 # K range to the visible blocks at the tile's start (``BlockSkip.narrow``). Read one block at a
 # time (four loads in flight), a row of 64 blocks (s8k) takes 16 dependent trips to L1 / L2 before
 # the tile can start: by latency alone (300-600 cycles a trip from L2) up to two block steps of
-# d128 (v0.37's hypothesis for the block-sparse forward at 0.90-0.94x flash-attn-4; not measured).
+# d128 (v0.37's hypothesis for the block-sparse forward at 0.90-0.95x flash-attn-4; not measured).
 # A warp now reads 32 blocks' entries in one trip, a block per lane, and one ``vote.ballot`` gives
 # every lane the same 32-bit mask of visible blocks: the lowest set bit (``clz(brev)``) and the
 # highest (``clz``) give the range. Two trips for 64 blocks. The per-block reads of the walk itself
