@@ -142,8 +142,8 @@ def _add_offset(out: list, shape, stride, i) -> None:
 
 def static_coords(t: cute.Tensor) -> Callable:
     """``coord(index)`` for the coordinate tensor ``t``: the coordinate that element ``index`` (a
-    flat int, or one index per top-level mode, each an int or a coordinate of that mode) holds, as ``t[index]``
-    gives it, but computed in Python when ``t``'s origin and layout are static (thread 0's
+    flat int, or one index per top-level mode, each an int or a coordinate of that mode) holds, as
+    ``t[index]`` gives it, but computed in Python when ``t``'s origin and layout are static (thread 0's
     partition of an identity tensor), so a lookup costs no IR; otherwise ``t[index]``.
     Note [Static coordinates]."""
     origin = t.iterator
@@ -160,11 +160,8 @@ def static_coords(t: cute.Tensor) -> Callable:
         return lambda index: t[index]
 
     def coord(index):
-        if isinstance(index, int):  # a flat (colexicographic) index over the whole tensor
-            out = list(origin)
-            _add_offset(out, shape, stride, index)
-            return tuple(out)
-        if not isinstance(index, tuple) or len(index) != len(shape):  # (not one index per mode)
+        # A flat (colexicographic) int over the whole tensor, or one index per mode; else the lookup.
+        if not (isinstance(index, int) or (isinstance(index, tuple) and len(index) == len(shape))):
             return t[index]
         out = list(origin)
         _add_offset(out, shape, stride, index)

@@ -22,8 +22,8 @@ AUX_DTYPES = {"float32": Float32, "float16": cutlass.Float16, "bfloat16": cutlas
 
 def fake_aux(aux: tuple):
     """Fake tensors of a config's ``aux`` signature (``((dtype, ndim), ...)``; None when empty): any
-    shape, any strides but the last (1), element-aligned; scalars (ndim 0) as runtime ``Int32`` / ``Float32``
-    arguments; a kernel's ``mAux`` argument at compile time."""
+    shape, any strides but the last (1), element-aligned; scalars (ndim 0) as runtime ``Int32`` /
+    ``Float32`` arguments; a kernel's ``mAux`` argument at compile time."""
     if not aux:
         return None
     out = []
@@ -59,20 +59,21 @@ def add_nsw(a, b) -> Int32:
 @dataclass(frozen=True)
 class _Positions:
     """The positions of a thread's accumulator elements (:meth:`UserMods._positions`): ``row`` and
-    ``col``, the tile-level query row and key of its first element; ``t0``, thread 0's partition
-    of the identity tensor (element ``i``'s offset from the first, the same for every thread);
-    ``r`` / ``c``, which coordinate of ``t0`` is the row / the key."""
+    ``col``, the tile-level query row and key of its first element; ``coord0``, thread 0's
+    coordinate of element ``i`` (its offset from the first, the same for every thread; Python ints:
+    Note [Static coordinates] in fa4/cute_utils.py); ``r`` / ``c``, which coordinate is the row /
+    the key."""
 
     row: Any
     col: Any
-    t0: Any  # (its coordinates are Python ints: Note [Static coordinates] in fa4/cute_utils.py)
+    coord0: Any
     r: int
     c: int
     clamp_keys: bool
 
     def offset(self, i: int):
         """Element ``i``'s (row, key) offset from the first, Python ints."""
-        e = static_coords(self.t0)(i)
+        e = self.coord0(i)
         return e[self.r], e[self.c]
 
 
@@ -149,9 +150,10 @@ class UserMods:
         shape = (self.tile_n, self.tile_m) if const_expr(self.transpose) else (self.tile_m, self.tile_n)
         ident = cute.make_identity_tensor(shape)
         first = thr_mma.partition_C(ident)[0]
-        t0 = thr_mma.get_slice(0).partition_C(ident)
+        coord0 = static_coords(thr_mma.get_slice(0).partition_C(ident))
         r, c = (1, 0) if const_expr(self.transpose) else (0, 1)
-        return _Positions(m_block * self.tile_m + first[r], n_block * self.tile_n + first[c], t0, r, c, clamp_keys)
+        return _Positions(m_block * self.tile_m + first[r], n_block * self.tile_n + first[c], coord0, r, c,
+                          clamp_keys)
 
     def _coords(self, pos: "_Positions", i: int):
         """(q head, query position, key position) of accumulator element ``i``; with aux tensors the
@@ -173,7 +175,7 @@ class UserMods:
                 k = cutlass.min(k, self.seqlen.seqlen_k - 1)
         return h, q, k
 
-    def _row_inside(self, pos: "_Positions", i: int, m_block):
+    def _row_inside(self, pos: "_Positions", i: int):
         """Whether accumulator element ``i``'s query lies inside the sequence (its packed row below
         ``seqlen_q * qhead_per_kvhead``)."""
         return pos.row + pos.offset(i)[0] < self.seqlen.seqlen_q * self.qhead_per_kvhead
@@ -245,19 +247,19 @@ class UserMods:
         if const_expr(self.score_mod is not None):
             vec = self._vec(self.score_mod, n)
         if const_expr(mask_mode is None):
-            self._pass(acc_S, pos, n, vec, m_block, softmax_scale, True, True)
+            self._pass(acc_S, pos, n, vec, softmax_scale, True, True)
         else:
-            self._pass(acc_S, pos, n, vec, m_block, softmax_scale, True, False)
+            self._pass(acc_S, pos, n, vec, softmax_scale, True, False)
             if const_expr(self.mixed):
                 if mask_mode == BlockSkip.MIXED:
-                    self._pass(acc_S, pos, n, vec, m_block, softmax_scale, False, True)
+                    self._pass(acc_S, pos, n, vec, softmax_scale, False, True)
             if const_expr(self.inner_mask is not None):
                 if mask_mode == BlockSkip.INNER:
-                    self._pass(acc_S, pos, n, vec, m_block, softmax_scale, False, True, True)
+                    self._pass(acc_S, pos, n, vec, softmax_scale, False, True, True)
 
     @cute.jit
-    def _pass(self, acc_S, pos, n: cutlass.Constexpr[int], vec: cutlass.Constexpr[int], m_block,
-              softmax_scale, do_score: cutlass.Constexpr[bool], do_mask: cutlass.Constexpr[bool],
+    def _pass(self, acc_S, pos, n: cutlass.Constexpr[int], vec: cutlass.Constexpr[int], softmax_scale,
+              do_score: cutlass.Constexpr[bool], do_mask: cutlass.Constexpr[bool],
               inner: cutlass.Constexpr[bool] = False) -> None:
         """One pass of :meth:`apply` over the scores: the score_mod (``do_score``), the mask_mod
         (``do_mask``; ``inner``: the user's own inside a block-sparse call's table mask, with its
@@ -278,7 +280,7 @@ class UserMods:
                         if const_expr(self.backward):
                             # Queries past the sequence: P must be 0 there (their lse_log2 is +inf),
                             # whatever the score_mod made of the scores (+inf or NaN would reach dV / dK).
-                            inside = self._row_inside(pos, i + j, m_block)
+                            inside = self._row_inside(pos, i + j)
                             acc_S[i + j] = res[j] if inside else -Float32.inf
                         else:
                             acc_S[i + j] = res[j]  # (forward, dQ pass: rows past the sequence are not stored)
