@@ -9,7 +9,7 @@ from typing import Any
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, const_expr
+from cutlass import Boolean, Float32, Int32, const_expr
 
 from fa4.cute_utils import static_coords
 from fa4.mods import vec_size
@@ -310,6 +310,18 @@ class UserMods:
                     keep = keep[0]
                 acc_S[i + j] = acc_S[i + j] if keep else -Float32.inf
 
+# Note [Narrowing by ballot]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Every thread of a block-skipping forward (the producer warp and each consumer) narrows its tile's
+# K range to the visible blocks at the tile's start (``BlockSkip.narrow``). Read one block at a
+# time (four loads in flight), a row of 64 blocks (s8k) takes 16 dependent trips to L1 / L2 before
+# the tile can start: by latency alone (300-600 cycles a trip from L2) up to two block steps of
+# d128 (v0.37's hypothesis for the block-sparse forward at 0.90-0.95x flash-attn-4; not measured).
+# A warp now reads 32 blocks' entries in one trip, a block per lane, and one ``vote.ballot`` gives
+# every lane the same 32-bit mask of visible blocks: the lowest set bit (``clz(brev)``) and the
+# highest (``clz``) give the range. Two trips for 64 blocks. The per-block reads of the walk itself
+# (the producer's ``visible``, the consumers' ``state``) are unchanged.
+
 @dataclass(frozen=True)
 class BlockSkip:
     """Which K blocks of one forward tile a block-sparse call hides (Note [Block sparsity as a block
@@ -392,10 +404,18 @@ class BlockSkip:
     @cute.jit
     def narrow(self, n_min: Int32, n_max: Int32):
         """``[lo, hi)``: the range from the lowest visible block of ``[n_min, n_max)`` to the highest
-        (``lo >= hi`` when none is visible), so the tile's first block (``hi - 1``) is one it computes."""
+        (``lo >= hi`` when none is visible), so the tile's first block (``hi - 1``) is one it computes.
+        A warp reads 32 blocks' entries at once, a block a lane, and takes their visibility by one
+        ballot (Note [Narrowing by ballot]); every lane of the calling warp must take part."""
         lo, hi = n_max, cutlass.min(n_min, n_max)
-        for n in cutlass.range(n_min, n_max, unroll=4):
-            if self.visible(n):
-                lo = cutlass.min(lo, n)
-                hi = cutlass.max(hi, n + 1)
+        lane = cute.arch.lane_idx()
+        for base in cutlass.range(n_min, n_max, 32, unroll=1):
+            n = base + lane
+            seen = Boolean(False)
+            if n < n_max:
+                seen = self.visible(n)
+            bits = cute.arch.vote_ballot_sync(seen)
+            if bits != 0:
+                lo = cutlass.min(lo, base + Int32(cute.arch.clz(cute.arch.brev(bits))))
+                hi = cutlass.max(hi, base + 32 - Int32(cute.arch.clz(bits)))
         return lo, hi

@@ -40,6 +40,9 @@ CASES = [  # (family, head dim, (seqlen_q, seqlen_k), block size, user mask_mod,
     ("sm90", 128, (1000, 1000), (128, 128), None, True, False),
     ("sm90", 256, (300, 333), (100, 37), "head_parity", False, False),
     ("sm80", 128, (1000, 777), (128, 128), "doc100", False, False),
+    # K rows of more than 32 kernel blocks: Note [Narrowing by ballot] reads them in chunks of 32
+    ("sm90", 64, (300, 5000), (64, 192), None, False, False),
+    ("sm90", 128, (500, 4500), (128, 128), None, True, False),
 ]
 
 
