@@ -585,3 +585,39 @@ def test_compact_grid_rule(d, monkeypatch):
                 dict(two_cta=True, kv_split=1)):
         with pytest.raises(ValueError, match="compact_grid"):
             sm90.FlashBwdSm90.can_implement(dataclasses.replace(cfg, compact_grid=True, **bad))
+
+
+def test_sections_of_a_call_without_max_seqlen(monkeypatch):
+    """v0.38: a varlen backward whose call gave no max_seqlen (fa4 then holds the packed token
+    count) takes the sections it would take with the batch's average lengths, not the ones the
+    bound gives (a causal GQA call: one pair per section on the bound, 1.45x the time on the H100);
+    a call with the lengths, even a skewed batch's, keeps them; explain says which."""
+    monkeypatch.setattr(common.arch, "num_sms", lambda *a, **k: 132)
+    monkeypatch.setattr(common.arch, "l2_bytes", lambda *a, **k: common.arch.H200_L2_BYTES)
+
+    def problem(max_len, total=16384, batch=8):
+        return AttnProblem(dtype="bf16", batch=batch, seqlen_q=max_len, seqlen_k=max_len, heads=32, heads_k=8,
+                           head_dim=128, head_dim_v=128, softmax_scale=128**-0.5, causal=True, varlen_q=True,
+                           varlen_k=True, total_q=total, total_k=total)
+
+    bound, given, average = problem(16384), problem(3774), problem(2048)
+    cfg = sm90.make_config(bound, None, "sm_90a")
+    assert common.section_lengths(bound, 16384) == (2048, 2048)
+    assert common.section_lengths(given, 3774) == (3774, 3774)
+
+    def sections(p):
+        return common.launch_sections(cfg, sm90.LAUNCH_ORDER, 64, *common.section_lengths(p, p.seqlen_k), 4, 128, 128)
+
+    # Judged on the bound: one pair per section; on the average: as the call with average lengths.
+    assert common.launch_sections(cfg, sm90.LAUNCH_ORDER, 64, 16384, 16384, 4, 128, 128) == 1
+    assert sections(bound) == sections(average) > 1
+    assert sections(given) > 1
+    # A dense call (no varlen) and a skewed batch that gave its longest length keep their lengths.
+    skew = problem(4000, total=4100, batch=100)
+    assert common.section_lengths(skew, 4000) == (4000, 4000)
+    dense = dataclasses.replace(given, varlen_q=False, varlen_k=False, total_q=0, total_k=0)
+    assert common.section_lengths(dense, 5000) == (5000, 3774)
+    notes = " ".join(sm90.explain_notes(bound, None, cfg))
+    assert "judged on the average sequence lengths (2048 queries, 2048 keys)" in notes
+    assert "judged on the average" not in " ".join(sm90.explain_notes(given, None, sm90.make_config(given, None,
+                                                                                                    "sm_90a")))

@@ -88,7 +88,10 @@ def test_decode_tile_and_grid(d, kind, monkeypatch):
     else:
         assert cfg.tile_n == table_n  # the table's blocks (v0.29: one CTA per tile)
     assert sm90.make_config(prob, KernelOptions(tile_n=48), "sm_90a", False).tile_n == 48
-    prefill = sm90.make_config(_problem(d, sq=4096, sk=8192, **kw), None, "sm_90a", False)
+    # (A varlen prefill's totals: two sequences of that length; a longest length far above the
+    # average would take the compact grid, COMPACT_LOOSE_BOUND.)
+    pkw = dict(kw, total_q=2 * 4096, total_k=2 * 8192) if kind == "varlen" else kw
+    prefill = sm90.make_config(_problem(d, sq=4096, sk=8192, **pkw), None, "sm_90a", False)
     assert prefill.persistent and prefill.tile_n == table_n
     monkeypatch.setattr(sm90, "DECODE_GRID", False)
     old = sm90.make_config(prob, None, "sm_90a", False)
@@ -192,11 +195,13 @@ def test_forward_tiles_are_checked_before_launch():
     # checks them too, before any kernel is looked up.
     from fa4.fwd import sm80
 
-    big = AttnProblem(dtype="bf16", batch=300000, seqlen_q=65536, seqlen_k=65536, heads=32, heads_k=32,
+    # (The longest sequence twice the average: not a loose bound, so the plain grids, whose tiles
+    # follow max_seqlen; COMPACT_LOOSE_BOUND would take the compact grid, sized by the totals.)
+    big = AttnProblem(dtype="bf16", batch=2**15, seqlen_q=2**17, seqlen_k=2**17, heads=128, heads_k=128,
                       head_dim=128, head_dim_v=128, softmax_scale=128**-0.5, varlen_q=True, varlen_k=True,
                       total_q=2**31, total_k=2**31)
-    qb = torch.empty(1, 2**31, 32, 128, device="meta")
-    cub = torch.empty(300001, dtype=torch.int32, device="meta")
+    qb = torch.empty(1, 2**31, 128, 128, device="meta")
+    cub = torch.empty(2**15 + 1, dtype=torch.int32, device="meta")
     for mod, arch in ((sm80, "sm_80"), (sm90, "sm_90a")):
         c = mod.make_config(big, None, arch, False)
         with pytest.raises(ValueError, match="past CUDA's grid limit"):

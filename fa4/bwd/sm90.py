@@ -2060,9 +2060,13 @@ def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: B
         notes.append(f"exp2 emulation: {cfg.exp2_emu_frac:g} of the main backward kernel's P exponentials on the FMA pipe "
                      "(a polynomial, Note [exp2 emulation]; KernelOptions(bwd_exp2_emu_frac=0) turns it off)")
     pairs = problem.batch * problem.heads_k * cfg.kv_split  # (virtual kv heads: Note [Split GQA group])
-    sec = common.launch_sections(cfg, LAUNCH_ORDER, pairs, problem.seqlen_k, problem.seqlen_q,
+    lengths = common.section_lengths(problem, problem.seqlen_k)
+    sec = common.launch_sections(cfg, LAUNCH_ORDER, pairs, *lengths,
                                  problem.heads // (problem.heads_k * cfg.kv_split), problem.head_dim,
                                  problem.head_dim_v)
+    judged = ("" if lengths == (problem.seqlen_k, problem.seqlen_q) else
+              f"; judged on the average sequence lengths ({lengths[1]} queries, {lengths[0]} keys): the call gave "
+              "no max_seqlen")
     rows = "Q and dO" if cfg.dq_pass else "Q, dO and dQ accumulator"  # no accumulator under the dQ pass
     why = (f" (their {rows} bounded by {LAUNCH_ORDER.causal_l2_bytes >> 20} MB per "
            f"{common.arch.H200_L2_BYTES >> 20} MB of L2, and at least about a wave of CTAs: Note [Causal sections])"
@@ -2077,9 +2081,9 @@ def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: B
                    "(COMPACT_LOOSE_BOUND)")
         notes.append(f"launch order: the compact varlen grid (packed K rows // {cfg.tile_n} + batch slots per kv "
                      f"head, no CTA past a sequence's end: Note [Compact varlen grid]), each sequence's blocks in "
-                     f"sections of {sec} of its {heads_k} kv heads{why}")
+                     f"sections of {sec} of its {heads_k} kv heads{why}{judged}")
     else:
-        notes.append(f"launch order: sections of {sec} of the {pairs} (batch, kv head) pairs{why}")
+        notes.append(f"launch order: sections of {sec} of the {pairs} (batch, kv head) pairs{why}{judged}")
     if cfg.dq_pass:
         notes.append("dQ pass: the main kernel computes dK and dV only, and a second kernel computes dQ with "
                      "its query rows stationary, without global reductions, so every run gives the same bits "

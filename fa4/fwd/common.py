@@ -17,7 +17,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
 from fa4.config import AttnProblem
-from fa4.sched.tile import L2_BUDGET_BYTES, l2_section_size
+from fa4.sched.tile import L2_BUDGET_BYTES, l2_section_size, loose_plan
 
 DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
 
@@ -270,23 +270,6 @@ def split_count(problem: AttnProblem, tile_m: int, tile_n: int, qhead_per_kvhead
 
 _split_memo: dict = {}
 _MEMO_LIMIT = 4096
-
-
-def loose_plan(problem: AttnProblem) -> AttnProblem:
-    """``problem`` with each varlen side's length the batch's average where the given length is the
-    shapes' bound (:func:`fa4.sched.tile.shape_bound`: the call did not give it), for the host
-    decisions a compact-grid forward takes on lengths (tile, packing, split count; Note [Compact
-    varlen grid]); the kernels do not read these lengths on that grid."""
-    from dataclasses import replace
-
-    from fa4.sched.tile import average_len, shape_bound
-
-    kw = {}
-    if problem.varlen_q and shape_bound(problem.seqlen_q, problem.total_q, problem.batch):
-        kw["seqlen_q"] = average_len(problem.total_q, problem.batch)
-    if problem.varlen_k and shape_bound(problem.seqlen_k, problem.total_k, problem.batch):
-        kw["seqlen_k"] = average_len(problem.total_k, problem.batch)
-    return replace(problem, **kw) if kw else problem
 
 
 def compact_splits(cfg, problem: AttnProblem, num_sms: Optional[int] = None) -> int:

@@ -126,7 +126,7 @@ from fa4.pack_gqa import (
     TileRows, batch_slot, load_q_rows, partial_slot, row_sinks, store_acc_rows, store_lse_rows, store_rows,
 )
 from fa4.sched.tile import (LOOSE_BOUND_RATIO, CompactVarlenTileScheduler, DynamicTileScheduler,
-                            PersistentTileScheduler, loose_bound, shape_bound, split_head, split_range)
+                            PersistentTileScheduler, loose_bound, loose_plan, shape_bound, split_head, split_range)
 from fa4.seqlen import SeqlenInfo, to_sdhb
 from fa4.softmax import OnlineSoftmax, apply_softcap, rescale_rows, score_scales
 
@@ -1059,10 +1059,15 @@ L2_SECTION_MB_STATIC = 0  # one pair per section
 L2_SECTION_MB_DYNAMIC = 16
 DECODE_TILE_N = 64
 DECODE_GRID = True  # tools/decode_sweep.py --grid turns it off to time the prefill tiles' grid
-# v0.29 (off until timed, tools/device_run.sh next30e): a varlen Q whose max_seqlen_q is a loose bound
-# (fa4.sched.tile.loose_bound: the call omitted it, or one long sequence among short ones) takes the
-# compact varlen grid, one CTA per tile, whose size does not depend on it.
-COMPACT_LOOSE_BOUND = False
+# v0.29, on since v0.38: a varlen Q whose max_seqlen_q is a loose bound (fa4.sched.tile.loose_bound:
+# the call omitted it, or one long sequence among short ones) takes the compact varlen grid, one CTA
+# per tile, whose size does not depend on it; without the lengths, its tile, packing and split count
+# are judged on the average lengths (loose_plan). Measured (v0.38, H100, tools/device_run.sh next30e,
+# two rounds, ms, default grids / compact grid / flash-attn-4; with the lengths, default): decode b64
+# s_k 8k GQA 32 / 8 without max_seqlen_q 1.26-1.32 / 0.684 (packed, as with the lengths) / 0.69
+# (0.684); varlen GQA 32 / 8 d128 causal 0.82-0.88 / 0.72-0.75 / 0.69-0.78; varlen d128 0.70-0.71 /
+# 0.68-0.71 / 0.65 (0.65).
+COMPACT_LOOSE_BOUND = True
 # v0.36: causal and local calls at d192 (the 192 bucket, head_dim_v == head_dim) run the K blocks
 # after a tile's first through one step body (``one_step_loop``; Note [K's release after the mask]).
 # On the H100 (RESULTS v0.36) it runs as fast as the separate loops: four sweeps of d192 causal s4k /
@@ -1116,9 +1121,9 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
     tile_n = table_tile_n
     # A varlen Q whose max_seqlen_q is a loose bound (COMPACT_LOOSE_BOUND, off): the compact grid, which
     # does not depend on it, and, where the call gave no lengths, the tile, packing and split count
-    # judged on the average ones (fwd_common.loose_plan; Note [Compact varlen grid]).
+    # judged on the average ones (loose_plan; Note [Compact varlen grid]).
     loose = _loose_q(problem)
-    plan = fwd_common.loose_plan(problem) if loose else problem
+    plan = loose_plan(problem) if loose else problem
     # Decode-like shapes: one consumer warpgroup, 64-row tiles, 64-row K blocks, one CTA per tile.
     g, tile_m, decode = fwd_common.rows_plan(plan, table_tile_m, options.tile_m)
     decode = decode and DECODE_GRID
