@@ -227,6 +227,7 @@ def test_loose_bound_takes_the_compact_grids(monkeypatch):
 
     for flag in (False, True):
         monkeypatch.setattr(sm90, "COMPACT_LOOSE_BOUND", flag)
+        monkeypatch.setattr(sm90, "COMPACT_WITHOUT_LENGTHS", flag)  # (on by default since v0.38)
         monkeypatch.setattr(bwd90, "COMPACT_LOOSE_BOUND", flag)
         fwd = sm90.make_config(problem(16384), None, "sm_90a", True, num_sms=132)
         bwd = bwd90.make_config(problem(16384), None, "sm_90a", False)
@@ -270,10 +271,18 @@ def test_loose_bound_takes_the_compact_grids(monkeypatch):
                            total_k=64 * 8192)
         cs = sm90.make_config(skew, None, "sm_90a", False, num_sms=132)
         assert cs.tile_m == 128 and cs.compact_grid == flag
+        # The default since v0.38: only the call without the lengths takes the compact grid.
+        monkeypatch.setattr(sm90, "COMPACT_LOOSE_BOUND", False)
+        monkeypatch.setattr(sm90, "COMPACT_WITHOUT_LENGTHS", True)
+        assert sm90.make_config(problem(16384), None, "sm_90a", True, num_sms=132).compact_grid
+        assert not sm90.make_config(skew, None, "sm_90a", False, num_sms=132).compact_grid
+        assert not sm90.make_config(problem(3774), None, "sm_90a", True, num_sms=132).compact_grid
     # The families' covering sets do not change with the rule (their problems hold real totals).
     monkeypatch.setattr(bwd90, "COMPACT_LOOSE_BOUND", True)
     monkeypatch.setattr(sm90, "COMPACT_LOOSE_BOUND", True)
+    monkeypatch.setattr(sm90, "COMPACT_WITHOUT_LENGTHS", True)
     on = (sm90.variants("sm_90a"), bwd90.variants("sm_90a"))
     monkeypatch.setattr(bwd90, "COMPACT_LOOSE_BOUND", False)
     monkeypatch.setattr(sm90, "COMPACT_LOOSE_BOUND", False)
+    monkeypatch.setattr(sm90, "COMPACT_WITHOUT_LENGTHS", False)
     assert on == (sm90.variants("sm_90a"), bwd90.variants("sm_90a"))

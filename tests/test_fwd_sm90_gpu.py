@@ -326,7 +326,7 @@ def test_compact_grid(monkeypatch, d, causal, heads, extra, many):
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["decode", "decode-split", "decode-paged", "prefill-causal", "prefill-gqa"])
 def test_loose_bound_rule(monkeypatch, kind):
-    """v0.29's COMPACT_LOOSE_BOUND (off by default; forced here): a varlen call without max_seqlen_q /
+    """COMPACT_WITHOUT_LENGTHS (v0.29's rule, the default since v0.38): a varlen call without max_seqlen_q /
     max_seqlen_k takes the compact grid and judges its tile, packing and split count on the average
     lengths. On these inputs the average and the longest lengths give the same tile, packing and
     split (asserted), so the call gives the bits of the same call with the lengths (each tile with
@@ -364,7 +364,7 @@ def test_loose_bound_rule(monkeypatch, kind):
     ops._plans.clear()
     exact = fa4.flash_attn_varlen_func(q, kk, vv, max_seqlen_q=max(lq), max_seqlen_k=max(lk), **kw)
     cfg_exact = [c for (direction, *_), (_, c) in ops._plans.items() if direction == "fwd"]
-    monkeypatch.setattr(sm90, "COMPACT_LOOSE_BOUND", True)
+    assert sm90.COMPACT_WITHOUT_LENGTHS
     ops._plans.clear()
     loose = fa4.flash_attn_varlen_func(q, kk, vv, **kw)
     cfgs = [c for (direction, *_), (_, c) in ops._plans.items() if direction == "fwd"]

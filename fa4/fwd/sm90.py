@@ -1059,15 +1059,17 @@ L2_SECTION_MB_STATIC = 0  # one pair per section
 L2_SECTION_MB_DYNAMIC = 16
 DECODE_TILE_N = 64
 DECODE_GRID = True  # tools/decode_sweep.py --grid turns it off to time the prefill tiles' grid
-# v0.29, on since v0.38: a varlen Q whose max_seqlen_q is a loose bound (fa4.sched.tile.loose_bound:
-# the call omitted it, or one long sequence among short ones) takes the compact varlen grid, one CTA
-# per tile, whose size does not depend on it; without the lengths, its tile, packing and split count
-# are judged on the average lengths (loose_plan). Measured (v0.38, H100, tools/device_run.sh next30e,
-# two rounds, ms, default grids / compact grid / flash-attn-4; with the lengths, default): decode b64
-# s_k 8k GQA 32 / 8 without max_seqlen_q 1.26-1.32 / 0.684 (packed, as with the lengths) / 0.69
-# (0.684); varlen GQA 32 / 8 d128 causal 0.82-0.88 / 0.72-0.75 / 0.69-0.78; varlen d128 0.70-0.71 /
-# 0.68-0.71 / 0.65 (0.65).
-COMPACT_LOOSE_BOUND = True
+# v0.38: a varlen call without max_seqlen_q (fa4 holds the packed token count: sched.tile.shape_bound)
+# takes the compact varlen grid, one CTA per tile, whose size does not depend on it, with its tile,
+# packing and split count judged on the average lengths (loose_plan). Measured (v0.38, H100,
+# tools/device_run.sh next30e, two rounds, ms, default grids / compact grid / flash-attn-4; with the
+# lengths, default): decode b64 s_k 8k GQA 32 / 8 1.26-1.32 / 0.684 (packed, as with the lengths) /
+# 0.69 (0.684); varlen GQA 32 / 8 d128 causal 0.82-0.88 / 0.72-0.75 / 0.69-0.78; varlen d128
+# 0.70-0.71 / 0.68-0.71 / 0.65 (0.65).
+COMPACT_WITHOUT_LENGTHS = True
+# v0.29's wider rule, off (not timed): any loose bound (fa4.sched.tile.loose_bound: also a given
+# max_seqlen_q over LOOSE_BOUND_RATIO x the average, one long sequence among short ones).
+COMPACT_LOOSE_BOUND = False
 # v0.36: causal and local calls at d192 (the 192 bucket, head_dim_v == head_dim) run the K blocks
 # after a tile's first through one step body (``one_step_loop``; Note [K's release after the mask]).
 # On the H100 (RESULTS v0.36) it runs as fast as the separate loops: four sweeps of d192 causal s4k /
@@ -1084,8 +1086,11 @@ def _one_step(head_dim: int, head_dim_v: int, causal: bool, local: bool) -> bool
 
 
 def _loose_q(problem: AttnProblem) -> bool:
-    """Whether the rule above sends ``problem`` to the compact grid."""
-    return COMPACT_LOOSE_BOUND and problem.varlen_q and loose_bound(problem.seqlen_q, problem.total_q, problem.batch)
+    """Whether the rules above send ``problem`` to the compact grid."""
+    if not problem.varlen_q:
+        return False
+    return ((COMPACT_WITHOUT_LENGTHS and shape_bound(problem.seqlen_q, problem.total_q, problem.batch))
+            or (COMPACT_LOOSE_BOUND and loose_bound(problem.seqlen_q, problem.total_q, problem.batch)))
 
 
 def _grid_order(problem: AttnProblem) -> dict:
@@ -1119,9 +1124,10 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
     options = options or KernelOptions()
     table_tile_m, table_tile_n, stages, pingpong = TUNING[_bucket(max(problem.head_dim, problem.head_dim_v))]
     tile_n = table_tile_n
-    # A varlen Q whose max_seqlen_q is a loose bound (COMPACT_LOOSE_BOUND, off): the compact grid, which
-    # does not depend on it, and, where the call gave no lengths, the tile, packing and split count
-    # judged on the average ones (loose_plan; Note [Compact varlen grid]).
+    # A varlen call without max_seqlen_q (COMPACT_WITHOUT_LENGTHS; any loose bound with
+    # COMPACT_LOOSE_BOUND, off): the compact grid, which does not depend on it, and, where the call
+    # gave no lengths, the tile, packing and split count judged on the average ones (loose_plan; Note
+    # [Compact varlen grid]).
     loose = _loose_q(problem)
     plan = loose_plan(problem) if loose else problem
     # Decode-like shapes: one consumer warpgroup, 64-row tiles, 64-row K blocks, one CTA per tile.
