@@ -1902,8 +1902,11 @@ causal 466.9 -> 466.2 and 448.2 -> 460.1, GQA causal 439.4 -> 447.4 and 437.3 ->
 
 COMPACT_LOOSE_BOUND = False
 """Whether a varlen backward whose ``max_seqlen_k`` is a loose bound (``fa4.sched.tile.loose_bound``:
-the call omitted it, or one long sequence among short ones) takes the compact grid. Off until timed
-(``tools/device_run.sh next30e``, v0.29)."""
+the call omitted it, or one long sequence among short ones) takes the compact grid. Off: timed in
+v0.38 (``tools/device_run.sh next30e``, H100, two rounds, calls without the lengths, ms, default /
+compact): varlen d128 1.84 / 1.71-1.87, varlen GQA 32 / 8 d128 causal 3.11-3.12 / 3.08-3.09 (the
+latter before its launch sections were judged on the average lengths, ``common.section_lengths``:
+2.49-2.50 since, on the default grid). No gain seen."""
 
 
 def _loose_k(problem: AttnProblem) -> bool:
