@@ -284,7 +284,7 @@ fi
 if has next41; then
   # Session 37's Next: the GQA causal backward against flash-attn-4 (varlen 0.85-0.88x on the H100,
   # v0.38; dense GQA 4 s4k causal 0.94x, v0.26): the group split (Note [Split GQA group]) on these
-  # rows, three rounds, then the deterministic twin (bwd_kv_split is taken with determinism).
+  # rows, three rounds.
   logged next41 300 24 python3 -m fa4.bench --offgrid --mode bwd --rounds 3 \
     --cases varlen-gqa-d128-causal,gqa-d128-s4k-causal \
     --variant "bwd.kv_split=2" --variant "bwd.kv_split=4"
