@@ -50,6 +50,41 @@ def test_varlen_without_max_seqlen(max_seqlen):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_varlen_without_max_seqlen_backward(deterministic):
+    """The gradients of a varlen GQA causal call without max_seqlen (v0.38: its launch sections are
+    judged on the average lengths, its forward runs the compact grid): the reference rule, and with
+    ``deterministic`` the bits of the same call with the lengths given (the sections order the CTAs,
+    never a dQ slot's adds; the forward's outputs are compared first)."""
+    lens = [1, 700, 5, 1000, 130, 300, 2, 900]  # a longest length over twice the average
+    h, hk, d = 8, 2, 128
+    cu = _cu(lens)
+    g = torch.Generator("cuda").manual_seed(7)
+    q = torch.randn(sum(lens), h, d, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+    k, v = (torch.randn(sum(lens), hk, d, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+            for _ in range(2))
+    dout = torch.randn(sum(lens), h, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, causal=True, return_lse=True, deterministic=deterministic)
+    out, lse = fa4.flash_attn_varlen_func(q, k, v, **kw)
+    got = torch.autograd.grad(out, (q, k, v), dout)
+    check(out, lse, q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, causal=True)
+    leaves32 = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    leaveslp = [t.detach().requires_grad_() for t in (q, k, v)]
+    ref = torch.autograd.grad(attention_ref(*leaves32, cu_seqlens_q=cu, cu_seqlens_k=cu, causal=True)[0], leaves32,
+                              dout.float())
+    pt = torch.autograd.grad(attention_ref(*leaveslp, cu_seqlens_q=cu, cu_seqlens_k=cu, causal=True, upcast=False)[0],
+                             leaveslp, dout)
+    floors = grad_noise_floor(q, k, v, dout)
+    for name, a, r, p in zip(("dq", "dk", "dv"), got, ref, pt):
+        check_close(name, a, r, p, extra_atol=floors[name])
+    if deterministic:
+        out2, lse2 = fa4.flash_attn_varlen_func(q, k, v, max_seqlen_q=max(lens), max_seqlen_k=max(lens), **kw)
+        assert torch.equal(out2, out) and torch.equal(lse2, lse)
+        for a, b in zip(got, torch.autograd.grad(out2, (q, k, v), dout)):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("family", list(FAMILIES))
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("packed_q", [True, False])
