@@ -566,8 +566,9 @@ def explain(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
         if cu is not None and cu.shape[0] > 2 and (given is None or (isinstance(given, torch.Tensor)
                                                                       and given.device.type != "cpu")):
             ex.notes.append(f"max_seqlen_{side} not given (or a GPU tensor): the packed token count stands in for "
-                            f"the longest sequence, with no device sync, and sizes the grids; pass it as an int when "
-                            "known (docs/RESULTS.md v0.29)")
+                            f"the longest sequence, with no device sync; the sm90 forward then takes the compact "
+                            f"grid and the backward its sections on the average length (the notes below); pass it "
+                            "as an int when known (docs/RESULTS.md v0.29, v0.38)")
     fwd_problem = problem
     if problem.page_size:  # the same choice as ops.forward: TMA pages (sm90) or a gather first
         try:

@@ -228,11 +228,14 @@ def test_explain_reports_the_down_tail():
 
 def test_explain_notes_missing_max_seqlen():
     """A varlen call without max_seqlen_q / max_seqlen_k (flash_attn.cute makes them optional): the
-    packed token count sizes the grids, and explain() says so and how to avoid it."""
+    packed token count stands in for the longest length, and explain() says so, what fa4 does about
+    it (the forward's compact grid, the backward's sections on the average, v0.38) and how to avoid it."""
     q = torch.empty(300, 8, 64, dtype=torch.bfloat16)
     cu = torch.tensor([0, 100, 300], dtype=torch.int32)
     text = str(fa4.explain(q, q, q, cu_seqlens_q=cu, cu_seqlens_k=cu, capability=(9, 0)))
     assert "max_seqlen_q not given" in text and "max_seqlen_k not given" in text
+    assert "the compact varlen grid" in text and "'compact_grid': True" in text
+    assert "judged on the average sequence lengths (150 queries, 150 keys)" in text
     text = str(fa4.explain(q, q, q, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=200, max_seqlen_k=200,
                            capability=(9, 0)))
     assert "not given" not in text
