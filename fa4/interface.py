@@ -258,7 +258,7 @@ def _run(problem: AttnProblem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, o
         pack = -1 if problem.pack_gqa is None else int(problem.pack_gqa)
         keys = (f"{problem.score_mod}|{problem.mask_mod}|{problem.score_mod_bwd}"
                 if problem.score_mod or problem.mask_mod else "")
-        slots = list(mods.launch_aux(aux) or ()) + [None] * (mods.MAX_AUX_COMPILED - len(aux or ()))
+        slots = list(aux or ()) + [None] * (mods.MAX_AUX_COMPILED - len(aux or ()))
         out, lse = ops.fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, problem.seqlen_q, problem.seqlen_k,
                               problem.softmax_scale, problem.causal, problem.local, problem.window_left,
                               problem.window_right, problem.softcap, need_lse, deterministic, options.to_str(),
@@ -274,10 +274,8 @@ def _run(problem: AttnProblem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, o
                                    seqused_q=seqused_q, page_table=page_table, sink=sink, aux=aux)
         return out, (lse if return_lse else None)
     if grad:
-        # The aux tensors as the kernels take them (unit last stride, Note [Aux tensors' unit stride]):
-        # a strided one is copied once here, for the forward and the saved backward, not at each launch.
         return ops.FlashAttnFunction.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, problem, options,
-                                           deterministic, return_lse, need_lse, sink, mods.launch_aux(aux))
+                                           deterministic, return_lse, need_lse, sink, aux)
     out, lse = ops.forward(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options, need_lse, sink=sink,
                            aux=aux)
     return out, (lse if return_lse else None)

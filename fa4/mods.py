@@ -323,8 +323,6 @@ def scalar_signature(aux_scalars) -> tuple:
 # (IMAD 139 -> 77: one 64-bit multiply per key column). A tensor whose last stride is not 1 (a
 # transposed or strided view, an expand on the last dim) is copied contiguous at the launch
 # (:func:`launch_aux`); its values are the same, and the copy is the caller's cost for that layout.
-# A call that takes gradients makes the copy once, before the forward (fa4.interface._run), so the
-# backward reads the same copy (v0.37 copied at both launches).
 
 
 def launch_aux(aux):

@@ -815,28 +815,3 @@ def test_document_mask_columns_share_one_address():
     for body in steps:
         addresses = {m.group(1) for x in body for m in [re.search(r"LDG\S* \S+ desc\[\w+\]\[(R\d+)\.64", x)] if m}
         assert len(addresses) <= 4, sorted(addresses)
-
-
-def test_strided_aux_is_copied_once_per_training_call(monkeypatch):
-    """Note [Aux tensors' unit stride]: a call that takes gradients hands the autograd function (and
-    so the forward and the saved backward) unit-stride aux tensors, copied once before the forward;
-    the families' launches then copy nothing (v0.37 copied at both launches)."""
-    from fa4 import interface, ops
-    from fa4.config import AttnProblem
-
-    seen = {}
-
-    def fake_apply(*args):
-        seen["aux"] = args[-1]
-        return args[0], None
-
-    monkeypatch.setattr(ops.FlashAttnFunction, "apply", fake_apply)
-    monkeypatch.setattr(ops, "check_backward", lambda *a, **k: None)
-    q = torch.randn(1, 8, 2, 32, requires_grad=True)
-    ids = torch.arange(16, dtype=torch.int32).view(2, 8)
-    strided = ids.t().contiguous().t()
-    p = AttnProblem("bf16", 1, 8, 8, 2, 2, 32, 32, 1.0, mask_mod="m", aux=mods.aux_signature([strided], None))
-    interface._run(p, q, q, q, None, None, None, None, False, False, aux=(strided, 5))
-    got = seen["aux"]
-    assert got[0].stride(-1) == 1 and torch.equal(got[0], ids) and got[1] == 5
-    assert mods.launch_aux(got)[0] is got[0]  # the launches pass it as it is
