@@ -563,10 +563,13 @@ def explain(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
     for side, given, cu in (("q", max_seqlen_q, cu_seqlens_q), ("k", max_seqlen_k, cu_seqlens_k)):
         if cu is not None and cu.shape[0] > 2 and (given is None or (isinstance(given, torch.Tensor)
                                                                       and given.device.type != "cpu")):
+            what = ("the sm90 forward then runs the compact varlen grid, its tile, packing and split count judged "
+                    "on the average length, and the backward its launch sections" if side == "q" else
+                    "the backward then judges its launch sections on the average length; the forward's split "
+                    "count reads the bound")
             ex.notes.append(f"max_seqlen_{side} not given (or a GPU tensor): the packed token count stands in for "
-                            f"the longest sequence, with no device sync; the sm90 forward then takes the compact "
-                            f"grid and the backward its sections on the average length (the notes below); pass it "
-                            "as an int when known (docs/RESULTS.md v0.29, v0.38)")
+                            f"the longest sequence, with no device sync; {what} (the notes below); pass it as an "
+                            "int when known (docs/RESULTS.md v0.29, v0.38)")
     fwd_problem = problem
     if problem.page_size:  # the same choice as ops.forward: TMA pages (sm90) or a gather first
         try:

@@ -236,6 +236,9 @@ def test_explain_notes_missing_max_seqlen():
     assert "max_seqlen_q not given" in text and "max_seqlen_k not given" in text
     assert "the compact varlen grid" in text and "'compact_grid': True" in text
     assert "judged on the average sequence lengths (150 queries, 150 keys)" in text
+    text = str(fa4.explain(q, q, q, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=200, capability=(9, 0)))
+    assert "max_seqlen_k not given" in text and "max_seqlen_q not given" not in text
+    assert "'compact_grid': True" not in text and "(150 keys)" in text
     text = str(fa4.explain(q, q, q, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=200, max_seqlen_k=200,
                            capability=(9, 0)))
     assert "not given" not in text

@@ -621,3 +621,8 @@ def test_sections_of_a_call_without_max_seqlen(monkeypatch):
     assert "judged on the average sequence lengths (2048 queries, 2048 keys)" in notes
     assert "judged on the average" not in " ".join(sm90.explain_notes(given, None, sm90.make_config(given, None,
                                                                                                     "sm_90a")))
+    # Only max_seqlen_k missing: only the keys are averaged, and the note names them alone.
+    k_only = dataclasses.replace(given, seqlen_k=16384)
+    assert common.section_lengths(k_only, 16384) == (2048, 3774)
+    notes = " ".join(sm90.explain_notes(k_only, None, sm90.make_config(k_only, None, "sm_90a")))
+    assert "judged on the average sequence lengths (2048 keys)" in notes

@@ -57,7 +57,9 @@ def test_varlen_without_max_seqlen_backward(deterministic):
     ``deterministic`` the bits of the same call with the lengths given (the sections order the CTAs,
     never a dQ slot's adds; the forward's outputs are compared first)."""
     lens = [1, 700, 5, 1000, 130, 300, 2, 900]  # a longest length over twice the average
-    h, hk, d = 8, 2, 128
+    # 8 kv heads: 64 (batch, kv head) pairs, so the sections differ (the average: 64 pairs, the
+    # lengths: 32, the bound: 16); with 2 kv heads every rule gives all 16 pairs.
+    h, hk, d = 32, 8, 128
     cu = _cu(lens)
     g = torch.Generator("cuda").manual_seed(7)
     q = torch.randn(sum(lens), h, d, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()

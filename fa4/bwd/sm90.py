@@ -2067,9 +2067,10 @@ def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: B
     sec = common.launch_sections(cfg, LAUNCH_ORDER, pairs, *lengths,
                                  problem.heads // (problem.heads_k * cfg.kv_split), problem.head_dim,
                                  problem.head_dim_v)
-    judged = ("" if lengths == (problem.seqlen_k, problem.seqlen_q) else
-              f"; judged on the average sequence lengths ({lengths[1]} queries, {lengths[0]} keys): the call gave "
-              "no max_seqlen")
+    averaged = [f"{n} {side}" for n, given, side in ((lengths[1], problem.seqlen_q, "queries"),
+                                                      (lengths[0], problem.seqlen_k, "keys")) if n != given]
+    judged = (f"; judged on the average sequence lengths ({', '.join(averaged)}): the call gave no max_seqlen for "
+              "them" if averaged else "")
     rows = "Q and dO" if cfg.dq_pass else "Q, dO and dQ accumulator"  # no accumulator under the dQ pass
     why = (f" (their {rows} bounded by {LAUNCH_ORDER.causal_l2_bytes >> 20} MB per "
            f"{common.arch.H200_L2_BYTES >> 20} MB of L2, and at least about a wave of CTAs: Note [Causal sections])"

@@ -1275,12 +1275,13 @@ def variants(arch: str) -> list[FwdSm90Config]:
         cfg(128, tile_m=64, pingpong=False, persistent=False, qhead_per_kvhead=4, page_rows=16, has_seqused_k=True),
         cfg(128, tile_m=64, pingpong=False, persistent=False, qhead_per_kvhead=4, page_rows=16, has_seqused_k=True,
             split_kv=True),
-        # The compact varlen grid (an option): d64 (three warpgroups), causal d128 (LPT), packed GQA.
+        # The compact varlen grid (a call without max_seqlen_q; an option otherwise): d64 (three
+        # warpgroups), causal d128 (LPT), packed GQA.
         cfg(64, persistent=False, compact_grid=True, varlen_q=True, varlen_k=True),
         cfg(128, persistent=False, compact_grid=True, causal=True, varlen_q=True, varlen_k=True),
         cfg(128, tile_m=64, pingpong=False, persistent=False, compact_grid=True, qhead_per_kvhead=4, causal=True,
             varlen_q=True, varlen_k=True),
-        # v0.29's loose-bound rule (COMPACT_LOOSE_BOUND): varlen decode without max_seqlen_q, split; paged.
+        # Varlen decode without max_seqlen_q (COMPACT_WITHOUT_LENGTHS), split; paged.
         cfg(128, tile_m=64, tile_n=64, pingpong=False, persistent=False, compact_grid=True, qhead_per_kvhead=4,
             varlen_q=True, varlen_k=True, split_kv=True),
         cfg(128, tile_m=64, pingpong=False, persistent=False, compact_grid=True, qhead_per_kvhead=4, varlen_q=True,

@@ -46,10 +46,12 @@ Note [Compact varlen grid]
     has ``ceil(total / tile) * batch`` blocks per head, most of them past their sequence, while the
     compact grid's size does not depend on it. :func:`loose_bound` says when the longest length is
     more than ``LOOSE_BOUND_RATIO`` times the average (a call without the lengths, or a batch with
-    one long sequence among short ones); the families' ``COMPACT_LOOSE_BOUND`` rules then take the
-    compact grid. Where the longest length is the shapes' bound itself (:func:`shape_bound`: the
-    call did not give it), the forward also judges its tile, packing and split count on the average
-    length, and the backward its launch sections (:func:`loose_plan`); a given length, however
+    one long sequence among short ones). The sm90 forward takes the compact grid where the call gave
+    no ``max_seqlen_q`` (``COMPACT_WITHOUT_LENGTHS``, on); the families' wider ``COMPACT_LOOSE_BOUND``
+    rules (any loose bound) are off. Where a side's longest length is the shapes' bound itself
+    (:func:`shape_bound`: the call did not give it), the sm90 forward on the compact grid judges its
+    tile, packing and split count on the average length, and the backward its launch sections
+    (:func:`loose_plan`); a given length, however
     skewed the batch (a chunked prefill among decode rows), is the one they are judged on. Measured
     (v0.38, H100, ``tools/device_run.sh next30e``): calls without the lengths ran the forward 8-13%
     slower than with them on the default grids (decode with GQA: 1.9x, its rows unpacked) and the
