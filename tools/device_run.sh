@@ -293,6 +293,16 @@ if has next41; then
   logged next41s 240 20 python3 -m fa4.bench --offgrid --mode bwd --rounds 3 --cases varlen-gqa-d128-causal \
     --variant "bwd.section=2" --variant "bwd.section=8" --variant "bwd.section=16"
 fi
+if has next43; then
+  # Issue 8's rows on an H200 with three repeats (v0.37 timed the forward's there; the backward's last
+  # H200 grid is older): the s8k backward rows side by side, then d128 s16k / s4k.
+  timeout 240 python3 -m fa4.bench --mode bwd --hdim 64,128,256 --seqlen 8192 --repeats 3 --out "$out/next43bench" \
+    > "$out/next43bench.log" 2>&1
+  echo "next43bench rc=$?"; grep -E "^ *[0-9]+ +[0-9]+ +[0-9]+ " "$out/next43bench.log" | tail -14
+  timeout 200 python3 -m fa4.bench --mode bwd --hdim 128 --seqlen 4096,16384 --repeats 3 --out "$out/next43b" \
+    > "$out/next43b.log" 2>&1
+  echo "next43b rc=$?"; grep -E "^ *[0-9]+ +[0-9]+ +[0-9]+ " "$out/next43b.log" | tail -10
+fi
 if has ctime; then
   # Issue 7 item 7: cold compile times on this host (the H100 host needed more than 70 s for the list, v0.35).
   logged ctime 200 40 python3 tools/compile_time.py
