@@ -163,7 +163,8 @@ class FwdSm90Config(AttnFwdConfig):
     [Skipped claims] in fa4/sched/tile.py). ``compact_grid`` (varlen Q through cu_seqlens_q, not
     ``persistent``): one CTA per tile of ``total_q * g // tile_m + batch`` slots per scheduler head
     instead of ``ceil(max_seqlen_q * g / tile_m) * batch`` (Note [Compact varlen grid],
-    :class:`fa4.sched.tile.CompactVarlenTileScheduler`; an option, not yet timed). ``block_skip``
+    :class:`fa4.sched.tile.CompactVarlenTileScheduler`; the grid of a varlen call without
+    ``max_seqlen_q``, ``COMPACT_WITHOUT_LENGTHS``, timed in v0.38; an option otherwise). ``block_skip``
     ``(slot, block_q, block_k)``: aux tensor ``slot`` is a block-sparse call's block table, and the
     producer and consumers skip the K blocks it hides (:class:`fa4.mods_kernel.BlockSkip`; not
     with pack GQA, whose rows span several heads' table rows)."""
