@@ -62,7 +62,8 @@ class _Positions:
     ``col``, the tile-level query row and key of its first element; ``coord0``, thread 0's
     coordinate of element ``i`` (its offset from the first, the same for every thread; Python ints:
     Note [Static coordinates] in fa4/cute_utils.py); ``r`` / ``c``, which coordinate is the row /
-    the key."""
+    the key; ``clamp_keys``, whether keys are clamped below ``seqlen_k``; ``folds``, whether the loop
+    over the scores is unrolled at trace time (Note [Score positions])."""
 
     row: Any
     col: Any
@@ -70,8 +71,7 @@ class _Positions:
     r: int
     c: int
     clamp_keys: bool
-
-    folds: bool  # the loop over the scores is unrolled at trace time (Note [Score positions])
+    folds: bool
 
     def offset(self, i):
         """Element ``i``'s (row, key) offset from the first: Python ints for an int ``i``."""

@@ -51,11 +51,11 @@ Note [Compact varlen grid]
     rules (any loose bound) are off. Where a side's longest length is the shapes' bound itself
     (:func:`shape_bound`: the call did not give it), the sm90 forward on the compact grid judges its
     tile, packing and split count on the average length, and the backward its launch sections
-    (:func:`loose_plan`); a given length, however
-    skewed the batch (a chunked prefill among decode rows), is the one they are judged on. Measured
-    (v0.38, H100, ``tools/device_run.sh next30e``): calls without the lengths ran the forward 8-13%
-    slower than with them on the default grids (decode with GQA: 1.9x, its rows unpacked) and the
-    causal GQA backward 1.45x slower (its sections: one pair each, judged on the bound).
+    (:func:`loose_plan`); a given length, however skewed the batch (a chunked prefill among decode
+    rows), is the one they are judged on. Measured (v0.38, H100, ``tools/device_run.sh next30e``):
+    calls without the lengths ran the forward 8-13% slower than with them on the default grids
+    (decode with GQA: 1.9x, its rows unpacked) and the causal GQA backward 1.45x slower (its
+    sections: one pair each, judged on the bound).
 """
 
 from __future__ import annotations
