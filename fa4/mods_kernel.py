@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import cutlass
 import cutlass.cute as cute
@@ -332,7 +332,7 @@ class BlockSkip:
     (0 hidden, 1 through the mask_mod, 2 whole) in sparse blocks of ``block_q`` x ``block_k``
     tokens; kernel block ``n`` of tile ``m_block`` is hidden when every table entry its rows and
     keys touch is 0 (then skipping it changes nothing: the table's mask function would hide all its
-    scores)."""
+    scores). The backward asks the transposed question of a K block (:meth:`narrow_rows`)."""
 
     table: Any  # cute.Tensor, int8 (B, H, Mb, Nb)
     block_q: cutlass.Constexpr[int]
@@ -356,27 +356,46 @@ class BlockSkip:
             return tile // block
         return (tile + block - 2) // block + 1
 
+    # Table entries a kernel block may read to decide whether it is hidden (:meth:`visible`); over
+    # this (sparse blocks much smaller than the tile) the blocks are all computed.
+    MAX_READS: ClassVar[int] = 16
+
+    @staticmethod
+    def table_fits(block_table: tuple, tile_m: int, tile_n: int) -> tuple:
+        """A kernel config's ``block_skip`` (host): ``block_table`` (``AttnProblem.block_table``:
+        ``(aux slot, block_q, block_k)``, or ``()``) where a ``tile_m`` x ``tile_n`` kernel block
+        reads at most :attr:`MAX_READS` table entries, else ``()``."""
+        if not block_table:
+            return ()
+        _, bq, bk = block_table
+        if BlockSkip.spans(tile_m, bq) * BlockSkip.spans(tile_n, bk) > BlockSkip.MAX_READS:
+            return ()
+        return tuple(block_table)
+
     @staticmethod
     def uniform(tile_m: int, tile_n: int, block_q: int, block_k: int) -> bool:
         """Whether every kernel block lies in one sparse block (so its state is never mixed)."""
         return BlockSkip.spans(tile_m, block_q) == 1 and BlockSkip.spans(tile_n, block_k) == 1
 
-    def _entries(self, n: Int32) -> list:
-        """The table entries kernel block ``n`` touches (clamped at the table's edges: an entry read
-        twice changes nothing)."""
+    def _entries(self, n: Int32, m_block=None, head=None) -> list:
+        """The table entries kernel block ``(m_block, n)`` of q head ``head`` touches (by default the
+        tile's ``m_block`` and ``head``), clamped at the table's edges: an entry read twice changes
+        nothing."""
+        m_block = self.m_block if m_block is None else m_block
+        head = self.head if head is None else head
         last_row = self.table.shape[2] - 1
         last_col = self.table.shape[3] - 1
-        r0 = self.m_block * self.tile_m // self.block_q
+        r0 = m_block * self.tile_m // self.block_q
         c0 = n * self.tile_n // self.block_k
         rows, cols = BlockSkip.spans(self.tile_m, self.block_q), BlockSkip.spans(self.tile_n, self.block_k)
-        r1 = r0 if rows == 1 else cutlass.min((self.m_block * self.tile_m + self.tile_m - 1) // self.block_q, last_row)
+        r1 = r0 if rows == 1 else cutlass.min((m_block * self.tile_m + self.tile_m - 1) // self.block_q, last_row)
         c1 = c0 if cols == 1 else cutlass.min((n * self.tile_n + self.tile_n - 1) // self.block_k, last_col)
         out = []
         for dr in range(rows):
             for dc in range(cols):
                 r = r0 if dr == 0 else cutlass.min(r0 + dr, r1)
                 c = c0 if dc == 0 else cutlass.min(c0 + dc, c1)
-                out.append(Int32(self.table[self.batch, self.head, r, c]))
+                out.append(Int32(self.table[self.batch, head, r, c]))
         return out
 
     @cute.jit
@@ -410,15 +429,41 @@ class BlockSkip:
         (``lo >= hi`` when none is visible), so the tile's first block (``hi - 1``) is one it computes.
         A warp reads 32 blocks' entries at once, a block a lane, and takes their visibility by one
         ballot (Note [Narrowing by ballot]); every lane of the calling warp must take part."""
-        lo, hi = n_max, cutlass.min(n_min, n_max)
-        lane = cute.arch.lane_idx()
-        for base in cutlass.range(n_min, n_max, 32, unroll=1):
-            n = base + lane
-            seen = Boolean(False)
-            if n < n_max:
-                seen = self.visible(n)
-            bits = cute.arch.vote_ballot_sync(seen)
-            if bits != 0:
-                lo = cutlass.min(lo, base + Int32(cute.arch.clz(cute.arch.brev(bits))))
-                hi = cutlass.max(hi, base + 32 - Int32(cute.arch.clz(bits)))
-        return lo, hi
+        return ballot_range(n_min, n_max, self.visible)
+
+    @cute.jit
+    def visible_rows(self, m_block: Int32, n: Int32, head0: Int32, num_heads: Int32):
+        """Whether kernel block ``(m_block, n)`` has a table entry that is not 0 for any of the q
+        heads ``[head0, head0 + num_heads)``."""
+        seen = Int32(0)
+        for i in cutlass.range(num_heads, unroll=1):
+            for e in self._entries(n, m_block, head0 + i):
+                seen = seen | e
+        return seen != 0
+
+    @cute.jit
+    def narrow_rows(self, n: Int32, m_min: Int32, m_max: Int32, head0: Int32, num_heads: Int32):
+        """The backward's :meth:`narrow`: ``[lo, hi)`` from the lowest m_block of ``[m_min, m_max)``
+        that K block ``n`` is visible to, for any of the q heads ``[head0, head0 + num_heads)`` (a
+        GQA group), to the highest (Note [Block skip in the backward] in fa4/bwd/sm90.py). The tile's
+        own ``m_block`` and ``head`` are not read. Every lane of the calling warp must take part."""
+        return ballot_range(m_min, m_max, lambda m: self.visible_rows(m, n, head0, num_heads))
+
+
+@cute.jit
+def ballot_range(lo_in: Int32, hi_in: Int32, visible):
+    """``[lo, hi)``: the lowest and (one past) the highest ``i`` in ``[lo_in, hi_in)`` with
+    ``visible(i)`` (``lo >= hi`` when none is), 32 at a time: a lane an index, one ``vote.ballot``
+    per 32 (Note [Narrowing by ballot]). Every lane of the calling warp must take part."""
+    lo, hi = hi_in, cutlass.min(lo_in, hi_in)
+    lane = cute.arch.lane_idx()
+    for base in cutlass.range(lo_in, hi_in, 32, unroll=1):
+        i = base + lane
+        seen = Boolean(False)
+        if i < hi_in:
+            seen = visible(i)
+        bits = cute.arch.vote_ballot_sync(seen)
+        if bits != 0:
+            lo = cutlass.min(lo, base + Int32(cute.arch.clz(cute.arch.brev(bits))))
+            hi = cutlass.max(hi, base + 32 - Int32(cute.arch.clz(bits)))
+    return lo, hi

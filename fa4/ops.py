@@ -316,7 +316,7 @@ def _backward(problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_seqlens_q,
         dv.zero_()
         return dq, dk, dv
     mod, cfg = _plan("bwd", problem, options, q.device, deterministic)
-    if problem.block_table:
+    if problem.block_table and not getattr(cfg, "block_skip", ()):
         block_sparse.warn_dense("backward", type(cfg).__name__)
     mod.run_backward(
         cfg, problem, _as4d(dout, vq), _as4d(q, vq), _as4d(k, vk), _as4d(v, vk), _as4d(out, vq), _as4d(lse, vq),

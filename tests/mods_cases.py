@@ -304,6 +304,52 @@ def random_block_sparse(batch: int, heads: int, seqlen_q: int, seqlen_k: int, bl
     return bst, state.expand(batch, heads, mb, nb)
 
 
+def lists_from_state(state: torch.Tensor, block: tuple, device) -> "BlockSparseTensorsTorch":
+    """flash_attn.cute's lists of a state table, int ``(B, H, Mb, Nb)`` (0 hidden, 1 mask_mod, 2
+    whole): per row the mask blocks, then the full ones, in block order."""
+    b, h, mb, nb = state.shape
+    cnt = {v: torch.zeros(b, h, mb, dtype=torch.int32) for v in (1, 2)}
+    idx = {v: torch.full((b, h, mb, nb), -1, dtype=torch.int32) for v in (1, 2)}
+    for key in ((i, j, m) for i in range(b) for j in range(h) for m in range(mb)):
+        for v in (1, 2):
+            cols = (state[key] == v).nonzero().flatten().int()
+            cnt[v][key] = len(cols)
+            idx[v][key][:len(cols)] = cols
+    to = dict(device=device)
+    return BlockSparseTensorsTorch(cnt[1].to(**to), idx[1].to(**to), cnt[2].to(**to), idx[2].to(**to),
+                                   block_size=tuple(block))
+
+
+def document_block_sparse(batch: int, heads: int, seqlen_q: int, seqlen_k: int, block: tuple, device,
+                          seed: int = 0, docs: int = 4):
+    """Block lists of a document mask in sparse blocks: each (batch, head) cuts the sequences into
+    ``docs`` documents at random points (heads differ, so a GQA group's union is wider than each
+    head's), a q block sees the K blocks of its documents (whole inside one, through the mask_mod
+    on a boundary); the last two K blocks are seen by no query of any head (their dK = dV = 0) and
+    q block 0 of batch 0 sees nothing (its dQ = 0). Returns ``(bst, state)`` as
+    :func:`random_block_sparse`."""
+    import math
+
+    gen = torch.Generator().manual_seed(seed)
+    mb, nb = math.ceil(seqlen_q / block[0]), math.ceil(seqlen_k / block[1])
+    state = torch.zeros(batch, heads, mb, nb, dtype=torch.int32)
+    for b in range(batch):
+        for hh in range(heads):
+            cuts = torch.sort(torch.rand(docs - 1, generator=gen)).values
+            doc = lambda pos: torch.bucketize(pos, cuts)  # noqa: E731
+            q0 = doc(torch.arange(mb) * block[0] / seqlen_q)
+            q1 = doc(torch.clamp((torch.arange(mb) + 1) * block[0] - 1, max=seqlen_q - 1) / seqlen_q)
+            k0 = doc(torch.arange(nb) * block[1] / seqlen_k)
+            k1 = doc(torch.clamp((torch.arange(nb) + 1) * block[1] - 1, max=seqlen_k - 1) / seqlen_k)
+            meet = (q0[:, None] <= k1[None, :]) & (k0[None, :] <= q1[:, None])
+            whole = (q0 == q1)[:, None] & (k0 == k1)[None, :] & (q0[:, None] == k0[None, :])
+            state[b, hh] = torch.where(whole, 2, torch.where(meet, 1, 0))
+    if nb > 3:
+        state[..., nb - 2:] = 0
+    state[0, :, 0] = 0
+    return lists_from_state(state, block, device), state
+
+
 def block_sparse_twin(state: torch.Tensor, block: tuple, inner=None):
     """The torch twin of a block-sparse call's mask: the state table, and inside the blocks marked 1
     the twin ``inner`` of the user's mask_mod (None: none)."""

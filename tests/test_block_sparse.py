@@ -225,6 +225,72 @@ def test_config_skips_blocks_where_the_tile_allows():
     jit.compile_uncached(cfg((64, 192), d=64, causal=True), engine=False)
 
 
+def _bwd_problem(block, d=128, h=8, hk=2, causal=False):
+    bst, _ = random_block_sparse(2, h, 1000, 1000, block, "cpu", seed=4)
+    table = block_sparse.table(bst, 2, h, 1000, 1000, block)
+    fn = block_sparse.table_mask(None, *block, 0, False)
+    return AttnProblem("bf16", 2, 1000, 1000, h, hk, d, d, d ** -0.5, causal=causal,
+                       mask_mod=mods.key_of(fn, "mask_mod"), aux=mods.aux_signature([table], None),
+                       block_table=(0, *block))
+
+
+def test_backward_config_skips_blocks_where_it_may():
+    """Note [Block skip in the backward]: the sm90 backward narrows when not deterministic, and with
+    its dQ pass (whose main kernel is not deterministic) in both modes, the pass too; not with
+    determinism otherwise, nor with sparse blocks much smaller than the tile; a config that asks for
+    it with determinism is refused."""
+    import dataclasses
+
+    from fa4.bwd import dq_sm90
+    from fa4.bwd import sm90 as bwd90
+
+    def cfg(block, det=False, opts=None, **kw):
+        return bwd90.make_config(_bwd_problem(block, **kw), opts, "sm_90a", det)
+
+    assert cfg((128, 128)).block_skip == (0, 128, 128)
+    assert cfg((128, 128), causal=True).block_skip == (0, 128, 128)
+    assert cfg((100, 37)).block_skip == (0, 100, 37)
+    assert cfg((128, 128), det=True).block_skip == ()
+    assert cfg((16, 16)).block_skip == ()
+    two = cfg((128, 128), opts=fa4.KernelOptions(bwd_two_cta=True), h=8, hk=8)
+    assert two.two_cta and two.block_skip == (0, 128, 128)
+    for det in (False, True):  # d256: the dQ pass
+        main = cfg((128, 128), det=det, d=256)
+        assert main.dq_pass and not main.deterministic and main.block_skip == (0, 128, 128)
+        assert dq_sm90.config_for(main).block_skip == (0, 128, 128)
+    with pytest.raises(ValueError, match="block_skip"):
+        bwd90.FlashBwdSm90.can_implement(dataclasses.replace(cfg((128, 128), det=True), block_skip=(0, 128, 128)))
+    with pytest.raises(ValueError, match="block_skip"):
+        bwd90.FlashBwdSm90.can_implement(dataclasses.replace(cfg((128, 128)), block_skip=(1, 128, 128)))
+
+
+@pytest.mark.parametrize("case", ["gqa_causal", "two_cta", "kv_split", "dq_pass"])
+def test_backward_block_skip_compiles(case):
+    """The narrowing backward compiles with each of the paths it runs on, and its SASS has the
+    ballots (VOTE) of Note [Block skip in the backward] beyond the same config's without it;
+    with the dQ pass the pass narrows too."""
+    import dataclasses
+
+    from fa4 import sass
+    from fa4.bwd import dq_sm90
+    from fa4.bwd import sm90 as bwd90
+
+    opts = {"gqa_causal": None, "two_cta": fa4.KernelOptions(bwd_two_cta=True),
+            "kv_split": fa4.KernelOptions(bwd_kv_split=2), "dq_pass": fa4.KernelOptions(bwd_dq_pass=True)}[case]
+    heads = (8, 8) if case == "two_cta" else (8, 2)
+    cfg = bwd90.make_config(_bwd_problem((128, 128), h=heads[0], hk=heads[1], causal=case == "gqa_causal"), opts,
+                            "sm_90a", False)
+    assert cfg.block_skip
+    configs = [cfg] + ([dq_sm90.config_for(cfg)] if case == "dq_pass" else [])
+    def ballots(c):
+        ops = sass.opcode_counts(sass.disassemble(c))
+        return sass.count(ops, "VOTE") + sass.count(ops, "VOTEU")
+
+    for c in configs:
+        votes, plain = ballots(c), ballots(dataclasses.replace(c, block_skip=()))
+        assert votes > plain, (type(c).__name__, votes, plain)
+
+
 def test_table_kernel_compiles_for_row_major_tables():
     """The one-launch table (Note [One launch for the table]) is compiled for the row-major int8
     table torch allocates: a fake tensor without a stride order is column-major, and the compiled

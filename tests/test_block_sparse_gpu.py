@@ -1,7 +1,8 @@
 """flash_attn.cute's block_sparse_tensors on the GPU (fa4/block_sparse.py): outputs and gradients
 against the float32 reference masked by the same block lists, both families (the sm90 forward
-skipping the hidden blocks, including unaligned block sizes and a tile with no visible block); and
-against flash-attn-4's own block-sparse forward on the same inputs where it is installed."""
+skipping the hidden blocks, including unaligned block sizes and a tile with no visible block; the
+sm90 backward narrowing each K block's Q blocks, Note [Block skip in the backward]); and against
+flash-attn-4's own block-sparse forward on the same inputs where it is installed."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 import fa4
 from fa4.testing import attention_ref, check_close, grad_noise_floor, random_qkv
 from fwd_cases import check
-from mods_cases import MASK_MODS, block_sparse_twin, random_block_sparse
+from mods_cases import MASK_MODS, block_sparse_twin, document_block_sparse, random_block_sparse
 
 
 def _grads(out, lse, inputs, ref_kw):
@@ -170,3 +171,61 @@ def test_table_kernel_takes_broadcast_lists(monkeypatch):
     batch1 = BlockSparseTensorsTorch(bst.mask_block_cnt[:1].contiguous(), bst.mask_block_idx[:1].contiguous(),
                                      bst.full_block_cnt[:1].contiguous(), bst.full_block_idx, block_size=(64, 100))
     _check_table(batch1, 1300, monkeypatch)
+
+
+def _bwd_skip() -> tuple:
+    """The ``block_skip`` of the backward plans made since the plan cache was cleared (set of values)."""
+    return {cfg.block_skip for _, cfg in fa4.ops._plans.values() if type(cfg).__name__ == "BwdSm90Config"}
+
+
+BWD_CASES = [  # (head dim, (seqlen_q, seqlen_k), block, (heads, kv heads), causal, KernelOptions fields, deterministic)
+    # more than 32 m_blocks a K block: the ballot of Note [Block skip in the backward] reads them in chunks
+    (128, (4500, 700), (128, 128), (8, 2), False, {}, False),
+    (64, (2000, 1500), (64, 192), (8, 2), True, {}, False),
+    (128, (1000, 1000), (128, 128), (8, 8), False, {"bwd_two_cta": True}, False),
+    (128, (1000, 1000), (128, 128), (8, 2), False, {"bwd_kv_split": 2}, False),
+    (128, (1000, 1000), (128, 128), (8, 2), True, {"bwd_dq_pass": True}, False),
+    # deterministic: with the dQ pass the main kernel narrows (the same bits on every run); without it
+    # every block is computed
+    (256, (700, 900), (100, 37), (8, 2), False, {}, True),
+    (64, (1000, 1000), (64, 192), (8, 8), False, {}, True),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d,seqlens,block,heads,causal,opts,det", BWD_CASES,
+                         ids=[f"d{d}-{a}x{b}-{bq}x{bk}-h{h}/{hk}{'-causal' if c else ''}-{'-'.join(o) or 'default'}"
+                              f"{'-det' if det else ''}" for d, (a, b), (bq, bk), (h, hk), c, o, det in BWD_CASES])
+def test_block_sparse_backward_skips(d, seqlens, block, heads, causal, opts, det):
+    """Note [Block skip in the backward]: document-mask lists (the heads of a GQA group cut their
+    documents differently, two K blocks no query sees, a q block that sees nothing): gradients against
+    the reference with the same mask, exact zeros where nothing is seen, the backward's plan
+    narrowing (or, deterministic without the dQ pass, not), the same bits on a second run when
+    deterministic."""
+    sq, sk = seqlens
+    h, hk = heads
+    bst, state = document_block_sparse(2, h, sq, sk, block, "cuda", seed=d + sq)
+    q, k, v = random_qkv(2, sq, sk, h, hk, d, torch.bfloat16, "cuda", requires_grad=True, seed=d + 1)
+    kw = dict(block_sparse_tensors=bst, causal=causal, return_lse=True, deterministic=det,
+              kernel_options=fa4.KernelOptions(arch="sm90", **opts))
+    fa4.ops._plans.clear()
+    out, lse = fa4.flash_attn_func(q, k, v, **kw)
+    twin = block_sparse_twin(state, block)
+    with torch.no_grad():
+        check(out, lse, q, k, v, mask_fn=twin, causal=causal)
+    _grads(out, lse, (q, k, v), dict(mask_fn=twin, causal=causal))
+    skipping = d >= 160 or not det  # (d256: the dQ pass)
+    assert _bwd_skip() == ({(0, *block)} if skipping else {()})
+    gen = torch.Generator("cuda").manual_seed(5)
+    g = torch.randn(out.shape, device="cuda", generator=gen).to(out.dtype)
+    out, _ = fa4.flash_attn_func(q, k, v, **kw)  # (_grads freed the first call's graph)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), g)
+    nb = state.shape[3]
+    hidden_keys = slice((nb - 2) * block[1], sk)
+    assert not dk[:, hidden_keys].any() and not dv[:, hidden_keys].any()
+    assert not dq[0, :block[0]].any()
+    if det:
+        out2, _ = fa4.flash_attn_func(q, k, v, **kw)
+        again = torch.autograd.grad(out2, (q, k, v), g)
+        for name, a, b in zip(("dq", "dk", "dv"), (dq, dk, dv), again):
+            assert torch.equal(a, b), name

@@ -72,7 +72,7 @@ from fa4.cute_utils import (
 from fa4.fwd.common import grid_extent
 from fa4.mask import AttentionMask, walk_blocks
 from fa4.mods import check_config, lookup
-from fa4.mods_kernel import UserMods, fake_aux
+from fa4.mods_kernel import BlockSkip, UserMods, fake_aux
 from fa4.sched.tile import SectionTileScheduler
 from fa4.seqlen import SeqlenInfo, to_sdhb
 from fa4.softmax import apply_softcap, exp2_rows, score_scales, softcap_grad
@@ -90,7 +90,9 @@ class BwdDqSm90Config(AttnKernelConfig):
     ``num_stages``: K/V stages; ``rows_tile_m``: the tile of the lse_log2 / dpsum workspaces (the
     main kernel's ``tile_m``, Note [Padded row tiles] in fa4/bwd/workspace.py); ``l2_section_mb``:
     the K/V megabytes of one L2 section of the tile order (Note [dQ pass tile order]; 0: one
-    (head, batch) pair per section)."""
+    (head, batch) pair per section). ``block_skip``: ``(aux slot, block_q, block_k)`` of a
+    block-sparse call's block table, or ``()``: each CTA narrows its K blocks to those from its
+    lowest visible one to its highest (:meth:`fa4.mods_kernel.BlockSkip.narrow`)."""
 
     head_dim: int = 256
     head_dim_v: int = 0
@@ -99,6 +101,7 @@ class BwdDqSm90Config(AttnKernelConfig):
     num_stages: int = 2
     rows_tile_m: int = 64
     l2_section_mb: int = 16
+    block_skip: tuple = ()
 
     KERNEL: ClassVar[str] = "fa4.bwd.dq_sm90:FlashBwdDqSm90"
     REQUIRED_SASS: ClassVar[tuple] = ("HGMMA", "UTMALDG")
@@ -148,6 +151,8 @@ class FlashBwdDqSm90:
         if cfg.smem_bytes() > SMEM_CAPACITY:
             raise ValueError(f"{name}: {cfg.smem_bytes()} bytes of shared memory exceed sm_90a's {SMEM_CAPACITY}")
         check_config(cfg, name, backward=True)
+        if cfg.block_skip and not (0 <= cfg.block_skip[0] < len(cfg.aux) and cfg.aux[cfg.block_skip[0]] == ("int8", 4)):
+            raise ValueError(f"{name}.block_skip {cfg.block_skip} needs aux[{cfg.block_skip[0]}] an int8 4-D block table")
         # dQ, S and dP (float32), dS (16-bit), and with softcap tanh(S) (score_mod: S): registers per thread. The
         # largest compiled without spills: 224 (d128 with 128-key blocks, d160 with 112: 220).
         acc = (cfg.head_dim // 2 + cfg.tile_n + cfg.tile_n // 4
@@ -294,6 +299,10 @@ class FlashBwdDqSm90:
         mask = AttentionMask(self.tile_m, self.tile_n, self.cfg.causal, self.cfg.local, seq.seqlen_q, seq.seqlen_k,
                              window_left, window_right)
         n_min, n_max = mask.n_block_range(m_block)
+        if const_expr(self.cfg.block_skip):  # (every warp, before the roles split)
+            slot, bq, bk = self.cfg.block_skip
+            n_min, n_max = BlockSkip(mAux[slot], bq, bk, self.tile_m, self.tile_n, batch, head, m_block).narrow(
+                n_min, n_max)
         umod = None
         if const_expr(self.score_mod is not None or self.mask_mod is not None):
             umod = UserMods(self.score_mod, self.mask_mod, self.tile_m, self.tile_n, 1, batch, head, seq, mAux,
@@ -469,14 +478,16 @@ def largest_tile(cfg: BwdDqSm90Config) -> BwdDqSm90Config:
 
 @functools.lru_cache(maxsize=256)  # once per main-kernel config: it is on every backward call's host path
 def config_for(main_cfg) -> BwdDqSm90Config:
-    """The dQ pass of a main-kernel config (its dtype, head dims, masks and varlen flags), with the
-    largest K/V tile that fits."""
-    return largest_tile(BwdDqSm90Config(
+    """The dQ pass of a main-kernel config (its dtype, head dims, masks and varlen flags, and its
+    ``block_skip`` where the pass's tile allows it), with the largest K/V tile that fits."""
+    cfg = largest_tile(BwdDqSm90Config(
         arch=main_cfg.arch, dtype=main_cfg.dtype, head_dim=main_cfg.head_dim, head_dim_v=main_cfg.head_dim_v,
         rows_tile_m=main_cfg.tile_m, causal=main_cfg.causal, local=main_cfg.local, has_softcap=main_cfg.has_softcap,
         varlen_q=main_cfg.varlen_q, varlen_k=main_cfg.varlen_k, has_seqused_k=main_cfg.has_seqused_k,
         score_mod=main_cfg.score_mod, mask_mod=main_cfg.mask_mod, aux=main_cfg.aux,
         score_mod_bwd=main_cfg.score_mod_bwd))
+    skip = BlockSkip.table_fits(getattr(main_cfg, "block_skip", ()), cfg.tile_m, cfg.tile_n)
+    return replace(cfg, block_skip=skip) if skip else cfg
 
 
 def variants(arch: str) -> list[BwdDqSm90Config]:

@@ -180,6 +180,24 @@ Note [First store]
     contributors to a slot at once with a causal mask; without a mask every K block of a pair
     starts at the same m_block, and the later ones wait about one store for the claimant.
 
+Note [Block skip in the backward]
+    A block-sparse call (Note [Block sparsity as a block table] in fa4/block_sparse.py) hides whole
+    (q block, K block) pairs. With ``block_skip`` each CTA narrows its m_blocks in
+    :meth:`FlashBwdSm90.block_range` to the range from the lowest m_block its K block is visible to
+    (a table entry that is not 0, for any q head of the kv head's group) to the highest
+    (:meth:`fa4.mods_kernel.BlockSkip.narrow_rows`: a warp reads 32 m_blocks' entries at once and
+    takes the range from one ballot). Every role computes its work from :meth:`work_info`, with whole
+    warps, so the producer, the consumers and the dQ writer walk the same narrowed steps. Hidden
+    blocks inside the range are still computed, their scores masked by the table's mask function
+    (P = dS = 0); for a document mask the range is the documents the K block's keys belong to. A K
+    block no query sees gets no steps and writes dK = dV = 0, as a block past its sequence does; a
+    dQ slot no K block reaches keeps the zeros of the preprocess (or is written as zeros, ``counted``,
+    after the first store). Not with determinism: its dQ order (Note [Deterministic dQ] in
+    fa4/bwd/common.py) counts on every K block of a slot's mask range taking its turn. With the dQ
+    pass the main kernel is not deterministic and narrows, and the pass narrows each Q block's K
+    blocks as the forward does (:meth:`BlockSkip.narrow`); the sums of both skip terms that are
+    exactly 0 and keep their order, so a deterministic run is still the same bits on every run.
+
 Note [Two-CTA dQ]
     With ``two_cta`` a cluster of two CTAs takes two adjacent K blocks ``2x`` and ``2x + 1`` of a
     (batch, kv head), and both walk the union of the two blocks' (q head, m_block) steps in the same
@@ -272,7 +290,7 @@ from fa4.cute_utils import (
 )
 from fa4.mask import AttentionMask
 from fa4.mods import check_config, launch_aux, lookup
-from fa4.mods_kernel import UserMods, fake_aux
+from fa4.mods_kernel import BlockSkip, UserMods, fake_aux
 from fa4.sched import semaphore
 from fa4.sched.tile import LOOSE_BOUND_RATIO, compact_tile, loose_bound, lowest_pow2, section_tile
 from fa4.seqlen import SeqlenInfo, grid_extent, to_sdhb
@@ -381,6 +399,9 @@ class BwdSm90Config(AttnKernelConfig):
     holds ``packed K rows // tile_n + batch`` K-block slots per kv head instead of ``ceil(max_seqlen_k
     / tile_n) * batch``, so no CTA is launched past its sequence's end (Note [Compact varlen grid];
     :data:`COMPACT_VARLEN`, off).
+    ``block_skip`` (not deterministic): ``(aux slot, block_q, block_k)`` of a block-sparse call's
+    block table (``AttnProblem.block_table``), ``()`` without one: each CTA narrows its m_blocks to
+    those its K block is visible to (Note [Block skip in the backward]).
     """
 
     head_dim: int = 128
@@ -412,6 +433,7 @@ class BwdSm90Config(AttnKernelConfig):
     exp2_emu_frac: float = 0.0
     kv_split: int = 1
     compact_grid: bool = False
+    block_skip: tuple = ()
 
     KERNEL: ClassVar[str] = "fa4.bwd.sm90:FlashBwdSm90"
     REQUIRED_SASS: ClassVar[tuple] = ("HGMMA", "UTMALDG")  # checked by tests/test_compile.py
@@ -574,6 +596,11 @@ class FlashBwdSm90:
                              "the grid's x)")
         if cfg.causal and cfg.local:
             raise ValueError(f"{name}: causal and local are exclusive (local with window_right=0 is causal)")
+        if cfg.block_skip:
+            slot = cfg.block_skip[0]
+            if not (0 <= slot < len(cfg.aux) and cfg.aux[slot] == ("int8", 4)) or cfg.deterministic:
+                raise ValueError(f"{name}.block_skip {cfg.block_skip} needs aux[{slot}] an int8 4-D block table and "
+                                 "deterministic=False (Note [Block skip in the backward])")
         if cfg.tile_m not in (64, 80, 128):
             raise ValueError(f"{name}.tile_m (KernelOptions.bwd_tile_m) must be 64, 80 or 128, got {cfg.tile_m}")
         if cfg.two_cta and not (cfg.head_dim in (64, 128) and cfg.tile_m in (64, 128)):
@@ -846,7 +873,7 @@ class FlashBwdSm90:
         # one role's loops must not be read by another role's branch.
         work = partial(self.work_info, cute.arch.block_idx()[0], num_x, num_batch, section, num_heads, mdK.shape[2],
                        mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, seqlen_q_static, seqlen_k_static, window_left,
-                       window_right)
+                       window_right, mAux)
         smem = partial(self.smem_tensors, storage, sQ_layout, sdO_layout, sK_layout, sV_layout, sPdS_layout,
                        sHalf_layout)
         if warp_idx < 4:
@@ -895,14 +922,16 @@ class FlashBwdSm90:
 
     def work_info(self, block: Int32, num_x: Int32, num_batch: Int32, section: Int32, num_heads: Int32,
                   num_heads_k: Int32, mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, seqlen_q_static: Int32,
-                  seqlen_k_static: Int32, window_left: Int32, window_right: Int32) -> "CtaWork":
+                  seqlen_k_static: Int32, window_left: Int32, window_right: Int32, mAux=None) -> "CtaWork":
         """What this CTA does (every role computes the same): its K block ``n_block`` of
         (``head_kv``, ``batch``) (Note [Launch order] in fa4/bwd/common.py), sequence, mask,
         m_blocks ``[m_min, m_min + num_m)`` (none for a block no query sees, or past
         ``seqused_k``), ``num_steps`` (``group`` q heads per m_block) and ``rows_k``, the dK/dV rows
         it owns (<= 0: the block is past its sequence, and has no steps). With ``two_cta`` the grid
         unit is a pair of adjacent K blocks, one per CTA of the cluster, and both walk the union of
-        the two blocks' m_blocks (Note [Two-CTA dQ])."""
+        the two blocks' m_blocks (Note [Two-CTA dQ]). With ``block_skip`` each block's m_blocks are
+        narrowed to those it is visible to (Note [Block skip in the backward]); every role calls this
+        with whole warps."""
         cn = self.cfg.cluster_n
         rank = block % cn if const_expr(cn > 1) else Int32(0)
         down = None
@@ -919,7 +948,7 @@ class FlashBwdSm90:
             if const_expr(self.cfg.det_up):  # the shortest blocks first (Note [Up order])
                 n_block = num_x - 1 - x
         args = (batch, mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, seqlen_q_static, seqlen_k_static, window_left,
-                window_right)
+                window_right, mAux, head_kv, num_heads, num_heads_k)
         seq, mask, m_min, num_m, rows_k = self.block_range(n_block, *args)
         if const_expr(cn > 1):
             _, _, m_min_p, num_m_p, _ = self.block_range(x * cn + 1 - rank, *args)
@@ -974,8 +1003,11 @@ class FlashBwdSm90:
 
     @cute.jit
     def block_range(self, n_block: Int32, batch: Int32, mCuSeqlensQ, mCuSeqlensK, mSeqUsedK,
-                    seqlen_q_static: Int32, seqlen_k_static: Int32, window_left: Int32, window_right: Int32):
-        """``(seq, mask, m_min, num_m, rows_k)`` of K block ``n_block`` (:meth:`work_info`)."""
+                    seqlen_q_static: Int32, seqlen_k_static: Int32, window_left: Int32, window_right: Int32,
+                    mAux, head_kv: Int32, num_heads: Int32, num_heads_k: Int32):
+        """``(seq, mask, m_min, num_m, rows_k)`` of K block ``n_block`` (:meth:`work_info`); with
+        ``block_skip``, ``[m_min, m_min + num_m)`` spans only the m_blocks the block is visible to for
+        the q heads of ``head_kv``'s group."""
         seq = SeqlenInfo.create(batch, seqlen_q_static, seqlen_k_static, mCuSeqlensQ, mCuSeqlensK, mSeqUsedK)
         # Keys the sequence owns (dK/dV rows to write) vs keys it uses (seqused_k <= that).
         seqlen_k_rows = seq.seqlen_k
@@ -987,6 +1019,11 @@ class FlashBwdSm90:
         mask = AttentionMask(self.tile_m, self.tile_n, self.cfg.causal, self.cfg.local, seq.seqlen_q, seq.seqlen_k,
                              window_left, window_right)
         m_min, m_max = mask.m_block_range(n_block)
+        if const_expr(self.cfg.block_skip):
+            slot, bq, bk = self.cfg.block_skip
+            group = num_heads // num_heads_k
+            skip = BlockSkip(mAux[slot], bq, bk, self.tile_m, self.tile_n, batch, head_kv * group, Int32(0))
+            m_min, m_max = skip.narrow_rows(n_block, m_min, m_max, head_kv * group, group)
         num_m = cutlass.max(m_max - m_min, 0)
         if n_block * self.tile_n >= seq.seqlen_k:
             num_m = Int32(0)  # keys past seqused_k: dK = dV = 0
@@ -2014,6 +2051,9 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         kv_split=common.choose_kv_split(opts, problem, lambda: kv_split_for(problem, steps, tile_n, _num_sms()),
                                         two_cta=two_cta, deterministic=asked_det),
         compact_grid=((COMPACT_VARLEN or _loose_k(problem)) and problem.varlen_k and not deterministic and not two_cta and not first_store),
+        # (deterministic: its dQ order counts every K block of a slot's mask range; with the dQ pass
+        # the main kernel is not deterministic and narrows too.)
+        block_skip=BlockSkip.table_fits(problem.block_table, steps, tile_n) if not deterministic else (),
         score_mod_bwd=problem.score_mod_bwd,
         **BwdSm90Config.problem_flags(problem))
     # What a larger tile_m leaves no room for: the second dQ buffer. What the sdQ tile of a

@@ -1181,20 +1181,10 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
     return cfg
 
 
-# Table entries a kernel block may read to decide whether it is hidden (BlockSkip.visible); over
-# this (sparse blocks much smaller than the tile) the blocks are all computed.
-BLOCK_SKIP_MAX_READS = 16
-
-
 def block_skip(problem: AttnProblem, tile_m: int, tile_n: int, g: int) -> tuple:
     """The config's ``block_skip`` for a block-sparse problem: its ``block_table`` where the tile can
-    skip hidden blocks (no pack GQA; few table entries per kernel block), else ``()``."""
-    if not problem.block_table or g != 1:
-        return ()
-    _, bq, bk = problem.block_table
-    if BlockSkip.spans(tile_m, bq) * BlockSkip.spans(tile_n, bk) > BLOCK_SKIP_MAX_READS:
-        return ()
-    return tuple(problem.block_table)
+    skip hidden blocks (no pack GQA; :meth:`BlockSkip.table_fits`), else ``()``."""
+    return BlockSkip.table_fits(problem.block_table, tile_m, tile_n) if g == 1 else ()
 
 
 def page_rows(page_size: int, tile_n: int) -> int:
