@@ -407,12 +407,13 @@ class BlockSkip:
         return seen != 0
 
     @cute.jit
-    def state(self, n: Int32):
-        """``(visible, mode)`` of kernel block ``n`` from one read of its entries: ``mode`` WHOLE
-        when every entry is 2, INNER when every entry is 1 (the user's mask_mod alone decides), else
-        MIXED (the table's mask function, element by element)."""
+    def state(self, n: Int32, m_block=None, head=None):
+        """``(visible, mode)`` of kernel block ``n`` (of ``m_block`` and q head ``head``, by default
+        the tile's) from one read of its entries: ``mode`` WHOLE when every entry is 2, INNER when
+        every entry is 1 (the user's mask_mod alone decides), else MIXED (the table's mask function,
+        element by element; a hidden block is MIXED, so the table hides all its scores)."""
         seen, all2, all1 = Int32(0), Int32(1), Int32(1)
-        for e in self._entries(n):
+        for e in self._entries(n, m_block, head):
             seen = seen | e
             all2 = all2 & Int32(e == 2)
             all1 = all1 & Int32(e == 1)
@@ -448,6 +449,18 @@ class BlockSkip:
         GQA group), to the highest (Note [Block skip in the backward] in fa4/bwd/sm90.py). The tile's
         own ``m_block`` and ``head`` are not read. Every lane of the calling warp must take part."""
         return ballot_range(m_min, m_max, lambda m: self.visible_rows(m, n, head0, num_heads))
+
+
+def block_mods(mask_mod, block_skip: tuple, tile_m: int, tile_n: int) -> dict:
+    """:class:`UserMods`' block-skipping fields of a kernel with ``block_skip`` (``(aux slot, block_q,
+    block_k)``; ``{}`` without): the user's own mask_mod inside the table's (``_fa4_inner``,
+    fa4/block_sparse.py), its aux tensors' count, whether a ``tile_m`` x ``tile_n`` kernel block can
+    mix states."""
+    if not block_skip:
+        return {}
+    slot, bq, bk = block_skip
+    return dict(inner_mask=getattr(mask_mod, "_fa4_inner", None), inner_slot=slot,
+                mixed=not BlockSkip.uniform(tile_m, tile_n, bq, bk))
 
 
 @cute.jit

@@ -178,25 +178,29 @@ def _bwd_skip() -> tuple:
     return {cfg.block_skip for _, cfg in fa4.ops._plans.values() if type(cfg).__name__ == "BwdSm90Config"}
 
 
-BWD_CASES = [  # (head dim, (seqlen_q, seqlen_k), block, (heads, kv heads), causal, KernelOptions fields, deterministic)
+BWD_CASES = [  # (head dim, (seqlen_q, seqlen_k), block, (heads, kv heads), causal, KernelOptions fields,
+    #             deterministic, user mask_mod)
     # more than 32 m_blocks a K block: the ballot of Note [Block skip in the backward] reads them in chunks
-    (128, (4500, 700), (128, 128), (8, 2), False, {}, False),
-    (64, (2000, 1500), (64, 192), (8, 2), True, {}, False),
-    (128, (1000, 1000), (128, 128), (8, 8), False, {"bwd_two_cta": True}, False),
-    (128, (1000, 1000), (128, 128), (8, 2), False, {"bwd_kv_split": 2}, False),
-    (128, (1000, 1000), (128, 128), (8, 2), True, {"bwd_dq_pass": True}, False),
+    (128, (4500, 700), (128, 128), (8, 2), False, {}, False, None),
+    (64, (2000, 1500), (64, 192), (8, 2), True, {}, False, None),
+    # the user's mask_mod inside the boundary blocks (the steps' INNER mode), whole blocks without one
+    (128, (1000, 1000), (128, 128), (8, 2), False, {}, False, "doc64"),
+    (128, (1000, 1000), (128, 128), (8, 8), False, {"bwd_two_cta": True}, False, None),
+    (128, (1000, 1000), (128, 128), (8, 2), False, {"bwd_kv_split": 2}, False, None),
+    (128, (1000, 1000), (128, 128), (8, 2), True, {"bwd_dq_pass": True}, False, "doc64"),
     # deterministic: with the dQ pass the main kernel narrows (the same bits on every run); without it
     # every block is computed
-    (256, (700, 900), (100, 37), (8, 2), False, {}, True),
-    (64, (1000, 1000), (64, 192), (8, 8), False, {}, True),
+    (256, (700, 900), (100, 37), (8, 2), False, {}, True, "head_parity"),
+    (64, (1000, 1000), (64, 192), (8, 8), False, {}, True, None),
 ]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("d,seqlens,block,heads,causal,opts,det", BWD_CASES,
+@pytest.mark.parametrize("d,seqlens,block,heads,causal,opts,det,user", BWD_CASES,
                          ids=[f"d{d}-{a}x{b}-{bq}x{bk}-h{h}/{hk}{'-causal' if c else ''}-{'-'.join(o) or 'default'}"
-                              f"{'-det' if det else ''}" for d, (a, b), (bq, bk), (h, hk), c, o, det in BWD_CASES])
-def test_block_sparse_backward_skips(d, seqlens, block, heads, causal, opts, det):
+                              f"{'-det' if det else ''}{'-' + u if u else ''}"
+                              for d, (a, b), (bq, bk), (h, hk), c, o, det, u in BWD_CASES])
+def test_block_sparse_backward_skips(d, seqlens, block, heads, causal, opts, det, user):
     """Note [Block skip in the backward]: document-mask lists (the heads of a GQA group cut their
     documents differently, two K blocks no query sees, a q block that sees nothing): gradients against
     the reference with the same mask, exact zeros where nothing is seen, the backward's plan
@@ -205,17 +209,18 @@ def test_block_sparse_backward_skips(d, seqlens, block, heads, causal, opts, det
     sq, sk = seqlens
     h, hk = heads
     bst, state = document_block_sparse(2, h, sq, sk, block, "cuda", seed=d + sq)
+    um, ut = MASK_MODS[user]() if user else (None, None)
     q, k, v = random_qkv(2, sq, sk, h, hk, d, torch.bfloat16, "cuda", requires_grad=True, seed=d + 1)
-    kw = dict(block_sparse_tensors=bst, causal=causal, return_lse=True, deterministic=det,
+    kw = dict(block_sparse_tensors=bst, mask_mod=um, causal=causal, return_lse=True, deterministic=det,
               kernel_options=fa4.KernelOptions(arch="sm90", **opts))
     fa4.ops._plans.clear()
     out, lse = fa4.flash_attn_func(q, k, v, **kw)
-    twin = block_sparse_twin(state, block)
+    twin = block_sparse_twin(state, block, ut)
     with torch.no_grad():
         check(out, lse, q, k, v, mask_fn=twin, causal=causal)
     _grads(out, lse, (q, k, v), dict(mask_fn=twin, causal=causal))
     skipping = d >= 160 or not det  # (d256: the dQ pass)
-    assert _bwd_skip() == ({(0, *block)} if skipping else {()})
+    assert {bs[1:] for bs in _bwd_skip()} == ({tuple(block)} if skipping else {()})  # ((slot, bq, bk) or ())
     gen = torch.Generator("cuda").manual_seed(5)
     g = torch.randn(out.shape, device="cuda", generator=gen).to(out.dtype)
     out, _ = fa4.flash_attn_func(q, k, v, **kw)  # (_grads freed the first call's graph)

@@ -189,7 +189,10 @@ Note [Block skip in the backward]
     takes the range from one ballot). Every role computes its work from :meth:`work_info`, with whole
     warps, so the producer, the consumers and the dQ writer walk the same narrowed steps. Hidden
     blocks inside the range are still computed, their scores masked by the table's mask function
-    (P = dS = 0); for a document mask the range is the documents the K block's keys belong to. A K
+    (P = dS = 0); for a document mask the range is the documents the K block's keys belong to. Each
+    step reads its block's state (``BlockSkip.state``) as the forward's steps do: a whole block runs
+    no mask function, a block marked 1 only the user's own mask_mod (INNER), a hidden or mixed one
+    the table's (MIXED, compiled in always: :meth:`FlashBwdSm90.step_block_mods`). A K
     block no query sees gets no steps and writes dK = dV = 0, as a block past its sequence does; a
     dQ slot no K block reaches keeps the zeros of the preprocess (or is written as zeros, ``counted``,
     after the first store). Not with determinism: its dQ order (Note [Deterministic dQ] in
@@ -290,7 +293,7 @@ from fa4.cute_utils import (
 )
 from fa4.mask import AttentionMask
 from fa4.mods import check_config, launch_aux, lookup
-from fa4.mods_kernel import BlockSkip, UserMods, fake_aux
+from fa4.mods_kernel import BlockSkip, UserMods, block_mods, fake_aux
 from fa4.sched import semaphore
 from fa4.sched.tile import LOOSE_BOUND_RATIO, compact_tile, loose_bound, lowest_pow2, section_tile
 from fa4.seqlen import SeqlenInfo, grid_extent, to_sdhb
@@ -1029,6 +1032,14 @@ class FlashBwdSm90:
             num_m = Int32(0)  # keys past seqused_k: dK = dV = 0
         return seq, mask, m_min, num_m, seqlen_k_rows - n_block * self.tile_n
 
+    def step_block_mods(self) -> dict:
+        """UserMods' block-skipping fields of a step (:func:`fa4.mods_kernel.block_mods`), always with
+        the table's MIXED pass: unlike the forward's, the steps include the hidden blocks inside the
+        narrowed range (Note [Block skip in the backward]), whose state reads MIXED, so that pass hides
+        all their scores."""
+        mods = block_mods(self.mask_mod, self.cfg.block_skip, self.tile_m, self.tile_n)
+        return dict(mods, mixed=True) if mods else mods
+
     def step_slot(self, work, t: Int32):
         """(q head, m_block) of step ``t``: :func:`fa4.bwd.common.step_slot`, or the rotated order
         (``det_rotate``: :func:`fa4.bwd.common.rotated_slot`)."""
@@ -1528,11 +1539,18 @@ class FlashBwdSm90:
         umod, raw_S = None, None
         if const_expr(self.user_mods):  # every step (fa4/mods.py); head, m_block: not lazy
             umod = UserMods(self.score_mod, self.mask_mod, self.tile_m, self.tile_n, 1, work.batch, head, work.seq,
-                            c.aux, transpose=True, score_mod_bwd=self.score_mod_bwd, backward=True)
+                            c.aux, transpose=True, score_mod_bwd=self.score_mod_bwd, backward=True,
+                            **self.step_block_mods())
             if const_expr(self.score_mod is not None):  # Q K^T as the score_mod read it, for its derivative
                 raw_S = cute.make_rmem_tensor_like(c.acc_S)
                 raw_S.store(c.acc_S.load())
-            umod.apply(c.acc_S, c.thr_sdp, m_block, work.n_block, prescale)
+            mode = None
+            if const_expr(self.cfg.block_skip):  # the step's block state: no mask function on a whole block
+                # (a hidden block reads MIXED: the table's mask then hides every score)
+                slot, bq, bk = self.cfg.block_skip
+                _, mode = BlockSkip(c.aux[slot], bq, bk, self.tile_m, self.tile_n, work.batch, head,
+                                    m_block).state(work.n_block)
+            umod.apply(c.acc_S, c.thr_sdp, m_block, work.n_block, prescale, mask_mode=mode)
         if need_mask:
             m_masked = m_block
             if const_expr(m_block is None):  # step_cursor: only the masked steps compute it

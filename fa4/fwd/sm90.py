@@ -121,7 +121,7 @@ from fa4.cute_utils import (
 from fa4.fwd import common as fwd_common
 from fa4.mask import AttentionMask, walk_blocks
 from fa4.mods import check_config, launch_aux, lookup
-from fa4.mods_kernel import BlockSkip, UserMods, fake_aux
+from fa4.mods_kernel import BlockSkip, UserMods, block_mods, fake_aux
 from fa4.pack_gqa import (
     TileRows, batch_slot, load_q_rows, partial_slot, row_sinks, store_acc_rows, store_lse_rows, store_rows,
 )
@@ -563,16 +563,6 @@ class FlashFwdSm90:
         active = m_block * self.tile_m < seqlen.seqlen_q * self.cfg.qhead_per_kvhead
         return m_block, head, split, batch, seqlen, mask, n_min, n_max, active
 
-    def block_mods(self) -> dict:
-        """UserMods' block-skipping fields (``cfg.block_skip``): the user's own mask_mod inside the
-        table's (``_fa4_inner``, fa4/block_sparse.py), its aux tensors' count, whether a kernel block
-        can mix states."""
-        if const_expr(not self.cfg.block_skip):
-            return {}
-        slot, bq, bk = self.cfg.block_skip
-        return dict(inner_mask=getattr(self.mask_mod, "_fa4_inner", None), inner_slot=slot,
-                    mixed=not BlockSkip.uniform(self.tile_m, self.tile_n, bq, bk))
-
     def block_skipper(self, mAux, batch, head, m_block):
         """The tile's :class:`BlockSkip` (``cfg.block_skip``), or None."""
         if const_expr(not self.cfg.block_skip):
@@ -770,7 +760,8 @@ class FlashFwdSm90:
                 umod = None
                 if const_expr(self.user_mods):
                     umod = UserMods(self.score_mod, self.mask_mod, self.tile_m, self.tile_n, cfg.qhead_per_kvhead,
-                                    batch, head, seqlen, mAux, **self.block_mods())
+                                    batch, head, seqlen, mAux,
+                                    **block_mods(self.mask_mod, cfg.block_skip, self.tile_m, self.tile_n))
                 if has_work:
                     if const_expr(self.tma_q):
                         pq.consumer_wait(q_state)
