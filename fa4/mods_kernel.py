@@ -447,8 +447,12 @@ class BlockSkip:
         """The backward's :meth:`narrow`: ``[lo, hi)`` from the lowest m_block of ``[m_min, m_max)``
         that K block ``n`` is visible to, for any of the q heads ``[head0, head0 + num_heads)`` (a
         GQA group), to the highest (Note [Block skip in the backward] in fa4/bwd/sm90.py). The tile's
-        own ``m_block`` and ``head`` are not read. Every lane of the calling warp must take part."""
-        return ballot_range(m_min, m_max, lambda m: self.visible_rows(m, n, head0, num_heads))
+        own ``m_block`` and ``head`` are not read. A table broadcast over the heads (stride 0) is read
+        for one head. Every lane of the calling warp must take part."""
+        heads = num_heads
+        if self.table.stride[1] == 0:
+            heads = Int32(1)
+        return ballot_range(m_min, m_max, lambda m: self.visible_rows(m, n, head0, heads))
 
 
 def block_mods(mask_mod, block_skip: tuple, tile_m: int, tile_n: int) -> dict:

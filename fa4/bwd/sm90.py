@@ -193,7 +193,7 @@ Note [Block skip in the backward]
     step reads its block's state (``BlockSkip.state``) as the forward's steps do: a whole block runs
     no mask function, a block marked 1 only the user's own mask_mod (INNER), a hidden or mixed one
     the table's (MIXED, compiled in always: :meth:`FlashBwdSm90.step_block_mods`). A K
-    block no query sees gets no steps and writes dK = dV = 0, as a block past its sequence does; a
+    block no query sees gets no steps and writes dK = dV = 0, as a block past ``seqused_k`` does; a
     dQ slot no K block reaches keeps the zeros of the preprocess (or is written as zeros, ``counted``,
     after the first store). Not with determinism: its dQ order (Note [Deterministic dQ] in
     fa4/bwd/common.py) counts on every K block of a slot's mask range taking its turn. With the dQ
@@ -601,9 +601,9 @@ class FlashBwdSm90:
             raise ValueError(f"{name}: causal and local are exclusive (local with window_right=0 is causal)")
         if cfg.block_skip:
             slot = cfg.block_skip[0]
-            if not (0 <= slot < len(cfg.aux) and cfg.aux[slot] == ("int8", 4)) or cfg.deterministic:
-                raise ValueError(f"{name}.block_skip {cfg.block_skip} needs aux[{slot}] an int8 4-D block table and "
-                                 "deterministic=False (Note [Block skip in the backward])")
+            if not (0 <= slot < len(cfg.aux) and cfg.aux[slot] == ("int8", 4)) or cfg.deterministic or cfg.det_rotate:
+                raise ValueError(f"{name}.block_skip {cfg.block_skip} needs aux[{slot}] an int8 4-D block table, "
+                                 "deterministic=False and no det_rotate (Note [Block skip in the backward])")
         if cfg.tile_m not in (64, 80, 128):
             raise ValueError(f"{name}.tile_m (KernelOptions.bwd_tile_m) must be 64, 80 or 128, got {cfg.tile_m}")
         if cfg.two_cta and not (cfg.head_dim in (64, 128) and cfg.tile_m in (64, 128)):
@@ -981,7 +981,8 @@ class FlashBwdSm90:
     @cute.jit
     def range_union(self, m_min: Int32, num_m: Int32, m_min_p: Int32, num_m_p: Int32):
         """The m_blocks of both K blocks of a pair (each range contiguous, the two adjacent or
-        overlapping, so their union is one range); either may be empty."""
+        overlapping, so their union is one range; with ``block_skip`` the narrowed ranges may leave
+        a gap, walked with every score masked); either may be empty."""
         lo, n = m_min, num_m
         if num_m == 0:
             lo, n = m_min_p, num_m_p
@@ -1023,10 +1024,12 @@ class FlashBwdSm90:
                              window_left, window_right)
         m_min, m_max = mask.m_block_range(n_block)
         if const_expr(self.cfg.block_skip):
-            slot, bq, bk = self.cfg.block_skip
-            group = num_heads // num_heads_k
-            skip = BlockSkip(mAux[slot], bq, bk, self.tile_m, self.tile_n, batch, head_kv * group, Int32(0))
-            m_min, m_max = skip.narrow_rows(n_block, m_min, m_max, head_kv * group, group)
+            # (not for a block past the keys, a two-CTA pair's second: its table column does not exist)
+            if n_block * self.tile_n < seq.seqlen_k:
+                slot, bq, bk = self.cfg.block_skip
+                group = num_heads // num_heads_k
+                skip = BlockSkip(mAux[slot], bq, bk, self.tile_m, self.tile_n, batch, head_kv * group, Int32(0))
+                m_min, m_max = skip.narrow_rows(n_block, m_min, m_max, head_kv * group, group)
         num_m = cutlass.max(m_max - m_min, 0)
         if n_block * self.tile_n >= seq.seqlen_k:
             num_m = Int32(0)  # keys past seqused_k: dK = dV = 0
@@ -2012,6 +2015,10 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         # The kept Q K^T of a score_mod (fa4/mods.py) spills with 128-row steps (d64 with the tanh
         # score_mod of the tests: 71 spill stores; 64-row steps: none).
         steps = 64
+    if problem.block_table and not deterministic and opts.bwd_tile_m is None:
+        # The steps' block states and mask passes (Note [Block skip in the backward]) spill with d64's
+        # 128-row steps (a 40-byte frame against 8 without them; 64-row steps: none).
+        steps = 64
     if opts.bwd_tile_m not in (None, 64, 128):
         raise ValueError(f"KernelOptions.bwd_tile_m={opts.bwd_tile_m}: the sm90 backward runs 64 or 128 rows per "
                          "step (80, with the swapped dQ wgmma, is an experiment not yet run on a GPU)")
@@ -2041,7 +2048,9 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
     # Claims (the first store without determinism) walk the rotated order too, where it serves: the
     # K blocks of a pair then reach each slot at different steps (:data:`CLAIM_ROTATE`).
     claims_rotate = first_store and not deterministic and CLAIM_ROTATE
-    rotated = (bool(deterministic) or claims_rotate) and rotate and rotate_ok(problem, tile_n)
+    block_skip = BlockSkip.table_fits(problem.block_table, steps, tile_n) if not deterministic else ()
+    # (the rotated order counts m_blocks from 0: not over a narrowed range)
+    rotated = (bool(deterministic) or claims_rotate) and rotate and rotate_ok(problem, tile_n) and not block_skip
     det_up = (bool(deterministic) and ((problem.causal and DET_UP) or (problem.local and DET_UP_LOCAL))
               and (problem.heads == problem.heads_k or DET_UP_GQA))
     cfg = BwdSm90Config(
@@ -2071,7 +2080,7 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         compact_grid=((COMPACT_VARLEN or _loose_k(problem)) and problem.varlen_k and not deterministic and not two_cta and not first_store),
         # (deterministic: its dQ order counts every K block of a slot's mask range; with the dQ pass
         # the main kernel is not deterministic and narrows too.)
-        block_skip=BlockSkip.table_fits(problem.block_table, steps, tile_n) if not deterministic else (),
+        block_skip=block_skip,
         score_mod_bwd=problem.score_mod_bwd,
         **BwdSm90Config.problem_flags(problem))
     # What a larger tile_m leaves no room for: the second dQ buffer. What the sdQ tile of a
