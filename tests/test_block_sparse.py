@@ -234,6 +234,25 @@ def _bwd_problem(block, d=128, h=8, hk=2, causal=False):
                        block_table=(0, *block))
 
 
+def test_backward_block_skip_never_rotates(monkeypatch):
+    """The rotated order counts m_blocks from 0 (Note [Rotated order]): with the relaxed claims'
+    switches on (off by default), a block-sparse backward keeps the plain order."""
+    from fa4.bwd import sm90 as bwd90
+
+    monkeypatch.setattr(bwd90, "DQ_FIRST_STORE", {True: True, False: True})
+    monkeypatch.setattr(bwd90, "CLAIM_ROTATE", True)
+    plain = bwd90.make_config(_without_table(_bwd_problem((128, 128))), None, "sm_90a", False)
+    assert plain.det_rotate and not plain.block_skip  # (the switches do rotate a call without lists)
+    cfg = bwd90.make_config(_bwd_problem((128, 128)), None, "sm_90a", False)
+    assert cfg.block_skip and cfg.dq_first_store and not cfg.det_rotate
+
+
+def _without_table(p):
+    import dataclasses
+
+    return dataclasses.replace(p, block_table=())
+
+
 def test_backward_config_skips_blocks_where_it_may():
     """Note [Block skip in the backward]: the sm90 backward narrows when not deterministic, and with
     its dQ pass (whose main kernel is not deterministic) in both modes, the pass too; not with
@@ -258,6 +277,7 @@ def test_backward_config_skips_blocks_where_it_may():
         main = cfg((128, 128), det=det, d=256)
         assert main.dq_pass and not main.deterministic and main.block_skip == (0, 128, 128)
         assert dq_sm90.config_for(main).block_skip == (0, 128, 128)
+    assert cfg((128, 128), d=64).tile_m == 64  # (d64's 128-row steps spill with the steps' mask passes)
     with pytest.raises(ValueError, match="block_skip"):
         bwd90.FlashBwdSm90.can_implement(dataclasses.replace(cfg((128, 128), det=True), block_skip=(0, 128, 128)))
     with pytest.raises(ValueError, match="block_skip"):
