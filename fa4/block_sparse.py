@@ -27,11 +27,10 @@ Note [Block sparsity as a block table]
     the hidden blocks (``AttnProblem.block_table`` names the table; ``FwdSm90Config.block_skip``,
     :class:`fa4.mods_kernel.BlockSkip`): its producer and consumers narrow each tile's K range to
     its visible blocks and step over the hidden ones, where a kernel block touches at most 16
-    table entries and the tile's rows are one q head (no pack GQA). The sm90 backward, when not
-    deterministic (or with its dQ pass), narrows each K block's Q blocks to the visible range
-    (``BwdSm90Config.block_skip``, Note [Block skip in the backward] in fa4/bwd/sm90.py). Every
-    other path (the deterministic sm90 backward without the dQ pass, the sm80 family) computes
-    every block, at dense speed, with a one-time warning per direction. The backward reads the forward's table, so ``block_sparse_tensors_bwd`` (the same
+    table entries and the tile's rows are one q head (no pack GQA). The sm90 backward narrows each
+    K block's Q blocks to the visible range (``BwdSm90Config.block_skip``, Note [Block skip in the
+    backward] in fa4/bwd/sm90.py; a deterministic run through its dQ pass). The sm80 family
+    computes every block, at dense speed, with a one-time warning per direction. The backward reads the forward's table, so ``block_sparse_tensors_bwd`` (the same
     pattern indexed by K block) is checked for its shapes and not read. Eager calls only: under ``torch.compile`` the call raises
     NotImplementedError (dynamo cannot trace the making of the mask function, nor guard on one made
     outside the graph); there, build the table with :func:`table` and read it in your own mask_mod.
@@ -150,15 +149,15 @@ def check(bst, bst_bwd, batch: int, heads: int, seqlen_q: int, seqlen_k: int, de
 
 def warn_dense(direction: str, kernel: str) -> None:
     """One warning per direction that a block-sparse call computes every block there (the same results
-    through the table's mask function, at dense speed): the sm80 family, the deterministic sm90
-    backward (without its dQ pass), and the sm90 kernels where the tile cannot skip (pack GQA, sparse
-    blocks much smaller than the tile)."""
+    through the table's mask function, at dense speed): the sm80 family, and the sm90 kernels where
+    they cannot skip (pack GQA, sparse blocks much smaller than the tile, a deterministic backward
+    told not to take its dQ pass)."""
     if direction not in _warned:
         _warned.append(direction)
         warnings.warn(f"fa4: block_sparse_tensors in the {direction} ({kernel}): every block is computed, the "
-                      f"block table acting as a mask (the same results, at dense speed); the sm90 forward and "
-                      f"the non-deterministic sm90 backward skip hidden blocks (Note [Block sparsity as a block "
-                      f"table] in fa4/block_sparse.py)",
+                      f"block table acting as a mask (the same results, at dense speed); the sm90 kernels skip "
+                      f"hidden blocks where they can (Note [Block sparsity as a block table] in "
+                      f"fa4/block_sparse.py)",
                       stacklevel=4)
 
 
@@ -324,5 +323,5 @@ def table_mask(user_mask: Optional[Callable], block_q: int, block_k: int, slot: 
 def explain_note() -> str:
     return ("block_sparse_tensors: a block table read by the mask function (the same results); the sm90 forward "
             "skips the hidden blocks (not with pack GQA), the sm90 backward narrows each K block's Q blocks to the "
-            "visible range (not deterministic, except with its dQ pass); the sm80 family computes every block "
+            "visible range (a deterministic run through its dQ pass); the sm80 family computes every block "
             "(fa4/block_sparse.py)")

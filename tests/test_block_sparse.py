@@ -253,11 +253,11 @@ def _without_table(p):
     return dataclasses.replace(p, block_table=())
 
 
-def test_backward_config_skips_blocks_where_it_may():
+def test_backward_config_skips_blocks_where_it_may(monkeypatch):
     """Note [Block skip in the backward]: the sm90 backward narrows when not deterministic, and with
-    its dQ pass (whose main kernel is not deterministic) in both modes, the pass too; not with
-    determinism otherwise, nor with sparse blocks much smaller than the tile; a config that asks for
-    it with determinism is refused."""
+    its dQ pass (whose main kernel is not deterministic), which a deterministic run takes, the pass
+    too; not with the ordered dQ (the rule off), nor with sparse blocks much smaller than the tile;
+    a config that asks for it with the ordered dQ is refused."""
     import dataclasses
 
     from fa4.bwd import dq_sm90
@@ -269,7 +269,9 @@ def test_backward_config_skips_blocks_where_it_may():
     assert cfg((128, 128)).block_skip == (0, 128, 128)
     assert cfg((128, 128), causal=True).block_skip == (0, 128, 128)
     assert cfg((100, 37)).block_skip == (0, 100, 37)
-    assert cfg((128, 128), det=True).block_skip == ()
+    det = cfg((128, 128), det=True)  # (through the dQ pass: BLOCK_SPARSE_DET_DQ_PASS)
+    assert det.dq_pass and not det.deterministic and det.block_skip == (0, 128, 128)
+    assert dq_sm90.config_for(det).block_skip == (0, 128, 128)
     assert cfg((16, 16)).block_skip == ()
     two = cfg((128, 128), opts=fa4.KernelOptions(bwd_two_cta=True), h=8, hk=8)
     assert two.two_cta and two.block_skip == (0, 128, 128)
@@ -278,8 +280,11 @@ def test_backward_config_skips_blocks_where_it_may():
         assert main.dq_pass and not main.deterministic and main.block_skip == (0, 128, 128)
         assert dq_sm90.config_for(main).block_skip == (0, 128, 128)
     assert cfg((128, 128), d=64).tile_m == 64  # (d64's 128-row steps spill with the steps' mask passes)
+    monkeypatch.setattr(bwd90, "BLOCK_SPARSE_DET_DQ_PASS", False)
+    ordered = cfg((128, 128), det=True)
+    assert ordered.deterministic and not ordered.dq_pass and ordered.block_skip == ()
     with pytest.raises(ValueError, match="block_skip"):
-        bwd90.FlashBwdSm90.can_implement(dataclasses.replace(cfg((128, 128), det=True), block_skip=(0, 128, 128)))
+        bwd90.FlashBwdSm90.can_implement(dataclasses.replace(ordered, block_skip=(0, 128, 128)))
     with pytest.raises(ValueError, match="block_skip"):
         bwd90.FlashBwdSm90.can_implement(dataclasses.replace(cfg((128, 128)), block_skip=(1, 128, 128)))
 

@@ -189,10 +189,11 @@ BWD_CASES = [  # (head dim, (seqlen_q, seqlen_k), block, (heads, kv heads), caus
     (128, (1000, 1100), (128, 128), (8, 8), False, {"bwd_two_cta": True}, False, None),
     (128, (1000, 1000), (128, 128), (8, 2), False, {"bwd_kv_split": 2}, False, None),
     (128, (1000, 1000), (128, 128), (8, 2), True, {"bwd_dq_pass": True}, False, "doc64"),
-    # deterministic: with the dQ pass the main kernel narrows (the same bits on every run); without it
-    # every block is computed
+    # deterministic: through the dQ pass (BLOCK_SPARSE_DET_DQ_PASS) both kernels narrow, the same bits on
+    # every run; told to keep the ordered dQ, every block is computed
     (256, (700, 900), (100, 37), (8, 2), False, {}, True, "head_parity"),
-    (64, (1000, 1000), (64, 192), (8, 8), False, {}, True, None),
+    (64, (1000, 1000), (64, 192), (8, 8), True, {}, True, None),
+    (64, (1000, 1000), (64, 192), (8, 8), False, {"bwd_dq_pass": False}, True, None),
 ]
 
 
@@ -220,7 +221,7 @@ def test_block_sparse_backward_skips(d, seqlens, block, heads, causal, opts, det
     with torch.no_grad():
         check(out, lse, q, k, v, mask_fn=twin, causal=causal)
     _grads(out, lse, (q, k, v), dict(mask_fn=twin, causal=causal))
-    skipping = d >= 160 or not det  # (d256: the dQ pass)
+    skipping = not (det and opts.get("bwd_dq_pass") is False)
     assert {bs[1:] for bs in _bwd_skip()} == ({tuple(block)} if skipping else {()})  # ((slot, bq, bk) or ())
     gen = torch.Generator("cuda").manual_seed(5)
     g = torch.randn(out.shape, device="cuda", generator=gen).to(out.dtype)

@@ -310,6 +310,8 @@ if has next44; then
   # main, three times in turn (prediction: 7.3-7.5 ms -> 2.0-2.4 ms; 27% of the steps remain).
   gpu_tests next44tests 300 tests/test_block_sparse_gpu.py || exit 1
   beside_main next44 3 --mode bwd --rounds 2 --cases mods-blockdoc-d128
+  # ... and deterministic (the branch: through the dQ pass, BLOCK_SPARSE_DET_DQ_PASS; main: every block).
+  beside_main next44d 2 --mode bwd --rounds 2 --deterministic --cases mods-blockdoc-d128
 fi
 if has ctime; then
   # Issue 7 item 7: cold compile times on this host (the H100 host needed more than 70 s for the list, v0.35).

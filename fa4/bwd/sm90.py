@@ -195,11 +195,12 @@ Note [Block skip in the backward]
     the table's (MIXED, compiled in always: :meth:`FlashBwdSm90.step_block_mods`). A K
     block no query sees gets no steps and writes dK = dV = 0, as a block past ``seqused_k`` does; a
     dQ slot no K block reaches keeps the zeros of the preprocess (or is written as zeros, ``counted``,
-    after the first store). Not with determinism: its dQ order (Note [Deterministic dQ] in
-    fa4/bwd/common.py) counts on every K block of a slot's mask range taking its turn. With the dQ
-    pass the main kernel is not deterministic and narrows, and the pass narrows each Q block's K
-    blocks as the forward does (:meth:`BlockSkip.narrow`); the sums of both skip terms that are
-    exactly 0 and keep their order, so a deterministic run is still the same bits on every run.
+    after the first store). Not with the ordered dQ of determinism (Note [Deterministic dQ] in
+    fa4/bwd/common.py): it counts on every K block of a slot's mask range taking its turn. So a
+    deterministic block-sparse run takes the dQ pass (:data:`BLOCK_SPARSE_DET_DQ_PASS`): the main
+    kernel is then not deterministic and narrows, and the pass narrows each Q block's K blocks as
+    the forward does (:meth:`BlockSkip.narrow`); the sums of both skip terms that are exactly 0 and
+    keep their order, so the run is still the same bits every time.
 
 Note [Two-CTA dQ]
     With ``two_cta`` a cluster of two CTAs takes two adjacent K blocks ``2x`` and ``2x + 1`` of a
@@ -1958,6 +1959,13 @@ causal 466.9 -> 466.2 and 448.2 -> 460.1, GQA causal 439.4 -> 447.4 and 437.3 ->
 533.5 -> 542.2 and 484.3 -> 531.9: +1.7% median, under the timings' resolution (about 4%)."""
 
 
+BLOCK_SPARSE_DET_DQ_PASS = True
+"""Whether a deterministic block-sparse backward takes the dQ pass at every head dim (Note [dQ pass] in
+fa4/bwd/dq_sm90.py), so that both its kernels narrow to the visible blocks (Note [Block skip in the
+backward]); without it, below head dim 160, the main kernel's ordered dQ computes every block. The
+pass recomputes S and dP per Q block (about 40% more tensor work per visible block), so it pays off
+where a good share of the blocks is hidden: chosen without a measurement (not yet run on a GPU)."""
+
 COMPACT_LOOSE_BOUND = False
 """Whether a varlen backward whose ``max_seqlen_k`` is a loose bound (``fa4.sched.tile.loose_bound``:
 the call omitted it, or one long sequence among short ones) takes the compact grid. Off: timed in
@@ -2038,6 +2046,9 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         dq_pass = (not two_cta and bound is not None and hd >= bound
                    and (deterministic or not (problem.causal or problem.local)
                         or (DQ_PASS_MASKED_MIN_HD is not None and hd >= DQ_PASS_MASKED_MIN_HD)))
+        # A deterministic block-sparse run skips blocks only through the dQ pass (Note [Block skip in
+        # the backward]): :data:`BLOCK_SPARSE_DET_DQ_PASS`.
+        dq_pass = dq_pass or bool(BLOCK_SPARSE_DET_DQ_PASS and deterministic and problem.block_table and not two_cta)
     if dq_pass:
         # dQ comes from the dQ pass, the same bits on every run; the main kernel's dK / dV sums are in
         # CTA order in either mode: a deterministic run takes the non-deterministic kernel.
