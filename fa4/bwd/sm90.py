@@ -2023,7 +2023,7 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         # The kept Q K^T of a score_mod (fa4/mods.py) spills with 128-row steps (d64 with the tanh
         # score_mod of the tests: 71 spill stores; 64-row steps: none).
         steps = 64
-    if problem.block_table and not deterministic and opts.bwd_tile_m is None:
+    if problem.block_table and opts.bwd_tile_m is None:
         # The steps' block states and mask passes (Note [Block skip in the backward]) spill with d64's
         # 128-row steps (a 40-byte frame against 8 without them; 64-row steps: none).
         steps = 64
