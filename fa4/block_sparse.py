@@ -29,8 +29,10 @@ Note [Block sparsity as a block table]
     its visible blocks and step over the hidden ones, where a kernel block touches at most 16
     table entries and the tile's rows are one q head (no pack GQA). The sm90 backward narrows each
     K block's Q blocks to the visible range (``BwdSm90Config.block_skip``, Note [Block skip in the
-    backward] in fa4/bwd/sm90.py; a deterministic run through its dQ pass). The sm80 family
-    computes every block, at dense speed, with a one-time warning per direction. The backward reads the forward's table, so ``block_sparse_tensors_bwd`` (the same
+    backward] in fa4/bwd/sm90.py; a deterministic run through its dQ pass), and so does the sm80
+    backward when not deterministic. The sm80 forward (its narrowing spills: ``fwd.sm80.BLOCK_SKIP``)
+    and the deterministic sm80 backward compute every block, at dense speed, with a one-time warning
+    per direction. The backward reads the forward's table, so ``block_sparse_tensors_bwd`` (the same
     pattern indexed by K block) is checked for its shapes and not read. Eager calls only: under ``torch.compile`` the call raises
     NotImplementedError (dynamo cannot trace the making of the mask function, nor guard on one made
     outside the graph); there, build the table with :func:`table` and read it in your own mask_mod.
@@ -323,5 +325,6 @@ def table_mask(user_mask: Optional[Callable], block_q: int, block_k: int, slot: 
 def explain_note() -> str:
     return ("block_sparse_tensors: a block table read by the mask function (the same results); the sm90 forward "
             "skips the hidden blocks (not with pack GQA), the sm90 backward narrows each K block's Q blocks to the "
-            "visible range (a deterministic run through its dQ pass); the sm80 family computes every block "
+            "visible range (a deterministic run through its dQ pass), the sm80 backward too when not "
+            "deterministic; the sm80 forward computes every block "
             "(fa4/block_sparse.py)")

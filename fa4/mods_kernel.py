@@ -455,6 +455,20 @@ class BlockSkip:
         return ballot_range(m_min, m_max, lambda m: self.visible_rows(m, n, head0, heads))
 
 
+def check_block_skip(cfg, name: str, **refused) -> None:
+    """A kernel config's ``block_skip`` (host, ``can_implement``): ``aux[slot]`` must be the call's
+    int8 4-D block table, and each ``refused`` flag (a field name: its value) false; ValueError
+    naming them."""
+    if not cfg.block_skip:
+        return
+    slot = cfg.block_skip[0]
+    bad = [k for k, v in refused.items() if v]
+    if not (0 <= slot < len(cfg.aux) and cfg.aux[slot] == ("int8", 4)) or bad:
+        raise ValueError(f"{name}.block_skip {cfg.block_skip} needs aux[{slot}] an int8 4-D block table"
+                         + (f" and not {', '.join(bad)}" if bad else "") + " (Note [Block sparsity as a block "
+                         "table] in fa4/block_sparse.py)")
+
+
 def block_mods(mask_mod, block_skip: tuple, tile_m: int, tile_n: int) -> dict:
     """:class:`UserMods`' block-skipping fields of a kernel with ``block_skip`` (``(aux slot, block_q,
     block_k)``; ``{}`` without): the user's own mask_mod inside the table's (``_fa4_inner``,

@@ -289,6 +289,30 @@ def test_backward_config_skips_blocks_where_it_may(monkeypatch):
         bwd90.FlashBwdSm90.can_implement(dataclasses.replace(cfg((128, 128)), block_skip=(1, 128, 128)))
 
 
+def test_sm80_configs_skip_where_they_may(monkeypatch):
+    """The sm80 backward narrows when not deterministic (as the sm90 one); the sm80 forward's
+    narrowing is off (``fwd.sm80.BLOCK_SKIP``: it spills) and, turned on, compiles with its ballot."""
+    import dataclasses
+
+    from fa4 import sass
+    from fa4.bwd import sm80 as bwd80
+    from fa4.fwd import sm80 as fwd80
+
+    p = _bwd_problem((128, 128))
+    assert bwd80.make_config(p, None, "sm_90a", False).block_skip == (0, 128, 128)
+    assert bwd80.make_config(p, None, "sm_90a", True).block_skip == ()
+    with pytest.raises(ValueError, match="block_skip"):
+        bwd80.FlashBwdSm80.can_implement(dataclasses.replace(bwd80.make_config(p, None, "sm_90a", True),
+                                                             block_skip=(0, 128, 128)))
+    assert fwd80.make_config(p, None, "sm_90a", True).block_skip == ()
+    monkeypatch.setattr(fwd80, "BLOCK_SKIP", True)
+    fwd = fwd80.make_config(p, None, "sm_90a", True)
+    assert fwd.block_skip == (0, 128, 128)
+    for c in (fwd, bwd80.make_config(p, None, "sm_90a", False)):
+        ops = sass.opcode_counts(sass.disassemble(c))
+        assert sass.count(ops, "VOTE") + sass.count(ops, "VOTEU") > 0, type(c).__name__
+
+
 @pytest.mark.parametrize("case", ["gqa_causal", "two_cta", "kv_split", "dq_pass"])
 def test_backward_block_skip_compiles(case):
     """The narrowing backward compiles with each of the paths it runs on, and its SASS has the

@@ -175,7 +175,8 @@ def test_table_kernel_takes_broadcast_lists(monkeypatch):
 
 def _bwd_skip() -> set:
     """The ``block_skip`` values of the backward plans made since the plan cache was cleared."""
-    return {cfg.block_skip for _, cfg in fa4.ops._plans.values() if type(cfg).__name__ == "BwdSm90Config"}
+    return {cfg.block_skip for _, cfg in fa4.ops._plans.values() if type(cfg).__name__ in ("BwdSm90Config",
+                                                                                         "BwdSm80Config")}
 
 
 BWD_CASES = [  # (head dim, (seqlen_q, seqlen_k), block, (heads, kv heads), causal, KernelOptions fields,
@@ -194,6 +195,9 @@ BWD_CASES = [  # (head dim, (seqlen_q, seqlen_k), block, (heads, kv heads), caus
     (256, (700, 900), (100, 37), (8, 2), False, {}, True, "head_parity"),
     (64, (1000, 1000), (64, 192), (8, 8), True, {}, True, None),
     (64, (1000, 1000), (64, 192), (8, 8), False, {"bwd_dq_pass": False}, True, None),
+    # the sm80 backward narrows too (not deterministic; its forward computes every block)
+    (128, (1500, 900), (128, 128), (8, 2), False, {"arch": "sm80"}, False, "doc64"),
+    (64, (1000, 1000), (64, 192), (8, 8), True, {"arch": "sm80"}, True, None),
 ]
 
 
@@ -214,14 +218,14 @@ def test_block_sparse_backward_skips(d, seqlens, block, heads, causal, opts, det
     um, ut = MASK_MODS[user]() if user else (None, None)
     q, k, v = random_qkv(2, sq, sk, h, hk, d, torch.bfloat16, "cuda", requires_grad=True, seed=d + 1)
     kw = dict(block_sparse_tensors=bst, mask_mod=um, causal=causal, return_lse=True, deterministic=det,
-              kernel_options=fa4.KernelOptions(arch="sm90", **opts))
+              kernel_options=fa4.KernelOptions(**{"arch": "sm90", **opts}))
     fa4.ops._plans.clear()
     out, lse = fa4.flash_attn_func(q, k, v, **kw)
     twin = block_sparse_twin(state, block, ut)
     with torch.no_grad():
         check(out, lse, q, k, v, mask_fn=twin, causal=causal)
     _grads(out, lse, (q, k, v), dict(mask_fn=twin, causal=causal))
-    skipping = not (det and opts.get("bwd_dq_pass") is False)
+    skipping = not (det and (opts.get("bwd_dq_pass") is False or opts.get("arch") == "sm80"))
     assert {bs[1:] for bs in _bwd_skip()} == ({tuple(block)} if skipping else {()})  # ((slot, bq, bk) or ())
     gen = torch.Generator("cuda").manual_seed(5)
     g = torch.randn(out.shape, device="cuda", generator=gen).to(out.dtype)

@@ -72,7 +72,7 @@ from fa4.cute_utils import (
 from fa4.fwd.common import grid_extent
 from fa4.mask import AttentionMask, walk_blocks
 from fa4.mods import check_config, lookup
-from fa4.mods_kernel import BlockSkip, UserMods, fake_aux
+from fa4.mods_kernel import BlockSkip, UserMods, check_block_skip, fake_aux
 from fa4.sched.tile import SectionTileScheduler
 from fa4.seqlen import SeqlenInfo, to_sdhb
 from fa4.softmax import apply_softcap, exp2_rows, score_scales, softcap_grad
@@ -151,8 +151,7 @@ class FlashBwdDqSm90:
         if cfg.smem_bytes() > SMEM_CAPACITY:
             raise ValueError(f"{name}: {cfg.smem_bytes()} bytes of shared memory exceed sm_90a's {SMEM_CAPACITY}")
         check_config(cfg, name, backward=True)
-        if cfg.block_skip and not (0 <= cfg.block_skip[0] < len(cfg.aux) and cfg.aux[cfg.block_skip[0]] == ("int8", 4)):
-            raise ValueError(f"{name}.block_skip {cfg.block_skip} needs aux[{cfg.block_skip[0]}] an int8 4-D block table")
+        check_block_skip(cfg, name)
         # dQ, S and dP (float32), dS (16-bit), and with softcap tanh(S) (score_mod: S): registers per thread. The
         # largest compiled without spills: 224 (d128 with 128-key blocks, d160 with 112: 220).
         acc = (cfg.head_dim // 2 + cfg.tile_n + cfg.tile_n // 4

@@ -81,7 +81,7 @@ from fa4.cute_utils import (
 )
 from fa4.mask import AttentionMask
 from fa4.mods import check_config, launch_aux, lookup
-from fa4.mods_kernel import UserMods, fake_aux
+from fa4.mods_kernel import BlockSkip, UserMods, check_block_skip, fake_aux
 from fa4.sched import semaphore
 from fa4.sched.tile import section_tile
 from fa4.seqlen import SeqlenInfo, grid_extent
@@ -103,7 +103,10 @@ class BwdSm80Config(AttnKernelConfig):
     dV), ``atom_m_dq`` (warps along tile_m for dQ): the warp layouts of the three MMA shapes, the
     other direction taking the remaining warps. ``kv_split`` (a power of two dividing the GQA group):
     the q heads of a kv head over that many CTAs per K block, float32 partial dK / dV (Note [Split
-    GQA group] in fa4/bwd/sm90.py; the driver allocates and sums the partials).
+    GQA group] in fa4/bwd/sm90.py; the driver allocates and sums the partials). ``block_skip`` (not
+    deterministic): ``(aux slot, block_q, block_k)`` of a block-sparse call's block table, ``()``
+    without one: each CTA narrows its m_blocks to those its K block is visible to, as the sm90
+    backward's (Note [Block skip in the backward] in fa4/bwd/sm90.py).
     """
 
     head_dim: int = 128
@@ -116,6 +119,7 @@ class BwdSm80Config(AttnKernelConfig):
     atom_m_dq: int = 2
     deterministic: bool = False
     kv_split: int = 1
+    block_skip: tuple = ()
 
     KERNEL: ClassVar[str] = "fa4.bwd.sm80:FlashBwdSm80"
 
@@ -199,6 +203,8 @@ class FlashBwdSm80:
     def can_implement(cfg: BwdSm80Config) -> None:
         cfg.check_target(_DTYPES, head_dim_multiple=32)
         check_config(cfg, "BwdSm80Config", backward=True)
+        # (the ordered dQ counts on every K block of a slot's mask range)
+        check_block_skip(cfg, "BwdSm80Config", deterministic=cfg.deterministic)
         if cfg.num_threads not in (128, 256):
             raise ValueError(f"BwdSm80Config.num_threads must be 128 or 256, got {cfg.num_threads}")
         if cfg.tile_m not in (32, 64, 128) or cfg.tile_n not in (32, 64, 128):
@@ -410,6 +416,11 @@ class FlashBwdSm80:
                 window_right,
             )
             m_min, m_max = mask.m_block_range(n_block)
+            if const_expr(self.cfg.block_skip):  # (every thread of the CTA: whole warps)
+                slot, bq, bk = self.cfg.block_skip
+                g = mQ.shape[2] // mdK.shape[2]
+                skip = BlockSkip(mAux[slot], bq, bk, self.tile_m, self.tile_n, batch, head_kv * g, Int32(0))
+                m_min, m_max = skip.narrow_rows(n_block, m_min, m_max, head_kv * g, g)
             num_m = cutlass.max(m_max - m_min, 0)
             if n_block >= num_n_used:
                 num_m = Int32(0)  # keys past seqused_k: dK = dV = 0
@@ -985,6 +996,7 @@ def make_config(
         atom_n_dkv=picked[1],
         atom_m_dq=picked[2],
         deterministic=bool(deterministic),
+        block_skip=BlockSkip.table_fits(problem.block_table, tile_m, tile_n) if not deterministic else (),
         kv_split=common.choose_kv_split(
             opts, problem,
             (lambda: common.kv_split_for(problem, tile_m, tile_n, common.arch.num_sms())) if KV_SPLIT else None,

@@ -294,7 +294,7 @@ from fa4.cute_utils import (
 )
 from fa4.mask import AttentionMask
 from fa4.mods import check_config, launch_aux, lookup
-from fa4.mods_kernel import BlockSkip, UserMods, block_mods, fake_aux
+from fa4.mods_kernel import BlockSkip, UserMods, block_mods, check_block_skip, fake_aux
 from fa4.sched import semaphore
 from fa4.sched.tile import LOOSE_BOUND_RATIO, compact_tile, loose_bound, lowest_pow2, section_tile
 from fa4.seqlen import SeqlenInfo, grid_extent, to_sdhb
@@ -600,11 +600,8 @@ class FlashBwdSm90:
                              "the grid's x)")
         if cfg.causal and cfg.local:
             raise ValueError(f"{name}: causal and local are exclusive (local with window_right=0 is causal)")
-        if cfg.block_skip:
-            slot = cfg.block_skip[0]
-            if not (0 <= slot < len(cfg.aux) and cfg.aux[slot] == ("int8", 4)) or cfg.deterministic or cfg.det_rotate:
-                raise ValueError(f"{name}.block_skip {cfg.block_skip} needs aux[{slot}] an int8 4-D block table, "
-                                 "deterministic=False and no det_rotate (Note [Block skip in the backward])")
+        # (the ordered dQ and the rotated order: Note [Block skip in the backward])
+        check_block_skip(cfg, name, deterministic=cfg.deterministic, det_rotate=cfg.det_rotate)
         if cfg.tile_m not in (64, 80, 128):
             raise ValueError(f"{name}.tile_m (KernelOptions.bwd_tile_m) must be 64, 80 or 128, got {cfg.tile_m}")
         if cfg.two_cta and not (cfg.head_dim in (64, 128) and cfg.tile_m in (64, 128)):

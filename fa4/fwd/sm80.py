@@ -70,7 +70,7 @@ from fa4.cute_utils import (
 from fa4.fwd import common as fwd_common
 from fa4.mask import AttentionMask, walk_blocks
 from fa4.mods import check_config, launch_aux, lookup
-from fa4.mods_kernel import UserMods, fake_aux
+from fa4.mods_kernel import BlockSkip, UserMods, check_block_skip, fake_aux
 from fa4.pack_gqa import TileRows, partial_slot, row_sinks, store_acc_rows, store_lse_rows, store_rows
 from fa4.sched.tile import SectionTileScheduler, split_head, split_range
 from fa4.seqlen import SeqlenInfo
@@ -93,7 +93,10 @@ class FwdSm80Config(AttnFwdConfig):
     kept in registers (saves ldmatrix traffic, costs registers). ``qhead_per_kvhead > 1``: pack
     GQA, the tile's rows are that many q heads of one kv head (Note [Pack GQA] in
     fa4/pack_gqa.py); ``split_kv``: O and LSE are float32 partials of a runtime number of K splits
-    (Note [Split-KV partials] there)."""
+    (Note [Split-KV partials] there). ``block_skip`` (not with pack GQA): ``(aux slot, block_q,
+    block_k)`` of a block-sparse call's block table, ``()`` without one: each tile narrows its K
+    blocks to those from its lowest visible one to its highest (:meth:`BlockSkip.narrow`; the
+    blocks between are computed, the table's mask hiding the hidden ones)."""
 
     head_dim: int = 128
     head_dim_v: int = 128
@@ -108,6 +111,7 @@ class FwdSm80Config(AttnFwdConfig):
     sum_rounded: bool = False
     qhead_per_kvhead: int = 1
     split_kv: bool = False
+    block_skip: tuple = ()
 
     KERNEL = "fa4.fwd.sm80:FlashFwdSm80"
 
@@ -116,6 +120,13 @@ class FwdSm80Config(AttnFwdConfig):
         """Longest-first tile order: causal / local / varlen grids have uneven tiles."""
         return (self.causal or self.local or self.varlen_q or self.varlen_k or self.has_seqused_k
                 or self.has_seqused_q)
+
+
+BLOCK_SKIP = False
+"""Whether a block-sparse forward narrows each tile's K blocks (``FwdSm80Config.block_skip``). Off:
+compiled (CPU), not run on a GPU, and its spills grow: the d128 kernel with the table's mask_mod has a
+240-byte stack frame for sm_90a (56 without a mask_mod), 608 with the narrowing (sm_80: 488). The
+backward's narrowing costs 8 bytes there and is on (fa4/bwd/sm80.py)."""
 
 
 def smem_bytes(cfg: FwdSm80Config) -> int:
@@ -156,6 +167,7 @@ class FlashFwdSm80:
         if cfg.page_rows:
             raise NotImplementedError("the sm80 forward does not implement paged K/V (page_table) yet")
         check_config(cfg, "FwdSm80Config", backward=False)
+        check_block_skip(cfg, "FwdSm80Config", pack_gqa=cfg.qhead_per_kvhead != 1)
         if cfg.num_threads not in (64, 128, 256):
             raise ValueError(f"FwdSm80Config.num_threads (KernelOptions.num_threads) must be 64, 128 or 256, "
                              f"got {cfg.num_threads}")
@@ -337,6 +349,10 @@ class FlashFwdSm80:
             n_min, n_max = mask.n_block_range(m_block)
             if const_expr(self.split):
                 n_min, n_max = split_range(n_min, n_max, split, num_splits)
+            if const_expr(cfg.block_skip):  # (every thread of the CTA: whole warps)
+                slot, bq, bk = cfg.block_skip
+                n_min, n_max = BlockSkip(mAux[slot], bq, bk, self.tile_m, self.tile_n, batch, head, m_block).narrow(
+                    n_min, n_max)
             umod = None
             if const_expr(self.score_mod is not None or self.mask_mod is not None):
                 umod = UserMods(self.score_mod, self.mask_mod, self.tile_m, self.tile_n, g, batch, head, seqlen, mAux)
@@ -716,6 +732,7 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         sum_rounded=tau > 0.0 and SUM_ROUNDED_WITH_THRESHOLD,
         qhead_per_kvhead=g,
         split_kv=splits > 1,
+        block_skip=BlockSkip.table_fits(problem.block_table, tile_m, tile_n) if g == 1 and BLOCK_SKIP else (),
         **FwdSm80Config.fwd_flags(problem),
     )
     FlashFwdSm80.can_implement(cfg)

@@ -121,7 +121,7 @@ from fa4.cute_utils import (
 from fa4.fwd import common as fwd_common
 from fa4.mask import AttentionMask, walk_blocks
 from fa4.mods import check_config, launch_aux, lookup
-from fa4.mods_kernel import BlockSkip, UserMods, block_mods, fake_aux
+from fa4.mods_kernel import BlockSkip, UserMods, block_mods, check_block_skip, fake_aux
 from fa4.pack_gqa import (
     TileRows, batch_slot, load_q_rows, partial_slot, row_sinks, store_acc_rows, store_lse_rows, store_rows,
 )
@@ -299,11 +299,7 @@ class FlashFwdSm90:
         if cfg.compact_grid and (cfg.persistent or not cfg.varlen_q):
             raise ValueError("FwdSm90Config.compact_grid (Note [Compact varlen grid]) needs varlen_q (cu_seqlens_q) "
                              "and persistent=False (one CTA per tile)")
-        if cfg.block_skip:
-            slot, bq, bk = cfg.block_skip
-            if not (0 <= slot < len(cfg.aux) and cfg.aux[slot] == ("int8", 4)) or cfg.qhead_per_kvhead != 1:
-                raise ValueError(f"FwdSm90Config.block_skip {cfg.block_skip} needs aux[{slot}] an int8 4-D block "
-                                 f"table and no pack GQA (qhead_per_kvhead 1)")
+        check_block_skip(cfg, "FwdSm90Config", pack_gqa=cfg.qhead_per_kvhead != 1)
         if cfg.split_kv and not cfg.has_lse:
             raise ValueError("FwdSm90Config.split_kv needs has_lse (the combine reads every split's LSE)")
         check_config(cfg, "FwdSm90Config", backward=False)
