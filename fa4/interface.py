@@ -243,14 +243,18 @@ def _run(problem: AttnProblem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, o
     want_lse = return_lse or _requires_grad(q, k, v, sink)
     need_lse = want_lse or grad
     forward_only = problem.has_seqused_q or problem.page_size
+    # Note [Refusing in the backward]
+    refusal = None
     if grad_qkv and forward_only:
         name = "seqused_q" if problem.has_seqused_q else "page_table"
-        raise NotImplementedError(f"fa4's backward does not support {name} yet (forward only); call it under "
-                                  f"torch.no_grad() or without inputs that require grad")
-    if grad_qkv and problem.score_mod and not problem.score_mod_bwd:
-        raise ValueError("the backward through a score_mod needs its derivative, score_mod_bwd (flash_attn.cute's "
-                         "convention; fa4/mods.py); or call it under torch.no_grad()")
-    if (grad_qkv and (problem.head_dim_v != problem.head_dim or options.sets_backward()
+        refusal = NotImplementedError(f"fa4's backward does not support {name} yet (forward only); call the "
+                                      f"forward under torch.no_grad() or without inputs that require grad")
+    elif grad_qkv and problem.score_mod and not problem.score_mod_bwd:
+        refusal = ValueError("the backward through a score_mod needs its derivative, score_mod_bwd (flash_attn.cute's "
+                             "convention; fa4/mods.py); or call the forward under torch.no_grad()")
+    if refusal is not None and torch.compiler.is_compiling():
+        raise refusal  # (the custom op's backward would run without the argument)
+    if (grad_qkv and refusal is None and (problem.head_dim_v != problem.head_dim or options.sets_backward()
                       or problem.mask_mod or problem.score_mod) and not torch.compiler.is_compiling()):
         # Only the sm90 backward serves head_dim_v != head_dim, and a backward option (bwd_tile_m,
         # bwd_kv_split, ...) may not fit the problem: ask the backward's family now (its make_config
@@ -266,6 +270,9 @@ def _run(problem: AttnProblem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, o
                               problem.window_right, problem.softcap, need_lse, deterministic, options.to_str(),
                               problem.num_splits, pack, seqused_q, page_table, sink, keys, *slots)
         return out, (lse if want_lse else None)
+    if refusal is not None:
+        return _refused_in_backward(refusal, problem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options,
+                                    want_lse, seqused_q, page_table, sink, aux)
     if forward_only:
         if grad_sink:  # only the sink takes a gradient: the kernel without it, composed under autograd
             out, lse = ops.forward(dataclasses.replace(problem, has_sink=False), q, k, v, cu_seqlens_q, cu_seqlens_k,
@@ -280,6 +287,45 @@ def _run(problem: AttnProblem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, o
                                            deterministic, want_lse, need_lse, sink, aux)
     out, lse = ops.forward(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options, need_lse, sink=sink,
                            aux=aux)
+    return out, (lse if want_lse else None)
+
+
+# Note [Refusing in the backward]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A call whose backward fa4 cannot compute (``seqused_q`` or ``page_table``, forward only; a
+# score_mod without its ``score_mod_bwd``) runs its forward even when an input requires grad, as
+# flash_attn.cute's does (an eval or decode loop left with grad on): the outputs hang on an autograd
+# node whose backward raises the reason, so a gradient is never silently missing. A learnable sink's
+# own gradient still flows (its host composition on top). Under torch.compile the call raises at
+# once (the custom op's backward would run without the argument).
+
+
+class _RefusedBackward(torch.autograd.Function):
+    """Outputs computed by ``run()``, whose backward raises ``refusal`` (Note [Refusing in the backward])."""
+
+    @staticmethod
+    def forward(ctx, refusal, run, q, k, v):
+        ctx.refusal = refusal
+        out, lse = run()
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        raise ctx.refusal
+
+
+def _refused_in_backward(refusal, problem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options, want_lse,
+                         seqused_q, page_table, sink, aux):
+    grad_sink = sink is not None and sink.requires_grad
+    p = dataclasses.replace(problem, has_sink=False) if grad_sink else problem
+
+    def run():
+        return ops.forward(p, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options, True, seqused_q=seqused_q,
+                           page_table=page_table, sink=None if grad_sink else sink, aux=aux)
+    out, lse = _RefusedBackward.apply(refusal, run, q, k, v)
+    if grad_sink:
+        out, lse = ops.compose_sink(out, lse, sink, problem.varlen_q)
     return out, (lse if want_lse else None)
 
 

@@ -138,3 +138,28 @@ def test_varlen_scheduling_knobs(calls):
         fa4.flash_attn_varlen_func(q, q, q, disable_scheduler_metadata=1, **kw)
     with pytest.raises(TypeError, match="seqlen_k_per_split"):
         fa4.flash_attn_varlen_func(q, q, q, seqlen_k_per_split=0, **kw)
+
+
+def test_backward_only_refusals_wait_for_the_backward(calls):
+    """Note [Refusing in the backward]: a score_mod without score_mod_bwd, paged K/V and seqused_q run
+    their forward with inputs that require grad (flash_attn.cute's do); the backward raises the reason."""
+    from mods_cases import SCORE_MODS
+
+    q = _rand(2, 40, 4, 64, requires_grad=True)
+    k, v = _rand(2, 40, 4, 64), _rand(2, 40, 4, 64)
+    out, lse = fa4.flash_attn_func(q, k, v, score_mod=SCORE_MODS["identity"]()[0])
+    assert len(calls) == 1 and out.requires_grad and lse is not None
+    with pytest.raises(ValueError, match="needs its derivative, score_mod_bwd"):
+        out.float().sum().backward()
+    pages = _rand(6, 16, 4, 64)
+    table = torch.arange(6, dtype=torch.int32).view(2, 3)
+    used = torch.tensor([40, 33], dtype=torch.int32)
+    out, _ = fa4.flash_attn_varlen_func(q, pages, pages, page_table=table, seqused_k=used, causal=True)
+    assert out.shape == q.shape and out.requires_grad
+    with pytest.raises(NotImplementedError, match="page_table"):
+        out.float().sum().backward()
+    out, _ = fa4.flash_attn_varlen_func(q, k, v, seqused_q=used)
+    with pytest.raises(NotImplementedError, match="seqused_q"):
+        out.float().sum().backward()
+    with torch.no_grad():
+        assert not fa4.flash_attn_varlen_func(q, k, v, seqused_q=used)[0].requires_grad
