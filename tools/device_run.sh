@@ -305,10 +305,11 @@ if has next43; then
 fi
 if has next45; then
   # Session 38, branch wip/dropin: contiguous outputs, the lse in training without return_lse, head
-  # dims 8-24 padded to 32, the varlen scheduling knobs. The API and flash_attn.cute-call GPU tests
+  # dims 8-24 padded to 32, the varlen scheduling knobs, backward-only refusals in the backward,
+  # 16-bit combine partials. The API and flash_attn.cute-call GPU tests
   # (the new ones among them), then the fast path's and the autograd path's own files.
-  gpu_tests next45tests 300 tests/test_api_gpu.py tests/test_flash_attn_cute_calls_gpu.py tests/test_cuda_graph_gpu.py \
-    tests/test_kvcache_gpu.py || exit 1
+  gpu_tests next45tests 360 tests/test_api_gpu.py tests/test_flash_attn_cute_calls_gpu.py tests/test_cuda_graph_gpu.py \
+    tests/test_kvcache_gpu.py tests/test_combine_gpu.py tests/test_mods_gpu.py || exit 1
 fi
 if has ctime; then
   # Issue 7 item 7: cold compile times on this host (the H100 host needed more than 70 s for the list, v0.35).
