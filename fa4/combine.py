@@ -412,8 +412,8 @@ def flash_attn_combine(out_partial, lse_partial, out=None, out_dtype=None, cu_se
                                   "forward does not reorder batches)")
     args = check_args(out_partial, lse_partial, out, out_dtype, cu_seqlens, seqused, return_lse)
     with _arch.device_guard(out_partial):  # Note [Device guard] in fa4/arch.py
-        if out_partial.dtype != torch.float32:  # (exact: every 16-bit value is a float32 one)
-            out_partial = out_partial.float()
+        if out_partial.dtype != torch.float32:  # (exact: every 16-bit value is a float32 one; compact)
+            out_partial = out_partial.to(torch.float32, memory_format=torch.contiguous_format)
         out, lse = allocate_outputs(args, out_partial.device, return_lse, out)
         combine_into(out_partial, lse_partial, out, lse, cu_seqlens, seqused)
     return out, lse

@@ -132,7 +132,8 @@ def _flags_key(num_splits, pack_gqa, deterministic, return_lse, kernel_options) 
 def _fast_try(key: tuple, q, k, v, return_lse: bool, *tensors):
     """Note [Fast path]: ``(result, key)``. ``result`` is the call's ``(out, lse)`` where the
     signature's entry launched it (None otherwise); ``key`` is the key for the full way to record,
-    None where the signature is decided, unhashable, or the call takes gradients."""
+    None where the signature is decided, unhashable, or an input requires grad (grad mode or not:
+    Note [lse with inputs that require grad])."""
     if q.requires_grad or k.requires_grad or v.requires_grad:  # (Note [lse with inputs that require grad])
         return None, None
     try:
@@ -253,7 +254,7 @@ def _run(problem: AttnProblem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, o
         refusal = ValueError("the backward through a score_mod needs its derivative, score_mod_bwd (flash_attn.cute's "
                              "convention; fa4/mods.py); or call the forward under torch.no_grad()")
     if refusal is not None and torch.compiler.is_compiling():
-        raise refusal  # (the custom op's backward would run without the argument)
+        raise refusal  # (the custom op's backward would run without the argument; Note [Refusing in the backward])
     if (grad_qkv and refusal is None and (problem.head_dim_v != problem.head_dim or options.sets_backward()
                       or problem.mask_mod or problem.score_mod) and not torch.compiler.is_compiling()):
         # Only the sm90 backward serves head_dim_v != head_dim, and a backward option (bwd_tile_m,
@@ -296,8 +297,10 @@ def _run(problem: AttnProblem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, o
 # score_mod without its ``score_mod_bwd``) runs its forward even when an input requires grad, as
 # flash_attn.cute's does (an eval or decode loop left with grad on): the outputs hang on an autograd
 # node whose backward raises the reason, so a gradient is never silently missing. A learnable sink's
-# own gradient still flows (its host composition on top). Under torch.compile the call raises at
-# once (the custom op's backward would run without the argument).
+# own gradient can still be taken alone (``torch.autograd.grad(loss, sink)``; its host composition
+# sits on top). While dynamo traces the call, it raises instead (the custom op's backward would run
+# without the argument): with fullgraph the trace fails on it; without, dynamo runs the frame
+# eagerly, as above.
 
 
 class _RefusedBackward(torch.autograd.Function):
@@ -312,7 +315,8 @@ class _RefusedBackward(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        raise ctx.refusal
+        r = ctx.refusal
+        raise type(r)(*r.args)  # (a fresh one: a retained graph may run this again)
 
 
 def _refused_in_backward(refusal, problem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options, want_lse,
@@ -357,6 +361,8 @@ def _pads_head_dims(q, k, v, page_table=None) -> bool:
     """Whether the call runs padded (Note [Small head dims]); anything else goes to the checks."""
     if page_table is not None or not all(isinstance(t, torch.Tensor) and t.dim() >= 3 for t in (q, k, v)):
         return False
+    if k.shape[:-1] != v.shape[:-1] or any(t.stride(-1) != 1 for t in (q, k, v)):
+        return False  # (the checks name the user's own shapes)
     d, dk, dv = q.shape[-1], k.shape[-1], v.shape[-1]
 
     def ok(x):
@@ -368,13 +374,23 @@ def _padded_call(q, k, v, softmax_scale, call):
     """``call(q, k, v, softmax_scale) -> (out, lse)`` on zero-padded copies, out cut back
     (Note [Small head dims])."""
     d, dv = q.shape[-1], v.shape[-1]
-    if "small_head_dim" not in _hint_warned:
-        _hint_warned.add("small_head_dim")
-        warnings.warn(f"fa4: head dims below {validate.MIN_HEAD_DIM} (here {d} / {dv}) run on copies of q, k, v "
-                      f"padded with zeros to {validate.MIN_HEAD_DIM} (the same results; Note [Small head dims] in "
-                      f"fa4/interface.py)", stacklevel=3)
+    _warn_padded()
     out, lse = call(*_pad_to_min(q, k, v), softmax_scale if softmax_scale is not None else d ** -0.5)
     return (out[..., :dv].contiguous() if dv < validate.MIN_HEAD_DIM else out), lse
+
+
+def _warn_padded() -> bool:
+    """The one-time warning of Note [Small head dims]; a constant result for dynamo (as
+    :func:`_warn_aux_grad`), so a compiled call warns once at trace time without a graph break."""
+    if "small_head_dim" not in _hint_warned:
+        _hint_warned.add("small_head_dim")
+        warnings.warn(f"fa4: head dims below {validate.MIN_HEAD_DIM} run on copies of q, k, v padded with zeros to "
+                      f"{validate.MIN_HEAD_DIM} (the same results; Note [Small head dims] in fa4/interface.py)",
+                      stacklevel=5)
+    return True
+
+
+_warn_padded._dynamo_marked_constant = True
 
 
 def _pad_to_min(q, k, v):
@@ -458,11 +474,12 @@ def flash_attn_func(
             done, fast_key = _fast_try(signature, q, k, v, return_lse)
             if done is not None:
                 return done
-    if _pads_head_dims(q, k, v):
+    if _pads_head_dims(q, k, v):  # (the copies made under no_grad do not require grad: ask for the lse)
+        lse_too = return_lse is True or _requires_grad(q, k, v, learnable_sink)
         return _padded_call(q, k, v, softmax_scale, lambda q, k, v, scale: flash_attn_func(
             q, k, v, qv, gather_kv_indices, scale, causal, window_size, learnable_sink, softcap, num_splits, pack_gqa,
             deterministic, score_mod, score_mod_bwd, mask_mod, aux_tensors, aux_scalars, block_sparse_tensors,
-            block_sparse_tensors_bwd, return_lse, gather_bwd_recompute_p, gather_bwd_token_chunk,
+            block_sparse_tensors_bwd, lse_too or return_lse, gather_bwd_recompute_p, gather_bwd_token_chunk,
             kernel_options=kernel_options))
     if (qv is not None or gather_kv_indices is not None
             or gather_bwd_recompute_p is not False or gather_bwd_token_chunk is not None):
@@ -567,7 +584,8 @@ def flash_attn_varlen_func(
                                        seqused_q, page_table)
             if done is not None:
                 return done
-    if _pads_head_dims(q, k, v, page_table):
+    if _pads_head_dims(q, k, v, page_table):  # (as flash_attn_func's)
+        lse_too = return_lse is True or _requires_grad(q, k, v, learnable_sink)
         return _padded_call(q, k, v, softmax_scale, lambda q, k, v, scale: flash_attn_varlen_func(
             q, k, v, qv=qv, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
             max_seqlen_k=max_seqlen_k, min_seqlen_k=min_seqlen_k, seqused_q=seqused_q, seqused_k=seqused_k,
@@ -575,12 +593,13 @@ def flash_attn_varlen_func(
             window_size=window_size, learnable_sink=learnable_sink, softcap=softcap, num_splits=num_splits,
             pack_gqa=pack_gqa, deterministic=deterministic, score_mod=score_mod, score_mod_bwd=score_mod_bwd,
             mask_mod=mask_mod, block_sparse_tensors=block_sparse_tensors, aux_tensors=aux_tensors,
-            aux_scalars=aux_scalars, return_lse=return_lse, scheduler_metadata=scheduler_metadata,
+            aux_scalars=aux_scalars, return_lse=lse_too or return_lse, scheduler_metadata=scheduler_metadata,
             seqlen_k_per_split=seqlen_k_per_split, disable_scheduler_metadata=disable_scheduler_metadata,
             gather_bwd_recompute_p=gather_bwd_recompute_p, gather_bwd_token_chunk=gather_bwd_token_chunk,
             kernel_options=kernel_options))
     validate.reject_unsupported(qv=qv, gather_kv_indices=gather_kv_indices,
-                                block_sparse_tensors=block_sparse_tensors, scheduler_metadata=scheduler_metadata,
+                                block_sparse_tensors=block_sparse_tensors,
+                                scheduler_metadata=None if disable_scheduler_metadata is True else scheduler_metadata,
                                 gather_bwd_recompute_p=gather_bwd_recompute_p,
                                 gather_bwd_token_chunk=gather_bwd_token_chunk)
     if min_seqlen_k is not None:
@@ -590,8 +609,10 @@ def flash_attn_varlen_func(
     if disable_scheduler_metadata.__class__ is not bool:
         validate.as_bool("disable_scheduler_metadata", disable_scheduler_metadata)
     if seqlen_k_per_split is not None:
-        if not isinstance(seqlen_k_per_split, int) or isinstance(seqlen_k_per_split, bool) or seqlen_k_per_split < 1:
-            raise TypeError(f"seqlen_k_per_split must be a positive int or None, got {seqlen_k_per_split!r}")
+        if not isinstance(seqlen_k_per_split, int) or isinstance(seqlen_k_per_split, bool):
+            raise TypeError(f"seqlen_k_per_split must be an int or None, got {seqlen_k_per_split!r}")
+        if seqlen_k_per_split < 1:
+            raise ValueError(f"seqlen_k_per_split must be positive, got {seqlen_k_per_split}")
         _ignored_hint("seqlen_k_per_split", seqlen_k_per_split)
     _check_flags(kernel_options, deterministic, return_lse)
     aux_scalars = _no_empty(aux_scalars)
@@ -727,8 +748,9 @@ def explain(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
     need_bwd = q.requires_grad or k.requires_grad or v.requires_grad
     for direction in ("fwd", "bwd"):
         if direction == "bwd" and problem.score_mod and not problem.score_mod_bwd:
-            ex.directions[direction] = {"error": "the backward through a score_mod needs score_mod_bwd (a call whose "
-                                                 "inputs require grad without it raises ValueError)"}
+            ex.directions[direction] = {"error": "the backward through a score_mod needs score_mod_bwd (without it "
+                                                 "the forward runs and its backward raises ValueError; Note [Refusing "
+                                                 "in the backward])"}
             continue
         try:
             d = _arch.resolve(direction, tuple(capability), options, warn=False)

@@ -99,7 +99,7 @@ def _plan(direction: str, problem: AttnProblem, options: KernelOptions, device: 
 #     signature's launch (its family's ``prepare_launch``: the compiled kernel through the memory
 #     cache, the same arguments ``run`` would pass) is kept in ``_fast`` (cleared with ``_plans``), and
 #     a call checks only what can change with the same
-#     signature: the pointers' 16-byte alignment, the current device, grad mode. A config with
+#     signature: the pointers' 16-byte alignment, the current device, whether an input requires grad. A config with
 #     per-call state (the dynamic scheduler's claims counter, split-KV's partials) calls its family's
 #     ``run`` instead of a prepared launch. The first call of a signature, and the signatures the fast
 #     path does not take (aux tensors, block sparsity, a sink; a copy or view kernel_ready would make;
@@ -212,7 +212,7 @@ def _forward(problem: AttnProblem, q: torch.Tensor, k: torch.Tensor, v: torch.Te
         problem = dataclasses.replace(problem, page_size=0)
     q = _as4d(q, varlen)
     k, v = _as4d(k, problem.varlen_k), _as4d(v, problem.varlen_k)
-    if 1 in q.shape:  # size-1 dims may carry any stride: see validate.kernel_ready (before out copies q's)
+    if 1 in q.shape:  # size-1 dims may carry any stride: see validate.kernel_ready
         q = validate.kernel_ready(q)
     if 1 in k.shape:
         k, v = validate.kernel_ready(k), validate.kernel_ready(v)

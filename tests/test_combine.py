@@ -129,6 +129,9 @@ def test_16_bit_partials_are_widened(launches):
     assert out.dtype == BF16
     (args, _), = launches
     assert args[0].dtype == F32 and args[0].shape == op.shape and args[0].is_contiguous()
+    # a permuted 16-bit tensor: widened into a compact one (the kernel takes a unit last stride)
+    fa4.flash_attn_combine(strided((2, 1, 3, 2, 64), (384, 384, 128, 1, 2), dtype=FP16), lp)
+    assert launches[1][0][0].is_contiguous()
 
 
 def test_one_split_and_packed_without_cu_seqlens(launches):

@@ -122,6 +122,14 @@ def test_small_head_dims_run_padded(calls):
     for bad in (4, 12, 264):  # not a multiple of 8 or over 256: refused as before
         with pytest.raises(ValueError, match="head_dim"):
             fa4.flash_attn_func(_rand(1, 8, 2, bad), _rand(1, 8, 2, bad), _rand(1, 8, 2, bad))
+    # another error of a small-head-dim call names the user's shapes, not the padded ones
+    with pytest.raises(ValueError, match=r"k \(1, 8, 2, 16\) and v \(1, 9, 2, 16\)"):
+        fa4.flash_attn_func(_rand(1, 8, 2, 16), _rand(1, 8, 2, 16), _rand(1, 9, 2, 16))
+    # the lse under no_grad on leaves that require grad, as at other head dims
+    leaf = _rand(2, 50, 4, 16, requires_grad=True)
+    with torch.no_grad():
+        assert fa4.flash_attn_func(leaf, k, v)[1] is not None
+    assert interface._warn_padded._dynamo_marked_constant  # (no graph break under torch.compile)
 
 
 def test_varlen_scheduling_knobs(calls):
@@ -136,8 +144,14 @@ def test_varlen_scheduling_knobs(calls):
         fa4.flash_attn_varlen_func(q, q, q, seqlen_k_per_split=256, **kw)
     with pytest.raises(TypeError, match="disable_scheduler_metadata"):
         fa4.flash_attn_varlen_func(q, q, q, disable_scheduler_metadata=1, **kw)
-    with pytest.raises(TypeError, match="seqlen_k_per_split"):
+    with pytest.raises(ValueError, match="seqlen_k_per_split must be positive"):
         fa4.flash_attn_varlen_func(q, q, q, seqlen_k_per_split=0, **kw)
+    with pytest.raises(TypeError, match="seqlen_k_per_split"):
+        fa4.flash_attn_varlen_func(q, q, q, seqlen_k_per_split=2.0, **kw)
+    # metadata that the call disables is not read (flash_attn.cute's rule), else refused by name
+    fa4.flash_attn_varlen_func(q, q, q, scheduler_metadata=object(), disable_scheduler_metadata=True, **kw)
+    with pytest.raises(NotImplementedError, match="scheduler_metadata"):
+        fa4.flash_attn_varlen_func(q, q, q, scheduler_metadata=object(), **kw)
 
 
 def test_backward_only_refusals_wait_for_the_backward(calls):
@@ -159,7 +173,10 @@ def test_backward_only_refusals_wait_for_the_backward(calls):
     with pytest.raises(NotImplementedError, match="page_table"):
         out.float().sum().backward()
     out, _ = fa4.flash_attn_varlen_func(q, k, v, seqused_q=used)
-    with pytest.raises(NotImplementedError, match="seqused_q"):
-        out.float().sum().backward()
+    loss = out.float().sum()
+    for _ in range(2):  # a fresh exception each time (a retained graph runs the node again)
+        with pytest.raises(NotImplementedError, match="seqused_q") as e:
+            loss.backward(retain_graph=True)
+        assert len(list(e.traceback)) < 12
     with torch.no_grad():
         assert not fa4.flash_attn_varlen_func(q, k, v, seqused_q=used)[0].requires_grad
