@@ -227,3 +227,18 @@ def test_lse_without_return_lse_in_training():
     b = torch.autograd.grad((out2.float() * g.float()).sum() + lse2.sum(), (q, k, v))
     for name, x, y in zip(("dq", "dk", "dv"), a, b):
         assert torch.equal(x, y), name
+
+
+def test_small_head_dim_under_torch_compile():
+    """Note [Small head dims] traced whole (fullgraph): the padding and its one-time warning in the
+    graph, the same outputs and gradients as eager."""
+    q, k, v = random_qkv(2, 100, 100, 4, 4, 16, torch.bfloat16, "cuda", seed=6)
+    g = torch.randn(2, 100, 4, 16, device="cuda", dtype=torch.bfloat16)
+    kw = dict(causal=True, deterministic=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        eager = _grads_of(_loss, q, k, v, g, **kw)
+        torch._dynamo.reset()
+        compiled = _grads_of(torch.compile(_loss, fullgraph=True), q, k, v, g, **kw)
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), eager, compiled):
+        assert torch.equal(a, b), name
