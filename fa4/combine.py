@@ -290,8 +290,8 @@ def check_args(out_partial, lse_partial, out=None, out_dtype=None, cu_seqlens=No
     ``require_cuda=False`` accepts CPU / meta tensors (tests)."""
     if not isinstance(out_partial, torch.Tensor):
         raise TypeError(f"out_partial must be a torch.Tensor, got {type(out_partial).__name__}")
-    if out_partial.dtype != torch.float32:
-        raise TypeError(f"out_partial must be torch.float32, got {out_partial.dtype}")
+    if out_partial.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise TypeError(f"out_partial must be torch.float32, torch.bfloat16 or torch.float16, got {out_partial.dtype}")
     if out_partial.dim() not in (4, 5):
         raise ValueError("out_partial must have 5 dimensions (num_splits, batch, seqlen, heads, head_dim) or 4 "
                          f"(num_splits, total_q, heads, head_dim), got shape {tuple(out_partial.shape)}")
@@ -320,7 +320,8 @@ def check_args(out_partial, lse_partial, out=None, out_dtype=None, cu_seqlens=No
         raise ValueError(f"out_partial has {rows} rows (batch * seqlen * heads or total_q * heads); the combine "
                          "kernel indexes rows with 32-bit integers (< 2**31)")
     on_gpu = device.type == "cuda"
-    _check_layout("out_partial", out_partial, on_gpu)
+    if out_partial.dtype == torch.float32:  # (16-bit partials are widened into a new tensor)
+        _check_layout("out_partial", out_partial, on_gpu)
     if on_gpu and not is_fake(lse_partial) and lse_partial.data_ptr() % 4:
         raise ValueError(f"lse_partial must be 4-byte aligned, its data pointer is {lse_partial.data_ptr():#x}")
     if not isinstance(return_lse, bool):
@@ -390,10 +391,12 @@ def flash_attn_combine(out_partial, lse_partial, out=None, out_dtype=None, cu_se
     ``flash_attn.cute.flash_attn_combine``).
 
     ``out_partial``: float32 ``(num_splits, batch, seqlen, heads, head_dim)`` or packed
-    ``(num_splits, total_q, heads, head_dim)``, each split's output normalized by its own row sum;
+    ``(num_splits, total_q, heads, head_dim)``, each split's output normalized by its own row sum
+    (bf16 / fp16 partials, e.g. stacked outputs of attention calls over chunks of the keys, are
+    widened to float32 first: one copy; flash_attn.cute takes them too);
     ``lse_partial``: float32 ``(num_splits, batch, seqlen, heads)`` / ``(num_splits, total_q,
     heads)``, natural log, ``-inf`` for a split that saw no key. ``out``: optional preallocated
-    output; ``out_dtype``: bf16 / fp16 / fp32 (default: ``out``'s, else float32). ``cu_seqlens``:
+    output; ``out_dtype``: bf16 / fp16 / fp32 (default: ``out``'s, else the partials'). ``cu_seqlens``:
     int32 ``(batch + 1,)`` for packed partials; ``seqused``: int32 ``(batch,)``, rows at or past
     ``seqused[b]`` of sequence ``b`` are left untouched (packed: needs ``cu_seqlens``).
 
@@ -409,6 +412,8 @@ def flash_attn_combine(out_partial, lse_partial, out=None, out_dtype=None, cu_se
                                   "forward does not reorder batches)")
     args = check_args(out_partial, lse_partial, out, out_dtype, cu_seqlens, seqused, return_lse)
     with _arch.device_guard(out_partial):  # Note [Device guard] in fa4/arch.py
+        if out_partial.dtype != torch.float32:  # (exact: every 16-bit value is a float32 one; compact)
+            out_partial = out_partial.to(torch.float32, memory_format=torch.contiguous_format)
         out, lse = allocate_outputs(args, out_partial.device, return_lse, out)
         combine_into(out_partial, lse_partial, out, lse, cu_seqlens, seqused)
     return out, lse

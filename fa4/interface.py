@@ -132,8 +132,9 @@ def _flags_key(num_splits, pack_gqa, deterministic, return_lse, kernel_options) 
 def _fast_try(key: tuple, q, k, v, return_lse: bool, *tensors):
     """Note [Fast path]: ``(result, key)``. ``result`` is the call's ``(out, lse)`` where the
     signature's entry launched it (None otherwise); ``key`` is the key for the full way to record,
-    None where the signature is decided, unhashable, or the call takes gradients."""
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    None where the signature is decided, unhashable, or an input requires grad (grad mode or not:
+    Note [lse with inputs that require grad])."""
+    if q.requires_grad or k.requires_grad or v.requires_grad:  # (Note [lse with inputs that require grad])
         return None, None
     try:
         entry = ops.fast_entry(key)
@@ -239,16 +240,22 @@ def _run(problem: AttnProblem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, o
     grad_qkv = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     grad_sink = torch.is_grad_enabled() and sink is not None and sink.requires_grad
     grad = grad_qkv or grad_sink
-    need_lse = return_lse or grad
+    # Note [lse with inputs that require grad]
+    want_lse = return_lse or _requires_grad(q, k, v, sink)
+    need_lse = want_lse or grad
     forward_only = problem.has_seqused_q or problem.page_size
+    # Note [Refusing in the backward]
+    refusal = None
     if grad_qkv and forward_only:
         name = "seqused_q" if problem.has_seqused_q else "page_table"
-        raise NotImplementedError(f"fa4's backward does not support {name} yet (forward only); call it under "
-                                  f"torch.no_grad() or without inputs that require grad")
-    if grad_qkv and problem.score_mod and not problem.score_mod_bwd:
-        raise ValueError("the backward through a score_mod needs its derivative, score_mod_bwd (flash_attn.cute's "
-                         "convention; fa4/mods.py); or call it under torch.no_grad()")
-    if (grad_qkv and (problem.head_dim_v != problem.head_dim or options.sets_backward()
+        refusal = NotImplementedError(f"fa4's backward does not support {name} yet (forward only); call the "
+                                      f"forward under torch.no_grad() or without inputs that require grad")
+    elif grad_qkv and problem.score_mod and not problem.score_mod_bwd:
+        refusal = ValueError("the backward through a score_mod needs its derivative, score_mod_bwd (flash_attn.cute's "
+                             "convention; fa4/mods.py); or call the forward under torch.no_grad()")
+    if refusal is not None and torch.compiler.is_compiling():
+        raise refusal  # (the custom op's backward would run without the argument; Note [Refusing in the backward])
+    if (grad_qkv and refusal is None and (problem.head_dim_v != problem.head_dim or options.sets_backward()
                       or problem.mask_mod or problem.score_mod) and not torch.compiler.is_compiling()):
         # Only the sm90 backward serves head_dim_v != head_dim, and a backward option (bwd_tile_m,
         # bwd_kv_split, ...) may not fit the problem: ask the backward's family now (its make_config
@@ -263,7 +270,10 @@ def _run(problem: AttnProblem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, o
                               problem.softmax_scale, problem.causal, problem.local, problem.window_left,
                               problem.window_right, problem.softcap, need_lse, deterministic, options.to_str(),
                               problem.num_splits, pack, seqused_q, page_table, sink, keys, *slots)
-        return out, (lse if return_lse else None)
+        return out, (lse if want_lse else None)
+    if refusal is not None:
+        return _refused_in_backward(refusal, problem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options,
+                                    want_lse, seqused_q, page_table, sink, aux)
     if forward_only:
         if grad_sink:  # only the sink takes a gradient: the kernel without it, composed under autograd
             out, lse = ops.forward(dataclasses.replace(problem, has_sink=False), q, k, v, cu_seqlens_q, cu_seqlens_k,
@@ -272,13 +282,124 @@ def _run(problem: AttnProblem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, o
         else:
             out, lse = ops.forward(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options, need_lse,
                                    seqused_q=seqused_q, page_table=page_table, sink=sink, aux=aux)
-        return out, (lse if return_lse else None)
+        return out, (lse if want_lse else None)
     if grad:
         return ops.FlashAttnFunction.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, problem, options,
-                                           deterministic, return_lse, need_lse, sink, aux)
+                                           deterministic, want_lse, need_lse, sink, aux)
     out, lse = ops.forward(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options, need_lse, sink=sink,
                            aux=aux)
-    return out, (lse if return_lse else None)
+    return out, (lse if want_lse else None)
+
+
+# Note [Refusing in the backward]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A call whose backward fa4 cannot compute (``seqused_q`` or ``page_table``, forward only; a
+# score_mod without its ``score_mod_bwd``) runs its forward even when an input requires grad, as
+# flash_attn.cute's does (an eval or decode loop left with grad on): the outputs hang on an autograd
+# node whose backward raises the reason, so a gradient is never silently missing. A learnable sink's
+# own gradient can still be taken alone (``torch.autograd.grad(loss, sink)``; its host composition
+# sits on top). While dynamo traces the call, it raises instead (the custom op's backward would run
+# without the argument): with fullgraph the trace fails on it; without, dynamo runs the frame
+# eagerly, as above.
+
+
+class _RefusedBackward(torch.autograd.Function):
+    """Outputs computed by ``run()``, whose backward raises ``refusal`` (Note [Refusing in the backward])."""
+
+    @staticmethod
+    def forward(ctx, refusal, run, q, k, v):
+        ctx.refusal = refusal
+        out, lse = run()
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        r = ctx.refusal
+        raise type(r)(*r.args)  # (a fresh one: a retained graph may run this again)
+
+
+def _refused_in_backward(refusal, problem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options, want_lse,
+                         seqused_q, page_table, sink, aux):
+    grad_sink = sink is not None and sink.requires_grad
+    p = dataclasses.replace(problem, has_sink=False) if grad_sink else problem
+
+    def run():
+        return ops.forward(p, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options, True, seqused_q=seqused_q,
+                           page_table=page_table, sink=None if grad_sink else sink, aux=aux)
+    out, lse = _RefusedBackward.apply(refusal, run, q, k, v)
+    if grad_sink:
+        out, lse = ops.compose_sink(out, lse, sink, problem.varlen_q)
+    return out, (lse if want_lse else None)
+
+
+# Note [lse with inputs that require grad]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# flash_attn.cute returns the lse whenever an input requires grad (a training call computes it for
+# the backward anyway), not only with ``return_lse=True``; code written against it (a ring or
+# chunked attention merging partial results) reads it without asking. fa4 does the same, grad mode
+# or not (so a call under ``torch.no_grad()`` on leaves that require grad computes it too), and its
+# lse takes gradients as with ``return_lse=True`` (flash_attn.cute drops them when not asked).
+
+
+def _requires_grad(q, k, v, sink) -> bool:
+    return q.requires_grad or k.requires_grad or v.requires_grad or (sink is not None and sink.requires_grad)
+
+
+# Note [Small head dims]
+# ~~~~~~~~~~~~~~~~~~~~~~
+# flash_attn.cute takes head dims 8, 16 and 24 (small test models use them); fa4's kernels are
+# built for 32-256. A call with a smaller q/k or v head dim (a multiple of 8) runs on copies padded
+# with zeros to 32 (zero columns add nothing to Q K^T, and zero columns of V give output columns that
+# are cut off), with the default softmax_scale of the real head dim, and returns the real columns
+# (contiguous): the same results, through autograd and torch.compile alike, at the cost of the
+# copies (a one-time warning; fa4.explain says so). Not for paged K/V, whose whole cache would be
+# copied on every call: that raises, as before.
+
+
+def _pads_head_dims(q, k, v, page_table=None) -> bool:
+    """Whether the call runs padded (Note [Small head dims]); anything else goes to the checks."""
+    if page_table is not None or not all(isinstance(t, torch.Tensor) and t.dim() >= 3 for t in (q, k, v)):
+        return False
+    if k.shape[:-1] != v.shape[:-1] or any(t.stride(-1) != 1 for t in (q, k, v)):
+        return False  # (the checks name the user's own shapes)
+    d, dk, dv = q.shape[-1], k.shape[-1], v.shape[-1]
+
+    def ok(x):
+        return x % validate.HEAD_DIM_MULTIPLE == 0 and validate.HEAD_DIM_MULTIPLE <= x <= validate.MAX_HEAD_DIM
+    return d == dk and ok(d) and ok(dv) and min(d, dv) < validate.MIN_HEAD_DIM
+
+
+def _padded_call(q, k, v, softmax_scale, call):
+    """``call(q, k, v, softmax_scale) -> (out, lse)`` on zero-padded copies, out cut back
+    (Note [Small head dims])."""
+    d, dv = q.shape[-1], v.shape[-1]
+    _warn_padded()
+    out, lse = call(*_pad_to_min(q, k, v), softmax_scale if softmax_scale is not None else d ** -0.5)
+    return (out[..., :dv].contiguous() if dv < validate.MIN_HEAD_DIM else out), lse
+
+
+def _warn_padded() -> bool:
+    """The one-time warning of Note [Small head dims]; a constant result for dynamo (as
+    :func:`_warn_aux_grad`), so a compiled call warns once at trace time without a graph break."""
+    if "small_head_dim" not in _hint_warned:
+        _hint_warned.add("small_head_dim")
+        warnings.warn(f"fa4: head dims below {validate.MIN_HEAD_DIM} run on copies of q, k, v padded with zeros to "
+                      f"{validate.MIN_HEAD_DIM} (the same results; Note [Small head dims] in fa4/interface.py)",
+                      stacklevel=5)
+    return True
+
+
+_warn_padded._dynamo_marked_constant = True
+
+
+def _pad_to_min(q, k, v):
+    """q, k and v with their head dims zero-padded to at least ``MIN_HEAD_DIM``."""
+    pad = torch.nn.functional.pad
+    d, dv = q.shape[-1], v.shape[-1]
+    to_qk, to_v = max(d, validate.MIN_HEAD_DIM), max(dv, validate.MIN_HEAD_DIM)
+    q, k = (pad(t, (0, to_qk - d)) if to_qk > d else t for t in (q, k))
+    return q, k, (pad(v, (0, to_v - dv)) if to_v > dv else v)
 
 
 def _apply_sink(out: torch.Tensor, lse: torch.Tensor, sink: torch.Tensor, packed_q: bool, return_lse: bool):
@@ -326,12 +447,14 @@ def flash_attn_func(
 ):
     """Attention over (batch, seqlen, heads, head_dim) tensors.
 
-    Returns ``(out, lse)``: ``out`` like q; ``lse`` float32 (batch, heads, seqlen_q), the natural-log
-    sum of exponentials of each row's scaled scores, when ``return_lse`` (it then takes gradients),
-    else None. ``window_size=(left, right)`` limits keys to ``[i + sk - sq - left, i + sk - sq + right]``
-    (None = unbounded); ``causal`` sets right = 0 (bottom-right aligned when sq != sk). ``softcap > 0``
-    caps scores as ``softcap * tanh(s / softcap)``. ``deterministic`` makes the backward bit-exact
-    across runs. ``num_splits`` / ``pack_gqa``: split-KV and pack GQA (module docstring; results
+    Returns ``(out, lse)``: ``out`` contiguous, q's shape with v's head dim; ``lse`` float32 (batch,
+    heads, seqlen_q), the natural-log sum of exponentials of each row's scaled scores, when
+    ``return_lse`` or an input requires grad (as flash_attn.cute; it takes gradients; Note [lse with
+    inputs that require grad]), else None. ``window_size=(left, right)`` limits keys to ``[i + sk -
+    sq - left, i + sk - sq + right]`` (None = unbounded); ``causal`` sets right = 0 (bottom-right
+    aligned when sq != sk). ``softcap > 0`` caps scores as ``softcap * tanh(s / softcap)``.
+    ``deterministic`` makes the backward bit-exact across runs. Head dims 8-24 run padded to 32 (Note
+    [Small head dims]). ``num_splits`` / ``pack_gqa``: split-KV and pack GQA (module docstring; results
     stay deterministic). ``kernel_options`` (fa4 only): tile sizes, stages, exp2 emulation, rescale
     threshold, forced kernel family. ``gather_bwd_recompute_p`` / ``gather_bwd_token_chunk`` belong to
     flash-attn-4's ``gather_kv_indices`` backward and, like it, raise ``NotImplementedError`` when set.
@@ -351,6 +474,13 @@ def flash_attn_func(
             done, fast_key = _fast_try(signature, q, k, v, return_lse)
             if done is not None:
                 return done
+    if _pads_head_dims(q, k, v):  # (the copies made under no_grad do not require grad: ask for the lse)
+        lse_too = return_lse is True or _requires_grad(q, k, v, learnable_sink)
+        return _padded_call(q, k, v, softmax_scale, lambda q, k, v, scale: flash_attn_func(
+            q, k, v, qv, gather_kv_indices, scale, causal, window_size, learnable_sink, softcap, num_splits, pack_gqa,
+            deterministic, score_mod, score_mod_bwd, mask_mod, aux_tensors, aux_scalars, block_sparse_tensors,
+            block_sparse_tensors_bwd, lse_too or return_lse, gather_bwd_recompute_p, gather_bwd_token_chunk,
+            kernel_options=kernel_options))
     if (qv is not None or gather_kv_indices is not None
             or gather_bwd_recompute_p is not False or gather_bwd_token_chunk is not None):
         validate.reject_unsupported(qv=qv, gather_kv_indices=gather_kv_indices,
@@ -427,8 +557,11 @@ def flash_attn_varlen_func(
     CPU tensor is read; ignored for batched / paged sides). ``seqused_q`` / ``seqused_k`` (int32,
     ``(batch,)``) use only the first queries / keys of each sequence (output rows past
     ``seqused_q`` are not written; ``seqused_q`` is forward only).
-    Returns ``(out, lse)`` with out like q and lse float32 (h, total_q) (batched q: (batch, h,
-    seqlen_q)) or None.
+    Returns ``(out, lse)`` with out contiguous, q's shape with v's head dim, and lse float32 (h,
+    total_q) (batched q: (batch, h, seqlen_q)) when ``return_lse`` or an input requires grad, else
+    None (as :func:`flash_attn_func`).
+    ``disable_scheduler_metadata`` is accepted (fa4 builds none); ``seqlen_k_per_split`` is a
+    hint fa4 ignores (a one-time warning).
     """
     fast_key = None
     if (qv is None and gather_kv_indices is None and learnable_sink is None and score_mod is None
@@ -451,14 +584,36 @@ def flash_attn_varlen_func(
                                        seqused_q, page_table)
             if done is not None:
                 return done
+    if _pads_head_dims(q, k, v, page_table):  # (as flash_attn_func's)
+        lse_too = return_lse is True or _requires_grad(q, k, v, learnable_sink)
+        return _padded_call(q, k, v, softmax_scale, lambda q, k, v, scale: flash_attn_varlen_func(
+            q, k, v, qv=qv, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+            max_seqlen_k=max_seqlen_k, min_seqlen_k=min_seqlen_k, seqused_q=seqused_q, seqused_k=seqused_k,
+            gather_kv_indices=gather_kv_indices, page_table=page_table, softmax_scale=scale, causal=causal,
+            window_size=window_size, learnable_sink=learnable_sink, softcap=softcap, num_splits=num_splits,
+            pack_gqa=pack_gqa, deterministic=deterministic, score_mod=score_mod, score_mod_bwd=score_mod_bwd,
+            mask_mod=mask_mod, block_sparse_tensors=block_sparse_tensors, aux_tensors=aux_tensors,
+            aux_scalars=aux_scalars, return_lse=lse_too or return_lse, scheduler_metadata=scheduler_metadata,
+            seqlen_k_per_split=seqlen_k_per_split, disable_scheduler_metadata=disable_scheduler_metadata,
+            gather_bwd_recompute_p=gather_bwd_recompute_p, gather_bwd_token_chunk=gather_bwd_token_chunk,
+            kernel_options=kernel_options))
     validate.reject_unsupported(qv=qv, gather_kv_indices=gather_kv_indices,
-                                block_sparse_tensors=block_sparse_tensors, scheduler_metadata=scheduler_metadata,
-                                seqlen_k_per_split=seqlen_k_per_split,
-                                disable_scheduler_metadata=disable_scheduler_metadata,
+                                block_sparse_tensors=block_sparse_tensors,
+                                scheduler_metadata=None if disable_scheduler_metadata is True else scheduler_metadata,
                                 gather_bwd_recompute_p=gather_bwd_recompute_p,
                                 gather_bwd_token_chunk=gather_bwd_token_chunk)
     if min_seqlen_k is not None:
         _ignored_hint("min_seqlen_k", min_seqlen_k)
+    # flash_attn.cute's split-KV scheduling knobs (its Hopper forward never splits): fa4 builds no
+    # scheduler metadata, so disabling it is what it does already; the split length is a hint.
+    if disable_scheduler_metadata.__class__ is not bool:
+        validate.as_bool("disable_scheduler_metadata", disable_scheduler_metadata)
+    if seqlen_k_per_split is not None:
+        if not isinstance(seqlen_k_per_split, int) or isinstance(seqlen_k_per_split, bool):
+            raise TypeError(f"seqlen_k_per_split must be an int or None, got {seqlen_k_per_split!r}")
+        if seqlen_k_per_split < 1:
+            raise ValueError(f"seqlen_k_per_split must be positive, got {seqlen_k_per_split}")
+        _ignored_hint("seqlen_k_per_split", seqlen_k_per_split)
     _check_flags(kernel_options, deterministic, return_lse)
     aux_scalars = _no_empty(aux_scalars)
     problem = _with_hints(validate.check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -542,6 +697,12 @@ def explain(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
     if capability is None:
         capability = _arch.capability_of(q.device)
     varlen = any(t is not None for t in (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table))
+    padded = _pads_head_dims(q, k, v, page_table)
+    if padded:  # Note [Small head dims]
+        pad_note = (f"head dims {q.shape[-1]} / {v.shape[-1]}: the call runs on copies of q, k, v padded with zeros "
+                    f"to {validate.MIN_HEAD_DIM} (the same results; Note [Small head dims])")
+        softmax_scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+        q, k, v = _pad_to_min(q, k, v)
     with validate.allow_any_device():
         if varlen:
             problem = validate.check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -552,6 +713,8 @@ def explain(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
     problem = _with_hints(problem, num_splits, pack_gqa)
     problem = _with_mods(problem, score_mod, mask_mod, None, None, score_mod_bwd=score_mod_bwd)
     ex = Explanation(problem, tuple(capability))
+    if padded:
+        ex.notes.append(pad_note)
     if block_sparse_tensors is not None:
         from fa4 import block_sparse
 
@@ -585,8 +748,9 @@ def explain(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
     need_bwd = q.requires_grad or k.requires_grad or v.requires_grad
     for direction in ("fwd", "bwd"):
         if direction == "bwd" and problem.score_mod and not problem.score_mod_bwd:
-            ex.directions[direction] = {"error": "the backward through a score_mod needs score_mod_bwd (a call whose "
-                                                 "inputs require grad without it raises ValueError)"}
+            ex.directions[direction] = {"error": "the backward through a score_mod needs score_mod_bwd (without it "
+                                                 "the forward runs and its backward raises ValueError; Note [Refusing "
+                                                 "in the backward])"}
             continue
         try:
             d = _arch.resolve(direction, tuple(capability), options, warn=False)

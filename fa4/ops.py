@@ -39,7 +39,16 @@ def _empty(shape, dtype, device) -> torch.Tensor:
 
 
 def _empty_like(t: torch.Tensor) -> torch.Tensor:
-    return torch.full_like(t, float("nan")) if _nan_fill else torch.empty_like(t)
+    """A contiguous tensor of ``t``'s shape, dtype and device (Note [Contiguous outputs])."""
+    return _empty(t.shape, t.dtype, t.device)
+
+
+# Note [Contiguous outputs]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~
+# ``out`` and the gradients are contiguous whatever the inputs' strides, as flash_attn.cute
+# allocates them (and as the custom ops' fake implementations say, which torch.compile's generated
+# code checks against the real tensors' strides). ``empty_like`` kept a permuted q's strides (q of
+# SDPA's (b, h, s, d) memory passed as a transposed view), so ``out.view(b, s, h * d)`` failed.
 
 
 def _dispatch(direction: str, device: torch.device, options: KernelOptions) -> _arch.Dispatch:
@@ -90,7 +99,7 @@ def _plan(direction: str, problem: AttnProblem, options: KernelOptions, device: 
 #     signature's launch (its family's ``prepare_launch``: the compiled kernel through the memory
 #     cache, the same arguments ``run`` would pass) is kept in ``_fast`` (cleared with ``_plans``), and
 #     a call checks only what can change with the same
-#     signature: the pointers' 16-byte alignment, the current device, grad mode. A config with
+#     signature: the pointers' 16-byte alignment, the current device, whether an input requires grad. A config with
 #     per-call state (the dynamic scheduler's claims counter, split-KV's partials) calls its family's
 #     ``run`` instead of a prepared launch. The first call of a signature, and the signatures the fast
 #     path does not take (aux tensors, block sparsity, a sink; a copy or view kernel_ready would make;
@@ -158,10 +167,10 @@ def _fast_call(problem: AttnProblem, q, options: KernelOptions, need_lse: bool):
 
 
 def _outputs(problem: AttnProblem, q: torch.Tensor, need_lse: bool):
-    """The forward's ``(out, lse)`` for a 4-D ``q`` (varlen: (1, total, h, d)): ``out`` like q with
-    ``head_dim_v``, ``lse`` float32 (b, h, s_q) or None; NaN-filled in the tests' mode."""
-    out = _empty_like(q) if problem.head_dim_v == problem.head_dim else _empty(
-        q.shape[:-1] + (problem.head_dim_v,), q.dtype, q.device)
+    """The forward's ``(out, lse)`` for a 4-D ``q`` (varlen: (1, total, h, d)): ``out`` contiguous,
+    q's shape with ``head_dim_v`` (Note [Contiguous outputs]), ``lse`` float32 (b, h, s_q) or None;
+    NaN-filled in the tests' mode."""
+    out = _empty(q.shape[:-1] + (problem.head_dim_v,), q.dtype, q.device)
     lse = _empty((q.shape[0], q.shape[2], q.shape[1]), torch.float32, q.device) if need_lse else None
     return out, lse
 
@@ -203,7 +212,7 @@ def _forward(problem: AttnProblem, q: torch.Tensor, k: torch.Tensor, v: torch.Te
         problem = dataclasses.replace(problem, page_size=0)
     q = _as4d(q, varlen)
     k, v = _as4d(k, problem.varlen_k), _as4d(v, problem.varlen_k)
-    if 1 in q.shape:  # size-1 dims may carry any stride: see validate.kernel_ready (before out copies q's)
+    if 1 in q.shape:  # size-1 dims may carry any stride: see validate.kernel_ready
         q = validate.kernel_ready(q)
     if 1 in k.shape:
         k, v = validate.kernel_ready(k), validate.kernel_ready(v)
@@ -350,8 +359,6 @@ class FlashAttnFunction(torch.autograd.Function):
         p = ctx.problem
         if dout is None:
             dout = torch.zeros_like(out)
-        if not ctx.return_lse:
-            dlse = None
         # With a sink, lse includes it: the kernels' P and D are the sink-inclusive ones.
         dq = dk = dv = None
         if any(ctx.needs_input_grad[:3]):  # not when only the sink takes a gradient

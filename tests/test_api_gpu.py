@@ -147,3 +147,98 @@ def test_bad_bwd_kv_split_raises_before_the_forward(monkeypatch):
         monkeypatch.undo()
         out, _ = fa4.flash_attn_func(q, k, k, kernel_options=fa4.KernelOptions(bwd_kv_split=8))
     assert out.shape == q.shape
+
+
+def _grads_check(out, inputs, ref_kw, lse=None):
+    """Gradients of ``out`` (and ``lse``) against the float32 reference's, by the pass rule with the floor."""
+    from fa4.testing import grad_noise_floor
+
+    gen = torch.Generator("cuda").manual_seed(3)
+    g = torch.randn(out.shape, device="cuda", generator=gen).to(out.dtype)
+    glse = None if lse is None else torch.randn(lse.shape, device="cuda", generator=gen)
+
+    def grads(outs, wrt, g_out):
+        o, l_ = outs
+        if glse is None:
+            return torch.autograd.grad(o, wrt, g_out)
+        return torch.autograd.grad((o, l_), wrt, (g_out, glse))
+
+    got = grads((out, lse), inputs, g)
+    q32 = [t.detach().float().requires_grad_() for t in inputs]
+    want = grads(attention_ref(*q32, **ref_kw), q32, g.float())
+    qlp = [t.detach().requires_grad_() for t in inputs]
+    pt = grads(attention_ref(*qlp, upcast=False, **ref_kw), qlp, g)
+    floors = grad_noise_floor(*inputs, g)
+    for name, a, r, p in zip(("dq", "dk", "dv"), got, want, pt):
+        check_close(name, a, r, p, extra_atol=floors[name])
+
+
+@pytest.mark.parametrize("d,dv", [(8, 8), (16, 16), (24, 24), (64, 16), (16, 64)])
+@pytest.mark.parametrize("family", ["sm90", "sm80"])
+def test_small_head_dims(d, dv, family):
+    """Note [Small head dims]: flash_attn.cute's head dims 8-24 (q/k or v) run on zero-padded copies:
+    outputs, lse and gradients against the float32 reference; out is v's head dim and contiguous."""
+    if family == "sm90" and torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the sm90 kernels run on compute capability 9.x only")
+    if family == "sm80" and dv != d:
+        pytest.skip("the sm80 backward takes head_dim_v == head_dim only")
+    gen = torch.Generator("cuda").manual_seed(d + dv)
+    q = torch.randn(2, 200, 4, d, device="cuda", generator=gen, dtype=torch.bfloat16).requires_grad_()
+    k = torch.randn(2, 300, 2, d, device="cuda", generator=gen, dtype=torch.bfloat16).requires_grad_()
+    v = torch.randn(2, 300, 2, dv, device="cuda", generator=gen, dtype=torch.bfloat16).requires_grad_()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out, lse = fa4.flash_attn_func(q, k, v, causal=True, return_lse=True,
+                                       kernel_options=fa4.KernelOptions(arch=family))
+    assert out.shape == (2, 200, 4, dv) and out.is_contiguous()
+    ref_out, ref_lse = attention_ref(q.float(), k.float(), v.float(), causal=True)
+    pt_out, pt_lse = attention_ref(q, k, v, causal=True, upcast=False)
+    check_close("out", out, ref_out, pt_out)
+    check_close("lse", lse, ref_lse, pt_lse)
+    _grads_check(out, (q, k, v), dict(causal=True), lse)
+
+
+def test_transposed_inputs_give_contiguous_out_and_right_gradients():
+    """Note [Contiguous outputs]: q, k, v as (b, s, h, d) views of SDPA's (b, h, s, d) memory: out is
+    contiguous (``out.view(b, s, h * d)`` works), and outputs and gradients pass the reference."""
+    b, h, s, d = 2, 8, 257, 128
+    gen = torch.Generator("cuda").manual_seed(7)
+    base = [torch.randn(b, h, s, d, device="cuda", generator=gen, dtype=torch.bfloat16).requires_grad_()
+            for _ in range(3)]
+    q, k, v = (t.transpose(1, 2) for t in base)
+    out, lse = fa4.flash_attn_func(q, k, v, causal=True, return_lse=True)
+    assert out.is_contiguous()
+    out.view(b, s, h * d)
+    ref_out, ref_lse = attention_ref(q.float(), k.float(), v.float(), causal=True)
+    pt_out, pt_lse = attention_ref(q, k, v, causal=True, upcast=False)
+    check_close("out", out, ref_out, pt_out)
+    _grads_check(out, (q, k, v), dict(causal=True))
+
+
+def test_lse_without_return_lse_in_training():
+    """Note [lse with inputs that require grad]: a training call gives the lse without return_lse, the
+    same as with it, and a loss on it gives the same gradients as with return_lse=True."""
+    q, k, v = random_qkv(2, 300, 300, 8, 2, 128, torch.bfloat16, "cuda", requires_grad=True, seed=4)
+    out, lse = fa4.flash_attn_func(q, k, v, causal=True, deterministic=True)
+    out2, lse2 = fa4.flash_attn_func(q, k, v, causal=True, deterministic=True, return_lse=True)
+    assert lse is not None and torch.equal(lse, lse2) and torch.equal(out, out2)
+    g = torch.randn_like(out)
+    a = torch.autograd.grad((out.float() * g.float()).sum() + lse.sum(), (q, k, v))
+    b = torch.autograd.grad((out2.float() * g.float()).sum() + lse2.sum(), (q, k, v))
+    for name, x, y in zip(("dq", "dk", "dv"), a, b):
+        assert torch.equal(x, y), name
+
+
+def test_small_head_dim_under_torch_compile():
+    """Note [Small head dims] traced whole (fullgraph): the padding and its one-time warning in the
+    graph, the same outputs and gradients as eager."""
+    q, k, v = random_qkv(2, 100, 100, 4, 4, 16, torch.bfloat16, "cuda", seed=6)
+    g = torch.randn(2, 100, 4, 16, device="cuda", dtype=torch.bfloat16)
+    kw = dict(causal=True, deterministic=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        eager = _grads_of(_loss, q, k, v, g, **kw)
+        torch._dynamo.reset()
+        compiled = _grads_of(torch.compile(_loss, fullgraph=True), q, k, v, g, **kw)
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), eager, compiled):
+        assert torch.equal(a, b), name

@@ -121,6 +121,19 @@ def test_return_lse_false_and_user_out(launches):
     assert args[3] is None
 
 
+def test_16_bit_partials_are_widened(launches):
+    """bf16 / fp16 partials (stacked outputs of calls over key chunks) are taken as flash_attn.cute
+    takes them: widened to float32 for the kernel, the output in their dtype by default."""
+    op, lp = dense(splits=2, b=1, s=3, h=2, d=64)
+    out, _ = fa4.flash_attn_combine(op.to(BF16), lp)
+    assert out.dtype == BF16
+    (args, _), = launches
+    assert args[0].dtype == F32 and args[0].shape == op.shape and args[0].is_contiguous()
+    # a permuted 16-bit tensor: widened into a compact one (the kernel takes a unit last stride)
+    fa4.flash_attn_combine(strided((2, 1, 3, 2, 64), (384, 384, 128, 1, 2), dtype=FP16), lp)
+    assert launches[1][0][0].is_contiguous()
+
+
 def test_one_split_and_packed_without_cu_seqlens(launches):
     out, lse = fa4.flash_attn_combine(*packed(splits=1))
     assert out.shape == (9, 4, 64) and lse.shape == (9, 4)
@@ -159,8 +172,9 @@ def packed_call(**kwargs):
 #  exception, message pattern); the exception None marks a valid variation.
 BAD = [
     ("out_partial-not-a-tensor", lambda: dict(out_partial=[1.0]), TypeError, "out_partial must be a torch.Tensor"),
-    ("out_partial-dtype", lambda: dict(out_partial=cuda(3, 2, 5, 4, 64, dtype=BF16)), TypeError,
-     "out_partial must be torch.float32"),
+    ("out_partial-dtype", lambda: dict(out_partial=cuda(3, 2, 5, 4, 64, dtype=torch.float64)), TypeError,
+     "out_partial must be torch.float32, torch.bfloat16 or torch.float16"),
+    ("out_partial-bf16", lambda: dict(out_partial=cuda(3, 2, 5, 4, 64, dtype=BF16)), None, None),
     ("out_partial-rank-4-is-packed", lambda: dict(out_partial=cuda(3, 5, 4, 64), lse_partial=cuda(3, 5, 4)),
      None, None),
     ("out_partial-rank-3", lambda: dict(out_partial=cuda(3, 4, 64), lse_partial=cuda(3, 4)), ValueError,

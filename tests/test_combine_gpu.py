@@ -315,3 +315,14 @@ def test_decode_step_time():
     print(f"combine decode step (8x32 rows, d128, 16 splits): {us:.1f} us per call (host + GPU)")
     assert us < 200
     check(out, lse, op, lp)
+
+
+@pytest.mark.parametrize("dtype", [BF16, FP16])
+def test_16_bit_partials(dtype):
+    """bf16 / fp16 partials are widened to float32 (exactly): the same bits as the widened call, the
+    output in the partials' dtype by default."""
+    op, lp = make_partials(5, (2, 33, 4), 128, seed=12)
+    op = torch.nan_to_num(op).to(dtype)  # (16-bit partials of real calls hold no NaN)
+    out, lse = fa4.flash_attn_combine(op, lp)
+    ref, ref_lse = fa4.flash_attn_combine(op.float(), lp, out_dtype=dtype)
+    assert out.dtype == dtype and torch.equal(out, ref) and torch.equal(lse, ref_lse)
