@@ -242,7 +242,7 @@ def _run(problem: AttnProblem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, o
     grad = grad_qkv or grad_sink
     # Note [lse with inputs that require grad]
     want_lse = return_lse or _requires_grad(q, k, v, sink)
-    need_lse = want_lse or grad
+    need_lse = want_lse  # (a gradient needs an input that requires grad)
     forward_only = problem.has_seqused_q or problem.page_size
     # Note [Refusing in the backward]
     refusal = None

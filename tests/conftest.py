@@ -45,6 +45,28 @@ def _nan_fill_outputs(request):
 
 
 @pytest.fixture
+def calls(monkeypatch):
+    """CPU runs of the public calls up to the launch (tests/test_fast_path.py, tests/test_dropin.py):
+    every kernel is a recorder of ``(config, arguments)``, the GPU an sm_90 of 132 SMs, the tensors
+    CPU tensors under ``validate.allow_any_device``; the plan cache cleared before and after."""
+    import torch
+
+    import fa4
+    from fa4 import jit, ops, validate
+    from fa4.fwd import sm90
+
+    got = []
+    monkeypatch.setattr(jit, "get_kernel", lambda cfg: lambda *a: got.append((cfg, a)))
+    monkeypatch.setattr(sm90, "_num_sms", lambda device: 132)
+    monkeypatch.setattr(fa4.arch, "device_capability", lambda index: (9, 0))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: None)  # (CPU tensors: device index None)
+    ops._plans.clear()
+    with validate.allow_any_device():
+        yield got
+    ops._plans.clear()
+
+
+@pytest.fixture
 def hang_watchdog():
     """For tests whose failure mode is a hang (a deadlocked kernel cannot be interrupted): if the test
     runs longer than ``seconds`` (``hang_watchdog(seconds)``, default 180), the process prints every

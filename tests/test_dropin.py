@@ -1,5 +1,5 @@
 """flash_attn.cute calls that a drop-in must take as that API does (CPU: the kernel is a recorder, the
-tensors CPU tensors under validate.allow_any_device, as in tests/test_fast_path.py):
+tensors CPU tensors under validate.allow_any_device: the ``calls`` fixture of tests/conftest.py):
 
 * ``out`` (and the gradients) contiguous whatever q's strides (Note [Contiguous outputs] in fa4/ops.py);
 * the lse returned whenever an input requires grad (Note [lse with inputs that require grad] in
@@ -16,21 +16,7 @@ import pytest
 import torch
 
 import fa4
-from fa4 import interface, jit, ops, validate
-from fa4.fwd import sm90
-
-
-@pytest.fixture
-def calls(monkeypatch):
-    got = []
-    monkeypatch.setattr(jit, "get_kernel", lambda cfg: lambda *a: got.append((cfg, a)))
-    monkeypatch.setattr(sm90, "_num_sms", lambda device: 132)
-    monkeypatch.setattr(fa4.arch, "device_capability", lambda index: (9, 0))
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: None)  # (CPU tensors: device index None)
-    ops._plans.clear()
-    with validate.allow_any_device():
-        yield got
-    ops._plans.clear()
+from fa4 import interface
 
 
 def _rand(*shape, requires_grad=False):

@@ -1,6 +1,7 @@
 """Note [Fast path] (fa4/ops.py): a repeated dense forward call skips the layers between
 flash_attn_func and the kernel, with the same kernel and the same arguments as the full way. On the
-CPU: the kernel is a recorder, the tensors CPU tensors under validate.allow_any_device."""
+CPU: the kernel is a recorder, the tensors CPU tensors under validate.allow_any_device (the
+``calls`` fixture of tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -8,21 +9,8 @@ import pytest
 import torch
 
 import fa4
-from fa4 import jit, ops, validate
+from fa4 import jit, ops
 from fa4.fwd import sm90
-
-
-@pytest.fixture
-def calls(monkeypatch):
-    got = []
-    monkeypatch.setattr(jit, "get_kernel", lambda cfg: lambda *a: got.append((cfg, a)))
-    monkeypatch.setattr(sm90, "_num_sms", lambda device: 132)
-    monkeypatch.setattr(fa4.arch, "device_capability", lambda index: (9, 0))
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: None)  # (CPU tensors: device index None)
-    ops._plans.clear()
-    with validate.allow_any_device():
-        yield got
-    ops._plans.clear()
 
 
 def _qkv(b=1, sq=128, sk=512, h=16, hk=16, d=128, dv=None):

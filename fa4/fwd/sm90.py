@@ -1155,7 +1155,8 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         qhead_per_kvhead=g,
         split_kv=splits > 1,
         page_rows=page_rows(problem.page_size, tile_n),
-        block_skip=block_skip(problem, tile_m, tile_n, g),
+        # (not with pack GQA, whose rows span several heads' table rows)
+        block_skip=BlockSkip.table_fits(problem.block_table, tile_m, tile_n) if g == 1 else (),
         one_step_loop=_one_step(problem.head_dim, problem.head_dim_v, problem.causal, problem.local),
         **FwdSm90Config.fwd_flags(problem),
     )
@@ -1166,12 +1167,6 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
                          f"warpgroup per 64 rows; "
                          f"choose the rows with tile_m, or leave num_threads unset)")
     return cfg
-
-
-def block_skip(problem: AttnProblem, tile_m: int, tile_n: int, g: int) -> tuple:
-    """The config's ``block_skip`` for a block-sparse problem: its ``block_table`` where the tile can
-    skip hidden blocks (no pack GQA; :meth:`BlockSkip.table_fits`), else ``()``."""
-    return BlockSkip.table_fits(problem.block_table, tile_m, tile_n) if g == 1 else ()
 
 
 def page_rows(page_size: int, tile_n: int) -> int:
