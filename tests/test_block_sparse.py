@@ -313,6 +313,21 @@ def test_sm80_configs_skip_where_they_may(monkeypatch):
         assert sass.count(ops, "VOTE") + sass.count(ops, "VOTEU") > 0, type(c).__name__
 
 
+@pytest.mark.parametrize("arch", ["sm_80", "sm_100a"])
+def test_sm80_block_skip_compiles_for_its_other_arches(arch, monkeypatch):
+    """The sm80 family's block-skip configs (forward with its switch on, backward) compile for the
+    arches the family claims besides sm_90a (there: the test above, with its SASS)."""
+    from fa4 import jit
+    from fa4.bwd import sm80 as bwd80
+    from fa4.fwd import sm80 as fwd80
+
+    monkeypatch.setattr(fwd80, "BLOCK_SKIP", True)
+    p = _bwd_problem((128, 128))
+    for cfg in (fwd80.make_config(p, None, arch, True), bwd80.make_config(p, None, arch, False)):
+        assert cfg.block_skip == (0, 128, 128)
+        jit.compile_uncached(cfg, engine=False)
+
+
 @pytest.mark.parametrize("case", ["gqa_causal", "two_cta", "kv_split", "dq_pass"])
 def test_backward_block_skip_compiles(case):
     """The narrowing backward compiles with each of the paths it runs on, and its SASS has the
