@@ -307,6 +307,14 @@ if has next47s; then
     --cases varlen-gqa-d128-causal,varlen-d128-causal,varlen-d64-causal,gqa-d128-s4k-causal \
     --variant "bwd.section=4" --variant "bwd.section=8" --variant "bwd.section=16" \
     --variant "bwd.section=32" --variant "bwd.section=64"
+  # ... and ncu of the GQA row's backward with sections of 4 and 16: L2 hit rate, reductions, DRAM.
+  for sec in 4 16; do
+    timeout 150 ncu --clock-control none --kernel-name regex:fa4_bwd_sm90 --launch-count 1 \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy \
+      python3 tools/ncu_offgrid.py varlen-gqa-d128-causal "$sec" > "$out/next47ncu$sec.txt" 2>&1
+    echo "next47ncu$sec rc=$?"; grep -E "fa4_bwd|Duration|Throughput|L2 Hit|L1/TEX Hit|Mem Busy|Max Bandwidth|Grid Size|Achieved" \
+      "$out/next47ncu$sec.txt" | cut -c1-150 | head -24
+  done
 fi
 if has next43; then
   # Issue 8's rows on an H200 with three repeats (v0.37 timed the forward's there; the backward's last
