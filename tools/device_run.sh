@@ -302,9 +302,9 @@ fi
 if has next47s; then
   # Session 39's Next 2: the causal backward's launch sections on the varlen rows (v0.39, H100: the
   # GQA row 2.44-2.51 ms with the default 4, 2.17-2.28 with 16; 32 and 64 not timed) and the dense
-  # GQA s4k row, three rounds.
+  # GQA s4k and MQA s8k rows, three rounds.
   logged next47s 420 40 python3 -m fa4.bench --offgrid --mode bwd --rounds 3 \
-    --cases varlen-gqa-d128-causal,varlen-d128-causal,varlen-d64-causal,gqa-d128-s4k-causal \
+    --cases varlen-gqa-d128-causal,varlen-d128-causal,varlen-d64-causal,gqa-d128-s4k-causal,mqa-d128-s8k-causal \
     --variant "bwd.section=4" --variant "bwd.section=8" --variant "bwd.section=16" \
     --variant "bwd.section=32" --variant "bwd.section=64"
   # ... and ncu of the GQA row's backward with sections of 4 and 16: L2 hit rate, reductions, DRAM.
