@@ -303,13 +303,13 @@ if has next47s; then
   # Session 39's Next 2: the causal backward's launch sections on the varlen rows (v0.39, H100: the
   # GQA row 2.44-2.51 ms with the default 4, 2.17-2.28 with 16; 32 and 64 not timed) and the dense
   # GQA s4k and MQA s8k rows, three rounds.
-  logged next47s 420 40 python3 -m fa4.bench --offgrid --mode bwd --rounds 3 \
+  logged next47s 300 40 python3 -m fa4.bench --offgrid --mode bwd --rounds 3 \
     --cases varlen-gqa-d128-causal,varlen-d128-causal,varlen-d64-causal,gqa-d128-s4k-causal,mqa-d128-s8k-causal \
     --variant "bwd.section=4" --variant "bwd.section=8" --variant "bwd.section=16" \
     --variant "bwd.section=32" --variant "bwd.section=64"
   # ... and ncu of the GQA row's backward with sections of 4 and 16: L2 hit rate, reductions, DRAM.
   for sec in 4 16; do
-    timeout 150 ncu --clock-control none --kernel-name regex:fa4_bwd_sm90 --launch-count 1 \
+    timeout 100 ncu --clock-control none --kernel-name regex:fa4_bwd_sm90 --launch-count 1 \
       --section SpeedOfLight --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy \
       python3 tools/ncu_offgrid.py varlen-gqa-d128-causal "$sec" > "$out/next47ncu$sec.txt" 2>&1
     echo "next47ncu$sec rc=$?"; grep -E "fa4_bwd|Duration|Throughput|L2 Hit|L1/TEX Hit|Mem Busy|Max Bandwidth|Grid Size|Achieved" \
