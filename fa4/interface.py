@@ -241,8 +241,7 @@ def _run(problem: AttnProblem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, o
     grad_sink = torch.is_grad_enabled() and sink is not None and sink.requires_grad
     grad = grad_qkv or grad_sink
     # Note [lse with inputs that require grad]
-    want_lse = return_lse or _requires_grad(q, k, v, sink)
-    need_lse = want_lse  # (a gradient needs an input that requires grad)
+    want_lse = return_lse or _requires_grad(q, k, v, sink)  # (and a gradient needs such an input)
     forward_only = problem.has_seqused_q or problem.page_size
     # Note [Refusing in the backward]
     refusal = None
@@ -268,7 +267,7 @@ def _run(problem: AttnProblem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, o
         slots = list(aux or ()) + [None] * (mods.MAX_AUX_COMPILED - len(aux or ()))
         out, lse = ops.fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, problem.seqlen_q, problem.seqlen_k,
                               problem.softmax_scale, problem.causal, problem.local, problem.window_left,
-                              problem.window_right, problem.softcap, need_lse, deterministic, options.to_str(),
+                              problem.window_right, problem.softcap, want_lse, deterministic, options.to_str(),
                               problem.num_splits, pack, seqused_q, page_table, sink, keys, *slots)
         return out, (lse if want_lse else None)
     if refusal is not None:
@@ -280,13 +279,13 @@ def _run(problem: AttnProblem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, o
                                    seqused_k, options, True, seqused_q=seqused_q, page_table=page_table, aux=aux)
             out, lse = ops.compose_sink(out, lse, sink, problem.varlen_q)
         else:
-            out, lse = ops.forward(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options, need_lse,
+            out, lse = ops.forward(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options, want_lse,
                                    seqused_q=seqused_q, page_table=page_table, sink=sink, aux=aux)
         return out, (lse if want_lse else None)
     if grad:
         return ops.FlashAttnFunction.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, problem, options,
-                                           deterministic, want_lse, need_lse, sink, aux)
-    out, lse = ops.forward(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options, need_lse, sink=sink,
+                                           deterministic, want_lse, want_lse, sink, aux)
+    out, lse = ops.forward(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options, want_lse, sink=sink,
                            aux=aux)
     return out, (lse if want_lse else None)
 

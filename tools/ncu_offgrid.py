@@ -9,7 +9,6 @@ import sys
 
 import torch
 
-import fa4
 from fa4 import offgrid
 from fa4.bwd import sm90
 
