@@ -196,3 +196,54 @@ def test_64bit_offsets():
     for b in (0, batch - 1):  # the first entry and one far past 2**31 elements
         sl = slice(b, b + 1)
         _check(out[sl], lse[sl], q[sl], k[sl], v[sl])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["decode", "decode-split", "prefill-causal", "prefill-gqa"])
+def test_call_without_lengths(kind):
+    """The sm80 forward judges a varlen side without max_seqlen on the batch's average length (as the
+    sm90 family does, RESULTS v0.41). On the decode and MHA inputs the average and the longest
+    lengths give the same tile, packing, threads and split count (asserted), so the call without
+    max_seqlen gives the bits of the call with them (the grid is the bound's, its extra tiles
+    empty). On the GQA prefill the average (785) packs the rows and the longest (1278) does not, so
+    only the reference rule is asserted there. Every call passes the reference rule."""
+    import itertools
+
+    from fa4 import ops
+
+    g = torch.Generator().manual_seed(len(kind) + 80)
+    if kind.startswith("decode"):
+        b = 8 if kind == "decode-split" else 48
+        lq = [1] * b
+        lk = torch.randint(1, 9000 if kind == "decode-split" else 3000, (b,), generator=g).tolist()
+        h, hk, d, causal = 32, 8, 128, False
+    else:
+        lq = lk = torch.randint(1, 1500, (9,), generator=g).tolist()
+        h, hk, d, causal = (8, 8, 64, True) if kind == "prefill-causal" else (16, 4, 128, True)
+    cu = lambda ls: torch.tensor([0] + list(itertools.accumulate(ls)), dtype=torch.int32, device="cuda")  # noqa: E731
+    cq, ck = cu(lq), cu(lk)
+    gd = torch.Generator("cuda").manual_seed(len(kind))
+    q = torch.randn(sum(lq), h, d, device="cuda", dtype=torch.bfloat16, generator=gd)
+    k, v = (torch.randn(sum(lk), hk, d, device="cuda", dtype=torch.bfloat16, generator=gd) for _ in range(2))
+    kw = dict(cu_seqlens_q=cq, cu_seqlens_k=ck, causal=causal, return_lse=True, kernel_options=SM80)
+    runs = {}
+    for given in (True, False):
+        ops._plans.clear()
+        lengths = dict(max_seqlen_q=max(lq), max_seqlen_k=max(lk)) if given else {}
+        out = fa4.flash_attn_varlen_func(q, k, v, **lengths, **kw)
+        cfgs = [c for (direction, *_), (_, c) in ops._plans.items() if direction == "fwd"]
+        assert len(cfgs) == 1, cfgs
+        runs[given] = out, cfgs[0]
+    ops._plans.clear()
+    (exact, e), (loose, c) = runs[True], runs[False]
+    fields = ("tile_m", "tile_n", "num_threads", "qhead_per_kvhead", "split_kv")
+    if kind == "prefill-gqa":
+        assert (c.qhead_per_kvhead, e.qhead_per_kvhead) == (4, 1), (c, e)
+    else:
+        assert [getattr(c, f) for f in fields] == [getattr(e, f) for f in fields], (c, e)
+        assert torch.equal(loose[0], exact[0]) and torch.equal(loose[1], exact[1])
+    if kind.startswith("decode"):
+        assert c.qhead_per_kvhead == 4 and c.tile_m == 64
+    assert c.split_kv == (kind == "decode-split"), c
+    for out, lse in (exact, loose):
+        check(out, lse, q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck, causal=causal)

@@ -286,3 +286,47 @@ def test_loose_bound_takes_the_compact_grids(monkeypatch):
     monkeypatch.setattr(sm90, "COMPACT_LOOSE_BOUND", False)
     monkeypatch.setattr(sm90, "COMPACT_WITHOUT_LENGTHS", False)
     assert on == (sm90.variants("sm_90a"), bwd90.variants("sm_90a"))
+
+
+def _decode_problem(seqlen_q, seqlen_k, total_k, batch=64):
+    return AttnProblem(dtype="bf16", batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads=32, heads_k=8,
+                       head_dim=128, head_dim_v=128, softmax_scale=128**-0.5, varlen_q=True, varlen_k=True,
+                       total_q=batch, total_k=total_k)
+
+
+def test_sm80_judges_a_call_without_lengths_on_the_average():
+    """The sm80 forward (the default family on Ampere GPUs), like the sm90 one, judges a varlen side
+    the call gave no max_seqlen for on the batch's average length: decode b64 GQA 32 / 8 without the
+    lengths gets the tile, packing, threads and split count of the call with them. Judged on the
+    bound (64 query rows, 64 x 2048 keys), its rows stayed unpacked on the prefill tile."""
+    from fa4.fwd import sm80
+
+    exact = _decode_problem(1, 2048, 64 * 2048)
+    bound = _decode_problem(64, 64 * 2048, 64 * 2048)
+    a = sm80.make_config(exact, None, "sm_80", False, num_sms=108)
+    b = sm80.make_config(bound, None, "sm_80", False, num_sms=108)
+    fields = ("tile_m", "tile_n", "num_threads", "qhead_per_kvhead", "split_kv")
+    assert [getattr(b, f) for f in fields] == [getattr(a, f) for f in fields]
+    assert a.qhead_per_kvhead == 4 and a.tile_m == 64
+
+
+@pytest.mark.parametrize("family", ["sm80", "sm90"])
+@pytest.mark.parametrize("missing", ["q", "k", "both"])
+def test_config_and_launch_agree_on_the_split(family, missing):
+    """The config's split-KV flag and the launch's split count (``fwd_common.launch_splits``) are
+    judged on the same lengths in both families, for each side a call leaves without max_seqlen: a
+    config that splits for the bound while the launch takes one split on the average would write
+    float32 partials and combine them for nothing (review of v0.38's branch: b8, 256 keys each,
+    only max_seqlen_k missing). On b8 GQA 32 / 8 decode rows of 32k keys both split; on 256 keys
+    neither does."""
+    from fa4.fwd import common as fwd_common
+    from fa4.fwd import sm80
+
+    mod, arch = (sm80, "sm_80") if family == "sm80" else (sm90, "sm_90a")
+    for keys, splits in ((256, False), (32768, True)):
+        sq = 8 if missing in ("q", "both") else 1
+        sk = 8 * keys if missing in ("k", "both") else keys
+        p = _decode_problem(sq, sk, 8 * keys, batch=8)
+        cfg = mod.make_config(p, None, arch, False, num_sms=132)
+        assert cfg.split_kv == splits, (missing, keys, cfg)
+        assert (fwd_common.launch_splits(cfg, p, 132) > 1) == cfg.split_kv

@@ -273,11 +273,11 @@ _MEMO_LIMIT = 4096
 
 
 def compact_splits(cfg, problem: AttnProblem, num_sms: Optional[int] = None) -> int:
-    """:func:`split_count` for ``cfg``'s own tiles: on the compact grid, judged as
-    :func:`fa4.fwd.sm90.make_config` judges it (:func:`loose_plan`)."""
+    """:func:`split_count` for ``cfg``'s own tiles, judged as every family's ``make_config`` judges
+    it: on the average length of each varlen side the call gave no max_seqlen for
+    (:func:`loose_plan`), on the compact grid's tiles where ``cfg`` takes it."""
     compact = getattr(cfg, "compact_grid", False)
-    return split_count(loose_plan(problem) if compact else problem, cfg.tile_m, split_tile_n(cfg),
-                       cfg.qhead_per_kvhead, num_sms, compact)
+    return split_count(loose_plan(problem), cfg.tile_m, split_tile_n(cfg), cfg.qhead_per_kvhead, num_sms, compact)
 
 
 def launch_splits(cfg, problem: AttnProblem, num_sms: int) -> int:

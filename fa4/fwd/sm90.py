@@ -1133,8 +1133,10 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
             else _grid_order(problem))
     if loose:
         grid = dict(persistent=False, dynamic_sched=False, l2_section_mb=L2_SECTION_MB_STATIC, compact_grid=True)
-    # The split rule counts in the table's K blocks (FwdSm90Config.split_tile_n), which it was measured with.
-    splits = fwd_common.split_count(plan, tile_m, table_tile_n, g, num_sms, compact=loose)
+    # The split rule counts in the table's K blocks (FwdSm90Config.split_tile_n), which it was measured
+    # with, on the average lengths of any side without max_seqlen whichever grid (as the launch's
+    # fwd_common.compact_splits: a call without max_seqlen_k alone would otherwise split for the bound).
+    splits = fwd_common.split_count(loose_plan(problem), tile_m, table_tile_n, g, num_sms, compact=loose)
     tau = float(options.rescale_threshold) if options.rescale_threshold is not None else DEFAULT_RESCALE_THRESHOLD
     cfg = FwdSm90Config(
         arch=arch,
