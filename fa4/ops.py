@@ -39,8 +39,12 @@ def _empty(shape, dtype, device) -> torch.Tensor:
 
 
 def _empty_like(t: torch.Tensor) -> torch.Tensor:
-    """A contiguous tensor of ``t``'s shape, dtype and device (Note [Contiguous outputs])."""
-    return _empty(t.shape, t.dtype, t.device)
+    """A contiguous tensor of ``t``'s shape, dtype and device (Note [Contiguous outputs]). Through
+    ``empty_like``, not ``empty(shape, dtype=, device=)``: 2.3 against 4.9 us of host time per call
+    on a 2-core CPU, on the latency rows' path (RESULTS v0.41)."""
+    if _nan_fill:
+        return torch.full_like(t, float("nan"), memory_format=torch.contiguous_format)
+    return torch.empty_like(t, memory_format=torch.contiguous_format)
 
 
 # Note [Contiguous outputs]
@@ -170,7 +174,8 @@ def _outputs(problem: AttnProblem, q: torch.Tensor, need_lse: bool):
     """The forward's ``(out, lse)`` for a 4-D ``q`` (varlen: (1, total, h, d)): ``out`` contiguous,
     q's shape with ``head_dim_v`` (Note [Contiguous outputs]), ``lse`` float32 (b, h, s_q) or None;
     NaN-filled in the tests' mode."""
-    out = _empty(q.shape[:-1] + (problem.head_dim_v,), q.dtype, q.device)
+    out = _empty_like(q) if problem.head_dim_v == problem.head_dim else _empty(
+        q.shape[:-1] + (problem.head_dim_v,), q.dtype, q.device)
     lse = _empty((q.shape[0], q.shape[2], q.shape[1]), torch.float32, q.device) if need_lse else None
     return out, lse
 
