@@ -100,3 +100,28 @@ def run_varlen_case(case, options) -> None:
         return_lse=True, kernel_options=options)
     check(out, lse, vb.q, vb.k, vb.v, cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k,
           seqused_k=vb.seqused_k, causal=causal, window_size=win)
+
+
+LOOSE_KINDS = ["decode", "decode-split", "prefill-causal", "prefill-gqa"]
+
+
+def loose_bound_inputs(kind: str, seed: int):
+    """Inputs of the tests of varlen calls without max_seqlen (both families): ``(lq, lk, h, hk, d,
+    causal, cu_seqlens_q, cu_seqlens_k, q, k, v)``. ``kind``: decode rows (48 sequences of 1 query;
+    ``decode-split``: 8, with keys long enough to split), a causal MHA d64 prefill or a causal GQA
+    16 / 4 d128 prefill of 9 sequences (``decode-paged`` builds as ``decode``); ``seed`` draws the
+    lengths, the data is seeded by ``len(kind)``."""
+    g = torch.Generator().manual_seed(seed)
+    if kind.startswith("decode"):
+        b = 8 if kind == "decode-split" else 48
+        lq = [1] * b
+        lk = torch.randint(1, 9000 if kind == "decode-split" else 3000, (b,), generator=g).tolist()
+        h, hk, d, causal = 32, 8, 128, False
+    else:
+        lq = lk = torch.randint(1, 1500, (9,), generator=g).tolist()
+        h, hk, d, causal = (8, 8, 64, True) if kind == "prefill-causal" else (16, 4, 128, True)
+    cq, ck = (torch.tensor([0] + list(itertools.accumulate(ls)), dtype=torch.int32, device="cuda") for ls in (lq, lk))
+    gd = torch.Generator("cuda").manual_seed(len(kind))
+    q = torch.randn(sum(lq), h, d, device="cuda", dtype=torch.bfloat16, generator=gd)
+    k, v = (torch.randn(sum(lk), hk, d, device="cuda", dtype=torch.bfloat16, generator=gd) for _ in range(2))
+    return lq, lk, h, hk, d, causal, cq, ck, q, k, v

@@ -28,7 +28,8 @@ import torch
 import fa4
 from fa4.testing import adversarial_scores_qk, random_qkv
 from fwd_cases import (
-    VARLEN_CASES, case_id, check, missing_pairs, pairwise_cases, run_varlen_case, window,
+    LOOSE_KINDS, VARLEN_CASES, case_id, check, loose_bound_inputs, missing_pairs, pairwise_cases, run_varlen_case,
+    window,
 )
 
 SM80 = fa4.KernelOptions(arch="sm80")
@@ -199,7 +200,7 @@ def test_64bit_offsets():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kind", ["decode", "decode-split", "prefill-causal", "prefill-gqa"])
+@pytest.mark.parametrize("kind", LOOSE_KINDS)
 def test_call_without_lengths(kind):
     """The sm80 forward judges a varlen side without max_seqlen on the batch's average length (as the
     sm90 family does, RESULTS v0.41). On the decode and MHA inputs the average and the longest
@@ -207,24 +208,9 @@ def test_call_without_lengths(kind):
     max_seqlen gives the bits of the call with them (the grid is the bound's, its extra tiles
     empty). On the GQA prefill the average (785) packs the rows and the longest (1278) does not, so
     only the reference rule is asserted there. Every call passes the reference rule."""
-    import itertools
-
     from fa4 import ops
 
-    g = torch.Generator().manual_seed(len(kind) + 80)
-    if kind.startswith("decode"):
-        b = 8 if kind == "decode-split" else 48
-        lq = [1] * b
-        lk = torch.randint(1, 9000 if kind == "decode-split" else 3000, (b,), generator=g).tolist()
-        h, hk, d, causal = 32, 8, 128, False
-    else:
-        lq = lk = torch.randint(1, 1500, (9,), generator=g).tolist()
-        h, hk, d, causal = (8, 8, 64, True) if kind == "prefill-causal" else (16, 4, 128, True)
-    cu = lambda ls: torch.tensor([0] + list(itertools.accumulate(ls)), dtype=torch.int32, device="cuda")  # noqa: E731
-    cq, ck = cu(lq), cu(lk)
-    gd = torch.Generator("cuda").manual_seed(len(kind))
-    q = torch.randn(sum(lq), h, d, device="cuda", dtype=torch.bfloat16, generator=gd)
-    k, v = (torch.randn(sum(lk), hk, d, device="cuda", dtype=torch.bfloat16, generator=gd) for _ in range(2))
+    lq, lk, h, hk, d, causal, cq, ck, q, k, v = loose_bound_inputs(kind, len(kind) + 80)
     kw = dict(cu_seqlens_q=cq, cu_seqlens_k=ck, causal=causal, return_lse=True, kernel_options=SM80)
     runs = {}
     for given in (True, False):

@@ -21,7 +21,7 @@ import torch
 import fa4
 from fa4.testing import adversarial_scores_qk, attention_ref, check_close, random_qkv
 from fwd_cases import (
-    VARLEN_CASES, case_id, check, missing_pairs, pairwise_cases, run_varlen_case, window,
+    VARLEN_CASES, case_id, check, loose_bound_inputs, missing_pairs, pairwise_cases, run_varlen_case, window,
 )
 
 SM90 = fa4.KernelOptions(arch="sm90")
@@ -335,20 +335,7 @@ def test_loose_bound_rule(monkeypatch, kind):
     from fa4 import ops
     from fa4.fwd import sm90
 
-    g = torch.Generator().manual_seed(len(kind))
-    if kind.startswith("decode"):
-        b = 8 if kind == "decode-split" else 48
-        lq = [1] * b
-        lk = torch.randint(1, 9000 if kind == "decode-split" else 3000, (b,), generator=g).tolist()
-        h, hk, d, causal = 32, 8, 128, False
-    else:
-        lq = lk = torch.randint(1, 1500, (9,), generator=g).tolist()
-        h, hk, d, causal = (8, 8, 64, True) if kind == "prefill-causal" else (16, 4, 128, True)
-    cu = lambda ls: torch.tensor([0] + list(itertools.accumulate(ls)), dtype=torch.int32, device="cuda")  # noqa: E731
-    cq, ck = cu(lq), cu(lk)
-    gd = torch.Generator("cuda").manual_seed(len(kind))
-    q = torch.randn(sum(lq), h, d, device="cuda", dtype=torch.bfloat16, generator=gd)
-    k, v = (torch.randn(sum(lk), hk, d, device="cuda", dtype=torch.bfloat16, generator=gd) for _ in range(2))
+    lq, lk, h, hk, d, causal, cq, ck, q, k, v = loose_bound_inputs(kind, len(kind))
     kw = dict(cu_seqlens_q=cq, cu_seqlens_k=ck, causal=causal, return_lse=True, kernel_options=SM90)
     kk, vv, ref_k = k, v, dict(cu_seqlens_k=ck)
     if kind == "decode-paged":  # vLLM's layout: 16-row pages, seqused_k, no cu_seqlens_k

@@ -1117,7 +1117,8 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
     # gave no lengths, the tile, packing and split count judged on the average ones (loose_plan; Note
     # [Compact varlen grid]).
     loose = _loose_q(problem)
-    plan = loose_plan(problem) if loose else problem
+    averaged = loose_plan(problem)
+    plan = averaged if loose else problem
     # Decode-like shapes: one consumer warpgroup, 64-row tiles, 64-row K blocks, one CTA per tile.
     g, tile_m, decode = fwd_common.rows_plan(plan, table_tile_m, options.tile_m)
     decode = decode and DECODE_GRID
@@ -1136,7 +1137,7 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
     # The split rule counts in the table's K blocks (FwdSm90Config.split_tile_n), which it was measured
     # with, on the average lengths of any side without max_seqlen whichever grid (as the launch's
     # fwd_common.compact_splits: a call without max_seqlen_k alone would otherwise split for the bound).
-    splits = fwd_common.split_count(loose_plan(problem), tile_m, table_tile_n, g, num_sms, compact=loose)
+    splits = fwd_common.split_count(averaged, tile_m, table_tile_n, g, num_sms, compact=loose)
     tau = float(options.rescale_threshold) if options.rescale_threshold is not None else DEFAULT_RESCALE_THRESHOLD
     cfg = FwdSm90Config(
         arch=arch,
