@@ -322,13 +322,16 @@ if has next49; then
   # --latency three times. Prediction: fa4 within 1.1x of cuDNN's us in each run (v0.37: 19.0 / 22.4
   # against 18.9 / 21.3; v0.41 before the fix: 1.08-1.71x).
   gpu_tests next49tests 400 tests/test_api_gpu.py tests/test_cuda_graph_gpu.py tests/test_kvcache_gpu.py || exit 1
+  # ... and the varlen-without-lengths tests, whose inputs moved into fwd_cases.loose_bound_inputs.
+  gpu_tests next49loose 200 tests/test_fwd_sm80_gpu.py tests/test_fwd_sm90_gpu.py \
+    -k "without_lengths or loose_bound_rule" || exit 1
   for r in 1 2 3; do
     timeout 60 python3 -m fa4.bench --latency --out "$out/next49lat$r" > "$out/next49lat$r.log" 2>&1
     echo "next49lat$r rc=$?"; grep -E "^(1|8) " "$out/next49lat$r.log" | cut -c1-120
   done
 fi
 if has next42t; then
-  # Branch wip/sm80-loose-plan (session 40): the sm80 forward judges a varlen side without max_seqlen
+  # wip/sm80-loose-plan (session 40, merged after these ran on an H200): the sm80 forward judges a varlen side without max_seqlen
   # on the average length; both families' config and launch judge the split count alike. Its tests.
   gpu_tests next42t 400 tests/test_fwd_sm80_gpu.py -k "without_lengths" || exit 1
   gpu_tests next42t2 400 tests/test_fwd_sm90_gpu.py tests/test_fwd_splitkv_gpu.py -k "loose or split or nomax" || exit 1
