@@ -6,10 +6,28 @@ Note [Pack GQA]
     position ``p // g`` of q head ``head_kv * g + p % g``. The scheduler then walks kv heads, so
     K and V of a kv head are read once for its ``g`` q heads, and a decode step (``seqlen_q = 1``)
     fills ``g`` rows of one tile instead of one row of each of ``g`` tiles. Packed rows are not
-    evenly spaced in memory, so Q is loaded and O / LSE are stored row by row in 16-byte vectors
-    (:func:`load_q_rows`, :func:`store_rows`) instead of by TMA; the mask compares query positions
+    evenly spaced in memory: where the tile's rows are no multiple of ``g`` (and in the sm80
+    family) Q is loaded and O is stored row by row in 16-byte vectors by the consumers
+    (:func:`load_q_rows`, :func:`store_rows`), else by TMA (Note [Packed rows by TMA]); LSE is
+    always stored per row (:func:`store_lse_rows`). The mask compares query positions
     (:class:`fa4.mask.AttentionMask` ``qhead_per_kvhead``). ``g`` is compile-time (one division by
     a constant per row).
+
+Note [Packed rows by TMA]
+    Where ``tile_m % g == 0`` a packed tile is ``tile_m / g`` whole query positions of the ``g``
+    heads, and in a ``(b, s, h, d)`` tensor the ``g`` heads of a kv head are adjacent (head stride),
+    so the tile is a 3-D box: ``d`` columns, ``g`` heads, ``tile_m / g`` positions. The sm90 forward
+    then loads Q (and, without varlen Q / ``seqused_q`` / split-KV, stores O) by TMA over the view
+    :func:`packed_rows_view` ``((g, s), d, h_k, b)``, whose first mode is colexicographic in the
+    packed row order (``p = position * g + head % g``), and :func:`packed_tile` picks a tile's box.
+    Boxes past the tensor read zeros and drop their stores; a varlen sequence is a coordinate
+    offset on the positions, and its rows past the sequence's end read the next sequence (never
+    stored), as for unpacked rows (Note [TMA and varlen / padding] in fa4/fwd/sm90.py). So the
+    producer warp loads a packed tile's Q under the last tile's work, as for unpacked rows, where
+    the row copies stop every consumer at each tile. Measured (v0.42, H100, d128 GQA 32 / 8): packed
+    by TMA / by rows 538 / 469 and 542 / 436 TFLOP/s on a varlen causal batch, 698 / 565 and 626 /
+    546 on s4k without a mask; the default packs by TMA (:data:`fa4.fwd.common.PACK_WHOLE_ROWS_MAX_GROUP`).
+    The two paths give the same bits (tests/test_fwd_sm90_gpu.py::test_packed_rows_by_tma).
 
 Note [Split-KV partials]
     With split-KV the K blocks of a tile are cut into ``num_splits`` contiguous ranges
@@ -60,6 +78,26 @@ class TileRows:
             return p, self.head
         q_pos = p // g
         return q_pos, self.head * g + (p - q_pos * g)
+
+
+def packed_rows_view(mT: cute.Tensor, g: int) -> cute.Tensor:
+    """The kernel-boundary ``(b, s, h, d)`` tensor as ``((g, s), d, h // g, b)`` (same memory): mode 0
+    is the packed rows of one kv head, head within the group fastest (Note [Packed rows by TMA])."""
+    b, s, h, d = mT.shape
+    sb, ss, sh, sd = mT.stride
+    return cute.make_tensor(mT.iterator,
+                            cute.make_layout(((g, s), d, h // g, b), stride=((sh, ss), sd, sh * g, sb)))
+
+
+def packed_tile(mT: cute.Tensor, g: int, tile_m: int, tile_cols: int, m_block: Int32, head_kv: Int32,
+                slot: Int32, offset: Int32, varlen: bool) -> cute.Tensor:
+    """Packed tile ``m_block`` of kv head ``head_kv`` in a :func:`packed_rows_view` (or the TMA
+    coordinate tensor made over one): ``((g, tile_m / g), tile_cols)``; ``slot`` is the batch index
+    (:func:`batch_slot`), ``offset`` a varlen sequence's first position."""
+    rows = mT[None, None, head_kv, slot]
+    if const_expr(varlen):
+        rows = cute.domain_offset(((0, offset), 0), rows)
+    return cute.local_tile(rows, ((g, tile_m // g), tile_cols), ((0, m_block), 0))
 
 
 def partial_slot(split: Int32, batch: Int32, num_batch: Int32, varlen_q: bool) -> Int32:

@@ -152,7 +152,7 @@ def test_explain_hopper_backward_notes_the_deterministic_path():
 def test_explain_hopper_forward_notes_the_grid():
     """fa4.explain() names the sm90 forward's grid and rows: the decode tile (one CTA per tile,
     64-row K blocks, packed GQA rows), and the dynamic persistent grid with LPT for a long causal
-    prefill, whose GQA rows are not packed (and says how to pack them)."""
+    prefill, whose 4 q heads per kv head are packed by TMA (6 are not, and it says how to pack them)."""
     q = torch.empty(64, 1, 32, 128, dtype=torch.bfloat16)
     k = torch.empty(64, 8192, 8, 128, dtype=torch.bfloat16)
     text = str(fa4.explain(q, k, k, capability=(9, 0)))
@@ -167,8 +167,11 @@ def test_explain_hopper_forward_notes_the_grid():
     q = torch.empty(2, 4096, 32, 128, dtype=torch.bfloat16)
     k = torch.empty(2, 4096, 8, 128, dtype=torch.bfloat16)
     text = str(fa4.explain(q, k, k, causal=True, capability=(9, 0)))
-    assert "dynamic persistent grid" in text and "LPT" in text and "not packed" in text
-    assert "decode tile" not in text
+    assert "dynamic persistent grid" in text and "LPT" in text and "decode tile" not in text
+    # Prefill GQA: 4 q heads per kv head packed by TMA boxes (v0.42); 6 are no divisor of the tile.
+    assert "packed GQA rows" in text and "TMA boxes of whole positions" in text
+    q6, k6 = torch.empty(2, 4096, 36, 128, dtype=torch.bfloat16), torch.empty(2, 4096, 6, 128, dtype=torch.bfloat16)
+    assert "GQA rows not packed" in str(fa4.explain(q6, k6, k6, causal=True, capability=(9, 0)))
 
 
 def test_explain_validates():

@@ -505,3 +505,47 @@ def test_empty_tiles_beside_working_tiles(d, layout):
             first = (out, lse)
         else:
             assert torch.equal(out, first[0]) and torch.equal(lse, first[1]), "a run differs from the first"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d,heads,mask,layout", [
+    (128, (16, 4), "causal", "varlen"),  # 128-row tiles, varlen Q by TMA, O by rows
+    (128, (8, 2), "none", "dense"),  # O by a TMA store of packed boxes too
+    (128, (8, 1), "local", "dense"),  # MQA: g = 8, 16 positions per tile
+    (64, (12, 4), "causal", "dense"),  # g = 3 in 192-row tiles (three consumer warpgroups)
+    (256, (8, 2), "causal", "varlen"),  # O staged in Q's smem (o_in_q)
+    (96, (4, 2), "none", "seqused"),  # unpadded head dim, seqused_k tails
+])
+def test_packed_rows_by_tma(monkeypatch, d, heads, mask, layout):
+    """Packed GQA rows loaded (and stored) by TMA boxes of whole positions (Note [Packed rows by
+    TMA]): the reference rule, and bit-identical out / lse to the row-by-row copies (``pack_tma``
+    off) on the same inputs: the same smem tiles feed the same GEMMs. Odd lengths, so boxes run
+    past sequences and past the tensor."""
+    from fa4 import ops
+    from fa4.testing import random_varlen
+
+    h, hk = heads
+    results = {}
+    for tma in (True, False):
+        _force_fields(monkeypatch, qhead_per_kvhead=h // hk, pack_tma=tma)
+        if layout == "dense":
+            q, k, v = random_qkv(3, 113, 1000, h, hk, d, torch.bfloat16, "cuda", seed=d + h)
+            causal, win = window(mask, 113, 1000)
+            out, lse = fa4.flash_attn_func(q, k, v, causal=causal, window_size=win, return_lse=True,
+                                           kernel_options=SM90)
+            check(out, lse, q, k, v, causal=causal, window_size=win)
+        else:
+            vb = random_varlen(5, 301, h, hk, d, torch.bfloat16, "cuda", max_seqlen_k=700,
+                               with_seqused_k=layout == "seqused", seed=d + h)
+            causal, win = window(mask, 301, 700)
+            out, lse = fa4.flash_attn_varlen_func(
+                vb.q, vb.k, vb.v, cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k,
+                max_seqlen_q=vb.max_seqlen_q, max_seqlen_k=vb.max_seqlen_k, seqused_k=vb.seqused_k, causal=causal,
+                window_size=win, return_lse=True, kernel_options=SM90)
+            check(out, lse, vb.q, vb.k, vb.v, cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k,
+                  seqused_k=vb.seqused_k, causal=causal, window_size=win)
+        results[tma] = (out, lse)
+        monkeypatch.undo()
+        ops._plans.clear()
+    assert torch.equal(results[True][0], results[False][0])
+    assert torch.equal(results[True][1], results[False][1])

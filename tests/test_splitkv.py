@@ -71,6 +71,18 @@ def test_pack_decision():
     assert fwd_common.pack_gqa(_problem(2, 1, 100, 32, 32), 64) == 1  # MHA
     assert fwd_common.pack_gqa(_problem(2, 8192, 8192, 32, 8, pack_gqa=True), 128) == 4
     assert fwd_common.pack_gqa(_problem(64, 1, 8192, 32, 8, pack_gqa=False), 64) == 1
+    # A family packing whole positions cheaply (sm90's TMA boxes, PACK_WHOLE_ROWS_MAX_GROUP) packs
+    # any length where the tile holds whole positions of at most that many heads, and not with user
+    # functions or a block table (block skipping needs unpacked rows).
+    whole = fwd_common.PACK_WHOLE_ROWS_MAX_GROUP
+    assert fwd_common.pack_gqa(_problem(2, 8192, 8192, 32, 8), 128, whole) == 4
+    assert fwd_common.pack_gqa(_problem(2, 3774, 3774, 16, 8), 192, whole) == 2
+    assert fwd_common.pack_gqa(_problem(2, 8192, 8192, 36, 6), 128, whole) == 1  # 6 > 4
+    assert fwd_common.pack_gqa(_problem(2, 8192, 8192, 24, 8), 128, whole) == 1  # 3 does not divide 128
+    assert fwd_common.pack_gqa(_problem(2, 8192, 8192, 24, 8), 192, whole) == 3
+    assert fwd_common.pack_gqa(_problem(2, 8192, 8192, 32, 8, mask_mod="m"), 128, whole) == 1
+    assert fwd_common.pack_gqa(_problem(2, 8192, 8192, 32, 8, block_table=(0, 128, 128)), 128, whole) == 1
+    assert fwd_common.pack_gqa(_problem(2, 8192, 8192, 32, 8, pack_gqa=False), 128, whole) == 1
 
 
 def test_split_count_heuristic():
@@ -92,8 +104,15 @@ def test_sm90_configs_for_decode():
     assert (cfg.qhead_per_kvhead, cfg.split_kv, cfg.tile_m) == (4, False, 64)
     cfg = sm90.make_config(_problem(8, 1, 32768, 32, 8), None, "sm_90a", False, num_sms=132)
     assert (cfg.qhead_per_kvhead, cfg.split_kv, cfg.has_lse) == (4, True, True)
+    # Prefill: packed by TMA boxes up to 4 q heads per kv head (PACK_WHOLE_ROWS_MAX_GROUP, v0.42),
+    # not past it (MQA 16 / 1), nor where the tile is no multiple of the group (6 in 128 rows).
     cfg = sm90.make_config(_problem(2, 4096, 4096, 32, 8), None, "sm_90a", True, num_sms=132)
-    assert (cfg.qhead_per_kvhead, cfg.split_kv) == (1, False)
+    assert (cfg.qhead_per_kvhead, cfg.split_kv, cfg.pack_tma) == (4, False, True)
+    for heads, heads_k in ((16, 1), (36, 6)):
+        cfg = sm90.make_config(_problem(2, 4096, 4096, heads, heads_k), None, "sm_90a", True, num_sms=132)
+        assert (cfg.qhead_per_kvhead, cfg.split_kv) == (1, False)
+    # The sm80 family (row copies) keeps the tile-share rule at any group size.
+    assert fwd_common.rows_plan(_problem(2, 4096, 4096, 32, 8), 128, None)[0] == 1
 
 
 def test_hint_arguments_are_checked():

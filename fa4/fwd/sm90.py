@@ -123,7 +123,8 @@ from fa4.mask import AttentionMask, walk_blocks
 from fa4.mods import check_config, launch_aux, lookup
 from fa4.mods_kernel import BlockSkip, UserMods, block_mods, check_block_skip, fake_aux
 from fa4.pack_gqa import (
-    TileRows, batch_slot, load_q_rows, partial_slot, row_sinks, store_acc_rows, store_lse_rows, store_rows,
+    TileRows, batch_slot, load_q_rows, packed_rows_view, packed_tile, partial_slot, row_sinks, store_acc_rows,
+    store_lse_rows, store_rows,
 )
 from fa4.sched.tile import (LOOSE_BOUND_RATIO, CompactVarlenTileScheduler, DynamicTileScheduler,
                             PersistentTileScheduler, loose_bound, loose_plan, shape_bound, split_head, split_range)
@@ -167,7 +168,10 @@ class FwdSm90Config(AttnFwdConfig):
     ``max_seqlen_q``, ``COMPACT_WITHOUT_LENGTHS``, timed in v0.38; an option otherwise). ``block_skip``
     ``(slot, block_q, block_k)``: aux tensor ``slot`` is a block-sparse call's block table, and the
     producer and consumers skip the K blocks it hides (:class:`fa4.mods_kernel.BlockSkip`; not
-    with pack GQA, whose rows span several heads' table rows)."""
+    with pack GQA, whose rows span several heads' table rows). ``pack_tma`` (pack GQA with ``tile_m``
+    a multiple of ``qhead_per_kvhead``): Q, and O where it goes by TMA at all, by TMA boxes of whole
+    positions (Note [Packed rows by TMA] in fa4/pack_gqa.py); off, packed rows are copied row by
+    row by the consumers, as before v0.42."""
 
     head_dim: int = 128
     head_dim_v: int = 128
@@ -189,6 +193,7 @@ class FwdSm90Config(AttnFwdConfig):
     skip_empty: bool = False  # v0.28: tested, and not faster (varlen d128 -3 to -5%, masked rows +-3%)
     compact_grid: bool = False
     block_skip: tuple = ()
+    pack_tma: bool = True
 
     KERNEL = "fa4.fwd.sm90:FlashFwdSm90"
     REQUIRED_SASS = ("HGMMA", "UTMALDG")  # checked in the SASS of every compile variant (tests/test_compile.py)
@@ -250,8 +255,10 @@ class FlashFwdSm90:
         self.pack = cfg.qhead_per_kvhead > 1
         self.split = cfg.split_kv
         self.o_in_q = cfg.o_in_q and cfg.o_via_smem
-        self.tma_q = not self.pack  # packed rows are loaded row by row (Note [Pack GQA])
-        self.tma_o = not (cfg.varlen_q or cfg.has_seqused_q or self.pack or self.split)
+        # Packed rows go by TMA where the tile holds whole positions (Note [Packed rows by TMA]),
+        # else row by row (Note [Pack GQA]).
+        self.tma_q = not self.pack or (self.tile_m % cfg.qhead_per_kvhead == 0 and cfg.pack_tma)
+        self.tma_o = not (cfg.varlen_q or cfg.has_seqused_q or self.split) and self.tma_q
         # Only a ragged Q has empty tiles (Note [Skipped claims] in fa4/sched/tile.py).
         self.skip_empty = cfg.skip_empty and cfg.dynamic_sched and (cfg.varlen_q or cfg.has_seqused_q)
         self.page_rows = cfg.page_rows
@@ -396,8 +403,13 @@ class FlashFwdSm90:
         mQ_t, mK_t, mV_t, mO_t = (to_sdhb(t) for t in (mQ, mK, mV, mO))
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         tma_q, mQ_tma = None, mQ
+        q_rows = self.tile_m
+        if const_expr(self.pack):  # Note [Packed rows by TMA]
+            g = cfg.qhead_per_kvhead
+            mQ_t, mO_t = packed_rows_view(mQ, g), packed_rows_view(mO, g)
+            q_rows = (g, self.tile_m // g)
         if const_expr(self.tma_q):
-            tma_q, mQ_tma = cpasync.make_tiled_tma_atom(g2s, mQ_t, self.sQ_layout, (self.tile_m, self.tile_hdim))
+            tma_q, mQ_tma = cpasync.make_tiled_tma_atom(g2s, mQ_t, self.sQ_layout, (q_rows, self.tile_hdim))
         # Paged K/V: one TMA per chunk of page_rows rows (Note [Paged K/V]).
         kv_rows = self.tile_n if const_expr(not self.page_rows) else self.page_rows
         tma_k, mK_tma = cpasync.make_tiled_tma_atom(g2s, mK_t, self.kv_box_layout(self.sK_layout, self.tile_hdim),
@@ -407,7 +419,7 @@ class FlashFwdSm90:
         tma_o, mO_tma = None, None
         if const_expr(self.tma_o):
             tma_o, mO_tma = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mO_t, self.sO_layout,
-                                                        (self.tile_m, self.tile_hdimv))
+                                                        (q_rows, self.tile_hdimv))
         max_grid = max_ctas if const_expr(cfg.persistent) else num_m_blocks * sched_heads * num_batch
         grid = PersistentTileScheduler.grid(num_m_blocks, sched_heads, num_batch, max_grid)
         if const_expr(cfg.compact_grid):  # Note [Compact varlen grid]: slots per scheduler head
@@ -599,7 +611,7 @@ class FlashFwdSm90:
                     tVgV, tVsV = (mV, sV), (mPageTable, batch, head_kv)
 
                 self.load_block(tma_k, pk, tKgK, tKsK, n_max - 1, kv_state)
-                if const_expr(self.tma_q):  # (packed Q: the consumers load it, Note [Pack GQA])
+                if const_expr(self.tma_q):  # (else packed Q rows: the consumers load them, Note [Pack GQA])
                     self.load_q(tma_q, mQ, sQ, pq, q_state, seqlen, batch, head, m_block)
                     q_state.advance()
                 v_state = kv_state.clone()
@@ -642,12 +654,21 @@ class FlashFwdSm90:
     @cute.jit
     def load_q(self, tma_q, mQ, sQ, pq, q_state, seqlen: SeqlenInfo, batch: Int32, head: Int32,
                m_block: Int32) -> None:
-        """The tile's Q, by TMA completing on the Q stage's mbarrier."""
-        gQ = cute.local_tile(seqlen.q_view_sd(mQ, batch, head), (self.tile_m, self.tile_hdim), (m_block, 0))
+        """The tile's Q, by TMA completing on the Q stage's mbarrier (packed: ``head`` is the kv
+        head, Note [Packed rows by TMA])."""
+        gQ = self.q_tile(mQ, seqlen, batch, head, m_block, self.tile_hdim)
         tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
                                            cute.group_modes(gQ, 0, 2))
         pq.producer_acquire(q_state)
         cute.copy(tma_q, tQgQ, tQsQ, tma_bar_ptr=pq.producer_get_barrier(q_state))
+
+    def q_tile(self, mT, seqlen: SeqlenInfo, batch: Int32, head: Int32, m_block: Int32, cols: int) -> cute.Tensor:
+        """Tile ``m_block`` of a TMA coordinate tensor on the Q side (Q or O): of ``(s, d, h, b)``,
+        or packed of ``((g, s), d, h_k, b)`` (Note [Packed rows by TMA])."""
+        if const_expr(self.pack):
+            return packed_tile(mT, self.cfg.qhead_per_kvhead, self.tile_m, cols, m_block, head,
+                               batch_slot(batch, self.cfg.varlen_q), seqlen.offset_q, self.cfg.varlen_q)
+        return cute.local_tile(seqlen.q_view_sd(mT, batch, head), (self.tile_m, cols), (m_block, 0))
 
     def block_pages(self, tXsX, mX, n: Int32) -> list:
         """The page indices of paged block ``n``'s chunks (Note [Paged K/V]), clamped to the table:
@@ -954,7 +975,7 @@ class FlashFwdSm90:
             cute.arch.fence_proxy("async.shared", space="cta")
             cute.arch.barrier(barrier_id=_BAR_EPI, number_of_threads=self.num_consumer_threads)
             if store_warp:
-                gO = cute.local_tile(seqlen.q_view_sd(mO, batch, head), (self.tile_m, self.tile_hdimv), (m_block, 0))
+                gO = self.q_tile(mO, seqlen, batch, head, m_block, self.tile_hdimv)
                 tOsO, tOgO = cpasync.tma_partition(tma_o, 0, cute.make_layout(1), cute.group_modes(sO, 0, 2),
                                                    cute.group_modes(gO, 0, 2))
                 cute.copy(tma_o, tOsO, tOgO)
@@ -1120,7 +1141,8 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
     averaged = loose_plan(problem)
     plan = averaged if loose else problem
     # Decode-like shapes: one consumer warpgroup, 64-row tiles, 64-row K blocks, one CTA per tile.
-    g, tile_m, decode = fwd_common.rows_plan(plan, table_tile_m, options.tile_m)
+    g, tile_m, decode = fwd_common.rows_plan(plan, table_tile_m, options.tile_m,
+                                             whole_rows_max_group=fwd_common.PACK_WHOLE_ROWS_MAX_GROUP)
     decode = decode and DECODE_GRID
     # The 64-row K blocks not with seqused_k or a page table: a paged cache measured +3% time with
     # them, and paged and unpaged-with-seqused_k calls share a config, so their outputs share their bits.
@@ -1233,6 +1255,7 @@ def variants(arch: str) -> list[FwdSm90Config]:
         cfg(64, qhead_per_kvhead=4),  # packed rows with three consumer warpgroups
         cfg(256, qhead_per_kvhead=4, causal=True),  # packed rows with O staged in Q's smem (o_in_q)
         cfg(128, varlen_q=True, causal=True),  # packed q with batched k/v (mixed layouts)
+        cfg(128, qhead_per_kvhead=4, causal=True, varlen_q=True, varlen_k=True),  # packed varlen Q by TMA
         cfg(128, causal=True, has_sink=True, dynamic_sched=True),
         cfg(64, tile_m=64, pingpong=False, qhead_per_kvhead=4, has_sink=True, page_rows=16, has_seqused_k=True,
             varlen_q=True),
@@ -1274,11 +1297,15 @@ def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: F
     notes = []
     g = problem.heads // problem.heads_k
     if cfg.qhead_per_kvhead > 1:
+        how = ("by TMA boxes of whole positions (Note [Packed rows by TMA])"
+               if cfg.tile_m % cfg.qhead_per_kvhead == 0 and cfg.pack_tma else "row by row (Note [Pack GQA])")
         notes.append(f"packed GQA rows: the {cfg.qhead_per_kvhead} q heads of each kv head share a tile's rows, so "
-                     "each K/V block is loaded once for all of them (Note [Pack GQA]; pack_gqa=False turns it off)")
+                     f"each K/V block is loaded once for all of them; Q is loaded {how}; pack_gqa=False turns it off")
     elif g > 1 and problem.pack_gqa is None:
-        notes.append(f"GQA rows not packed: packing the {g} q heads per kv head would save too few tiles "
-                     f"(fa4.fwd.common.PACK_GQA_MAX_TILE_SHARE); pack_gqa=True packs them")
+        notes.append(f"GQA rows not packed: with {g} q heads per kv head (over "
+                     f"fa4.fwd.common.PACK_WHOLE_ROWS_MAX_GROUP, no divisor of the tile, or with user functions / a "
+                     f"block table) packing would save too few tiles (fa4.fwd.common.PACK_GQA_MAX_TILE_SHARE); "
+                     f"pack_gqa=True packs them")
     decode = cfg.tile_m == 64 and not cfg.persistent
     if decode:
         if options is not None and options.tile_n is not None:
