@@ -53,6 +53,8 @@ CASES = {
     "varlen-gqa-d256-causal": ("mixed", None, 8, 2, 256, True, True),
     "gqa-d64-s4k-causal": ([4096] * 4, None, 32, 8, 64, True, False),
     "gqa-d256-s4k-causal": ([4096] * 4, None, 8, 2, 256, True, False),
+    "gqa8-d128-s4k-causal": ([4096] * 2, None, 64, 8, 128, True, False),  # Llama-3-70B's 64 / 8 heads
+    "varlen-gqa8-d128-causal": ("mixed", None, 64, 8, 128, True, True),
     "gqa-d128-s4k": ([4096] * 4, None, 32, 8, 128, False, False),
     "gqa-d128-s4k-causal": ([4096] * 4, None, 32, 8, 128, True, False),
     "mqa-d128-s8k-causal": ([8192] * 2, None, 16, 1, 128, True, False),
