@@ -362,6 +362,9 @@ if has next51; then
   # Session 41's Next 2: 8 q heads per kv head (the TMA path takes them, the default does not:
   # PACK_WHOLE_ROWS_MAX_GROUP = 4) and MQA (g = 16) again, three rounds, packed / unpacked default.
   # Prediction: g = 8 packed within 2% dense and +3-6% varlen, as g = 4 on the H100; MQA unresolved.
+  # First the files session 41 did not rerun after the default began packing GQA prefill (kvcache's
+  # prefill chunks, the split-KV / pack file).
+  gpu_tests next51t 300 tests/test_kvcache_gpu.py tests/test_fwd_splitkv_gpu.py tests/test_block_sparse_gpu.py || exit 1
   logged next51 330 40 python3 -m fa4.bench --offgrid --mode fwd --rounds 3 \
     --cases gqa8-d128-s4k-causal,varlen-gqa8-d128-causal --variant "fwd.qhead_per_kvhead=8"
   logged next51m 200 20 python3 -m fa4.bench --offgrid --mode fwd --rounds 3 \
