@@ -126,3 +126,24 @@ def test_one_step_row_max_overlaps_pv(one_step_sass):
     counts = {k: _max_before_pv_wait(text) for k, text in one_step_sass.items()}
     assert counts["one"] and counts["sep"], counts
     assert min(counts["one"]) >= 16 and min(counts["sep"]) >= 16, counts
+
+
+@pytest.mark.slow
+def test_packed_rows_go_by_tma():
+    """Note [Packed rows by TMA]: the sm90 forward's packed GQA rows (4 q heads per kv head in 128
+    rows) are loaded by a 5-D TMA box (d, heads, positions, kv head, batch) and, without varlen Q,
+    stored by one; with ``pack_tma`` off neither box exists (the consumers copy rows)."""
+    packed = next(c for c in arch.all_variants("sm_90a")
+                  if type(c).__name__ == "FwdSm90Config" and c.qhead_per_kvhead == 4 and c.tile_m == 128
+                  and c.varlen_q and c.pack_tma)
+    dense = dataclasses.replace(packed, varlen_q=False, varlen_k=False)
+
+    def boxes(cfg):
+        text = sass.disassemble(cfg)
+        return (sum(1 for line in text.splitlines() if "UTMALDG.5D" in line),
+                sum(1 for line in text.splitlines() if "UTMASTG.5D" in line))
+
+    loads, stores = boxes(packed)
+    assert loads > 0 and stores == 0
+    assert all(n > 0 for n in boxes(dense))
+    assert boxes(dataclasses.replace(dense, pack_tma=False)) == (0, 0)
