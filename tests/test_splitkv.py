@@ -111,6 +111,10 @@ def test_sm90_configs_for_decode():
     for heads, heads_k in ((16, 1), (36, 6)):
         cfg = sm90.make_config(_problem(2, 4096, 4096, heads, heads_k), None, "sm_90a", True, num_sms=132)
         assert (cfg.qhead_per_kvhead, cfg.split_kv) == (1, False)
+    # Queries of at most 64 positions keep the decode tile's rule (the whole-rows rule would move
+    # s_q 17-64 into a larger packed tile: not measured).
+    cfg = sm90.make_config(_problem(8, 64, 8192, 32, 8), None, "sm_90a", False, num_sms=132)
+    assert (cfg.qhead_per_kvhead, cfg.tile_m, cfg.persistent) == (1, 64, False)
     # The sm80 family (row copies) keeps the tile-share rule at any group size.
     assert fwd_common.rows_plan(_problem(2, 4096, 4096, 32, 8), 128, None)[0] == 1
 

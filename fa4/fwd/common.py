@@ -202,8 +202,10 @@ MAX_SPLITS = 128
 
 
 PACK_GQA_MAX_TILE_SHARE = 0.94
-"""Rows are packed by default only when that leaves at most this share of the unpacked tiles: the
-packed path loads Q and stores O row by row, measured 6% slower on prefill (docs/RESULTS.md v0.5:
+"""Where rows are packed by copying them row by row (the sm80 family; sm90 where ``g`` does not
+divide the tile, and queries of at most 64 positions), they are packed by default only when that
+leaves at most this share of the unpacked tiles: that path loads Q and stores O row by row, measured
+6% slower on prefill (docs/RESULTS.md v0.5:
 626.9 -> 588.8 TFLOP/s). v0.26: with any share below 1 (the old rule), a varlen GQA batch whose
 longest sequence was no multiple of the tile packed (118 tiles of the longest instead of 120) and
 ran at 468 TFLOP/s against flash-attn-4's 534 (``python -m fa4.bench --offgrid``, varlen-gqa-d128-causal);
@@ -212,11 +214,13 @@ v0.27: 508 against 537."""
 
 PACK_WHOLE_ROWS_MAX_GROUP = 4
 """A family that loads packed tiles of whole positions as fast as unpacked ones (the sm90 forward's
-TMA boxes, Note [Packed rows by TMA] in fa4/pack_gqa.py) packs by default up to this many q heads per
-kv head where ``tile_m`` is a multiple of it, at any length. v0.42 (H100, d128, g = 4, TFLOP/s, packed /
-unpacked, four rounds): varlen GQA causal 538 / 512, 542 / 497, 548 / 545, 536 / 499 (its ragged
-sequences' last tiles: 5% fewer K-block steps), dense GQA s4k and s4k causal and a prefill against a
-cache within the rounds' noise (-3% to +5%). MQA (g = 16) read 648 / 705 and 646 / 644: not taken."""
+TMA boxes, Note [Packed rows by TMA] in fa4/pack_gqa.py) packs by default when ``g``, the q heads per
+kv head, is at most this and divides ``tile_m``, for queries longer than 64 positions (shorter ones
+keep the decode tile's rule). v0.42 (H100, d128, g = 4, TFLOP/s, packed / unpacked, four rounds):
+varlen GQA causal 538 / 512, 542 / 497, 548 / 545, 536 / 499 (its ragged sequences' last tiles: 5%
+fewer K-block steps); varlen d64 / d256 +3-7%; the dense GQA rows (s4k, s4k causal, a prefill against
+a cache, d64 / d256 s4k causal) -3% to +7%, within the rounds' noise. MQA (g = 16) read 648 / 705 and
+646 / 644: not taken."""
 
 
 def pack_gqa(problem: AttnProblem, tile_m: int, whole_rows_max_group: int = 0) -> int:
@@ -246,8 +250,10 @@ def rows_plan(problem: AttnProblem, table_tile_m: int, user_tile_m: Optional[int
     (packed) rows fit 64, else the tuning table's), and whether the 64-row decode tile was chosen
     (``decode_tile``: the family may pick it, i.e. no user option pins the tile)."""
     free = user_tile_m is None and decode_tile
-    g = pack_gqa(problem, user_tile_m or (64 if problem.seqlen_q <= 64 and free else table_tile_m),
-                 whole_rows_max_group)
+    # Short queries keep the tile-share rule (the whole-rows rule would pack s_q 17-64 out of the
+    # decode tile into a larger one: not measured).
+    short = problem.seqlen_q <= 64 and free
+    g = pack_gqa(problem, user_tile_m or (64 if short else table_tile_m), 0 if short else whole_rows_max_group)
     if user_tile_m is not None:
         return g, user_tile_m, False
     if free and problem.seqlen_q * g <= 64:

@@ -7,19 +7,21 @@ key of a K/V block. :class:`FlashFwdSm90`:
 
 Warp roles (``kernel`` dispatches; ``128 * (num_wg + 1)`` threads)
     * warpgroup 0, the **producer** (``setmaxnreg`` down to ``producer_regs``): warp 0 runs
-      :meth:`load` (TMA loads of Q once per tile, unless packed, and of K and V per block, paged
+      :meth:`load` (TMA loads of Q once per tile, unless packed rows are copied by the consumers
+      (below), and of K and V per block, paged
       K/V by page chunks: Note [Paged K/V]; all completing on the pipelines' mbarriers); warps
       1-3 exit.
     * warpgroups 1..num_wg, the **consumers** (``setmaxnreg`` up to ``consumer_regs``): run
       :meth:`mma_softmax` (``S = Q K^T`` by wgmma from smem, mask, online softmax, P kept in
       registers as the A operand of ``O += P V``) and :meth:`epilogue` (O through smem and a TMA
-      store, or row stores for varlen / ``seqused_q`` / packed rows; split-KV: float32 O straight
-      from registers into its partial slot; LSE from registers). Packed Q rows are loaded by the
-      consumers themselves (:func:`fa4.pack_gqa.load_q_rows`).
+      store, or row stores for varlen / ``seqused_q`` and for packed rows copied by rows; split-KV:
+      float32 O straight from registers into its partial slot; LSE from registers). Packed rows go
+      by TMA boxes where the tile holds whole positions (Note [Packed rows by TMA] in
+      fa4/pack_gqa.py), else the consumers copy Q's rows themselves (:func:`fa4.pack_gqa.load_q_rows`).
 
 Pipelines (``cutlass.pipeline.PipelineTmaAsync``; producer = the TMA warp, arriving once with the
 expected transaction bytes; a consumer arrive is one per warp, from lane 0)
-    * ``pipeline_q``: 1 stage (unused with packed rows). Consumers: every consumer warp
+    * ``pipeline_q``: 1 stage (unused with packed rows copied by rows). Consumers: every consumer warp
       (``num_wg * 4`` arrives) after its last ``Q K^T`` of the tile; when sO reuses sQ's memory
       (``o_in_q``, large head dims) only the storing warp arrives (1), once the TMA store of O has
       finished reading smem. With ``o_in_q`` a tile with no K block (every row sees no key) takes
@@ -82,7 +84,8 @@ Note [Empty tiles and o_in_q]
 
 Note [TMA and varlen / padding]
     The TMA atoms see the kernel-boundary tensors as ``(s, d, h, b)`` (:func:`fa4.seqlen.to_sdhb`);
-    a varlen sequence is a coordinate offset into the packed ``(total, d, h, 1)`` tensor. Boxes
+    a varlen sequence is a coordinate offset into the packed ``(total, d, h, 1)`` tensor (packed GQA
+    rows: the ``((g, s), d, h_k, b)`` view of Note [Packed rows by TMA]). Boxes
     past the tensor's end read zeros; rows past a varlen sequence's end read the next sequence:
     keys there are masked (``-inf``, P = 0), query rows there are never stored. With ``seqused_k``
     the rows between the used length and the block's end are KV-cache slots that may hold
@@ -447,10 +450,10 @@ class FlashFwdSm90:
     @cute.kernel
     def kernel(
         self,
-        mQ: cute.Tensor,  # TMA coordinates (s_q, d, h, b); packed: the (b, s_q, h, d) tensor
+        mQ: cute.Tensor,  # TMA coordinates (s_q, d, h, b), packed ((g, s_q), d, h_k, b); row copies: (b, s_q, h, d)
         mK: cute.Tensor,  # TMA coordinates (s_k, d, h_k, b)
         mV: cute.Tensor,  # TMA coordinates (s_k, dv, h_k, b)
-        mO: cute.Tensor,  # TMA coordinates (s_q, dv, h, b); varlen Q / packed / split: the (b, s_q, h, dv) tensor
+        mO: cute.Tensor,  # TMA coordinates as mQ; stored by rows (varlen / seqused Q, split, row copies): (b, s, h, dv)
         mLSE: Optional[cute.Tensor],
         mCuSeqlensQ: Optional[cute.Tensor],
         mCuSeqlensK: Optional[cute.Tensor],
@@ -583,7 +586,7 @@ class FlashFwdSm90:
     @cute.jit
     def load(self, mQ, mK, mV, sQ, sK, sV, tma_q, tma_k, tma_v, pipes, sched, tile_info, mPageTable,
              mAux=None) -> None:
-        """Warp 0: per tile, K[last], Q (by TMA unless packed), then K[n] / V[n + 1] pairs, then
+        """Warp 0: per tile, K[last], Q (by TMA unless packed rows are copied), then K[n] / V[n + 1] pairs, then
         V[first], over the K blocks of the tile's split (module docstring); with ``block_skip``
         the pairs are of visible blocks (K[n] / V[the previous visible one])."""
         pq, pk, pv = pipes["q"], pipes["k"], pipes["v"]
@@ -942,8 +945,8 @@ class FlashFwdSm90:
     @cute.jit
     def epilogue(self, acc_O, lse, mO, mLSE, sO, tma_o, seqlen: SeqlenInfo, rows: TileRows, slot: Int32,
                  m_block: Int32, head: Int32, batch: Int32, thr_mma_pv, tidx: Int32) -> None:
-        """O (normalized) -> 16 bits -> sO -> TMA store (or row stores for varlen Q and packed
-        rows); LSE from registers. Split-KV: the float32 O and the LSE of the split go to their
+        """O (normalized) -> 16 bits -> sO -> TMA store (or row stores for varlen / seqused Q and
+        packed rows copied by rows); LSE from registers. Split-KV: the float32 O and the LSE of the split go to their
         slot of the partials straight from registers. With ``o_in_q`` the storing warp waits until
         the store has read sO, then the caller releases Q. ``slot``: the batch index of the O / LSE
         tensors (:func:`fa4.pack_gqa.partial_slot`)."""
@@ -958,7 +961,7 @@ class FlashFwdSm90:
     @cute.jit
     def store_O(self, acc_O, mO, sO, tma_o, seqlen: SeqlenInfo, rows: TileRows, m_block: Int32, head: Int32,
                 batch: Int32, tidx: Int32) -> None:
-        """The 16-bit O tile through sO: TMA store, or row stores (varlen Q, packed rows)."""
+        """The 16-bit O tile through sO: TMA store, or row stores (varlen / seqused Q, packed rows copied by rows)."""
         store_warp = cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 4
         rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
         convert_f32_to_half(acc_O, rO)
