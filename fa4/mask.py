@@ -45,6 +45,14 @@ class AttentionMask:
     window_left: Int32 = 0
     window_right: Int32 = 0
     qhead_per_kvhead: cutlass.Constexpr[int] = 1
+    row_block: cutlass.Constexpr[int] = 0
+
+    @property
+    def rows(self) -> int:
+        """Packed rows per forward Q block: ``row_block``, or ``tile_m`` (0). A packed tile whose
+        rows are ``tile_m // g`` whole positions (Note [Packed rows by TMA] in fa4/pack_gqa.py)
+        holds ``(tile_m // g) * g`` of them; its last ``tile_m % g`` MMA rows are padding."""
+        return self.row_block or self.tile_m
 
     @property
     def has_window(self) -> bool:
@@ -55,25 +63,26 @@ class AttentionMask:
         return self.window_right if const_expr(self.local) else 0
 
     # Rows of a forward Q tile. With pack GQA (``qhead_per_kvhead = g > 1``, Note [Pack GQA] in
-    # fa4/pack_gqa.py) tile row ``r`` of block ``m`` is packed row ``m * tile_m + r``, whose query
-    # position is ``(m * tile_m + r) // g``; ``seqlen_q`` stays the number of query positions.
+    # fa4/pack_gqa.py) tile row ``r`` of block ``m`` is packed row ``m * rows + r``, whose query
+    # position is ``(m * rows + r) // g``; ``seqlen_q`` stays the number of query positions.
+    # (``rows``: :attr:`rows`, ``tile_m`` unless a packed block holds fewer rows than the tile.)
 
     def _q_first(self, m_block):
         """Query position of the first row of ``m_block``."""
         if self.qhead_per_kvhead == 1:
-            return m_block * self.tile_m
-        return m_block * self.tile_m // self.qhead_per_kvhead
+            return m_block * self.rows
+        return m_block * self.rows // self.qhead_per_kvhead
 
     def _q_last(self, m_block):
         """Query position of the last row of ``m_block`` (rows clipped to ``seqlen_q``)."""
         g = self.qhead_per_kvhead
         if g == 1:
-            return cutlass.min((m_block + 1) * self.tile_m, self.seqlen_q) - 1
-        return (cutlass.min((m_block + 1) * self.tile_m, self.seqlen_q * g) - 1) // g
+            return cutlass.min((m_block + 1) * self.rows, self.seqlen_q) - 1
+        return (cutlass.min((m_block + 1) * self.rows, self.seqlen_q * g) - 1) // g
 
     def _q_last_unclipped(self, m_block):
         g = self.qhead_per_kvhead
-        return ((m_block + 1) * self.tile_m - 1) // g if g > 1 else (m_block + 1) * self.tile_m - 1
+        return ((m_block + 1) * self.rows - 1) // g if g > 1 else (m_block + 1) * self.rows - 1
 
     # ----------------------------------------------------------------------------------------
     # Block ranges
@@ -220,7 +229,7 @@ class AttentionMask:
                         if const_expr(g == 1):
                             row_diag = row0[r][Q] + diag
                         else:  # packed rows: the query position is (packed row) // g
-                            q_pos = (m_block * self.tile_m + thr_q + row0[r][Q]) // g
+                            q_pos = (m_block * self.rows + thr_q + row0[r][Q]) // g
                             row_diag = q_pos + self.seqlen_k - self.seqlen_q - n_block * self.tile_n - thr_k
                         right = row_diag + self._wr() + 1  # exclusive
                         if const_expr(mask_seqlen):

@@ -30,6 +30,14 @@ Note [Packed rows by TMA]
     546 on s4k without a mask; the default packs by TMA (:data:`fa4.fwd.common.PACK_WHOLE_ROWS_MAX_GROUP`).
     The two paths give the same bits (tests/test_fwd_sm90_gpu.py::test_packed_rows_by_tma).
 
+    Where ``g`` does not divide the tile (5 or 7 q heads per kv head, as in Qwen2.5's models, or 6),
+    ``FwdSm90Config.pack_tma_partial`` takes boxes of ``tile_m // g`` positions: a block holds
+    ``(tile_m // g) * g`` packed rows (``row_block`` of :class:`fa4.mask.AttentionMask`,
+    ``block_rows`` of :class:`TileRows`, the grid's and the compact scheduler's rows per tile), the
+    box lands in the first rows of sQ (the smem layout composed with those rows), and the tile's
+    last ``tile_m % g`` MMA rows are padding: whatever sQ held, never stored. Off by default
+    until its GPU tests run (v0.42: written on the CPU only).
+
 Note [Split-KV partials]
     With split-KV the K blocks of a tile are cut into ``num_splits`` contiguous ranges
     (:func:`fa4.sched.tile.split_range`); split ``s`` writes its normalized float32 output and its
@@ -56,24 +64,39 @@ from fa4.softmax import LOG2_E
 class TileRows:
     """The rows of one forward tile: ``head`` is the q head (``qhead_per_kvhead == 1``) or the kv
     head (packed); ``num_rows`` the rows of the sequence (``seqlen_q * g``), rows at or past it are
-    padding (never stored)."""
+    padding (never stored). ``block_rows`` (0: ``tile_m``): the rows of the sequence one block
+    holds, fewer than the MMA tile's ``tile_m`` when a packed block is ``tile_m // g`` whole
+    positions (Note [Packed rows by TMA]); the tile's rows past it are padding too."""
 
     qhead_per_kvhead: cutlass.Constexpr[int]
     tile_m: cutlass.Constexpr[int]
     m_block: Int32
     head: Int32
     num_rows: Int32
+    block_rows: cutlass.Constexpr[int] = 0
 
     @staticmethod
-    def create(qhead_per_kvhead: int, tile_m: int, m_block: Int32, head: Int32, seqlen_q: Int32) -> "TileRows":
-        return TileRows(qhead_per_kvhead, tile_m, m_block, head, seqlen_q * qhead_per_kvhead)
+    def create(qhead_per_kvhead: int, tile_m: int, m_block: Int32, head: Int32, seqlen_q: Int32,
+               block_rows: int = 0) -> "TileRows":
+        return TileRows(qhead_per_kvhead, tile_m, m_block, head, seqlen_q * qhead_per_kvhead, block_rows)
+
+    @property
+    def rows(self) -> int:
+        """Rows of the sequence per block (``block_rows`` or ``tile_m``)."""
+        return self.block_rows or self.tile_m
 
     def rows_left(self) -> Int32:
-        return self.num_rows - self.m_block * self.tile_m
+        return self.num_rows - self.m_block * self.rows
+
+    def row_limit(self) -> Int32:
+        """Tile row ``r`` holds a row of the sequence iff ``r <`` this."""
+        if const_expr(self.rows == self.tile_m):
+            return self.rows_left()
+        return cutlass.min(self.rows_left(), self.rows)
 
     def coord(self, r: Int32):
         """``(query position, q head)`` of tile row ``r``."""
-        p = self.m_block * self.tile_m + r
+        p = self.m_block * self.rows + r
         g = self.qhead_per_kvhead
         if const_expr(g == 1):
             return p, self.head
@@ -130,7 +153,7 @@ def load_q_rows(mQ: cute.Tensor, sQ: cute.Tensor, rows: TileRows, seqlen: Seqlen
     tile_rows, tile_cols = cute.size(sQ, mode=[0]), cute.size(sQ, mode=[1])
     per_row = tile_cols // 8
     buf = cute.make_rmem_tensor(cute.make_layout((1, 8)), sQ.element_type)
-    rows_left = rows.rows_left()
+    rows_left = rows.row_limit()
     for j in cutlass.range(tidx, tile_rows * per_row, num_threads, unroll=1):
         r = j // per_row
         k = j - r * per_row
@@ -150,7 +173,7 @@ def store_rows(sO: cute.Tensor, mO: cute.Tensor, rows: TileRows, seqlen: SeqlenI
     tile_rows, tile_cols = cute.size(sO, mode=[0]), cute.size(sO, mode=[1])
     per_row = tile_cols // 8
     buf = cute.make_rmem_tensor(cute.make_layout((1, 8)), sO.element_type)
-    rows_left = rows.rows_left()
+    rows_left = rows.row_limit()
     for j in cutlass.range(tidx, cutlass.min(rows_left, tile_rows) * per_row, num_threads, unroll=1):
         r = j // per_row
         k = j - r * per_row
@@ -168,7 +191,7 @@ def store_acc_rows(acc_O: cute.Tensor, thr_mma, mO: cute.Tensor, rows: TileRows,
     and columns ``< cols`` only."""
     acc_mn = make_acc_mn_view(acc_O)
     tOcO = make_acc_mn_view(thr_mma.partition_C(cute.make_identity_tensor((rows.tile_m, tile_cols))))
-    rows_left = rows.rows_left()
+    rows_left = rows.row_limit()
     for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
         row = tOcO[r, 0][0]
         if row < rows_left:
@@ -203,7 +226,7 @@ def store_lse_rows(lse: cute.Tensor, thr_mma, mLSE: cute.Tensor, rows: TileRows,
     partial's slot), by the lane holding column 0 of the row's quad."""
     cO = cute.make_identity_tensor((rows.tile_m, tile_cols))
     tOcO = make_acc_mn_view(thr_mma.partition_C(cO))
-    rows_left = rows.rows_left()
+    rows_left = rows.row_limit()
     if tOcO[0][1] == 0:
         for r in cutlass.range_constexpr(cute.size(lse)):
             row = tOcO[r, 0][0]

@@ -549,3 +549,39 @@ def test_packed_rows_by_tma(monkeypatch, d, heads, mask, layout):
         ops._plans.clear()
     assert torch.equal(results[True][0], results[False][0])
     assert torch.equal(results[True][1], results[False][1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d,heads,mask,layout", [
+    (128, (12, 2), "causal", "varlen"),  # g = 6: 21 positions, 126 of 128 rows; O by rows
+    (128, (10, 2), "none", "dense"),  # g = 5: 125 rows, O by a TMA store of the same boxes
+    (128, (14, 2), "local", "dense"),  # g = 7: 126 rows
+    (64, (10, 2), "causal", "dense"),  # g = 5 in 192-row tiles: 190 rows
+    (256, (12, 2), "causal", "varlen"),  # O staged in Q's smem (o_in_q)
+    (128, (12, 2), "none", "decode"),  # one query: the 64-row decode tile holds 60 rows
+    (128, (12, 2), "causal", "nomax"),  # varlen without max_seqlen: the compact grid's slots
+])
+def test_packed_rows_by_partial_boxes(monkeypatch, d, heads, mask, layout):
+    """Packed rows by TMA boxes of ``tile_m // g`` whole positions where ``g`` does not divide the
+    tile (``pack_tma_partial``, off by default until this ran: Note [Packed rows by TMA]): the
+    reference rule, with odd lengths and a sequence of one query."""
+    from fa4.testing import random_varlen
+
+    h, hk = heads
+    _force_fields(monkeypatch, qhead_per_kvhead=h // hk, pack_tma_partial=True)
+    if layout in ("dense", "decode"):
+        sq = 1 if layout == "decode" else 113
+        q, k, v = random_qkv(3, sq, 1000, h, hk, d, torch.bfloat16, "cuda", seed=d + h)
+        causal, win = window(mask, sq, 1000)
+        out, lse = fa4.flash_attn_func(q, k, v, causal=causal, window_size=win, return_lse=True,
+                                       kernel_options=SM90)
+        check(out, lse, q, k, v, causal=causal, window_size=win)
+        return
+    vb = random_varlen(5, 301, h, hk, d, torch.bfloat16, "cuda", max_seqlen_k=700, seed=d + h)
+    causal, win = window(mask, 301, 700)
+    lengths = {} if layout == "nomax" else dict(max_seqlen_q=vb.max_seqlen_q, max_seqlen_k=vb.max_seqlen_k)
+    out, lse = fa4.flash_attn_varlen_func(vb.q, vb.k, vb.v, cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k,
+                                          causal=causal, window_size=win, return_lse=True, kernel_options=SM90,
+                                          **lengths)
+    check(out, lse, vb.q, vb.k, vb.v, cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k, causal=causal,
+          window_size=win)

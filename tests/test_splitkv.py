@@ -24,15 +24,19 @@ from fa4.testing import attention_mask, attention_ref
 @pytest.mark.parametrize("causal,local,wl,wr", [(False, False, 0, 0), (True, False, 0, 0), (False, True, 5, 0),
                                                 (False, True, 0, 40), (False, True, 70, 3)])
 @pytest.mark.parametrize("tile_m,tile_n", [(16, 16), (64, 32)])
-def test_packed_mask_block_ranges(g, sq, sk, causal, local, wl, wr, tile_m, tile_n):
+@pytest.mark.parametrize("partial", [False, True])
+def test_packed_mask_block_ranges(g, sq, sk, causal, local, wl, wr, tile_m, tile_n, partial):
     """Packed row p is query p // g: the block ranges cover every visible key of the tile's rows,
-    and the blocks between the two mask boundaries need no window mask."""
-    mask = AttentionMask(tile_m, tile_n, causal, local, sq, sk, wl, wr, g)
+    and the blocks between the two mask boundaries need no window mask. ``partial``: blocks of
+    ``tile_m // g`` whole positions (``row_block``, Note [Packed rows by TMA])."""
+    block = (tile_m // g) * g if partial else tile_m
+    mask = AttentionMask(tile_m, tile_n, causal, local, sq, sk, wl, wr, g, block if partial else 0)
+    assert mask.rows == block
     rows = sq * g
     allowed = attention_mask(sq, sk, causal=causal, window_size=(wl, wr) if local else (None, None)).numpy()
     vis = allowed[np.arange(rows) // g]  # packed row p is query p // g
-    for m in range(math.ceil(rows / tile_m)):
-        tile = vis[m * tile_m:(m + 1) * tile_m]
+    for m in range(math.ceil(rows / block)):
+        tile = vis[m * block:(m + 1) * block]
         live = [n for n in range(math.ceil(sk / tile_n)) if tile[:, n * tile_n:(n + 1) * tile_n].any()]
         n_min, n_max = mask.n_block_range(m)
         assert set(live) <= set(range(n_min, n_max)), (m, live, n_min, n_max)
@@ -115,6 +119,13 @@ def test_sm90_configs_for_decode():
     # s_q 17-64 into a larger packed tile: not measured).
     cfg = sm90.make_config(_problem(8, 64, 8192, 32, 8), None, "sm_90a", False, num_sms=132)
     assert (cfg.qhead_per_kvhead, cfg.tile_m, cfg.persistent) == (1, 64, False)
+    # Packed boxes of tile_m // g positions (pack_tma_partial, off by default): 21 positions of 6
+    # heads fill 126 of 128 rows; not with user functions, whose positions assume whole tiles.
+    cfg = sm90.make_config(_problem(2, 4096, 4096, 36, 6, pack_gqa=True), None, "sm_90a", False, num_sms=132)
+    assert (cfg.qhead_per_kvhead, cfg.tile_m, cfg.pack_tma_takes, cfg.packed_block_rows) == (6, 128, False, 128)
+    part = dataclasses.replace(cfg, pack_tma_partial=True)
+    assert (part.pack_tma_takes, part.packed_block_rows) == (True, 126)
+    assert dataclasses.replace(part, mask_mod="m").packed_block_rows == 128
     # The sm80 family (row copies) keeps the tile-share rule at any group size.
     assert fwd_common.rows_plan(_problem(2, 4096, 4096, 32, 8), 128, None)[0] == 1
 

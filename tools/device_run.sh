@@ -365,6 +365,13 @@ if has next51; then
   # First the files session 41 did not rerun after the default began packing GQA prefill (kvcache's
   # prefill chunks, the split-KV / pack file).
   gpu_tests next51t 300 tests/test_kvcache_gpu.py tests/test_fwd_splitkv_gpu.py tests/test_block_sparse_gpu.py || exit 1
+  # Packed boxes of tile_m // g positions (pack_tma_partial, off by default): its tests and
+  # compute-sanitizer, then Qwen2.5-7B's g = 7 varlen causal row: partial boxes / row copies /
+  # unpacked (the default). Prediction: partial boxes +3-6% over unpacked, as g = 4's whole boxes.
+  gpu_tests next51p 200 tests/test_fwd_sm90_gpu.py -k "partial_boxes or packed_rows" || exit 1
+  sanitize_run next51s 140 tools/sanitize_pack.py
+  logged next51g7 240 30 python3 -m fa4.bench --offgrid --mode fwd --rounds 3 --cases varlen-gqa7-d128-causal \
+    --variant "fwd.qhead_per_kvhead=7 fwd.pack_tma_partial=True" --variant "fwd.qhead_per_kvhead=7"
   logged next51 330 40 python3 -m fa4.bench --offgrid --mode fwd --rounds 3 \
     --cases gqa8-d128-s4k-causal,varlen-gqa8-d128-causal --variant "fwd.qhead_per_kvhead=8"
   logged next51m 200 20 python3 -m fa4.bench --offgrid --mode fwd --rounds 3 \

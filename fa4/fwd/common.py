@@ -173,7 +173,8 @@ def forward_tiles(cfg, problem: AttnProblem, q, cu_seqlens_q, splits: int) -> in
     Int32. ValueError, before the launch, past 2^31 - 1 (CUDA's grid limit; the tile index wraps)."""
     compact = getattr(cfg, "compact_grid", False)
     batch = cu_seqlens_q.shape[0] - 1 if cu_seqlens_q is not None and cfg.varlen_q else q.shape[0]
-    tiles = tile_count(q.shape[2], batch, problem.seqlen_q, q.shape[1], cfg.tile_m, cfg.qhead_per_kvhead,
+    rows = getattr(cfg, "packed_block_rows", cfg.tile_m)  # (sm90: packed boxes of tile_m // g positions)
+    tiles = tile_count(q.shape[2], batch, problem.seqlen_q, q.shape[1], rows, cfg.qhead_per_kvhead,
                        compact) * splits
     if tiles > MAX_GRID_X:
         what = "(packed Q rows * g // tile_m + batch)" if compact else "m_blocks * batch"

@@ -174,7 +174,9 @@ class FwdSm90Config(AttnFwdConfig):
     with pack GQA, whose rows span several heads' table rows). ``pack_tma`` (pack GQA with ``tile_m``
     a multiple of ``qhead_per_kvhead``): Q, and O where it goes by TMA at all, by TMA boxes of whole
     positions (Note [Packed rows by TMA] in fa4/pack_gqa.py); off, packed rows are copied row by
-    row by the consumers, as before v0.42."""
+    row by the consumers, as before v0.42. ``pack_tma_partial`` (not yet GPU-tested, off): where
+    ``qhead_per_kvhead`` does not divide ``tile_m``, TMA boxes of ``tile_m // g`` positions
+    (``packed_block_rows`` rows of the tile)."""
 
     head_dim: int = 128
     head_dim_v: int = 128
@@ -197,6 +199,7 @@ class FwdSm90Config(AttnFwdConfig):
     compact_grid: bool = False
     block_skip: tuple = ()
     pack_tma: bool = True
+    pack_tma_partial: bool = False
 
     KERNEL = "fa4.fwd.sm90:FlashFwdSm90"
     REQUIRED_SASS = ("HGMMA", "UTMALDG")  # checked in the SASS of every compile variant (tests/test_compile.py)
@@ -216,6 +219,22 @@ class FwdSm90Config(AttnFwdConfig):
         table's ``tile_n``, which the rule was measured with, whatever this tile's (a decode tile's
         64-row blocks, v0.28, or a user's ``tile_n``), so a tile's K rows do not change the split."""
         return TUNING[_bucket(max(self.head_dim, self.head_dim_v))][1]
+
+    @property
+    def pack_tma_takes(self) -> bool:
+        """Packed rows go by TMA boxes (Note [Packed rows by TMA]): ``pack_tma``, and the tile holds
+        whole positions (``tile_m % g == 0``), or ``pack_tma_partial`` (no user functions, whose
+        row positions assume whole tiles): boxes of ``tile_m // g`` positions."""
+        g = self.qhead_per_kvhead
+        return g > 1 and self.pack_tma and (self.tile_m % g == 0 or (
+            self.pack_tma_partial and not (self.score_mod or self.mask_mod)))
+
+    @property
+    def packed_block_rows(self) -> int:
+        """Rows of the sequence one Q block holds: ``tile_m``, or ``(tile_m // g) * g`` for packed
+        rows by TMA boxes of ``tile_m // g`` positions (``pack_tma_partial``)."""
+        g = self.qhead_per_kvhead
+        return (self.tile_m // g) * g if self.pack_tma_takes else self.tile_m
 
     @property
     def lpt(self) -> bool:
@@ -258,16 +277,17 @@ class FlashFwdSm90:
         self.pack = cfg.qhead_per_kvhead > 1
         self.split = cfg.split_kv
         self.o_in_q = cfg.o_in_q and cfg.o_via_smem
-        # Packed rows go by TMA where the tile holds whole positions (Note [Packed rows by TMA]),
-        # else row by row (Note [Pack GQA]).
-        self.tma_q = not self.pack or (self.tile_m % cfg.qhead_per_kvhead == 0 and cfg.pack_tma)
-        self.tma_o = not (cfg.varlen_q or cfg.has_seqused_q or self.split) and self.tma_q
-        # Only a ragged Q has empty tiles (Note [Skipped claims] in fa4/sched/tile.py).
-        self.skip_empty = cfg.skip_empty and cfg.dynamic_sched and (cfg.varlen_q or cfg.has_seqused_q)
-        self.page_rows = cfg.page_rows
         # User functions traced into the softmax step (fa4/mods.py); None when absent.
         self.score_mod, self.mask_mod = lookup(cfg.score_mod), lookup(cfg.mask_mod)
         self.user_mods = self.score_mod is not None or self.mask_mod is not None
+        # Packed rows go by TMA where the tile holds whole positions (Note [Packed rows by TMA]),
+        # else row by row (Note [Pack GQA]); ``q_rows``: the rows of the sequence a tile holds.
+        self.tma_q = not self.pack or cfg.pack_tma_takes
+        self.tma_o = not (cfg.varlen_q or cfg.has_seqused_q or self.split) and self.tma_q
+        self.q_rows = cfg.packed_block_rows
+        # Only a ragged Q has empty tiles (Note [Skipped claims] in fa4/sched/tile.py).
+        self.skip_empty = cfg.skip_empty and cfg.dynamic_sched and (cfg.varlen_q or cfg.has_seqused_q)
+        self.page_rows = cfg.page_rows
 
     # ----------------------------------------------------------------------------------------
     # Host side
@@ -333,7 +353,7 @@ class FlashFwdSm90:
             dt, dt, K, K, Float32, (self.num_wg, 1, 1), (64, self.tile_n))
         self.tiled_mma_pv = sm90_utils.make_trivial_tiled_mma(
             dt, dt, K, MN, Float32, (self.num_wg, 1, 1), (64, self.tile_hdimv), warpgroup.OperandSource.RMEM)
-        self.tma_bytes_q = cute.size_in_bytes(dt, self.sQ_layout)
+        self.tma_bytes_q = cute.size_in_bytes(dt, self.rows_box(self.sQ_layout, self.tile_hdim))
         self.tma_bytes_k = cute.size_in_bytes(dt, cute.select(self.sK_layout, mode=[0, 1]))
         self.tma_bytes_v = cute.size_in_bytes(dt, cute.select(self.sV_layout, mode=[0, 1]))
 
@@ -356,6 +376,14 @@ class FlashFwdSm90:
             sO: cute.struct.Align[cute.struct.MemRange[dt, max(o_elems, 1)], 1024]
 
         self.SharedStorage = SharedStorage
+
+    def rows_box(self, s, cols: int):
+        """The first ``q_rows`` rows of a ``(tile_m, cols)`` smem layout or tensor ``s`` (sQ / sO): the
+        whole tile, or (packed boxes of ``tile_m // g`` positions, Note [Packed rows by TMA]) ``s``
+        composed with ``(q_rows, cols):(1, tile_m)``, so the box keeps the tile's swizzle."""
+        if const_expr(self.q_rows == self.tile_m):
+            return s
+        return cute.composition(s, cute.make_layout((self.q_rows, cols), stride=(1, self.tile_m)))
 
     def kv_box_layout(self, s_layout, cols: int):
         """The smem layout a K/V TMA box lands in: a whole stage, or (paged) the first
@@ -398,7 +426,7 @@ class FlashFwdSm90:
         # Keys of a sequence without cu_seqlens_k / seqused_k: the K tensor's, or the page table's capacity.
         seqlen_k_static = mK.shape[1] if const_expr(not self.page_rows) else mPageTable.shape[1] * mK.shape[1]
         num_batch, num_m_blocks, section, sched_heads = fwd_common.grid_extent(
-            mQ, mK, mCuSeqlensQ, mCuSeqlensK, max_seqlen_q, self.tile_m, 2 * (self.tile_hdim + self.tile_hdimv),
+            mQ, mK, mCuSeqlensQ, mCuSeqlensK, max_seqlen_q, self.q_rows, 2 * (self.tile_hdim + self.tile_hdimv),
             cfg.qhead_per_kvhead, num_splits, mPageTable, cfg.l2_section_mb << 20, pow2_sections=True)
         prescale, scale_log2 = score_scales(softmax_scale, softcap, cfg.has_softcap, self.score_mod is not None)
 
@@ -406,13 +434,14 @@ class FlashFwdSm90:
         mQ_t, mK_t, mV_t, mO_t = (to_sdhb(t) for t in (mQ, mK, mV, mO))
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         tma_q, mQ_tma = None, mQ
-        q_rows = self.tile_m
+        q_tiler = self.tile_m
         if const_expr(self.pack):  # Note [Packed rows by TMA]
             g = cfg.qhead_per_kvhead
             mQ_t, mO_t = packed_rows_view(mQ, g), packed_rows_view(mO, g)
-            q_rows = (g, self.tile_m // g)
+            q_tiler = (g, self.tile_m // g)
         if const_expr(self.tma_q):
-            tma_q, mQ_tma = cpasync.make_tiled_tma_atom(g2s, mQ_t, self.sQ_layout, (q_rows, self.tile_hdim))
+            tma_q, mQ_tma = cpasync.make_tiled_tma_atom(g2s, mQ_t, self.rows_box(self.sQ_layout, self.tile_hdim),
+                                                        (q_tiler, self.tile_hdim))
         # Paged K/V: one TMA per chunk of page_rows rows (Note [Paged K/V]).
         kv_rows = self.tile_n if const_expr(not self.page_rows) else self.page_rows
         tma_k, mK_tma = cpasync.make_tiled_tma_atom(g2s, mK_t, self.kv_box_layout(self.sK_layout, self.tile_hdim),
@@ -421,12 +450,13 @@ class FlashFwdSm90:
                                                     (kv_rows, self.tile_hdimv))
         tma_o, mO_tma = None, None
         if const_expr(self.tma_o):
-            tma_o, mO_tma = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mO_t, self.sO_layout,
-                                                        (q_rows, self.tile_hdimv))
+            tma_o, mO_tma = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mO_t,
+                                                        self.rows_box(self.sO_layout, self.tile_hdimv),
+                                                        (q_tiler, self.tile_hdimv))
         max_grid = max_ctas if const_expr(cfg.persistent) else num_m_blocks * sched_heads * num_batch
         grid = PersistentTileScheduler.grid(num_m_blocks, sched_heads, num_batch, max_grid)
         if const_expr(cfg.compact_grid):  # Note [Compact varlen grid]: slots per scheduler head
-            num_m_blocks = mQ.shape[1] * cfg.qhead_per_kvhead // self.tile_m + num_batch
+            num_m_blocks = mQ.shape[1] * cfg.qhead_per_kvhead // self.q_rows + num_batch
             grid = CompactVarlenTileScheduler.grid(num_m_blocks, sched_heads)
         self.kernel(
             mQ_tma, mK_tma, mV_tma, mO_tma if const_expr(self.tma_o) else mO, mLSE,
@@ -505,7 +535,7 @@ class FlashFwdSm90:
                                          pipe=pipes["sched"])
         elif const_expr(self.cfg.compact_grid):
             sched = CompactVarlenTileScheduler(num_m_blocks, sched_heads, num_batch, section, reverse=self.cfg.lpt,
-                                               mCuSeqlens=mCuSeqlensQ, tile_rows=self.tile_m,
+                                               mCuSeqlens=mCuSeqlensQ, tile_rows=self.q_rows,
                                                mult=self.cfg.qhead_per_kvhead)
         else:
             sched = PersistentTileScheduler(num_m_blocks, sched_heads, num_batch, section, reverse=self.cfg.lpt)
@@ -565,13 +595,13 @@ class FlashFwdSm90:
         seqlen = SeqlenInfo.create(batch, seqlen_q_static, seqlen_k_static, mCuSeqlensQ, mCuSeqlensK, mSeqUsedK,
                                    mSeqUsedQ)
         mask = AttentionMask(self.tile_m, self.tile_n, self.cfg.causal, self.cfg.local, seqlen.seqlen_q,
-                             seqlen.seqlen_k, window_left, window_right, self.cfg.qhead_per_kvhead)
+                             seqlen.seqlen_k, window_left, window_right, self.cfg.qhead_per_kvhead, self.q_rows)
         n_min, n_max = mask.n_block_range(m_block)
         if const_expr(self.split):
             n_min, n_max = split_range(n_min, n_max, split, num_splits)
         if const_expr(self.cfg.block_skip):
             n_min, n_max = self.block_skipper(mAux, batch, head, m_block).narrow(n_min, n_max)
-        active = m_block * self.tile_m < seqlen.seqlen_q * self.cfg.qhead_per_kvhead
+        active = m_block * self.q_rows < seqlen.seqlen_q * self.cfg.qhead_per_kvhead
         return m_block, head, split, batch, seqlen, mask, n_min, n_max, active
 
     def block_skipper(self, mAux, batch, head, m_block):
@@ -660,7 +690,8 @@ class FlashFwdSm90:
         """The tile's Q, by TMA completing on the Q stage's mbarrier (packed: ``head`` is the kv
         head, Note [Packed rows by TMA])."""
         gQ = self.q_tile(mQ, seqlen, batch, head, m_block, self.tile_hdim)
-        tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
+        tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, cute.make_layout(1),
+                                           cute.group_modes(self.rows_box(sQ, self.tile_hdim), 0, 2),
                                            cute.group_modes(gQ, 0, 2))
         pq.producer_acquire(q_state)
         cute.copy(tma_q, tQgQ, tQsQ, tma_bar_ptr=pq.producer_get_barrier(q_state))
@@ -776,7 +807,8 @@ class FlashFwdSm90:
                 softmax.reset()
                 acc_O.fill(0.0)
                 has_work = n_min < n_max
-                rows = TileRows.create(cfg.qhead_per_kvhead, self.tile_m, m_block, head, seqlen.seqlen_q)
+                rows = TileRows.create(cfg.qhead_per_kvhead, self.tile_m, m_block, head, seqlen.seqlen_q,
+                                       self.q_rows)
                 umod = None
                 if const_expr(self.user_mods):
                     umod = UserMods(self.score_mod, self.mask_mod, self.tile_m, self.tile_n, cfg.qhead_per_kvhead,
@@ -979,7 +1011,8 @@ class FlashFwdSm90:
             cute.arch.barrier(barrier_id=_BAR_EPI, number_of_threads=self.num_consumer_threads)
             if store_warp:
                 gO = self.q_tile(mO, seqlen, batch, head, m_block, self.tile_hdimv)
-                tOsO, tOgO = cpasync.tma_partition(tma_o, 0, cute.make_layout(1), cute.group_modes(sO, 0, 2),
+                tOsO, tOgO = cpasync.tma_partition(tma_o, 0, cute.make_layout(1),
+                                                   cute.group_modes(self.rows_box(sO, self.tile_hdimv), 0, 2),
                                                    cute.group_modes(gO, 0, 2))
                 cute.copy(tma_o, tOsO, tOgO)
                 cute.arch.cp_async_bulk_commit_group()
@@ -1259,6 +1292,9 @@ def variants(arch: str) -> list[FwdSm90Config]:
         cfg(256, qhead_per_kvhead=4, causal=True),  # packed rows with O staged in Q's smem (o_in_q)
         cfg(128, varlen_q=True, causal=True),  # packed q with batched k/v (mixed layouts)
         cfg(128, qhead_per_kvhead=4, causal=True, varlen_q=True, varlen_k=True),  # packed varlen Q by TMA
+        # packed boxes of tile_m // g positions (126 of 128 rows; 190 of 192 with O by TMA)
+        cfg(128, qhead_per_kvhead=6, causal=True, varlen_q=True, varlen_k=True, pack_tma_partial=True),
+        cfg(64, qhead_per_kvhead=5, pack_tma_partial=True),
         cfg(128, causal=True, has_sink=True, dynamic_sched=True),
         cfg(64, tile_m=64, pingpong=False, qhead_per_kvhead=4, has_sink=True, page_rows=16, has_seqused_k=True,
             varlen_q=True),
