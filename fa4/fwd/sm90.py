@@ -1337,7 +1337,7 @@ def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: F
     g = problem.heads // problem.heads_k
     if cfg.qhead_per_kvhead > 1:
         how = ("by TMA boxes of whole positions (Note [Packed rows by TMA])"
-               if cfg.tile_m % cfg.qhead_per_kvhead == 0 and cfg.pack_tma else "row by row (Note [Pack GQA])")
+               if cfg.pack_tma_takes else "row by row (Note [Pack GQA])")
         notes.append(f"packed GQA rows: the {cfg.qhead_per_kvhead} q heads of each kv head share a tile's rows, so "
                      f"each K/V block is loaded once for all of them; Q is loaded {how}; pack_gqa=False turns it off")
     elif g > 1 and problem.pack_gqa is None:
