@@ -146,6 +146,13 @@ _BAR_EPI, _BAR_PP0, _BAR_VTAIL, _BAR_Q, _BAR_PP2 = 1, 2, 4, 5, 6
 _pad32 = fwd_common.pad32
 
 
+def _first_rows(s, rows: int, cols: int, tile_rows: int):
+    """The first ``rows`` rows of a ``(tile_rows, cols)`` smem layout or tensor ``s``: ``s`` composed
+    with ``(rows, cols):(1, tile_rows)``, so a TMA box landing there keeps the tile's swizzle and
+    column-block strides (a paged K/V chunk, a packed box of whole positions)."""
+    return cute.composition(s, cute.make_layout((rows, cols), stride=(1, tile_rows)))
+
+
 @dataclass(frozen=True)
 class FwdSm90Config(AttnFwdConfig):
     """Compile key of the sm90 forward. ``tile_m`` = 64 x consumer warpgroups; ``persistent``: a
@@ -383,7 +390,7 @@ class FlashFwdSm90:
         composed with ``(q_rows, cols):(1, tile_m)``, so the box keeps the tile's swizzle."""
         if const_expr(self.q_rows == self.tile_m):
             return s
-        return cute.composition(s, cute.make_layout((self.q_rows, cols), stride=(1, self.tile_m)))
+        return _first_rows(s, self.q_rows, cols, self.tile_m)
 
     def kv_box_layout(self, s_layout, cols: int):
         """The smem layout a K/V TMA box lands in: a whole stage, or (paged) the first
@@ -392,7 +399,7 @@ class FlashFwdSm90:
         stage = cute.select(s_layout, mode=[0, 1])
         if const_expr(not self.page_rows):
             return stage
-        return cute.composition(stage, cute.make_layout((self.page_rows, cols), stride=(1, self.tile_n)))
+        return _first_rows(stage, self.page_rows, cols, self.tile_n)
 
     @cute.jit
     def __call__(
