@@ -330,3 +330,28 @@ def test_config_and_launch_agree_on_the_split(family, missing):
         cfg = mod.make_config(p, None, arch, False, num_sms=132)
         assert cfg.split_kv == splits, (missing, keys, cfg)
         assert (fwd_common.launch_splits(cfg, p, 132) > 1) == cfg.split_kv
+
+
+def test_q_box_transaction_bytes():
+    """The Q stage's expected transaction bytes are the bytes its TMA box delivers: ``q_rows`` x d
+    elements. A box of the first 126 of 128 rows (``pack_tma_partial``) spans past them at d128 / d256,
+    whose tiles have several 64-column blocks: a count from the span (``size_in_bytes``) was 32512
+    against 32256 delivered, and the consumers waited for ever (session 42, H100)."""
+    import cutlass.cute as cute
+
+    got = []
+
+    @cute.jit
+    def trace():
+        for d, g, tile_m in ((128, 6, 128), (128, 5, 128), (256, 7, 128), (64, 5, 192), (128, 6, 64),
+                             (128, 4, 128), (128, 1, 128)):
+            cfg = sm90.FwdSm90Config(arch="sm_90a", dtype="bf16", head_dim=d, head_dim_v=d, qhead_per_kvhead=g,
+                                     tile_m=tile_m, pack_tma_partial=True)
+            kernel = sm90.FlashFwdSm90(cfg)
+            kernel._setup()
+            got.append((cfg.packed_block_rows * d * 2, kernel.tma_bytes_q))
+
+    trace()
+    assert [expected for expected, _ in got] == [126 * 256, 125 * 256, 126 * 512, 190 * 128, 60 * 256,
+                                                   128 * 256, 128 * 256]
+    assert all(expected == bytes_q for expected, bytes_q in got), got

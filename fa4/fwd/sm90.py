@@ -360,7 +360,10 @@ class FlashFwdSm90:
             dt, dt, K, K, Float32, (self.num_wg, 1, 1), (64, self.tile_n))
         self.tiled_mma_pv = sm90_utils.make_trivial_tiled_mma(
             dt, dt, K, MN, Float32, (self.num_wg, 1, 1), (64, self.tile_hdimv), warpgroup.OperandSource.RMEM)
-        self.tma_bytes_q = cute.size_in_bytes(dt, self.rows_box(self.sQ_layout, self.tile_hdim))
+        # The box's elements, not ``size_in_bytes`` (its cosize): the first rows of a tile of several
+        # column blocks span past their own bytes (126 of 128 rows at d128: 32512 against 32256), and
+        # an expected count the box never delivers leaves the consumers waiting for ever.
+        self.tma_bytes_q = cute.size(self.rows_box(self.sQ_layout, self.tile_hdim)) * dt.width // 8
         self.tma_bytes_k = cute.size_in_bytes(dt, cute.select(self.sK_layout, mode=[0, 1]))
         self.tma_bytes_v = cute.size_in_bytes(dt, cute.select(self.sV_layout, mode=[0, 1]))
 
