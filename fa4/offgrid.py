@@ -56,6 +56,7 @@ CASES = {
     "gqa8-d128-s4k-causal": ([4096] * 2, None, 64, 8, 128, True, False),  # Llama-3-70B's 64 / 8 heads
     "varlen-gqa8-d128-causal": ("mixed", None, 64, 8, 128, True, True),
     "varlen-gqa7-d128-causal": ("mixed", None, 28, 4, 128, True, True),  # Qwen2.5-7B's 28 / 4 heads
+    "gqa7-d128-s4k-causal": ([4096] * 2, None, 28, 4, 128, True, False),
     "gqa-d128-s4k": ([4096] * 4, None, 32, 8, 128, False, False),
     "gqa-d128-s4k-causal": ([4096] * 4, None, 32, 8, 128, True, False),
     "mqa-d128-s8k-causal": ([8192] * 2, None, 16, 1, 128, True, False),

@@ -81,7 +81,10 @@ def test_pack_decision():
     whole = fwd_common.PACK_WHOLE_ROWS_MAX_GROUP
     assert fwd_common.pack_gqa(_problem(2, 8192, 8192, 32, 8), 128, whole) == 4
     assert fwd_common.pack_gqa(_problem(2, 3774, 3774, 16, 8), 192, whole) == 2
-    assert fwd_common.pack_gqa(_problem(2, 8192, 8192, 36, 6), 128, whole) == 1  # 6 > 4
+    assert fwd_common.pack_gqa(_problem(2, 8192, 8192, 36, 6), 128, whole) == 1  # 6 does not divide 128
+    assert fwd_common.pack_gqa(_problem(2, 8192, 8192, 36, 6), 128, whole, partial_boxes=True) == 6
+    assert fwd_common.pack_gqa(_problem(2, 8192, 8192, 48, 6), 128, whole, partial_boxes=True) == 8
+    assert fwd_common.pack_gqa(_problem(2, 8192, 8192, 64, 4), 128, whole, partial_boxes=True) == 1  # 16 > 8
     assert fwd_common.pack_gqa(_problem(2, 8192, 8192, 24, 8), 128, whole) == 1  # 3 does not divide 128
     assert fwd_common.pack_gqa(_problem(2, 8192, 8192, 24, 8), 192, whole) == 3
     assert fwd_common.pack_gqa(_problem(2, 8192, 8192, 32, 8, mask_mod="m"), 128, whole) == 1
@@ -108,24 +111,29 @@ def test_sm90_configs_for_decode():
     assert (cfg.qhead_per_kvhead, cfg.split_kv, cfg.tile_m) == (4, False, 64)
     cfg = sm90.make_config(_problem(8, 1, 32768, 32, 8), None, "sm_90a", False, num_sms=132)
     assert (cfg.qhead_per_kvhead, cfg.split_kv, cfg.has_lse) == (4, True, True)
-    # Prefill: packed by TMA boxes up to 4 q heads per kv head (PACK_WHOLE_ROWS_MAX_GROUP, v0.42),
-    # not past it (MQA 16 / 1), nor where the tile is no multiple of the group (6 in 128 rows).
+    # Prefill: packed by TMA boxes up to 8 q heads per kv head (PACK_WHOLE_ROWS_MAX_GROUP, v0.43),
+    # not past it (MQA 16 / 1); a group that does not divide the tile by boxes of tile_m // g
+    # positions (7 in 128 rows: 18 positions, 126 rows).
     cfg = sm90.make_config(_problem(2, 4096, 4096, 32, 8), None, "sm_90a", True, num_sms=132)
     assert (cfg.qhead_per_kvhead, cfg.split_kv, cfg.pack_tma) == (4, False, True)
-    for heads, heads_k in ((16, 1), (36, 6)):
-        cfg = sm90.make_config(_problem(2, 4096, 4096, heads, heads_k), None, "sm_90a", True, num_sms=132)
-        assert (cfg.qhead_per_kvhead, cfg.split_kv) == (1, False)
+    cfg = sm90.make_config(_problem(2, 4096, 4096, 28, 4), None, "sm_90a", True, num_sms=132)
+    assert (cfg.qhead_per_kvhead, cfg.pack_tma_takes, cfg.packed_block_rows) == (7, True, 126)
+    cfg = sm90.make_config(_problem(2, 4096, 4096, 64, 8), None, "sm_90a", True, num_sms=132)
+    assert (cfg.qhead_per_kvhead, cfg.packed_block_rows) == (8, 128)
+    cfg = sm90.make_config(_problem(2, 4096, 4096, 16, 1), None, "sm_90a", True, num_sms=132)
+    assert (cfg.qhead_per_kvhead, cfg.split_kv) == (1, False)
     # Queries of at most 64 positions keep the decode tile's rule (the whole-rows rule would move
     # s_q 17-64 into a larger packed tile: not measured).
     cfg = sm90.make_config(_problem(8, 64, 8192, 32, 8), None, "sm_90a", False, num_sms=132)
     assert (cfg.qhead_per_kvhead, cfg.tile_m, cfg.persistent) == (1, 64, False)
-    # Packed boxes of tile_m // g positions (pack_tma_partial, off by default): 21 positions of 6
-    # heads fill 126 of 128 rows; not with user functions, whose positions assume whole tiles.
+    # Packed boxes of tile_m // g positions (pack_tma_partial): 21 positions of 6 heads fill 126 of
+    # 128 rows; not with user functions, whose positions assume whole tiles, nor past the tile.
     cfg = sm90.make_config(_problem(2, 4096, 4096, 36, 6, pack_gqa=True), None, "sm_90a", False, num_sms=132)
-    assert (cfg.qhead_per_kvhead, cfg.tile_m, cfg.pack_tma_takes, cfg.packed_block_rows) == (6, 128, False, 128)
-    part = dataclasses.replace(cfg, pack_tma_partial=True)
-    assert (part.pack_tma_takes, part.packed_block_rows) == (True, 126)
-    assert dataclasses.replace(part, mask_mod="m").packed_block_rows == 128
+    assert (cfg.qhead_per_kvhead, cfg.tile_m, cfg.pack_tma_takes, cfg.packed_block_rows) == (6, 128, True, 126)
+    off = dataclasses.replace(cfg, pack_tma_partial=False)
+    assert (off.pack_tma_takes, off.packed_block_rows) == (False, 128)
+    assert dataclasses.replace(cfg, mask_mod="m").packed_block_rows == 128
+    assert dataclasses.replace(cfg, qhead_per_kvhead=130).pack_tma_takes is False
     # The sm80 family (row copies) keeps the tile-share rule at any group size.
     assert fwd_common.rows_plan(_problem(2, 4096, 4096, 32, 8), 128, None)[0] == 1
 

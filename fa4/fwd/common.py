@@ -213,21 +213,25 @@ ran at 468 TFLOP/s against flash-attn-4's 534 (``python -m fa4.bench --offgrid``
 v0.27: 508 against 537."""
 
 
-PACK_WHOLE_ROWS_MAX_GROUP = 4
+PACK_WHOLE_ROWS_MAX_GROUP = 8
 """A family that loads packed tiles of whole positions as fast as unpacked ones (the sm90 forward's
 TMA boxes, Note [Packed rows by TMA] in fa4/pack_gqa.py) packs by default when ``g``, the q heads per
-kv head, is at most this and divides ``tile_m``, for queries longer than 64 positions (shorter ones
-keep the decode tile's rule). v0.42 (H100, d128, g = 4, TFLOP/s, packed / unpacked, four rounds):
-varlen GQA causal 538 / 512, 542 / 497, 548 / 545, 536 / 499 (its ragged sequences' last tiles: 5%
-fewer K-block steps); varlen d64 / d256 +3-7%; the dense GQA rows (s4k, s4k causal, a prefill against
-a cache, d64 / d256 s4k causal) -3% to +7%, within the rounds' noise. MQA (g = 16) read 648 / 705 and
-646 / 644: not taken."""
+kv head, is at most this and divides ``tile_m`` (or the family takes boxes of ``tile_m // g``
+positions: ``partial_boxes``), for queries longer than 64 positions (shorter ones keep the decode
+tile's rule). v0.42 (H100, d128, g = 4, TFLOP/s, packed / unpacked, four rounds): varlen GQA causal
+538 / 512, 542 / 497, 548 / 545, 536 / 499 (its ragged sequences' last tiles: 5% fewer K-block
+steps); varlen d64 / d256 +3-7%; the dense GQA rows (s4k, s4k causal, a prefill against a cache, d64
+/ d256 s4k causal) -3% to +7%, within the rounds' noise. v0.43 (H200, d128 causal): g = 8 varlen
+545 / 514 and 533 / 494, dense s4k 618 / 621 and 614 / 621 (noise); g = 7 varlen by boxes of 18
+positions (126 of 128 rows) 536 / 523, 532 / 516, 529 / 496. MQA (g = 16) read 648 / 705 and 646 /
+644 (v0.42, H100): not taken."""
 
 
-def pack_gqa(problem: AttnProblem, tile_m: int, whole_rows_max_group: int = 0) -> int:
+def pack_gqa(problem: AttnProblem, tile_m: int, whole_rows_max_group: int = 0, partial_boxes: bool = False) -> int:
     """The packing factor of a forward: ``qhead_per_kvhead`` when rows are packed, else 1. The
     user's ``pack_gqa`` is honoured. By default rows are packed where the family packs whole
-    positions cheaply (``g <= whole_rows_max_group`` and ``tile_m % g == 0``; not with user
+    positions cheaply (``g <= whole_rows_max_group`` and ``tile_m % g == 0``, or any ``g <= tile_m``
+    with ``partial_boxes``, the family's boxes of ``tile_m // g`` positions; not with user
     functions or a block table, whose packed rows were not measured and block skipping needs
     unpacked rows: :data:`PACK_WHOLE_ROWS_MAX_GROUP`), or where that needs clearly fewer tiles
     (``ceil(s_q * g / tile_m) <= PACK_GQA_MAX_TILE_SHARE * g * ceil(s_q / tile_m)``: short query
@@ -238,14 +242,14 @@ def pack_gqa(problem: AttnProblem, tile_m: int, whole_rows_max_group: int = 0) -
     if problem.pack_gqa:
         return g
     plain = not (problem.score_mod or problem.mask_mod or problem.block_table)
-    if plain and g <= whole_rows_max_group and tile_m % g == 0:
+    if plain and g <= whole_rows_max_group and (tile_m % g == 0 or (partial_boxes and g <= tile_m)):
         return g
     sq = max(problem.seqlen_q, 1)
     return g if -(-sq * g // tile_m) <= PACK_GQA_MAX_TILE_SHARE * g * -(-sq // tile_m) else 1
 
 
 def rows_plan(problem: AttnProblem, table_tile_m: int, user_tile_m: Optional[int], decode_tile: bool = True,
-              whole_rows_max_group: int = 0):
+              whole_rows_max_group: int = 0, partial_boxes: bool = False):
     """``(g, tile_m, decode)`` of a forward: the packing factor (:func:`pack_gqa`, judged on the
     tile the call will use), the tile's rows (the user's, else 64 for decode-like shapes whose
     (packed) rows fit 64, else the tuning table's), and whether the 64-row decode tile was chosen
@@ -254,7 +258,8 @@ def rows_plan(problem: AttnProblem, table_tile_m: int, user_tile_m: Optional[int
     # Short queries keep the tile-share rule (the whole-rows rule would pack s_q 17-64 out of the
     # decode tile into a larger one: not measured).
     short = problem.seqlen_q <= 64 and free
-    g = pack_gqa(problem, user_tile_m or (64 if short else table_tile_m), 0 if short else whole_rows_max_group)
+    g = pack_gqa(problem, user_tile_m or (64 if short else table_tile_m), 0 if short else whole_rows_max_group,
+                 partial_boxes)
     if user_tile_m is not None:
         return g, user_tile_m, False
     if free and problem.seqlen_q * g <= 64:

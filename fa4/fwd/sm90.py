@@ -181,9 +181,9 @@ class FwdSm90Config(AttnFwdConfig):
     with pack GQA, whose rows span several heads' table rows). ``pack_tma`` (pack GQA with ``tile_m``
     a multiple of ``qhead_per_kvhead``): Q, and O where it goes by TMA at all, by TMA boxes of whole
     positions (Note [Packed rows by TMA] in fa4/pack_gqa.py); off, packed rows are copied row by
-    row by the consumers, as before v0.42. ``pack_tma_partial`` (not yet GPU-tested, off): where
-    ``qhead_per_kvhead`` does not divide ``tile_m``, TMA boxes of ``tile_m // g`` positions
-    (``packed_block_rows`` rows of the tile)."""
+    row by the consumers, as before v0.42. ``pack_tma_partial`` (v0.43): where ``qhead_per_kvhead``
+    does not divide ``tile_m``, TMA boxes of ``tile_m // g`` positions (``packed_block_rows`` rows
+    of the tile); off, such groups are copied row by row."""
 
     head_dim: int = 128
     head_dim_v: int = 128
@@ -206,7 +206,7 @@ class FwdSm90Config(AttnFwdConfig):
     compact_grid: bool = False
     block_skip: tuple = ()
     pack_tma: bool = True
-    pack_tma_partial: bool = False
+    pack_tma_partial: bool = True
 
     KERNEL = "fa4.fwd.sm90:FlashFwdSm90"
     REQUIRED_SASS = ("HGMMA", "UTMALDG")  # checked in the SASS of every compile variant (tests/test_compile.py)
@@ -231,10 +231,10 @@ class FwdSm90Config(AttnFwdConfig):
     def pack_tma_takes(self) -> bool:
         """Packed rows go by TMA boxes (Note [Packed rows by TMA]): ``pack_tma``, and the tile holds
         whole positions (``tile_m % g == 0``), or ``pack_tma_partial`` (no user functions, whose
-        row positions assume whole tiles): boxes of ``tile_m // g`` positions."""
+        row positions assume whole tiles; ``g <= tile_m``): boxes of ``tile_m // g`` positions."""
         g = self.qhead_per_kvhead
         return g > 1 and self.pack_tma and (self.tile_m % g == 0 or (
-            self.pack_tma_partial and not (self.score_mod or self.mask_mod)))
+            self.pack_tma_partial and g <= self.tile_m and not (self.score_mod or self.mask_mod)))
 
     @property
     def packed_block_rows(self) -> int:
@@ -1188,7 +1188,8 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
     plan = averaged if loose else problem
     # Decode-like shapes: one consumer warpgroup, 64-row tiles, 64-row K blocks, one CTA per tile.
     g, tile_m, decode = fwd_common.rows_plan(plan, table_tile_m, options.tile_m,
-                                             whole_rows_max_group=fwd_common.PACK_WHOLE_ROWS_MAX_GROUP)
+                                             whole_rows_max_group=fwd_common.PACK_WHOLE_ROWS_MAX_GROUP,
+                                             partial_boxes=True)
     decode = decode and DECODE_GRID
     # The 64-row K blocks not with seqused_k or a page table: a paged cache measured +3% time with
     # them, and paged and unpaged-with-seqused_k calls share a config, so their outputs share their bits.
@@ -1346,13 +1347,17 @@ def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: F
     notes = []
     g = problem.heads // problem.heads_k
     if cfg.qhead_per_kvhead > 1:
-        how = ("by TMA boxes of whole positions (Note [Packed rows by TMA])"
-               if cfg.pack_tma_takes else "row by row (Note [Pack GQA])")
+        how = "row by row (Note [Pack GQA])"
+        if cfg.pack_tma_takes:
+            how = "by TMA boxes of whole positions (Note [Packed rows by TMA])"
+            if cfg.packed_block_rows < cfg.tile_m:
+                how += (f", {cfg.tile_m // cfg.qhead_per_kvhead} positions ({cfg.packed_block_rows} of the tile's "
+                        f"{cfg.tile_m} rows) per block")
         notes.append(f"packed GQA rows: the {cfg.qhead_per_kvhead} q heads of each kv head share a tile's rows, so "
                      f"each K/V block is loaded once for all of them; Q is loaded {how}; pack_gqa=False turns it off")
     elif g > 1 and problem.pack_gqa is None:
         notes.append(f"GQA rows not packed: with {g} q heads per kv head (over "
-                     f"fa4.fwd.common.PACK_WHOLE_ROWS_MAX_GROUP, no divisor of the tile, or with user functions / a "
+                     f"fa4.fwd.common.PACK_WHOLE_ROWS_MAX_GROUP, or with user functions / a "
                      f"block table) packing would save too few tiles (fa4.fwd.common.PACK_GQA_MAX_TILE_SHARE); "
                      f"pack_gqa=True packs them")
     decode = cfg.tile_m == 64 and not cfg.persistent
