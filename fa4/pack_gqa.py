@@ -35,8 +35,11 @@ Note [Packed rows by TMA]
     ``(tile_m // g) * g`` packed rows (``row_block`` of :class:`fa4.mask.AttentionMask`,
     ``block_rows`` of :class:`TileRows`, the grid's and the compact scheduler's rows per tile), the
     box lands in the first rows of sQ (the smem layout composed with those rows), and the tile's
-    last ``tile_m % g`` MMA rows are padding: whatever sQ held, never stored. Off by default
-    until its GPU tests run (v0.42: written on the CPU only).
+    last ``tile_m % g`` MMA rows are padding: whatever sQ held, never stored. The Q stage expects
+    the box's bytes (its elements; the span of the first rows of a tile of several 64-column blocks
+    is larger: v0.43's first GPU run hung on it). v0.43 (H200, Qwen2.5-7B's 28 / 4 heads, d128,
+    varlen causal, TFLOP/s): boxes 536 / 532 / 529, row copies 470 / 457 / 463, unpacked 523 / 516 /
+    496; the default takes them for a ragged Q (:func:`fa4.fwd.common.pack_gqa`).
 
 Note [Split-KV partials]
     With split-KV the K blocks of a tile are cut into ``num_splits`` contiguous ranges

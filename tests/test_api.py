@@ -169,10 +169,12 @@ def test_explain_hopper_forward_notes_the_grid():
     text = str(fa4.explain(q, k, k, causal=True, capability=(9, 0)))
     assert "dynamic persistent grid" in text and "LPT" in text and "decode tile" not in text
     # Prefill GQA: 4 q heads per kv head packed by TMA boxes (v0.42); 6, no divisor of the tile, by
-    # boxes of 21 positions (v0.43); 16 (MQA) not packed.
+    # boxes of 21 positions where asked (v0.43; by default for a ragged Q only); 16 (MQA) not packed.
     assert "packed GQA rows" in text and "TMA boxes of whole positions" in text
     q6, k6 = torch.empty(2, 4096, 36, 128, dtype=torch.bfloat16), torch.empty(2, 4096, 6, 128, dtype=torch.bfloat16)
-    assert "21 positions (126 of the tile's 128 rows)" in str(fa4.explain(q6, k6, k6, causal=True, capability=(9, 0)))
+    assert "GQA rows not packed" in str(fa4.explain(q6, k6, k6, causal=True, capability=(9, 0)))
+    text6 = str(fa4.explain(q6, k6, k6, causal=True, pack_gqa=True, capability=(9, 0)))
+    assert "21 positions (126 of the tile's 128 rows)" in text6
     k1 = torch.empty(2, 4096, 1, 128, dtype=torch.bfloat16)
     assert "GQA rows not packed" in str(fa4.explain(q6[:, :, :16], k1, k1, causal=True, capability=(9, 0)))
 

@@ -563,7 +563,7 @@ def test_packed_rows_by_tma(monkeypatch, d, heads, mask, layout):
 ])
 def test_packed_rows_by_partial_boxes(monkeypatch, d, heads, mask, layout):
     """Packed rows by TMA boxes of ``tile_m // g`` whole positions where ``g`` does not divide the
-    tile (``pack_tma_partial``, off by default until this ran: Note [Packed rows by TMA]): the
+    tile (``pack_tma_partial``, forced here for dense rows too: Note [Packed rows by TMA]): the
     reference rule, with odd lengths and a sequence of one query."""
     from fa4.testing import random_varlen
 

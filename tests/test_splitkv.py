@@ -112,12 +112,15 @@ def test_sm90_configs_for_decode():
     cfg = sm90.make_config(_problem(8, 1, 32768, 32, 8), None, "sm_90a", False, num_sms=132)
     assert (cfg.qhead_per_kvhead, cfg.split_kv, cfg.has_lse) == (4, True, True)
     # Prefill: packed by TMA boxes up to 8 q heads per kv head (PACK_WHOLE_ROWS_MAX_GROUP, v0.43),
-    # not past it (MQA 16 / 1); a group that does not divide the tile by boxes of tile_m // g
-    # positions (7 in 128 rows: 18 positions, 126 rows).
+    # not past it (MQA 16 / 1); with a ragged Q, a group that does not divide the tile by boxes of
+    # tile_m // g positions (7 in 128 rows: 18 positions, 126 rows), not with dense rows.
     cfg = sm90.make_config(_problem(2, 4096, 4096, 32, 8), None, "sm_90a", True, num_sms=132)
     assert (cfg.qhead_per_kvhead, cfg.split_kv, cfg.pack_tma) == (4, False, True)
-    cfg = sm90.make_config(_problem(2, 4096, 4096, 28, 4), None, "sm_90a", True, num_sms=132)
+    cfg = sm90.make_config(_problem(1, 4096, 4096, 28, 4, varlen_q=True, varlen_k=True, total_q=6000, total_k=6000), None, "sm_90a", True,
+                           num_sms=132)
     assert (cfg.qhead_per_kvhead, cfg.pack_tma_takes, cfg.packed_block_rows) == (7, True, 126)
+    cfg = sm90.make_config(_problem(2, 4096, 4096, 28, 4), None, "sm_90a", True, num_sms=132)
+    assert cfg.qhead_per_kvhead == 1
     cfg = sm90.make_config(_problem(2, 4096, 4096, 64, 8), None, "sm_90a", True, num_sms=132)
     assert (cfg.qhead_per_kvhead, cfg.packed_block_rows) == (8, 128)
     cfg = sm90.make_config(_problem(2, 4096, 4096, 16, 1), None, "sm_90a", True, num_sms=132)

@@ -223,8 +223,9 @@ tile's rule). v0.42 (H100, d128, g = 4, TFLOP/s, packed / unpacked, four rounds)
 steps); varlen d64 / d256 +3-7%; the dense GQA rows (s4k, s4k causal, a prefill against a cache, d64
 / d256 s4k causal) -3% to +7%, within the rounds' noise. v0.43 (H200, d128 causal): g = 8 varlen
 545 / 514 and 533 / 494, dense s4k 618 / 621 and 614 / 621 (noise); g = 7 varlen by boxes of 18
-positions (126 of 128 rows) 536 / 523, 532 / 516, 529 / 496. MQA (g = 16) read 648 / 705 and 646 /
-644 (v0.42, H100): not taken."""
+positions (126 of 128 rows) 536 / 523, 532 / 516, 529 / 496, and 536 / 523 on an H100, whose one
+round of the dense s4k row read 586 / 612: the sm90 forward takes partial boxes by default for a
+ragged Q only. MQA (g = 16) read 648 / 705 and 646 / 644 (v0.42, H100): not taken."""
 
 
 def pack_gqa(problem: AttnProblem, tile_m: int, whole_rows_max_group: int = 0, partial_boxes: bool = False) -> int:
