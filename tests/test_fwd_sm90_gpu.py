@@ -585,3 +585,50 @@ def test_packed_rows_by_partial_boxes(monkeypatch, d, heads, mask, layout):
                                           **lengths)
     check(out, lse, vb.q, vb.k, vb.v, cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k, causal=causal,
           window_size=win)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d,heads,mask,layout,force_partial", [
+    (128, (32, 8), "causal", "dense", False),  # g = 4: whole boxes (the default)
+    (128, (28, 4), "causal", "varlen", False),  # g = 7: boxes of 18 positions (the default, ragged Q)
+    (128, (64, 8), "none", "varlen", False),  # g = 8 (the default)
+    (64, (10, 2), "local", "dense", True),  # g = 5 in 192-row tiles, forced
+    (256, (12, 2), "causal", "varlen", False),  # g = 6, O staged in Q's smem
+])
+def test_packed_error_not_above_unpacked(monkeypatch, d, heads, mask, layout, force_partial):
+    """Accuracy is part of speed: packed GQA rows (a default since v0.42 / v0.43) may not move the
+    error against the float32 reference above the same call with ``pack_gqa=False``, beyond noise
+    (1.05x of the max and mean absolute error, plus one bf16 ulp at the output's scale)."""
+    from fa4.testing import random_varlen
+
+    h, hk = heads
+    if force_partial:
+        _force_fields(monkeypatch, qhead_per_kvhead=h // hk, pack_tma_partial=True)
+    errs = {}
+    for pack in (None, False):
+        if force_partial and pack is False:
+            monkeypatch.undo()
+            from fa4 import ops
+            ops._plans.clear()
+        if layout == "dense":
+            q, k, v = random_qkv(2, 1000, 1000, h, hk, d, torch.bfloat16, "cuda", seed=d + h)
+            causal, win = window(mask, 1000, 1000)
+            out = fa4.flash_attn_func(q, k, v, causal=causal, window_size=win, pack_gqa=pack, kernel_options=SM90)
+            ref, _ = attention_ref(q, k, v, causal=causal, window_size=win)
+        else:
+            vb = random_varlen(6, 777, h, hk, d, torch.bfloat16, "cuda", max_seqlen_k=901, seed=d + h)
+            causal, win = window(mask, 777, 901)
+            out = fa4.flash_attn_varlen_func(
+                vb.q, vb.k, vb.v, cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k,
+                max_seqlen_q=vb.max_seqlen_q, max_seqlen_k=vb.max_seqlen_k, causal=causal, window_size=win,
+                pack_gqa=pack, kernel_options=SM90)
+            ref, _ = attention_ref(vb.q, vb.k, vb.v, cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k,
+                                   causal=causal, window_size=win)
+        out = out[0] if isinstance(out, tuple) else out
+        diff = (out.float() - ref).abs()
+        assert torch.isfinite(diff).all()
+        errs[pack] = (diff.max().item(), diff.mean().item(), ref.abs().max().item())
+    (pmax, pmean, scale), (umax, umean, _) = errs[None], errs[False]
+    ulp = scale * 2.0**-8
+    assert pmax <= 1.05 * umax + ulp, errs
+    assert pmean <= 1.05 * umean + 1e-6, errs
