@@ -1297,7 +1297,8 @@ def variants(arch: str) -> list[FwdSm90Config]:
         cfg(128, tile_m=64, pingpong=False, qhead_per_kvhead=4),
         cfg(128, tile_m=64, pingpong=False, qhead_per_kvhead=4, split_kv=True, causal=True),
         cfg(128, split_kv=True, varlen_q=True, varlen_k=True, has_seqused_k=True),
-        cfg(96, qhead_per_kvhead=6, local=True, varlen_q=True, varlen_k=True, dtype="fp16"),
+        # packed rows copied row by row (the path of user functions, and of pack_tma_partial off)
+        cfg(96, qhead_per_kvhead=6, local=True, varlen_q=True, varlen_k=True, dtype="fp16", pack_tma_partial=False),
         cfg(128, tile_m=64, pingpong=False, qhead_per_kvhead=4, page_rows=16, has_seqused_k=True, varlen_q=True),
         cfg(128, tile_m=64, pingpong=False, page_rows=128, has_seqused_k=True, split_kv=True, causal=True),
         cfg(64, has_seqused_q=True, has_seqused_k=True, causal=True, dynamic_sched=True),
