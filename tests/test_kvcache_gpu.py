@@ -28,7 +28,9 @@ def _cuda():
 @pytest.mark.parametrize("rotary", [None, "interleaved", "neox"])
 @pytest.mark.parametrize("causal,window,seqlen_q,seqlen_new,heads,d", [
     (False, (-1, -1), 1, 1, 8, 128), (True, (-1, -1), 1, 1, 8, 64), (True, (-1, -1), 4, 4, 8, 128),
-    (True, (-1, -1), 6, 2, 4, 128), (False, (-1, -1), 3, 0, 8, 64), (True, (256, 0), 2, 2, 8, 128)])
+    (True, (-1, -1), 6, 2, 4, 128), (False, (-1, -1), 3, 0, 8, 64), (True, (256, 0), 2, 2, 8, 128),
+    # 7 q heads per kv head (Qwen2.5's 28 / 4): packed decode tiles of 9 positions, 63 of 64 rows (v0.43)
+    (True, (-1, -1), 1, 1, 14, 128), (True, (-1, -1), 5, 5, 14, 128)])
 def test_kvcache_against_reference(layout, rotary, causal, window, seqlen_q, seqlen_new, heads, d):
     torch.manual_seed(0)
     q, k_cache, v_cache, k, v, lens, extra, logical = make_case(

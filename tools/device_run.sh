@@ -397,6 +397,8 @@ if has next54; then
   # (g = 4 / 7 / 8 / 6 defaults, g = 5 forced), with the packed-box tests again. Then gpu1 / gpu2
   # (the files the g <= 8 / ragged-Q rule reaches that next53 did not run) and next54b.
   gpu_tests next54t 240 tests/test_fwd_sm90_gpu.py -k "packed_error or partial_boxes or packed_rows" || exit 1
+  # flash_attn_with_kvcache with 7 q heads per kv head: partial boxes with paged / indexed caches.
+  gpu_tests next54k 200 tests/test_kvcache_gpu.py -k "against_reference and -14-" || exit 1
 fi
 if has next54b; then
   # ... and the packing rule's rows on the H200, two rounds each, the default (packed) beside
