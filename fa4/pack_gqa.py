@@ -6,10 +6,11 @@ Note [Pack GQA]
     position ``p // g`` of q head ``head_kv * g + p % g``. The scheduler then walks kv heads, so
     K and V of a kv head are read once for its ``g`` q heads, and a decode step (``seqlen_q = 1``)
     fills ``g`` rows of one tile instead of one row of each of ``g`` tiles. Packed rows are not
-    evenly spaced in memory: where the tile's rows are no multiple of ``g`` (and in the sm80
-    family, or with ``pack_tma`` off) Q is loaded and O is stored row by row in 16-byte vectors by
-    the consumers (:func:`load_q_rows`, :func:`store_rows`); else Q is loaded by TMA, and O stored
-    by TMA where unpacked rows' O would be (Note [Packed rows by TMA]). LSE is always stored per
+    evenly spaced in memory: in the sm80 family, and in sm90 with user functions or ``pack_tma``
+    off (or ``pack_tma_partial`` off where the tile's rows are no multiple of ``g``), Q is loaded
+    and O is stored row by row in 16-byte vectors by the consumers (:func:`load_q_rows`,
+    :func:`store_rows`); else Q is loaded by TMA boxes of whole positions, and O stored by TMA where
+    unpacked rows' O would be (Note [Packed rows by TMA]). LSE is always stored per
     row (:func:`store_lse_rows`). The mask compares query positions
     (:class:`fa4.mask.AttentionMask` ``qhead_per_kvhead``). ``g`` is compile-time (one division by
     a constant per row).

@@ -203,9 +203,10 @@ MAX_SPLITS = 128
 
 
 PACK_GQA_MAX_TILE_SHARE = 0.94
-"""Where rows are packed by copying them row by row (the sm80 family; sm90 where ``g`` does not
-divide the tile, and queries of at most 64 positions), they are packed by default only when that
-leaves at most this share of the unpacked tiles: that path loads Q and stores O row by row, measured
+"""Where the whole-rows rule (:data:`PACK_WHOLE_ROWS_MAX_GROUP`) does not pack (the sm80 family, which
+copies packed rows row by row; in sm90, groups past it, groups that do not divide the tile with a
+dense Q, queries of at most 64 positions), rows are packed by default only when that leaves at most
+this share of the unpacked tiles: the row-by-row path loads Q and stores O row by row, measured
 6% slower on prefill (docs/RESULTS.md v0.5:
 626.9 -> 588.8 TFLOP/s). v0.26: with any share below 1 (the old rule), a varlen GQA batch whose
 longest sequence was no multiple of the tile packed (118 tiles of the longest instead of 120) and

@@ -16,8 +16,10 @@ Warp roles (``kernel`` dispatches; ``128 * (num_wg + 1)`` threads)
       registers as the A operand of ``O += P V``) and :meth:`epilogue` (O through smem and a TMA
       store, or row stores for varlen / ``seqused_q`` and for packed rows copied by rows; split-KV:
       float32 O straight from registers into its partial slot; LSE from registers). Packed rows go
-      by TMA boxes where the tile holds whole positions (Note [Packed rows by TMA] in
-      fa4/pack_gqa.py), else the consumers copy Q's rows themselves (:func:`fa4.pack_gqa.load_q_rows`).
+      by TMA boxes of whole positions (Note [Packed rows by TMA] in fa4/pack_gqa.py: ``tile_m / g``
+      positions, or ``tile_m // g`` where ``g`` does not divide the tile, the last ``tile_m % g``
+      rows then padding); with user functions or ``pack_tma`` off the consumers copy Q's rows
+      themselves (:func:`fa4.pack_gqa.load_q_rows`).
 
 Pipelines (``cutlass.pipeline.PipelineTmaAsync``; producer = the TMA warp, arriving once with the
 expected transaction bytes; a consumer arrive is one per warp, from lane 0)
@@ -178,9 +180,9 @@ class FwdSm90Config(AttnFwdConfig):
     ``max_seqlen_q``, ``COMPACT_WITHOUT_LENGTHS``, timed in v0.38; an option otherwise). ``block_skip``
     ``(slot, block_q, block_k)``: aux tensor ``slot`` is a block-sparse call's block table, and the
     producer and consumers skip the K blocks it hides (:class:`fa4.mods_kernel.BlockSkip`; not
-    with pack GQA, whose rows span several heads' table rows). ``pack_tma`` (pack GQA with ``tile_m``
-    a multiple of ``qhead_per_kvhead``): Q, and O where it goes by TMA at all, by TMA boxes of whole
-    positions (Note [Packed rows by TMA] in fa4/pack_gqa.py); off, packed rows are copied row by
+    with pack GQA, whose rows span several heads' table rows). ``pack_tma`` (pack GQA): Q, and O
+    where it goes by TMA at all, by TMA boxes of whole positions where ``tile_m`` is a multiple of
+    ``qhead_per_kvhead`` (else see ``pack_tma_partial``) (Note [Packed rows by TMA] in fa4/pack_gqa.py); off, packed rows are copied row by
     row by the consumers, as before v0.42. ``pack_tma_partial`` (v0.43): where ``qhead_per_kvhead``
     does not divide ``tile_m``, TMA boxes of ``tile_m // g`` positions (``packed_block_rows`` rows
     of the tile); off, such groups are copied row by row."""
@@ -1262,8 +1264,8 @@ def variants(arch: str) -> list[FwdSm90Config]:
     """A covering set of compile variants for sm_90a (none for other archs): every head-dim bucket
     (64/96/128/192/256, an unpadded 72 and the (192, 128) pair), every flag value, both dtypes,
     1-3 consumer warpgroups, persistent (static or dynamic) or not, ping-pong, O rescaled before
-    P V, the threshold with l of the rounded P, pack GQA (g = 4, 6) and split-KV, alone and
-    together."""
+    P V, the threshold with l of the rounded P, pack GQA (g = 4 to 7: TMA boxes of whole positions,
+    partial boxes, row copies) and split-KV, alone and together."""
     if arch != "sm_90a":
         return []
     base = FwdSm90Config(arch=arch, dtype="bf16")
@@ -1309,6 +1311,9 @@ def variants(arch: str) -> list[FwdSm90Config]:
         # packed boxes of tile_m // g positions (126 of 128 rows; 190 of 192 with O by TMA)
         cfg(128, qhead_per_kvhead=6, causal=True, varlen_q=True, varlen_k=True, pack_tma_partial=True),
         cfg(64, qhead_per_kvhead=5, pack_tma_partial=True),
+        # the decode tile's partial boxes (7 q heads: 9 positions, 63 of 64 rows) with a paged cache and splits
+        cfg(128, tile_m=64, pingpong=False, persistent=False, qhead_per_kvhead=7, page_rows=64, has_seqused_k=True,
+            split_kv=True),
         cfg(128, causal=True, has_sink=True, dynamic_sched=True),
         cfg(64, tile_m=64, pingpong=False, qhead_per_kvhead=4, has_sink=True, page_rows=16, has_seqused_k=True,
             varlen_q=True),
@@ -1360,7 +1365,8 @@ def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: F
                      f"each K/V block is loaded once for all of them; Q is loaded {how}; pack_gqa=False turns it off")
     elif g > 1 and problem.pack_gqa is None:
         notes.append(f"GQA rows not packed: with {g} q heads per kv head (over "
-                     f"fa4.fwd.common.PACK_WHOLE_ROWS_MAX_GROUP, or with user functions / a "
+                     f"fa4.fwd.common.PACK_WHOLE_ROWS_MAX_GROUP, no divisor of the tile with a dense Q, or with "
+                     f"user functions / a "
                      f"block table) packing would save too few tiles (fa4.fwd.common.PACK_GQA_MAX_TILE_SHARE); "
                      f"pack_gqa=True packs them")
     decode = cfg.tile_m == 64 and not cfg.persistent
