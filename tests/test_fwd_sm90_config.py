@@ -188,6 +188,14 @@ def test_forward_tiles_are_checked_before_launch():
     cu = torch.empty(41, dtype=torch.int32, device="meta")
     qv = torch.empty(1, 5000, 32, 128, device="meta")
     assert fwd_common.forward_tiles(compact, prob, qv, cu, 1) == (5000 * 4 // 64 + 40) * 8
+    # Partial boxes (7 q heads per kv head: 9 positions, 63 rows of a 64-row tile) count in blocks of 63.
+    seven = replace(cfg, qhead_per_kvhead=7)
+    q7 = torch.empty(2, 300, 28, 128, device="meta")
+    prob7 = replace(prob, batch=2, seqlen_q=300, heads=28, heads_k=4)
+    assert seven.packed_block_rows == 63
+    assert fwd_common.forward_tiles(seven, prob7, q7, None, 1) == -(-300 * 7 // 63) * 4 * 2
+    qv7 = torch.empty(1, 5000, 28, 128, device="meta")
+    assert fwd_common.forward_tiles(replace(compact, qhead_per_kvhead=7), prob7, qv7, cu, 1) == (5000 * 7 // 63 + 40) * 4
     huge = torch.empty(1, 2**28, 32, 128, device="meta")
     with pytest.raises(ValueError, match="past CUDA's grid limit"):
         fwd_common.forward_tiles(compact, prob, huge, cu, 128)
