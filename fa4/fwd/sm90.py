@@ -182,10 +182,10 @@ class FwdSm90Config(AttnFwdConfig):
     producer and consumers skip the K blocks it hides (:class:`fa4.mods_kernel.BlockSkip`; not
     with pack GQA, whose rows span several heads' table rows). ``pack_tma`` (pack GQA): Q, and O
     where it goes by TMA at all, by TMA boxes of whole positions where ``tile_m`` is a multiple of
-    ``qhead_per_kvhead`` (else see ``pack_tma_partial``) (Note [Packed rows by TMA] in fa4/pack_gqa.py); off, packed rows are copied row by
-    row by the consumers, as before v0.42. ``pack_tma_partial`` (v0.43): where ``qhead_per_kvhead``
-    does not divide ``tile_m``, TMA boxes of ``tile_m // g`` positions (``packed_block_rows`` rows
-    of the tile); off, such groups are copied row by row."""
+    ``qhead_per_kvhead`` (Note [Packed rows by TMA] in fa4/pack_gqa.py); off, packed rows are
+    copied row by row by the consumers, as before v0.42. ``pack_tma_partial`` (v0.43): where
+    ``qhead_per_kvhead`` does not divide ``tile_m``, TMA boxes of ``tile_m // g`` positions
+    (``packed_block_rows`` rows of the tile); off, such groups are copied row by row."""
 
     head_dim: int = 128
     head_dim_v: int = 128
