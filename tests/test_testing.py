@@ -464,3 +464,32 @@ def test_nan_like():
     t = torch.zeros(3, 2, dtype=torch.bfloat16)
     n = nan_like(t)
     assert n.shape == t.shape and n.dtype == t.dtype and torch.isnan(n).all()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_float32_gqa_reference_equals_its_mha_form(causal):
+    """The float32 reference groups each kv head's q heads instead of copying K / V per q head (v0.43:
+    a decode test's copy was 8 GiB): the same attention as the MHA form of the same inputs (q head
+    ``h`` reads kv head ``h // g``), with a head-dependent score function and mask to pin the head
+    order, and the same gradients."""
+    torch.manual_seed(3)
+    q = torch.randn(2, 29, 12, 16, requires_grad=True)
+    k = torch.randn(2, 41, 3, 16, requires_grad=True)
+    v = torch.randn(2, 41, 3, 24, requires_grad=True)
+
+    def score_fn(s, b, h, qi, ki):
+        return s + 0.1 * h - 0.01 * (qi - ki).abs()
+
+    def mask_fn(b, h, qi, ki):
+        return (ki + 2 * h) % 7 != 0
+
+    kw = dict(causal=causal, softcap=4.0, score_fn=score_fn, mask_fn=mask_fn)
+    out, lse = attention_ref(q, k, v, **kw)
+    out_mha, lse_mha = attention_ref(q, k.repeat_interleave(4, dim=2), v.repeat_interleave(4, dim=2), **kw)
+    torch.testing.assert_close(out, out_mha, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lse, lse_mha, rtol=1e-5, atol=1e-5)
+    w = torch.randn_like(out)
+    grads = torch.autograd.grad((out * w).sum(), (q, k, v))
+    grads_mha = torch.autograd.grad((out_mha * w).sum(), (q, k, v))
+    for g, g_mha in zip(grads, grads_mha):
+        torch.testing.assert_close(g, g_mha, rtol=1e-4, atol=1e-5)
