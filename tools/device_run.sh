@@ -35,6 +35,15 @@ gpu_tests() {
   fi
   return $rc
 }
+# gpu_tests_on N NAME LIMIT PYTEST_ARGS...: gpu_tests with N test workers (files whose references
+# fill the GPU's memory at 12); pytest's status.
+gpu_tests_on() {
+  local n=$1 saved=$xd rc; shift
+  [ -n "$xd" ] && xd="-n $n"
+  gpu_tests "$@"; rc=$?
+  xd=$saved
+  return $rc
+}
 # logged NAME LIMIT LINES CMD...: a command under a timeout, logged to $out/NAME.log, its last LINES printed.
 logged() {
   local name=$1 limit=$2 lines=$3; shift 3
@@ -365,9 +374,7 @@ if has next51; then
   # (pack_tma_partial, off by default): their tests and compute-sanitizer. Timings: next51b.
   # These three files hold 8 GiB decode caches and the block-sparse references: 12 workers ran out of
   # the H100's memory (session 42), so 5 share it.
-  xd12=$xd; [ -n "$xd" ] && xd="-n 5"
-  gpu_tests next51t 420 tests/test_kvcache_gpu.py tests/test_fwd_splitkv_gpu.py tests/test_block_sparse_gpu.py || exit 1
-  xd=$xd12
+  gpu_tests_on 5 next51t 420 tests/test_kvcache_gpu.py tests/test_fwd_splitkv_gpu.py tests/test_block_sparse_gpu.py || exit 1
   gpu_tests next51p 200 tests/test_fwd_sm90_gpu.py -k "partial_boxes or packed_rows" || exit 1
   sanitize_run next51s 140 tools/sanitize_pack.py
 fi
@@ -386,9 +393,7 @@ if has next53; then
   # g does not divide the tile (pack_tma_partial on): the sm90 forward and split-KV files (8 workers),
   # then Qwen2.5-7B's dense g = 7 row packed (the default) / unpacked (prediction: within 3%, as
   # g = 4 / 8's dense rows) and its varlen row once more.
-  xd12=$xd; [ -n "$xd" ] && xd="-n 8"
-  gpu_tests next53t 330 tests/test_fwd_sm90_gpu.py tests/test_fwd_splitkv_gpu.py || exit 1
-  xd=$xd12
+  gpu_tests_on 8 next53t 330 tests/test_fwd_sm90_gpu.py tests/test_fwd_splitkv_gpu.py || exit 1
   logged next53g7 150 20 python3 -m fa4.bench --offgrid --mode fwd --rounds 2 \
     --cases gqa7-d128-s4k-causal,varlen-gqa7-d128-causal --variant "fwd.qhead_per_kvhead=1"
 fi
