@@ -265,7 +265,8 @@ class AttentionMask:
 
 @cute.jit
 def walk_blocks(mask: AttentionMask, m_block: Int32, n_min: Int32, n_max: Int32, step, carry,
-                one_body: cutlass.Constexpr[bool] = False, uniform_bounds: cutlass.Constexpr[bool] = False):
+                one_body: cutlass.Constexpr[bool] = False, uniform_bounds: cutlass.Constexpr[bool] = False,
+                first_step=None):
     """The K blocks of a forward tile after its first (the last block, ``n_max - 1``, which the
     caller runs with the seqlen and window masks): ``n_max - 2`` down to ``n_min``, each through
     ``carry = step(n, carry, mask_window, window_if)``. Without causal/local every block is free
@@ -276,8 +277,25 @@ def walk_blocks(mask: AttentionMask, m_block: Int32, n_min: Int32, n_max: Int32,
     the same blocks in the same order and mask the same ones (the clamps of ``n_a``, ``n_b`` only
     matter where the other bound already holds). ``carry``: the step's loop state (e.g. pipeline
     states). ``uniform_bounds`` (``one_body``): tell ptxas the window's bounds are warp-uniform
-    (they are: a warp works on one tile), Note [A uniform window branch]."""
-    if const_expr(mask.has_window and one_body):
+    (they are: a warp works on one tile), Note [A uniform window branch].
+
+    ``first_step`` (with a window and separate loops): the tile's first block joins the loop over
+    the blocks at the window's right edge, ``carry = first_step(n, carry, is_first)`` from
+    ``n_max - 1`` with the runtime ``is_first`` true for that block only, so the kernel holds
+    one copy of the masked step instead of two (Note [The first block in the masked loop])."""
+    if const_expr(mask.has_window and first_step is not None and not one_body):
+        n_a = cutlass.max(cutlass.min(mask.n_block_min_no_right_mask(m_block), n_max - 1), n_min)
+        if const_expr(uniform_bounds):
+            n_a = cute.arch.make_warp_uniform(n_a)
+        for i in cutlass.range(n_max - n_a, unroll=1):
+            carry = first_step(n_max - 1 - i, carry, i == 0)
+        n_b = cutlass.max(cutlass.min(mask.n_block_max_left_mask(m_block), n_a), n_min)
+        for i in cutlass.range(n_a - n_b, unroll=1):
+            carry = step(n_a - 1 - i, carry, False, None)
+        if const_expr(mask.local):
+            for i in cutlass.range(n_b - n_min, unroll=1):
+                carry = step(n_b - 1 - i, carry, True, None)
+    elif const_expr(mask.has_window and one_body):
         n_a = mask.n_block_min_no_right_mask(m_block)
         n_b = mask.n_block_max_left_mask(m_block)
         if const_expr(uniform_bounds):

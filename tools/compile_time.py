@@ -34,15 +34,16 @@ for d in (64, 128, 256):
             t = time.time()
             jit.get_kernel(cfg)
             print(f"{mod.__name__.split('.')[-1]} d{d} causal={causal}: {time.time() - t:.2f}s", flush=True)
-# The masked sm90 kernels over the 2 s bar, with one step body (one_step_loop) beside (v0.29; d64 since v0.43).
+# The masked sm90 kernels over the 2 s bar, with one step body (one_step_loop) beside (v0.29; d64 since v0.43)
+# and the first block folded into the masked loop (fold_first, v0.44).
 for d in (64, 128, 192, 256):
     for mask in ("causal", "local"):
         kw = dict(causal=True) if mask == "causal" else dict(local=True, window_left=1024, window_right=0)
         cfg = sm90.make_config(AttnProblem("bf16", 2, 4096, 4096, 8, 8, d, d, d ** -0.5, **kw), None, "sm_90a", True)
-        for osl in (False, True):
-            c = dataclasses.replace(cfg, one_step_loop=osl)
+        for how in ("", "one_step_loop", "fold_first"):
+            c = dataclasses.replace(cfg, one_step_loop=how == "one_step_loop", fold_first=how == "fold_first")
             if c in jit._memory:
                 continue  # timed above
             t = time.time()
             jit.get_kernel(c)
-            print(f"sm90 d{d} {mask}{' one_step_loop' if osl else ''}: {time.time() - t:.2f}s", flush=True)
+            print(f"sm90 d{d} {mask}{' ' + how if how else ''}: {time.time() - t:.2f}s", flush=True)

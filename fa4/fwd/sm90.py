@@ -209,6 +209,7 @@ class FwdSm90Config(AttnFwdConfig):
     block_skip: tuple = ()
     pack_tma: bool = True
     pack_tma_partial: bool = True
+    fold_first: bool = False
 
     KERNEL = "fa4.fwd.sm90:FlashFwdSm90"
     REQUIRED_SASS = ("HGMMA", "UTMALDG")  # checked in the SASS of every compile variant (tests/test_compile.py)
@@ -838,30 +839,40 @@ class FlashFwdSm90:
                         cute.arch.fence_proxy("async.shared", space="cta")
                         cute.arch.barrier(barrier_id=_BAR_Q, number_of_threads=self.num_consumer_threads)
 
-                    # First block (the last K block): its Q K^T alone.
-                    pk.consumer_wait(kv_state)
-                    self.pp_sync(wg, edge=True)
-                    gemm_sm90(self.tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], zero_init=True)
-                    self.pp_arrive(wg, edge=True)
-                    warpgroup.wait_group(0)
-                    pk.consumer_release(kv_state)
-                    skip = self.block_skipper(mAux, batch, head, m_block)
-                    first_mode = None
-                    if const_expr(skip is not None):
-                        _, first_mode = skip.state(n_max - 1)
-                    self.scores(acc_S, mask, thr_mma_qk, m_block, n_max - 1, prescale, True, True, umod=umod,
-                                mask_mode=first_mode)
-                    row_scale_prev.store(softmax.update(acc_S, is_first=True)[0].load())
-                    softmax.convert_P(acc_S, rP)
-                    v_state = kv_state.clone()
-                    if const_expr(cfg.has_seqused_k):
-                        self.clear_v_tail(pv, v_state, sV, seqlen.seqlen_k - (n_max - 1) * self.tile_n, tidx)
-                    kv_state.advance()
-                    step = partial(self.step_carry, c, softmax, mask, m_block, prescale, wg, umod=umod)
-                    if const_expr(skip is not None):  # the hidden blocks: no step (the producer skips them too)
-                        step = partial(self.step_if_visible, skip, step)
-                    kv_state, v_state = walk_blocks(mask, m_block, n_min, n_max, step, (kv_state, v_state),
-                                                    cfg.one_step_loop, uniform_bounds=True)
+                    if const_expr(self.folds_first(mask, umod)):
+                        # Note [The first block in the masked loop]: the walk runs it.
+                        v_state = kv_state.clone()
+                        step = partial(self.step_carry, c, softmax, mask, m_block, prescale, wg)
+                        first = partial(self.first_or_masked_step, c, softmax, mask, m_block, prescale, wg, sV,
+                                        seqlen, tidx)
+                        kv_state, v_state = walk_blocks(mask, m_block, n_min, n_max, step, (kv_state, v_state),
+                                                        uniform_bounds=True, first_step=first)
+                    else:
+                        # First block (the last K block): its Q K^T alone.
+                        pk.consumer_wait(kv_state)
+                        self.pp_sync(wg, edge=True)
+                        gemm_sm90(self.tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index],
+                                  zero_init=True)
+                        self.pp_arrive(wg, edge=True)
+                        warpgroup.wait_group(0)
+                        pk.consumer_release(kv_state)
+                        skip = self.block_skipper(mAux, batch, head, m_block)
+                        first_mode = None
+                        if const_expr(skip is not None):
+                            _, first_mode = skip.state(n_max - 1)
+                        self.scores(acc_S, mask, thr_mma_qk, m_block, n_max - 1, prescale, True, True, umod=umod,
+                                    mask_mode=first_mode)
+                        row_scale_prev.store(softmax.update(acc_S, is_first=True)[0].load())
+                        softmax.convert_P(acc_S, rP)
+                        v_state = kv_state.clone()
+                        if const_expr(cfg.has_seqused_k):
+                            self.clear_v_tail(pv, v_state, sV, seqlen.seqlen_k - (n_max - 1) * self.tile_n, tidx)
+                        kv_state.advance()
+                        step = partial(self.step_carry, c, softmax, mask, m_block, prescale, wg, umod=umod)
+                        if const_expr(skip is not None):  # the hidden blocks: no step (the producer skips them too)
+                            step = partial(self.step_if_visible, skip, step)
+                        kv_state, v_state = walk_blocks(mask, m_block, n_min, n_max, step, (kv_state, v_state),
+                                                        cfg.one_step_loop, uniform_bounds=True)
                     if const_expr(self.tma_q and not self.o_in_q):
                         pq.consumer_release(q_state)
                     # Last P V.
@@ -894,6 +905,70 @@ class FlashFwdSm90:
         if const_expr(self.tma_o):
             if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 4:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    def folds_first(self, mask: AttentionMask, umod) -> bool:
+        """Whether a tile's first block runs in the masked loop (Note [The first block in the
+        masked loop]): ``cfg.fold_first`` with a window and separate loops, without block skipping
+        or user functions (whose first block keeps its own code)."""
+        return (self.cfg.fold_first and mask.has_window and not self.cfg.one_step_loop and not self.cfg.block_skip
+                and umod is None)
+
+    @cute.jit
+    def first_or_masked_step(self, c: SimpleNamespace, softmax: OnlineSoftmax, mask: AttentionMask, m_block: Int32,
+                             prescale, wg: Int32, sV, seqlen: SeqlenInfo, tidx: Int32, n: Int32, carry, is_first):
+        """A block at the window's right edge, the tile's first (``n_max - 1``, runtime ``is_first``)
+        included: :meth:`step` with the seqlen mask too, where the first block issues no ``P V``
+        (there is none before it) and waits for its ``Q K^T`` alone. Returns the stage states: V's
+        lags K's by one block (the next step's ``P V`` reads this block's V)."""
+        kv_state, v_state = carry
+        c.pk.consumer_wait(kv_state)
+        # (The runtime branches call methods of ``self`` only: the DSL threads any other object
+        # whose method a branch calls through it as a result, and ``c`` is shared with the free
+        # loop's step.)
+        if is_first:
+            self.pp_sync(wg, edge=True)
+        else:
+            self.pp_sync(wg)
+        gemm_sm90(self.tiled_mma_qk, c.acc_S, c.tSrQ, c.tSrK[None, None, None, kv_state.index], zero_init=True)
+        if is_first:
+            self.pp_arrive(wg, edge=True)
+            warpgroup.wait_group(0)
+        else:
+            self.issue_pv(c, v_state, wg)
+            warpgroup.wait_group(1)
+        self.scores(c.acc_S, mask, c.thr_mma_qk, m_block, n, prescale, True, True)
+        c.pk.consumer_release(kv_state)  # Note [K's release after the mask]
+        # The first block's update as any other's: from row maxes of -inf and sums of 0, its scales
+        # are 0 and O (zero) stays zero, so the bits are those of ``update(is_first=True)``.
+        row_scale, do_rescale = softmax.update(c.acc_S)
+        warpgroup.wait_group(0)  # (every path: ptxas keeps the wgmmas asynchronous only so)
+        if not is_first:
+            self.release_v(c, v_state)
+        if const_expr(self.cfg.rescale_o_before_pv):
+            c.row_scale.store(row_scale.load())
+        else:
+            softmax.rescale_O(c.acc_O, row_scale, do_rescale)
+        softmax.convert_P(c.acc_S, c.rP)
+        v_state = kv_state.clone()
+        if const_expr(self.cfg.has_seqused_k):
+            if is_first:
+                self.clear_v_tail(c.pv, v_state, sV, seqlen.seqlen_k - n * self.tile_n, tidx)
+        kv_state.advance()
+        return kv_state, v_state
+
+    @cute.jit
+    def issue_pv(self, c: SimpleNamespace, v_state, wg: Int32) -> None:
+        """The previous block's ``O += P V`` behind the ``Q K^T`` just issued, as in :meth:`step`."""
+        if const_expr(self.cfg.rescale_o_before_pv):
+            rescale_rows(make_acc_mn_view(c.acc_O), c.row_scale)  # under the Q K^T just issued
+        c.pv.consumer_wait(v_state)
+        gemm_sm90(self.tiled_mma_pv, c.acc_O, c.tOrP, c.tOrVt[None, None, None, v_state.index])
+        self.pp_arrive(wg)
+
+    @cute.jit
+    def release_v(self, c: SimpleNamespace, v_state) -> None:
+        """Free the V stage of :meth:`issue_pv`'s ``P V`` once it completed."""
+        c.pv.consumer_release(v_state)
 
     @cute.jit
     def clear_v_tail(self, pv, v_state, sV, rows_used: Int32, tidx: Int32) -> None:
@@ -1289,6 +1364,9 @@ def variants(arch: str) -> list[FwdSm90Config]:
         cfg(96, local=True, has_softcap=True),
         cfg(96, local=True, one_step_loop=True),
         cfg(128, causal=True, one_step_loop=True),
+        cfg(128, causal=True, fold_first=True),
+        cfg(64, causal=True, fold_first=True),  # three ping-pong warpgroups
+        cfg(256, local=True, varlen_q=True, varlen_k=True, has_seqused_k=True, fold_first=True),
         cfg(192, causal=True, varlen_q=True, varlen_k=True),
         cfg(192, local=True, one_step_loop=False),  # d192's separate loops (its default is one step)
         cfg(256, local=True, varlen_q=True, varlen_k=True, has_seqused_k=True),

@@ -1,0 +1,93 @@
+"""``fold_first`` (FwdSm90Config; Note [The first block in the masked loop] in fa4/fwd/sm90.py): a
+causal / local tile's first K block runs in the loop over the blocks at the window's right edge,
+under a runtime ``is_first``, instead of in its own copy of the step. It visits the same blocks in
+the same order, masks the same elements and computes the same softmax (the first block's update
+from row maxes of -inf and sums of 0 gives scales of 0 on a zero O), so the outputs must be
+bit-identical to the separate first block's, and pass the reference check: every head-dim bucket
+(d64's three ping-pong warpgroups, d256's O rescaled before P V), windows narrower and wider than a
+tile, more queries than keys and fewer, varlen with seqused_k (the first V block's tail cleared in
+the loop's first iteration), packed GQA, softcap and split-KV."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fa4
+from fa4.testing import random_qkv, random_varlen
+from fwd_cases import check, run_with_fields
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def _hopper_only():
+    if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the sm90 kernels run on compute capability 9.x only")
+
+
+def _both(monkeypatch, call):
+    """``call``'s outputs with the separate first block, then with it folded (one_step_loop off in
+    both: with it the fold does not apply)."""
+    base = run_with_fields(monkeypatch, "sm90", dict(fold_first=False, one_step_loop=False), call)
+    fold = run_with_fields(monkeypatch, "sm90", dict(fold_first=True, one_step_loop=False), call)
+    return base, fold
+
+
+def _same(base, fold):
+    for a, b in zip(base, fold):
+        assert torch.equal(a, b), (a.float() - b.float()).abs().max().item()
+
+
+@pytest.mark.parametrize("d", [64, 96, 128, 192, 256])
+@pytest.mark.parametrize("window", [None, (5, 0), (0, 70), (200, 1), (1, 300)])
+@pytest.mark.parametrize("seqlens", [(300, 300), (190, 450), (450, 190), (1000, 3000), (1, 1000), (113, 203)])
+def test_same_bits_as_separate_first_block(monkeypatch, d, window, seqlens):
+    q, k, v = random_qkv(2, seqlens[0], seqlens[1], 4, 2, d, torch.bfloat16, "cuda", seed=seqlens[0] + d)
+    causal = window is None
+    win = (None, None) if causal else window
+
+    def call(opts):
+        return fa4.flash_attn_func(q, k, v, causal=causal, window_size=win, return_lse=True, kernel_options=opts)
+
+    base, fold = _both(monkeypatch, call)
+    check(*fold, q, k, v, causal=causal, window_size=win)
+    _same(base, fold)
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("mask", ["causal", "local"])
+def test_same_bits_varlen_seqused(monkeypatch, d, mask):
+    vb = random_varlen(5, 700, 4, 2, d, torch.bfloat16, "cuda", max_seqlen_k=900, with_seqused_k=True, seed=d + 3)
+    causal, win = (True, (None, None)) if mask == "causal" else (False, (100, 30))
+
+    def call(opts):
+        return fa4.flash_attn_varlen_func(
+            vb.q, vb.k, vb.v, cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k,
+            max_seqlen_q=vb.max_seqlen_q, max_seqlen_k=vb.max_seqlen_k, seqused_k=vb.seqused_k, causal=causal,
+            window_size=win, return_lse=True, kernel_options=opts)
+
+    base, fold = _both(monkeypatch, call)
+    check(*fold, vb.q, vb.k, vb.v, cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k,
+          seqused_k=vb.seqused_k, causal=causal, window_size=win)
+    _same(base, fold)
+
+
+@pytest.mark.parametrize("case", ["gqa7", "gqa4-softcap", "split3", "fp16-local"])
+def test_same_bits_other_paths(monkeypatch, case):
+    """Packed GQA (7 and 4 q heads per kv head), softcap, split-KV partials, fp16 with a window."""
+    dtype = torch.float16 if case == "fp16-local" else torch.bfloat16
+    h, hk = {"gqa7": (14, 2), "gqa4-softcap": (8, 2)}.get(case, (4, 4))
+    q, k, v = random_qkv(2, 777, 1500, h, hk, 128, dtype, "cuda", seed=len(case))
+    causal = case != "fp16-local"
+    win = (None, None) if causal else (300, 0)
+    kw = dict(softcap=15.0) if case == "gqa4-softcap" else {}
+    if case == "split3":
+        kw["num_splits"] = 3
+
+    def call(opts):
+        return fa4.flash_attn_func(q, k, v, causal=causal, window_size=win, return_lse=True, kernel_options=opts, **kw)
+
+    base, fold = _both(monkeypatch, call)
+    check(*fold, q, k, v, causal=causal, window_size=win, softcap=kw.get("softcap", 0.0))
+    _same(base, fold)
