@@ -185,7 +185,10 @@ class FwdSm90Config(AttnFwdConfig):
     ``qhead_per_kvhead`` (Note [Packed rows by TMA] in fa4/pack_gqa.py); off, packed rows are
     copied row by row by the consumers, as before v0.42. ``pack_tma_partial`` (v0.43): where
     ``qhead_per_kvhead`` does not divide ``tile_m``, TMA boxes of ``tile_m // g`` positions
-    (``packed_block_rows`` rows of the tile); off, such groups are copied row by row."""
+    (``packed_block_rows`` rows of the tile); off, such groups are copied row by row.
+    ``fold_first`` (causal / local, separate loops): the tile's first K block runs in the loop over
+    the blocks at the window's right edge instead of in its own code (Note [The first block in the
+    masked loop]; the causal default since v0.44)."""
 
     head_dim: int = 128
     head_dim_v: int = 128
@@ -906,6 +909,32 @@ class FlashFwdSm90:
             if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 4:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
 
+    # Note [The first block in the masked loop]
+    # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    # A causal tile used to inline three copies of the K-block step: the first block (its Q K^T
+    # alone, both masks, the softmax's first update), the loop over the other blocks the diagonal
+    # cuts (at d128 usually none: a 128 x 128 tile's diagonal is its first block), and the free loop.
+    # The compile time scales with that code (LLVM and ptxas: RESULTS v0.39). With ``fold_first`` the
+    # first block is the masked loop's first iteration: a runtime ``is_first`` skips the previous
+    # block's P V (there is none) and waits for the Q K^T alone; the softmax update is the general
+    # one, which from row maxes of -inf and sums of 0 gives scales of 0 on a zero O, so every bit is
+    # as before (tests/test_fold_first_gpu.py); the seqlen mask, a min per row, runs on every block
+    # of the loop. Two constraints of the toolchain shape the code:
+    # - ptxas serializes every wgmma of the kernel (a wait after each, C7515) when some path may
+    #   redefine an accumulator while a wgmma is pending. A wait for the previous P V under
+    #   ``not is_first`` left such a path (the branches are correlated, ptxas does not see it), so
+    #   the wait is unconditional (a no-op on the first block) and only V's release is branched
+    #   (tests/test_compile.py::test_fold_first_keeps_wgmmas_async).
+    # - The DSL threads through a runtime branch every object whose method the branch calls (as a
+    #   possibly mutated value), so a branch that called ``c.pv.consumer_wait`` rebound ``c``'s
+    #   fields to values defined inside the loop, and the free loop's step read them out of scope.
+    #   The branches call methods of ``self`` only (``issue_pv``, ``release_v``).
+    # Measured (H100): compile d64 / d128 causal 1.75 -> 1.40 / 2.46 -> 1.81 s; speed within the
+    # rows' spread on causal rows; a local window (1024, 0) at d128 s8k 3% slower in two sweeps, so
+    # the default folds causal tiles only. ptxas rebuilds Q's descriptors inside the folded d128
+    # kernel's free loop (24 more uniform-datapath instructions a block, 449 -> 473): the
+    # separate first block's copy of them dominated that loop, the folded loop's does not.
+
     def folds_first(self, mask: AttentionMask, umod) -> bool:
         """Whether a tile's first block runs in the masked loop (Note [The first block in the
         masked loop]): ``cfg.fold_first`` with a window and separate loops, without block skipping
@@ -1217,6 +1246,22 @@ def _one_step(head_dim: int, head_dim_v: int, causal: bool, local: bool) -> bool
     return (causal or local) and head_dim == head_dim_v and _bucket(head_dim) in ONE_STEP_LOOP_BUCKETS
 
 
+# v0.44: a causal tile's first K block runs in the loop over the blocks at the diagonal, under a
+# runtime ``is_first`` (``fold_first``, Note [The first block in the masked loop]): one copy of the
+# masked step instead of two, 17-26% less cold compile time (H100 host, interleaved medians: d64
+# causal 1.75 -> 1.40 s, d128 2.46 -> 1.81 s), the same bits, and the same speed (H100, nine rounds,
+# s8k causal: d64 +0.1%, d128 +0.8%, d256 0.0%; five rounds of s4k / s8k -2.2% to +2.4%, inside the
+# rows' spread). Not for local windows (d128 s8k window (1024, 0): -2.9% and -3.4% in two sweeps),
+# nor where one step body serves every block (d192) or the first block keeps its own code (block
+# skipping, user functions: ``FlashFwdSm90.folds_first``).
+FOLD_FIRST_CAUSAL = True
+
+
+def _fold_first(causal: bool, one_step: bool, user_mods: bool, block_skip) -> bool:
+    """Whether a tile's first K block runs in the masked loop (the rule above)."""
+    return FOLD_FIRST_CAUSAL and causal and not one_step and not user_mods and not block_skip
+
+
 def _loose_q(problem: AttnProblem) -> bool:
     """Whether the rules above send ``problem`` to the compact grid."""
     if not problem.varlen_q:
@@ -1287,6 +1332,9 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
     # fwd_common.compact_splits: a call without max_seqlen_k alone would otherwise split for the bound).
     splits = fwd_common.split_count(averaged, tile_m, table_tile_n, g, num_sms, compact=loose)
     tau = float(options.rescale_threshold) if options.rescale_threshold is not None else DEFAULT_RESCALE_THRESHOLD
+    # (not with pack GQA, whose rows span several heads' table rows)
+    skip = BlockSkip.table_fits(problem.block_table, tile_m, tile_n) if g == 1 else ()
+    one_step = _one_step(problem.head_dim, problem.head_dim_v, problem.causal, problem.local)
     cfg = FwdSm90Config(
         arch=arch,
         dtype=problem.dtype,
@@ -1306,9 +1354,9 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         qhead_per_kvhead=g,
         split_kv=splits > 1,
         page_rows=page_rows(problem.page_size, tile_n),
-        # (not with pack GQA, whose rows span several heads' table rows)
-        block_skip=BlockSkip.table_fits(problem.block_table, tile_m, tile_n) if g == 1 else (),
-        one_step_loop=_one_step(problem.head_dim, problem.head_dim_v, problem.causal, problem.local),
+        block_skip=skip,
+        one_step_loop=one_step,
+        fold_first=_fold_first(problem.causal, one_step, bool(problem.score_mod or problem.mask_mod), skip),
         **FwdSm90Config.fwd_flags(problem),
     )
     FlashFwdSm90.can_implement(cfg)
@@ -1348,8 +1396,9 @@ def variants(arch: str) -> list[FwdSm90Config]:
     def cfg(d, dv=None, **kw):
         tile_m, tile_n, stages, pingpong = TUNING[_bucket(max(d, dv or d))]
         pp, pp_steps = _turns(pingpong, tile_m, kw.get("tile_m", tile_m))  # as make_config
+        osl = kw.get("one_step_loop", _one_step(d, dv or d, kw.get("causal", False), kw.get("local", False)))
         kw = {"tile_m": tile_m, "tile_n": tile_n, "num_stages": stages, "pingpong": pp, "pp_steps_only": pp_steps,
-              "one_step_loop": _one_step(d, dv or d, kw.get("causal", False), kw.get("local", False)), **kw}
+              "one_step_loop": osl, "fold_first": _fold_first(kw.get("causal", False), osl, False, ()), **kw}
         return replace(base, head_dim=d, head_dim_v=dv or d, **kw)
 
     return [
@@ -1364,8 +1413,7 @@ def variants(arch: str) -> list[FwdSm90Config]:
         cfg(96, local=True, has_softcap=True),
         cfg(96, local=True, one_step_loop=True),
         cfg(128, causal=True, one_step_loop=True),
-        cfg(128, causal=True, fold_first=True),
-        cfg(64, causal=True, fold_first=True),  # three ping-pong warpgroups
+        cfg(128, causal=True, fold_first=False),  # the first block in its own code (before v0.44's default)
         cfg(256, local=True, varlen_q=True, varlen_k=True, has_seqused_k=True, fold_first=True),
         cfg(192, causal=True, varlen_q=True, varlen_k=True),
         cfg(192, local=True, one_step_loop=False),  # d192's separate loops (its default is one step)
