@@ -76,4 +76,4 @@ for d in (64, 128, 192, 256):
                 continue  # timed above
             t = time.time()
             jit.get_kernel(c)
-            print(f"sm90 d{d} {mask}{' ' + how if how else ''}: {time.time() - t:.2f}s", flush=True)
+            print(f"sm90 d{d} {mask} {how or 'separate first block'}: {time.time() - t:.2f}s", flush=True)

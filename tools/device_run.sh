@@ -124,7 +124,7 @@ fi
 if has gpu2; then
   gpu_tests gpu2 ${GPU_PART_TIMEOUT:-380} tests/test_fwd_sm90_gpu.py tests/test_fwd_sm80_gpu.py tests/test_fwd_splitkv_gpu.py \
     tests/test_flash_attn_cute_calls_gpu.py tests/test_combine_gpu.py tests/test_one_step_loop_gpu.py \
-    tests/test_rescale_accuracy_gpu.py tests/test_softmax_gpu.py tests/test_kvcache_gpu.py
+    tests/test_rescale_accuracy_gpu.py tests/test_softmax_gpu.py tests/test_kvcache_gpu.py tests/test_fold_first_gpu.py
 fi
 # sanitize_run NAME LIMIT SCRIPT: memcheck and racecheck over SCRIPT, each under LIMIT seconds.
 sanitize_run() {
