@@ -326,12 +326,17 @@ class AttnFwdConfig(AttnKernelConfig):
     (``gcd(page_size, tile_n)``: a chunk never straddles a page). ``one_step_loop`` (causal /
     local): the K blocks after a tile's first through one step body, the window mask a runtime
     branch in it, instead of separate loops over masked and free blocks (two causal, three local;
-    a smaller kernel to compile; :func:`fa4.mask.walk_blocks`). ``has_sink``: a learnable sink
-    logit per q head in the softmax (Note [Attention sinks in the softmax] in fa4/softmax.py)."""
+    a smaller kernel to compile; :func:`fa4.mask.walk_blocks`). ``fold_first`` (causal / local,
+    separate loops): the tile's first K block runs as the first iteration of the loop over the
+    blocks at the window's right edge instead of in its own copy of the step (Note [The first
+    block in the masked loop] in fa4/fwd/sm90.py; one copy fewer to compile). ``has_sink``: a
+    learnable sink logit per q head in the softmax (Note [Attention sinks in the softmax] in
+    fa4/softmax.py)."""
 
     has_seqused_q: bool = False
     page_rows: int = 0
     one_step_loop: bool = False
+    fold_first: bool = False
     has_sink: bool = False
     @staticmethod
     def fwd_flags(problem: AttnProblem) -> dict:

@@ -523,10 +523,31 @@ class FlashFwdSm80:
 
             step = partial(self.compute_one_n_block, p, acc_O, softmax, mask, seqlen, m_block,
                            n_min=n_min, n_max=n_max, prescale=prescale, tiled_mma=tiled_mma, umod=umod)
-            # The last block (partial in seqlen_k and/or on the causal/local diagonal), then the
-            # others through fa4.mask.walk_blocks (masked where the window cuts them).
-            step(n_max - 1, is_first=True, mask_seqlen=True, mask_window=True)
-            walk_blocks(mask, m_block, n_min, n_max, partial(self.step_carry, step), None, self.cfg.one_step_loop)
+            if const_expr(self.folds_first(mask, umod)):
+                # Note [The first block in the masked loop] (fa4/fwd/sm90.py): the last block is the
+                # first of the blocks the window cuts, through the same step. This family's step
+                # issues nothing for an earlier block, so nothing else tells them apart.
+                walk_blocks(mask, m_block, n_min, n_max, partial(self.step_carry, step), None,
+                            first_step=partial(self.first_carry, step))
+            else:
+                # The last block (partial in seqlen_k and/or on the causal/local diagonal), then the
+                # others through fa4.mask.walk_blocks (masked where the window cuts them).
+                step(n_max - 1, is_first=True, mask_seqlen=True, mask_window=True)
+                walk_blocks(mask, m_block, n_min, n_max, partial(self.step_carry, step), None,
+                            self.cfg.one_step_loop)
+
+    def folds_first(self, mask: AttentionMask, umod) -> bool:
+        """Whether a tile's first block runs in the masked loop (``cfg.fold_first`` with a window
+        and separate loops, without block skipping or user functions)."""
+        return (self.cfg.fold_first and mask.has_window and not self.cfg.one_step_loop and not self.cfg.block_skip
+                and umod is None)
+
+    def first_carry(self, step, n, carry, is_first):
+        """A block at the window's right edge, the tile's first included, in the form
+        :func:`fa4.mask.walk_blocks` drives: both masks, and the general softmax update (from row
+        maxes of -inf and sums of 0 its scales are 0 on a zero O: the bits of the first update's)."""
+        step(n, is_first=False, mask_seqlen=True, mask_window=True)
+        return carry
 
     def step_carry(self, step, n, carry, mask_window, window_if):
         """:meth:`compute_one_n_block` in the form :func:`fa4.mask.walk_blocks` drives (no carry)."""
@@ -572,7 +593,7 @@ class FlashFwdSm80:
         acc_S.fill(0.0)
         sync()  # K[n] landed, and every warp is done with the buffers refilled below
         if const_expr(S == 1):
-            self.load_V(p, n_block, 0, seqlen.seqlen_k, need_predicates=is_first)
+            self.load_V(p, n_block, 0, seqlen.seqlen_k, need_predicates=mask_seqlen)  # (the last block's)
         else:
             if n_block - (S - 1) >= n_min:
                 self.load_V(p, n_block - (S - 1), stage_v_next, seqlen.seqlen_k, need_predicates=False)
@@ -691,6 +712,12 @@ TUNING = {
     256: (128, 64, 256, 1),
 }
 DEFAULT_EXP2_EMU_FRAC = 0.0  # measured: 0.25 costs 0-10% on the sm80 path (docs/RESULTS.md)
+# v0.44 (CPU only, not yet GPU-run, so off): a causal tile's first K block as the first iteration of
+# the diagonal's loop (``fold_first``; Note [The first block in the masked loop] in
+# fa4/fwd/sm90.py). Here it needs no runtime branch: the step issues nothing for an earlier block,
+# so the first block is the general step with both masks. SASS: d128 causal 4,568 -> 3,432
+# instructions (768 -> 512 HMMA), d64 5,520 -> 4,024; the free loop unchanged (d128 939 -> 925).
+FOLD_FIRST_CAUSAL = False
 # The classic rule by default: a threshold of 8 measured up to 1.4x the output error of tau = 0 on
 # inputs whose row maxes creep (docs/RESULTS.md, issue 7). A threshold > 0 is still available; it
 # then normalizes by the rounded P (Note [Normalizing by the rounded P] in fa4/softmax.py).
@@ -723,6 +750,7 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         threads = 128
     tile_n = options.tile_n if options.tile_n is not None else tile_n
     splits = fwd_common.split_count(plan, tile_m, tile_n, g, num_sms)
+    skip = BlockSkip.table_fits(problem.block_table, tile_m, tile_n) if g == 1 and BLOCK_SKIP else ()
     cfg = FwdSm80Config(
         arch=arch,
         dtype=problem.dtype,
@@ -738,7 +766,8 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         sum_rounded=tau > 0.0 and SUM_ROUNDED_WITH_THRESHOLD,
         qhead_per_kvhead=g,
         split_kv=splits > 1,
-        block_skip=BlockSkip.table_fits(problem.block_table, tile_m, tile_n) if g == 1 and BLOCK_SKIP else (),
+        block_skip=skip,
+        fold_first=FOLD_FIRST_CAUSAL and problem.causal and not skip and not (problem.score_mod or problem.mask_mod),
         **FwdSm80Config.fwd_flags(problem),
     )
     FlashFwdSm80.can_implement(cfg)
@@ -779,6 +808,9 @@ def variants(arch: str) -> list[FwdSm80Config]:
         cfg(128, varlen_k=True),  # batched q with packed k/v
         cfg(128, causal=True, one_step_loop=True),
         cfg(96, local=True, one_step_loop=True, num_stages=2),
+        cfg(128, causal=True, fold_first=True),
+        cfg(64, causal=True, fold_first=True),  # two stages
+        cfg(96, local=True, varlen_q=True, varlen_k=True, has_seqused_k=True, fold_first=True),
         cfg(128, causal=True, has_sink=True),
         cfg(64, tile_m=64, qhead_per_kvhead=4, has_sink=True, varlen_q=True, varlen_k=True),
         cfg(128, split_kv=True, has_sink=True),  # the partials skip the sink (the combine adds it)

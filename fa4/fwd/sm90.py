@@ -212,7 +212,6 @@ class FwdSm90Config(AttnFwdConfig):
     block_skip: tuple = ()
     pack_tma: bool = True
     pack_tma_partial: bool = True
-    fold_first: bool = False
 
     KERNEL = "fa4.fwd.sm90:FlashFwdSm90"
     REQUIRED_SASS = ("HGMMA", "UTMALDG")  # checked in the SASS of every compile variant (tests/test_compile.py)
