@@ -268,7 +268,8 @@ def walk_blocks(mask: AttentionMask, m_block: Int32, n_min: Int32, n_max: Int32,
                 one_body: cutlass.Constexpr[bool] = False, uniform_bounds: cutlass.Constexpr[bool] = False,
                 first_step=None):
     """The K blocks of a forward tile after its first (the last block, ``n_max - 1``, which the
-    caller runs with the seqlen and window masks): ``n_max - 2`` down to ``n_min``, each through
+    caller runs with the seqlen and window masks, unless ``first_step`` is given: below):
+    ``n_max - 2`` down to ``n_min``, each through
     ``carry = step(n, carry, mask_window, window_if)``. Without causal/local every block is free
     (``mask_window=False``). With a window, blocks ``n >= n_a`` touch its right edge and (local)
     ``n < n_b`` its left one: by default three loops, a masked, a free and (local) a masked one, so
@@ -276,13 +277,15 @@ def walk_blocks(mask: AttentionMask, m_block: Int32, n_min: Int32, n_max: Int32,
     mask under the runtime (warp-uniform) ``window_if`` (a smaller kernel to compile). Both visit
     the same blocks in the same order and mask the same ones (the clamps of ``n_a``, ``n_b`` only
     matter where the other bound already holds). ``carry``: the step's loop state (e.g. pipeline
-    states). ``uniform_bounds`` (``one_body``): tell ptxas the window's bounds are warp-uniform
-    (they are: a warp works on one tile), Note [A uniform window branch].
+    states). ``uniform_bounds`` (``one_body`` or ``first_step``): tell ptxas the window's bounds
+    are warp-uniform (they are: a warp works on one tile), Note [A uniform window branch].
 
     ``first_step`` (with a window and separate loops): the tile's first block joins the loop over
     the blocks at the window's right edge, ``carry = first_step(n, carry, is_first)`` from
     ``n_max - 1`` with the runtime ``is_first`` true for that block only, so the kernel holds
-    one copy of the masked step instead of two (Note [The first block in the masked loop])."""
+    one copy of the masked step instead of two (Note [The first block in the masked loop]).
+    Only with a window and separate loops: elsewhere the first block would go unrun."""
+    assert first_step is None or (mask.has_window and not one_body), "first_step needs a window and separate loops"
     if const_expr(mask.has_window and first_step is not None and not one_body):
         n_a = cutlass.max(cutlass.min(mask.n_block_min_no_right_mask(m_block), n_max - 1), n_min)
         if const_expr(uniform_bounds):

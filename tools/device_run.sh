@@ -419,7 +419,8 @@ if has next56; then
   # Session 43: fold_first (Note [The first block in the masked loop]): its GPU tests (the same bits
   # as the separate first block), then the causal rows with it and without, five interleaved rounds
   # (prediction: within 1%: only a tile's masked blocks run the folded body), a window's row, and
-  # the cold compile times (this CPU: d128 causal -19%, d64 -17%, d256 -14%).
+  # the cold compile times (this CPU: d128 causal -19%, d64 -17%, d256 -14%). (Ran before fold_first
+  # became the causal default: rerun now, its causal "fold" column is the default's kernel.)
   gpu_tests next56t 300 tests/test_fold_first_gpu.py || exit 1
   logged next56c 330 30 python3 tools/sweep_fwd.py --hdim 64,128,256 --seqlen 4096,8192 --causal yes --any-pair \
     --repeat 5 fold:fold_first=True

@@ -716,7 +716,9 @@ DEFAULT_EXP2_EMU_FRAC = 0.0  # measured: 0.25 costs 0-10% on the sm80 path (docs
 # the diagonal's loop (``fold_first``; Note [The first block in the masked loop] in
 # fa4/fwd/sm90.py). Here it needs no runtime branch: the step issues nothing for an earlier block,
 # so the first block is the general step with both masks. SASS: d128 causal 4,568 -> 3,432
-# instructions (768 -> 512 HMMA), d64 5,520 -> 4,024; the free loop unchanged (d128 939 -> 925).
+# instructions (768 -> 512 HMMA), d64 5,520 -> 4,024; the free loop no larger (d128 939 -> 925,
+# d64 1,247 -> 1,250); the right-edge loop predicates its V loads and masks the seqlen on every block
+# (extra work there only, the same bits).
 FOLD_FIRST_CAUSAL = False
 # The classic rule by default: a threshold of 8 measured up to 1.4x the output error of tau = 0 on
 # inputs whose row maxes creep (docs/RESULTS.md, issue 7). A threshold > 0 is still available; it

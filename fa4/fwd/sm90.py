@@ -1085,7 +1085,8 @@ class FlashFwdSm90:
     # row max, which the separate loops overlap with that P V (v0.35's SASS, d64 / d128 / d192 /
     # d256 causal). Released after the mask, the one body schedules as the separate loops do: the
     # wait lands after the row max (tests/test_compile.py::test_one_step_row_max_overlaps_pv).
-    # Only the one-body form moves its release; the separate loops' code is as before. Measured:
+    # Only the one-body form and the folded right-edge loop (``first_or_masked_step``, Note [The first
+    # block in the masked loop]) move their release; the other separate loops' code is as before. Measured:
     # the H100 had one_step_loop 1.4-4.5% slower than the separate loops before this (d64 / d128 /
     # d256 causal), the H200 1.2% slower on average after (another GPU: no clean before / after).
 
@@ -1408,6 +1409,7 @@ def variants(arch: str) -> list[FwdSm90Config]:
         cfg(128, causal=True, pingpong=True, pp_steps_only=True, dynamic_sched=True),
         cfg(256, rescale_o_before_pv=True, rescale_threshold=8.0, sum_rounded=True),
         cfg(256, rescale_o_before_pv=True, dynamic_sched=True),  # d256 without a mask: the dynamic grid (v0.16)
+        cfg(256, causal=True, rescale_o_before_pv=True),  # folded, with O rescaled before P V (the d256 default)
         cfg(64, dtype="fp16", has_lse=False),
         cfg(96, local=True, has_softcap=True),
         cfg(96, local=True, one_step_loop=True),
