@@ -286,19 +286,7 @@ def walk_blocks(mask: AttentionMask, m_block: Int32, n_min: Int32, n_max: Int32,
     one copy of the masked step instead of two (Note [The first block in the masked loop]).
     Only with a window and separate loops: elsewhere the first block would go unrun."""
     assert first_step is None or (mask.has_window and not one_body), "first_step needs a window and separate loops"
-    if const_expr(mask.has_window and first_step is not None and not one_body):
-        n_a = cutlass.max(cutlass.min(mask.n_block_min_no_right_mask(m_block), n_max - 1), n_min)
-        if const_expr(uniform_bounds):
-            n_a = cute.arch.make_warp_uniform(n_a)
-        for i in cutlass.range(n_max - n_a, unroll=1):
-            carry = first_step(n_max - 1 - i, carry, i == 0)
-        n_b = cutlass.max(cutlass.min(mask.n_block_max_left_mask(m_block), n_a), n_min)
-        for i in cutlass.range(n_a - n_b, unroll=1):
-            carry = step(n_a - 1 - i, carry, False, None)
-        if const_expr(mask.local):
-            for i in cutlass.range(n_b - n_min, unroll=1):
-                carry = step(n_b - 1 - i, carry, True, None)
-    elif const_expr(mask.has_window and one_body):
+    if const_expr(mask.has_window and one_body):
         n_a = mask.n_block_min_no_right_mask(m_block)
         n_b = mask.n_block_max_left_mask(m_block)
         if const_expr(uniform_bounds):
@@ -308,8 +296,14 @@ def walk_blocks(mask: AttentionMask, m_block: Int32, n_min: Int32, n_max: Int32,
             carry = step(n, carry, True, (n >= n_a) | (n < n_b))
     elif const_expr(mask.has_window):
         n_a = cutlass.max(cutlass.min(mask.n_block_min_no_right_mask(m_block), n_max - 1), n_min)
-        for i in cutlass.range(n_max - 1 - n_a, unroll=1):
-            carry = step(n_max - 2 - i, carry, True, None)
+        if const_expr(first_step is not None):
+            if const_expr(uniform_bounds):
+                n_a = cute.arch.make_warp_uniform(n_a)
+            for i in cutlass.range(n_max - n_a, unroll=1):
+                carry = first_step(n_max - 1 - i, carry, i == 0)
+        else:
+            for i in cutlass.range(n_max - 1 - n_a, unroll=1):
+                carry = step(n_max - 2 - i, carry, True, None)
         n_b = cutlass.max(cutlass.min(mask.n_block_max_left_mask(m_block), n_a), n_min)
         for i in cutlass.range(n_a - n_b, unroll=1):
             carry = step(n_a - 1 - i, carry, False, None)

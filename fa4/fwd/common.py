@@ -229,6 +229,20 @@ round of the dense s4k row read 586 / 612: the sm90 forward takes partial boxes 
 ragged Q only. MQA (g = 16) read 648 / 705 and 646 / 644 (v0.42, H100): not taken."""
 
 
+def fold_first_rule(enabled: bool, causal: bool, one_step: bool, user_mods: bool, block_skip) -> bool:
+    """A family's ``fold_first`` default (Note [The first block in the masked loop] in
+    fa4/fwd/sm90.py): its switch ``enabled``, for causal tiles with separate loops and neither user
+    functions nor block skipping (whose first block keeps its own code: :func:`folds_first`)."""
+    return enabled and causal and not one_step and not user_mods and not block_skip
+
+
+def folds_first(cfg, mask, umod) -> bool:
+    """Whether a forward kernel runs the tile's first block in the masked loop: ``cfg.fold_first``
+    with a window (``mask``, trace time) and separate loops, without block skipping or user
+    functions (``umod``, the tile's, or None)."""
+    return cfg.fold_first and mask.has_window and not cfg.one_step_loop and not cfg.block_skip and umod is None
+
+
 def pack_gqa(problem: AttnProblem, tile_m: int, whole_rows_max_group: int = 0, partial_boxes: bool = False) -> int:
     """The packing factor of a forward: ``qhead_per_kvhead`` when rows are packed, else 1. The
     user's ``pack_gqa`` is honoured. By default rows are packed where the family packs whole

@@ -523,7 +523,7 @@ class FlashFwdSm80:
 
             step = partial(self.compute_one_n_block, p, acc_O, softmax, mask, seqlen, m_block,
                            n_min=n_min, n_max=n_max, prescale=prescale, tiled_mma=tiled_mma, umod=umod)
-            if const_expr(self.folds_first(mask, umod)):
+            if const_expr(fwd_common.folds_first(self.cfg, mask, umod)):
                 # Note [The first block in the masked loop] (fa4/fwd/sm90.py): the last block is the
                 # first of the blocks the window cuts, through the same step. This family's step
                 # issues nothing for an earlier block, so nothing else tells them apart.
@@ -535,12 +535,6 @@ class FlashFwdSm80:
                 step(n_max - 1, is_first=True, mask_seqlen=True, mask_window=True)
                 walk_blocks(mask, m_block, n_min, n_max, partial(self.step_carry, step), None,
                             self.cfg.one_step_loop)
-
-    def folds_first(self, mask: AttentionMask, umod) -> bool:
-        """Whether a tile's first block runs in the masked loop (``cfg.fold_first`` with a window
-        and separate loops, without block skipping or user functions)."""
-        return (self.cfg.fold_first and mask.has_window and not self.cfg.one_step_loop and not self.cfg.block_skip
-                and umod is None)
 
     def first_carry(self, step, n, carry, is_first):
         """A block at the window's right edge, the tile's first included, in the form
@@ -769,7 +763,8 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         qhead_per_kvhead=g,
         split_kv=splits > 1,
         block_skip=skip,
-        fold_first=FOLD_FIRST_CAUSAL and problem.causal and not skip and not (problem.score_mod or problem.mask_mod),
+        fold_first=fwd_common.fold_first_rule(FOLD_FIRST_CAUSAL, problem.causal, False,
+                                              bool(problem.score_mod or problem.mask_mod), skip),
         **FwdSm80Config.fwd_flags(problem),
     )
     FlashFwdSm80.can_implement(cfg)

@@ -841,7 +841,7 @@ class FlashFwdSm90:
                         cute.arch.fence_proxy("async.shared", space="cta")
                         cute.arch.barrier(barrier_id=_BAR_Q, number_of_threads=self.num_consumer_threads)
 
-                    if const_expr(self.folds_first(mask, umod)):
+                    if const_expr(fwd_common.folds_first(cfg, mask, umod)):
                         # Note [The first block in the masked loop]: the walk runs it.
                         v_state = kv_state.clone()
                         step = partial(self.step_carry, c, softmax, mask, m_block, prescale, wg)
@@ -933,13 +933,6 @@ class FlashFwdSm90:
     # the default folds causal tiles only. ptxas rebuilds Q's descriptors inside the folded d128
     # kernel's free loop (24 more uniform-datapath instructions a block, 449 -> 473): the
     # separate first block's copy of them dominated that loop, the folded loop's does not.
-
-    def folds_first(self, mask: AttentionMask, umod) -> bool:
-        """Whether a tile's first block runs in the masked loop (Note [The first block in the
-        masked loop]): ``cfg.fold_first`` with a window and separate loops, without block skipping
-        or user functions (whose first block keeps its own code)."""
-        return (self.cfg.fold_first and mask.has_window and not self.cfg.one_step_loop and not self.cfg.block_skip
-                and umod is None)
 
     @cute.jit
     def first_or_masked_step(self, c: SimpleNamespace, softmax: OnlineSoftmax, mask: AttentionMask, m_block: Int32,
@@ -1253,13 +1246,13 @@ def _one_step(head_dim: int, head_dim_v: int, causal: bool, local: bool) -> bool
 # s8k causal: d64 +0.1%, d128 +0.8%, d256 0.0%; five rounds of s4k / s8k -2.2% to +2.4%, inside the
 # rows' spread). Not for local windows (d128 s8k window (1024, 0): -2.9% and -3.4% in two sweeps),
 # nor where one step body serves every block (d192) or the first block keeps its own code (block
-# skipping, user functions: ``FlashFwdSm90.folds_first``).
+# skipping, user functions: :func:`fa4.fwd.common.folds_first`).
 FOLD_FIRST_CAUSAL = True
 
 
 def _fold_first(causal: bool, one_step: bool, user_mods: bool, block_skip) -> bool:
     """Whether a tile's first K block runs in the masked loop (the rule above)."""
-    return FOLD_FIRST_CAUSAL and causal and not one_step and not user_mods and not block_skip
+    return fwd_common.fold_first_rule(FOLD_FIRST_CAUSAL, causal, one_step, user_mods, block_skip)
 
 
 def _loose_q(problem: AttnProblem) -> bool:
