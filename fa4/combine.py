@@ -73,7 +73,7 @@ import torch
 
 from fa4 import arch as _arch
 from fa4.config import ARCHS, KernelConfig
-from fa4.validate import check_int32_vector, is_fake
+from fa4.validate import check_int32_vector, is_fake, plain_bools
 
 OUT_DTYPES = ("bf16", "fp16", "fp32")
 MAX_SPLITS = 256
@@ -324,6 +324,7 @@ def check_args(out_partial, lse_partial, out=None, out_dtype=None, cu_seqlens=No
         _check_layout("out_partial", out_partial, on_gpu)
     if on_gpu and not is_fake(lse_partial) and lse_partial.data_ptr() % 4:
         raise ValueError(f"lse_partial must be 4-byte aligned, its data pointer is {lse_partial.data_ptr():#x}")
+    (return_lse,) = plain_bools(return_lse)
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {return_lse!r}")
     allowed = (torch.bfloat16, torch.float16, torch.float32)

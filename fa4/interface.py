@@ -460,6 +460,10 @@ def flash_attn_func(
     ``score_mod`` / ``score_mod_bwd`` / ``mask_mod``: CuTe DSL functions with flash_attn.cute's
     signatures, traced into the kernels with the tensors of ``aux_tensors`` (:mod:`fa4.mods`).
     """
+    if (causal.__class__ is not bool or deterministic.__class__ is not bool or return_lse.__class__ is not bool
+            or (pack_gqa is not None and pack_gqa.__class__ is not bool)):
+        causal, deterministic, return_lse, pack_gqa = validate.plain_bools(causal, deterministic, return_lse,
+                                                                           pack_gqa)
     fast_key = None
     if (qv is None and gather_kv_indices is None and learnable_sink is None and score_mod is None
             and score_mod_bwd is None and mask_mod is None and aux_tensors is None and aux_scalars is None
@@ -562,6 +566,12 @@ def flash_attn_varlen_func(
     ``disable_scheduler_metadata`` is accepted (fa4 builds none); ``seqlen_k_per_split`` is a
     hint fa4 ignores (a one-time warning).
     """
+    if disable_scheduler_metadata.__class__ is not bool:
+        (disable_scheduler_metadata,) = validate.plain_bools(disable_scheduler_metadata)
+    if (causal.__class__ is not bool or deterministic.__class__ is not bool or return_lse.__class__ is not bool
+            or (pack_gqa is not None and pack_gqa.__class__ is not bool)):
+        causal, deterministic, return_lse, pack_gqa = validate.plain_bools(causal, deterministic, return_lse,
+                                                                           pack_gqa)
     fast_key = None
     if (qv is None and gather_kv_indices is None and learnable_sink is None and score_mod is None
             and score_mod_bwd is None and mask_mod is None and aux_tensors is None and aux_scalars is None
@@ -691,6 +701,7 @@ def explain(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
     Launches nothing. ``capability`` (e.g. ``(9, 0)``) explains for another GPU, or on a machine
     without one (then q/k/v may be CPU or meta tensors of the right shapes and dtypes).
     """
+    causal, pack_gqa, deterministic = validate.plain_bools(causal, pack_gqa, deterministic)
     options = kernel_options if kernel_options is not None else KernelOptions()
     validate.check_options(kernel_options)
     if capability is None:

@@ -147,6 +147,8 @@ def flash_attn_with_kvcache(
     ``NotImplementedError`` (keyword-only here: FlashAttention-3's positional order differs from
     flash_attn 2's, which this follows); ``sm_margin`` is a hint fa4 ignores (a one-time warning).
     """
+    causal, rotary_interleaved, return_softmax_lse, pack_gqa = validate.plain_bools(
+        causal, rotary_interleaved, return_softmax_lse, pack_gqa)
     for name, value in (("cache_leftpad", cache_leftpad), ("alibi_slopes", alibi_slopes), ("qv", qv),
                         ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k_new", cu_seqlens_k_new),
                         ("max_seqlen_q", max_seqlen_q), ("rotary_seqlens", rotary_seqlens),

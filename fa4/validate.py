@@ -489,3 +489,17 @@ def as_bool(name: str, v) -> bool:
     if not isinstance(v, bool):
         raise TypeError(f"{name} must be a bool, got {v!r}")
     return v
+
+
+def _is_numpy_bool(v) -> bool:
+    t = type(v)
+    return t.__module__ == "numpy" and t.__name__ in ("bool_", "bool")
+
+
+def plain_bools(*values) -> tuple:
+    """``values`` with numpy bools made Python bools, the rest unchanged (their checks come later).
+
+    Flags are compile keys and custom-op arguments, which take Python bools only; a flag read from a
+    numpy array (``np.bool_``) is the same choice, so the entry points convert it rather than refuse
+    it. Ints and tensors still get the flag's ``TypeError``."""
+    return tuple(bool(v) if _is_numpy_bool(v) else v for v in values)

@@ -160,6 +160,31 @@ def test_flags_must_be_bool(fake):
     raises(TypeError, "deterministic must be a bool", fa4.flash_attn_func, q, k, v, deterministic="yes")
 
 
+def test_numpy_bools_are_flags(fake, monkeypatch):
+    """A flag read from a numpy array is the same choice as the Python bool: the entry points make it
+    one (flags are compile keys); ints stay refused above."""
+    np = pytest.importorskip("numpy")
+    seen = []
+
+    def driver(*a, **k):
+        seen.append(a)
+        raise AssertionError("a kernel driver was reached")
+
+    monkeypatch.setattr(ops, "forward", driver)
+    q, k, v = qkv()
+    with pytest.raises(AssertionError, match="driver was reached"):
+        fa4.flash_attn_func(q, k, v, causal=np.bool_(True), deterministic=np.bool_(False), return_lse=np.bool_(True),
+                            pack_gqa=np.bool_(False))
+    problem = next(x for x in seen[0] if hasattr(x, "causal"))
+    assert problem.causal is True
+    qp, kp, vp, cu_q, cu_k, mq, mk = varlen_inputs()
+    with pytest.raises(AssertionError, match="driver was reached"):
+        fa4.flash_attn_varlen_func(qp, kp, vp, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=mq, max_seqlen_k=mk,
+                                   causal=np.bool_(False), return_lse=np.bool_(False),
+                                   disable_scheduler_metadata=np.bool_(True))
+    assert "causal=True" in str(fa4.explain(q, k, v, causal=np.bool_(True), capability=(9, 0)))
+
+
 @pytest.mark.parametrize("arg", ["qv"])
 def test_unsupported_arguments_raise(fake, arg):
     q, k, v = qkv()
@@ -395,7 +420,7 @@ def test_scalars_in_float32_range(fake, name, value, match):
 def test_paged_cache_without_pages(fake):
     q, _, _, cu_q, _, _, _ = varlen_inputs()
     kc = cuda(0, 16, 2, 64)
-    raises(ValueError, "the paged cache\) must have num_pages >= 1", fa4.flash_attn_varlen_func, q, kc, kc,
+    raises(ValueError, r"the paged cache\) must have num_pages >= 1", fa4.flash_attn_varlen_func, q, kc, kc,
            cu_seqlens_q=cu_q, page_table=torch.zeros(3, 4, dtype=torch.int32, device="cuda"))
 
 
