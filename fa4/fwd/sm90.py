@@ -124,7 +124,7 @@ from fa4.cute_utils import (
     zero_rows_from,
 )
 from fa4.fwd import common as fwd_common
-from fa4.mask import AttentionMask, walk_blocks
+from fa4.mask import AttentionMask, edges_first_block, walk_blocks, window_bounds
 from fa4.mods import check_config, launch_aux, lookup
 from fa4.mods_kernel import BlockSkip, UserMods, block_mods, check_block_skip, fake_aux
 from fa4.pack_gqa import (
@@ -300,6 +300,9 @@ class FlashFwdSm90:
         # Only a ragged Q has empty tiles (Note [Skipped claims] in fa4/sched/tile.py).
         self.skip_empty = cfg.skip_empty and cfg.dynamic_sched and (cfg.varlen_q or cfg.has_seqused_q)
         self.page_rows = cfg.page_rows
+        # A local tile's two masked runs of K blocks walked one after the other (Note [Edges first]
+        # in fa4/mask.py): the producer and the consumers visit the same order.
+        self.edges_first = cfg.local and not cfg.one_step_loop and not cfg.block_skip
 
     # ----------------------------------------------------------------------------------------
     # Host side
@@ -664,7 +667,18 @@ class FlashFwdSm90:
                     q_state.advance()
                 v_state = kv_state.clone()
                 kv_state.advance()
-                if const_expr(not self.cfg.block_skip):
+                if const_expr(self.edges_first):  # (the consumers' order, Note [Edges first])
+                    n_a, n_b = window_bounds(mask, m_block, n_min, n_max)
+                    prev = n_max - 1
+                    for i in cutlass.range(n_max - 1 - n_min, unroll=1):
+                        n = edges_first_block(i + 1, n_max, n_min, n_a, n_b)
+                        self.load_block(tma_k, pk, tKgK, tKsK, n, kv_state)
+                        self.load_block(tma_v, pv, tVgV, tVsV, prev, v_state)
+                        kv_state.advance()
+                        v_state.advance()
+                        prev = n
+                    self.load_block(tma_v, pv, tVgV, tVsV, prev, v_state)
+                elif const_expr(not self.cfg.block_skip):
                     for i in cutlass.range(n_max - 1 - n_min, unroll=1):
                         n = n_max - 2 - i
                         self.load_block(tma_k, pk, tKgK, tKsK, n, kv_state)
@@ -850,7 +864,8 @@ class FlashFwdSm90:
                         first = partial(self.first_or_masked_step, c, softmax, mask, m_block, prescale, wg, sV,
                                         seqlen, tidx)
                         kv_state, v_state = walk_blocks(mask, m_block, n_min, n_max, step, (kv_state, v_state),
-                                                        uniform_bounds=True, first_step=first)
+                                                        uniform_bounds=True, first_step=first,
+                                                        edges_first=self.edges_first)
                     else:
                         # First block (the last K block): its Q K^T alone.
                         self.first_qk(c, kv_state, wg)
@@ -871,7 +886,8 @@ class FlashFwdSm90:
                         if const_expr(skip is not None):  # the hidden blocks: no step (the producer skips them too)
                             step = partial(self.step_if_visible, skip, step)
                         kv_state, v_state = walk_blocks(mask, m_block, n_min, n_max, step, (kv_state, v_state),
-                                                        cfg.one_step_loop, uniform_bounds=True)
+                                                        cfg.one_step_loop, uniform_bounds=True,
+                                                        edges_first=self.edges_first)
                     if const_expr(self.tma_q and not self.o_in_q):
                         pq.consumer_release(q_state)
                     # Last P V.
