@@ -455,6 +455,7 @@ if has next59r; then
   # holds the separate form's instructions, +5 at d128) and one_step_loop, five rounds.
   logged next59rw 420 30 python3 tools/sweep_fwd.py --hdim 64,128,256 --seqlen 8192 --causal no --window 1024 \
     --any-pair --repeat 5 fold:fold_first=True osl:one_step_loop=True
+  logged next59rt 150 20 python3 tools/compile_time.py --ab fold_first --reps 3 --local
 fi
 if has next59c; then
   # ... the causal rows, the fold (default) against the separate first block, nine rounds, and the
