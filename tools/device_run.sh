@@ -452,14 +452,18 @@ fi
 if has next59r; then
   # ... then the window rows (d64 / d128 / d256 s8k, (1024, 0)): the separate loops (the default,
   # edges first), the fold (prediction: within 1% now that the free loop keeps Q's descriptors and
-  # holds the separate form's instructions, +5 at d128) and one_step_loop, five rounds.
-  logged next59rw 420 30 python3 tools/sweep_fwd.py --hdim 64,128,256 --seqlen 8192 --causal no --window 1024 \
-    --any-pair --repeat 5 fold:fold_first=True osl:one_step_loop=True
-  logged next59rt 150 20 python3 tools/compile_time.py --ab fold_first --reps 3 --local
+  # holds the separate form's instructions, +5 at d128) and one_step_loop, three rounds; the causal
+  # rows, the fold (the default) against the separate first block, five rounds (prediction: within
+  # 1%, as main's fold was); the local fold's compile times (this CPU: -30% to -35%).
+  logged next59rw 260 30 python3 tools/sweep_fwd.py --hdim 64,128,256 --seqlen 8192 --causal no --window 1024 \
+    --any-pair --repeat 3 fold:fold_first=True osl:one_step_loop=True
+  logged next59rc 200 30 python3 tools/sweep_fwd.py --hdim 64,128,256 --seqlen 8192 --causal yes --any-pair \
+    --repeat 5 sep:fold_first=False
+  logged next59rt 100 20 python3 tools/compile_time.py --ab fold_first --reps 1 --local
 fi
 if has next59c; then
-  # ... the causal rows, the fold (default) against the separate first block, nine rounds, and the
-  # interleaved compile times with and without the fold (sm90, then sm80).
+  # ... more rounds where next59r's ranges overlap: the causal rows nine rounds, the interleaved
+  # compile times with and without the fold (sm90 causal, then sm80 causal).
   logged next59cc 300 30 python3 tools/sweep_fwd.py --hdim 64,128,256 --seqlen 8192 --causal yes --any-pair \
     --repeat 9 sep:fold_first=False
   logged next59ct 150 20 python3 tools/compile_time.py --ab fold_first --reps 3
