@@ -264,9 +264,55 @@ class AttentionMask:
 
 
 @cute.jit
+def window_bounds(mask: AttentionMask, m_block: Int32, n_min: Int32, n_max: Int32,
+                  uniform: cutlass.Constexpr[bool] = False):
+    """``(n_a, n_b)``, the walk's split of a tile's K blocks ``[n_min, n_max)`` by the window: blocks
+    ``n >= n_a`` touch its right edge (``n_a <= n_max - 1``: the first block is among them),
+    blocks ``n < n_b`` its left one (``n_min <= n_b <= n_a``; ``n_b = n_min`` without ``local``),
+    and the blocks between are free. ``uniform``: tell ptxas both are warp-uniform (Note [A
+    uniform window branch])."""
+    n_a = cutlass.max(cutlass.min(mask.n_block_min_no_right_mask(m_block), n_max - 1), n_min)
+    if const_expr(uniform):
+        n_a = cute.arch.make_warp_uniform(n_a)
+    n_b = cutlass.max(cutlass.min(mask.n_block_max_left_mask(m_block), n_a), n_min)
+    if const_expr(uniform):
+        n_b = cute.arch.make_warp_uniform(n_b)
+    return n_a, n_b
+
+
+@cute.jit
+def edges_first_block(i: Int32, n_max: Int32, n_min: Int32, n_a: Int32, n_b: Int32) -> Int32:
+    """The ``i``-th K block of a local tile in the edges-first order (Note [Edges first]): the
+    right edge's ``n_max - 1`` down to ``n_a``, the left edge's ``n_b - 1`` down to ``n_min``, then
+    the free blocks ``n_a - 1`` down to ``n_b``."""
+    right = n_max - n_a
+    edges = right + n_b - n_min
+    n = n_max - 1 - i
+    n = n_b - 1 - (i - right) if i >= right else n
+    n = n_a - 1 - (i - edges) if i >= edges else n
+    return n
+
+
+# Note [Edges first]
+# ~~~~~~~~~~~~~~~~~~
+# A local tile's K blocks fall in three runs: the right edge of the window (from the tile's first
+# block, ``n_max - 1``, down to ``n_a``), the free blocks, and the left edge (``n_b - 1`` down to
+# ``n_min``). Walked in that order (``n`` descending), the two masked runs sit on either side of
+# the free one, so the kernel inlines the masked step twice (or, with ``fold_first``, the folded
+# first step and a masked step). With ``edges_first`` the walk visits the right edge, then the
+# left edge, then the free blocks: one masked run, so with ``fold_first`` one copy of the masked
+# step for both edges (the left edge's blocks take the seqlen mask too, a min per row, and never
+# the first block's branch), as a causal tile has. The online softmax does not care in which
+# order it sees the blocks; the bits differ from the descending order's (the sums are taken in
+# another order), the math does not. The producer must load the blocks in the same order: it
+# walks ``edges_first_block``. Only the sm90 forward takes it (its producer is a separate warp);
+# sm80's step prefetches block ``n - 1`` itself.
+
+
+@cute.jit
 def walk_blocks(mask: AttentionMask, m_block: Int32, n_min: Int32, n_max: Int32, step, carry,
                 one_body: cutlass.Constexpr[bool] = False, uniform_bounds: cutlass.Constexpr[bool] = False,
-                first_step=None):
+                first_step=None, edges_first: cutlass.Constexpr[bool] = False):
     """The K blocks of a forward tile after its first (the last block, ``n_max - 1``, which the
     caller runs with the seqlen and window masks, unless ``first_step`` is given: below):
     ``n_max - 2`` down to ``n_min``, each through
@@ -284,8 +330,13 @@ def walk_blocks(mask: AttentionMask, m_block: Int32, n_min: Int32, n_max: Int32,
     the blocks at the window's right edge, ``carry = first_step(n, carry, is_first)`` from
     ``n_max - 1`` with the runtime ``is_first`` true for that block only, so the kernel holds
     one copy of the masked step instead of two (Note [The first block in the masked loop]).
-    Only with a window and separate loops: elsewhere the first block would go unrun."""
+    Only with a window and separate loops: elsewhere the first block would go unrun.
+
+    ``edges_first`` (local windows, separate loops): the left edge's masked blocks right after the
+    right edge's, before the free ones (Note [Edges first]); with ``first_step`` both edges run
+    through it, in one loop."""
     assert first_step is None or (mask.has_window and not one_body), "first_step needs a window and separate loops"
+    assert not (edges_first and one_body), "edges_first needs separate loops"
     if const_expr(mask.has_window and one_body):
         n_a = mask.n_block_min_no_right_mask(m_block)
         n_b = mask.n_block_max_left_mask(m_block)
@@ -294,6 +345,18 @@ def walk_blocks(mask: AttentionMask, m_block: Int32, n_min: Int32, n_max: Int32,
         for i in cutlass.range(n_max - 1 - n_min, unroll=1):
             n = n_max - 2 - i
             carry = step(n, carry, True, (n >= n_a) | (n < n_b))
+    elif const_expr(mask.has_window and mask.local and edges_first):
+        n_a, n_b = window_bounds(mask, m_block, n_min, n_max, uniform_bounds)
+        if const_expr(first_step is not None):
+            for i in cutlass.range(n_max - n_a + n_b - n_min, unroll=1):
+                carry = first_step(edges_first_block(i, n_max, n_min, n_a, n_b), carry, i == 0)
+        else:
+            for i in cutlass.range(n_max - 1 - n_a, unroll=1):
+                carry = step(n_max - 2 - i, carry, True, None)
+            for i in cutlass.range(n_b - n_min, unroll=1):
+                carry = step(n_b - 1 - i, carry, True, None)
+        for i in cutlass.range(n_a - n_b, unroll=1):
+            carry = step(n_a - 1 - i, carry, False, None)
     elif const_expr(mask.has_window):
         n_a = cutlass.max(cutlass.min(mask.n_block_min_no_right_mask(m_block), n_max - 1), n_min)
         if const_expr(first_step is not None):

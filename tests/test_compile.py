@@ -150,20 +150,39 @@ def test_packed_rows_go_by_tma():
 
 
 @pytest.mark.slow
+def test_edges_first_one_masked_copy_for_local():
+    """Note [Edges first] in fa4/mask.py: a local tile's right- and left-edge blocks are walked one
+    after the other, so with ``fold_first`` the d128 local kernel holds one masked step, as the
+    causal one does (the same wgmmas: first Q K^T, one masked and one free step, the last P V),
+    where the separate loops hold two more, and no more waits or convergence barriers."""
+    fold = next(c for c in arch.all_variants("sm_90a")
+                if type(c).__name__ == "FwdSm90Config" and c.fold_first and c.causal and c.head_dim == 128)
+    local = dataclasses.replace(fold, causal=False, local=True)
+
+    def census(cfg):
+        lines = sass.disassemble(cfg).splitlines()
+        return {op: sum(1 for x in lines if op in x) for op in ("HGMMA", "MUFU", "WARPGROUP.DEPBAR", "BSSY")}
+
+    got, sep, causal = census(local), census(dataclasses.replace(local, fold_first=False)), census(fold)
+    assert got["HGMMA"] == causal["HGMMA"] < sep["HGMMA"], (got, causal, sep)
+    assert got["MUFU"] < sep["MUFU"], (got, sep)
+    assert got["WARPGROUP.DEPBAR"] <= sep["WARPGROUP.DEPBAR"] and got["BSSY"] <= sep["BSSY"], (got, sep)
+
+
 def test_fold_first_keeps_wgmmas_async():
     """Note [The first block in the masked loop]: the d128 causal kernel with the first block folded
-    into the masked loop holds one copy of the masked step fewer (40 wgmmas against 48) and keeps
-    its wgmmas asynchronous: ptxas serializes every wgmma of a kernel (a wait after each) when a
-    path may redefine an accumulator while a wgmma is pending, which a wait for the previous P V
-    under a runtime branch did. The folded kernel may hold no more waits or convergence barriers
-    than the separate first block's."""
+    into the masked loop holds one copy of the softmax fewer (146 MUFU against 210) and keeps its
+    wgmmas asynchronous: ptxas serializes every wgmma of a kernel (a wait after each) when a path
+    may redefine an accumulator while a wgmma is pending, which a wait for the previous P V under a
+    runtime branch did, and a first Q K^T pending at the loop's head. The folded kernel may hold no
+    more waits or convergence barriers than the separate first block's."""
     fold = next(c for c in arch.all_variants("sm_90a")
                 if type(c).__name__ == "FwdSm90Config" and c.fold_first and c.causal and c.head_dim == 128)
 
     def census(cfg):
         lines = sass.disassemble(cfg).splitlines()
-        return {op: sum(1 for x in lines if op in x) for op in ("HGMMA", "WARPGROUP.DEPBAR", "BSSY")}
+        return {op: sum(1 for x in lines if op in x) for op in ("MUFU", "WARPGROUP.DEPBAR", "BSSY")}
 
     got, sep = census(fold), census(dataclasses.replace(fold, fold_first=False))
-    assert got["HGMMA"] < sep["HGMMA"], (got, sep)
+    assert got["MUFU"] < sep["MUFU"], (got, sep)
     assert got["WARPGROUP.DEPBAR"] <= sep["WARPGROUP.DEPBAR"] and got["BSSY"] <= sep["BSSY"], (got, sep)

@@ -1,7 +1,8 @@
 """Cold compile time of single kernel variants, one at a time in one process:
 
     python tools/compile_time.py
-    python tools/compile_time.py --ab fold_first [--reps 3] [--family sm80]   # causal configs, FIELD off / on in turn
+    python tools/compile_time.py --ab fold_first [--reps 3] [--family sm80] [--local]   # causal (or window
+        (1024, 0)) configs, FIELD off / on in turn
 
 Each variant goes the way a first call takes it (``jit.get_kernel`` on an empty disk cache):
 compiled without a host engine, exported to the cache and loaded back (Note [Export without an
@@ -30,14 +31,16 @@ jit.get_kernel(sm90.variants("sm_90a")[3])
 print(f"first compile of the process (includes compiler start-up): {time.time() - t0:.2f}s", flush=True)
 
 
-def _ab(field: str, reps: int, mod) -> None:
-    """The causal configs of forward family ``mod`` (separate loops) with ``field`` False and True, compiled in turn
+def _ab(field: str, reps: int, mod, local: bool = False) -> None:
+    """The causal (``local``: window (1024, 0)) configs of forward family ``mod`` (separate loops) with ``field``
+    False and True, compiled in turn
     ``reps`` times each, cold (memory and disk caches emptied before each): the compiles'
     medians and minima, which a single run's noise on a shared host does not give."""
     import statistics
 
     for d in (64, 128, 256):
-        p = AttnProblem("bf16", 2, 4096, 4096, 8, 8, d, d, d ** -0.5, causal=True)
+        kw = dict(local=True, window_left=1024, window_right=0) if local else dict(causal=True)
+        p = AttnProblem("bf16", 2, 4096, 4096, 8, 8, d, d, d ** -0.5, **kw)
         base = dataclasses.replace(mod.make_config(p, None, "sm_90a", True), one_step_loop=False)
         times = {False: [], True: []}
         for _ in range(reps):
@@ -48,14 +51,15 @@ def _ab(field: str, reps: int, mod) -> None:
                 t = time.time()
                 jit.get_kernel(dataclasses.replace(base, **{field: on}))
                 times[on].append(time.time() - t)
-        print(f"{mod.__name__.split('.')[-1]} d{d} causal {field} off / on: median {statistics.median(times[False]):.2f} / "
+        print(f"{mod.__name__.split('.')[-1]} d{d} {'local' if local else 'causal'} {field} off / on: median {statistics.median(times[False]):.2f} / "
               f"{statistics.median(times[True]):.2f}s, min {min(times[False]):.2f} / {min(times[True]):.2f}s",
               flush=True)
 
 
 if "--ab" in sys.argv:
     _ab(sys.argv[sys.argv.index("--ab") + 1], int(sys.argv[sys.argv.index("--reps") + 1]) if "--reps" in sys.argv else 3,
-        sm80 if "--family" in sys.argv and sys.argv[sys.argv.index("--family") + 1] == "sm80" else sm90)
+        sm80 if "--family" in sys.argv and sys.argv[sys.argv.index("--family") + 1] == "sm80" else sm90,
+        "--local" in sys.argv)
     sys.exit(0)
 for d in (64, 128, 256):
     for causal in (False, True):

@@ -124,7 +124,7 @@ from fa4.cute_utils import (
     zero_rows_from,
 )
 from fa4.fwd import common as fwd_common
-from fa4.mask import AttentionMask, walk_blocks
+from fa4.mask import AttentionMask, edges_first_block, walk_blocks, window_bounds
 from fa4.mods import check_config, launch_aux, lookup
 from fa4.mods_kernel import BlockSkip, UserMods, block_mods, check_block_skip, fake_aux
 from fa4.pack_gqa import (
@@ -300,6 +300,9 @@ class FlashFwdSm90:
         # Only a ragged Q has empty tiles (Note [Skipped claims] in fa4/sched/tile.py).
         self.skip_empty = cfg.skip_empty and cfg.dynamic_sched and (cfg.varlen_q or cfg.has_seqused_q)
         self.page_rows = cfg.page_rows
+        # A local tile's two masked runs of K blocks walked one after the other (Note [Edges first]
+        # in fa4/mask.py): the producer and the consumers visit the same order.
+        self.edges_first = cfg.local and not cfg.one_step_loop and not cfg.block_skip
 
     # ----------------------------------------------------------------------------------------
     # Host side
@@ -664,7 +667,18 @@ class FlashFwdSm90:
                     q_state.advance()
                 v_state = kv_state.clone()
                 kv_state.advance()
-                if const_expr(not self.cfg.block_skip):
+                if const_expr(self.edges_first):  # (the consumers' order, Note [Edges first])
+                    n_a, n_b = window_bounds(mask, m_block, n_min, n_max)
+                    prev = n_max - 1
+                    for i in cutlass.range(n_max - 1 - n_min, unroll=1):
+                        n = edges_first_block(i + 1, n_max, n_min, n_a, n_b)
+                        self.load_block(tma_k, pk, tKgK, tKsK, n, kv_state)
+                        self.load_block(tma_v, pv, tVgV, tVsV, prev, v_state)
+                        kv_state.advance()
+                        v_state.advance()
+                        prev = n
+                    self.load_block(tma_v, pv, tVgV, tVsV, prev, v_state)
+                elif const_expr(not self.cfg.block_skip):
                     for i in cutlass.range(n_max - 1 - n_min, unroll=1):
                         n = n_max - 2 - i
                         self.load_block(tma_k, pk, tKgK, tKsK, n, kv_state)
@@ -842,21 +856,19 @@ class FlashFwdSm90:
                         cute.arch.barrier(barrier_id=_BAR_Q, number_of_threads=self.num_consumer_threads)
 
                     if const_expr(fwd_common.folds_first(cfg, mask, umod)):
-                        # Note [The first block in the masked loop]: the walk runs it.
+                        # Note [The first block in the masked loop]: its Q K^T here, complete before
+                        # the walk, which runs the rest of it.
+                        self.first_qk(c, kv_state, wg)
                         v_state = kv_state.clone()
                         step = partial(self.step_carry, c, softmax, mask, m_block, prescale, wg)
                         first = partial(self.first_or_masked_step, c, softmax, mask, m_block, prescale, wg, sV,
                                         seqlen, tidx)
                         kv_state, v_state = walk_blocks(mask, m_block, n_min, n_max, step, (kv_state, v_state),
-                                                        uniform_bounds=True, first_step=first)
+                                                        uniform_bounds=True, first_step=first,
+                                                        edges_first=self.edges_first)
                     else:
                         # First block (the last K block): its Q K^T alone.
-                        pk.consumer_wait(kv_state)
-                        self.pp_sync(wg, edge=True)
-                        gemm_sm90(self.tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index],
-                                  zero_init=True)
-                        self.pp_arrive(wg, edge=True)
-                        warpgroup.wait_group(0)
+                        self.first_qk(c, kv_state, wg)
                         pk.consumer_release(kv_state)
                         skip = self.block_skipper(mAux, batch, head, m_block)
                         first_mode = None
@@ -874,7 +886,8 @@ class FlashFwdSm90:
                         if const_expr(skip is not None):  # the hidden blocks: no step (the producer skips them too)
                             step = partial(self.step_if_visible, skip, step)
                         kv_state, v_state = walk_blocks(mask, m_block, n_min, n_max, step, (kv_state, v_state),
-                                                        cfg.one_step_loop, uniform_bounds=True)
+                                                        cfg.one_step_loop, uniform_bounds=True,
+                                                        edges_first=self.edges_first)
                     if const_expr(self.tma_q and not self.o_in_q):
                         pq.consumer_release(q_state)
                     # Last P V.
@@ -914,11 +927,12 @@ class FlashFwdSm90:
     # alone, both masks, the softmax's first update), the loop over the other blocks the diagonal
     # cuts (at d128 usually none: a 128 x 128 tile's diagonal is its first block), and the free loop.
     # The compile time scales with that code (LLVM and ptxas: RESULTS v0.39). With ``fold_first`` the
-    # first block is the masked loop's first iteration: a runtime ``is_first`` skips the previous
-    # block's P V (there is none) and waits for the Q K^T alone; the softmax update is the general
-    # one, which from row maxes of -inf and sums of 0 gives scales of 0 on a zero O, so every bit is
-    # as before (tests/test_fold_first_gpu.py); the seqlen mask, a min per row, runs on every block
-    # of the loop. Two constraints of the toolchain shape the code:
+    # first block's Q K^T is issued and completed before the walk, and the rest of it (mask, softmax)
+    # is the masked loop's first iteration, where a runtime ``is_first`` skips the issue of Q K^T and
+    # of the previous block's P V (there is none); the softmax update is the general one, which from
+    # row maxes of -inf and sums of 0 gives scales of 0 on a zero O, so every bit is as before
+    # (tests/test_fold_first_gpu.py); the seqlen mask, a min per row, runs on every block of the
+    # loop. Three constraints of the toolchain shape the code:
     # - ptxas serializes every wgmma of the kernel (a wait after each, C7515) when some path may
     #   redefine an accumulator while a wgmma is pending. A wait for the previous P V under
     #   ``not is_first`` left such a path (the branches are correlated, ptxas does not see it), so
@@ -927,35 +941,32 @@ class FlashFwdSm90:
     # - The DSL threads through a runtime branch every object whose method the branch calls (as a
     #   possibly mutated value), so a branch that called ``c.pv.consumer_wait`` rebound ``c``'s
     #   fields to values defined inside the loop, and the free loop's step read them out of scope.
-    #   The branches call methods of ``self`` only (``issue_pv``, ``release_v``).
+    #   The branches call methods of ``self`` only (``issue_qk_pv``, ``release_v``).
+    # - LLVM does not hoist the wgmma descriptors' arithmetic out of the loops; it only reuses a
+    #   computation that dominates them. With the first Q K^T inside the masked loop, nothing
+    #   before the free loop computed Q's descriptors, and ptxas rebuilt them there on every block
+    #   (d128: 449 -> 473 instructions a free block). Issued before the walk, the first Q K^T
+    #   computes them once (454). It must complete there too: a Q K^T possibly pending at the loop's
+    #   head serializes the wgmmas as above.
     # Measured (H100): compile d64 / d128 causal 1.75 -> 1.40 / 2.46 -> 1.81 s; speed within the
     # rows' spread on causal rows; a local window (1024, 0) at d128 s8k 3% slower in two sweeps, so
-    # the default folds causal tiles only. ptxas rebuilds Q's descriptors inside the folded d128
-    # kernel's free loop (24 more uniform-datapath instructions a block, 449 -> 473): the
-    # separate first block's copy of them dominated that loop, the folded loop's does not.
+    # the default folds causal tiles only (those timings are of the first form, with the first
+    # Q K^T inside the loop and the descriptors rebuilt in the free loop: RESULTS v0.44).
 
     @cute.jit
     def first_or_masked_step(self, c: SimpleNamespace, softmax: OnlineSoftmax, mask: AttentionMask, m_block: Int32,
                              prescale, wg: Int32, sV, seqlen: SeqlenInfo, tidx: Int32, n: Int32, carry, is_first):
         """A block at the window's right edge, the tile's first (``n_max - 1``, runtime ``is_first``)
-        included: :meth:`step` with the seqlen mask too, where the first block issues no ``P V``
-        (there is none before it) and waits for its ``Q K^T`` alone. Returns the stage states: V's
-        lags K's by one block (the next step's ``P V`` reads this block's V)."""
+        included: :meth:`step` with the seqlen mask too, where the first block, whose ``Q K^T`` the
+        caller issued and completed before the walk, issues nothing (there is no ``P V`` before
+        it). Returns the stage states: V's lags K's by one block (the next step's ``P V`` reads
+        this block's V)."""
         kv_state, v_state = carry
-        c.pk.consumer_wait(kv_state)
-        # (The runtime branches call methods of ``self`` only: the DSL threads any other object
+        # (The runtime branch calls methods of ``self`` only: the DSL threads any other object
         # whose method a branch calls through it as a result, and ``c`` is shared with the free
         # loop's step.)
-        if is_first:
-            self.pp_sync(wg, edge=True)
-        else:
-            self.pp_sync(wg)
-        gemm_sm90(self.tiled_mma_qk, c.acc_S, c.tSrQ, c.tSrK[None, None, None, kv_state.index], zero_init=True)
-        if is_first:
-            self.pp_arrive(wg, edge=True)
-            warpgroup.wait_group(0)
-        else:
-            self.issue_pv(c, v_state, wg)
+        if not is_first:  # (the first block's Q K^T completed before the walk)
+            self.issue_qk_pv(c, kv_state, v_state, wg)
             warpgroup.wait_group(1)
         self.scores(c.acc_S, mask, c.thr_mma_qk, m_block, n, prescale, True, True)
         c.pk.consumer_release(kv_state)  # Note [K's release after the mask]
@@ -978,8 +989,21 @@ class FlashFwdSm90:
         return kv_state, v_state
 
     @cute.jit
-    def issue_pv(self, c: SimpleNamespace, v_state, wg: Int32) -> None:
-        """The previous block's ``O += P V`` behind the ``Q K^T`` just issued, as in :meth:`step`."""
+    def first_qk(self, c: SimpleNamespace, kv_state, wg: Int32) -> None:
+        """A tile's first ``S = Q K^T`` (its last K block), alone, waited for."""
+        c.pk.consumer_wait(kv_state)
+        self.pp_sync(wg, edge=True)
+        gemm_sm90(self.tiled_mma_qk, c.acc_S, c.tSrQ, c.tSrK[None, None, None, kv_state.index], zero_init=True)
+        self.pp_arrive(wg, edge=True)
+        warpgroup.wait_group(0)
+
+    @cute.jit
+    def issue_qk_pv(self, c: SimpleNamespace, kv_state, v_state, wg: Int32) -> None:
+        """``S = Q K^T`` of this block, then the previous block's ``O += P V`` behind it, as in
+        :meth:`step`."""
+        c.pk.consumer_wait(kv_state)
+        self.pp_sync(wg)
+        gemm_sm90(self.tiled_mma_qk, c.acc_S, c.tSrQ, c.tSrK[None, None, None, kv_state.index], zero_init=True)
         if const_expr(self.cfg.rescale_o_before_pv):
             rescale_rows(make_acc_mn_view(c.acc_O), c.row_scale)  # under the Q K^T just issued
         c.pv.consumer_wait(v_state)
@@ -988,7 +1012,7 @@ class FlashFwdSm90:
 
     @cute.jit
     def release_v(self, c: SimpleNamespace, v_state) -> None:
-        """Free the V stage of :meth:`issue_pv`'s ``P V`` once it completed."""
+        """Free the V stage of :meth:`issue_qk_pv`'s ``P V`` once it completed."""
         c.pv.consumer_release(v_state)
 
     @cute.jit
