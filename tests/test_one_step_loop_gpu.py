@@ -1,7 +1,10 @@
 """``one_step_loop`` (fa4.mask.walk_blocks): the K blocks after a tile's first through one step body
-with the window mask as a runtime branch. It visits the same blocks in the same order and masks the
-same ones as the default separate loops, so the outputs must be bit-identical to theirs (and pass
-the reference check), for both forward families, causal and local windows, dense and varlen."""
+with the window mask as a runtime branch. It visits the same blocks and masks the same ones as the
+default separate loops, so the outputs must pass the reference check, and where both walk the
+same order be bit-identical to the separate loops' (both families, causal and local windows,
+dense and varlen). The order is the same except for sm90's local tiles, whose separate loops walk
+both edges of the window before the free blocks (Note [Edges first] in fa4/mask.py) while one
+step body walks them descending: there both pass the reference check instead."""
 
 from __future__ import annotations
 
@@ -15,6 +18,11 @@ from fwd_cases import check, run_with_fields
 
 def _run(monkeypatch, family, one, call):
     return run_with_fields(monkeypatch, family, dict(one_step_loop=one), call)
+
+
+def _same_order(family, causal) -> bool:
+    """Whether one_step_loop and the separate loops visit a tile's K blocks in the same order."""
+    return family == "sm80" or causal
 
 
 @pytest.fixture(autouse=True)
@@ -40,7 +48,10 @@ def test_same_bits_as_separate_loops(monkeypatch, family, window, seqlens):
     out0, lse0 = _run(monkeypatch, family, False, call)
     out1, lse1 = _run(monkeypatch, family, True, call)
     check(out1, lse1, q, k, v, causal=causal, window_size=win)
-    assert torch.equal(out0, out1) and torch.equal(lse0, lse1)
+    if _same_order(family, causal):
+        assert torch.equal(out0, out1) and torch.equal(lse0, lse1)
+    else:
+        check(out0, lse0, q, k, v, causal=causal, window_size=win)
 
 
 @pytest.mark.gpu
@@ -58,6 +69,8 @@ def test_same_bits_varlen(monkeypatch, family, mask):
 
     out0, lse0 = _run(monkeypatch, family, False, call)
     out1, lse1 = _run(monkeypatch, family, True, call)
-    check(out1, lse1, vb.q, vb.k, vb.v, cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k,
-          seqused_k=vb.seqused_k, causal=causal, window_size=win)
-    assert torch.equal(out0, out1) and torch.equal(lse0, lse1)
+    for out, lse in ((out1, lse1),) if _same_order(family, causal) else ((out1, lse1), (out0, lse0)):
+        check(out, lse, vb.q, vb.k, vb.v, cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k,
+              seqused_k=vb.seqused_k, causal=causal, window_size=win)
+    if _same_order(family, causal):
+        assert torch.equal(out0, out1) and torch.equal(lse0, lse1)

@@ -229,11 +229,12 @@ round of the dense s4k row read 586 / 612: the sm90 forward takes partial boxes 
 ragged Q only. MQA (g = 16) read 648 / 705 and 646 / 644 (v0.42, H100): not taken."""
 
 
-def fold_first_rule(enabled: bool, causal: bool, one_step: bool, user_mods: bool, block_skip) -> bool:
+def fold_first_rule(enabled: bool, windowed: bool, one_step: bool, user_mods: bool, block_skip) -> bool:
     """A family's ``fold_first`` default (Note [The first block in the masked loop] in
-    fa4/fwd/sm90.py): its switch ``enabled``, for causal tiles with separate loops and neither user
-    functions nor block skipping (whose first block keeps its own code: :func:`folds_first`)."""
-    return enabled and causal and not one_step and not user_mods and not block_skip
+    fa4/fwd/sm90.py): its switch ``enabled``, for tiles with a window the family folds
+    (``windowed``: causal, or a local window where measured so) with separate loops and neither
+    user functions nor block skipping (whose first block keeps its own code: :func:`folds_first`)."""
+    return enabled and windowed and not one_step and not user_mods and not block_skip
 
 
 def folds_first(cfg, mask, umod) -> bool:

@@ -1268,15 +1268,21 @@ def _one_step(head_dim: int, head_dim_v: int, causal: bool, local: bool) -> bool
 # masked step instead of two, 17-26% less cold compile time (H100 host, interleaved medians: d64
 # causal 1.75 -> 1.40 s, d128 2.46 -> 1.81 s), the same bits, and the same speed (H100, nine rounds,
 # s8k causal: d64 +0.1%, d128 +0.8%, d256 0.0%; five rounds of s4k / s8k -2.2% to +2.4%, inside the
-# rows' spread). Not for local windows (d128 s8k window (1024, 0): -2.9% and -3.4% in two sweeps),
-# nor where one step body serves every block (d192) or the first block keeps its own code (block
-# skipping, user functions: :func:`fa4.fwd.common.folds_first`).
+# rows' spread). Not where one step body serves every block (d192) or the first block keeps its own
+# code (block skipping, user functions: :func:`fa4.fwd.common.folds_first`).
+# v0.45: with the first Q K^T before the walk (d128 causal s8k against v0.44's fold, three rounds
+# of three, H100: the same within 1%) and a local tile's edges walked first (Note [Edges first] in
+# fa4/mask.py: one masked step for both edges), local tiles fold at d64 only: window (1024, 0) s8k,
+# H100, three / five rounds: d64 +3.1% / +1.8%, d128 -2.5% / -4.6%, d256 -1.1% / -1.6% (the local
+# compile on the H100 host: d64 2.23 -> 1.42 s, d128 2.83 -> 1.96, d256 4.20 -> 3.11).
 FOLD_FIRST_CAUSAL = True
+FOLD_FIRST_LOCAL_BUCKETS = (64,)
 
 
-def _fold_first(causal: bool, one_step: bool, user_mods: bool, block_skip) -> bool:
+def _fold_first(causal: bool, local: bool, head_dim: int, one_step: bool, user_mods: bool, block_skip) -> bool:
     """Whether a tile's first K block runs in the masked loop (the rule above)."""
-    return fwd_common.fold_first_rule(FOLD_FIRST_CAUSAL, causal, one_step, user_mods, block_skip)
+    windowed = causal or (local and _bucket(head_dim) in FOLD_FIRST_LOCAL_BUCKETS)
+    return fwd_common.fold_first_rule(FOLD_FIRST_CAUSAL, windowed, one_step, user_mods, block_skip)
 
 
 def _loose_q(problem: AttnProblem) -> bool:
@@ -1373,7 +1379,8 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         page_rows=page_rows(problem.page_size, tile_n),
         block_skip=skip,
         one_step_loop=one_step,
-        fold_first=_fold_first(problem.causal, one_step, bool(problem.score_mod or problem.mask_mod), skip),
+        fold_first=_fold_first(problem.causal, problem.local, max(problem.head_dim, problem.head_dim_v), one_step,
+                               bool(problem.score_mod or problem.mask_mod), skip),
         **FwdSm90Config.fwd_flags(problem),
     )
     FlashFwdSm90.can_implement(cfg)
@@ -1415,7 +1422,9 @@ def variants(arch: str) -> list[FwdSm90Config]:
         pp, pp_steps = _turns(pingpong, tile_m, kw.get("tile_m", tile_m))  # as make_config
         osl = kw.get("one_step_loop", _one_step(d, dv or d, kw.get("causal", False), kw.get("local", False)))
         kw = {"tile_m": tile_m, "tile_n": tile_n, "num_stages": stages, "pingpong": pp, "pp_steps_only": pp_steps,
-              "one_step_loop": osl, "fold_first": _fold_first(kw.get("causal", False), osl, False, ()), **kw}
+              "one_step_loop": osl,
+              "fold_first": _fold_first(kw.get("causal", False), kw.get("local", False), max(d, dv or d), osl, False, ()),
+              **kw}
         return replace(base, head_dim=d, head_dim_v=dv or d, **kw)
 
     return [
