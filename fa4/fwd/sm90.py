@@ -949,9 +949,10 @@ class FlashFwdSm90:
     #   computes them once (454). It must complete there too: a Q K^T possibly pending at the loop's
     #   head serializes the wgmmas as above.
     # Measured (H100): compile d64 / d128 causal 1.75 -> 1.40 / 2.46 -> 1.81 s; speed within the
-    # rows' spread on causal rows; a local window (1024, 0) at d128 s8k 3% slower in two sweeps, so
-    # the default folds causal tiles only (those timings are of the first form, with the first
-    # Q K^T inside the loop and the descriptors rebuilt in the free loop: RESULTS v0.44).
+    # rows' spread on causal rows (RESULTS v0.44, the first form; v0.45's, with Q K^T before the
+    # walk, the same within 1%). A local tile folds both window edges into one loop (Note [Edges
+    # first] in fa4/mask.py); the window row (1024, 0) s8k measured +2-3% at d64 and 2-5% slower at
+    # d128 (also before the descriptors moved out), so local tiles fold at d64 only.
 
     @cute.jit
     def first_or_masked_step(self, c: SimpleNamespace, softmax: OnlineSoftmax, mask: AttentionMask, m_block: Int32,
