@@ -328,8 +328,9 @@ class AttnFwdConfig(AttnKernelConfig):
     branch in it, instead of separate loops over masked and free blocks (two causal, three local;
     a smaller kernel to compile; :func:`fa4.mask.walk_blocks`). ``fold_first`` (causal / local,
     separate loops): the tile's first K block runs as the first iteration of the loop over the
-    blocks at the window's right edge instead of in its own copy of the step (Note [The first
-    block in the masked loop] in fa4/fwd/sm90.py; one copy fewer to compile). ``has_sink``: a
+    blocks at the window's right edge (sm90, local tiles: both edges, Note [Edges first] in
+    fa4/mask.py) instead of in its own copy of the step (Note [The first block in the masked
+    loop] in fa4/fwd/sm90.py; one copy fewer to compile). ``has_sink``: a
     learnable sink logit per q head in the softmax (Note [Attention sinks in the softmax] in
     fa4/softmax.py)."""
 

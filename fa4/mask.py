@@ -321,8 +321,9 @@ def walk_blocks(mask: AttentionMask, m_block: Int32, n_min: Int32, n_max: Int32,
     ``n < n_b`` its left one: by default three loops, a masked, a free and (local) a masked one, so
     each inlines its own copy of the step; with ``one_body`` one loop and one step body, the window
     mask under the runtime (warp-uniform) ``window_if`` (a smaller kernel to compile). Both visit
-    the same blocks in the same order and mask the same ones (the clamps of ``n_a``, ``n_b`` only
-    matter where the other bound already holds). ``carry``: the step's loop state (e.g. pipeline
+    the same blocks and mask the same ones (the clamps of ``n_a``, ``n_b`` only matter where the
+    other bound already holds), in the same order unless ``edges_first`` (below) reorders a local
+    tile's. ``carry``: the step's loop state (e.g. pipeline
     states). ``uniform_bounds`` (``one_body`` or ``first_step``): tell ptxas the window's bounds
     are warp-uniform (they are: a warp works on one tile), Note [A uniform window branch].
 

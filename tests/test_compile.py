@@ -169,6 +169,7 @@ def test_edges_first_one_masked_copy_for_local():
     assert got["WARPGROUP.DEPBAR"] <= sep["WARPGROUP.DEPBAR"] and got["BSSY"] <= sep["BSSY"], (got, sep)
 
 
+@pytest.mark.slow
 def test_fold_first_keeps_wgmmas_async():
     """Note [The first block in the masked loop]: the d128 causal kernel with the first block folded
     into the masked loop holds one copy of the softmax fewer (146 MUFU against 210) and keeps its

@@ -1,7 +1,8 @@
 """``fold_first`` (AttnFwdConfig; Note [The first block in the masked loop] in fa4/fwd/sm90.py): a
-causal / local tile's first K block runs in the loop over the blocks at the window's right edge,
-under a runtime ``is_first``, instead of in its own copy of the step. It visits the same blocks in
-the same order, masks the same elements and computes the same softmax (the first block's update
+causal / local tile's first K block runs in the loop over the blocks at the window's right edge
+(sm90 local tiles: both edges, Note [Edges first] in fa4/mask.py, which the separate loops walk in
+the same order), under a runtime ``is_first``, instead of in its own copy of the step. It visits
+the same blocks in the same order, masks the same elements and computes the same softmax (the first block's update
 from row maxes of -inf and sums of 0 gives scales of 0 on a zero O), so the outputs must be
 bit-identical to the separate first block's, and pass the reference check: every head-dim bucket
 (d64's three ping-pong warpgroups, d256's O rescaled before P V), windows narrower and wider than a

@@ -31,8 +31,10 @@ expected transaction bytes; a consumer arrive is one per warp, from lane 0)
       written over sQ cannot race the next tile's Q load (Note [Empty tiles and o_in_q]).
     * ``pipeline_k``, ``pipeline_v``: ``num_stages`` stages each, one shared stage counter (block
       ``i`` of a tile uses stage ``i % num_stages`` for both). Consumers: ``num_wg * 4`` arrives.
-      Producer order per tile: K[last], Q, then K[n] before V[n + 1], then V[first]; the
-      consumers use K one block ahead of V (Note [intra-warpgroup overlap]).
+      Producer order per tile: K[last], Q, then each next block's K before the V of the block
+      before it in the walk's order (K[n] before V[n + 1] descending; a local tile's edges first:
+      Note [Edges first] in fa4/mask.py), then the last block's V; the consumers use K one block
+      ahead of V (Note [intra-warpgroup overlap]).
     * ``pipes["sched"]`` (``dynamic_sched`` only; ``cutlass.pipeline.PipelineAsync``, 2 stages):
       the next tile's index in smem (:class:`fa4.sched.tile.DynamicTileScheduler`). Producer: the
       TMA warp's 32 lanes, once it has issued a tile's loads it claims the next tile from the
@@ -187,8 +189,9 @@ class FwdSm90Config(AttnFwdConfig):
     ``qhead_per_kvhead`` does not divide ``tile_m``, TMA boxes of ``tile_m // g`` positions
     (``packed_block_rows`` rows of the tile); off, such groups are copied row by row.
     ``fold_first`` (causal / local, separate loops): the tile's first K block runs in the loop over
-    the blocks at the window's right edge instead of in its own code (Note [The first block in the
-    masked loop]; the causal default since v0.44)."""
+    the blocks at the window's edges instead of in its own code (Note [The first block in the
+    masked loop]; a local tile's two edges share that loop: Note [Edges first] in fa4/mask.py); the
+    default for causal tiles since v0.44 and for d64 local tiles since v0.45."""
 
     head_dim: int = 128
     head_dim_v: int = 128
@@ -636,7 +639,8 @@ class FlashFwdSm90:
              mAux=None) -> None:
         """Warp 0: per tile, K[last], Q (by TMA unless packed rows are copied), then K[n] / V[n + 1] pairs, then
         V[first], over the K blocks of the tile's split (module docstring); with ``block_skip``
-        the pairs are of visible blocks (K[n] / V[the previous visible one])."""
+        the pairs are of visible blocks (K[n] / V[the previous visible one]); with ``edges_first``
+        (local tiles) of the blocks in that order (K[next] / V[previous], Note [Edges first])."""
         pq, pk, pv = pipes["q"], pipes["k"], pipes["v"]
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
@@ -957,8 +961,8 @@ class FlashFwdSm90:
     @cute.jit
     def first_or_masked_step(self, c: SimpleNamespace, softmax: OnlineSoftmax, mask: AttentionMask, m_block: Int32,
                              prescale, wg: Int32, sV, seqlen: SeqlenInfo, tidx: Int32, n: Int32, carry, is_first):
-        """A block at the window's right edge, the tile's first (``n_max - 1``, runtime ``is_first``)
-        included: :meth:`step` with the seqlen mask too, where the first block, whose ``Q K^T`` the
+        """A block at the window's right edge (with ``edges_first``, either edge), the tile's first
+        (``n_max - 1``, runtime ``is_first``) included: :meth:`step` with the seqlen mask too, where the first block, whose ``Q K^T`` the
         caller issued and completed before the walk, issues nothing (there is no ``P V`` before
         it). Returns the stage states: V's lags K's by one block (the next step's ``P V`` reads
         this block's V)."""
@@ -1459,6 +1463,7 @@ def variants(arch: str) -> list[FwdSm90Config]:
         cfg(128, tile_m=64, pingpong=False, page_rows=128, has_seqused_k=True, split_kv=True, causal=True),
         cfg(64, has_seqused_q=True, has_seqused_k=True, causal=True, dynamic_sched=True),
         cfg(64, qhead_per_kvhead=4),  # packed rows with three consumer warpgroups
+        cfg(64, local=True),  # the d64 local default: three ping-pong warpgroups, the fold, edges first
         cfg(256, qhead_per_kvhead=4, causal=True),  # packed rows with O staged in Q's smem (o_in_q)
         cfg(128, varlen_q=True, causal=True),  # packed q with batched k/v (mixed layouts)
         cfg(128, qhead_per_kvhead=4, causal=True, varlen_q=True, varlen_k=True),  # packed varlen Q by TMA
