@@ -7,7 +7,8 @@ each, warm-up first so the profiled launch is a steady one::
 ``fa4:field=value,...`` runs fa4 with :class:`fa4.fwd.sm90.FwdSm90Config` fields overridden (e.g.
 ``fa4:pingpong=True,rescale_o_before_pv=True``), as ``tools/sweep_fwd.py`` does.
 
-Shapes ``d,s,causal`` (bf16, b*s = 16k tokens, h*d = 2048, FlashAttention's grid); default d128 s8192.
+Shapes ``d,s,causal`` (bf16, b*s = 16k tokens, h*d = 2048, FlashAttention's grid); default d128 s8192;
+``d,s,0,left`` is a sliding window ``(left, 0)`` instead of causal.
 A dense case of ``fa4.offgrid`` by name (e.g. ``mods-docmask-d128``, the document mask_mod with its
 aux tensor) runs that case instead, with its user functions, for both implementations."""
 import sys
@@ -40,10 +41,10 @@ for shape in shapes:
         assert not varlen, f"{shape}: dense off-grid cases only"
         extra = offgrid.USER_FUNCS[shape][1](q) if shape in offgrid.USER_FUNCS else {}
     else:
-        d, s, causal = shape
+        d, s, causal, *left = shape
         b, h = 16384 // s, 2048 // d
         q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        extra = {}
+        extra = {"window_size": (left[0], 0)} if left else {}
     for _ in range(3):
         flash_attn_func(q, k, v, causal=bool(causal), **extra)
     torch.cuda.synchronize()
