@@ -671,25 +671,20 @@ class FlashFwdSm90:
                     q_state.advance()
                 v_state = kv_state.clone()
                 kv_state.advance()
-                if const_expr(self.edges_first):  # (the consumers' order, Note [Edges first])
-                    n_a, n_b = window_bounds(mask, m_block, n_min, n_max)
+                if const_expr(not self.cfg.block_skip):
+                    if const_expr(self.edges_first):  # (the consumers' order, Note [Edges first])
+                        n_a, n_b = window_bounds(mask, m_block, n_min, n_max)
                     prev = n_max - 1
                     for i in cutlass.range(n_max - 1 - n_min, unroll=1):
-                        n = edges_first_block(i + 1, n_max, n_min, n_a, n_b)
+                        n = n_max - 2 - i
+                        if const_expr(self.edges_first):
+                            n = edges_first_block(i + 1, n_max, n_min, n_a, n_b)
                         self.load_block(tma_k, pk, tKgK, tKsK, n, kv_state)
                         self.load_block(tma_v, pv, tVgV, tVsV, prev, v_state)
                         kv_state.advance()
                         v_state.advance()
                         prev = n
                     self.load_block(tma_v, pv, tVgV, tVsV, prev, v_state)
-                elif const_expr(not self.cfg.block_skip):
-                    for i in cutlass.range(n_max - 1 - n_min, unroll=1):
-                        n = n_max - 2 - i
-                        self.load_block(tma_k, pk, tKgK, tKsK, n, kv_state)
-                        self.load_block(tma_v, pv, tVgV, tVsV, n + 1, v_state)
-                        kv_state.advance()
-                        v_state.advance()
-                    self.load_block(tma_v, pv, tVgV, tVsV, n_min, v_state)
                 else:
                     skip = self.block_skipper(mAux, batch, head, m_block)
                     prev = n_max - 1
