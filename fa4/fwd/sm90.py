@@ -957,9 +957,9 @@ class FlashFwdSm90:
     def first_or_masked_step(self, c: SimpleNamespace, softmax: OnlineSoftmax, mask: AttentionMask, m_block: Int32,
                              prescale, wg: Int32, sV, seqlen: SeqlenInfo, tidx: Int32, n: Int32, carry, is_first):
         """A block at the window's right edge (with ``edges_first``, either edge), the tile's first
-        (``n_max - 1``, runtime ``is_first``) included: :meth:`step` with the seqlen mask too, where the first block, whose ``Q K^T`` the
-        caller issued and completed before the walk, issues nothing (there is no ``P V`` before
-        it). Returns the stage states: V's lags K's by one block (the next step's ``P V`` reads
+        (``n_max - 1``, runtime ``is_first``) included: :meth:`step` with the seqlen mask too, where
+        the first block, whose ``Q K^T`` the caller issued and completed before the walk, issues
+        nothing (there is no ``P V`` before it). Returns the stage states: V's lags K's by one block (the next step's ``P V`` reads
         this block's V)."""
         kv_state, v_state = carry
         # (The runtime branch calls methods of ``self`` only: the DSL threads any other object
@@ -999,8 +999,8 @@ class FlashFwdSm90:
 
     @cute.jit
     def issue_qk_pv(self, c: SimpleNamespace, kv_state, v_state, wg: Int32) -> None:
-        """``S = Q K^T`` of this block, then the previous block's ``O += P V`` behind it, as in
-        :meth:`step`."""
+        """``S = Q K^T`` of this block, then the previous block's ``O += P V`` behind it: the issue
+        half of :meth:`step` and of the folded step's later blocks."""
         c.pk.consumer_wait(kv_state)
         self.pp_sync(wg)
         gemm_sm90(self.tiled_mma_qk, c.acc_S, c.tSrQ, c.tSrK[None, None, None, kv_state.index], zero_init=True)
@@ -1066,14 +1066,7 @@ class FlashFwdSm90:
              umod: Optional[UserMods] = None, mask_mode=None):
         """One K block ``n`` after the first (Note [intra-warpgroup overlap]): ``S = Q K[n]^T`` and
         the previous block's ``O += P V`` in flight together; returns the advanced stage states."""
-        c.pk.consumer_wait(kv_state)
-        self.pp_sync(wg)
-        gemm_sm90(self.tiled_mma_qk, c.acc_S, c.tSrQ, c.tSrK[None, None, None, kv_state.index], zero_init=True)
-        if const_expr(self.cfg.rescale_o_before_pv):
-            rescale_rows(make_acc_mn_view(c.acc_O), c.row_scale)  # under the Q K^T just issued
-        c.pv.consumer_wait(v_state)
-        gemm_sm90(self.tiled_mma_pv, c.acc_O, c.tOrP, c.tOrVt[None, None, None, v_state.index])
-        self.pp_arrive(wg)
+        self.issue_qk_pv(c, kv_state, v_state, wg)
         warpgroup.wait_group(1)
         if const_expr(window_if is None):
             c.pk.consumer_release(kv_state)
