@@ -401,6 +401,49 @@ def _pad_to_min(q, k, v):
     return q, k, (pad(v, (0, to_v - dv)) if to_v > dv else v)
 
 
+# Note [Copied layouts]
+# ~~~~~~~~~~~~~~~~~~~~~~
+# The kernels read q, k and v in place when the last stride is 1, every other stride a multiple of
+# 8 elements (16 bytes) and the base 16-byte aligned. flash_attn.cute copies a tensor that is not
+# (a transposed view, a slice at an odd offset) into a contiguous one, so a drop-in call must run
+# too: fa4 makes the same copy (``clone``, so gradients flow back to the caller's tensor), warns
+# once, and fa4.explain names the tensor and why. A call that copies never takes the fast path
+# (its signature's entry would launch on the caller's layout). Not flash_attn_with_kvcache's caches,
+# which it appends to in place: they raise, naming the layout.
+
+
+def _misfits(q, k, v) -> tuple:
+    """``((name, why), ...)`` for those of q, k, v the kernels cannot read in place."""
+    out = ()
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        why = validate.layout_misfit(t)
+        if why is not None:
+            out += ((name, why),)
+    return out
+
+
+def _copy_misfits(q, k, v, misfits):
+    """q, k, v with the misfits of Note [Copied layouts] replaced by contiguous copies."""
+    _warn_copied()
+    names = {name for name, _ in misfits}
+    return tuple(t.clone(memory_format=torch.contiguous_format) if name in names else t
+                 for name, t in (("q", q), ("k", k), ("v", v)))
+
+
+def _warn_copied() -> bool:
+    """The one-time warning of Note [Copied layouts] (a dynamo constant, as :func:`_warn_padded`)."""
+    if "copied_layout" not in _hint_warned:
+        _hint_warned.add("copied_layout")
+        warnings.warn("fa4: q, k or v is in a layout the kernels cannot read in place (last stride 1, the other "
+                      "strides multiples of 8 elements, a 16-byte aligned base): such calls run on contiguous "
+                      "copies, as flash_attn.cute's do (fa4.explain names the tensor; Note [Copied layouts] in "
+                      "fa4/interface.py)", stacklevel=4)
+    return True
+
+
+_warn_copied._dynamo_marked_constant = True
+
+
 def _apply_sink(out: torch.Tensor, lse: torch.Tensor, sink: torch.Tensor, packed_q: bool, return_lse: bool):
     """The host composition of attention sinks (:func:`fa4.ops.compose_sink`), kept for the tests
     and tools that compare it with the kernels' own sink (Note [Attention sinks in the softmax])."""
@@ -477,6 +520,9 @@ def flash_attn_func(
             done, fast_key = _fast_try(signature, q, k, v, return_lse)
             if done is not None:
                 return done
+    misfits = _misfits(q, k, v)
+    if misfits:  # Note [Copied layouts]
+        (q, k, v), fast_key = _copy_misfits(q, k, v, misfits), None
     if _pads_head_dims(q, k, v):  # (the copies made under no_grad do not require grad: ask for the lse)
         lse_too = return_lse is True or _requires_grad(q, k, v, learnable_sink)
         return _padded_call(q, k, v, softmax_scale, lambda q, k, v, scale: flash_attn_func(
@@ -593,6 +639,9 @@ def flash_attn_varlen_func(
                                        seqused_q, page_table)
             if done is not None:
                 return done
+    misfits = _misfits(q, k, v)
+    if misfits:  # Note [Copied layouts]
+        (q, k, v), fast_key = _copy_misfits(q, k, v, misfits), None
     if _pads_head_dims(q, k, v, page_table):  # (as flash_attn_func's)
         lse_too = return_lse is True or _requires_grad(q, k, v, learnable_sink)
         return _padded_call(q, k, v, softmax_scale, lambda q, k, v, scale: flash_attn_varlen_func(
@@ -707,6 +756,10 @@ def explain(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
     if capability is None:
         capability = _arch.capability_of(q.device)
     varlen = any(t is not None for t in (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table))
+    misfits = _misfits(q, k, v)
+    if misfits:  # Note [Copied layouts]
+        q, k, v = (t.clone(memory_format=torch.contiguous_format) if name in dict(misfits) else t
+                   for name, t in (("q", q), ("k", k), ("v", v)))
     padded = _pads_head_dims(q, k, v, page_table)
     if padded:  # Note [Small head dims]
         pad_note = (f"head dims {q.shape[-1]} / {v.shape[-1]}: the call runs on copies of q, k, v padded with zeros "
@@ -723,6 +776,9 @@ def explain(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
     problem = _with_hints(problem, num_splits, pack_gqa)
     problem = _with_mods(problem, score_mod, mask_mod, None, None, score_mod_bwd=score_mod_bwd)
     ex = Explanation(problem, tuple(capability))
+    for name, why in misfits:
+        ex.notes.append(f"{name}: {why}, so the call runs on a contiguous copy of it, as flash_attn.cute's does "
+                        f"(Note [Copied layouts])")
     if padded:
         ex.notes.append(pad_note)
     if block_sparse_tensors is not None:

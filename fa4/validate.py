@@ -49,6 +49,26 @@ def _check_layout(name: str, t: torch.Tensor) -> None:
         check_aligned(name, t)
 
 
+def layout_misfit(t) -> Optional[str]:
+    """Why the kernels cannot read tensor ``t`` in place (its last stride is not 1, another stride
+    is not a multiple of 8 elements, or its base is not 16-byte aligned), or None where they can
+    (and for anything that is not a tensor: the checks name that). The pointer is not read on fake
+    tensors (tracing): traced graphs check it in the op."""
+    if not isinstance(t, torch.Tensor) or t.dim() == 0:
+        return None
+    stride, shape = t.stride(), t.shape
+    if stride[-1] != 1 and shape[-1] > 1:
+        return f"its last stride is {stride[-1]}, not 1"
+    for dim in range(t.dim() - 1):
+        if stride[dim] % HEAD_DIM_MULTIPLE and shape[dim] > 1:
+            return f"its stride {stride[dim]} of dimension {dim} is not a multiple of {HEAD_DIM_MULTIPLE} elements"
+    if torch.compiler.is_compiling():  # (the pointer is checked in the op)
+        return None
+    if t.device.type != "meta" and not is_fake(t) and t.data_ptr() % 16:
+        return f"its data pointer {t.data_ptr():#x} is not 16-byte aligned"
+    return None
+
+
 def kernel_ready(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     """``t`` as the compiled kernels take it: unit last stride, every other stride a multiple of 8
     elements (the compiled code checks all of them, size-1 dims included) and a 16-byte aligned

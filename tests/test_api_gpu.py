@@ -242,3 +242,73 @@ def test_small_head_dim_under_torch_compile():
         compiled = _grads_of(torch.compile(_loss, fullgraph=True), q, k, v, g, **kw)
     for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), eager, compiled):
         assert torch.equal(a, b), name
+
+
+def _layouts(t, kind):
+    """``t``'s values in a layout the kernels cannot read in place (Note [Copied layouts])."""
+    if kind == "transposed":  # last stride != 1
+        return t.transpose(-1, -2).contiguous().transpose(-1, -2)
+    if kind == "odd-stride":  # head rows 4 elements apart: strides not multiples of 8
+        wide = torch.empty(*t.shape[:-1], t.shape[-1] + 4, dtype=t.dtype, device=t.device)
+        wide[..., :t.shape[-1]] = t
+        return wide[..., :t.shape[-1]]
+    buf = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)  # "misaligned": 2 bytes past a 16-byte base
+    out = buf[1:].view(t.shape)
+    out.copy_(t)
+    return out
+
+
+@pytest.mark.parametrize("kind", ["transposed", "odd-stride", "misaligned"])
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
+def test_copied_layouts_match_contiguous(kind, varlen):
+    """Note [Copied layouts]: q, k, v that the kernels cannot read in place (as flash_attn.cute takes
+    them) run on contiguous copies: the same out, lse and gradients, bit for bit, as the contiguous
+    inputs, the gradients in the caller's layout."""
+    q, k, v = random_qkv(2, 113, 203, 8, 2, 64, torch.bfloat16, "cuda", seed=7)
+    g = torch.randn(2, 113, 8, 64, device="cuda", dtype=torch.bfloat16)
+    if varlen:
+        q, k, v, g = (t.flatten(0, 1) for t in (q, k, v, g))
+        cu_q = torch.tensor([0, 113, 226], dtype=torch.int32, device="cuda")
+        cu_k = torch.tensor([0, 203, 406], dtype=torch.int32, device="cuda")
+
+        def fn(q, k, v, g):
+            out, lse = fa4.flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=113,
+                                                  max_seqlen_k=203, causal=True, return_lse=True)
+            return (out.float() * g.float()).sum() + lse.sum(), out, lse
+    else:
+        def fn(q, k, v, g):
+            return _loss(q, k, v, g, causal=True)
+    want = _grads_of(fn, q, k, v, g)
+    for name in ("q", "k", "v"):
+        args = {"q": q, "k": k, "v": v}
+        args[name] = _layouts(args[name], kind)
+        assert fa4.validate.layout_misfit(args[name]) is not None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            # the odd layout itself is the leaf the gradient lands on
+            leaves = {n: t.detach().requires_grad_() for n, t in args.items()}
+            assert fa4.validate.layout_misfit(leaves[name]) is not None
+            loss, out, lse = fn(leaves["q"], leaves["k"], leaves["v"], g)
+            loss.backward()
+        got = (out, lse, leaves["q"].grad, leaves["k"].grad, leaves["v"].grad)
+        for what, a, b in zip(("out", "lse", "dq", "dk", "dv"), want, got):
+            assert torch.equal(a, b), (name, what)
+
+
+def test_copied_layouts_under_torch_compile():
+    """A transposed q (Note [Copied layouts]) under torch.compile(fullgraph=True): the copy is traced
+    into the graph (no graph break), and the results match eager's bit for bit."""
+    q, k, v = random_qkv(2, 300, 300, 8, 2, 128, torch.bfloat16, "cuda", seed=3)
+    g = torch.randn(2, 300, 8, 128, device="cuda", dtype=torch.bfloat16)
+    qt = _layouts(q, "transposed")
+    kw = dict(causal=True, deterministic=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        eager = _grads_of(_loss, q, k, v, g, **kw)
+        torch._dynamo.reset()
+        qt_leaf = qt.detach().requires_grad_()
+        k_leaf, v_leaf = (t.detach().clone().requires_grad_() for t in (k, v))
+        loss, out, lse = torch.compile(_loss, fullgraph=True)(qt_leaf, k_leaf, v_leaf, g, **kw)
+        loss.backward()
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), eager, (out, lse, qt_leaf.grad, k_leaf.grad, v_leaf.grad)):
+        assert torch.equal(a, b), name

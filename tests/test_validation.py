@@ -106,19 +106,73 @@ def test_small_head_dims_are_padded(fake, d):
         fa4.flash_attn_func(q, k, v)
 
 
-def test_last_dim_contiguous(fake):
+def _driver_sees(monkeypatch):
+    """Replace the forward driver by one that records the q, k, v it is given, then stops."""
+    seen = []
+
+    def record(problem, q, k, v, *a, **kw):
+        seen.append((q, k, v))
+        raise AssertionError("driver was reached")
+
+    monkeypatch.setattr(ops, "forward", record)
+    return seen
+
+
+def _runs_on_copies(monkeypatch, call, q, k, v, misfit):
+    """``call(q, k, v)`` reaches the driver with the tensors named in ``misfit`` copied into
+    contiguous, 16-byte aligned ones and the others as given (Note [Copied layouts]), with the
+    one-time warning."""
+    from fa4 import interface
+
+    interface._hint_warned.discard("copied_layout")
+    seen = _driver_sees(monkeypatch)
+    with pytest.warns(UserWarning, match="contiguous copies"), pytest.raises(AssertionError, match="driver"):
+        call(q, k, v)
+    (got,) = seen
+    for name, given, t in zip("qkv", (q, k, v), got):
+        if name in misfit:
+            assert t is not given and t.is_contiguous() and t.shape == given.shape, name
+            assert validate.layout_misfit(t) is None, name
+        else:
+            assert t is given, name
+
+
+def test_last_dim_not_contiguous_runs_on_a_copy(fake, monkeypatch):
+    """flash_attn.cute copies a q / k / v whose last stride is not 1; fa4 does too (it raised before)."""
     q, k, v = qkv()
     qt = cuda(2, 33, 64, 8).transpose(-1, -2)  # (2, 33, 8, 64) with last stride 8
-    raises(ValueError, "q must be contiguous in its last dimension", fa4.flash_attn_func, qt, k, v)
+    assert validate.layout_misfit(qt) == "its last stride is 8, not 1"
+    _runs_on_copies(monkeypatch, fa4.flash_attn_func, qt, k, v, "q")
+    vt = cuda(2, 65, 64, 2).transpose(-1, -2)
+    _runs_on_copies(monkeypatch, fa4.flash_attn_func, q, k, vt, "v")
+    # varlen: (total, heads, head_dim)
+    cu = torch.tensor([0, 33], dtype=torch.int32, device="cuda")
+    kt = cuda(33, 64, 2).transpose(-1, -2)
+    _runs_on_copies(monkeypatch, lambda q, k, v: fa4.flash_attn_varlen_func(
+        q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=33, max_seqlen_k=33), cuda(33, 8, 64), kt,
+        cuda(33, 2, 64), "k")
 
 
-def test_strides_multiple_of_16_bytes(fake):
+def test_explain_names_the_copied_tensor(monkeypatch):
+    q, k, v = (torch.empty(2, 33, 8, 64, dtype=BF16, device="meta"),
+               torch.empty(2, 65, 64, 2, dtype=BF16, device="meta").transpose(-1, -2),
+               torch.empty(2, 65, 2, 64, dtype=BF16, device="meta"))
+    ex = fa4.explain(q, k, v, capability=(9, 0))
+    assert any(n.startswith("k: its last stride is 2, not 1") and "Copied layouts" in n for n in ex.notes), ex.notes
+
+
+def test_strides_multiple_of_16_bytes(fake, monkeypatch):
     q, _, _ = qkv()
     ok = torch.empty_strided((2, 65, 2, 64), (65 * 2 * 72, 2 * 72, 72, 1), dtype=BF16, device="cuda")
     with pytest.raises(AssertionError, match="driver was reached"):  # padded rows of 72 elements are fine
         fa4.flash_attn_func(q, ok, ok)
     odd = torch.empty_strided((2, 65, 2, 64), (65 * 2 * 68, 2 * 68, 68, 1), dtype=BF16, device="cuda")
-    raises(ValueError, "stride 68 of dimension 2 must be a multiple of 8", fa4.flash_attn_func, q, odd, odd)
+    # the checks still name it (flash_attn_with_kvcache's caches, which are not copied) ...
+    raises(ValueError, "stride 68 of dimension 2 must be a multiple of 8", validate.check_dense, q, odd, odd,
+           None, False, (None, None), 0.0)
+    # ... and the attention calls run on copies, as flash_attn.cute's (Note [Copied layouts])
+    assert validate.layout_misfit(odd) == "its stride 68 of dimension 2 is not a multiple of 8 elements"
+    _runs_on_copies(monkeypatch, fa4.flash_attn_func, q, odd, odd.clone(), "k")
 
 
 def test_pointer_alignment_on_real_tensors():
