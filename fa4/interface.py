@@ -776,6 +776,9 @@ def explain(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
     problem = _with_hints(problem, num_splits, pack_gqa)
     problem = _with_mods(problem, score_mod, mask_mod, None, None, score_mod_bwd=score_mod_bwd)
     ex = Explanation(problem, tuple(capability))
+    if problem.batch == 0 or problem.total_q == 0 or problem.seqlen_k == 0:
+        ex.notes.append("no kernel runs: the call has no sequences, no queries or no keys (out is zeros, lse -inf), "
+                        "the configs above are what a non-empty call of these sizes would take")
     for name, why in misfits:
         ex.notes.append(f"{name}: {why}, so the call runs on a contiguous copy of it, as flash_attn.cute's does "
                         f"(Note [Copied layouts])")

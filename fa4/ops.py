@@ -129,7 +129,7 @@ def set_fast_entry(key, problem: AttnProblem, q, k, v, options: KernelOptions, n
             (dev.index if dev.index is not None else torch.cuda.current_device()) != torch.cuda.current_device()):
         return
     entry = (None, None)
-    if (q.numel() and problem.seqlen_k and not problem.block_table and not problem.aux and not problem.has_sink
+    if (q.numel() and problem.batch and problem.seqlen_k and not problem.block_table and not problem.aux and not problem.has_sink
             and all(validate.kernel_ready(t) is t for t in (_as4d(q, problem.varlen_q), _as4d(k, problem.varlen_k),
                                                            _as4d(v, problem.varlen_k)))
             and k.shape[-3] > 0
@@ -213,7 +213,8 @@ def _forward(problem: AttnProblem, q: torch.Tensor, k: torch.Tensor, v: torch.Te
         sink = sink.float().contiguous()
     if page_table is not None and page_table.stride(-1) != 1:
         page_table = page_table.contiguous()  # (b, 1) tables may carry any stride
-    if page_table is not None and not paged_in_kernel(_dispatch("fwd", q.device, options).family, problem.page_size):
+    if (page_table is not None and problem.batch
+            and not paged_in_kernel(_dispatch("fwd", q.device, options).family, problem.page_size)):
         k, v, page_table = _gather_pages(problem, k, v, page_table)
         problem = dataclasses.replace(problem, page_size=0)
     q = _as4d(q, varlen)
@@ -225,7 +226,7 @@ def _forward(problem: AttnProblem, q: torch.Tensor, k: torch.Tensor, v: torch.Te
     out, lse = _outputs(problem, q, need_lse)
     if out.numel() == 0:
         pass
-    elif problem.seqlen_k == 0 or k.shape[1] == 0:
+    elif problem.seqlen_k == 0 or k.shape[1] == 0 or problem.batch == 0:  # (no sequences: rows of none)
         out.zero_()
         if lse is not None:
             lse.fill_(-math.inf)
@@ -325,7 +326,7 @@ def _backward(problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_seqlens_q,
     :func:`forward`. Layout fix-ups of the inputs (an expanded ``dout``...) are the launcher's."""
     vq, vk = problem.varlen_q, problem.varlen_k
     dq, dk, dv = _empty_like(q), _empty_like(k), _empty_like(v)
-    if q.numel() == 0 or k.numel() == 0:
+    if q.numel() == 0 or k.numel() == 0 or problem.batch == 0:
         dq.zero_()
         dk.zero_()
         dv.zero_()

@@ -143,8 +143,8 @@ def check_int32_vector(name: str, t, device: torch.device, ref: str = "q", what:
 def _check_cu_seqlens(name: str, t, batch: Optional[int], device: torch.device) -> int:
     check_int32_vector(name, t, device)
     expected = None if batch is None else batch + 1
-    if t.numel() < 2 or (expected is not None and t.numel() != expected):
-        want = "batch + 1 (>= 2)" if expected is None else f"batch + 1 = {expected}"
+    if t.numel() < 1 or (expected is not None and t.numel() != expected):  # [0]: no sequences, as flash_attn.cute
+        want = "batch + 1 (>= 1)" if expected is None else f"batch + 1 = {expected}"
         raise ValueError(f"{name} must have length {want}, got {t.numel()}")
     return t.numel() - 1
 
