@@ -129,7 +129,8 @@ def set_fast_entry(key, problem: AttnProblem, q, k, v, options: KernelOptions, n
             (dev.index if dev.index is not None else torch.cuda.current_device()) != torch.cuda.current_device()):
         return
     entry = (None, None)
-    if (q.numel() and problem.batch and problem.seqlen_k and not problem.block_table and not problem.aux and not problem.has_sink
+    if (q.numel() and problem.batch and problem.seqlen_k and not problem.block_table and not problem.aux
+            and not problem.has_sink
             and all(validate.kernel_ready(t) is t for t in (_as4d(q, problem.varlen_q), _as4d(k, problem.varlen_k),
                                                            _as4d(v, problem.varlen_k)))
             and k.shape[-3] > 0
