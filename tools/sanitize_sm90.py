@@ -67,6 +67,9 @@ sm90.make_config, bwd90.make_config = _make, _bmake
 fa4.ops._plans.clear()
 q, k, v = random_qkv(1, 300, 300, 2, 2, 128, torch.bfloat16, "cuda", seed=3)
 fa4.flash_attn_func(q, k, v, window_size=(40, 20), kernel_options=fa4.KernelOptions(arch="sm90"))
+# d64 windows fold both edges into one masked step and walk them first (Note [Edges first], fa4/mask.py)
+q, k, v = random_qkv(2, 700, 900, 4, 2, 64, torch.bfloat16, "cuda", seed=4)
+fa4.flash_attn_func(q, k, v, window_size=(300, 77), kernel_options=fa4.KernelOptions(arch="sm90"))
 SM90 = fa4.KernelOptions(arch="sm90")
 ORDERED = fa4.KernelOptions(arch="sm90", bwd_dq_pass=False)  # the main kernel's dQ (from d160: not the default)
 for b, sq, sk, h, hk, d, causal, det, opts in [
