@@ -510,19 +510,32 @@ def run_grid(
     dtype: torch.dtype = torch.bfloat16,
     seed: int = 0,
     log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr, flush=True),
+    rounds: int = 1,
 ) -> list[Record]:
     """Measure every implementation on every shape and direction, in that nesting order.
 
     Inputs are drawn once per shape and shared. ``reference`` (default: none) gives the results each
     implementation is compared with. ``timer`` is the seam tests use to inject fake timings.
+    ``rounds`` > 1: each (shape, direction) row times its implementations in turn, ``rounds`` times
+    over (round-robin), and each record holds the median of its times; a drift of the GPU's clocks
+    during a row then touches every implementation alike, where consecutive repeats of one
+    implementation would hand it to whichever ran in the slow stretch (RESULTS v0.46: single runs on
+    an H100 moved the peers by up to 13%).
     """
     records = []
     for shape in shapes:
         tensors = _inputs(shape, dtype, device, seed)
         for direction in directions:
             ref = _reference_results(reference, shape, direction, tensors, log) if reference else None
-            for impl in impls:
-                record = measure(impl, shape, direction, tensors, ref, timer)
+            per_impl = [[] for _ in impls]
+            for _ in range(max(rounds, 1)):
+                for got, impl in zip(per_impl, impls):
+                    if got and got[-1].status != "ok":
+                        continue  # a failure is reported, not retried
+                    got.append(measure(impl, shape, direction, tensors, ref, timer))
+            for got in per_impl:
+                record = got[-1] if got[-1].status != "ok" else dataclasses.replace(
+                    got[0], ms=statistics.median(r.ms for r in got))
                 log(_progress_line(record))
                 records.append(record)
     return records
@@ -824,7 +837,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help=f"the decode shapes {[dataclasses.astuple(s)[:5] + (s.heads_k,) for s in DECODE_SHAPES]} (b, sq, sk, h, d, hk)"
         " with the copy bandwidth of the same run, instead of the grid",
     )
-    p.add_argument("--repeats", type=int, default=1, help="repeat each measurement N times and report the median")
+    p.add_argument("--repeats", type=int, default=1, help="time each row's implementations N times over, in turn (round-robin), and report each one's "
+                        "median")
     p.add_argument(
         "--offgrid",
         action="store_true",
@@ -885,7 +899,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         impls.append(fa4_kvcache_impl())
     if args.deterministic:  # the det / non-det ratio from one row (not counted as a peer in fa4/best)
         impls.insert(len(peers), fa4_impl(kernel_option_kwargs(args), False, name=FA4_NONDET))
-    records = run_grid(shapes, impls, timer=repeated(timer, args.repeats), directions=directions, reference=peers[0])
+    records = run_grid(shapes, impls, timer=timer, directions=directions, reference=peers[0], rounds=args.repeats)
     if args.decode:
         copy_tbs = copy_bandwidth(repeated(timer, args.repeats))
         print(f"# copy bandwidth: {copy_tbs:.2f} TB/s (read + write of {COPY_BYTES >> 20} MiB)")

@@ -355,6 +355,41 @@ def test_host_timer_and_repeats():
     assert single(lambda: None) == 7.0
 
 
+def test_rounds_interleave_the_implementations_and_report_medians():
+    """``--repeats N``: each row times its implementations in turn, N times over, and reports each
+    one's median; a failure in a later round is what the row reports (not a median over fewer)."""
+    order = []
+    times = {"a": iter([5.0, 1.0, 3.0]), "b": iter([2.0, 4.0, 6.0])}
+
+    def timer(fn):
+        name = fn()
+        order.append(name)
+        return next(times[name])
+
+    def impl(name, fail_on=None):
+        calls = []
+
+        def setup(q, k, v, causal, requires_grad):
+            calls.append(1)
+            if fail_on is not None and len(calls) == fail_on:
+                raise RuntimeError("lost the device")
+            return Prepared(lambda: name, bench._leaves((q, k, v), requires_grad, False), False)
+
+        return Impl(name, setup)
+
+    records = bench.run_grid([SMALL], [impl("a"), impl("b")], timer=timer, directions=("fwd",), device="cpu",
+                             log=lambda _: None, rounds=3)
+    assert order == ["a", "b"] * 3  # round-robin, not a a a b b b
+    assert [(r.impl, r.ms) for r in records] == [("a", 3.0), ("b", 4.0)]
+    order.clear()
+    times = {"a": iter([5.0, 1.0, 3.0]), "b": iter([2.0, 4.0, 6.0])}
+    records = bench.run_grid([SMALL], [impl("a"), impl("b", fail_on=2)], timer=timer, directions=("fwd",),
+                             device="cpu", log=lambda _: None, rounds=3)
+    assert order == ["a", "b", "a", "a"]  # b failed in round 2 and is not retried
+    assert records[0].ms == 3.0 and records[1].status == "error" and "lost the device" in records[1].reason
+    assert bench.parse_args(["--repeats", "3"]).repeats == 3
+
+
 # ---------------------------------------------------------------- reporting
 
 
