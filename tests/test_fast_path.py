@@ -199,3 +199,23 @@ def test_empty_like_is_contiguous(nan_fill, monkeypatch):
         assert out.shape == t.shape and out.dtype == t.dtype and out.device == t.device and out.is_contiguous()
         if nan_fill:
             assert bool(out.isnan().all())
+
+
+def test_copied_layouts_never_take_the_fast_path(calls):
+    """Note [Copied layouts]: a transposed q runs on a contiguous copy every call, and its signature
+    never gets a fast entry (which would launch on the caller's layout); the launches see a q with
+    unit last stride and the values of the caller's."""
+    q, k, v = _qkv()
+    qt = q.transpose(-1, -2).contiguous().transpose(-1, -2)  # q's values, last stride != 1
+    assert qt.stride(-1) != 1 and torch.equal(qt, q)
+    before = set(ops._fast)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fa4.flash_attn_func(qt, k, v)
+        fa4.flash_attn_func(qt, k, v)
+    assert set(ops._fast) == before  # no entry for the transposed signature
+    assert len(calls) == 2
+    for _, args in calls:
+        launched_q = next(a for a in args
+                          if isinstance(a, torch.Tensor) and a.dim() == 4 and a.shape[1:] == q.shape[1:])
+        assert launched_q.stride(-1) == 1 and torch.equal(launched_q, q)
