@@ -414,12 +414,11 @@ def _pad_to_min(q, k, v):
 
 def _misfits(q, k, v) -> tuple:
     """``((name, why), ...)`` for those of q, k, v the kernels cannot read in place."""
-    out = ()
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        why = validate.layout_misfit(t)
-        if why is not None:
-            out += ((name, why),)
-    return out
+    misfit = validate.layout_misfit
+    wq, wk, wv = misfit(q), misfit(k), misfit(v)
+    if wq is None and wk is None and wv is None:  # (the per-call path: every full-way call pays this)
+        return ()
+    return tuple((name, why) for name, why in (("q", wq), ("k", wk), ("v", wv)) if why is not None)
 
 
 def _copy_misfits(q, k, v, misfits):
