@@ -445,8 +445,10 @@ def fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: Opti
     ``pack_gqa`` -1 / 0 / 1 = None / False / True; ``learnable_sink`` as :func:`forward`'s sink;
     ``user_keys`` / ``aux0``-``aux3``: the user functions' keys and aux tensors (fa4/mods.py;
     ``mods.MAX_AUX_COMPILED`` slots)."""
-    for name, t in (("q", q), ("k", k), ("v", v)):  # the only check a traced graph could not do
-        validate.check_aligned(name, t)
+    # A traced graph cannot see pointers: a misaligned q / k / v is copied here, as the eager call
+    # copies it (Note [Copied layouts] in fa4/interface.py; the backward's launcher does the same).
+    if (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15:
+        q, k, v = validate.kernel_ready(q), validate.kernel_ready(k), validate.kernel_ready(v)
     aux = _aux_of(aux0, aux1, aux2, aux3)
     p = _problem_from_op_args(q, k, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                               local, window_left, window_right, softcap, num_splits, pack_gqa, cu_seqlens_k,

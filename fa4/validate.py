@@ -45,7 +45,7 @@ def _check_layout(name: str, t: torch.Tensor) -> None:
                 f"{name} stride {s} of dimension {dim} must be a multiple of {HEAD_DIM_MULTIPLE} elements "
                 f"(16 bytes), got strides {t.stride()}"
             )
-    if not torch.compiler.is_compiling():  # traced graphs check pointers in the op (check_aligned)
+    if not torch.compiler.is_compiling():  # (traced graphs: fa4::fwd copies a misaligned tensor)
         check_aligned(name, t)
 
 
@@ -53,7 +53,7 @@ def layout_misfit(t) -> Optional[str]:
     """Why the kernels cannot read tensor ``t`` in place (its last stride is not 1, another stride
     is not a multiple of 8 elements, or its base is not 16-byte aligned), or None where they can
     (and for anything that is not a tensor: the checks name that). The pointer is not read on fake
-    tensors (tracing): traced graphs check it in the op."""
+    tensors (tracing): a traced graph's op copies a misaligned tensor (``ops.fwd_op``)."""
     if t.__class__ is torch.Tensor and not torch.compiler.is_compiling():  # the common case, in ~1 us
         stride = t.stride()
         if stride and stride[-1] == 1 and not t.data_ptr() & 15:
@@ -70,7 +70,7 @@ def layout_misfit(t) -> Optional[str]:
     for dim in range(t.dim() - 1):
         if stride[dim] % HEAD_DIM_MULTIPLE and shape[dim] > 1:
             return f"its stride {stride[dim]} of dimension {dim} is not a multiple of {HEAD_DIM_MULTIPLE} elements"
-    if torch.compiler.is_compiling():  # (the pointer is checked in the op)
+    if torch.compiler.is_compiling():  # (the op copies a misaligned tensor: fa4::fwd)
         return None
     if t.device.type != "meta" and not is_fake(t) and t.data_ptr() % 16:
         return f"its data pointer {t.data_ptr():#x} is not 16-byte aligned"

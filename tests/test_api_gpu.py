@@ -295,12 +295,15 @@ def test_copied_layouts_match_contiguous(kind, varlen):
             assert torch.equal(a, b), (name, what)
 
 
-def test_copied_layouts_under_torch_compile():
-    """A transposed q (Note [Copied layouts]) under torch.compile(fullgraph=True): the copy is traced
-    into the graph (no graph break), and the results match eager's bit for bit."""
+@pytest.mark.parametrize("kind", ["transposed", "misaligned"])
+def test_copied_layouts_under_torch_compile(kind):
+    """q in a layout the kernels cannot read in place (Note [Copied layouts]) under
+    torch.compile(fullgraph=True): a transposed q's copy is traced into the graph (no graph break); a
+    misaligned one, whose pointer a trace cannot see, is copied in the fa4::fwd op (and the
+    backward's launcher). The results match eager's bit for bit."""
     q, k, v = random_qkv(2, 300, 300, 8, 2, 128, torch.bfloat16, "cuda", seed=3)
     g = torch.randn(2, 300, 8, 128, device="cuda", dtype=torch.bfloat16)
-    qt = _layouts(q, "transposed")
+    qt = _layouts(q, kind)
     kw = dict(causal=True, deterministic=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
