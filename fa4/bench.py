@@ -482,6 +482,14 @@ def _reference_results(
         return None
 
 
+def _worst_diff(diffs) -> Optional[float]:
+    """The largest of a row's rounds' max abs differences (NaN if any is NaN; None if none was taken)."""
+    got = [d for d in diffs if d is not None]
+    if not got:
+        return None
+    return math.nan if any(math.isnan(d) for d in got) else max(got)
+
+
 def _progress_line(rec: Record) -> str:
     """One line per measurement, printed while the grid runs."""
     what = f"{shape_label(rec.shape)} {rec.direction} {rec.impl}"
@@ -535,7 +543,7 @@ def run_grid(
                     got.append(measure(impl, shape, direction, tensors, ref, timer))
             for got in per_impl:
                 record = got[-1] if got[-1].status != "ok" else dataclasses.replace(
-                    got[0], ms=statistics.median(r.ms for r in got))
+                    got[0], ms=statistics.median(r.ms for r in got), maxdiff=_worst_diff(r.maxdiff for r in got))
                 log(_progress_line(record))
                 records.append(record)
     return records

@@ -408,8 +408,9 @@ def _pad_to_min(q, k, v):
 # (a transposed view, a slice at an odd offset) into a contiguous one, so a drop-in call must run
 # too: fa4 makes the same copy (``clone``, so gradients flow back to the caller's tensor), warns
 # once, and fa4.explain names the tensor and why. A call that copies never takes the fast path
-# (its signature's entry would launch on the caller's layout). Not flash_attn_with_kvcache's caches,
-# which it appends to in place: they raise, naming the layout.
+# (its signature's entry would launch on the caller's layout). Not a paged K/V cache (``page_table``):
+# its whole capacity would be copied on every decode step, so it raises, naming the layout, as Note
+# [Small head dims] refuses to pad one; nor flash_attn_with_kvcache's caches, appended in place.
 
 
 def _misfits(q, k, v) -> tuple:
@@ -639,6 +640,8 @@ def flash_attn_varlen_func(
             if done is not None:
                 return done
     misfits = _misfits(q, k, v)
+    if misfits and page_table is not None:  # not a paged cache: the checks name it (Note [Copied layouts])
+        misfits = tuple(m for m in misfits if m[0] == "q")
     if misfits:  # Note [Copied layouts]
         (q, k, v), fast_key = _copy_misfits(q, k, v, misfits), None
     if _pads_head_dims(q, k, v, page_table):  # (as flash_attn_func's)
@@ -756,6 +759,8 @@ def explain(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
         capability = _arch.capability_of(q.device)
     varlen = any(t is not None for t in (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table))
     misfits = _misfits(q, k, v)
+    if misfits and page_table is not None:  # (as flash_attn_varlen_func's: a paged cache raises)
+        misfits = tuple(m for m in misfits if m[0] == "q")
     if misfits:  # Note [Copied layouts]
         q, k, v = (t.clone(memory_format=torch.contiguous_format) if name in dict(misfits) else t
                    for name, t in (("q", q), ("k", k), ("v", v)))

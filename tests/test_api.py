@@ -252,27 +252,29 @@ def test_explain_notes_missing_max_seqlen():
     assert "not given" not in text
 
 
-@pytest.mark.parametrize("rows", [0, 5])
-def test_varlen_batch_of_no_sequences(rows, monkeypatch):
+@pytest.mark.parametrize("rows,keys", [(0, 0), (5, 0), (3, 5)])
+def test_varlen_batch_of_no_sequences(rows, keys, calls):
     """cu_seqlens of length 1 (a batch of no sequences, as a data loader's last, empty shard gives):
     flash_attn.cute returns an empty out, so fa4 does too (it raised before); rows past the last
-    sequence get zeros and lse -inf, no kernel is launched, the backward gives zero gradients and
-    fa4.explain says no kernel runs."""
-    from fa4 import ops, validate
-
-    launched = []
-    monkeypatch.setattr(ops, "_plan", lambda *a, **kw: launched.append(a) or (_ for _ in ()).throw(AssertionError))
+    sequence get zeros and lse -inf (with a learnable sink, lse = sink, as flash_attn.cute's empty
+    rows), no kernel is launched (also where k has rows and no max_seqlen_k bounds them), the
+    backward gives zero gradients and fa4.explain says no kernel runs."""
+    launched = calls  # every kernel launch, recorded (tests/conftest.py)
     cu = torch.zeros(1, dtype=torch.int32)
     q = torch.randn(rows, 4, 64, dtype=torch.bfloat16, requires_grad=True)
-    k = torch.randn(0, 2, 64, dtype=torch.bfloat16, requires_grad=True)
-    kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=0, max_seqlen_k=0)
-    with validate.allow_any_device():
-        out, lse = fa4.flash_attn_varlen_func(q, k, k, return_lse=True, **kw)
-        assert out.shape == (rows, 4, 64) and lse.shape == (4, rows) and not launched
-        assert torch.equal(out, torch.zeros_like(out)) and bool((lse == -float("inf")).all())
-        out.float().sum().backward()
-        assert torch.equal(q.grad, torch.zeros_like(q)) and k.grad.shape == k.shape and not launched
-        ex = fa4.explain(q, k, k, capability=(9, 0), **kw)
+    k = torch.randn(keys, 2, 64, dtype=torch.bfloat16, requires_grad=True)
+    kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=0, max_seqlen_k=None if keys else 0)
+    out, lse = fa4.flash_attn_varlen_func(q, k, k, return_lse=True, **kw)
+    assert out.shape == (rows, 4, 64) and lse.shape == (4, rows) and not launched
+    assert torch.equal(out, torch.zeros_like(out)) and bool((lse == -float("inf")).all())
+    out.float().sum().backward()
+    assert torch.equal(q.grad, torch.zeros_like(q)) and torch.equal(k.grad, torch.zeros_like(k)) and not launched
+    ex = fa4.explain(q, k, k, capability=(9, 0), **kw)
+    # a paged cache (page size 12, not loaded by TMA: the gather path) with a (0, pages) table
+    cache = torch.randn(4, 12, 2, 64, dtype=torch.bfloat16)
+    out, lse = fa4.flash_attn_varlen_func(q.detach(), cache, cache, cu_seqlens_q=cu, max_seqlen_q=0,
+                                          page_table=torch.zeros(0, 2, dtype=torch.int32), return_lse=True)
+    assert torch.equal(out, torch.zeros_like(out)) and not launched
     assert any(n.startswith("no kernel runs") for n in ex.notes), ex.notes
-    with validate.allow_any_device(), pytest.raises(ValueError, match=r"cu_seqlens_q must have length batch \+ 1"):
+    with pytest.raises(ValueError, match=r"cu_seqlens_q must have length batch \+ 1"):
         fa4.flash_attn_varlen_func(q, k, k, cu_seqlens_q=cu[:0], cu_seqlens_k=cu, max_seqlen_q=0, max_seqlen_k=0)

@@ -388,6 +388,8 @@ def test_rounds_interleave_the_implementations_and_report_medians():
     assert order == ["a", "b", "a", "a"]  # b failed in round 2 and is not retried
     assert records[0].ms == 3.0 and records[1].status == "error" and "lost the device" in records[1].reason
     assert bench.parse_args(["--repeats", "3"]).repeats == 3
+    assert bench._worst_diff([0.1, 0.3, None]) == 0.3 and bench._worst_diff([None]) is None
+    assert math.isnan(bench._worst_diff([0.1, float("nan")]))  # a later round's NaN is not hidden
 
 
 # ---------------------------------------------------------------- reporting

@@ -153,6 +153,16 @@ def test_last_dim_not_contiguous_runs_on_a_copy(fake, monkeypatch):
         cuda(33, 2, 64), "k")
 
 
+def test_paged_cache_in_another_layout_raises(fake):
+    """Note [Copied layouts]: not a paged K/V cache, whose whole capacity a copy would move on every
+    decode step: it raises by name, as before (q is still copied)."""
+    q = cuda(2, 3, 8, 64)
+    cache = cuda(16, 16, 64, 2).transpose(-1, -2)  # (pages, page_size, heads_k, d), last stride 2
+    pt = torch.zeros(2, 4, dtype=torch.int32, device="cuda")
+    raises(ValueError, "k must be contiguous in its last dimension", fa4.flash_attn_varlen_func, q, cache,
+           cache, page_table=pt)
+
+
 def test_explain_names_the_copied_tensor(monkeypatch):
     q, k, v = (torch.empty(2, 33, 8, 64, dtype=BF16, device="meta"),
                torch.empty(2, 65, 64, 2, dtype=BF16, device="meta").transpose(-1, -2),
