@@ -845,8 +845,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help=f"the decode shapes {[dataclasses.astuple(s)[:5] + (s.heads_k,) for s in DECODE_SHAPES]} (b, sq, sk, h, d, hk)"
         " with the copy bandwidth of the same run, instead of the grid",
     )
-    p.add_argument("--repeats", type=int, default=1, help="time each row's implementations N times over, in turn (round-robin), and report each one's "
-                        "median")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="time each row's implementations N times over, in turn (round-robin), and report each "
+                        "one's median")
     p.add_argument(
         "--offgrid",
         action="store_true",
