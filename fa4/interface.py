@@ -413,18 +413,20 @@ def _pad_to_min(q, k, v):
 # [Small head dims] refuses to pad one; nor flash_attn_with_kvcache's caches, appended in place.
 
 
-def _misfits(q, k, v) -> tuple:
-    """``((name, why), ...)`` for those of q, k, v the kernels cannot read in place."""
+def _misfits(q, k, v, paged: bool = False) -> tuple:
+    """``((name, why), ...)`` for those of q, k, v the kernels cannot read in place and the call
+    copies (``paged``: q only; a paged cache raises in the checks)."""
     misfit = validate.layout_misfit
-    wq, wk, wv = misfit(q), misfit(k), misfit(v)
+    wq, wk, wv = misfit(q), (None if paged else misfit(k)), (None if paged else misfit(v))
     if wq is None and wk is None and wv is None:  # (the per-call path: every full-way call pays this)
         return ()
     return tuple((name, why) for name, why in (("q", wq), ("k", wk), ("v", wv)) if why is not None)
 
 
-def _copy_misfits(q, k, v, misfits):
+def _copy_misfits(q, k, v, misfits, warn: bool = True):
     """q, k, v with the misfits of Note [Copied layouts] replaced by contiguous copies."""
-    _warn_copied()
+    if warn:
+        _warn_copied()
     names = {name for name, _ in misfits}
     return tuple(t.clone(memory_format=torch.contiguous_format) if name in names else t
                  for name, t in (("q", q), ("k", k), ("v", v)))
@@ -639,9 +641,7 @@ def flash_attn_varlen_func(
                                        seqused_q, page_table)
             if done is not None:
                 return done
-    misfits = _misfits(q, k, v)
-    if misfits and page_table is not None:  # not a paged cache: the checks name it (Note [Copied layouts])
-        misfits = tuple(m for m in misfits if m[0] == "q")
+    misfits = _misfits(q, k, v, paged=page_table is not None)
     if misfits:  # Note [Copied layouts]
         (q, k, v), fast_key = _copy_misfits(q, k, v, misfits), None
     if _pads_head_dims(q, k, v, page_table):  # (as flash_attn_func's)
@@ -758,12 +758,9 @@ def explain(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
     if capability is None:
         capability = _arch.capability_of(q.device)
     varlen = any(t is not None for t in (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table))
-    misfits = _misfits(q, k, v)
-    if misfits and page_table is not None:  # (as flash_attn_varlen_func's: a paged cache raises)
-        misfits = tuple(m for m in misfits if m[0] == "q")
+    misfits = _misfits(q, k, v, paged=page_table is not None)
     if misfits:  # Note [Copied layouts]
-        q, k, v = (t.clone(memory_format=torch.contiguous_format) if name in dict(misfits) else t
-                   for name, t in (("q", q), ("k", k), ("v", v)))
+        q, k, v = _copy_misfits(q, k, v, misfits, warn=False)
     padded = _pads_head_dims(q, k, v, page_table)
     if padded:  # Note [Small head dims]
         pad_note = (f"head dims {q.shape[-1]} / {v.shape[-1]}: the call runs on copies of q, k, v padded with zeros "

@@ -49,19 +49,26 @@ def _check_layout(name: str, t: torch.Tensor) -> None:
         check_aligned(name, t)
 
 
+def _fits_in_place(t: torch.Tensor) -> bool:
+    """The kernels read ``t`` as it is: unit last stride, every other stride a multiple of 8
+    elements (size-1 dims included) and a 16-byte aligned base. A plain loop: this runs on the
+    per-call path."""
+    stride = t.stride()
+    if stride[-1] != 1 or t.data_ptr() & 15:
+        return False
+    for s in stride[:-1]:
+        if s & 7:
+            return False
+    return True
+
+
 def layout_misfit(t) -> Optional[str]:
     """Why the kernels cannot read tensor ``t`` in place (its last stride is not 1, another stride
     is not a multiple of 8 elements, or its base is not 16-byte aligned), or None where they can
     (and for anything that is not a tensor: the checks name that). The pointer is not read on fake
     tensors (tracing): a traced graph's op copies a misaligned tensor (``ops.fwd_op``)."""
-    if t.__class__ is torch.Tensor and not torch.compiler.is_compiling():  # the common case, in ~1 us
-        stride = t.stride()
-        if stride and stride[-1] == 1 and not t.data_ptr() & 15:
-            for s in stride[:-1]:
-                if s & 7:
-                    break
-            else:
-                return None
+    if t.__class__ is torch.Tensor and not torch.compiler.is_compiling() and t.dim() and _fits_in_place(t):
+        return None  # the common case, in ~1 us
     if not isinstance(t, torch.Tensor) or t.dim() == 0:
         return None
     stride, shape = t.stride(), t.shape
@@ -85,15 +92,10 @@ def kernel_ready(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     misaligned base) is copied into a fresh compact tensor."""
     if t is None:
         return None
+    if _fits_in_place(t):
+        return t
     stride = t.stride()
     if stride[-1] == 1 and not t.data_ptr() & 15:
-        fits = True
-        for s in stride[:-1]:  # a plain loop: this runs on the per-call path
-            if s & 7:
-                fits = False
-                break
-        if fits:
-            return t
         shape = t.shape
         if all(s % 8 == 0 or n == 1 for n, s in zip(shape[:-1], stride[:-1])):
             return t.as_strided(shape, tuple(0 if n == 1 else s for n, s in zip(shape, stride)))

@@ -951,7 +951,9 @@ class FlashFwdSm90:
     # rows' spread on causal rows (RESULTS v0.44, the first form; v0.45's, with Q K^T before the
     # walk, the same within 1%). A local tile folds both window edges into one loop (Note [Edges
     # first] in fa4/mask.py); the window row (1024, 0) s8k measured +2-3% at d64 and 2-5% slower at
-    # d128 (also before the descriptors moved out), so local tiles fold at d64 only.
+    # d128, so local tiles fold at d64 only. ncu of that d128 row (RESULTS v0.46): the fold issues
+    # 3.2% more instructions at the same cycles per instruction; ptxas rebuilds four of Q's
+    # descriptors in its free loop where the separate form holds them in uniform registers.
 
     @cute.jit
     def first_or_masked_step(self, c: SimpleNamespace, softmax: OnlineSoftmax, mask: AttentionMask, m_block: Int32,
@@ -959,8 +961,8 @@ class FlashFwdSm90:
         """A block at the window's right edge (with ``edges_first``, either edge), the tile's first
         (``n_max - 1``, runtime ``is_first``) included: :meth:`step` with the seqlen mask too, where
         the first block, whose ``Q K^T`` the caller issued and completed before the walk, issues
-        nothing (there is no ``P V`` before it). Returns the stage states: V's lags K's by one block (the next step's ``P V`` reads
-        this block's V)."""
+        nothing (there is no ``P V`` before it). Returns the stage states: V's lags K's by one block
+        (the next step's ``P V`` reads this block's V)."""
         kv_state, v_state = carry
         # (The runtime branch calls methods of ``self`` only: the DSL threads any other object
         # whose method a branch calls through it as a result, and ``c`` is shared with the free
@@ -1416,7 +1418,8 @@ def variants(arch: str) -> list[FwdSm90Config]:
         osl = kw.get("one_step_loop", _one_step(d, dv or d, kw.get("causal", False), kw.get("local", False)))
         kw = {"tile_m": tile_m, "tile_n": tile_n, "num_stages": stages, "pingpong": pp, "pp_steps_only": pp_steps,
               "one_step_loop": osl,
-              "fold_first": _fold_first(kw.get("causal", False), kw.get("local", False), max(d, dv or d), osl, False, ()),
+              "fold_first": _fold_first(kw.get("causal", False), kw.get("local", False), max(d, dv or d), osl, False,
+                                        ()),
               **kw}
         return replace(base, head_dim=d, head_dim_v=dv or d, **kw)
 
