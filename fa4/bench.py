@@ -27,6 +27,13 @@ column, so a fast but wrong kernel shows. A failure of one implementation is rep
 ("n/a" when unsupported, "ERR" otherwise, with the reason under the table) and the others still run.
 fa4 numbers are only ever measured, never estimated.
 
+The bar (throughput mode): issues 7 and 8 ask fa4 for 1.05x the best of cuDNN and flash-attn-4 in
+every row, or, where that would pass 95% of the bf16 matmul rate measured in the same run, 95% of
+that rate (``docs/targets.md``: the physical limit is near). The run times a bf16 ``8192^3``
+``torch.matmul`` on random data after the grid, with the rows' timer and repeats; the header line
+``# bf16 matmul`` gives it, and the column ``fa4/bar`` is fa4's speed over the row's bar
+(``min(1.05 * best, 0.95 * matmul)``): 1.00x or more meets it.
+
 Results: an aligned table on stdout, and CSV, JSON and a PNG bar plot (when matplotlib is
 installed) in ``--out``, each with a header (GPU, versions, date). Without a CUDA GPU it prints a
 message and exits with code 2.
@@ -112,6 +119,8 @@ LATENCY_SHAPES = (Shape(1, 128, 512, 16, 128), Shape(8, 1, 512, 32, 128))
 DECODE_SHAPES = (Shape(64, 1, 8192, 32, 128, heads_k=8), Shape(8, 1, 32768, 32, 128, heads_k=8))
 """The decode rows of issue 9: one query per sequence, GQA 32 / 8, d128."""
 COPY_BYTES = 1 << 30
+MATMUL_N = 8192  # the bf16 matmul of the bar: MATMUL_N^3, random data (docs/targets.md)
+BAR_OVER_BEST, BAR_OVER_MATMUL = 1.05, 0.95  # issues 7 / 8: 1.05x the best peer, capped at 95% of the matmul rate
 
 
 def grid_shape(hdim: int, seqlen: int, causal: bool) -> Shape:
@@ -596,16 +605,30 @@ def _impl_order(records: Sequence[Record]) -> list[str]:
     return sorted(names, key=lambda n: n != FA4)
 
 
-def summarize(records: Sequence[Record], latency: bool) -> tuple[list[str], list[dict[str, str]]]:
+def bar_tflops(row: dict[str, Record], matmul_tflops: float) -> Optional[float]:
+    """The row's bar in TFLOP/s (issues 7 / 8, ``docs/targets.md``): 1.05x the fastest peer's, or 95%
+    of the bf16 matmul rate where that is lower; None without a peer that ran."""
+    ok = [rec.tflops for n, rec in row.items() if rec.status == "ok" and n not in OWN and n != FA4 and n not in PAGED]
+    if not ok:
+        return None
+    return min(BAR_OVER_BEST * max(ok), BAR_OVER_MATMUL * matmul_tflops)
+
+
+def summarize(records: Sequence[Record], latency: bool,
+              matmul_tflops: Optional[float] = None) -> tuple[list[str], list[dict[str, str]]]:
     """Table columns and rows: one row per (shape, direction), cells per implementation.
 
     Columns: the shape, the direction, one speed column per implementation (TFLOP/s, or us per call
     in latency mode), ``fa4/best`` (fa4's speed over the fastest peer's: > 1 means fa4 is faster),
-    and one ``diff <impl>`` column per implementation (max abs difference from the reference).
+    with ``matmul_tflops`` (the run's bf16 matmul rate) ``fa4/bar`` (fa4's speed over the row's bar,
+    :func:`bar_tflops`: >= 1 meets it), and one ``diff <impl>`` column per implementation (max abs
+    difference from the reference).
     """
     names = _impl_order(records)
     unit = "us" if latency else "TFLOP/s"
+    bar = matmul_tflops is not None and not latency
     columns = ["b", "sq", "sk", "h", "d", "causal", "dir"] + [f"{n} {unit}" for n in names] + ["fa4/best"]
+    columns += ["fa4/bar"] if bar else []
     columns += [f"diff {n}" for n in names]
     groups: dict[tuple[Shape, str], dict[str, Record]] = {}
     for rec in records:
@@ -616,9 +639,23 @@ def summarize(records: Sequence[Record], latency: bool) -> tuple[list[str], list
         cells = [shape.batch, shape.seqlen_q, shape.seqlen_k, shape.heads, shape.hdim, "yes" if shape.causal else "no"]
         cells += [direction] + [_cell(row.get(n), latency) for n in names]
         cells.append(f"{ratio:.2f}x" if ratio is not None else "-")
+        if bar:
+            target, mine = bar_tflops(row, matmul_tflops), row.get(FA4)
+            ok = target is not None and mine is not None and mine.status == "ok"
+            cells.append(f"{mine.tflops / target:.2f}x" if ok else "-")
         cells += [_diff_cell(row.get(n)) for n in names]
         rows.append(dict(zip(columns, map(str, cells))))
     return columns, rows
+
+
+def matmul_rate(timer: Timer, n: int = MATMUL_N, device: str = "cuda") -> float:
+    """The GPU's bf16 matmul rate in TFLOP/s: ``2 n^3`` per ``torch.matmul`` of two random ``n x n``
+    bf16 matrices (the bar's cap, :func:`bar_tflops`)."""
+    a = torch.randn(n, n, dtype=torch.bfloat16, device=device)
+    b = torch.randn(n, n, dtype=torch.bfloat16, device=device)
+    c = torch.empty(n, n, dtype=torch.bfloat16, device=device)
+    ms = timer(lambda: torch.matmul(a, b, out=c))
+    return 2 * n ** 3 / (ms * 1e-3) / 1e12
 
 
 def copy_bandwidth(timer: Timer, nbytes: int = COPY_BYTES, device: str = "cuda") -> float:
@@ -779,13 +816,15 @@ def write_plot(path: Path, header: dict[str, str], records: Sequence[Record], la
     return True
 
 
-def write_outputs(out_dir: Path, header: dict[str, str], records: Sequence[Record], latency: bool) -> list[Path]:
-    """CSV, JSON and (when matplotlib is there) PNG under ``out_dir``, named by mode and time."""
+def write_outputs(out_dir: Path, header: dict[str, str], records: Sequence[Record], latency: bool,
+                  matmul_tflops: Optional[float] = None) -> list[Path]:
+    """CSV, JSON and (when matplotlib is there) PNG under ``out_dir``, named by mode and time
+    (``matmul_tflops``: the run's bf16 matmul rate, for the summary's ``fa4/bar``)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = f"{'latency' if latency else 'throughput'}_{datetime.datetime.now():%Y%m%d-%H%M%S}"
     paths = [out_dir / f"{stem}.csv", out_dir / f"{stem}.json"]
     write_csv(paths[0], header, records)
-    write_json(paths[1], header, records, summarize(records, latency)[1])
+    write_json(paths[1], header, records, summarize(records, latency, matmul_tflops)[1])
     png = out_dir / f"{stem}.png"
     if write_plot(png, header, records, latency):
         paths.append(png)
@@ -913,13 +952,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         copy_tbs = copy_bandwidth(repeated(timer, args.repeats))
         print(f"# copy bandwidth: {copy_tbs:.2f} TB/s (read + write of {COPY_BYTES >> 20} MiB)")
         columns, rows = summarize_decode(records, copy_tbs)
+        matmul = None
     else:
-        columns, rows = summarize(records, args.latency)
+        matmul = None if args.latency else matmul_rate(repeated(timer, args.repeats))
+        if matmul is not None:
+            header["bf16 matmul TFLOP/s"] = f"{matmul:.1f}"
+            print(f"# bf16 matmul ({MATMUL_N}^3): {matmul:.1f} TFLOP/s; bar per row: min({BAR_OVER_BEST} x best peer, "
+                  f"{BAR_OVER_MATMUL} x matmul = {BAR_OVER_MATMUL * matmul:.1f})")
+        columns, rows = summarize(records, args.latency, matmul)
     print(format_table(columns, rows))
     notes = format_notes(records)
     if notes:
         print("\n" + notes)
-    for path in write_outputs(args.out, header, records, args.latency):
+    for path in write_outputs(args.out, header, records, args.latency, matmul):
         print(f"wrote {path}")
     return 0
 

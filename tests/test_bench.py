@@ -425,6 +425,42 @@ def test_summary_table():
     assert "1.50x" in lines[2]
 
 
+def test_bar_column():
+    """fa4/bar: fa4's speed over min(1.05x the best peer, 0.95x the run's matmul rate); the cap binds where
+    1.05x the best peer would pass it; no column without a matmul rate or in latency mode."""
+    shape = SMALL
+    records = [
+        Record("sdpa-cudnn", "fwd", shape, "ok", ms=2.0, maxdiff=0.0),
+        Record("flash-attn-4", "fwd", shape, "ok", ms=1.0, maxdiff=0.0),
+        Record(bench.FA4_NONDET, "fwd", shape, "ok", ms=0.1, maxdiff=0.0),  # fa4's own column: not a peer
+        Record("fa4", "fwd", shape, "ok", ms=1.0, maxdiff=0.0),
+        Record("sdpa-cudnn", "bwd", shape, "ok", ms=2.0, maxdiff=0.0),
+        Record("fa4", "bwd", shape, "error", reason="RuntimeError: x"),
+    ]
+    best = records[1].tflops
+    columns, rows = bench.summarize(records, latency=False, matmul_tflops=10 * best)  # the cap is far above
+    assert columns.index("fa4/bar") == columns.index("fa4/best") + 1
+    assert rows[0]["fa4/bar"] == f"{1 / 1.05:.2f}x" == "0.95x" and rows[0]["fa4/best"] == "1.00x"
+    assert rows[1]["fa4/bar"] == "-"  # fa4 failed
+    _, rows = bench.summarize(records, latency=False, matmul_tflops=best)  # 0.95x the matmul rate binds
+    assert rows[0]["fa4/bar"] == f"{1 / 0.95:.2f}x" == "1.05x"
+    assert bench.bar_tflops({"fa4": records[3]}, best) is None  # no peer ran
+    assert "fa4/bar" not in bench.summarize(records, latency=False)[0]
+    assert "fa4/bar" not in bench.summarize(records, latency=True, matmul_tflops=best)[0]
+
+
+def test_matmul_rate():
+    calls = []
+
+    def timer(fn):
+        fn()
+        calls.append(1)
+        return 2.0
+
+    assert bench.matmul_rate(timer, n=64, device="cpu") == pytest.approx(2 * 64 ** 3 / 2e-3 / 1e12)
+    assert calls == [1]
+
+
 def test_nondet_column_is_not_a_peer():
     """With --deterministic, fa4's own non-deterministic run shares the row but fa4/best compares
     the deterministic fa4 with the peers only."""
