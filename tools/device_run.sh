@@ -455,7 +455,7 @@ if has next64; then
   # plain grid at d128 without a mask (three interleaved rounds); then --latency.
   for impl in fa4 peer; do
     timeout 120 ncu --clock-control base --kernel-name regex:'(?i)(fwd|forward)' --launch-skip 2 --launch-count 1 \
-      --metrics gpu__time_duration.sum,gpc__cycles_elapsed.max,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct,lts__t_bytes.sum,smsp__inst_executed.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,smsp__inst_executed_op_shared_ld.sum \
+      --metrics gpu__time_duration.sum,gpc__cycles_elapsed.max,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct,lts__t_bytes.sum,smsp__inst_executed.sum \
       python3 tools/ncu_fwd.py $impl 128,16384,0 > "$out/ncu64_$impl.txt" 2>&1
     echo "ncu64 $impl rc=$?"; grep -E "duration|cycles|dram|lts|inst|shared" "$out/ncu64_$impl.txt" | cut -c1-140 | head -12
   done
