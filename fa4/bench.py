@@ -607,7 +607,9 @@ def _impl_order(records: Sequence[Record]) -> list[str]:
 
 def bar_tflops(row: dict[str, Record], matmul_tflops: float) -> Optional[float]:
     """The row's bar in TFLOP/s (issues 7 / 8, ``docs/targets.md``): 1.05x the fastest peer's, or 95%
-    of the bf16 matmul rate where that is lower; None without a peer that ran."""
+    of the bf16 matmul rate where that is lower; None without a peer that ran. The peers are
+    ``fa4/best``'s: SDPA flash counts beside cuDNN and flash-attn-4, which can only raise the bar
+    (it is never the fastest on the grid)."""
     ok = [rec.tflops for n, rec in row.items() if rec.status == "ok" and n not in OWN and n != FA4 and n not in PAGED]
     if not ok:
         return None

@@ -433,12 +433,14 @@ def test_bar_column():
         Record("sdpa-cudnn", "fwd", shape, "ok", ms=2.0, maxdiff=0.0),
         Record("flash-attn-4", "fwd", shape, "ok", ms=1.0, maxdiff=0.0),
         Record(bench.FA4_NONDET, "fwd", shape, "ok", ms=0.1, maxdiff=0.0),  # fa4's own column: not a peer
+        Record("sdpa-flash", "fwd", shape, "n/a", ms=0.1, reason="x"),  # did not run: not a peer
         Record("fa4", "fwd", shape, "ok", ms=1.0, maxdiff=0.0),
         Record("sdpa-cudnn", "bwd", shape, "ok", ms=2.0, maxdiff=0.0),
         Record("fa4", "bwd", shape, "error", reason="RuntimeError: x"),
     ]
     best = records[1].tflops
-    columns, rows = bench.summarize(records, latency=False, matmul_tflops=10 * best)  # the cap is far above
+    columns, rows = bench.summarize(records, latency=False, matmul_tflops=10 * best)
+    assert rows[0]["fa4/best"] == "1.00x"  # the cap is far above
     assert columns.index("fa4/bar") == columns.index("fa4/best") + 1
     assert rows[0]["fa4/bar"] == f"{1 / 1.05:.2f}x" == "0.95x" and rows[0]["fa4/best"] == "1.00x"
     assert rows[1]["fa4/bar"] == "-"  # fa4 failed
@@ -519,7 +521,10 @@ def test_write_outputs(tmp_path, monkeypatch, capsys):
     assert payload["header"] == header
     assert payload["records"][0]["seqlen_q"] == 37 and payload["records"][0]["causal"] is True
     assert payload["records"][3]["maxdiff"] == "nan"
-    assert payload["summary"][0]["fa4/best"] == "1.50x"
+    assert payload["summary"][0]["fa4/best"] == "1.50x" and "fa4/bar" not in payload["summary"][0]
+    # With the run's matmul rate the summary carries fa4/bar (here 1.05x the best peer binds: 1.5 / 1.05).
+    paths = bench.write_outputs(tmp_path / "bar", header, records, latency=False, matmul_tflops=1e6)
+    assert json.loads(paths[1].read_text())["summary"][0]["fa4/bar"] == f"{1.5 / 1.05:.2f}x" == "1.43x"
 
 
 def test_write_plot_when_matplotlib_is_installed(tmp_path):

@@ -2,11 +2,12 @@
 ``pack.sh --with-peer``): is a gap between them in the loop's cycles, or in the clocks each one
 runs at? Run beside a sampler that writes ``nvidia-smi`` readings with wall-clock stamps::
 
-    nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv,noheader -lms 20 > smi.csv &
+    nvidia-smi -i 0 --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv,noheader -lms 20 > smi.csv &
     python3 tools/clocks_fwd.py smi.csv [d,s,causal ...]
 
 Each shape (bf16, b*s = 16k tokens, h*d = 2048, as ``tools/ncu_fwd.py``) is timed with
-``triton.testing.do_bench`` (median), fa4 and the peer in turn, three rounds; each timing's window
+``triton.testing.do_bench`` (median; session 46's readings in RESULTS v0.47 were its mean, the
+default then), fa4 and the peer in turn, three rounds; each timing's window
 is stamped, and at the end the sampler's readings inside each window are averaged (SM MHz, W).
 """
 import datetime
@@ -39,7 +40,7 @@ for d, s, causal in shapes:
     for r in range(3):
         for name, fn in impls.items():
             t0 = time.time()
-            ms = do_bench(lambda: fn(q, k, v, causal=bool(causal)), warmup=100, rep=1500)
+            ms = do_bench(lambda: fn(q, k, v, causal=bool(causal)), warmup=100, rep=1500, return_mode="median")
             windows.append(((d, s, causal), name, r, t0, time.time(), ms))
             print(f"d{d} s{s} causal={causal} {name} round {r}: {ms:.4f} ms", flush=True)
 

@@ -469,7 +469,7 @@ if has next63; then
   # Session 46: is the forward's gap to flash-attn-4 without a mask (d128 s8k / s16k, d64) in the loop's
   # cycles or in the clocks? SM clock and power sampled beside do_bench of each (tools/clocks_fwd.py),
   # then ncu at the base clock (cycles at one fixed clock) of the d128 s8k launch of each.
-  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv,noheader -lms 20 > "$out/smi63.csv" &
+  nvidia-smi -i 0 --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv,noheader -lms 20 > "$out/smi63.csv" &
   smipid=$!
   timeout 240 python3 tools/clocks_fwd.py "$out/smi63.csv" 128,8192,0 128,16384,0 64,8192,0 > "$out/clocks63.log" 2>&1
   echo "clocks63 rc=$?"; kill $smipid; grep -v Warning "$out/clocks63.log" | tail -20
