@@ -650,6 +650,27 @@ def summarize(records: Sequence[Record], latency: bool,
     return columns, rows
 
 
+def bar_summary(records: Sequence[Record], matmul_tflops: Optional[float]) -> str:
+    """One line per direction: on how many rows fa4 meets the bar (:func:`bar_tflops`, unrounded)
+    and the row furthest below it; empty without a matmul rate or a row where fa4 and a peer ran."""
+    if matmul_tflops is None:
+        return ""
+    groups: dict[tuple[str, Shape], dict[str, Record]] = {}
+    for rec in records:
+        groups.setdefault((rec.direction, rec.shape), {})[rec.impl] = rec
+    ratios: dict[str, list[tuple[float, Shape]]] = {}
+    for (direction, shape), row in groups.items():
+        target, mine = bar_tflops(row, matmul_tflops), row.get(FA4)
+        if target is not None and mine is not None and mine.status == "ok":
+            ratios.setdefault(direction, []).append((mine.tflops / target, shape))
+    lines = []
+    for direction, cells in ratios.items():
+        worst, shape = min(cells, key=lambda c: c[0])
+        lines.append(f"# {direction}: fa4 meets the bar on {sum(r >= 1.0 for r, _ in cells)} of {len(cells)} rows; "
+                     f"lowest {worst:.3f}x (d{shape.hdim} s{shape.seqlen_q}{' causal' if shape.causal else ''})")
+    return "\n".join(lines)
+
+
 def matmul_rate(timer: Timer, n: int = MATMUL_N, device: str = "cuda") -> float:
     """The GPU's bf16 matmul rate in TFLOP/s: ``2 n^3`` per ``torch.matmul`` of two random ``n x n``
     bf16 matrices (the bar's cap, :func:`bar_tflops`)."""
@@ -963,6 +984,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   f"{BAR_OVER_MATMUL} x matmul = {BAR_OVER_MATMUL * matmul:.1f})")
         columns, rows = summarize(records, args.latency, matmul)
     print(format_table(columns, rows))
+    if bar_summary(records, matmul):
+        print(bar_summary(records, matmul))
     notes = format_notes(records)
     if notes:
         print("\n" + notes)

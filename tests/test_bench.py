@@ -451,6 +451,27 @@ def test_bar_column():
     assert "fa4/bar" not in bench.summarize(records, latency=True, matmul_tflops=best)[0]
 
 
+def test_bar_summary():
+    """The lines under the table: per direction, rows that meet the bar and the lowest one; nothing
+    without the column (no matmul rate) or without a measured fa4."""
+    shape, other = SMALL, Shape(batch=1, seqlen_q=64, seqlen_k=64, heads=4, hdim=16, causal=False)
+    records = [
+        Record("sdpa-cudnn", "fwd", shape, "ok", ms=1.0, maxdiff=0.0),
+        Record("fa4", "fwd", shape, "ok", ms=0.5, maxdiff=0.0),  # 2x the peer: meets it
+        Record("sdpa-cudnn", "fwd", other, "ok", ms=1.0, maxdiff=0.0),
+        Record("fa4", "fwd", other, "ok", ms=1.0, maxdiff=0.0),  # 1/1.05 of the bar
+        Record("sdpa-cudnn", "bwd", shape, "ok", ms=1.0, maxdiff=0.0),
+        Record("fa4", "bwd", shape, "error", reason="RuntimeError: x"),
+    ]
+    assert bench.bar_summary(records, 1e9) == "# fwd: fa4 meets the bar on 1 of 2 rows; lowest 0.952x (d16 s64)"
+    assert bench.bar_summary(records, None) == ""
+    # Unrounded: 0.999x of the bar is not met, though its table cell reads 1.00x.
+    close = [Record("sdpa-cudnn", "fwd", shape, "ok", ms=1.0, maxdiff=0.0),
+             Record("fa4", "fwd", shape, "ok", ms=1.0 / 1.05 / 0.999, maxdiff=0.0)]
+    assert bench.summarize(close, latency=False, matmul_tflops=1e9)[1][0]["fa4/bar"] == "1.00x"
+    assert bench.bar_summary(close, 1e9).startswith("# fwd: fa4 meets the bar on 0 of 1 rows; lowest 0.999x")
+
+
 def test_matmul_rate():
     calls = []
 
