@@ -591,12 +591,26 @@ def _speed_ratio(row: dict[str, Record]) -> Optional[float]:
 def _ratio(row: dict[str, Record], name: str, peers: Optional[Sequence[str]] = None) -> Optional[float]:
     """``name``'s speed over the fastest of ``peers`` in this row (default: every peer but the
     paged-cache columns; fa4's own extra columns are never peers)."""
-    ok = {n: rec for n, rec in row.items() if rec.status == "ok" and n not in OWN and n != FA4
-          and (n in peers if peers is not None else n not in PAGED)}
+    ok = _peers(row, peers)
     mine = row.get(name)
     if mine is None or mine.status != "ok" or not ok:
         return None
     return min(rec.ms for rec in ok.values()) / mine.ms
+
+
+def _peers(row: dict[str, Record], peers: Optional[Sequence[str]] = None) -> dict[str, Record]:
+    """The row's peers that ran: ``peers``, or every implementation but fa4, its own extra columns
+    and the paged-cache columns."""
+    return {n: rec for n, rec in row.items() if rec.status == "ok" and n not in OWN and n != FA4
+            and (n in peers if peers is not None else n not in PAGED)}
+
+
+def _rows(records: Sequence[Record]) -> dict[tuple[Shape, str], dict[str, Record]]:
+    """The records by (shape, direction) row, then by implementation, in the order they ran."""
+    groups: dict[tuple[Shape, str], dict[str, Record]] = {}
+    for rec in records:
+        groups.setdefault((rec.shape, rec.direction), {})[rec.impl] = rec
+    return groups
 
 
 def _impl_order(records: Sequence[Record]) -> list[str]:
@@ -610,10 +624,16 @@ def bar_tflops(row: dict[str, Record], matmul_tflops: float) -> Optional[float]:
     of the bf16 matmul rate where that is lower; None without a peer that ran. The peers are
     ``fa4/best``'s: SDPA flash counts beside cuDNN and flash-attn-4, which can only raise the bar
     (it is never the fastest on the grid)."""
-    ok = [rec.tflops for n, rec in row.items() if rec.status == "ok" and n not in OWN and n != FA4 and n not in PAGED]
+    ok = _peers(row)
     if not ok:
         return None
-    return min(BAR_OVER_BEST * max(ok), BAR_OVER_MATMUL * matmul_tflops)
+    return min(BAR_OVER_BEST * max(rec.tflops for rec in ok.values()), BAR_OVER_MATMUL * matmul_tflops)
+
+
+def _bar_ratio(row: dict[str, Record], matmul_tflops: float) -> Optional[float]:
+    """fa4's TFLOP/s over the row's bar (unrounded), or None where fa4 or every peer failed."""
+    target, mine = bar_tflops(row, matmul_tflops), row.get(FA4)
+    return mine.tflops / target if target is not None and mine is not None and mine.status == "ok" else None
 
 
 def summarize(records: Sequence[Record], latency: bool,
@@ -632,19 +652,15 @@ def summarize(records: Sequence[Record], latency: bool,
     columns = ["b", "sq", "sk", "h", "d", "causal", "dir"] + [f"{n} {unit}" for n in names] + ["fa4/best"]
     columns += ["fa4/bar"] if bar else []
     columns += [f"diff {n}" for n in names]
-    groups: dict[tuple[Shape, str], dict[str, Record]] = {}
-    for rec in records:
-        groups.setdefault((rec.shape, rec.direction), {})[rec.impl] = rec
     rows = []
-    for (shape, direction), row in groups.items():
+    for (shape, direction), row in _rows(records).items():
         ratio = _speed_ratio(row)
         cells = [shape.batch, shape.seqlen_q, shape.seqlen_k, shape.heads, shape.hdim, "yes" if shape.causal else "no"]
         cells += [direction] + [_cell(row.get(n), latency) for n in names]
         cells.append(f"{ratio:.2f}x" if ratio is not None else "-")
         if bar:
-            target, mine = bar_tflops(row, matmul_tflops), row.get(FA4)
-            ok = target is not None and mine is not None and mine.status == "ok"
-            cells.append(f"{mine.tflops / target:.2f}x" if ok else "-")
+            over = _bar_ratio(row, matmul_tflops)
+            cells.append(f"{over:.2f}x" if over is not None else "-")
         cells += [_diff_cell(row.get(n)) for n in names]
         rows.append(dict(zip(columns, map(str, cells))))
     return columns, rows
@@ -655,14 +671,11 @@ def bar_summary(records: Sequence[Record], matmul_tflops: Optional[float]) -> st
     and the row furthest below it; empty without a matmul rate or a row where fa4 and a peer ran."""
     if matmul_tflops is None:
         return ""
-    groups: dict[tuple[str, Shape], dict[str, Record]] = {}
-    for rec in records:
-        groups.setdefault((rec.direction, rec.shape), {})[rec.impl] = rec
     ratios: dict[str, list[tuple[float, Shape]]] = {}
-    for (direction, shape), row in groups.items():
-        target, mine = bar_tflops(row, matmul_tflops), row.get(FA4)
-        if target is not None and mine is not None and mine.status == "ok":
-            ratios.setdefault(direction, []).append((mine.tflops / target, shape))
+    for (shape, direction), row in _rows(records).items():
+        over = _bar_ratio(row, matmul_tflops)
+        if over is not None:
+            ratios.setdefault(direction, []).append((over, shape))
     lines = []
     for direction, cells in ratios.items():
         worst, shape = min(cells, key=lambda c: c[0])
@@ -984,8 +997,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   f"{BAR_OVER_MATMUL} x matmul = {BAR_OVER_MATMUL * matmul:.1f})")
         columns, rows = summarize(records, args.latency, matmul)
     print(format_table(columns, rows))
-    if bar_summary(records, matmul):
-        print(bar_summary(records, matmul))
+    bar_lines = bar_summary(records, matmul)
+    if bar_lines:
+        print(bar_lines)
     notes = format_notes(records)
     if notes:
         print("\n" + notes)
