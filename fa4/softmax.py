@@ -201,8 +201,11 @@ class OnlineSoftmax:
     """
 
     def __init__(self, scale_log2: Float32, num_rows: int, exp2_emu_frac: float = 0.0,
-                 rescale_threshold: float = 0.0, round_p=None):
+                 rescale_threshold: float = 0.0, round_p=None, sum_chains: int = 0):
         self.scale_log2 = scale_log2
+        # 0: l sums a block's P in 4 chains and adds the rescaled l last; n > 0: the rescaled l
+        # starts the first of n chains (Note [Row sum order]).
+        self.sum_chains = sum_chains
         # The 16-bit type P is rounded to before l sums it (Note [Normalizing by the rounded P]);
         # None: l sums the fp32 P.
         self.round_p = round_p
@@ -289,7 +292,11 @@ class OnlineSoftmax:
         if const_expr(self.round_p is not None):
             round_to_half_(acc_S, self.round_p)  # P as P @ V will see it (the later conversion is exact)
         for r in cutlass.range_constexpr(self.num_rows):
-            self.row_sum[r] = fadd_reduce(acc_S_mn[r, None], init=self.row_sum[r])
+            if const_expr(self.sum_chains > 0):
+                self.row_sum[r] = fadd_reduce(acc_S_mn[r, None], init=self.row_sum[r], lanes=self.sum_chains,
+                                              init_first=True)
+            else:
+                self.row_sum[r] = fadd_reduce(acc_S_mn[r, None], init=self.row_sum[r])
         return scale, take_new
 
     @cute.jit
