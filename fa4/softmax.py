@@ -201,11 +201,13 @@ class OnlineSoftmax:
     """
 
     def __init__(self, scale_log2: Float32, num_rows: int, exp2_emu_frac: float = 0.0,
-                 rescale_threshold: float = 0.0, round_p=None, sum_chains: int = 0):
+                 rescale_threshold: float = 0.0, round_p=None, sum_chains: int = 0, scale_emu: bool = False):
         self.scale_log2 = scale_log2
         # 0: l sums a block's P in 4 chains and adds the rescaled l last; n > 0: the rescaled l
         # starts the first of n chains (Note [Row sum order]).
         self.sum_chains = sum_chains
+        # The row scales 2**((m_old - m_new) * scale_log2) on the FMA pipe (exp2_emulated) instead of MUFU.
+        self.scale_emu = scale_emu
         # The 16-bit type P is rounded to before l sums it (Note [Normalizing by the rounded P]);
         # None: l sums the fp32 P.
         self.round_p = round_p
@@ -280,7 +282,10 @@ class OnlineSoftmax:
                 if const_expr(conditional):
                     new = new if take_new else old
                 new_safe = 0.0 if new == -Float32.inf else new
-                scale[r] = cute.math.exp2((old - new_safe) * self.scale_log2, fastmath=True)
+                if const_expr(self.scale_emu):
+                    scale[r] = exp2_emulated((old - new_safe) * self.scale_log2)
+                else:
+                    scale[r] = cute.math.exp2((old - new_safe) * self.scale_log2, fastmath=True)
                 self.row_max[r] = new
                 self.row_sum[r] = self.row_sum[r] * scale[r]
         # P = 2**(s * scale_log2 - m * scale_log2), with m = 0 for rows that have seen nothing.

@@ -216,6 +216,7 @@ class FwdSm90Config(AttnFwdConfig):
     pack_tma: bool = True
     pack_tma_partial: bool = True
     sum_chains: int = 0
+    scale_emu: bool = False
 
     KERNEL = "fa4.fwd.sm90:FlashFwdSm90"
     REQUIRED_SASS = ("HGMMA", "UTMALDG")  # checked in the SASS of every compile variant (tests/test_compile.py)
@@ -816,7 +817,8 @@ class FlashFwdSm90:
         rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
         tOrP = make_acc_as_A(rP)
         softmax = OnlineSoftmax(scale_log2, cute.size(make_acc_mn_view(acc_S).shape[0]), cfg.exp2_emu_frac,
-                                cfg.rescale_threshold, self.dtype if cfg.sum_rounded else None, cfg.sum_chains)
+                                cfg.rescale_threshold, self.dtype if cfg.sum_rounded else None, cfg.sum_chains,
+                                cfg.scale_emu)
         # Row scales of the last softmax, applied to O just before the next P V (rescale_o_before_pv).
         row_scale_prev = cute.make_rmem_tensor(softmax.num_rows, Float32)
         c = SimpleNamespace(pk=pk, pv=pv, thr_mma_qk=thr_mma_qk, tSrQ=tSrQ, tSrK=tSrK, tOrVt=tOrVt, tOrP=tOrP,
