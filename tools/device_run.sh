@@ -455,13 +455,12 @@ if has next66; then
   # among the exponentials (d64: 32 of 66 FFMAs before it by default, 66 with 8 chains; flash-attn-4
   # 66). Five interleaved rounds at d64 / d128, causal and not; at d64 (MUFU-bound on paper: 66
   # MUFU.EX2 a thread a block, 8 cycles each, against the tensor cores' 1536) also exp2 emulation
-  # of 1/16 and 1/8 of the columns, which v0.5 measured on an older d64 kernel only, and the two
-  # row scales' exp2 emulated (scale_emu: 64 MUFU instead of 66, 15 more instructions).
-  timeout 330 python3 tools/sweep_fwd.py --hdim 64,128 --seqlen 8192,16384 --repeat 5 \
-    sc1:sum_chains=1 sc4:sum_chains=4 sc8:sum_chains=8 e16:exp2_emu_frac=0.0625,hd=64 \
-    e8:exp2_emu_frac=0.125,hd=64 sc8e16:sum_chains=8,exp2_emu_frac=0.0625,hd=64 \
-    se:scale_emu=True,hd=64 sc8se:sum_chains=8,scale_emu=True,hd=64 \
-    e16se:exp2_emu_frac=0.0625,scale_emu=True,hd=64 sc8e16se:sum_chains=8,exp2_emu_frac=0.0625,scale_emu=True,hd=64 > "$out/sweep66.log" 2>&1
+  # of 1/16 of the columns (v0.5 measured 1/10 on an older d64 kernel only) and the two row scales'
+  # exp2 emulated (scale_emu: 64 MUFU instead of 66, 15 more instructions), alone and together.
+  timeout 300 python3 tools/sweep_fwd.py --hdim 64,128 --seqlen 8192,16384 --repeat 5 \
+    sc8:sum_chains=8 se:scale_emu=True,hd=64 sc8se:sum_chains=8,scale_emu=True,hd=64 e16:exp2_emu_frac=0.0625,hd=64 \
+    e16se:exp2_emu_frac=0.0625,scale_emu=True,hd=64 sc8e16se:sum_chains=8,exp2_emu_frac=0.0625,scale_emu=True,hd=64 \
+    > "$out/sweep66.log" 2>&1
   echo "sweep66 rc=$?"; grep -v Warning "$out/sweep66.log" | tail -16
 fi
 if has next65; then
