@@ -191,7 +191,10 @@ class FwdSm90Config(AttnFwdConfig):
     ``fold_first`` (causal / local, separate loops): the tile's first K block runs in the loop over
     the blocks at the window's edges instead of in its own code (Note [The first block in the
     masked loop]; a local tile's two edges share that loop: Note [Edges first] in fa4/mask.py); the
-    default for causal tiles since v0.44 and for d64 local tiles since v0.45."""
+    default for causal tiles since v0.44 and for d64 local tiles since v0.45. ``sum_chains`` (> 0:
+    ``l`` sums a block's P in that many chains, the rescaled ``l`` first) and ``scale_emu`` (the row
+    scales' exp2 on the FMA pipe): where ptxas puts the wait for the previous ``P V`` among the
+    exponentials, and the MUFU load (Note [Row sum order] in fa4/softmax.py); off, not yet timed."""
 
     head_dim: int = 128
     head_dim_v: int = 128
