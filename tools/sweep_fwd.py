@@ -114,7 +114,7 @@ def main() -> None:
 
     rows: dict = {}
     inputs = {}
-    for _ in range(args.repeat):
+    for rnd in range(args.repeat):
         for shape, name, cfg in plan:
             if shape not in inputs:
                 q, k, v, _ = bench._inputs(shape, torch.bfloat16, "cuda", 0)
@@ -129,15 +129,23 @@ def main() -> None:
             except Exception as e:  # noqa: BLE001
                 cell.append(float("nan"))
                 print(f"{name} {bench.shape_label(shape)}: {type(e).__name__}: {str(e)[:200]}")
-    for cells in rows.values():
-        for name, vals in cells.items():
-            vals = sorted(vals)
-            cells[name] = f"{vals[len(vals) // 2]:.1f}" + (f" ({vals[0]:.0f}-{vals[-1]:.0f})" if len(vals) > 1 else "")
-    names = [v[0] for v in variants]
+        if args.repeat > 1 and rnd < args.repeat - 1:  # a run cut short still leaves its rounds so far
+            print(f"-- after round {rnd + 1} of {args.repeat}")
+            _print_table(rows, [v[0] for v in variants])
+    _print_table(rows, [v[0] for v in variants])
+    del ops
+
+
+def _print_table(rows: dict, names: list) -> None:
+    """One line per shape: each variant's median TFLOP/s over the rounds so far (and its range)."""
     print("shape | " + " | ".join(names))
     for label, cells in rows.items():
-        print(label + " | " + " | ".join(cells.get(n, "-") for n in names), flush=True)
-    del ops
+        out = []
+        for n in names:
+            vals = sorted(cells.get(n, []))
+            out.append(f"{vals[len(vals) // 2]:.1f}" + (f" ({vals[0]:.0f}-{vals[-1]:.0f})" if len(vals) > 1 else "")
+                       if vals else "-")
+        print(label + " | " + " | ".join(out), flush=True)
 
 
 if __name__ == "__main__":
