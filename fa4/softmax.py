@@ -314,11 +314,8 @@ class OnlineSoftmax:
         if const_expr(self.round_p is not None):
             round_to_half_(acc_S, self.round_p)  # P as P @ V will see it (the later conversion is exact)
         for r in cutlass.range_constexpr(self.num_rows):
-            if const_expr(self.sum_chains > 0):
-                self.row_sum[r] = fadd_reduce(acc_S_mn[r, None], init=self.row_sum[r], lanes=self.sum_chains,
-                                              init_first=True)
-            else:
-                self.row_sum[r] = fadd_reduce(acc_S_mn[r, None], init=self.row_sum[r])
+            self.row_sum[r] = fadd_reduce(acc_S_mn[r, None], init=self.row_sum[r], lanes=self.sum_chains or 4,
+                                          init_first=self.sum_chains > 0)
         return scale, take_new
 
     @cute.jit

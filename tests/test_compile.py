@@ -107,16 +107,20 @@ def test_one_step_window_branch_stays_uniform(one_step_sass):
     assert bssy["one"] <= bssy["sep"], bssy
 
 
-def _max_before_pv_wait(text: str) -> list[int]:
-    """For each K-block loop of the SASS ``text`` (one step: at most 16 wgmmas, with exponentials):
-    the row-max instructions (FMNMX) ahead of its wait for the previous P V (``wait_group(0)``)."""
-    counts = []
+def _step_loops(text: str):
+    """Each K-block loop of the SASS ``text`` (one step: at most 16 wgmmas, with exponentials) and
+    the index of its wait for the previous P V (``wait_group(0)``), in address order."""
     for body in sass.loop_bodies(text):
         wgmmas = sum(1 for x in body if x.startswith("HGMMA"))
         wait = next((i for i, x in enumerate(body) if "WARPGROUP.DEPBAR.LE gsb0, 0x0" in x), None)
         if 0 < wgmmas <= 16 and wait is not None and any("MUFU.EX2" in x for x in body):
-            counts.append(sum(1 for x in body[:wait] if x.startswith("FMNMX")))
-    return counts
+            yield body, wait
+
+
+def _max_before_pv_wait(text: str) -> list[int]:
+    """For each K-block loop of the SASS ``text``: the row-max instructions (FMNMX) ahead of its
+    wait for the previous P V."""
+    return [sum(1 for x in body[:wait] if x.startswith("FMNMX")) for body, wait in _step_loops(text)]
 
 
 @pytest.mark.slow
@@ -130,14 +134,12 @@ def test_one_step_row_max_overlaps_pv(one_step_sass):
 
 
 def _free_loop_before_pv_wait(text: str) -> tuple[collections.Counter, collections.Counter]:
-    """The unmasked K-block loop of a forward's SASS ``text`` (the loop body with wgmmas,
-    exponentials and no per-element compare): its opcode counts ahead of the wait for the previous
-    P V, and in all."""
-    for body in sass.loop_bodies(text):
+    """The first K-block loop of a forward's SASS ``text`` (:func:`_step_loops`; a kernel without a
+    mask has only the unmasked one): its opcode counts ahead of the wait for the previous P V, and
+    in all."""
+    for body, wait in _step_loops(text):
         ops = [x.split()[0] for x in body]
-        wait = next((i for i, x in enumerate(body) if "WARPGROUP.DEPBAR.LE gsb0, 0x0" in x), None)
-        if "MUFU.EX2" in ops and 0 < ops.count("HGMMA.64x128x16.F32.BF16") and wait is not None:
-            return collections.Counter(ops[:wait]), collections.Counter(ops)
+        return collections.Counter(ops[:wait]), collections.Counter(ops)
     raise AssertionError("no K-block loop with a wait for P V")
 
 

@@ -114,6 +114,7 @@ def main() -> None:
 
     rows: dict = {}
     inputs = {}
+    names = [v[0] for v in variants]
     for rnd in range(args.repeat):
         for shape, name, cfg in plan:
             if shape not in inputs:
@@ -131,8 +132,8 @@ def main() -> None:
                 print(f"{name} {bench.shape_label(shape)}: {type(e).__name__}: {str(e)[:200]}")
         if args.repeat > 1 and rnd < args.repeat - 1:  # a run cut short still leaves its rounds so far
             print(f"-- after round {rnd + 1} of {args.repeat}")
-            _print_table(rows, [v[0] for v in variants])
-    _print_table(rows, [v[0] for v in variants])
+            _print_table(rows, names)
+    _print_table(rows, names)
     del ops
 
 
