@@ -61,13 +61,10 @@ def quad_allreduce_sum(val: Float32) -> Float32:
     return val + cute.arch.shuffle_sync_bfly(val, offset=1)
 
 
-def _tree_reduce(t: cute.Tensor, op: Callable, lanes: int, head=None):
-    # Plain Python (traced inline): ``lanes`` independent chains (``head``, if given, starts the
-    # first), then a balanced tree.
+def _tree_reduce(t: cute.Tensor, op: Callable, lanes: int):
+    # Plain Python (traced inline): ``lanes`` independent chains, then a balanced tree.
     n = cute.size(t)
     acc = [t[i] for i in range(min(lanes, n))]
-    if head is not None:
-        acc[0] = op(head, acc[0])
     for i in range(lanes, n):
         acc[i % lanes] = op(acc[i % lanes], t[i])
     while len(acc) > 1:
@@ -84,12 +81,9 @@ def fmax_reduce(t: cute.Tensor, init: Float32 | None = None) -> Float32:
     return res
 
 
-def fadd_reduce(t: cute.Tensor, init: Float32 | None = None, lanes: int = 4, init_first: bool = False) -> Float32:
-    """Sum of the elements of the register tensor ``t`` (``lanes`` independent chains, then a
-    tree), plus ``init``: added last, or with ``init_first`` at the head of the first chain."""
-    if init is not None and init_first:
-        return _tree_reduce(t, operator.add, lanes, init)
-    res = _tree_reduce(t, operator.add, lanes)
+def fadd_reduce(t: cute.Tensor, init: Float32 | None = None) -> Float32:
+    """Sum of the elements of the register tensor ``t`` (4 independent chains, then a tree)."""
+    res = _tree_reduce(t, operator.add, 4)
     if init is not None:
         res = res + init
     return res

@@ -59,22 +59,6 @@ Note [exp2 emulation]
     the rest MUFU ``ex2.approx``: :func:`emulated_elements` picks, per row of a thread's fragment,
     exactly ``floor(frac * n + 0.5)`` of the ``n`` elements, spread evenly (Bresenham), the same
     columns for every row.
-
-Note [Row sum order]
-    Two compile-time knobs of :class:`OnlineSoftmax` that change where ptxas schedules the
-    exponentials of a K block, not what is computed (sm90 forward fields ``sum_chains`` and
-    ``scale_emu``; both off by default, not yet timed on a GPU: RESULTS v0.48).
-    ``sum_chains = n > 0``: ``l`` sums the block's P in ``n`` chains, the rescaled ``l`` at the
-    head of the first, instead of 4 chains with the rescaled ``l`` added last (0). In the sm90
-    forward's loop ptxas places the wait for the previous ``P V`` by the critical path: with 4
-    chains, 32 of the d64 loop's 66 exponent FFMAs and 1 of its 66 MUFUs come before the wait;
-    with 8, all 66 FFMAs and 8 MUFUs (flash-attn-4: 66 and 12). At d64 the MUFU pipe bounds the
-    loop on paper (66 ``ex2`` a thread a block at 8 cycles a warp instruction, against 1536 cycles
-    of tensor-core work), so MUFUs that wait behind the ``P V`` may cost time.
-    ``scale_emu``: the row scales ``2**((m_old - m_new) * scale_log2)`` by :func:`exp2_emulated`
-    (Note [exp2 emulation]) on the FMA pipe, 2 MUFUs fewer a block at d64 for 15 more instructions.
-    O and ``l`` take the same scale, so its 8.6e-5 relative error moves only the weight of the
-    earlier blocks against the new one.
 """
 
 from __future__ import annotations
@@ -217,14 +201,8 @@ class OnlineSoftmax:
     """
 
     def __init__(self, scale_log2: Float32, num_rows: int, exp2_emu_frac: float = 0.0,
-                 rescale_threshold: float = 0.0, round_p=None, sum_chains: int = 0, scale_emu: bool = False):
+                 rescale_threshold: float = 0.0, round_p=None):
         self.scale_log2 = scale_log2
-        # 0: l sums a block's P in 4 chains and adds the rescaled l last; n > 0: the rescaled l
-        # starts the first of n chains (Note [Row sum order]).
-        self.sum_chains = sum_chains
-        # The row scales 2**((m_old - m_new) * scale_log2) on the FMA pipe (exp2_emulated) instead
-        # of MUFU (Note [Row sum order]).
-        self.scale_emu = scale_emu
         # The 16-bit type P is rounded to before l sums it (Note [Normalizing by the rounded P]);
         # None: l sums the fp32 P.
         self.round_p = round_p
@@ -299,10 +277,7 @@ class OnlineSoftmax:
                 if const_expr(conditional):
                     new = new if take_new else old
                 new_safe = 0.0 if new == -Float32.inf else new
-                if const_expr(self.scale_emu):
-                    scale[r] = exp2_emulated((old - new_safe) * self.scale_log2)
-                else:
-                    scale[r] = cute.math.exp2((old - new_safe) * self.scale_log2, fastmath=True)
+                scale[r] = cute.math.exp2((old - new_safe) * self.scale_log2, fastmath=True)
                 self.row_max[r] = new
                 self.row_sum[r] = self.row_sum[r] * scale[r]
         # P = 2**(s * scale_log2 - m * scale_log2), with m = 0 for rows that have seen nothing.
@@ -314,8 +289,7 @@ class OnlineSoftmax:
         if const_expr(self.round_p is not None):
             round_to_half_(acc_S, self.round_p)  # P as P @ V will see it (the later conversion is exact)
         for r in cutlass.range_constexpr(self.num_rows):
-            self.row_sum[r] = fadd_reduce(acc_S_mn[r, None], init=self.row_sum[r], lanes=self.sum_chains or 4,
-                                          init_first=self.sum_chains > 0)
+            self.row_sum[r] = fadd_reduce(acc_S_mn[r, None], init=self.row_sum[r])
         return scale, take_new
 
     @cute.jit

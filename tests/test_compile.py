@@ -11,7 +11,6 @@ single-threaded; CI's wall time is mostly these compiles), in the order the test
 waits for its own case. ``FA4_COMPILE_TEST_JOBS`` sets the pool size (1: compile in the test).
 """
 
-import collections
 import dataclasses
 import multiprocessing
 import os
@@ -131,36 +130,6 @@ def test_one_step_row_max_overlaps_pv(one_step_sass):
     counts = {k: _max_before_pv_wait(text) for k, text in one_step_sass.items()}
     assert counts["one"] and counts["sep"], counts
     assert min(counts["one"]) >= 16 and min(counts["sep"]) >= 16, counts
-
-
-def _free_loop_before_pv_wait(text: str) -> tuple[collections.Counter, collections.Counter]:
-    """The first K-block loop of a forward's SASS ``text`` (:func:`_step_loops`; a kernel without a
-    mask has only the unmasked one): its opcode counts ahead of the wait for the previous P V, and
-    in all."""
-    for body, wait in _step_loops(text):
-        ops = [x.split()[0] for x in body]
-        return collections.Counter(ops[:wait]), collections.Counter(ops)
-    raise AssertionError("no K-block loop with a wait for P V")
-
-
-@pytest.mark.slow
-def test_row_sum_and_scale_knobs_sass():
-    """The sm90 forward's ``sum_chains`` and ``scale_emu`` knobs (Note [Row sum order] in
-    fa4/softmax.py), d64 without a mask: with 8 chains, ptxas issues every exponent FFMA of the
-    loop ahead of the wait for the previous P V (32 of 66 by default); ``scale_emu`` takes the two
-    row scales off MUFU. Neither adds or removes a wgmma."""
-    from fa4.config import AttnProblem
-    from fa4.fwd import sm90
-
-    base = sm90.make_config(AttnProblem("bf16", 2, 1024, 1024, 8, 8, 64, 64, 0.125), None, "sm_90a", True)
-    assert base.sum_chains == 0 and not base.scale_emu
-    before, total = _free_loop_before_pv_wait(sass.disassemble(base))
-    chains_before, chains_total = _free_loop_before_pv_wait(sass.disassemble(dataclasses.replace(base, sum_chains=8)))
-    assert chains_total == total, "the chain count changes the order only"
-    assert chains_before["FFMA"] == total["FFMA"] > before["FFMA"], (chains_before["FFMA"], before["FFMA"])
-    _, emu_total = _free_loop_before_pv_wait(sass.disassemble(dataclasses.replace(base, scale_emu=True)))
-    assert emu_total["MUFU.EX2"] == total["MUFU.EX2"] - 2, (emu_total["MUFU.EX2"], total["MUFU.EX2"])
-    assert emu_total["HGMMA.64x128x16.F32.BF16"] == total["HGMMA.64x128x16.F32.BF16"]
 
 
 @pytest.mark.slow

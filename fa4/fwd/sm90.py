@@ -191,10 +191,7 @@ class FwdSm90Config(AttnFwdConfig):
     ``fold_first`` (causal / local, separate loops): the tile's first K block runs in the loop over
     the blocks at the window's edges instead of in its own code (Note [The first block in the
     masked loop]; a local tile's two edges share that loop: Note [Edges first] in fa4/mask.py); the
-    default for causal tiles since v0.44 and for d64 local tiles since v0.45. ``sum_chains`` (> 0:
-    ``l`` sums a block's P in that many chains, the rescaled ``l`` first) and ``scale_emu`` (the row
-    scales' exp2 on the FMA pipe): where ptxas puts the wait for the previous ``P V`` among the
-    exponentials, and the MUFU load (Note [Row sum order] in fa4/softmax.py); off, not yet timed."""
+    default for causal tiles since v0.44 and for d64 local tiles since v0.45."""
 
     head_dim: int = 128
     head_dim_v: int = 128
@@ -218,8 +215,6 @@ class FwdSm90Config(AttnFwdConfig):
     block_skip: tuple = ()
     pack_tma: bool = True
     pack_tma_partial: bool = True
-    sum_chains: int = 0
-    scale_emu: bool = False
 
     KERNEL = "fa4.fwd.sm90:FlashFwdSm90"
     REQUIRED_SASS = ("HGMMA", "UTMALDG")  # checked in the SASS of every compile variant (tests/test_compile.py)
@@ -820,8 +815,7 @@ class FlashFwdSm90:
         rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
         tOrP = make_acc_as_A(rP)
         softmax = OnlineSoftmax(scale_log2, cute.size(make_acc_mn_view(acc_S).shape[0]), cfg.exp2_emu_frac,
-                                cfg.rescale_threshold, self.dtype if cfg.sum_rounded else None, cfg.sum_chains,
-                                cfg.scale_emu)
+                                cfg.rescale_threshold, self.dtype if cfg.sum_rounded else None)
         # Row scales of the last softmax, applied to O just before the next P V (rescale_o_before_pv).
         row_scale_prev = cute.make_rmem_tensor(softmax.num_rows, Float32)
         c = SimpleNamespace(pk=pk, pv=pv, thr_mma_qk=thr_mma_qk, tSrQ=tSrQ, tSrK=tSrK, tOrVt=tOrVt, tOrP=tOrP,
