@@ -672,3 +672,19 @@ def test_local_error_not_above_descending_or_flash_attn_4(monkeypatch, d, win, s
     for other in errs.keys() - {"edges-first"}:
         assert errs["edges-first"][0] <= 1.1 * errs[other][0] + 0.25 * ulp, errs
         assert errs["edges-first"][1] <= 1.1 * errs[other][1] + 0.0025 * ulp, errs
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("seqlen_q,seqlen_k", [(1, 203), (113, 1024), (500, 203), (1000, 1000), (4096, 1024)])
+def test_kv_multicast_matches_single_cta(d, seqlen_q, seqlen_k):
+    """Note [K/V multicast]: clusters of two CTAs sharing K / V by TMA multicast give the same bits
+    as the plain grid without it (the same tiles, blocks and order), and pass the reference rule;
+    odd m-block counts (1, 113 and 500 rows: a cluster whose second tile is past the rows) included."""
+    q, k, v = random_qkv(2, seqlen_q, seqlen_k, 4, 4, d, torch.bfloat16, "cuda", seed=11)
+    plain = dict(persistent=False, dynamic_sched=False, l2_section_mb=0)
+    out0, lse0 = _run_config(q, k, v, False, plain)
+    out1, lse1 = _run_config(q, k, v, False, dict(plain, kv_mcast=True))
+    _check(out1, lse1, q, k, v, causal=False)
+    assert torch.equal(out0, out1)
+    assert torch.equal(lse0, lse1)

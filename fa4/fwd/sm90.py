@@ -191,7 +191,10 @@ class FwdSm90Config(AttnFwdConfig):
     ``fold_first`` (causal / local, separate loops): the tile's first K block runs in the loop over
     the blocks at the window's edges instead of in its own code (Note [The first block in the
     masked loop]; a local tile's two edges share that loop: Note [Edges first] in fa4/mask.py); the
-    default for causal tiles since v0.44 and for d64 local tiles since v0.45."""
+    default for causal tiles since v0.44 and for d64 local tiles since v0.45. ``kv_mcast``
+    (experimental, off; dense non-causal tiles on the plain grid): CTAs launch in clusters of two,
+    on m-blocks ``2p`` and ``2p + 1`` of one head, and each loads half of every K / V block by TMA
+    multicast into both (Note [K/V multicast])."""
 
     head_dim: int = 128
     head_dim_v: int = 128
@@ -215,6 +218,7 @@ class FwdSm90Config(AttnFwdConfig):
     block_skip: tuple = ()
     pack_tma: bool = True
     pack_tma_partial: bool = True
+    kv_mcast: bool = False
 
     KERNEL = "fa4.fwd.sm90:FlashFwdSm90"
     REQUIRED_SASS = ("HGMMA", "UTMALDG")  # checked in the SASS of every compile variant (tests/test_compile.py)
@@ -292,6 +296,7 @@ class FlashFwdSm90:
         self.pack = cfg.qhead_per_kvhead > 1
         self.split = cfg.split_kv
         self.o_in_q = cfg.o_in_q and cfg.o_via_smem
+        self.mcast = cfg.kv_mcast  # Note [K/V multicast]: clusters of two CTAs share K / V
         # User functions traced into the softmax step (fa4/mods.py); None when absent.
         self.score_mod, self.mask_mod = lookup(cfg.score_mod), lookup(cfg.mask_mod)
         self.user_mods = self.score_mod is not None or self.mask_mod is not None
@@ -350,6 +355,17 @@ class FlashFwdSm90:
         check_block_skip(cfg, "FwdSm90Config", pack_gqa=cfg.qhead_per_kvhead != 1)
         if cfg.split_kv and not cfg.has_lse:
             raise ValueError("FwdSm90Config.split_kv needs has_lse (the combine reads every split's LSE)")
+        if cfg.kv_mcast:
+            # Both tiles of a cluster must walk the same K blocks in the same order, each one at a time.
+            bars = dict(causal=cfg.causal, local=cfg.local, varlen_q=cfg.varlen_q, varlen_k=cfg.varlen_k,
+                        has_seqused_q=cfg.has_seqused_q, has_seqused_k=cfg.has_seqused_k, page_rows=cfg.page_rows,
+                        split_kv=cfg.split_kv, persistent=cfg.persistent, compact_grid=cfg.compact_grid,
+                        block_skip=cfg.block_skip, score_mod=cfg.score_mod, mask_mod=cfg.mask_mod,
+                        pack_gqa=cfg.qhead_per_kvhead > 1, l2_section_mb=cfg.l2_section_mb)
+            on = [k for k, v in bars.items() if v]
+            if on:
+                raise ValueError(f"FwdSm90Config.kv_mcast (Note [K/V multicast]) serves dense non-causal tiles on "
+                                 f"the plain grid only; this config has {', '.join(on)}")
         check_config(cfg, "FwdSm90Config", backward=False)
 
     @staticmethod
@@ -465,15 +481,20 @@ class FlashFwdSm90:
                                                         (q_tiler, self.tile_hdim))
         # Paged K/V: one TMA per chunk of page_rows rows (Note [Paged K/V]).
         kv_rows = self.tile_n if const_expr(not self.page_rows) else self.page_rows
-        tma_k, mK_tma = cpasync.make_tiled_tma_atom(g2s, mK_t, self.kv_box_layout(self.sK_layout, self.tile_hdim),
-                                                    (kv_rows, self.tile_hdim))
-        tma_v, mV_tma = cpasync.make_tiled_tma_atom(g2s, mV_t, self.kv_box_layout(self.sV_layout, self.tile_hdimv),
-                                                    (kv_rows, self.tile_hdimv))
+        g2s_kv, kv_casts = g2s, 1
+        if const_expr(self.mcast):
+            g2s_kv, kv_casts = cpasync.CopyBulkTensorTileG2SMulticastOp(), 2
+        tma_k, mK_tma = cpasync.make_tiled_tma_atom(g2s_kv, mK_t, self.kv_box_layout(self.sK_layout, self.tile_hdim),
+                                                    (kv_rows, self.tile_hdim), kv_casts)
+        tma_v, mV_tma = cpasync.make_tiled_tma_atom(g2s_kv, mV_t, self.kv_box_layout(self.sV_layout, self.tile_hdimv),
+                                                    (kv_rows, self.tile_hdimv), kv_casts)
         tma_o, mO_tma = None, None
         if const_expr(self.tma_o):
             tma_o, mO_tma = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mO_t,
                                                         self.rows_box(self.sO_layout, self.tile_hdimv),
                                                         (q_tiler, self.tile_hdimv))
+        if const_expr(self.mcast):  # whole clusters: an odd count gets a tile past the rows (Note [K/V multicast])
+            num_m_blocks = (num_m_blocks + 1) // 2 * 2
         max_grid = max_ctas if const_expr(cfg.persistent) else num_m_blocks * sched_heads * num_batch
         grid = PersistentTileScheduler.grid(num_m_blocks, sched_heads, num_batch, max_grid)
         if const_expr(cfg.compact_grid):  # Note [Compact varlen grid]: slots per scheduler head
@@ -492,6 +513,7 @@ class FlashFwdSm90:
             smem=self.SharedStorage.size_in_bytes(),
             stream=stream,
             min_blocks_per_mp=1,
+            cluster=[2, 1, 1] if const_expr(self.mcast) else None,
         )
 
     # ----------------------------------------------------------------------------------------
@@ -547,7 +569,11 @@ class FlashFwdSm90:
         storage = cutlass.memory.SmemAllocator().allocate(self.SharedStorage)
         pipes = self.make_pipelines(storage)
         cute.arch.mbarrier_init_fence()
-        cute.arch.sync_threads()
+        if const_expr(self.mcast):  # the peer's barriers are initialized before any TMA or release reaches them
+            cute.arch.cluster_arrive_relaxed()
+            cute.arch.cluster_wait()
+        else:
+            cute.arch.sync_threads()
 
         if const_expr(self.cfg.dynamic_sched):
             sched = DynamicTileScheduler(num_m_blocks, sched_heads, num_batch, section, reverse=self.cfg.lpt,
@@ -580,12 +606,19 @@ class FlashFwdSm90:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.mma_softmax(mQ, mO, mLSE, sQ, sK, sV, sO, tma_o, pipes, sched, tile_info, scale_log2, prescale,
                              num_batch, mSink, mAux)
+        if const_expr(self.mcast):  # no CTA exits while its peer may still write its smem or arrive on its barriers
+            cute.arch.cluster_arrive()
+            cute.arch.cluster_wait()
 
     def make_pipelines(self, storage):
         """The Q, K and V pipelines (arrive counts: module docstring)."""
         group = partial(pipeline.CooperativeGroup, pipeline.Agent.Thread)
         consumer_warps = self.num_consumer_threads // 32
         mk = partial(pipeline.PipelineTmaAsync.create, producer_group=group(1), defer_sync=True)
+        # K / V multicast (Note [K/V multicast]): a stage is free once both CTAs' consumer warps released it
+        # (lanes 0 and 1 of each warp arrive at CTA 0 and 1).
+        kv_casts = 2 if const_expr(self.mcast) else 1
+        mk_kv = partial(mk, cta_layout_vmnk=cute.make_layout((1, kv_casts, 1, 1)))
         pipes = {}
         if const_expr(self.cfg.dynamic_sched):
             # Tile claims (DynamicTileScheduler): the producer warp's lanes -> every consumer thread.
@@ -596,10 +629,10 @@ class FlashFwdSm90:
             pipes,
             q=mk(barrier_storage=storage.mbar_q.data_ptr(), num_stages=1, tx_count=self.tma_bytes_q,
                  consumer_group=group(1 if self.o_in_q else consumer_warps)),
-            k=mk(barrier_storage=storage.mbar_k.data_ptr(), num_stages=self.num_stages, tx_count=self.tma_bytes_k,
-                 consumer_group=group(consumer_warps)),
-            v=mk(barrier_storage=storage.mbar_v.data_ptr(), num_stages=self.num_stages, tx_count=self.tma_bytes_v,
-                 consumer_group=group(consumer_warps)),
+            k=mk_kv(barrier_storage=storage.mbar_k.data_ptr(), num_stages=self.num_stages,
+                    tx_count=self.tma_bytes_k, consumer_group=group(kv_casts * consumer_warps)),
+            v=mk_kv(barrier_storage=storage.mbar_v.data_ptr(), num_stages=self.num_stages,
+                    tx_count=self.tma_bytes_v, consumer_group=group(kv_casts * consumer_warps)),
         )
 
     @cute.jit
@@ -623,6 +656,8 @@ class FlashFwdSm90:
         if const_expr(self.cfg.block_skip):
             n_min, n_max = self.block_skipper(mAux, batch, head, m_block).narrow(n_min, n_max)
         active = m_block * self.q_rows < seqlen.seqlen_q * self.cfg.qhead_per_kvhead
+        if const_expr(self.mcast):
+            active = True  # a tile past the rows still loads its half of K / V for its peer (Note [K/V multicast])
         return m_block, head, split, batch, seqlen, mask, n_min, n_max, active
 
     def block_skipper(self, mAux, batch, head, m_block):
@@ -657,9 +692,13 @@ class FlashFwdSm90:
                                          (None, 0))
                     gV = cute.local_tile(seqlen.k_view_sd(mV, batch, head_kv), (self.tile_n, self.tile_hdimv),
                                          (None, 0))
-                    tKsK, tKgK = cpasync.tma_partition(tma_k, 0, one, cute.group_modes(sK, 0, 2),
+                    rank, casts = 0, one
+                    if const_expr(self.mcast):  # this CTA's half of each block, to both (Note [K/V multicast])
+                        rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+                        casts = cute.make_layout(2)
+                    tKsK, tKgK = cpasync.tma_partition(tma_k, rank, casts, cute.group_modes(sK, 0, 2),
                                                        cute.group_modes(gK, 0, 2))
-                    tVsV, tVgV = cpasync.tma_partition(tma_v, 0, one, cute.group_modes(sV, 0, 2),
+                    tVsV, tVgV = cpasync.tma_partition(tma_v, rank, casts, cute.group_modes(sV, 0, 2),
                                                        cute.group_modes(gV, 0, 2))
                 else:  # paged: (TMA operands, batch, kv head), each block chunked by load_block
                     tKgK, tKsK = (mK, sK), (mPageTable, batch, head_kv)
@@ -747,7 +786,11 @@ class FlashFwdSm90:
         """Wait for the stage to be free, then TMA block ``n`` into it (completing on its mbarrier).
         Paged (``tXgX = (mX, sX)``, ``tXsX = (page table, batch, kv head)``): one TMA per chunk of
         ``page_rows`` rows, from the page holding it (Note [Paged K/V])."""
-        if const_expr(not self.page_rows):
+        if const_expr(self.mcast):
+            pipe.producer_acquire(state)
+            cute.copy(tma, tXgX[None, n], tXsX[None, state.index], tma_bar_ptr=pipe.producer_get_barrier(state),
+                      mcast_mask=cutlass.Int16(0b11))
+        elif const_expr(not self.page_rows):
             pipe.producer_acquire(state)
             cute.copy(tma, tXgX[None, n], tXsX[None, state.index], tma_bar_ptr=pipe.producer_get_barrier(state))
         else:
@@ -919,6 +962,29 @@ class FlashFwdSm90:
         if const_expr(self.tma_o):
             if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 4:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    # Note [K/V multicast]
+    # ~~~~~~~~~~~~~~~~~~~~
+    # Every tile of a head reads the head's whole K and V. On the H100 fa4's forward reads 20-46% more
+    # L2 sectors than flash-attn-4's (d64 s8k / d128 s16k, RESULTS v0.49) for the same DRAM bytes:
+    # requests for one sector are merged before the L2 counts them, and fewer of fa4's merge. With
+    # ``kv_mcast`` (experimental, off) that sharing is made explicit: CTAs launch in clusters of two
+    # on m-blocks ``2p`` and ``2p + 1`` of one head (the plain grid, m-blocks fastest, one head per
+    # L2 section), and each CTA's producer loads half of every K / V block (``tma_partition`` over the
+    # two CTAs) by TMA multicast into both CTAs' stage, so the L2 serves each block once per cluster.
+    # - Each CTA's full barrier expects the whole block's bytes (its half and the peer's).
+    # - A stage is free only when both CTAs' consumers have released it: the K / V empty barriers
+    #   count ``2 x`` consumer warps, and lanes 0 / 1 of each consumer warp arrive at CTA 0 / 1
+    #   (``PipelineTmaAsync`` with a ``(1, 2, 1, 1)`` cluster layout).
+    # - Both tiles of a cluster walk the same K blocks in the same order: dense non-causal tiles
+    #   only, without split-KV, pages, user functions or pack GQA (``can_implement``).
+    # - An odd m-block count gets one more tile per head, past the rows: it runs (its Q is TMA's
+    #   zero fill, its O box and LSE rows are clipped), because its half of every block is the
+    #   peer's too (``tile_info``'s ``active``).
+    # - The barriers are initialized cluster-wide before any multicast or remote arrive, and no
+    #   CTA exits before its peer is done with it (a cluster barrier at each end of the kernel).
+    # Measured: RESULTS v0.49 (tests/test_fwd_sm90_gpu.py::test_kv_multicast_matches_single_cta: the
+    # same bits as the plain grid without it).
 
     # Note [The first block in the masked loop]
     # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -1428,6 +1494,8 @@ def variants(arch: str) -> list[FwdSm90Config]:
         cfg(128, causal=True),
         cfg(128, causal=True, dynamic_sched=True),
         cfg(128, persistent=False, pingpong=True),
+        cfg(128, persistent=False, dynamic_sched=False, kv_mcast=True),  # Note [K/V multicast]
+        cfg(64, persistent=False, dynamic_sched=False, kv_mcast=True),
         cfg(128, causal=True, pingpong=True, pp_steps_only=True, dynamic_sched=True),
         cfg(256, rescale_o_before_pv=True, rescale_threshold=8.0, sum_rounded=True),
         cfg(256, rescale_o_before_pv=True, dynamic_sched=True),  # d256 without a mask: the dynamic grid (v0.16)
