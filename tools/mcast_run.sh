@@ -4,7 +4,7 @@
 # the non-causal rows (default, plain grid, plain grid with multicast), then its L2 sectors at
 # d128 s16k (ncu, base clock) beside the plain grid's.
 out=${OUT:-/tmp/out}
-timeout 240 python3 -m pytest -m gpu -p no:cacheprovider -q -x tests/test_fwd_sm90_gpu.py -k kv_multicast \
+timeout 150 python3 -m pytest -m gpu -p no:cacheprovider -q -x tests/test_fwd_sm90_gpu.py -k kv_multicast \
   > "$out/mcast_test.log" 2>&1
 rc=$?; echo "mcast test rc=$rc"; tail -3 "$out/mcast_test.log"
 [ $rc = 0 ] || { grep -E "Error|error|assert" "$out/mcast_test.log" | head -20; exit 1; }
