@@ -682,7 +682,7 @@ def test_kv_multicast_matches_single_cta(d, seqlen_q, seqlen_k):
     as the plain grid without it (the same tiles, blocks and order), and pass the reference rule;
     odd m-block counts (1, 113 and 500 rows: a cluster whose second tile is past the rows) included."""
     q, k, v = random_qkv(2, seqlen_q, seqlen_k, 4, 4, d, torch.bfloat16, "cuda", seed=11)
-    plain = dict(persistent=False, dynamic_sched=False, l2_section_mb=0)
+    plain = dict(persistent=False, dynamic_sched=False, l2_section_mb=0, split_kv=False)
     out0, lse0 = _run_config(q, k, v, False, plain)
     out1, lse1 = _run_config(q, k, v, False, dict(plain, kv_mcast=True))
     _check(out1, lse1, q, k, v, causal=False)
