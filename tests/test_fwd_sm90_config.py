@@ -69,10 +69,30 @@ def test_pingpong_belongs_to_the_table_tile():
 def test_grid_order_by_length(d, sk, causal, dynamic, sections):
     """The measured choice (RESULTS v0.8, v0.16): always persistent; static with one-pair L2
     sections, except masked rows past s_k 1024 (tiles claimed dynamically, 16 MB sections) and
-    rows without a mask past s_k 1024 at head dims > 128 (dynamic, one-pair sections)."""
+    rows without a mask past s_k 1024 at head dims > 128 (dynamic, one-pair sections); v0.49: d128
+    without a mask on the plain grid with K/V multicast (Note [K/V multicast])."""
     cfg = sm90.make_config(_problem(d, sq=sk, sk=sk, causal=causal), None, "sm_90a", True)
-    assert cfg.persistent and cfg.dynamic_sched == dynamic
+    mcast = d == 128 and not causal
+    assert cfg.kv_mcast == mcast
+    assert cfg.persistent != mcast and cfg.dynamic_sched == dynamic
     assert cfg.l2_section_mb == sections
+
+
+@pytest.mark.parametrize("extra", [dict(gqa=True), dict(varlen_q=True, varlen_k=True, total_q=16384, total_k=16384),
+                                   dict(has_seqused_k=True), dict(local=True), dict(sq=1)])
+def test_kv_mcast_only_dense_non_causal(extra):
+    """K/V multicast (v0.49) takes only dense d128 tiles without a mask, GQA or lengths: both tiles of
+    a cluster must walk the same K blocks (Note [K/V multicast]); decode tiles keep their grid."""
+    assert sm90.make_config(_problem(128, sq=4096, sk=4096), None, "sm_90a", True).kv_mcast
+    kw = {**dict(sq=4096, sk=4096), **extra}
+    if kw.get("local"):
+        kw.update(window_left=256, window_right=0)
+    if kw.pop("gqa", False):
+        problem = AttnProblem(dtype="bf16", batch=2, seqlen_q=4096, seqlen_k=4096, heads=8, heads_k=2, head_dim=128,
+                              head_dim_v=128, softmax_scale=128**-0.5)
+    else:
+        problem = _problem(128, **kw)
+    assert not sm90.make_config(problem, None, "sm_90a", True).kv_mcast
 
 
 @pytest.mark.parametrize("ragged", [dict(varlen_q=True, varlen_k=True, total_q=16384, total_k=16384),
@@ -114,10 +134,10 @@ def test_decode_tile_and_grid(d, kind, monkeypatch):
     # average would take the compact grid, COMPACT_LOOSE_BOUND.)
     pkw = dict(kw, total_q=2 * 4096, total_k=2 * 8192) if kind == "varlen" else kw
     prefill = sm90.make_config(_problem(d, sq=4096, sk=8192, **pkw), None, "sm_90a", False)
-    assert prefill.persistent and prefill.tile_n == table_n
+    assert (prefill.persistent or prefill.kv_mcast) and prefill.tile_n == table_n  # (multicast: the plain grid)
     monkeypatch.setattr(sm90, "DECODE_GRID", False)
     old = sm90.make_config(prob, None, "sm_90a", False)
-    assert old.persistent and old.tile_n == table_n
+    assert (old.persistent or old.kv_mcast) and old.tile_n == table_n
 
 
 @pytest.mark.parametrize("d", [64, 128, 256])
