@@ -65,14 +65,15 @@ def test_pingpong_belongs_to_the_table_tile():
 @pytest.mark.parametrize("d,sk,causal,dynamic,sections", [
     (128, 1024, False, False, 0), (128, 16384, False, False, 0), (128, 1024, True, False, 0),
     (128, 1025, True, True, 16), (128, 8192, True, True, 16), (256, 8192, True, True, 16),
-    (256, 8192, False, True, 0), (192, 2048, False, True, 0), (256, 1024, False, False, 0)])
+    (256, 8192, False, True, 0), (192, 2048, False, True, 0), (256, 1024, False, False, 0),
+    (128, 8192, False, False, 0)])
 def test_grid_order_by_length(d, sk, causal, dynamic, sections):
     """The measured choice (RESULTS v0.8, v0.16): always persistent; static with one-pair L2
     sections, except masked rows past s_k 1024 (tiles claimed dynamically, 16 MB sections) and
     rows without a mask past s_k 1024 at head dims > 128 (dynamic, one-pair sections); v0.49: d128
     without a mask on the plain grid with K/V multicast (Note [K/V multicast])."""
     cfg = sm90.make_config(_problem(d, sq=sk, sk=sk, causal=causal), None, "sm_90a", True)
-    mcast = d == 128 and not causal
+    mcast = d == 128 and not causal and sk >= sm90.KV_MCAST_MIN_SEQLEN_K
     assert cfg.kv_mcast == mcast
     assert cfg.persistent != mcast and cfg.dynamic_sched == dynamic
     assert cfg.l2_section_mb == sections
@@ -81,14 +82,16 @@ def test_grid_order_by_length(d, sk, causal, dynamic, sections):
 @pytest.mark.parametrize("extra", [dict(gqa=True), dict(varlen_q=True, varlen_k=True, total_q=16384, total_k=16384),
                                    dict(has_seqused_k=True), dict(local=True), dict(sq=1)])
 def test_kv_mcast_only_dense_non_causal(extra):
-    """K/V multicast (v0.49) takes only dense d128 tiles without a mask, GQA or lengths: both tiles of
-    a cluster must walk the same K blocks (Note [K/V multicast]); decode tiles keep their grid."""
-    assert sm90.make_config(_problem(128, sq=4096, sk=4096), None, "sm_90a", True).kv_mcast
-    kw = {**dict(sq=4096, sk=4096), **extra}
+    """K/V multicast (v0.49) takes only dense d128 tiles without a mask, GQA or lengths, from s_k 8192:
+    both tiles of a cluster must walk the same K blocks (Note [K/V multicast]); decode tiles keep
+    their grid; shorter keys lose (H100 s1k -18%)."""
+    assert sm90.make_config(_problem(128, sq=8192, sk=8192), None, "sm_90a", True).kv_mcast
+    assert not sm90.make_config(_problem(128, sq=8192, sk=4096), None, "sm_90a", True).kv_mcast
+    kw = {**dict(sq=8192, sk=8192), **extra}
     if kw.get("local"):
         kw.update(window_left=256, window_right=0)
     if kw.pop("gqa", False):
-        problem = AttnProblem(dtype="bf16", batch=2, seqlen_q=4096, seqlen_k=4096, heads=8, heads_k=2, head_dim=128,
+        problem = AttnProblem(dtype="bf16", batch=2, seqlen_q=8192, seqlen_k=8192, heads=8, heads_k=2, head_dim=128,
                               head_dim_v=128, softmax_scale=128**-0.5)
     else:
         problem = _problem(128, **kw)

@@ -1346,17 +1346,21 @@ def _fold_first(causal: bool, local: bool, head_dim: int, one_step: bool, user_m
     return fwd_common.fold_first_rule(FOLD_FIRST_CAUSAL, windowed, one_step, user_mods, block_skip)
 
 
-# v0.49: dense non-causal d128 tiles share K / V in clusters of two by TMA multicast (Note [K/V
-# multicast]), on the plain grid: H200, five interleaved rounds, against the persistent default:
-# s8k +3.0%, s16k +4.7% (ncu at the base clock: the same cycles, 42% fewer L2 sectors read, so
-# the gain is clock at the power cap); d64 -4.0% and d256 -1.4%, which keep theirs.
+# v0.49: dense non-causal d128 tiles from s_k 8192 share K / V in clusters of two by TMA multicast
+# (Note [K/V multicast]), on the plain grid. Five interleaved rounds against the persistent grid
+# without it: H200 s8k +3.0%, s16k +4.7%; H100 s1k -17.7%, s4k -1.1%, s8k 0.0%, s16k +1.6%. ncu
+# at the base clock (H200, s16k): the same cycles, 42% fewer L2 sectors read, so the gain is clock
+# at the power cap, and grows with the K / V each tile reads. d64 s8k -4.0% and d256 s8k -1.4%
+# (H200) keep theirs.
 KV_MCAST_BUCKETS = frozenset({128})
+KV_MCAST_MIN_SEQLEN_K = 8192
 
 
-def _kv_mcast(cfg: FwdSm90Config) -> bool:
-    """Whether the rule above takes K / V multicast for ``cfg`` (the plain grid's defaults otherwise
-    as they are: a tile shape, stages and turns of the table, no user tile size)."""
-    return (_bucket(max(cfg.head_dim, cfg.head_dim_v)) in KV_MCAST_BUCKETS and not cfg.causal and not cfg.local
+def _kv_mcast(cfg: FwdSm90Config, seqlen_k: int) -> bool:
+    """Whether the rule above takes K / V multicast for ``cfg`` (its other fields as the plain grid
+    takes them) at ``seqlen_k`` keys."""
+    return (_bucket(max(cfg.head_dim, cfg.head_dim_v)) in KV_MCAST_BUCKETS and seqlen_k >= KV_MCAST_MIN_SEQLEN_K
+            and not cfg.causal and not cfg.local
             and not (cfg.varlen_q or cfg.varlen_k or cfg.has_seqused_q or cfg.has_seqused_k) and not cfg.page_rows
             and not cfg.split_kv and not cfg.compact_grid and not cfg.block_skip and cfg.qhead_per_kvhead == 1
             and not (cfg.score_mod or cfg.mask_mod) and cfg.persistent)
@@ -1460,7 +1464,7 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
                                bool(problem.score_mod or problem.mask_mod), skip),
         **FwdSm90Config.fwd_flags(problem),
     )
-    if _kv_mcast(cfg):
+    if _kv_mcast(cfg, problem.seqlen_k):
         cfg = replace(cfg, persistent=False, dynamic_sched=False, l2_section_mb=0, kv_mcast=True)
     FlashFwdSm90.can_implement(cfg)
     if options.num_threads is not None and options.num_threads != cfg.num_threads:
