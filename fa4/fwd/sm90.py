@@ -30,7 +30,10 @@ expected transaction bytes; a consumer arrive is one per warp, from lane 0)
       the stage too: its Q is loaded and waited for although unused, so that the epilogue's zero O
       written over sQ cannot race the next tile's Q load (Note [Empty tiles and o_in_q]).
     * ``pipeline_k``, ``pipeline_v``: ``num_stages`` stages each, one shared stage counter (block
-      ``i`` of a tile uses stage ``i % num_stages`` for both). Consumers: ``num_wg * 4`` arrives.
+      ``i`` of a tile uses stage ``i % num_stages`` for both). Consumers: ``num_wg * 4`` arrives;
+      with ``kv_mcast`` (clusters of two, Note [K/V multicast]) ``2 * num_wg * 4``: lanes 0 and 1 of
+      every consumer warp of both CTAs arrive at CTA 0's and CTA 1's stage, and each CTA's producer
+      loads half of the block into both, its full barrier expecting the whole block's bytes.
       Producer order per tile: K[last], Q, then each next block's K before the V of the block
       before it in the walk's order (K[n] before V[n + 1] descending; a local tile's edges first:
       Note [Edges first] in fa4/mask.py), then the last block's V; the consumers use K one block
