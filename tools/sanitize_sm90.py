@@ -2,7 +2,7 @@
 
     compute-sanitizer --tool racecheck python3 tools/sanitize_sm90.py
 
-Forward: the persistent (static and dynamic, on a 3-CTA grid) and the plain grid, 1/2/3 consumer warpgroups, causal / local, varlen with
+Forward: the persistent (static and dynamic, on a 3-CTA grid) and the plain grid (with K/V multicast too), 1/2/3 consumer warpgroups, causal / local, varlen with
 a length-1 sequence (and the claims past empty varlen tiles), an unpadded head dim, O through TMA and through plain stores. Backward: P/dS in
 registers (d128, GQA, causal) and through smem (d256; the ordered paths with bwd_dq_pass=False from d160),
 deterministic (the up order without GQA), varlen with seqused_k, 128-row
@@ -29,6 +29,11 @@ CASES = [
     (2, 65, 129, 2, 1, 72, False, {"tile_m": 64}),
     # the dynamic scheduler's claims and smem ring (40 tiles over the SM-count grid: make the grid small)
     (2, 640, 700, 4, 2, 128, True, {"persistent": True, "dynamic_sched": True}),
+    # K/V multicast in clusters of two (Note [K/V multicast]): 3 m-blocks, so a tile past the rows
+    (1, 300, 500, 2, 2, 128, False, {"persistent": False, "dynamic_sched": False, "split_kv": False,
+                                     "l2_section_mb": 0, "kv_mcast": True}),
+    (1, 500, 260, 2, 2, 64, False, {"persistent": False, "dynamic_sched": False, "split_kv": False,
+                                    "l2_section_mb": 0, "kv_mcast": True}),
 ]
 for b, sq, sk, h, hk, d, causal, fields in CASES:
     q, k, v = random_qkv(b, sq, sk, h, hk, d, torch.bfloat16, "cuda", seed=d)
