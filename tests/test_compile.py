@@ -191,3 +191,17 @@ def test_fold_first_keeps_wgmmas_async():
     got, sep = census(fold), census(dataclasses.replace(fold, fold_first=False))
     assert got["MUFU"] < sep["MUFU"], (got, sep)
     assert got["WARPGROUP.DEPBAR"] <= sep["WARPGROUP.DEPBAR"] and got["BSSY"] <= sep["BSSY"], (got, sep)
+
+
+@pytest.mark.slow
+def test_kv_mcast_loads_by_multicast():
+    """Note [K/V multicast]: with ``kv_mcast`` every K / V load of the sm90 forward is a multicast TMA
+    (each CTA issues its half of a block to both CTAs of the cluster); Q stays a plain TMA load, and
+    the same config without it has no multicast load."""
+    mc = next(c for c in arch.all_variants("sm_90a")
+              if type(c).__name__ == "FwdSm90Config" and c.kv_mcast and c.head_dim == 128)
+    loads = [x for x in sass.disassemble(mc).splitlines() if "UTMALDG" in x]
+    mcast = [x for x in loads if "MULTICAST" in x]
+    assert mcast and len(loads) - len(mcast) >= 1, loads
+    plain = sass.disassemble(dataclasses.replace(mc, kv_mcast=False))
+    assert "UTMALDG" in plain and "MULTICAST" not in plain
