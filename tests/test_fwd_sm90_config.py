@@ -411,3 +411,17 @@ def test_q_box_transaction_bytes():
     assert [expected for expected, _ in got] == [126 * 256, 125 * 256, 126 * 512, 190 * 128, 60 * 256,
                                                    128 * 256, 128 * 256]
     assert all(expected == bytes_q for expected, bytes_q in got), got
+
+
+def test_kv_mcast_refuses_what_it_cannot_serve():
+    """A multicast config whose tiles could walk different K blocks, or off the plain grid, raises
+    naming the fields (Note [K/V multicast])."""
+    import dataclasses
+
+    ok = sm90.make_config(_problem(128, sq=8192, sk=8192), None, "sm_90a", True)
+    assert ok.kv_mcast
+    sm90.FlashFwdSm90.can_implement(ok)
+    for field, value in [("causal", True), ("persistent", True), ("split_kv", True), ("qhead_per_kvhead", 2),
+                         ("l2_section_mb", 16), ("varlen_k", True)]:
+        with pytest.raises(ValueError, match=f"kv_mcast.*{field}"):
+            sm90.FlashFwdSm90.can_implement(dataclasses.replace(ok, **{field: value}))

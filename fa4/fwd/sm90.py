@@ -195,9 +195,10 @@ class FwdSm90Config(AttnFwdConfig):
     the blocks at the window's edges instead of in its own code (Note [The first block in the
     masked loop]; a local tile's two edges share that loop: Note [Edges first] in fa4/mask.py); the
     default for causal tiles since v0.44 and for d64 local tiles since v0.45. ``kv_mcast``
-    (experimental, off; dense non-causal tiles on the plain grid): CTAs launch in clusters of two,
-    on m-blocks ``2p`` and ``2p + 1`` of one head, and each loads half of every K / V block by TMA
-    multicast into both (Note [K/V multicast])."""
+    (dense non-causal tiles on the plain grid; the d128 default from s_k 8192 since v0.49,
+    ``KV_MCAST_BUCKETS``): CTAs launch in clusters of two, on m-blocks ``2p`` and ``2p + 1`` of one
+    head, and each loads half of every K / V block by TMA multicast into both (Note [K/V
+    multicast])."""
 
     head_dim: int = 128
     head_dim_v: int = 128
@@ -229,6 +230,17 @@ class FwdSm90Config(AttnFwdConfig):
     @property
     def num_wg(self) -> int:
         return self.tile_m // 64
+
+    def kv_mcast_blockers(self) -> list[str]:
+        """The fields (by name) whose values keep this config's tiles from sharing K / V in clusters
+        of two (Note [K/V multicast]): both tiles of a cluster must walk the same K blocks in the
+        same order. The grid's own fields (the plain grid, one (head, batch) pair per L2 section)
+        are :meth:`FlashFwdSm90.can_implement`'s to check."""
+        fields = dict(causal=self.causal, local=self.local, varlen_q=self.varlen_q, varlen_k=self.varlen_k,
+                      has_seqused_q=self.has_seqused_q, has_seqused_k=self.has_seqused_k, page_rows=self.page_rows,
+                      split_kv=self.split_kv, block_skip=self.block_skip, score_mod=self.score_mod,
+                      mask_mod=self.mask_mod, qhead_per_kvhead=self.qhead_per_kvhead > 1)
+        return [k for k, v in fields.items() if v]
 
     @property
     def num_threads(self) -> int:
@@ -359,13 +371,8 @@ class FlashFwdSm90:
         if cfg.split_kv and not cfg.has_lse:
             raise ValueError("FwdSm90Config.split_kv needs has_lse (the combine reads every split's LSE)")
         if cfg.kv_mcast:
-            # Both tiles of a cluster must walk the same K blocks in the same order, each one at a time.
-            bars = dict(causal=cfg.causal, local=cfg.local, varlen_q=cfg.varlen_q, varlen_k=cfg.varlen_k,
-                        has_seqused_q=cfg.has_seqused_q, has_seqused_k=cfg.has_seqused_k, page_rows=cfg.page_rows,
-                        split_kv=cfg.split_kv, persistent=cfg.persistent, compact_grid=cfg.compact_grid,
-                        block_skip=cfg.block_skip, score_mod=cfg.score_mod, mask_mod=cfg.mask_mod,
-                        pack_gqa=cfg.qhead_per_kvhead > 1, l2_section_mb=cfg.l2_section_mb)
-            on = [k for k, v in bars.items() if v]
+            grid = dict(persistent=cfg.persistent, compact_grid=cfg.compact_grid, l2_section_mb=cfg.l2_section_mb)
+            on = cfg.kv_mcast_blockers() + [k for k, v in grid.items() if v]
             if on:
                 raise ValueError(f"FwdSm90Config.kv_mcast (Note [K/V multicast]) serves dense non-causal tiles on "
                                  f"the plain grid only; this config has {', '.join(on)}")
@@ -971,7 +978,7 @@ class FlashFwdSm90:
     # Every tile of a head reads the head's whole K and V. On the H100 fa4's forward reads 20-46% more
     # L2 sectors than flash-attn-4's (d64 s8k / d128 s16k, RESULTS v0.49) for the same DRAM bytes:
     # requests for one sector are merged before the L2 counts them, and fewer of fa4's merge. With
-    # ``kv_mcast`` (experimental, off) that sharing is made explicit: CTAs launch in clusters of two
+    # ``kv_mcast`` (the d128 default without a mask from s_k 8192) that sharing is made explicit: CTAs launch in clusters of two
     # on m-blocks ``2p`` and ``2p + 1`` of one head (the plain grid, m-blocks fastest, one head per
     # L2 section), and each CTA's producer loads half of every K / V block (``tma_partition`` over the
     # two CTAs) by TMA multicast into both CTAs' stage, so the L2 serves each block once per cluster.
@@ -980,7 +987,8 @@ class FlashFwdSm90:
     #   count ``2 x`` consumer warps, and lanes 0 / 1 of each consumer warp arrive at CTA 0 / 1
     #   (``PipelineTmaAsync`` with a ``(1, 2, 1, 1)`` cluster layout).
     # - Both tiles of a cluster walk the same K blocks in the same order: dense non-causal tiles
-    #   only, without split-KV, pages, user functions or pack GQA (``can_implement``).
+    #   only, without split-KV, pages, user functions or pack GQA
+    #   (``FwdSm90Config.kv_mcast_blockers``).
     # - An odd m-block count gets one more tile per head, past the rows: it runs (its Q is TMA's
     #   zero fill, its O box and LSE rows are clipped), because its half of every block is the
     #   peer's too (``tile_info``'s ``active``).
@@ -1360,13 +1368,10 @@ KV_MCAST_MIN_SEQLEN_K = 8192
 
 
 def _kv_mcast(cfg: FwdSm90Config, seqlen_k: int) -> bool:
-    """Whether the rule above takes K / V multicast for ``cfg`` (its other fields as the plain grid
-    takes them) at ``seqlen_k`` keys."""
+    """Whether the rule above moves ``cfg`` (on the persistent grid: not a decode or compact one) at
+    ``seqlen_k`` keys to the plain grid with K / V multicast."""
     return (_bucket(max(cfg.head_dim, cfg.head_dim_v)) in KV_MCAST_BUCKETS and seqlen_k >= KV_MCAST_MIN_SEQLEN_K
-            and not cfg.causal and not cfg.local
-            and not (cfg.varlen_q or cfg.varlen_k or cfg.has_seqused_q or cfg.has_seqused_k) and not cfg.page_rows
-            and not cfg.split_kv and not cfg.compact_grid and not cfg.block_skip and cfg.qhead_per_kvhead == 1
-            and not (cfg.score_mod or cfg.mask_mod) and cfg.persistent)
+            and cfg.persistent and not cfg.kv_mcast_blockers())
 
 
 def _loose_q(problem: AttnProblem) -> bool:
