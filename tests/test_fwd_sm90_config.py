@@ -87,6 +87,7 @@ def test_kv_mcast_only_dense_non_causal(extra):
     their grid; shorter keys lose (H100 s1k -18%)."""
     assert sm90.make_config(_problem(128, sq=8192, sk=8192), None, "sm_90a", True).kv_mcast
     assert not sm90.make_config(_problem(128, sq=8192, sk=4096), None, "sm_90a", True).kv_mcast
+    assert not sm90.make_config(_problem(112, sq=8192, sk=8192), None, "sm_90a", True).kv_mcast  # not measured
     kw = {**dict(sq=8192, sk=8192), **extra}
     if kw.get("local"):
         kw.update(window_left=256, window_right=0)

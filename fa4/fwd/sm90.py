@@ -196,7 +196,7 @@ class FwdSm90Config(AttnFwdConfig):
     masked loop]; a local tile's two edges share that loop: Note [Edges first] in fa4/mask.py); the
     default for causal tiles since v0.44 and for d64 local tiles since v0.45. ``kv_mcast``
     (dense non-causal tiles on the plain grid; the d128 default from s_k 8192 since v0.49,
-    ``KV_MCAST_BUCKETS``): CTAs launch in clusters of two, on m-blocks ``2p`` and ``2p + 1`` of one
+    ``KV_MCAST_HEAD_DIMS``): CTAs launch in clusters of two, on m-blocks ``2p`` and ``2p + 1`` of one
     head, and each loads half of every K / V block by TMA multicast into both (Note [K/V
     multicast])."""
 
@@ -975,13 +975,14 @@ class FlashFwdSm90:
 
     # Note [K/V multicast]
     # ~~~~~~~~~~~~~~~~~~~~
-    # Every tile of a head reads the head's whole K and V. On the H100 fa4's forward reads 20-46% more
-    # L2 sectors than flash-attn-4's (d64 s8k / d128 s16k, RESULTS v0.49) for the same DRAM bytes:
-    # requests for one sector are merged before the L2 counts them, and fewer of fa4's merge. With
-    # ``kv_mcast`` (the d128 default without a mask from s_k 8192) that sharing is made explicit: CTAs launch in clusters of two
-    # on m-blocks ``2p`` and ``2p + 1`` of one head (the plain grid, m-blocks fastest, one head per
-    # L2 section), and each CTA's producer loads half of every K / V block (``tma_partition`` over the
-    # two CTAs) by TMA multicast into both CTAs' stage, so the L2 serves each block once per cluster.
+    # Every tile of a head reads the head's whole K and V. On the H100 fa4's forward reads 20-46%
+    # more L2 sectors than flash-attn-4's (d64 s8k / d128 s16k, RESULTS v0.49) for the same DRAM
+    # bytes: requests for one sector are merged before the L2 counts them, and fewer of fa4's
+    # merge. With ``kv_mcast`` (the d128 default without a mask from s_k 8192) that sharing is made
+    # explicit: CTAs launch in clusters of two on m-blocks ``2p`` and ``2p + 1`` of one head (the
+    # plain grid, m-blocks fastest, one head per L2 section), and each CTA's producer loads half of
+    # every K / V block (``tma_partition`` over the two CTAs) by TMA multicast into both CTAs'
+    # stage, so the L2 serves each block once per cluster.
     # - Each CTA's full barrier expects the whole block's bytes (its half and the peer's).
     # - A stage is free only when both CTAs' consumers have released it: the K / V empty barriers
     #   count ``2 x`` consumer warps, and lanes 0 / 1 of each consumer warp arrive at CTA 0 / 1
@@ -1363,14 +1364,15 @@ def _fold_first(causal: bool, local: bool, head_dim: int, one_step: bool, user_m
 # at the base clock (H200, s16k): the same cycles, 42% fewer L2 sectors read, so the gain is clock
 # at the power cap, and grows with the K / V each tile reads. d64 s8k -4.0% and d256 s8k -1.4%
 # (H200) keep theirs.
-KV_MCAST_BUCKETS = frozenset({128})
+# (head_dim, head_dim_v) as measured: d100-120 share the 128 bucket's table, not this measurement.
+KV_MCAST_HEAD_DIMS = frozenset({(128, 128)})
 KV_MCAST_MIN_SEQLEN_K = 8192
 
 
 def _kv_mcast(cfg: FwdSm90Config, seqlen_k: int) -> bool:
     """Whether the rule above moves ``cfg`` (on the persistent grid: not a decode or compact one) at
     ``seqlen_k`` keys to the plain grid with K / V multicast."""
-    return (_bucket(max(cfg.head_dim, cfg.head_dim_v)) in KV_MCAST_BUCKETS and seqlen_k >= KV_MCAST_MIN_SEQLEN_K
+    return ((cfg.head_dim, cfg.head_dim_v) in KV_MCAST_HEAD_DIMS and seqlen_k >= KV_MCAST_MIN_SEQLEN_K
             and cfg.persistent and not cfg.kv_mcast_blockers())
 
 
