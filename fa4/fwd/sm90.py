@@ -312,6 +312,7 @@ class FlashFwdSm90:
         self.split = cfg.split_kv
         self.o_in_q = cfg.o_in_q and cfg.o_via_smem
         self.mcast = cfg.kv_mcast  # Note [K/V multicast]: clusters of two CTAs share K / V
+        self.kv_casts = 2 if cfg.kv_mcast else 1  # CTAs each K / V block lands in
         # User functions traced into the softmax step (fa4/mods.py); None when absent.
         self.score_mod, self.mask_mod = lookup(cfg.score_mod), lookup(cfg.mask_mod)
         self.user_mods = self.score_mod is not None or self.mask_mod is not None
@@ -491,13 +492,11 @@ class FlashFwdSm90:
                                                         (q_tiler, self.tile_hdim))
         # Paged K/V: one TMA per chunk of page_rows rows (Note [Paged K/V]).
         kv_rows = self.tile_n if const_expr(not self.page_rows) else self.page_rows
-        g2s_kv, kv_casts = g2s, 1
-        if const_expr(self.mcast):
-            g2s_kv, kv_casts = cpasync.CopyBulkTensorTileG2SMulticastOp(), 2
+        g2s_kv = cpasync.CopyBulkTensorTileG2SMulticastOp() if const_expr(self.mcast) else g2s
         tma_k, mK_tma = cpasync.make_tiled_tma_atom(g2s_kv, mK_t, self.kv_box_layout(self.sK_layout, self.tile_hdim),
-                                                    (kv_rows, self.tile_hdim), kv_casts)
+                                                    (kv_rows, self.tile_hdim), self.kv_casts)
         tma_v, mV_tma = cpasync.make_tiled_tma_atom(g2s_kv, mV_t, self.kv_box_layout(self.sV_layout, self.tile_hdimv),
-                                                    (kv_rows, self.tile_hdimv), kv_casts)
+                                                    (kv_rows, self.tile_hdimv), self.kv_casts)
         tma_o, mO_tma = None, None
         if const_expr(self.tma_o):
             tma_o, mO_tma = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mO_t,
@@ -523,7 +522,7 @@ class FlashFwdSm90:
             smem=self.SharedStorage.size_in_bytes(),
             stream=stream,
             min_blocks_per_mp=1,
-            cluster=[2, 1, 1] if const_expr(self.mcast) else None,
+            cluster=[self.kv_casts, 1, 1] if const_expr(self.mcast) else None,
         )
 
     # ----------------------------------------------------------------------------------------
@@ -627,7 +626,7 @@ class FlashFwdSm90:
         mk = partial(pipeline.PipelineTmaAsync.create, producer_group=group(1), defer_sync=True)
         # K / V multicast (Note [K/V multicast]): a stage is free once both CTAs' consumer warps released it
         # (lanes 0 and 1 of each warp arrive at CTA 0 and 1).
-        kv_casts = 2 if const_expr(self.mcast) else 1
+        kv_casts = self.kv_casts
         mk_kv = partial(mk, cta_layout_vmnk=cute.make_layout((1, kv_casts, 1, 1)))
         pipes = {}
         if const_expr(self.cfg.dynamic_sched):
@@ -696,16 +695,14 @@ class FlashFwdSm90:
             m_block, head, split, batch, seqlen, mask, n_min, n_max, active = tile_info(idx)
             if active and n_min < n_max:
                 head_kv = head if const_expr(self.pack) else head // head_ratio
-                one = cute.make_layout(1)
                 if const_expr(not self.page_rows):
                     gK = cute.local_tile(seqlen.k_view_sd(mK, batch, head_kv), (self.tile_n, self.tile_hdim),
                                          (None, 0))
                     gV = cute.local_tile(seqlen.k_view_sd(mV, batch, head_kv), (self.tile_n, self.tile_hdimv),
                                          (None, 0))
-                    rank, casts = 0, one
+                    rank, casts = 0, cute.make_layout(self.kv_casts)
                     if const_expr(self.mcast):  # this CTA's half of each block, to both (Note [K/V multicast])
                         rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
-                        casts = cute.make_layout(2)
                     tKsK, tKgK = cpasync.tma_partition(tma_k, rank, casts, cute.group_modes(sK, 0, 2),
                                                        cute.group_modes(gK, 0, 2))
                     tVsV, tVgV = cpasync.tma_partition(tma_v, rank, casts, cute.group_modes(sV, 0, 2),
@@ -796,13 +793,13 @@ class FlashFwdSm90:
         """Wait for the stage to be free, then TMA block ``n`` into it (completing on its mbarrier).
         Paged (``tXgX = (mX, sX)``, ``tXsX = (page table, batch, kv head)``): one TMA per chunk of
         ``page_rows`` rows, from the page holding it (Note [Paged K/V])."""
-        if const_expr(self.mcast):
+        if const_expr(not self.page_rows):
+            to_all = {}  # (K / V multicast: to every CTA of the cluster, Note [K/V multicast])
+            if const_expr(self.mcast):
+                to_all = dict(mcast_mask=cutlass.Int16((1 << self.kv_casts) - 1))
             pipe.producer_acquire(state)
             cute.copy(tma, tXgX[None, n], tXsX[None, state.index], tma_bar_ptr=pipe.producer_get_barrier(state),
-                      mcast_mask=cutlass.Int16(0b11))
-        elif const_expr(not self.page_rows):
-            pipe.producer_acquire(state)
-            cute.copy(tma, tXgX[None, n], tXsX[None, state.index], tma_bar_ptr=pipe.producer_get_barrier(state))
+                      **to_all)
         else:
             (mX, sX), (mPageTable, batch, head_kv) = tXgX, tXsX
             rows, cols = self.page_rows, cute.size(sX, mode=[1])
