@@ -415,14 +415,16 @@ def test_q_box_transaction_bytes():
 
 
 def test_kv_mcast_refuses_what_it_cannot_serve():
-    """A multicast config whose tiles could walk different K blocks, or off the plain grid, raises
-    naming the fields (Note [K/V multicast])."""
+    """A multicast config whose tiles could walk different K blocks, or on a dynamic grid, raises
+    naming the fields; the static grids (plain or persistent, any L2 sections) serve it (Note [K/V
+    multicast])."""
     import dataclasses
 
     ok = sm90.make_config(_problem(128, sq=8192, sk=8192), None, "sm_90a", True)
     assert ok.kv_mcast
     sm90.FlashFwdSm90.can_implement(ok)
-    for field, value in [("causal", True), ("persistent", True), ("split_kv", True), ("qhead_per_kvhead", 2),
-                         ("l2_section_mb", 16), ("varlen_k", True)]:
+    sm90.FlashFwdSm90.can_implement(dataclasses.replace(ok, persistent=True, l2_section_mb=16))  # pairs of tiles
+    for field, value in [("causal", True), ("dynamic_sched", True), ("split_kv", True), ("qhead_per_kvhead", 2),
+                         ("varlen_k", True)]:
         with pytest.raises(ValueError, match=f"kv_mcast.*{field}"):
-            sm90.FlashFwdSm90.can_implement(dataclasses.replace(ok, **{field: value}))
+            sm90.FlashFwdSm90.can_implement(dataclasses.replace(ok, persistent=True, **{field: value}))

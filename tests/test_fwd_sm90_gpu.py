@@ -675,16 +675,43 @@ def test_local_error_not_above_descending_or_flash_attn_4(monkeypatch, d, win, s
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("grid", ["plain", "persistent"])
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("seqlen_q,seqlen_k", [(1, 203), (113, 1024), (500, 203), (1000, 1000), (4096, 1024)])
-def test_kv_multicast_matches_single_cta(d, seqlen_q, seqlen_k):
+def test_kv_multicast_matches_single_cta(d, seqlen_q, seqlen_k, grid, monkeypatch):
     """Note [K/V multicast]: clusters of two CTAs sharing K / V by TMA multicast give the same bits
     as the plain grid without it (the same tiles, blocks and order), and pass the reference rule;
-    odd m-block counts (1, 113 and 500 rows: a cluster whose second tile is past the rows) included."""
+    odd m-block counts (1, 113 and 500 rows: a cluster whose second tile is past the rows) included.
+    ``persistent``: three clusters walk the pairs (:class:`fa4.sched.tile.ClusterPairScheduler`)."""
+    from fa4.fwd import sm90
+
     q, k, v = random_qkv(2, seqlen_q, seqlen_k, 4, 4, d, torch.bfloat16, "cuda", seed=11)
     plain = dict(persistent=False, dynamic_sched=False, l2_section_mb=0, split_kv=False)
     out0, lse0 = _run_config(q, k, v, False, plain)
-    out1, lse1 = _run_config(q, k, v, False, dict(plain, kv_mcast=True))
+    if grid == "persistent":
+        monkeypatch.setattr(sm90, "_num_sms", lambda device: 6)
+    out1, lse1 = _run_config(q, k, v, False, dict(plain, kv_mcast=True, persistent=grid == "persistent"))
     _check(out1, lse1, q, k, v, causal=False)
     assert torch.equal(out0, out1)
     assert torch.equal(lse0, lse1)
+
+
+def test_cluster_pairs_cover_every_tile_once():
+    """:class:`fa4.sched.tile.ClusterPairScheduler`: on a grid of clusters of two, each tile goes to
+    exactly one CTA, and both CTAs of a cluster hold tiles of one (head, batch) pair, m-blocks 2m and
+    2m + 1, at every step (runs on the CPU)."""
+    from fa4.sched.tile import pair_tile, snake_next
+
+    for m_blocks, heads, batch, grid, section in [(2, 1, 1, 2, 1), (8, 3, 2, 6, 1), (16, 16, 1, 132, 1),
+                                                  (4, 5, 3, 14, 2), (128, 16, 1, 132, 1)]:
+        pairs = m_blocks // 2 * heads * batch
+        clusters = min(pairs, grid // 2)
+        seen = []
+        for k in range(clusters):
+            idx = k
+            while idx < pairs:
+                two = [pair_tile(idx, r, m_blocks, heads, batch, section, False) for r in (0, 1)]
+                assert two[0][1:] == two[1][1:] and two[1][0] == two[0][0] + 1 and two[0][0] % 2 == 0, two
+                seen += two
+                idx = snake_next(idx, k, clusters)
+        assert sorted(seen) == sorted((m, h, b) for m in range(m_blocks) for h in range(heads) for b in range(batch))

@@ -34,6 +34,9 @@ CASES = [
                                      "l2_section_mb": 0, "kv_mcast": True}),
     (1, 500, 260, 2, 2, 64, False, {"persistent": False, "dynamic_sched": False, "split_kv": False,
                                     "l2_section_mb": 0, "kv_mcast": True}),
+    # ... and persistent: on the 3-SM grid one cluster walks all 8 pairs (ClusterPairScheduler)
+    (2, 500, 400, 4, 4, 128, False, {"persistent": True, "dynamic_sched": False, "split_kv": False,
+                                     "kv_mcast": True}),
 ]
 for b, sq, sk, h, hk, d, causal, fields in CASES:
     q, k, v = random_qkv(b, sq, sk, h, hk, d, torch.bfloat16, "cuda", seed=d)

@@ -136,7 +136,7 @@ from fa4.pack_gqa import (
     TileRows, batch_slot, load_q_rows, packed_rows_view, packed_tile, partial_slot, row_sinks, store_acc_rows,
     store_lse_rows, store_rows,
 )
-from fa4.sched.tile import (LOOSE_BOUND_RATIO, CompactVarlenTileScheduler, DynamicTileScheduler,
+from fa4.sched.tile import (LOOSE_BOUND_RATIO, ClusterPairScheduler, CompactVarlenTileScheduler, DynamicTileScheduler,
                             PersistentTileScheduler, loose_bound, loose_plan, shape_bound, split_head, split_range)
 from fa4.seqlen import SeqlenInfo, to_sdhb
 from fa4.softmax import OnlineSoftmax, apply_softcap, rescale_rows, score_scales
@@ -195,10 +195,10 @@ class FwdSm90Config(AttnFwdConfig):
     the blocks at the window's edges instead of in its own code (Note [The first block in the
     masked loop]; a local tile's two edges share that loop: Note [Edges first] in fa4/mask.py); the
     default for causal tiles since v0.44 and for d64 local tiles since v0.45. ``kv_mcast``
-    (dense non-causal tiles on the plain grid; the d128 default from s_k 8192 since v0.49,
-    ``KV_MCAST_HEAD_DIMS``): CTAs launch in clusters of two, on m-blocks ``2p`` and ``2p + 1`` of one
-    head, and each loads half of every K / V block by TMA multicast into both (Note [K/V
-    multicast])."""
+    (dense non-causal tiles on a static grid, plain or persistent; the d128 default on the plain
+    grid from s_k 8192 since v0.49, ``KV_MCAST_HEAD_DIMS``): CTAs launch in clusters of two, on
+    m-blocks ``2m`` and ``2m + 1`` of one head, and each loads half of every K / V block by TMA
+    multicast into both (Note [K/V multicast])."""
 
     head_dim: int = 128
     head_dim_v: int = 128
@@ -372,11 +372,11 @@ class FlashFwdSm90:
         if cfg.split_kv and not cfg.has_lse:
             raise ValueError("FwdSm90Config.split_kv needs has_lse (the combine reads every split's LSE)")
         if cfg.kv_mcast:
-            grid = dict(persistent=cfg.persistent, compact_grid=cfg.compact_grid, l2_section_mb=cfg.l2_section_mb)
+            grid = dict(dynamic_sched=cfg.dynamic_sched, compact_grid=cfg.compact_grid)
             on = cfg.kv_mcast_blockers() + [k for k, v in grid.items() if v]
             if on:
                 raise ValueError(f"FwdSm90Config.kv_mcast (Note [K/V multicast]) serves dense non-causal tiles on "
-                                 f"the plain grid only; this config has {', '.join(on)}")
+                                 f"the static grids only; this config has {', '.join(on)}")
         check_config(cfg, "FwdSm90Config", backward=False)
 
     @staticmethod
@@ -506,6 +506,8 @@ class FlashFwdSm90:
             num_m_blocks = (num_m_blocks + 1) // 2 * 2
         max_grid = max_ctas if const_expr(cfg.persistent) else num_m_blocks * sched_heads * num_batch
         grid = PersistentTileScheduler.grid(num_m_blocks, sched_heads, num_batch, max_grid)
+        if const_expr(self.mcast):
+            grid = ClusterPairScheduler.grid(num_m_blocks, sched_heads, num_batch, max_grid)
         if const_expr(cfg.compact_grid):  # Note [Compact varlen grid]: slots per scheduler head
             num_m_blocks = mQ.shape[1] * cfg.qhead_per_kvhead // self.q_rows + num_batch
             grid = CompactVarlenTileScheduler.grid(num_m_blocks, sched_heads)
@@ -589,6 +591,8 @@ class FlashFwdSm90:
                                          counter=mTileCounter.iterator,
                                          next_idx=storage.next_idx.get_tensor(cute.make_layout(2)),
                                          pipe=pipes["sched"])
+        elif const_expr(self.mcast):
+            sched = ClusterPairScheduler(num_m_blocks, sched_heads, num_batch, section, reverse=self.cfg.lpt)
         elif const_expr(self.cfg.compact_grid):
             sched = CompactVarlenTileScheduler(num_m_blocks, sched_heads, num_batch, section, reverse=self.cfg.lpt,
                                                mCuSeqlens=mCuSeqlensQ, tile_rows=self.q_rows,
@@ -976,10 +980,11 @@ class FlashFwdSm90:
     # more L2 sectors than flash-attn-4's (d64 s8k / d128 s16k, RESULTS v0.49) for the same DRAM
     # bytes: requests for one sector are merged before the L2 counts them, and fewer of fa4's
     # merge. With ``kv_mcast`` (the d128 default without a mask from s_k 8192) that sharing is made
-    # explicit: CTAs launch in clusters of two on m-blocks ``2p`` and ``2p + 1`` of one head (the
-    # plain grid, m-blocks fastest, one head per L2 section), and each CTA's producer loads half of
-    # every K / V block (``tma_partition`` over the two CTAs) by TMA multicast into both CTAs'
-    # stage, so the L2 serves each block once per cluster.
+    # explicit: CTAs launch in clusters of two on m-blocks ``2m`` and ``2m + 1`` of one head at every
+    # step (:class:`fa4.sched.tile.ClusterPairScheduler`: on the plain grid one pair per cluster, on
+    # the persistent grid the snake over pairs), and each CTA's producer loads half of every K / V
+    # block (``tma_partition`` over the two CTAs) by TMA multicast into both CTAs' stage, so the L2
+    # serves each block once per cluster.
     # - Each CTA's full barrier expects the whole block's bytes (its half and the peer's).
     # - A stage is free only when both CTAs' consumers have released it: the K / V empty barriers
     #   count ``2 x`` consumer warps, and lanes 0 / 1 of each consumer warp arrive at CTA 0 / 1
@@ -1524,6 +1529,7 @@ def variants(arch: str) -> list[FwdSm90Config]:
         cfg(128, causal=True, dynamic_sched=True),
         cfg(128, persistent=False, pingpong=True),
         cfg(128, persistent=False, dynamic_sched=False, kv_mcast=True),  # Note [K/V multicast]
+        cfg(128, persistent=True, dynamic_sched=False, kv_mcast=True),  # (the pairs' persistent snake)
         cfg(64, persistent=False, dynamic_sched=False, kv_mcast=True),
         cfg(128, causal=True, pingpong=True, pp_steps_only=True, dynamic_sched=True),
         cfg(256, rescale_o_before_pv=True, rescale_threshold=8.0, sum_rounded=True),

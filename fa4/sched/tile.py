@@ -406,6 +406,42 @@ class DynamicTileScheduler(PersistentTileScheduler):
         return nxt, state
 
 
+class ClusterPairScheduler(PersistentTileScheduler):
+    """:class:`PersistentTileScheduler`'s order over *pairs* of m-blocks, for clusters of two CTAs
+    that share K / V (Note [K/V multicast] in fa4/fwd/sm90.py): cluster ``k`` of the ``G / 2``
+    clusters walks pair indices as CTA ``k`` of a ``G / 2`` grid walks tiles (the snake, sections and
+    LPT over ``num_m_blocks / 2`` m-pairs), and CTA ``r`` of the cluster takes m-block ``2 m + r`` of
+    the pair ``(m, head, batch)`` (:func:`pair_tile`), so both tiles of a cluster are of one (head,
+    batch) pair at every step. ``num_m_blocks`` is even (the caller rounds it up). With ``max_ctas``
+    at least twice the pairs it is one pair per cluster: the plain grid."""
+
+    @staticmethod
+    def grid(num_m_blocks, num_heads, num_batch, max_ctas):
+        return (cutlass.min(num_m_blocks // 2 * num_heads * num_batch, max_ctas // 2) * 2, 1, 1)
+
+    def first(self) -> Int32:
+        return Int32(cute.arch.block_idx()[0]) // 2
+
+    def valid(self, idx: Int32):
+        return idx < self.num_m_blocks // 2 * self.num_heads * self.num_batch
+
+    def next(self, idx: Int32) -> Int32:
+        return snake_next(idx, Int32(cute.arch.block_idx()[0]) // 2, Int32(cute.arch.grid_dim()[0]) // 2)
+
+    def tile(self, idx: Int32) -> Tuple[Int32, Int32, Int32]:
+        return pair_tile(idx, Int32(cute.arch.block_idx()[0]) % 2, self.num_m_blocks, self.num_heads, self.num_batch,
+                         self.section, self.reverse)
+
+
+def pair_tile(idx, rank, num_m_blocks, num_heads, num_batch, section, reverse: bool):
+    """``(m_block, head, batch)`` of CTA ``rank`` (0 or 1) of a cluster at pair index ``idx``
+    (:class:`ClusterPairScheduler`): m-block ``2 m + rank`` of the section order's pair ``idx`` over
+    ``num_m_blocks / 2`` m-pairs. Plain arithmetic (traced on Int32, run on Python ints by the CPU
+    tests)."""
+    m_pair, head, batch = section_tile(idx, num_m_blocks // 2, num_heads, num_batch, section, reverse)
+    return 2 * m_pair + rank, head, batch
+
+
 def snake_next(idx, cta, grid):
     """The tile after ``idx`` for CTA ``cta`` of ``grid`` in the snake order (plain arithmetic:
     traced on Int32 and run on Python ints by the CPU tests)."""
