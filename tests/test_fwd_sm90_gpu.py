@@ -675,17 +675,19 @@ def test_local_error_not_above_descending_or_flash_attn_4(monkeypatch, d, win, s
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("heads_k", [4, 1])
 @pytest.mark.parametrize("grid", ["plain", "persistent"])
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("seqlen_q,seqlen_k", [(1, 203), (113, 1024), (500, 203), (1000, 1000), (4096, 1024)])
-def test_kv_multicast_matches_single_cta(d, seqlen_q, seqlen_k, grid, monkeypatch):
+def test_kv_multicast_matches_single_cta(d, seqlen_q, seqlen_k, grid, heads_k, monkeypatch):
     """Note [K/V multicast]: clusters of two CTAs sharing K / V by TMA multicast give the same bits
     as the plain grid without it (the same tiles, blocks and order), and pass the reference rule;
     odd m-block counts (1, 113 and 500 rows: a cluster whose second tile is past the rows) included.
-    ``persistent``: three clusters walk the pairs (:class:`fa4.sched.tile.ClusterPairScheduler`)."""
+    ``persistent``: three clusters walk the pairs (:class:`fa4.sched.tile.ClusterPairScheduler`);
+    ``heads_k=1``: pack GQA (4 q heads of one kv head in a tile's rows)."""
     from fa4.fwd import sm90
 
-    q, k, v = random_qkv(2, seqlen_q, seqlen_k, 4, 4, d, torch.bfloat16, "cuda", seed=11)
+    q, k, v = random_qkv(2, seqlen_q, seqlen_k, 4, heads_k, d, torch.bfloat16, "cuda", seed=11)
     plain = dict(persistent=False, dynamic_sched=False, l2_section_mb=0, split_kv=False)
     out0, lse0 = _run_config(q, k, v, False, plain)
     if grid == "persistent":

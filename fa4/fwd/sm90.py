@@ -239,7 +239,7 @@ class FwdSm90Config(AttnFwdConfig):
         fields = dict(causal=self.causal, local=self.local, varlen_q=self.varlen_q, varlen_k=self.varlen_k,
                       has_seqused_q=self.has_seqused_q, has_seqused_k=self.has_seqused_k, page_rows=self.page_rows,
                       split_kv=self.split_kv, block_skip=self.block_skip, score_mod=self.score_mod,
-                      mask_mod=self.mask_mod, qhead_per_kvhead=self.qhead_per_kvhead > 1)
+                      mask_mod=self.mask_mod)
         return [k for k, v in fields.items() if v]
 
     @property
@@ -990,8 +990,8 @@ class FlashFwdSm90:
     #   count ``2 x`` consumer warps, and lanes 0 / 1 of each consumer warp arrive at CTA 0 / 1
     #   (``PipelineTmaAsync`` with a ``(1, 2, 1, 1)`` cluster layout).
     # - Both tiles of a cluster walk the same K blocks in the same order: dense non-causal tiles
-    #   only, without split-KV, pages, user functions or pack GQA
-    #   (``FwdSm90Config.kv_mcast_blockers``).
+    #   only, without split-KV, pages or user functions (``FwdSm90Config.kv_mcast_blockers``). Pack
+    #   GQA serves: a pair's two tiles hold rows of one kv head.
     # - An odd m-block count gets one more tile per head, past the rows: it runs (its Q is TMA's
     #   zero fill, its O box and LSE rows are clipped), because its half of every block is the
     #   peer's too (``tile_info``'s ``active``).
@@ -1375,7 +1375,7 @@ def _kv_mcast(cfg: FwdSm90Config, seqlen_k: int) -> bool:
     """Whether the rule above moves ``cfg`` (on the persistent grid: not a decode or compact one) at
     ``seqlen_k`` keys to the plain grid with K / V multicast."""
     return ((cfg.head_dim, cfg.head_dim_v) in KV_MCAST_HEAD_DIMS and seqlen_k >= KV_MCAST_MIN_SEQLEN_K
-            and cfg.persistent and not cfg.kv_mcast_blockers())
+            and cfg.persistent and not cfg.kv_mcast_blockers() and cfg.qhead_per_kvhead == 1)  # (GQA: not measured)
 
 
 def _loose_q(problem: AttnProblem) -> bool:
@@ -1530,6 +1530,7 @@ def variants(arch: str) -> list[FwdSm90Config]:
         cfg(128, persistent=False, pingpong=True),
         cfg(128, persistent=False, dynamic_sched=False, kv_mcast=True),  # Note [K/V multicast]
         cfg(128, persistent=True, dynamic_sched=False, kv_mcast=True),  # (the pairs' persistent snake)
+        cfg(128, qhead_per_kvhead=4, persistent=False, dynamic_sched=False, kv_mcast=True),  # (pack GQA)
         cfg(64, persistent=False, dynamic_sched=False, kv_mcast=True),
         cfg(128, causal=True, pingpong=True, pp_steps_only=True, dynamic_sched=True),
         cfg(256, rescale_o_before_pv=True, rescale_threshold=8.0, sum_rounded=True),
