@@ -66,27 +66,28 @@ def test_pingpong_belongs_to_the_table_tile():
     (128, 1024, False, False, 0), (128, 16384, False, False, 0), (128, 1024, True, False, 0),
     (128, 1025, True, True, 16), (128, 8192, True, True, 16), (256, 8192, True, True, 16),
     (256, 8192, False, True, 0), (192, 2048, False, True, 0), (256, 1024, False, False, 0),
-    (128, 8192, False, False, 0)])
+    (128, 8192, False, False, 0), (128, 4096, False, False, 0)])
 def test_grid_order_by_length(d, sk, causal, dynamic, sections):
     """The measured choice (RESULTS v0.8, v0.16): always persistent; static with one-pair L2
     sections, except masked rows past s_k 1024 (tiles claimed dynamically, 16 MB sections) and
-    rows without a mask past s_k 1024 at head dims > 128 (dynamic, one-pair sections); v0.49: d128
-    without a mask on the plain grid with K/V multicast (Note [K/V multicast])."""
+    rows without a mask past s_k 1024 at head dims > 128 (dynamic, one-pair sections); v0.50: d128
+    without a mask from s_k 4096 with K/V multicast, persistent (Note [K/V multicast])."""
     cfg = sm90.make_config(_problem(d, sq=sk, sk=sk, causal=causal), None, "sm_90a", True)
     mcast = d == 128 and not causal and sk >= sm90.KV_MCAST_MIN_SEQLEN_K
     assert cfg.kv_mcast == mcast
-    assert cfg.persistent != mcast and cfg.dynamic_sched == dynamic
+    assert cfg.persistent and cfg.dynamic_sched == dynamic
     assert cfg.l2_section_mb == sections
 
 
 @pytest.mark.parametrize("extra", [dict(gqa=True), dict(varlen_q=True, varlen_k=True, total_q=16384, total_k=16384),
                                    dict(has_seqused_k=True), dict(local=True), dict(sq=1)])
 def test_kv_mcast_only_dense_non_causal(extra):
-    """K/V multicast (v0.49) takes only dense d128 tiles without a mask, GQA or lengths, from s_k 8192:
+    """K/V multicast (v0.50) takes only dense d128 tiles without a mask, GQA or lengths, from s_k 4096:
     both tiles of a cluster must walk the same K blocks (Note [K/V multicast]); decode tiles keep
-    their grid; shorter keys lose (H100 s1k -18%)."""
+    their grid; shorter keys gain nothing (H100 s1k within 1%)."""
     assert sm90.make_config(_problem(128, sq=8192, sk=8192), None, "sm_90a", True).kv_mcast
-    assert not sm90.make_config(_problem(128, sq=8192, sk=4096), None, "sm_90a", True).kv_mcast
+    assert sm90.make_config(_problem(128, sq=8192, sk=4096), None, "sm_90a", True).kv_mcast
+    assert not sm90.make_config(_problem(128, sq=8192, sk=2048), None, "sm_90a", True).kv_mcast
     assert not sm90.make_config(_problem(112, sq=8192, sk=8192), None, "sm_90a", True).kv_mcast  # not measured
     kw = {**dict(sq=8192, sk=8192), **extra}
     if kw.get("local"):
@@ -138,10 +139,10 @@ def test_decode_tile_and_grid(d, kind, monkeypatch):
     # average would take the compact grid, COMPACT_LOOSE_BOUND.)
     pkw = dict(kw, total_q=2 * 4096, total_k=2 * 8192) if kind == "varlen" else kw
     prefill = sm90.make_config(_problem(d, sq=4096, sk=8192, **pkw), None, "sm_90a", False)
-    assert (prefill.persistent or prefill.kv_mcast) and prefill.tile_n == table_n  # (multicast: the plain grid)
+    assert prefill.persistent and prefill.tile_n == table_n
     monkeypatch.setattr(sm90, "DECODE_GRID", False)
     old = sm90.make_config(prob, None, "sm_90a", False)
-    assert (old.persistent or old.kv_mcast) and old.tile_n == table_n
+    assert old.persistent and old.tile_n == table_n
 
 
 @pytest.mark.parametrize("d", [64, 128, 256])

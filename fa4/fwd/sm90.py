@@ -195,8 +195,8 @@ class FwdSm90Config(AttnFwdConfig):
     the blocks at the window's edges instead of in its own code (Note [The first block in the
     masked loop]; a local tile's two edges share that loop: Note [Edges first] in fa4/mask.py); the
     default for causal tiles since v0.44 and for d64 local tiles since v0.45. ``kv_mcast``
-    (dense non-causal tiles on a static grid, plain or persistent; the d128 default on the plain
-    grid from s_k 8192 since v0.49, ``KV_MCAST_HEAD_DIMS``): CTAs launch in clusters of two, on
+    (dense non-causal tiles on a static grid, plain or persistent; the d128 default on the
+    persistent grid from s_k 4096 since v0.50, ``KV_MCAST_HEAD_DIMS``): CTAs launch in clusters of two, on
     m-blocks ``2m`` and ``2m + 1`` of one head, and each loads half of every K / V block by TMA
     multicast into both (Note [K/V multicast])."""
 
@@ -979,7 +979,7 @@ class FlashFwdSm90:
     # Every tile of a head reads the head's whole K and V. On the H100 fa4's forward reads 20-46%
     # more L2 sectors than flash-attn-4's (d64 s8k / d128 s16k, RESULTS v0.49) for the same DRAM
     # bytes: requests for one sector are merged before the L2 counts them, and fewer of fa4's
-    # merge. With ``kv_mcast`` (the d128 default without a mask from s_k 8192) that sharing is made
+    # merge. With ``kv_mcast`` (the d128 default without a mask from s_k 4096) that sharing is made
     # explicit: CTAs launch in clusters of two on m-blocks ``2m`` and ``2m + 1`` of one head at every
     # step (:class:`fa4.sched.tile.ClusterPairScheduler`: on the plain grid one pair per cluster, on
     # the persistent grid the snake over pairs), and each CTA's producer loads half of every K / V
@@ -1366,14 +1366,18 @@ def _fold_first(causal: bool, local: bool, head_dim: int, one_step: bool, user_m
 # at the base clock (H200, s16k): the same cycles, 42% fewer L2 sectors read, so the gain is clock
 # at the power cap, and grows with the K / V each tile reads. d64 s8k -4.0% and d256 s8k -1.4%
 # (H200) keep theirs.
+# v0.50: on the persistent grid (the pairs' snake, :class:`fa4.sched.tile.ClusterPairScheduler`),
+# from s_k 4096. Two sweeps of 5 and 9 interleaved rounds on an H100, against the persistent grid
+# without it / the plain grid with it: s4k +0.2% / +3.4% (vs -1.1% for the plain grid), s8k +3.4% /
+# +1.9% over the plain grid with it, s16k +1.5% / -0.2%; s1k within 1% (not taken: no gain).
 # (head_dim, head_dim_v) as measured: d100-120 share the 128 bucket's table, not this measurement.
 KV_MCAST_HEAD_DIMS = frozenset({(128, 128)})
-KV_MCAST_MIN_SEQLEN_K = 8192
+KV_MCAST_MIN_SEQLEN_K = 4096
 
 
 def _kv_mcast(cfg: FwdSm90Config, seqlen_k: int) -> bool:
-    """Whether the rule above moves ``cfg`` (on the persistent grid: not a decode or compact one) at
-    ``seqlen_k`` keys to the plain grid with K / V multicast."""
+    """Whether the rule above gives ``cfg`` (on the persistent grid: not a decode or compact one) at
+    ``seqlen_k`` keys K / V multicast (on the static persistent grid)."""
     return ((cfg.head_dim, cfg.head_dim_v) in KV_MCAST_HEAD_DIMS and seqlen_k >= KV_MCAST_MIN_SEQLEN_K
             and cfg.persistent and not cfg.kv_mcast_blockers() and cfg.qhead_per_kvhead == 1)  # (GQA: not measured)
 
@@ -1477,7 +1481,7 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         **FwdSm90Config.fwd_flags(problem),
     )
     if _kv_mcast(cfg, problem.seqlen_k):
-        cfg = replace(cfg, persistent=False, dynamic_sched=False, l2_section_mb=0, kv_mcast=True)
+        cfg = replace(cfg, dynamic_sched=False, kv_mcast=True)
     FlashFwdSm90.can_implement(cfg)
     if options.num_threads is not None and options.num_threads != cfg.num_threads:
         raise ValueError(f"KernelOptions.num_threads={options.num_threads}: the sm90 forward runs "
