@@ -450,6 +450,23 @@ if has next59; then
   gpu_tests_on 8 next59w 240 tests/test_fwd_sm90_gpu.py tests/test_fwd_splitkv_gpu.py tests/test_one_step_loop_gpu.py \
     -k "local or window" || exit 1
 fi
+if has next71; then
+  # Session 49 (RESULTS v0.50 Next 1): K/V multicast with more K / V stages (a cluster's two CTAs
+  # free a stage together, so a third stage may decouple them): d64 (multicast lost 5-6% with two)
+  # and d128 (the default from s4k), five rounds; GQA 4 with multicast (pack GQA, an option), three
+  # rounds beside the peers; then the grid beside the peers with the v0.50 default.
+  timeout 200 python3 tools/sweep_fwd.py --hdim 64,128 --seqlen 4096,8192,16384 --any-pair --causal no --repeat 5 \
+    mcp:hd=64,kv_mcast=True,persistent=True,dynamic_sched=False \
+    mc3:kv_mcast=True,persistent=True,dynamic_sched=False,num_stages=3 \
+    mc4:hd=64,kv_mcast=True,persistent=True,dynamic_sched=False,num_stages=4 > "$out/sweep71.log" 2>&1
+  echo "sweep71 rc=$?"; grep -v Warning "$out/sweep71.log" | tail -8
+  timeout 120 python3 -m fa4.bench --offgrid --mode fwd --rounds 3 --cases gqa-d128-s4k \
+    --variant "fwd.kv_mcast=True fwd.dynamic_sched=False" > "$out/next71gqa.log" 2>&1
+  echo "next71gqa rc=$?"; grep -v Warning "$out/next71gqa.log" | tail -8
+  timeout 200 python3 -m fa4.bench --mode fwd --causal both --repeats 3 --out "$out/next71bench" \
+    > "$out/next71bench.log" 2>&1
+  echo "next71bench rc=$?"; grep -E "^# (gpu|bf16|fwd)" "$out/next71bench.log"; tail -16 "$out/next71bench.log"
+fi
 if has next69; then
   # Session 48 (RESULTS v0.49 Next 0-1): K/V multicast, the d128 default from s_k 8192 (plain grid).
   # Its tests on both grids (the persistent pairs are new), then five rounds of the non-causal rows:
