@@ -177,6 +177,12 @@ def test_explain_hopper_forward_notes_the_grid():
     assert "21 positions (126 of the tile's 128 rows)" in text6
     k1 = torch.empty(2, 4096, 1, 128, dtype=torch.bfloat16)
     assert "GQA rows not packed" in str(fa4.explain(q6[:, :, :16], k1, k1, causal=True, capability=(9, 0)))
+    # K/V multicast (v0.50): the d128 rows without a mask from s_k 4096, on the static persistent grid.
+    q, k = torch.empty(2, 8192, 16, 128, dtype=torch.bfloat16), torch.empty(2, 8192, 16, 128, dtype=torch.bfloat16)
+    text = str(fa4.explain(q, k, k, capability=(9, 0)))
+    assert "static persistent grid" in text and "TMA multicast" in text and "KV_MCAST_MIN_SEQLEN_K" in text
+    assert "multicast" not in str(fa4.explain(q[:, :1024], k[:, :1024], k[:, :1024], capability=(9, 0)))
+    assert "multicast" not in str(fa4.explain(q, k, k, causal=True, capability=(9, 0)))
 
 
 def test_explain_validates():

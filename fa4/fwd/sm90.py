@@ -1654,6 +1654,13 @@ def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: F
                  "masked rows past s_k 1024, ragged rows, and head dims > 128 without a mask)")
     else:
         order = "the static persistent grid (one CTA per SM, a snake over one (head, batch) pair per section)"
+    if cfg.kv_mcast:
+        rule = ""
+        if _kv_mcast(replace(cfg, kv_mcast=False, persistent=True), problem.seqlen_k):
+            rule = (f": dense rows of head dim {cfg.head_dim} without a mask, GQA or lengths from s_k "
+                    f"{KV_MCAST_MIN_SEQLEN_K}, KV_MCAST_MIN_SEQLEN_K")
+        order += (", in clusters of two CTAs on m-blocks 2m and 2m + 1 of one head that load each K/V block once "
+                  f"by TMA multicast (Note [K/V multicast]{rule})")
     notes.append(f"grid: {order}; {'longest tiles first (LPT)' if cfg.lpt else 'tiles in order'}")
     return notes
 
