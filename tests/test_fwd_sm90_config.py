@@ -429,3 +429,16 @@ def test_kv_mcast_refuses_what_it_cannot_serve():
     for field, value in [("causal", True), ("dynamic_sched", True), ("split_kv", True), ("varlen_k", True)]:
         with pytest.raises(ValueError, match=f"kv_mcast.*{field}"):
             sm90.FlashFwdSm90.can_implement(dataclasses.replace(ok, persistent=True, **{field: value}))
+
+
+@pytest.mark.parametrize("sms,sk,grid", [(132, 4096, "persistent"), (132, 16384, "persistent"), (132, 2048, None),
+                                         (114, 4096, None), (114, 8192, "plain"), (78, 16384, "plain")])
+def test_kv_mcast_grid_by_sm_count(sms, sk, grid):
+    """The persistent multicast grid counts on num_sms / 2 clusters being resident at once, measured on
+    132-SM GPUs only (KV_MCAST_PERSISTENT_SMS); other SM counts keep v0.49's plain-grid multicast
+    from s_k 8192, whose clusters need no such count."""
+    cfg = sm90.make_config(_problem(128, sq=sk, sk=sk), None, "sm_90a", True, num_sms=sms)
+    assert cfg.kv_mcast == (grid is not None)
+    if grid is not None:
+        assert cfg.persistent == (grid == "persistent") and not cfg.dynamic_sched
+        sm90.FlashFwdSm90.can_implement(cfg)

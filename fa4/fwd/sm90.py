@@ -1367,19 +1367,32 @@ def _fold_first(causal: bool, local: bool, head_dim: int, one_step: bool, user_m
 # at the power cap, and grows with the K / V each tile reads. d64 s8k -4.0% and d256 s8k -1.4%
 # (H200) keep theirs.
 # v0.50: on the persistent grid (the pairs' snake, :class:`fa4.sched.tile.ClusterPairScheduler`),
-# from s_k 4096. Two sweeps of 5 and 9 interleaved rounds on an H100, against the persistent grid
-# without it / the plain grid with it: s4k +0.2% / +3.4% (vs -1.1% for the plain grid), s8k +3.4% /
-# +1.9% over the plain grid with it, s16k +1.5% / -0.2%; s1k within 1% (not taken: no gain).
+# from s_k 4096. Two sweeps of 5 and 9 interleaved rounds on an H100: s4k -0.6% / +2.8% against the
+# persistent grid without it, s8k +3.4% / +2-5% and s16k +1.5% / +0-3% over the plain grid with it;
+# s1k within 1% of the persistent grid (not taken: no gain). Two columns of one config read up to 3%
+# apart in those sweeps (RESULTS v0.50).
 # (head_dim, head_dim_v) as measured: d100-120 share the 128 bucket's table, not this measurement.
 KV_MCAST_HEAD_DIMS = frozenset({(128, 128)})
 KV_MCAST_MIN_SEQLEN_K = 4096
+# The persistent grid launches num_sms / 2 clusters and counts on all of them being resident at once:
+# a cluster that waits for a free pair of SMs in one GPC runs after the others, a tail as long as the
+# kernel. That held where it was measured, GPUs of 132 SMs (H100 SXM, H200: the gains above). On other
+# SM counts (H100 PCIe, H20) the GPCs' SM counts are not known here, so multicast keeps v0.49's plain
+# grid (one pair per cluster, scheduled as pairs of SMs free up) and its threshold.
+KV_MCAST_PERSISTENT_SMS = frozenset({132})
+KV_MCAST_PLAIN_MIN_SEQLEN_K = 8192
 
 
-def _kv_mcast(cfg: FwdSm90Config, seqlen_k: int) -> bool:
-    """Whether the rule above gives ``cfg`` (on the persistent grid: not a decode or compact one) at
-    ``seqlen_k`` keys K / V multicast (on the static persistent grid)."""
-    return ((cfg.head_dim, cfg.head_dim_v) in KV_MCAST_HEAD_DIMS and seqlen_k >= KV_MCAST_MIN_SEQLEN_K
-            and cfg.persistent and not cfg.kv_mcast_blockers() and cfg.qhead_per_kvhead == 1)  # (GQA: not measured)
+def _kv_mcast(cfg: FwdSm90Config, seqlen_k: int, num_sms: int) -> Optional[str]:
+    """The grid on which the rule above gives ``cfg`` (on the persistent grid: not a decode or compact
+    one) at ``seqlen_k`` keys K / V multicast on a GPU of ``num_sms`` SMs: ``"persistent"``,
+    ``"plain"`` (where cluster residency was not measured), or None."""
+    if not ((cfg.head_dim, cfg.head_dim_v) in KV_MCAST_HEAD_DIMS and cfg.persistent and not cfg.kv_mcast_blockers()
+            and cfg.qhead_per_kvhead == 1):  # (GQA: not measured)
+        return None
+    if num_sms in KV_MCAST_PERSISTENT_SMS:
+        return "persistent" if seqlen_k >= KV_MCAST_MIN_SEQLEN_K else None
+    return "plain" if seqlen_k >= KV_MCAST_PLAIN_MIN_SEQLEN_K else None
 
 
 def _loose_q(problem: AttnProblem) -> bool:
@@ -1480,8 +1493,11 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
                                bool(problem.score_mod or problem.mask_mod), skip),
         **FwdSm90Config.fwd_flags(problem),
     )
-    if _kv_mcast(cfg, problem.seqlen_k):
+    mcast_grid = _kv_mcast(cfg, problem.seqlen_k, num_sms if num_sms is not None else _num_sms(None))
+    if mcast_grid == "persistent":
         cfg = replace(cfg, dynamic_sched=False, kv_mcast=True)
+    elif mcast_grid == "plain":
+        cfg = replace(cfg, persistent=False, dynamic_sched=False, l2_section_mb=0, kv_mcast=True)
     FlashFwdSm90.can_implement(cfg)
     if options.num_threads is not None and options.num_threads != cfg.num_threads:
         raise ValueError(f"KernelOptions.num_threads={options.num_threads}: the sm90 forward runs "
@@ -1656,9 +1672,13 @@ def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: F
         order = "the static persistent grid (one CTA per SM, a snake over one (head, batch) pair per section)"
     if cfg.kv_mcast:
         rule = ""
-        if _kv_mcast(replace(cfg, kv_mcast=False, persistent=True), problem.seqlen_k):
+        grid = _kv_mcast(replace(cfg, kv_mcast=False, persistent=True), problem.seqlen_k, _num_sms(None))
+        if grid == "persistent":
             rule = (f": dense rows of head dim {cfg.head_dim} without a mask, GQA or lengths from s_k "
                     f"{KV_MCAST_MIN_SEQLEN_K}, KV_MCAST_MIN_SEQLEN_K")
+        elif grid == "plain":
+            rule = (f": the same rows from s_k {KV_MCAST_PLAIN_MIN_SEQLEN_K} on the plain grid, where the SM count "
+                    "is not one the persistent clusters were measured on, KV_MCAST_PERSISTENT_SMS")
         order += (", in clusters of two CTAs on m-blocks 2m and 2m + 1 of one head that load each K/V block once "
                   f"by TMA multicast (Note [K/V multicast]{rule})")
     notes.append(f"grid: {order}; {'longest tiles first (LPT)' if cfg.lpt else 'tiles in order'}")
