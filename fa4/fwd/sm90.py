@@ -196,7 +196,8 @@ class FwdSm90Config(AttnFwdConfig):
     masked loop]; a local tile's two edges share that loop: Note [Edges first] in fa4/mask.py); the
     default for causal tiles since v0.44 and for d64 local tiles since v0.45. ``kv_mcast``
     (dense non-causal tiles on a static grid, plain or persistent; the d128 default on the
-    persistent grid from s_k 4096 since v0.50, ``KV_MCAST_HEAD_DIMS``): CTAs launch in clusters of two, on
+    persistent grid from s_k 4096 on 132-SM GPUs since v0.50, elsewhere on the plain grid from
+    8192, ``KV_MCAST_HEAD_DIMS``, ``KV_MCAST_PERSISTENT_SMS``): CTAs launch in clusters of two, on
     m-blocks ``2m`` and ``2m + 1`` of one head, and each loads half of every K / V block by TMA
     multicast into both (Note [K/V multicast])."""
 
@@ -234,8 +235,8 @@ class FwdSm90Config(AttnFwdConfig):
     def kv_mcast_blockers(self) -> list[str]:
         """The fields (by name) whose values keep this config's tiles from sharing K / V in clusters
         of two (Note [K/V multicast]): both tiles of a cluster must walk the same K blocks in the
-        same order. The grid's own fields (the plain grid, one (head, batch) pair per L2 section)
-        are :meth:`FlashFwdSm90.can_implement`'s to check."""
+        same order. The grid's own fields (a static grid: not the dynamic or compact one) are
+        :meth:`FlashFwdSm90.can_implement`'s to check."""
         fields = dict(causal=self.causal, local=self.local, varlen_q=self.varlen_q, varlen_k=self.varlen_k,
                       has_seqused_q=self.has_seqused_q, has_seqused_k=self.has_seqused_k, page_rows=self.page_rows,
                       split_kv=self.split_kv, block_skip=self.block_skip, score_mod=self.score_mod,
@@ -505,9 +506,8 @@ class FlashFwdSm90:
         if const_expr(self.mcast):  # whole clusters: an odd count gets a tile past the rows (Note [K/V multicast])
             num_m_blocks = (num_m_blocks + 1) // 2 * 2
         max_grid = max_ctas if const_expr(cfg.persistent) else num_m_blocks * sched_heads * num_batch
-        grid = PersistentTileScheduler.grid(num_m_blocks, sched_heads, num_batch, max_grid)
-        if const_expr(self.mcast):
-            grid = ClusterPairScheduler.grid(num_m_blocks, sched_heads, num_batch, max_grid)
+        scheduler = ClusterPairScheduler if const_expr(self.mcast) else PersistentTileScheduler
+        grid = scheduler.grid(num_m_blocks, sched_heads, num_batch, max_grid)
         if const_expr(cfg.compact_grid):  # Note [Compact varlen grid]: slots per scheduler head
             num_m_blocks = mQ.shape[1] * cfg.qhead_per_kvhead // self.q_rows + num_batch
             grid = CompactVarlenTileScheduler.grid(num_m_blocks, sched_heads)
@@ -997,8 +997,8 @@ class FlashFwdSm90:
     #   peer's too (``tile_info``'s ``active``).
     # - The barriers are initialized cluster-wide before any multicast or remote arrive, and no
     #   CTA exits before its peer is done with it (a cluster barrier at each end of the kernel).
-    # Measured: RESULTS v0.49 (tests/test_fwd_sm90_gpu.py::test_kv_multicast_matches_single_cta: the
-    # same bits as the plain grid without it).
+    # Measured: RESULTS v0.49 and v0.50 (tests/test_fwd_sm90_gpu.py::test_kv_multicast_matches_single_cta:
+    # the same bits as the plain grid without it, on both grids).
 
     # Note [The first block in the masked loop]
     # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -1672,7 +1672,7 @@ def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: F
         order = "the static persistent grid (one CTA per SM, a snake over one (head, batch) pair per section)"
     if cfg.kv_mcast:
         rule = ""
-        grid = _kv_mcast(replace(cfg, kv_mcast=False, persistent=True), problem.seqlen_k, _num_sms(None))
+        grid = _kv_mcast(replace(cfg, persistent=True), problem.seqlen_k, _num_sms(None))
         if grid == "persistent":
             rule = (f": dense rows of head dim {cfg.head_dim} without a mask, GQA or lengths from s_k "
                     f"{KV_MCAST_MIN_SEQLEN_K}, KV_MCAST_MIN_SEQLEN_K")
