@@ -122,6 +122,83 @@ _NO_GUARD = contextlib.nullcontext()  # reusable: one object for every call on t
 
 
 SM90_SMEM_PER_CTA = 232448  # sm_90a: 227 KB of dynamic shared memory per CTA
+# An empty kernel for the driver's cluster occupancy query (resident_clusters): PTX, so the driver
+# builds it for whatever GPU it is loaded on, in about a millisecond.
+_CLUSTER_PROBE_PTX = b"""
+.version 7.8
+.target sm_90
+.address_size 64
+.visible .entry fa4_cluster_probe() { ret; }
+\0"""
+
+
+def resident_clusters(index: Optional[int] = None, size: int = 2) -> Optional[int]:
+    """How many clusters of ``size`` CTAs the GPU ``index`` (default the current one) holds at once
+    when each CTA takes an SM's whole shared memory, as fa4's persistent grids' CTAs do (one CTA per
+    SM): the driver's ``cuOccupancyMaxActiveClusters`` for an empty kernel launched with the opt-in
+    shared-memory maximum. A cluster needs ``size`` free SMs of one GPC, so a GPC of an odd SM count
+    leaves one SM out of clusters of two, and the count can be below ``num_sms // size``. None
+    where it cannot be asked (no GPU, a GPU before Hopper, a driver error); cached per GPU."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        index = index if index is not None else torch.cuda.current_device()
+        if device_capability(index)[0] < 9:
+            return None
+    except Exception:  # (a torch build without CUDA)
+        return None
+    return _resident_clusters(index, size)
+
+
+@functools.lru_cache(maxsize=None)
+def _resident_clusters(index: int, size: int) -> Optional[int]:
+    try:
+        from cuda.bindings import driver
+    except ImportError:
+        return None
+
+    def ok(result):
+        result = result if isinstance(result, tuple) else (result,)
+        if result[0] != driver.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"{result[0]!r}")
+        return result[1] if len(result) > 1 else None
+
+    pushed = module = None
+    try:
+        ok(driver.cuInit(0))
+        device = ok(driver.cuDeviceGet(index))
+        ok(driver.cuCtxPushCurrent(ok(driver.cuDevicePrimaryCtxRetain(device))))
+        pushed = device
+        module = ok(driver.cuModuleLoadData(_CLUSTER_PROBE_PTX))
+        kernel = ok(driver.cuModuleGetFunction(module, b"fa4_cluster_probe"))
+        smem = ok(driver.cuDeviceGetAttribute(
+            driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, device))
+        ok(driver.cuFuncSetAttribute(
+            kernel, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem))
+        attr = driver.CUlaunchAttribute()
+        attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = size, 1, 1
+        launch = driver.CUlaunchConfig()
+        launch.gridDimX, launch.gridDimY, launch.gridDimZ = size, 1, 1
+        launch.blockDimX, launch.blockDimY, launch.blockDimZ = 128, 1, 1
+        launch.sharedMemBytes = smem
+        launch.attrs = [attr]
+        launch.numAttrs = 1
+        return int(ok(driver.cuOccupancyMaxActiveClusters(kernel, launch)))
+    except Exception as e:
+        _warn_once(f"fa4: the driver's cluster occupancy query failed on GPU {index} ({e}); the persistent "
+                   "multicast grid keeps the SM counts it was measured on")
+        return None
+    finally:
+        if module is not None:
+            driver.cuModuleUnload(module)
+        if pushed is not None:
+            driver.cuCtxPopCurrent()
+            driver.cuDevicePrimaryCtxRelease(pushed)
+
+
 H200_L2_BYTES = 60 << 20  # what torch reports for the H200 (measured: 62914560)
 
 

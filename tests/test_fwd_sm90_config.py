@@ -431,12 +431,17 @@ def test_kv_mcast_refuses_what_it_cannot_serve():
             sm90.FlashFwdSm90.can_implement(dataclasses.replace(ok, persistent=True, **{field: value}))
 
 
-@pytest.mark.parametrize("sms,sk,grid", [(132, 4096, "persistent"), (132, 16384, "persistent"), (132, 2048, None),
-                                         (114, 4096, None), (114, 8192, "plain"), (78, 16384, "plain")])
-def test_kv_mcast_grid_by_sm_count(sms, sk, grid):
-    """The persistent multicast grid counts on num_sms / 2 clusters being resident at once, measured on
-    132-SM GPUs only (KV_MCAST_PERSISTENT_SMS); other SM counts keep v0.49's plain-grid multicast
-    from s_k 8192, whose clusters need no such count."""
+@pytest.mark.parametrize("sms,resident,sk,grid", [
+    (132, None, 4096, "persistent"), (132, None, 16384, "persistent"), (132, None, 2048, None),
+    (114, None, 4096, None), (114, None, 8192, "plain"), (78, None, 16384, "plain"),
+    (132, 66, 4096, "persistent"), (132, 64, 4096, None), (132, 64, 8192, "plain"),
+    (114, 57, 4096, "persistent"), (114, 56, 16384, "plain"), (78, 39, 8192, "persistent"), (115, 57, 4096, "persistent")])
+def test_kv_mcast_grid_by_sm_count(monkeypatch, sms, resident, sk, grid):
+    """The persistent multicast grid counts on its num_sms // 2 clusters being resident at once: where
+    the driver says so (``resident``, fa4.arch.resident_clusters), the persistent grid from s_k 4096;
+    where it cannot be asked (None), the SM counts it was measured on (KV_MCAST_PERSISTENT_SMS: 132);
+    elsewhere v0.49's plain-grid multicast from s_k 8192, whose clusters need no such count."""
+    monkeypatch.setattr(sm90, "_resident_pairs", lambda index: resident)
     cfg = sm90.make_config(_problem(128, sq=sk, sk=sk), None, "sm_90a", True, num_sms=sms)
     assert cfg.kv_mcast == (grid is not None)
     if grid is not None:

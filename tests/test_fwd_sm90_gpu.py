@@ -717,3 +717,31 @@ def test_cluster_pairs_cover_every_tile_once():
                 seen += two
                 idx = snake_next(idx, k, clusters)
         assert sorted(seen) == sorted((m, h, b) for m in range(m_blocks) for h in range(heads) for b in range(batch))
+
+
+@pytest.mark.gpu
+def test_resident_clusters_and_the_multicast_grid():
+    """fa4.arch.resident_clusters asks the driver how many clusters of CTAs that each take an SM's
+    whole shared memory this GPU holds at once: clusters of one are the SM count (one such CTA per
+    SM), clusters of two at most half of it, and a d128 s8k call without a mask takes multicast on
+    the persistent grid exactly where all its num_sms // 2 clusters are resident (else the plain
+    grid); fa4.explain() gives the count."""
+    from fa4.arch import num_sms, resident_clusters
+    from fa4.fwd import sm90
+
+    index = torch.cuda.current_device()
+    sms = num_sms(index)
+    counts = {size: resident_clusters(index, size) for size in (1, 2, 4)}
+    print(f"resident clusters on {torch.cuda.get_device_name(index)} ({sms} SMs): {counts}")
+    assert counts[1] == sms, counts
+    assert isinstance(counts[2], int) and 1 <= counts[2] <= sms // 2, counts
+    assert isinstance(counts[4], int) and 1 <= counts[4] <= counts[2] // 2, counts
+    q, k, v = random_qkv(1, 8192, 8192, 16, 16, 128, torch.bfloat16, "cuda", seed=5)
+    from fa4.config import AttnProblem
+
+    problem = AttnProblem(dtype="bf16", batch=1, seqlen_q=8192, seqlen_k=8192, heads=16, heads_k=16, head_dim=128,
+                          head_dim_v=128, softmax_scale=128**-0.5)
+    cfg = sm90.make_config(problem, None, "sm_90a", True)
+    assert cfg.kv_mcast and cfg.persistent == (counts[2] >= sms // 2), (cfg, counts)
+    text = str(fa4.explain(q, k, v))
+    assert f"the driver holds {counts[2]} clusters of two at once" in text, text

@@ -116,7 +116,7 @@ from cutlass import Float32, Int32, const_expr, pipeline
 from cutlass.cute.nvgpu import cpasync, warpgroup
 import cutlass.utils.hopper_helpers as sm90_utils
 
-from fa4.arch import SM90_SMEM_PER_CTA
+from fa4.arch import SM90_SMEM_PER_CTA, resident_clusters
 from fa4.config import AttnFwdConfig, AttnProblem, KernelOptions
 from fa4.cute_utils import (
     convert_f32_to_half,
@@ -1376,21 +1376,24 @@ KV_MCAST_HEAD_DIMS = frozenset({(128, 128)})
 KV_MCAST_MIN_SEQLEN_K = 4096
 # The persistent grid launches num_sms / 2 clusters and counts on all of them being resident at once:
 # a cluster that waits for a free pair of SMs in one GPC runs after the others, a tail as long as the
-# kernel. That held where it was measured, GPUs of 132 SMs (H100 SXM, H200: the gains above). On other
-# SM counts (H100 PCIe, H20) the GPCs' SM counts are not known here, so multicast keeps v0.49's plain
-# grid (one pair per cluster, scheduled as pairs of SMs free up) and its threshold.
+# kernel. v0.51: the driver says how many are (fa4.arch.resident_clusters, cuOccupancyMaxActiveClusters
+# for CTAs of an SM's whole shared memory); where all num_sms // 2 are, the persistent grid. Where the
+# driver cannot be asked (a machine without a GPU: compile, explain), the SM counts where the v0.50
+# gains were measured stand in (132: H100 SXM, H200). Elsewhere multicast keeps v0.49's plain grid (one
+# pair per cluster, scheduled as pairs of SMs free up) and its threshold.
 KV_MCAST_PERSISTENT_SMS = frozenset({132})
 KV_MCAST_PLAIN_MIN_SEQLEN_K = 8192
 
 
-def _kv_mcast(cfg: FwdSm90Config, seqlen_k: int, num_sms: int) -> Optional[str]:
+def _kv_mcast(cfg: FwdSm90Config, seqlen_k: int, num_sms: int, resident: Optional[int]) -> Optional[str]:
     """The grid on which the rule above gives ``cfg`` (on the persistent grid: not a decode or compact
-    one) at ``seqlen_k`` keys K / V multicast on a GPU of ``num_sms`` SMs: ``"persistent"``,
-    ``"plain"`` (where cluster residency was not measured), or None."""
+    one) at ``seqlen_k`` keys K / V multicast on a GPU of ``num_sms`` SMs that holds ``resident``
+    clusters of two at once (None: unknown): ``"persistent"``, ``"plain"`` (where not all the
+    persistent grid's clusters are resident, or not known to be), or None."""
     if not ((cfg.head_dim, cfg.head_dim_v) in KV_MCAST_HEAD_DIMS and cfg.persistent and not cfg.kv_mcast_blockers()
             and cfg.qhead_per_kvhead == 1):  # (GQA: not measured)
         return None
-    if num_sms in KV_MCAST_PERSISTENT_SMS:
+    if (resident >= num_sms // 2) if resident is not None else (num_sms in KV_MCAST_PERSISTENT_SMS):
         return "persistent" if seqlen_k >= KV_MCAST_MIN_SEQLEN_K else None
     return "plain" if seqlen_k >= KV_MCAST_PLAIN_MIN_SEQLEN_K else None
 
@@ -1493,7 +1496,8 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
                                bool(problem.score_mod or problem.mask_mod), skip),
         **FwdSm90Config.fwd_flags(problem),
     )
-    mcast_grid = _kv_mcast(cfg, problem.seqlen_k, num_sms if num_sms is not None else _num_sms(None))
+    mcast_grid = _kv_mcast(cfg, problem.seqlen_k, num_sms if num_sms is not None else _num_sms(None),
+                           _resident_pairs(None))
     if mcast_grid == "persistent":
         cfg = replace(cfg, dynamic_sched=False, kv_mcast=True)
     elif mcast_grid == "plain":
@@ -1672,13 +1676,16 @@ def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: F
         order = "the static persistent grid (one CTA per SM, a snake over one (head, batch) pair per section)"
     if cfg.kv_mcast:
         rule = ""
-        grid = _kv_mcast(replace(cfg, persistent=True), problem.seqlen_k, _num_sms(None))
+        sms, resident = _num_sms(None), _resident_pairs(None)
+        grid = _kv_mcast(replace(cfg, persistent=True), problem.seqlen_k, sms, resident)
+        held = (f"the driver holds {resident} clusters of two at once on this GPU's {sms} SMs"
+                if resident is not None else f"the driver was not asked; {sms} SMs")
         if grid == "persistent":
             rule = (f": dense rows of head dim {cfg.head_dim} without a mask, GQA or lengths from s_k "
-                    f"{KV_MCAST_MIN_SEQLEN_K}, KV_MCAST_MIN_SEQLEN_K")
+                    f"{KV_MCAST_MIN_SEQLEN_K}, KV_MCAST_MIN_SEQLEN_K; {held}")
         elif grid == "plain":
-            rule = (f": the same rows from s_k {KV_MCAST_PLAIN_MIN_SEQLEN_K} on the plain grid, where the SM count "
-                    "is not one the persistent clusters were measured on, KV_MCAST_PERSISTENT_SMS")
+            rule = (f": the same rows from s_k {KV_MCAST_PLAIN_MIN_SEQLEN_K} on the plain grid, where not all of "
+                    f"the persistent grid's {sms // 2} clusters are known to be resident at once ({held})")
         order += (", in clusters of two CTAs on m-blocks 2m and 2m + 1 of one head that load each K/V block once "
                   f"by TMA multicast (Note [K/V multicast]{rule})")
     notes.append(f"grid: {order}; {'longest tiles first (LPT)' if cfg.lpt else 'tiles in order'}")
@@ -1730,3 +1737,4 @@ def prepare_launch(cfg: FwdSm90Config, problem: AttnProblem, device):
 
 
 _num_sms = fwd_common.default_num_sms  # (a module attribute: tests/test_fwd_launch_args.py replaces it)
+_resident_pairs = partial(resident_clusters, size=2)  # (a module attribute: tests replace it)
