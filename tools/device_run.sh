@@ -453,10 +453,7 @@ fi
 if has next72; then
   # Session 50: the driver's count of resident clusters (fa4.arch.resident_clusters, which now picks the
   # persistent multicast grid), then next71.
-  python3 -c "
-import torch; from fa4.arch import num_sms, resident_clusters
-print('resident clusters', torch.cuda.get_device_name(), num_sms(0), 'SMs:', {s: resident_clusters(0, s) for s in (1, 2, 4, 8)})
-" 2>&1 | grep -v Warning | tee "$out/resident.log"
+  python3 -c "import torch; from fa4.arch import num_sms, resident_clusters; print(torch.cuda.get_device_name(), num_sms(0), 'SMs, resident clusters by size:', {s: resident_clusters(0, s) for s in (1, 2, 4, 8)})" 2>&1 | grep -v Warning | tee "$out/resident.log"
   bash "$0" nocompile,next71
 fi
 if has next71; then
