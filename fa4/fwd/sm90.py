@@ -196,8 +196,10 @@ class FwdSm90Config(AttnFwdConfig):
     masked loop]; a local tile's two edges share that loop: Note [Edges first] in fa4/mask.py); the
     default for causal tiles since v0.44 and for d64 local tiles since v0.45. ``kv_mcast``
     (dense non-causal tiles on a static grid, plain or persistent; the d128 default on the
-    persistent grid from s_k 4096 on 132-SM GPUs since v0.50, elsewhere on the plain grid from
-    8192, ``KV_MCAST_HEAD_DIMS``, ``KV_MCAST_PERSISTENT_SMS``): CTAs launch in clusters of two, on
+    persistent grid from s_k 4096 since v0.50 where all its clusters are resident at once (v0.51:
+    the driver's count, :func:`fa4.arch.resident_clusters`; without a GPU the 132-SM GPUs where it
+    was measured), elsewhere on the plain grid from 8192, ``KV_MCAST_HEAD_DIMS``,
+    ``KV_MCAST_PERSISTENT_SMS``): CTAs launch in clusters of two, on
     m-blocks ``2m`` and ``2m + 1`` of one head, and each loads half of every K / V block by TMA
     multicast into both (Note [K/V multicast])."""
 
