@@ -434,16 +434,20 @@ def test_kv_mcast_refuses_what_it_cannot_serve():
 @pytest.mark.parametrize("sms,resident,sk,grid", [
     (132, None, 4096, "persistent"), (132, None, 16384, "persistent"), (132, None, 2048, None),
     (114, None, 4096, None), (114, None, 8192, "plain"), (78, None, 16384, "plain"),
-    (132, 66, 4096, "persistent"), (132, 64, 4096, None), (132, 64, 8192, "plain"),
-    (114, 57, 4096, "persistent"), (114, 56, 16384, "plain"), (78, 39, 8192, "persistent"), (115, 57, 4096, "persistent")])
+    (132, 64, 4096, "persistent"),
+    (114, 57, 4096, "persistent"), (114, 56, 4096, None), (114, 56, 16384, "plain"), (78, 39, 8192, "persistent"),
+    (115, 57, 4096, "persistent"), (2, 0, 8192, "plain")])
 def test_kv_mcast_grid_by_sm_count(monkeypatch, sms, resident, sk, grid):
-    """The persistent multicast grid counts on its num_sms // 2 clusters being resident at once: where
-    the driver says so (``resident``, fa4.arch.resident_clusters), the persistent grid from s_k 4096;
-    where it cannot be asked (None), the SM counts it was measured on (KV_MCAST_PERSISTENT_SMS: 132);
-    elsewhere v0.49's plain-grid multicast from s_k 8192, whose clusters need no such count."""
-    monkeypatch.setattr(sm90, "_resident_pairs", lambda index: resident)
+    """The persistent multicast grid counts on its num_sms // 2 clusters being resident at once: on the
+    SM counts where that was measured (KV_MCAST_PERSISTENT_SMS: 132) without asking; elsewhere where
+    the driver says so (``resident``, fa4.arch.resident_clusters), from s_k 4096; else (fewer, or
+    the driver not asked: None) v0.49's plain-grid multicast from s_k 8192, whose clusters need no
+    such count."""
+    asked = []
+    monkeypatch.setattr(sm90, "_resident_pairs", lambda index: asked.append(index) or resident)
     cfg = sm90.make_config(_problem(128, sq=sk, sk=sk), None, "sm_90a", True, num_sms=sms)
     assert cfg.kv_mcast == (grid is not None)
     if grid is not None:
         assert cfg.persistent == (grid == "persistent") and not cfg.dynamic_sched
         sm90.FlashFwdSm90.can_implement(cfg)
+    assert bool(asked) == (sms not in sm90.KV_MCAST_PERSISTENT_SMS), asked  # (the measured counts: not asked)

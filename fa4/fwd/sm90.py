@@ -108,7 +108,7 @@ Note [no ``from __future__ import annotations``]
 from dataclasses import dataclass, replace
 from functools import partial
 from types import SimpleNamespace
-from typing import Optional
+from typing import Callable, Optional
 
 import cutlass
 import cutlass.cute as cute
@@ -196,10 +196,10 @@ class FwdSm90Config(AttnFwdConfig):
     masked loop]; a local tile's two edges share that loop: Note [Edges first] in fa4/mask.py); the
     default for causal tiles since v0.44 and for d64 local tiles since v0.45. ``kv_mcast``
     (dense non-causal tiles on a static grid, plain or persistent; the d128 default on the
-    persistent grid from s_k 4096 since v0.50 where all its clusters are resident at once (v0.51:
-    the driver's count, :func:`fa4.arch.resident_clusters`; without a GPU the 132-SM GPUs where it
-    was measured), elsewhere on the plain grid from 8192, ``KV_MCAST_HEAD_DIMS``,
-    ``KV_MCAST_PERSISTENT_SMS``): CTAs launch in clusters of two, on
+    persistent grid from s_k 4096 since v0.50 on 132-SM GPUs, where all its clusters were measured
+    resident at once, and since v0.51 wherever the driver counts them resident
+    (:func:`fa4.arch.resident_clusters`), elsewhere on the plain grid from 8192,
+    ``KV_MCAST_HEAD_DIMS``, ``KV_MCAST_PERSISTENT_SMS``): CTAs launch in clusters of two, on
     m-blocks ``2m`` and ``2m + 1`` of one head, and each loads half of every K / V block by TMA
     multicast into both (Note [K/V multicast])."""
 
@@ -1378,24 +1378,26 @@ KV_MCAST_HEAD_DIMS = frozenset({(128, 128)})
 KV_MCAST_MIN_SEQLEN_K = 4096
 # The persistent grid launches num_sms / 2 clusters and counts on all of them being resident at once:
 # a cluster that waits for a free pair of SMs in one GPC runs after the others, a tail as long as the
-# kernel. v0.51: the driver says how many are (fa4.arch.resident_clusters, cuOccupancyMaxActiveClusters
-# for CTAs of an SM's whole shared memory); where all num_sms // 2 are, the persistent grid. Where the
-# driver cannot be asked (a machine without a GPU: compile, explain), the SM counts where the v0.50
-# gains were measured stand in (132: H100 SXM, H200). Elsewhere multicast keeps v0.49's plain grid (one
-# pair per cluster, scheduled as pairs of SMs free up) and its threshold.
+# kernel. That held where it was measured, GPUs of 132 SMs (H100 SXM, H200: the gains above), which take
+# it. v0.51: on other SM counts the driver says how many are (fa4.arch.resident_clusters,
+# cuOccupancyMaxActiveClusters for CTAs of an SM's whole shared memory; asked only there), and where all
+# num_sms // 2 are, the persistent grid too. Elsewhere, or where the driver cannot be asked, multicast
+# keeps v0.49's plain grid (one pair per cluster, scheduled as pairs of SMs free up) and its threshold.
 KV_MCAST_PERSISTENT_SMS = frozenset({132})
 KV_MCAST_PLAIN_MIN_SEQLEN_K = 8192
 
 
-def _kv_mcast(cfg: FwdSm90Config, seqlen_k: int, num_sms: int, resident: Optional[int]) -> Optional[str]:
+def _kv_mcast(cfg: FwdSm90Config, seqlen_k: int, num_sms: int, resident: Callable[[], Optional[int]]
+              ) -> Optional[str]:
     """The grid on which the rule above gives ``cfg`` (on the persistent grid: not a decode or compact
-    one) at ``seqlen_k`` keys K / V multicast on a GPU of ``num_sms`` SMs that holds ``resident``
-    clusters of two at once (None: unknown): ``"persistent"``, ``"plain"`` (where not all the
-    persistent grid's clusters are resident, or not known to be), or None."""
+    one) at ``seqlen_k`` keys K / V multicast on a GPU of ``num_sms`` SMs; ``resident()``: how many
+    clusters of two it holds at once (None: unknown), asked only off ``KV_MCAST_PERSISTENT_SMS``.
+    ``"persistent"``, ``"plain"`` (where not all the persistent grid's clusters are known to be
+    resident), or None."""
     if not ((cfg.head_dim, cfg.head_dim_v) in KV_MCAST_HEAD_DIMS and cfg.persistent and not cfg.kv_mcast_blockers()
             and cfg.qhead_per_kvhead == 1):  # (GQA: not measured)
         return None
-    if (resident >= num_sms // 2) if resident is not None else (num_sms in KV_MCAST_PERSISTENT_SMS):
+    if num_sms in KV_MCAST_PERSISTENT_SMS or (resident() or 0) >= max(num_sms // 2, 1):
         return "persistent" if seqlen_k >= KV_MCAST_MIN_SEQLEN_K else None
     return "plain" if seqlen_k >= KV_MCAST_PLAIN_MIN_SEQLEN_K else None
 
@@ -1499,7 +1501,7 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         **FwdSm90Config.fwd_flags(problem),
     )
     mcast_grid = _kv_mcast(cfg, problem.seqlen_k, num_sms if num_sms is not None else _num_sms(None),
-                           _resident_pairs(None))
+                           lambda: _resident_pairs(None))
     if mcast_grid == "persistent":
         cfg = replace(cfg, dynamic_sched=False, kv_mcast=True)
     elif mcast_grid == "plain":
@@ -1678,10 +1680,14 @@ def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: F
         order = "the static persistent grid (one CTA per SM, a snake over one (head, batch) pair per section)"
     if cfg.kv_mcast:
         rule = ""
-        sms, resident = _num_sms(None), _resident_pairs(None)
-        grid = _kv_mcast(replace(cfg, persistent=True), problem.seqlen_k, sms, resident)
-        held = (f"the driver holds {resident} clusters of two at once on this GPU's {sms} SMs"
-                if resident is not None else f"the driver was not asked; {sms} SMs")
+        sms = _num_sms(None)
+        grid = _kv_mcast(replace(cfg, persistent=True), problem.seqlen_k, sms, lambda: _resident_pairs(None))
+        if sms in KV_MCAST_PERSISTENT_SMS:
+            held = f"{sms} SMs, where its {sms // 2} clusters were measured resident at once, KV_MCAST_PERSISTENT_SMS"
+        else:
+            resident = _resident_pairs(None)
+            held = (f"the driver holds {resident} clusters of two at once on this GPU's {sms} SMs"
+                    if resident is not None else f"{sms} SMs, and the driver could not be asked how many clusters fit")
         if grid == "persistent":
             rule = (f": dense rows of head dim {cfg.head_dim} without a mask, GQA or lengths from s_k "
                     f"{KV_MCAST_MIN_SEQLEN_K}, KV_MCAST_MIN_SEQLEN_K; {held}")
