@@ -724,9 +724,10 @@ def test_resident_clusters_and_the_multicast_grid():
     """fa4.arch.resident_clusters asks the driver how many clusters of CTAs that each take an SM's
     whole shared memory this GPU holds at once: clusters of one are the SM count (one such CTA per
     SM), clusters of two at most half of it, and a d128 s8k call without a mask takes multicast on
-    persistent grid where all its num_sms // 2 clusters are resident, or on the SM counts where that
+    the persistent grid where all its num_sms // 2 clusters are resident, or on the SM counts where that
     was measured (KV_MCAST_PERSISTENT_SMS), else the plain grid; fa4.explain() gives the reason."""
     from fa4.arch import num_sms, resident_clusters
+    from fa4.config import AttnProblem
     from fa4.fwd import sm90
 
     index = torch.cuda.current_device()
@@ -737,8 +738,6 @@ def test_resident_clusters_and_the_multicast_grid():
     assert isinstance(counts[2], int) and 1 <= counts[2] <= sms // 2, counts
     assert isinstance(counts[4], int) and 1 <= counts[4] <= counts[2] // 2, counts
     q, k, v = random_qkv(1, 8192, 8192, 16, 16, 128, torch.bfloat16, "cuda", seed=5)
-    from fa4.config import AttnProblem
-
     problem = AttnProblem(dtype="bf16", batch=1, seqlen_q=8192, seqlen_k=8192, heads=16, heads_k=16, head_dim=128,
                           head_dim_v=128, softmax_scale=128**-0.5)
     cfg = sm90.make_config(problem, None, "sm_90a", True)

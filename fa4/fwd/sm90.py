@@ -1683,7 +1683,8 @@ def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: F
         sms = _num_sms(None)
         grid = _kv_mcast(replace(cfg, persistent=True), problem.seqlen_k, sms, lambda: _resident_pairs(None))
         if sms in KV_MCAST_PERSISTENT_SMS:
-            held = f"{sms} SMs, where its {sms // 2} clusters were measured resident at once, KV_MCAST_PERSISTENT_SMS"
+            held = (f"{sms} SMs, where v0.50's gains showed all its {sms // 2} clusters resident at once, "
+                    "KV_MCAST_PERSISTENT_SMS")
         else:
             resident = _resident_pairs(None)
             held = (f"the driver holds {resident} clusters of two at once on this GPU's {sms} SMs"
