@@ -122,6 +122,8 @@ _NO_GUARD = contextlib.nullcontext()  # reusable: one object for every call on t
 
 
 SM90_SMEM_PER_CTA = 232448  # sm_90a: 227 KB of dynamic shared memory per CTA
+
+
 # An empty kernel for the driver's cluster occupancy query (resident_clusters): PTX, so the driver
 # builds it for whatever GPU it is loaded on, in about a millisecond.
 _CLUSTER_PROBE_PTX = b"""
