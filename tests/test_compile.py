@@ -205,3 +205,17 @@ def test_kv_mcast_loads_by_multicast():
     assert mcast and len(loads) - len(mcast) >= 1, loads
     plain = sass.disassemble(dataclasses.replace(mc, kv_mcast=False))
     assert "UTMALDG" in plain and "MULTICAST" not in plain
+
+
+def test_pair_claims_store_to_the_peer():
+    """Note [Pair claims]: with ``kv_mcast`` on the dynamic (causal) grid, CTA 0's producer claims each
+    pair once (one global atomic) and stores it into CTA 1's shared memory by ``st.async`` (``STAS``);
+    its K / V loads are multicast. The same config without multicast claims per CTA, with no ``STAS``."""
+    mc = next(c for c in arch.all_variants("sm_90a")
+              if type(c).__name__ == "FwdSm90Config" and c.kv_mcast and c.dynamic_sched and c.causal)
+    text = sass.disassemble(mc)
+    ops = sass.opcode_counts(text)
+    assert ops["STAS"] == 1 and ops["ATOMG.E.ADD.STRONG.GPU"] == 1, ops
+    assert any("UTMALDG" in x and "MULTICAST" in x for x in text.splitlines())
+    plain = sass.opcode_counts(sass.disassemble(dataclasses.replace(mc, kv_mcast=False)))
+    assert plain["STAS"] == 0 and plain["ATOMG.E.ADD.STRONG.GPU"] == 1, plain

@@ -80,7 +80,7 @@ def test_grid_order_by_length(d, sk, causal, dynamic, sections):
 
 
 @pytest.mark.parametrize("extra", [dict(gqa=True), dict(varlen_q=True, varlen_k=True, total_q=16384, total_k=16384),
-                                   dict(has_seqused_k=True), dict(local=True), dict(sq=1)])
+                                   dict(has_seqused_k=True), dict(local=True), dict(sq=1), dict(causal=True)])
 def test_kv_mcast_only_dense_non_causal(extra):
     """K/V multicast (v0.50) takes only dense d128 tiles without a mask, GQA or lengths, from s_k 4096:
     both tiles of a cluster must walk the same K blocks (Note [K/V multicast]); decode tiles keep
@@ -426,9 +426,14 @@ def test_kv_mcast_refuses_what_it_cannot_serve():
     sm90.FlashFwdSm90.can_implement(ok)
     sm90.FlashFwdSm90.can_implement(dataclasses.replace(ok, persistent=True, l2_section_mb=16))  # pairs of tiles
     sm90.FlashFwdSm90.can_implement(dataclasses.replace(ok, qhead_per_kvhead=2))  # pack GQA: one kv head a pair
-    for field, value in [("causal", True), ("dynamic_sched", True), ("split_kv", True), ("varlen_k", True)]:
+    # causal pairs walk the union of their ranges, on any grid but the compact one (Note [Pair claims])
+    sm90.FlashFwdSm90.can_implement(dataclasses.replace(ok, causal=True, dynamic_sched=True))
+    sm90.FlashFwdSm90.can_implement(dataclasses.replace(ok, causal=True, persistent=False))
+    for field, value in [("local", True), ("split_kv", True), ("varlen_k", True), ("mask_mod", "m")]:
         with pytest.raises(ValueError, match=f"kv_mcast.*{field}"):
             sm90.FlashFwdSm90.can_implement(dataclasses.replace(ok, persistent=True, **{field: value}))
+    with pytest.raises(ValueError, match="kv_mcast.*compact_grid"):
+        sm90.FlashFwdSm90.can_implement(dataclasses.replace(ok, persistent=False, varlen_q=True, compact_grid=True))
 
 
 @pytest.mark.parametrize("sms,resident,sk,grid", [

@@ -698,6 +698,32 @@ def test_kv_multicast_matches_single_cta(d, seqlen_q, seqlen_k, grid, heads_k, m
     assert torch.equal(lse0, lse1)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads_k", [4, 1])
+@pytest.mark.parametrize("grid", ["plain", "persistent", "dynamic"])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("seqlen_q,seqlen_k", [(1, 203), (113, 1024), (500, 203), (1000, 1000), (4096, 1024),
+                                               (1024, 4096)])
+def test_kv_multicast_causal_matches_single_cta(d, seqlen_q, seqlen_k, grid, heads_k, monkeypatch):
+    """Note [K/V multicast] under a causal mask: both tiles of a cluster walk the second one's K blocks,
+    the first one's past its diagonal masked whole, which leaves its row maxes at -inf and its O at 0
+    until its own blocks come: the same bits as the same grid without multicast, and the reference
+    rule. Rows that see no key (s_q > s_k) included. ``dynamic``: three clusters claim pairs from the
+    counter, CTA 0 handing each to CTA 1 through its shared memory (Note [Pair claims])."""
+    from fa4.fwd import sm90
+
+    q, k, v = random_qkv(2, seqlen_q, seqlen_k, 4, heads_k, d, torch.bfloat16, "cuda", seed=13)
+    base = dict(persistent=grid != "plain", dynamic_sched=grid == "dynamic", split_kv=False)
+    if grid == "plain":
+        base["l2_section_mb"] = 0
+    monkeypatch.setattr(sm90, "_num_sms", lambda device: 6)
+    out0, lse0 = _run_config(q, k, v, True, base)
+    out1, lse1 = _run_config(q, k, v, True, dict(base, kv_mcast=True))
+    _check(out1, lse1, q, k, v, causal=True)
+    assert torch.equal(out0, out1)
+    assert torch.equal(lse0, lse1)
+
+
 def test_cluster_pairs_cover_every_tile_once():
     """:class:`fa4.sched.tile.ClusterPairScheduler`: on a grid of clusters of two, each tile goes to
     exactly one CTA, and both CTAs of a cluster hold tiles of one (head, batch) pair, m-blocks 2m and

@@ -2,7 +2,7 @@
 
     compute-sanitizer --tool racecheck python3 tools/sanitize_sm90.py
 
-Forward: the persistent (static and dynamic, on a 3-CTA grid) and the plain grid (with K/V multicast too), 1/2/3 consumer warpgroups, causal / local, varlen with
+Forward: the persistent (static and dynamic, on a 3-CTA grid) and the plain grid (with K/V multicast too, causal pairs and their claims too), 1/2/3 consumer warpgroups, causal / local, varlen with
 a length-1 sequence (and the claims past empty varlen tiles), an unpadded head dim, O through TMA and through plain stores. Backward: P/dS in
 registers (d128, GQA, causal) and through smem (d256; the ordered paths with bwd_dq_pass=False from d160),
 deterministic (the up order without GQA), varlen with seqused_k, 128-row
@@ -10,6 +10,7 @@ steps (d64), the two-CTA backward (d128 causal GQA, d64, varlen with seqused_k).
 without a mask, d256 causal GQA, varlen d192 deterministic). Issue 9: pack GQA, split-KV with the
 combine, paged K/V, seqused_q. (User functions: tools/sanitize_mods.py.)"""
 import dataclasses
+import sys
 
 import torch
 
@@ -37,14 +38,26 @@ CASES = [
     # ... and persistent: on the 3-SM grid one cluster walks all 8 pairs (ClusterPairScheduler)
     (2, 500, 400, 4, 4, 128, False, {"persistent": True, "dynamic_sched": False, "split_kv": False,
                                      "kv_mcast": True}),
+    # ... causal: a pair walks the union of its ranges; on the dynamic grid CTA 0 claims every pair and
+    # hands it to CTA 1 through its shared memory (Note [Pair claims]); 5 m-blocks, rows past s_k
+    (2, 700, 650, 4, 4, 128, True, {"persistent": True, "dynamic_sched": True, "split_kv": False,
+                                    "kv_mcast": True}),
+    (1, 300, 500, 2, 2, 64, True, {"persistent": False, "dynamic_sched": False, "split_kv": False,
+                                   "l2_section_mb": 0, "kv_mcast": True}),
 ]
+MCAST_ONLY = "--mcast" in sys.argv  # the multicast cases alone (device step next73)
 for b, sq, sk, h, hk, d, causal, fields in CASES:
+    if MCAST_ONLY and not fields.get("kv_mcast"):
+        continue
     q, k, v = random_qkv(b, sq, sk, h, hk, d, torch.bfloat16, "cuda", seed=d)
     problem = validate.check_dense(q, k, v, None, causal, (None, None), 0.0)
     cfg = dataclasses.replace(sm90.make_config(problem, None, "sm_90a", True), **fields)
     out = torch.empty_like(q)
     lse = torch.empty(b, h, sq, dtype=torch.float32, device="cuda")
     sm90.run(cfg, problem, q, k, v, out, lse)
+if MCAST_ONLY:
+    torch.cuda.synchronize()
+    sys.exit(0)
 vb = random_varlen(3, 150, 4, 2, 128, torch.bfloat16, "cuda", max_seqlen_k=200, with_seqused_k=True, seed=1)
 fa4.flash_attn_varlen_func(vb.q, vb.k, vb.v, cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k,
                            max_seqlen_q=vb.max_seqlen_q, max_seqlen_k=vb.max_seqlen_k, seqused_k=vb.seqused_k,

@@ -136,8 +136,8 @@ from fa4.pack_gqa import (
     TileRows, batch_slot, load_q_rows, packed_rows_view, packed_tile, partial_slot, row_sinks, store_acc_rows,
     store_lse_rows, store_rows,
 )
-from fa4.sched.tile import (LOOSE_BOUND_RATIO, ClusterPairScheduler, CompactVarlenTileScheduler, DynamicTileScheduler,
-                            PersistentTileScheduler, loose_bound, loose_plan, shape_bound, split_head, split_range)
+from fa4.sched.tile import (LOOSE_BOUND_RATIO, ClusterPairDynamicScheduler, ClusterPairScheduler,
+                            CompactVarlenTileScheduler, DynamicTileScheduler, PersistentTileScheduler, loose_bound, loose_plan, shape_bound, split_head, split_range)
 from fa4.seqlen import SeqlenInfo, to_sdhb
 from fa4.softmax import OnlineSoftmax, apply_softcap, rescale_rows, score_scales
 
@@ -237,9 +237,9 @@ class FwdSm90Config(AttnFwdConfig):
     def kv_mcast_blockers(self) -> list[str]:
         """The fields (by name) whose values keep this config's tiles from sharing K / V in clusters
         of two (Note [K/V multicast]): both tiles of a cluster must walk the same K blocks in the
-        same order. The grid's own fields (a static grid: not the dynamic or compact one) are
-        :meth:`FlashFwdSm90.can_implement`'s to check."""
-        fields = dict(causal=self.causal, local=self.local, varlen_q=self.varlen_q, varlen_k=self.varlen_k,
+        same order (a causal pair walks the union of its two ranges). The grid's own field (not the
+        compact one) is :meth:`FlashFwdSm90.can_implement`'s to check."""
+        fields = dict(local=self.local, varlen_q=self.varlen_q, varlen_k=self.varlen_k,
                       has_seqused_q=self.has_seqused_q, has_seqused_k=self.has_seqused_k, page_rows=self.page_rows,
                       split_kv=self.split_kv, block_skip=self.block_skip, score_mod=self.score_mod,
                       mask_mod=self.mask_mod)
@@ -316,6 +316,8 @@ class FlashFwdSm90:
         self.o_in_q = cfg.o_in_q and cfg.o_via_smem
         self.mcast = cfg.kv_mcast  # Note [K/V multicast]: clusters of two CTAs share K / V
         self.kv_casts = 2 if cfg.kv_mcast else 1  # CTAs each K / V block lands in
+        # Causal clusters claim pairs of tiles dynamically (Note [Pair claims] in fa4/sched/tile.py).
+        self.pair_claims = cfg.kv_mcast and cfg.dynamic_sched
         # User functions traced into the softmax step (fa4/mods.py); None when absent.
         self.score_mod, self.mask_mod = lookup(cfg.score_mod), lookup(cfg.mask_mod)
         self.user_mods = self.score_mod is not None or self.mask_mod is not None
@@ -375,11 +377,11 @@ class FlashFwdSm90:
         if cfg.split_kv and not cfg.has_lse:
             raise ValueError("FwdSm90Config.split_kv needs has_lse (the combine reads every split's LSE)")
         if cfg.kv_mcast:
-            grid = dict(dynamic_sched=cfg.dynamic_sched, compact_grid=cfg.compact_grid)
-            on = cfg.kv_mcast_blockers() + [k for k, v in grid.items() if v]
+            on = cfg.kv_mcast_blockers() + (["compact_grid"] if cfg.compact_grid else [])
             if on:
-                raise ValueError(f"FwdSm90Config.kv_mcast (Note [K/V multicast]) serves dense non-causal tiles on "
-                                 f"the static grids only; this config has {', '.join(on)}")
+                raise ValueError(f"FwdSm90Config.kv_mcast (Note [K/V multicast]) serves dense tiles without a window "
+                                 f"or user functions (causal ones too) on the plain, persistent or dynamic grid; this "
+                                 f"config has {', '.join(on)}")
         check_config(cfg, "FwdSm90Config", backward=False)
 
     @staticmethod
@@ -418,6 +420,8 @@ class FlashFwdSm90:
         class SharedStorage:
             mbar_sched: cute.struct.MemRange[cutlass.Int64, 4]
             next_idx: cute.struct.MemRange[Int32, 2]
+            mbar_mail: cute.struct.MemRange[cutlass.Int64, 4 if self.pair_claims else 1]  # Note [Pair claims]
+            mailbox: cute.struct.MemRange[Int32, 2 if self.pair_claims else 1]
             mbar_q: cute.struct.MemRange[cutlass.Int64, 2]
             mbar_k: cute.struct.MemRange[cutlass.Int64, 2 * stages]
             mbar_v: cute.struct.MemRange[cutlass.Int64, 2 * stages]
@@ -581,6 +585,10 @@ class FlashFwdSm90:
                     cpasync.prefetch_descriptor(atom)
         storage = cutlass.memory.SmemAllocator().allocate(self.SharedStorage)
         pipes = self.make_pipelines(storage)
+        if const_expr(self.pair_claims):
+            if warp_idx == 0:
+                with cute.arch.elect_one():
+                    ClusterPairDynamicScheduler.init_mailbox(storage.mbar_mail.data_ptr())
         cute.arch.mbarrier_init_fence()
         if const_expr(self.mcast):  # the peer's barriers are initialized before any TMA or release reaches them
             cute.arch.cluster_arrive_relaxed()
@@ -588,7 +596,14 @@ class FlashFwdSm90:
         else:
             cute.arch.sync_threads()
 
-        if const_expr(self.cfg.dynamic_sched):
+        if const_expr(self.pair_claims):
+            sched = ClusterPairDynamicScheduler(num_m_blocks, sched_heads, num_batch, section, reverse=self.cfg.lpt,
+                                                counter=mTileCounter.iterator,
+                                                next_idx=storage.next_idx.get_tensor(cute.make_layout(2)),
+                                                pipe=pipes["sched"],
+                                                mailbox=storage.mailbox.get_tensor(cute.make_layout(2)),
+                                                mail_bar=storage.mbar_mail.data_ptr())
+        elif const_expr(self.cfg.dynamic_sched):
             sched = DynamicTileScheduler(num_m_blocks, sched_heads, num_batch, section, reverse=self.cfg.lpt,
                                          counter=mTileCounter.iterator,
                                          next_idx=storage.next_idx.get_tensor(cute.make_layout(2)),
@@ -666,6 +681,11 @@ class FlashFwdSm90:
         mask = AttentionMask(self.tile_m, self.tile_n, self.cfg.causal, self.cfg.local, seqlen.seqlen_q,
                              seqlen.seqlen_k, window_left, window_right, self.cfg.qhead_per_kvhead, self.q_rows)
         n_min, n_max = mask.n_block_range(m_block)
+        if const_expr(self.mcast and self.cfg.causal):
+            # Both tiles of a cluster walk their pair's blocks, the union of their ranges; the first
+            # tile's blocks past its own diagonal are masked whole (Note [K/V multicast]).
+            other_min, other_max = mask.n_block_range(m_block + 1 - 2 * (m_block % 2))
+            n_min, n_max = cutlass.min(n_min, other_min), cutlass.max(n_max, other_max)
         if const_expr(self.split):
             n_min, n_max = split_range(n_min, n_max, split, num_splits)
         if const_expr(self.cfg.block_skip):
@@ -1395,7 +1415,7 @@ def _kv_mcast(cfg: FwdSm90Config, seqlen_k: int, num_sms: int, resident: Callabl
     ``"persistent"``, ``"plain"`` (where not all the persistent grid's clusters are known to be
     resident), or None."""
     if not ((cfg.head_dim, cfg.head_dim_v) in KV_MCAST_HEAD_DIMS and cfg.persistent and not cfg.kv_mcast_blockers()
-            and cfg.qhead_per_kvhead == 1):  # (GQA: not measured)
+            and not cfg.causal and cfg.qhead_per_kvhead == 1):  # (causal, GQA: not measured)
         return None
     if num_sms in KV_MCAST_PERSISTENT_SMS or (resident() or 0) >= max(num_sms // 2, 1):
         return "persistent" if seqlen_k >= KV_MCAST_MIN_SEQLEN_K else None
@@ -1560,6 +1580,8 @@ def variants(arch: str) -> list[FwdSm90Config]:
         cfg(128, persistent=True, dynamic_sched=False, kv_mcast=True),  # (the pairs' persistent snake)
         cfg(128, qhead_per_kvhead=4, persistent=False, dynamic_sched=False, kv_mcast=True),  # (pack GQA)
         cfg(64, persistent=False, dynamic_sched=False, kv_mcast=True),
+        cfg(128, causal=True, dynamic_sched=True, l2_section_mb=16, kv_mcast=True),  # (pairs claimed: Note [Pair claims])
+        cfg(64, causal=True, dynamic_sched=False, kv_mcast=True),  # (a causal pair on the static persistent grid)
         cfg(128, causal=True, pingpong=True, pp_steps_only=True, dynamic_sched=True),
         cfg(256, rescale_o_before_pv=True, rescale_threshold=8.0, sum_rounded=True),
         cfg(256, rescale_o_before_pv=True, dynamic_sched=True),  # d256 without a mask: the dynamic grid (v0.16)
@@ -1695,6 +1717,12 @@ def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: F
         elif grid == "plain":
             rule = (f": the same rows from s_k {KV_MCAST_PLAIN_MIN_SEQLEN_K} on the plain grid, where not all of "
                     f"the persistent grid's {sms // 2} clusters are known to be resident at once ({held})")
+        if cfg.causal:
+            rule += ("; both tiles of a pair walk the second one's K blocks, the first one's past its diagonal "
+                     "masked whole")
+        if cfg.dynamic_sched:
+            rule += ("; CTA 0 claims each pair from the counter and hands it to CTA 1 through its shared memory "
+                     "(Note [Pair claims])")
         order += (", in clusters of two CTAs on m-blocks 2m and 2m + 1 of one head that load each K/V block once "
                   f"by TMA multicast (Note [K/V multicast]{rule})")
     notes.append(f"grid: {order}; {'longest tiles first (LPT)' if cfg.lpt else 'tiles in order'}")

@@ -66,6 +66,7 @@ from typing import Any, Optional, Protocol, Tuple
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, const_expr
+from cutlass._mlir.dialects import nvvm as _nvvm
 
 L2_BUDGET_BYTES = 24 * 1024 * 1024
 """K/V bytes a section may touch: about half an A100 / H100 / H200 L2 (40-50 MB)."""
@@ -431,6 +432,86 @@ class ClusterPairScheduler(PersistentTileScheduler):
     def tile(self, idx: Int32) -> Tuple[Int32, Int32, Int32]:
         return pair_tile(idx, Int32(cute.arch.block_idx()[0]) % 2, self.num_m_blocks, self.num_heads, self.num_batch,
                          self.section, self.reverse)
+
+
+@dataclass(frozen=True)
+class ClusterPairDynamicScheduler(DynamicTileScheduler):
+    """:class:`DynamicTileScheduler`'s claims over :class:`ClusterPairScheduler`'s pairs, for clusters
+    of two CTAs that share K / V on a causal grid (Note [Pair claims]): cluster ``k`` of the ``G / 2``
+    starts with pair ``k``; each further pair is claimed from the global counter (``G / 2 +
+    atomicAdd``) by CTA 0's producer warp, which hands it to CTA 1's producer through a two-slot
+    mailbox in CTA 1's shared memory; each producer then hands it to its own consumers through the
+    smem ring, as :class:`DynamicTileScheduler` does. CTA ``r`` of the cluster takes m-block
+    ``2 m + r`` of the pair (:func:`pair_tile`).
+
+    Note [Pair claims]
+        ``mailbox`` (two Int32) is read in CTA 1 only; ``mail_bar`` holds four mbarriers of one
+        arrive each: ``full[s]`` (``mail_bar + s``, waited on in CTA 1) and ``empty[s]`` (``mail_bar
+        + 2 + s``, waited on in CTA 0). Claim ``j`` uses slot ``j % 2`` with the parity of the tile
+        ring's producer state, which advances once per claim on both CTAs (they walk the same pairs).
+        - CTA 0, lane 0: waits for ``empty[s]`` (CTA 1 has read claim ``j - 2``), then stores the
+          claim into CTA 1's ``mailbox[s]`` by ``st.async``, completing 4 bytes on CTA 1's
+          ``full[s]``.
+        - CTA 1, lane 0: arrives on its ``full[s]`` expecting those 4 bytes (before or after they
+          land: the transaction count may go below zero in between, and the phase completes only
+          with the arrive); the warp waits for the phase, reads the slot, and lane 0 arrives on CTA
+          0's ``empty[s]`` (release, cluster scope: the read is done before the slot is written
+          again).
+        The barriers are initialized before the cluster barrier that precedes every remote access
+        (as K / V multicast's), and the last claim of both CTAs is past the end: it ends both loops.
+        No CTA exits while its peer may still arrive on its barriers (the kernel's closing cluster
+        barrier)."""
+
+    mailbox: Optional[cute.Tensor] = None
+    mail_bar: Optional[cute.Pointer] = None
+
+    grid = staticmethod(ClusterPairScheduler.grid)
+    first = ClusterPairScheduler.first
+    valid = ClusterPairScheduler.valid
+    tile = ClusterPairScheduler.tile
+
+    @staticmethod
+    def init_mailbox(mail_bar: cute.Pointer) -> None:
+        """The four mailbox mbarriers, one arrive each (one elected thread of warp 0 calls this before
+        the cluster barrier)."""
+        for i in range(4):
+            cute.arch.mbarrier_init(mail_bar + i, 1)
+
+    @cute.jit
+    def claim(self) -> Int32:
+        """The next pair of the order (CTA 0's producer warp: lane 0 claims, a shuffle broadcasts)."""
+        lane = cute.arch.lane_idx()
+        claim = Int32(0)
+        if lane == 0:
+            claim = cute.arch.atomic_add(self.counter, Int32(1), sem="relaxed", scope="gpu")
+        return cute.arch.shuffle_sync(claim, 0) + Int32(cute.arch.grid_dim()[0]) // 2
+
+    @cute.jit
+    def next_producer(self, idx: Int32, state, skip=None):
+        """CTA 0: claim the next pair and send it to CTA 1; CTA 1: receive it (Note [Pair claims]).
+        Then hand it to this CTA's consumers."""
+        assert skip is None, "pair claims do not skip"
+        lane = cute.arch.lane_idx()
+        slot, phase = state.index, state.phase
+        nxt = Int32(0)
+        if cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster()) == 0:
+            nxt = self.claim()
+            if lane == 0:
+                cute.arch.mbarrier_wait(self.mail_bar + 2 + slot, phase)
+                cute.arch.store_async_dsmem(self.mailbox.iterator + slot, nxt, self.mail_bar + slot, 1)
+        else:
+            if lane == 0:
+                cute.arch.mbarrier_arrive_and_expect_tx(self.mail_bar + slot, 4)
+            cute.arch.mbarrier_wait(self.mail_bar + slot, phase ^ 1)
+            nxt = self.mailbox[slot]
+            if lane == 0:
+                cute.arch.mbarrier_arrive(self.mail_bar + 2 + slot, 0, scope=_nvvm.MemScopeKind.CLUSTER)
+        self.pipe.producer_acquire(state)
+        if lane == 0:
+            self.next_idx[state.index] = nxt
+        self.pipe.producer_commit(state)
+        state.advance()
+        return nxt, state
 
 
 def pair_tile(idx, rank, num_m_blocks, num_heads, num_batch, section, reverse: bool):
