@@ -195,7 +195,8 @@ class FwdSm90Config(AttnFwdConfig):
     the blocks at the window's edges instead of in its own code (Note [The first block in the
     masked loop]; a local tile's two edges share that loop: Note [Edges first] in fa4/mask.py); the
     default for causal tiles since v0.44 and for d64 local tiles since v0.45. ``kv_mcast``
-    (dense non-causal tiles on a static grid, plain or persistent; the d128 default on the
+    (dense tiles without a window or user functions, on the plain, persistent or dynamic grid; causal
+    pairs walk the union of their ranges, an option since v0.52; the non-causal d128 default on the
     persistent grid from s_k 4096 since v0.50 on 132-SM GPUs, where all its clusters were measured
     resident at once, and since v0.51 wherever the driver counts them resident
     (:func:`fa4.arch.resident_clusters`), elsewhere on the plain grid from 8192,
@@ -683,7 +684,7 @@ class FlashFwdSm90:
         n_min, n_max = mask.n_block_range(m_block)
         if const_expr(self.mcast and self.cfg.causal):
             # Both tiles of a cluster walk their pair's blocks, the union of their ranges; the first
-            # tile's blocks past its own diagonal are masked whole (Note [K/V multicast]).
+            # tile's blocks past its own diagonal are masked whole (Note [K/V multicast], causal pairs).
             other_min, other_max = mask.n_block_range(m_block + 1 - 2 * (m_block % 2))
             n_min, n_max = cutlass.min(n_min, other_min), cutlass.max(n_max, other_max)
         if const_expr(self.split):
@@ -1011,9 +1012,17 @@ class FlashFwdSm90:
     # - A stage is free only when both CTAs' consumers have released it: the K / V empty barriers
     #   count ``2 x`` consumer warps, and lanes 0 / 1 of each consumer warp arrive at CTA 0 / 1
     #   (``PipelineTmaAsync`` with a ``(1, 2, 1, 1)`` cluster layout).
-    # - Both tiles of a cluster walk the same K blocks in the same order: dense non-causal tiles
-    #   only, without split-KV, pages or user functions (``FwdSm90Config.kv_mcast_blockers``). Pack
-    #   GQA serves: a pair's two tiles hold rows of one kv head.
+    # - Both tiles of a cluster walk the same K blocks in the same order: dense tiles only, without a
+    #   window, split-KV, pages or user functions (``FwdSm90Config.kv_mcast_blockers``). Pack GQA
+    #   serves: a pair's two tiles hold rows of one kv head.
+    # - Causal pairs (an option, v0.52) walk the union of their two ranges, the second tile's: the
+    #   first tile's blocks past its own diagonal lie at or above its first masked block
+    #   (``n_block_min_no_right_mask``), so every path (separate loops, ``fold_first``, one step body)
+    #   masks them whole; its row maxes stay -inf and its O 0 until its own blocks come, and the
+    #   softmax's general update from there gives scales of 0: the bits of the kernel without
+    #   multicast for finite V (a non-finite V row there now reaches it as 0 x V, as one past the
+    #   diagonal inside a diagonal block always did). Its cost: tile_m / tile_n more blocks a pair.
+    #   On the dynamic grid CTA 0 claims the pairs (Note [Pair claims] in fa4/sched/tile.py).
     # - An odd m-block count gets one more tile per head, past the rows: it runs (its Q is TMA's
     #   zero fill, its O box and LSE rows are clipped), because its half of every block is the
     #   peer's too (``tile_info``'s ``active``).
@@ -1582,6 +1591,7 @@ def variants(arch: str) -> list[FwdSm90Config]:
         cfg(64, persistent=False, dynamic_sched=False, kv_mcast=True),
         cfg(128, causal=True, dynamic_sched=True, l2_section_mb=16, kv_mcast=True),  # (pairs claimed: Note [Pair claims])
         cfg(64, causal=True, dynamic_sched=False, kv_mcast=True),  # (a causal pair on the static persistent grid)
+        cfg(256, rescale_o_before_pv=True, dynamic_sched=True, kv_mcast=True),  # (pair claims without a mask; o_in_q)
         cfg(128, causal=True, pingpong=True, pp_steps_only=True, dynamic_sched=True),
         cfg(256, rescale_o_before_pv=True, rescale_threshold=8.0, sum_rounded=True),
         cfg(256, rescale_o_before_pv=True, dynamic_sched=True),  # d256 without a mask: the dynamic grid (v0.16)

@@ -437,7 +437,7 @@ class ClusterPairScheduler(PersistentTileScheduler):
 @dataclass(frozen=True)
 class ClusterPairDynamicScheduler(DynamicTileScheduler):
     """:class:`DynamicTileScheduler`'s claims over :class:`ClusterPairScheduler`'s pairs, for clusters
-    of two CTAs that share K / V on a causal grid (Note [Pair claims]): cluster ``k`` of the ``G / 2``
+    of two CTAs that share K / V on the dynamic grid (Note [Pair claims]): cluster ``k`` of the ``G / 2``
     starts with pair ``k``; each further pair is claimed from the global counter (``G / 2 +
     atomicAdd``) by CTA 0's producer warp, which hands it to CTA 1's producer through a two-slot
     mailbox in CTA 1's shared memory; each producer then hands it to its own consumers through the
@@ -454,9 +454,9 @@ class ClusterPairDynamicScheduler(DynamicTileScheduler):
           ``full[s]``.
         - CTA 1, lane 0: arrives on its ``full[s]`` expecting those 4 bytes (before or after they
           land: the transaction count may go below zero in between, and the phase completes only
-          with the arrive); the warp waits for the phase, reads the slot, and lane 0 arrives on CTA
-          0's ``empty[s]`` (release, cluster scope: the read is done before the slot is written
-          again).
+          with the arrive); the warp waits for the phase, lane 0 reads the slot (a shuffle gives it
+          to the warp) and arrives on CTA 0's ``empty[s]`` (release, cluster scope: its read is
+          done before the slot is written again).
         The barriers are initialized before the cluster barrier that precedes every remote access
         (as K / V multicast's), and the last claim of both CTAs is past the end: it ends both loops.
         No CTA exits while its peer may still arrive on its barriers (the kernel's closing cluster
@@ -503,9 +503,11 @@ class ClusterPairDynamicScheduler(DynamicTileScheduler):
             if lane == 0:
                 cute.arch.mbarrier_arrive_and_expect_tx(self.mail_bar + slot, 4)
             cute.arch.mbarrier_wait(self.mail_bar + slot, phase ^ 1)
-            nxt = self.mailbox[slot]
+            got = Int32(0)
             if lane == 0:
+                got = self.mailbox[slot]
                 cute.arch.mbarrier_arrive(self.mail_bar + 2 + slot, 0, scope=_nvvm.MemScopeKind.CLUSTER)
+            nxt = cute.arch.shuffle_sync(got, 0)
         self.pipe.producer_acquire(state)
         if lane == 0:
             self.next_idx[state.index] = nxt
