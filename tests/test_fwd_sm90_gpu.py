@@ -676,7 +676,7 @@ def test_local_error_not_above_descending_or_flash_attn_4(monkeypatch, d, win, s
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("heads_k", [4, 1])
-@pytest.mark.parametrize("grid", ["plain", "persistent"])
+@pytest.mark.parametrize("grid", ["plain", "persistent", "dynamic"])
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("seqlen_q,seqlen_k", [(1, 203), (113, 1024), (500, 203), (1000, 1000), (4096, 1024)])
 def test_kv_multicast_matches_single_cta(d, seqlen_q, seqlen_k, grid, heads_k, monkeypatch):
@@ -684,15 +684,17 @@ def test_kv_multicast_matches_single_cta(d, seqlen_q, seqlen_k, grid, heads_k, m
     as the plain grid without it (the same tiles, blocks and order), and pass the reference rule;
     odd m-block counts (1, 113 and 500 rows: a cluster whose second tile is past the rows) included.
     ``persistent``: three clusters walk the pairs (:class:`fa4.sched.tile.ClusterPairScheduler`);
-    ``heads_k=1``: pack GQA (4 q heads of one kv head in a tile's rows)."""
+    ``dynamic``: they claim them (Note [Pair claims]); ``heads_k=1``: pack GQA (4 q heads of one kv
+    head in a tile's rows)."""
     from fa4.fwd import sm90
 
     q, k, v = random_qkv(2, seqlen_q, seqlen_k, 4, heads_k, d, torch.bfloat16, "cuda", seed=11)
     plain = dict(persistent=False, dynamic_sched=False, l2_section_mb=0, split_kv=False)
     out0, lse0 = _run_config(q, k, v, False, plain)
-    if grid == "persistent":
+    if grid != "plain":
         monkeypatch.setattr(sm90, "_num_sms", lambda device: 6)
-    out1, lse1 = _run_config(q, k, v, False, dict(plain, kv_mcast=True, persistent=grid == "persistent"))
+    out1, lse1 = _run_config(q, k, v, False, dict(plain, kv_mcast=True, persistent=grid != "plain",
+                                                  dynamic_sched=grid == "dynamic"))
     _check(out1, lse1, q, k, v, causal=False)
     assert torch.equal(out0, out1)
     assert torch.equal(lse0, lse1)
