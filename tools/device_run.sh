@@ -462,7 +462,7 @@ if has next73; then
   # multicast cases under memcheck / racecheck (its GPU tests are in gpu2's forward file); next73s: five
   # rounds of the causal rows against the default.
   for tool in memcheck racecheck; do
-    timeout 150 compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 3 python3 tools/sanitize_sm90.py --mcast > "$out/next73_$tool.log" 2>&1
+    timeout 120 compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 3 python3 tools/sanitize_sm90.py --mcast > "$out/next73_$tool.log" 2>&1
     echo "next73 $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/next73_$tool.log" | tail -1)"
   done
 fi
