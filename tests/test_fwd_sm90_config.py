@@ -456,3 +456,25 @@ def test_kv_mcast_grid_by_sm_count(monkeypatch, sms, resident, sk, grid):
         assert cfg.persistent == (grid == "persistent") and not cfg.dynamic_sched
         sm90.FlashFwdSm90.can_implement(cfg)
     assert bool(asked) == (sms not in sm90.KV_MCAST_PERSISTENT_SMS), asked  # (the measured counts: not asked)
+
+
+@pytest.mark.parametrize("sms,sk,taken", [(132, 8192, True), (132, 16384, True), (132, 4096, False),
+                                          (114, 16384, False)])
+def test_kv_mcast_causal_rule(monkeypatch, sms, sk, taken):
+    """The causal multicast rule (v0.52, KV_MCAST_CAUSAL_HEAD_DIMS, empty until measured to gain): a
+    listed head dim's causal rows take multicast from KV_MCAST_CAUSAL_MIN_SEQLEN_K on the persistent
+    grids only, keeping their dynamic grid (pair claims); explain names the rule. Off the measured SM
+    counts with no driver count they keep their grid (a plain grid of pairs would lose the balance)."""
+    monkeypatch.setattr(sm90, "KV_MCAST_CAUSAL_HEAD_DIMS", frozenset({(128, 128)}))
+    monkeypatch.setattr(sm90, "_resident_pairs", lambda index: None)
+    monkeypatch.setattr(sm90, "_num_sms", lambda device: sms)
+    problem = _problem(128, sq=sk, sk=sk, causal=True)
+    cfg = sm90.make_config(problem, None, "sm_90a", True, num_sms=sms)
+    assert cfg.kv_mcast == taken, cfg
+    assert cfg.dynamic_sched and cfg.persistent, cfg
+    if taken:
+        sm90.FlashFwdSm90.can_implement(cfg)
+        text = " ".join(sm90.explain_notes(problem, None, cfg))
+        assert "KV_MCAST_CAUSAL_HEAD_DIMS" in text and "Note [Pair claims]" in text, text
+    monkeypatch.setattr(sm90, "KV_MCAST_CAUSAL_HEAD_DIMS", frozenset())
+    assert not sm90.make_config(problem, None, "sm_90a", True, num_sms=sms).kv_mcast

@@ -1414,6 +1414,11 @@ KV_MCAST_MIN_SEQLEN_K = 4096
 # keeps v0.49's plain grid (one pair per cluster, scheduled as pairs of SMs free up) and its threshold.
 KV_MCAST_PERSISTENT_SMS = frozenset({132})
 KV_MCAST_PLAIN_MIN_SEQLEN_K = 8192
+# v0.52: causal pairs (the union of their ranges; pair claims on the dynamic grid, Note [Pair claims] in
+# fa4/sched/tile.py) are an option; the head dims whose causal rows take them by default, on the
+# persistent grids only (where all the clusters are resident, as above), from KV_MCAST_CAUSAL_MIN_SEQLEN_K.
+KV_MCAST_CAUSAL_HEAD_DIMS: frozenset = frozenset()
+KV_MCAST_CAUSAL_MIN_SEQLEN_K = 8192
 
 
 def _kv_mcast(cfg: FwdSm90Config, seqlen_k: int, num_sms: int, resident: Callable[[], Optional[int]]
@@ -1423,12 +1428,15 @@ def _kv_mcast(cfg: FwdSm90Config, seqlen_k: int, num_sms: int, resident: Callabl
     clusters of two it holds at once (None: unknown), asked only off ``KV_MCAST_PERSISTENT_SMS``.
     ``"persistent"``, ``"plain"`` (where not all the persistent grid's clusters are known to be
     resident), or None."""
-    if not ((cfg.head_dim, cfg.head_dim_v) in KV_MCAST_HEAD_DIMS and cfg.persistent and not cfg.kv_mcast_blockers()
-            and not cfg.causal and cfg.qhead_per_kvhead == 1):  # (causal, GQA: not measured)
+    dims = (cfg.head_dim, cfg.head_dim_v)
+    if not (dims in (KV_MCAST_CAUSAL_HEAD_DIMS if cfg.causal else KV_MCAST_HEAD_DIMS) and cfg.persistent
+            and not cfg.kv_mcast_blockers() and cfg.qhead_per_kvhead == 1):  # (GQA: not measured)
         return None
     if num_sms in KV_MCAST_PERSISTENT_SMS or (resident() or 0) >= max(num_sms // 2, 1):
-        return "persistent" if seqlen_k >= KV_MCAST_MIN_SEQLEN_K else None
-    return "plain" if seqlen_k >= KV_MCAST_PLAIN_MIN_SEQLEN_K else None
+        least = KV_MCAST_CAUSAL_MIN_SEQLEN_K if cfg.causal else KV_MCAST_MIN_SEQLEN_K
+        return "persistent" if seqlen_k >= least else None
+    # (causal rows keep their dynamic grid: a plain grid of pairs would give up its balance)
+    return "plain" if seqlen_k >= KV_MCAST_PLAIN_MIN_SEQLEN_K and not cfg.causal else None
 
 
 def _loose_q(problem: AttnProblem) -> bool:
@@ -1531,8 +1539,8 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
     )
     mcast_grid = _kv_mcast(cfg, problem.seqlen_k, num_sms if num_sms is not None else _num_sms(None),
                            lambda: _resident_pairs(None))
-    if mcast_grid == "persistent":
-        cfg = replace(cfg, dynamic_sched=False, kv_mcast=True)
+    if mcast_grid == "persistent":  # (causal pairs keep the dynamic grid: their claims, Note [Pair claims])
+        cfg = replace(cfg, dynamic_sched=cfg.dynamic_sched and cfg.causal, kv_mcast=True)
     elif mcast_grid == "plain":
         cfg = replace(cfg, persistent=False, dynamic_sched=False, l2_section_mb=0, kv_mcast=True)
     FlashFwdSm90.can_implement(cfg)
@@ -1721,7 +1729,10 @@ def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: F
         else:
             held = (f"the driver holds {resident} clusters of two at once on this GPU's {sms} SMs"
                     if resident is not None else f"{sms} SMs, and the driver could not be asked how many clusters fit")
-        if grid == "persistent":
+        if grid == "persistent" and cfg.causal:
+            rule = (f": causal rows of head dim {cfg.head_dim} without GQA or lengths from s_k "
+                    f"{KV_MCAST_CAUSAL_MIN_SEQLEN_K}, KV_MCAST_CAUSAL_HEAD_DIMS; {held}")
+        elif grid == "persistent":
             rule = (f": dense rows of head dim {cfg.head_dim} without a mask, GQA or lengths from s_k "
                     f"{KV_MCAST_MIN_SEQLEN_K}, KV_MCAST_MIN_SEQLEN_K; {held}")
         elif grid == "plain":
