@@ -182,7 +182,10 @@ def test_explain_hopper_forward_notes_the_grid():
     text = str(fa4.explain(q, k, k, capability=(9, 0)))
     assert "static persistent grid" in text and "TMA multicast" in text and "KV_MCAST_MIN_SEQLEN_K" in text
     assert "multicast" not in str(fa4.explain(q[:, :1024], k[:, :1024], k[:, :1024], capability=(9, 0)))
-    assert "multicast" not in str(fa4.explain(q, k, k, causal=True, capability=(9, 0)))
+    # v0.52: causal d128 rows from s_k 8192 too, on the dynamic grid with pair claims; not at s_k 4096.
+    text = str(fa4.explain(q, k, k, causal=True, capability=(9, 0)))
+    assert "dynamic persistent grid" in text and "KV_MCAST_CAUSAL_HEAD_DIMS" in text and "Pair claims" in text
+    assert "multicast" not in str(fa4.explain(q[:, :4096], k[:, :4096], k[:, :4096], causal=True, capability=(9, 0)))
 
 
 def test_explain_validates():

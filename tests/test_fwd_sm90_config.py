@@ -71,20 +71,22 @@ def test_grid_order_by_length(d, sk, causal, dynamic, sections):
     """The measured choice (RESULTS v0.8, v0.16): always persistent; static with one-pair L2
     sections, except masked rows past s_k 1024 (tiles claimed dynamically, 16 MB sections) and
     rows without a mask past s_k 1024 at head dims > 128 (dynamic, one-pair sections); v0.50: d128
-    without a mask from s_k 4096 with K/V multicast, persistent (Note [K/V multicast])."""
+    without a mask from s_k 4096 with K/V multicast, persistent (Note [K/V multicast]); v0.52: d128
+    causal from s_k 8192 too, keeping the dynamic grid (Note [Pair claims])."""
     cfg = sm90.make_config(_problem(d, sq=sk, sk=sk, causal=causal), None, "sm_90a", True)
-    mcast = d == 128 and not causal and sk >= sm90.KV_MCAST_MIN_SEQLEN_K
+    mcast = d == 128 and sk >= (sm90.KV_MCAST_CAUSAL_MIN_SEQLEN_K if causal else sm90.KV_MCAST_MIN_SEQLEN_K)
     assert cfg.kv_mcast == mcast
     assert cfg.persistent and cfg.dynamic_sched == dynamic
     assert cfg.l2_section_mb == sections
 
 
 @pytest.mark.parametrize("extra", [dict(gqa=True), dict(varlen_q=True, varlen_k=True, total_q=16384, total_k=16384),
-                                   dict(has_seqused_k=True), dict(local=True), dict(sq=1), dict(causal=True)])
+                                   dict(has_seqused_k=True), dict(local=True), dict(sq=1),
+                                   dict(causal=True, sk=4096)])
 def test_kv_mcast_only_dense_non_causal(extra):
-    """K/V multicast (v0.50) takes only dense d128 tiles without a mask, GQA or lengths, from s_k 4096:
-    both tiles of a cluster must walk the same K blocks (Note [K/V multicast]); decode tiles keep
-    their grid; shorter keys gain nothing (H100 s1k within 1%)."""
+    """K/V multicast (v0.50) takes only dense d128 tiles without a window, GQA or lengths, from s_k 4096
+    (causal ones from 8192, v0.52): both tiles of a cluster must walk the same K blocks (Note [K/V
+    multicast]); decode tiles keep their grid; shorter keys gain nothing (H100 s1k within 1%)."""
     assert sm90.make_config(_problem(128, sq=8192, sk=8192), None, "sm_90a", True).kv_mcast
     assert sm90.make_config(_problem(128, sq=8192, sk=4096), None, "sm_90a", True).kv_mcast
     assert not sm90.make_config(_problem(128, sq=8192, sk=2048), None, "sm_90a", True).kv_mcast
@@ -461,11 +463,11 @@ def test_kv_mcast_grid_by_sm_count(monkeypatch, sms, resident, sk, grid):
 @pytest.mark.parametrize("sms,sk,taken", [(132, 8192, True), (132, 16384, True), (132, 4096, False),
                                           (114, 16384, False)])
 def test_kv_mcast_causal_rule(monkeypatch, sms, sk, taken):
-    """The causal multicast rule (v0.52, KV_MCAST_CAUSAL_HEAD_DIMS, empty until measured to gain): a
-    listed head dim's causal rows take multicast from KV_MCAST_CAUSAL_MIN_SEQLEN_K on the persistent
-    grids only, keeping their dynamic grid (pair claims); explain names the rule. Off the measured SM
-    counts with no driver count they keep their grid (a plain grid of pairs would lose the balance)."""
-    monkeypatch.setattr(sm90, "KV_MCAST_CAUSAL_HEAD_DIMS", frozenset({(128, 128)}))
+    """The causal multicast rule (v0.52, KV_MCAST_CAUSAL_HEAD_DIMS: d128): a listed head dim's causal
+    rows take multicast from KV_MCAST_CAUSAL_MIN_SEQLEN_K (8192) on the persistent grids only, keeping
+    their dynamic grid (pair claims); explain names the rule. Off the measured SM counts with no driver
+    count they keep their grid (a plain grid of pairs would lose the balance)."""
+    assert sm90.KV_MCAST_CAUSAL_HEAD_DIMS == {(128, 128)} and sm90.KV_MCAST_CAUSAL_MIN_SEQLEN_K == 8192
     monkeypatch.setattr(sm90, "_resident_pairs", lambda index: None)
     monkeypatch.setattr(sm90, "_num_sms", lambda device: sms)
     problem = _problem(128, sq=sk, sk=sk, causal=True)

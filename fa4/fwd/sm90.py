@@ -196,7 +196,8 @@ class FwdSm90Config(AttnFwdConfig):
     masked loop]; a local tile's two edges share that loop: Note [Edges first] in fa4/mask.py); the
     default for causal tiles since v0.44 and for d64 local tiles since v0.45. ``kv_mcast``
     (dense tiles without a window or user functions, on the plain, persistent or dynamic grid; causal
-    pairs walk the union of their ranges, an option since v0.52; the non-causal d128 default on the
+    pairs walk the union of their ranges: v0.52, the d128 causal default from s_k 8192 on the dynamic
+    grid, ``KV_MCAST_CAUSAL_HEAD_DIMS``, with pair claims; the non-causal d128 default on the
     persistent grid from s_k 4096 since v0.50 on 132-SM GPUs, where all its clusters were measured
     resident at once, and since v0.51 wherever the driver counts them resident
     (:func:`fa4.arch.resident_clusters`), elsewhere on the plain grid from 8192,
@@ -1015,8 +1016,8 @@ class FlashFwdSm90:
     # - Both tiles of a cluster walk the same K blocks in the same order: dense tiles only, without a
     #   window, split-KV, pages or user functions (``FwdSm90Config.kv_mcast_blockers``). Pack GQA
     #   serves: a pair's two tiles hold rows of one kv head.
-    # - Causal pairs (an option, v0.52) walk the union of their two ranges, the second tile's: the
-    #   first tile's blocks past its own diagonal lie at or above its first masked block
+    # - Causal pairs (v0.52; the d128 default from s_k 8192) walk the union of their two ranges, the
+    #   second tile's: the first tile's blocks past its own diagonal lie at or above its first masked block
     #   (``n_block_min_no_right_mask``), so every path (separate loops, ``fold_first``, one step body)
     #   masks them whole; its row maxes stay -inf and its O 0 until its own blocks come, and the
     #   softmax's general update from there gives scales of 0: the bits of the kernel without
@@ -1415,9 +1416,11 @@ KV_MCAST_MIN_SEQLEN_K = 4096
 KV_MCAST_PERSISTENT_SMS = frozenset({132})
 KV_MCAST_PLAIN_MIN_SEQLEN_K = 8192
 # v0.52: causal pairs (the union of their ranges; pair claims on the dynamic grid, Note [Pair claims] in
-# fa4/sched/tile.py) are an option; the head dims whose causal rows take them by default, on the
-# persistent grids only (where all the clusters are resident, as above), from KV_MCAST_CAUSAL_MIN_SEQLEN_K.
-KV_MCAST_CAUSAL_HEAD_DIMS: frozenset = frozenset()
+# fa4/sched/tile.py), on the persistent grids only (where all the clusters are resident, as above),
+# keeping the dynamic grid. Interleaved sweeps on an H100 (medians; off -> on): d128 s8k +3.4% / +1.0%
+# / +3.9% (5, 5 and 15 rounds), s16k +4.7% / +2.3%, s4k +2.5% / -0.7% / -0.6% (not taken); d64 s8k
+# -3.8% and d256 s8k -1.7% (3 rounds) keep theirs (RESULTS v0.52).
+KV_MCAST_CAUSAL_HEAD_DIMS: frozenset = frozenset({(128, 128)})
 KV_MCAST_CAUSAL_MIN_SEQLEN_K = 8192
 
 
