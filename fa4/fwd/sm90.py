@@ -137,7 +137,8 @@ from fa4.pack_gqa import (
     store_lse_rows, store_rows,
 )
 from fa4.sched.tile import (LOOSE_BOUND_RATIO, ClusterPairDynamicScheduler, ClusterPairScheduler,
-                            CompactVarlenTileScheduler, DynamicTileScheduler, PersistentTileScheduler, loose_bound, loose_plan, shape_bound, split_head, split_range)
+                            CompactVarlenTileScheduler, DynamicTileScheduler, PersistentTileScheduler, loose_bound,
+                            loose_plan, shape_bound, split_head, split_range)
 from fa4.seqlen import SeqlenInfo, to_sdhb
 from fa4.softmax import OnlineSoftmax, apply_softcap, rescale_rows, score_scales
 
@@ -1600,7 +1601,7 @@ def variants(arch: str) -> list[FwdSm90Config]:
         cfg(128, persistent=True, dynamic_sched=False, kv_mcast=True),  # (the pairs' persistent snake)
         cfg(128, qhead_per_kvhead=4, persistent=False, dynamic_sched=False, kv_mcast=True),  # (pack GQA)
         cfg(64, persistent=False, dynamic_sched=False, kv_mcast=True),
-        cfg(128, causal=True, dynamic_sched=True, l2_section_mb=16, kv_mcast=True),  # (pairs claimed: Note [Pair claims])
+        cfg(128, causal=True, dynamic_sched=True, l2_section_mb=16, kv_mcast=True),  # (the d128 causal default)
         cfg(64, causal=True, dynamic_sched=False, kv_mcast=True),  # (a causal pair on the static persistent grid)
         cfg(256, rescale_o_before_pv=True, dynamic_sched=True, kv_mcast=True),  # (pair claims without a mask; o_in_q)
         cfg(128, causal=True, pingpong=True, pp_steps_only=True, dynamic_sched=True),
