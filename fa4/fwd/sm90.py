@@ -319,7 +319,7 @@ class FlashFwdSm90:
         self.o_in_q = cfg.o_in_q and cfg.o_via_smem
         self.mcast = cfg.kv_mcast  # Note [K/V multicast]: clusters of two CTAs share K / V
         self.kv_casts = 2 if cfg.kv_mcast else 1  # CTAs each K / V block lands in
-        # Causal clusters claim pairs of tiles dynamically (Note [Pair claims] in fa4/sched/tile.py).
+        # Clusters on the dynamic grid claim pairs of tiles (Note [Pair claims] in fa4/sched/tile.py).
         self.pair_claims = cfg.kv_mcast and cfg.dynamic_sched
         # User functions traced into the softmax step (fa4/mods.py); None when absent.
         self.score_mod, self.mask_mod = lookup(cfg.score_mod), lookup(cfg.mask_mod)
@@ -1431,7 +1431,8 @@ def _kv_mcast(cfg: FwdSm90Config, seqlen_k: int, num_sms: int, resident: Callabl
     one) at ``seqlen_k`` keys K / V multicast on a GPU of ``num_sms`` SMs; ``resident()``: how many
     clusters of two it holds at once (None: unknown), asked only off ``KV_MCAST_PERSISTENT_SMS``.
     ``"persistent"``, ``"plain"`` (where not all the persistent grid's clusters are known to be
-    resident), or None."""
+    resident), or None. Causal rows: ``KV_MCAST_CAUSAL_HEAD_DIMS`` from ``KV_MCAST_CAUSAL_MIN_SEQLEN_K``,
+    on the persistent grids only."""
     dims = (cfg.head_dim, cfg.head_dim_v)
     if not (dims in (KV_MCAST_CAUSAL_HEAD_DIMS if cfg.causal else KV_MCAST_HEAD_DIMS) and cfg.persistent
             and not cfg.kv_mcast_blockers() and cfg.qhead_per_kvhead == 1):  # (GQA: not measured)

@@ -66,7 +66,7 @@ from typing import Any, Optional, Protocol, Tuple
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, const_expr
-from cutlass._mlir.dialects import nvvm as _nvvm
+from cutlass._mlir.dialects import nvvm as _nvvm  # (the scope enum of cute.arch.mbarrier_arrive)
 
 L2_BUDGET_BYTES = 24 * 1024 * 1024
 """K/V bytes a section may touch: about half an A100 / H100 / H200 L2 (40-50 MB)."""
