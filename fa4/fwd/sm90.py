@@ -1729,8 +1729,8 @@ def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: F
         resident = None if sms in KV_MCAST_PERSISTENT_SMS else _resident_pairs(None)  # (as the rule asks it)
         grid = _kv_mcast(replace(cfg, persistent=True), problem.seqlen_k, sms, lambda: resident)
         if sms in KV_MCAST_PERSISTENT_SMS:
-            held = (f"{sms} SMs, where v0.50's gains showed all its {sms // 2} clusters resident at once, "
-                    "KV_MCAST_PERSISTENT_SMS")
+            held = (f"{sms} SMs, where all its {sms // 2} clusters are resident at once (v0.50's gains; the driver's "
+                    "count on an H100, v0.52), KV_MCAST_PERSISTENT_SMS")
         else:
             held = (f"the driver holds {resident} clusters of two at once on this GPU's {sms} SMs"
                     if resident is not None else f"{sms} SMs, and the driver could not be asked how many clusters fit")
