@@ -371,7 +371,11 @@ class DynamicTileScheduler(PersistentTileScheduler):
         claim = Int32(0)
         if lane == 0:
             claim = cute.arch.atomic_add(self.counter, Int32(1), sem="relaxed", scope="gpu")
-        return cute.arch.shuffle_sync(claim, 0) + Int32(cute.arch.grid_dim()[0])
+        return cute.arch.shuffle_sync(claim, 0) + self.first_claim()
+
+    def first_claim(self) -> Int32:
+        """The index the counter's first claim stands for: the grid's (its first tiles are not claimed)."""
+        return Int32(cute.arch.grid_dim()[0])
 
     @cute.jit
     def next_producer(self, idx: Int32, state, skip=None):
@@ -383,6 +387,11 @@ class DynamicTileScheduler(PersistentTileScheduler):
             while empty:
                 nxt = self.claim()
                 empty = self.skippable(nxt, skip)
+        return self.hand_over(nxt, state)
+
+    @cute.jit
+    def hand_over(self, nxt: Int32, state):
+        """Put tile ``nxt`` in the ring's next slot for the consumers; ``(nxt, state)`` advanced."""
         self.pipe.producer_acquire(state)
         if cute.arch.lane_idx() == 0:
             self.next_idx[state.index] = nxt
@@ -477,14 +486,9 @@ class ClusterPairDynamicScheduler(DynamicTileScheduler):
         for i in range(4):
             cute.arch.mbarrier_init(mail_bar + i, 1)
 
-    @cute.jit
-    def claim(self) -> Int32:
-        """The next pair of the order (CTA 0's producer warp: lane 0 claims, a shuffle broadcasts)."""
-        lane = cute.arch.lane_idx()
-        claim = Int32(0)
-        if lane == 0:
-            claim = cute.arch.atomic_add(self.counter, Int32(1), sem="relaxed", scope="gpu")
-        return cute.arch.shuffle_sync(claim, 0) + Int32(cute.arch.grid_dim()[0]) // 2
+    def first_claim(self) -> Int32:
+        """The clusters' first pairs are not claimed: ``G / 2`` of them."""
+        return Int32(cute.arch.grid_dim()[0]) // 2
 
     @cute.jit
     def next_producer(self, idx: Int32, state, skip=None):
@@ -508,12 +512,7 @@ class ClusterPairDynamicScheduler(DynamicTileScheduler):
                 got = self.mailbox[slot]
                 cute.arch.mbarrier_arrive(self.mail_bar + 2 + slot, 0, scope=_nvvm.MemScopeKind.CLUSTER)
             nxt = cute.arch.shuffle_sync(got, 0)
-        self.pipe.producer_acquire(state)
-        if lane == 0:
-            self.next_idx[state.index] = nxt
-        self.pipe.producer_commit(state)
-        state.advance()
-        return nxt, state
+        return self.hand_over(nxt, state)
 
 
 def pair_tile(idx, rank, num_m_blocks, num_heads, num_batch, section, reverse: bool):
