@@ -480,3 +480,47 @@ def test_kv_mcast_causal_rule(monkeypatch, sms, sk, taken):
         assert "KV_MCAST_CAUSAL_HEAD_DIMS" in text and "Note [Pair claims]" in text, text
     monkeypatch.setattr(sm90, "KV_MCAST_CAUSAL_HEAD_DIMS", frozenset())
     assert not sm90.make_config(problem, None, "sm_90a", True, num_sms=sms).kv_mcast
+
+
+@pytest.mark.parametrize("d,mask,sk,taken", [
+    (128, None, 4096, True), (128, None, 16384, True), (64, None, 8192, True), (96, None, 4096, True),
+    (128, None, 2048, False), (128, "causal", 8192, False), (64, "causal", 8192, False), (128, "local", 8192, False),
+    (256, None, 8192, False), (192, None, 8192, False)])
+def test_overlap_tiles_rule(monkeypatch, d, mask, sk, taken):
+    """Note [Tiles overlapped] (v0.53, OVERLAP_TILES, off by default: not faster in five rounds): with
+    the switch on, rows without a mask on the static persistent grids (the snake, multicast pairs) from
+    s_k 4096 overlap their tiles; causal and local rows (the dynamic grid) and sO in sQ's memory (d192,
+    d256) do not; explain names the rule."""
+    monkeypatch.setattr(sm90, "OVERLAP_TILES", True)
+    kw = dict(causal=True) if mask == "causal" else dict(local=True, window_left=512, window_right=0) if mask else {}
+    problem = _problem(d, sq=sk, sk=sk, **kw)
+    cfg = sm90.make_config(problem, None, "sm_90a", True, num_sms=132)
+    assert cfg.overlap_tiles == taken, cfg
+    if taken:
+        assert cfg.q_stages == 2 and not cfg.o_in_q and cfg.persistent and not cfg.dynamic_sched
+        assert cfg.smem_bytes() <= sm90.SMEM_CAPACITY
+        sm90.FlashFwdSm90.can_implement(cfg)
+        assert "OVERLAP_TILES" in " ".join(sm90.explain_notes(problem, None, cfg))
+
+
+def test_overlap_tiles_off_by_default():
+    assert not sm90.OVERLAP_TILES
+    assert not sm90.make_config(_problem(128, sq=8192, sk=8192), None, "sm_90a", True, num_sms=132).overlap_tiles
+
+
+def test_overlap_tiles_refuses_what_it_cannot_serve():
+    """overlap_tiles raises naming why: one tile per CTA, sO in sQ's memory, packed Q rows copied by
+    the consumers, ping-pong turns at a tile's edges (Note [Tiles overlapped])."""
+    import dataclasses
+
+    ok = dataclasses.replace(sm90.make_config(_problem(128, sq=8192, sk=8192), None, "sm_90a", True, num_sms=132),
+                             overlap_tiles=True)
+    sm90.FlashFwdSm90.can_implement(ok)
+    sm90.FlashFwdSm90.can_implement(dataclasses.replace(ok, causal=True, dynamic_sched=True))  # an option there
+    cases = [(dict(persistent=False, kv_mcast=False), "persistent=False"),
+             (dict(head_dim=256, head_dim_v=256, tile_n=80), "o_in_q"),
+             (dict(qhead_per_kvhead=4, pack_tma=False), "packed Q rows"),
+             (dict(pingpong=True, pp_steps_only=False), "ping-pong")]
+    for fields, words in cases:
+        with pytest.raises(ValueError, match=f"overlap_tiles.*{words}"):
+            sm90.FlashFwdSm90.can_implement(dataclasses.replace(ok, **fields))

@@ -726,6 +726,64 @@ def test_kv_multicast_causal_matches_single_cta(d, seqlen_q, seqlen_k, grid, hea
     assert torch.equal(lse0, lse1)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(2, 1000, 1000, 4, 4), (1, 113, 2048, 8, 2), (3, 4096, 1024, 4, 1), (2, 1, 203, 4, 4)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("grid", ["persistent", "dynamic", "mcast"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 96, 128])
+def test_overlap_tiles_matches(monkeypatch, d, causal, grid, shape):
+    """Note [Tiles overlapped]: the next tile's first Q K^T under this tile's epilogue gives the same
+    bits as the kernel without it and passes the reference rule, on six CTAs walking many tiles: the
+    static snake, the dynamic grid (claims), and clusters of two sharing K / V (pairs); GQA packed
+    (8/2, 4/1), rows that see no key (causal with s_q > s_k) and a single query row included."""
+    from fa4 import ops
+
+    b, sq, sk, h, hk = shape
+    q, k, v = random_qkv(b, sq, sk, h, hk, d, torch.bfloat16, "cuda", seed=d + sq)
+    fields = dict(persistent=True, dynamic_sched=grid == "dynamic" or (grid == "mcast" and causal),
+                  kv_mcast=grid == "mcast", split_kv=False)
+    outs = {}
+    for ov in (False, True):
+        _force_fields(monkeypatch, num_sms=6, overlap_tiles=ov, **fields)
+        outs[ov] = _dense(q, k, v, causal, (None, None), 0.0)
+        cfgs = [c for (direction, *_), (_, c) in ops._plans.items() if direction == "fwd"]
+        assert cfgs and all(c.overlap_tiles == ov for c in cfgs), cfgs
+        monkeypatch.undo()
+    ops._plans.clear()
+    _check(outs[True][0], outs[True][1], q, k, v, causal=causal)
+    assert torch.equal(outs[True][0], outs[False][0]) and torch.equal(outs[True][1], outs[False][1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("skip_empty", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128])
+def test_overlap_tiles_varlen(monkeypatch, d, causal, skip_empty):
+    """Note [Tiles overlapped] on a varlen batch whose grid holds many tiles past their sequence's
+    end (no K block: the next tile's Q K^T is issued on stale stages and discarded) and sequences of
+    one query: the same bits as without it, on the dynamic grid (with and without the producer's
+    skipped claims) and the reference rule."""
+    from fa4 import ops
+
+    cu = torch.tensor([0, 1, 2001, 2004, 2704, 2705], dtype=torch.int32, device="cuda")
+    g = torch.Generator("cuda").manual_seed(d + 1)
+    q, k, v = (torch.randn(2705, h, d, device="cuda", dtype=torch.bfloat16, generator=g) for h in (4, 2, 2))
+    kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=2000, max_seqlen_k=2000, causal=causal,
+              return_lse=True, kernel_options=SM90)
+    outs = {}
+    for ov in (False, True):
+        _force_fields(monkeypatch, num_sms=7, persistent=True, dynamic_sched=True, skip_empty=skip_empty,
+                      overlap_tiles=ov)
+        outs[ov] = fa4.flash_attn_varlen_func(q, k, v, **kw)
+        cfgs = [c for (direction, *_), (_, c) in ops._plans.items() if direction == "fwd"]
+        assert cfgs and all(c.overlap_tiles == ov for c in cfgs), cfgs
+        monkeypatch.undo()
+    ops._plans.clear()
+    assert torch.equal(outs[True][0], outs[False][0]) and torch.equal(outs[True][1], outs[False][1])
+    check(outs[True][0], outs[True][1], q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, causal=causal)
+
+
 def test_cluster_pairs_cover_every_tile_once():
     """:class:`fa4.sched.tile.ClusterPairScheduler`: on a grid of clusters of two, each tile goes to
     exactly one CTA, and both CTAs of a cluster hold tiles of one (head, batch) pair, m-blocks 2m and

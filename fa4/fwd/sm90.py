@@ -23,7 +23,8 @@ Warp roles (``kernel`` dispatches; ``128 * (num_wg + 1)`` threads)
 
 Pipelines (``cutlass.pipeline.PipelineTmaAsync``; producer = the TMA warp, arriving once with the
 expected transaction bytes; a consumer arrive is one per warp, from lane 0)
-    * ``pipeline_q``: 1 stage (unused with packed rows copied by rows). Consumers: every consumer warp
+    * ``pipeline_q``: 1 stage, 2 with ``overlap_tiles`` (Note [Tiles overlapped]); unused with packed
+      rows copied by rows. Consumers: every consumer warp
       (``num_wg * 4`` arrives) after its last ``Q K^T`` of the tile; when sO reuses sQ's memory
       (``o_in_q``, large head dims) only the storing warp arrives (1), once the TMA store of O has
       finished reading smem. With ``o_in_q`` a tile with no K block (every row sees no key) takes
@@ -204,7 +205,10 @@ class FwdSm90Config(AttnFwdConfig):
     (:func:`fa4.arch.resident_clusters`), elsewhere on the plain grid from 8192,
     ``KV_MCAST_HEAD_DIMS``, ``KV_MCAST_PERSISTENT_SMS``): CTAs launch in clusters of two, on
     m-blocks ``2m`` and ``2m + 1`` of one head, and each loads half of every K / V block by TMA
-    multicast into both (Note [K/V multicast])."""
+    multicast into both (Note [K/V multicast]). ``overlap_tiles`` (persistent grids, Q by TMA, sO
+    apart from sQ, no ping-pong turns at a tile's edges): the next tile's first ``Q K^T`` is issued
+    behind this tile's last ``P V``, and this tile's epilogue runs under it (Note [Tiles
+    overlapped])."""
 
     head_dim: int = 128
     head_dim_v: int = 128
@@ -229,6 +233,7 @@ class FwdSm90Config(AttnFwdConfig):
     pack_tma: bool = True
     pack_tma_partial: bool = True
     kv_mcast: bool = False
+    overlap_tiles: bool = False
 
     KERNEL = "fa4.fwd.sm90:FlashFwdSm90"
     REQUIRED_SASS = ("HGMMA", "UTMALDG")  # checked in the SASS of every compile variant (tests/test_compile.py)
@@ -247,6 +252,19 @@ class FwdSm90Config(AttnFwdConfig):
                       split_kv=self.split_kv, block_skip=self.block_skip, score_mod=self.score_mod,
                       mask_mod=self.mask_mod)
         return [k for k, v in fields.items() if v]
+
+    def overlap_tiles_blockers(self) -> list[str]:
+        """What keeps this config from ``overlap_tiles`` (Note [Tiles overlapped]), in words."""
+        out = []
+        if not self.persistent:
+            out.append("persistent=False (one tile per CTA)")
+        if self.qhead_per_kvhead > 1 and not self.pack_tma_takes:
+            out.append("packed Q rows copied by the consumers")
+        if self.o_in_q and self.o_via_smem:
+            out.append("sO in sQ's memory (o_in_q)")
+        if self.pingpong and self.num_wg in (2, 3) and not self.pp_steps_only:
+            out.append("ping-pong turns at the tile's edges")
+        return out
 
     @property
     def num_threads(self) -> int:
@@ -281,9 +299,15 @@ class FwdSm90Config(AttnFwdConfig):
         return (self.causal or self.local or self.varlen_q or self.varlen_k or self.has_seqused_k
                 or self.has_seqused_q)
 
+    @property
+    def q_stages(self) -> int:
+        """Q's stages: two with ``overlap_tiles``, so the next tile's Q lands while this one runs
+        (Note [Tiles overlapped])."""
+        return 2 if self.overlap_tiles else 1
+
     def smem_qkv_bytes(self) -> int:
         d, dv = _pad32(self.head_dim), _pad32(self.head_dim_v)
-        return 2 * (self.tile_m * d + self.num_stages * self.tile_n * (d + dv))
+        return 2 * (self.q_stages * self.tile_m * d + self.num_stages * self.tile_n * (d + dv))
 
     @property
     def o_in_q(self) -> bool:
@@ -354,6 +378,12 @@ class FlashFwdSm90:
                              f"got {cfg.tile_n}")
         if cfg.num_stages not in (1, 2, 3, 4):
             raise ValueError(f"FwdSm90Config.num_stages (KernelOptions.num_stages) must be 1-4, got {cfg.num_stages}")
+        if cfg.overlap_tiles:
+            on = cfg.overlap_tiles_blockers()
+            if on:
+                raise ValueError(f"FwdSm90Config.overlap_tiles (Note [Tiles overlapped]) needs a persistent grid, Q by "
+                                 f"TMA, sO apart from sQ and no ping-pong turns at a tile's edges; this config has "
+                                 f"{', '.join(on)}")
         if cfg.smem_bytes() > SMEM_CAPACITY:
             raise ValueError(f"shared memory of tile_m={cfg.tile_m}, tile_n={cfg.tile_n}, num_stages={cfg.num_stages} "
                              f"(KernelOptions) at head_dim {cfg.head_dim}/{cfg.head_dim_v} is {cfg.smem_bytes()} "
@@ -397,7 +427,11 @@ class FlashFwdSm90:
     def _setup(self):
         """Smem layouts, tiled MMAs and the shared storage struct (trace-time constants)."""
         dt = self.dtype
-        self.sQ_layout = smem_layout_sm90(dt, self.tile_m, self.tile_hdim)
+        self.q_stages = self.cfg.q_stages
+        if const_expr(self.q_stages > 1):
+            self.sQ_layout = smem_layout_sm90(dt, self.tile_m, self.tile_hdim, self.q_stages)
+        else:
+            self.sQ_layout = smem_layout_sm90(dt, self.tile_m, self.tile_hdim)
         self.sK_layout = smem_layout_sm90(dt, self.tile_n, self.tile_hdim, self.num_stages)
         self.sV_layout = smem_layout_sm90(dt, self.tile_n, self.tile_hdimv, self.num_stages)
         self.sO_layout = smem_layout_sm90(dt, self.tile_m, self.tile_hdimv)
@@ -409,7 +443,7 @@ class FlashFwdSm90:
         # The box's elements, not ``size_in_bytes`` (its cosize): the first rows of a tile of several
         # column blocks span past their own bytes (126 of 128 rows at d128: 32512 against 32256), and
         # an expected count the box never delivers leaves the consumers waiting for ever.
-        self.tma_bytes_q = cute.size(self.rows_box(self.sQ_layout, self.tile_hdim)) * dt.width // 8
+        self.tma_bytes_q = cute.size(self.rows_box(self.sQ_stage_layout(), self.tile_hdim)) * dt.width // 8
         self.tma_bytes_k = cute.size_in_bytes(dt, cute.select(self.sK_layout, mode=[0, 1]))
         self.tma_bytes_v = cute.size_in_bytes(dt, cute.select(self.sV_layout, mode=[0, 1]))
 
@@ -425,7 +459,7 @@ class FlashFwdSm90:
             next_idx: cute.struct.MemRange[Int32, 2]
             mbar_mail: cute.struct.MemRange[cutlass.Int64, 4 if self.pair_claims else 1]  # Note [Pair claims]
             mailbox: cute.struct.MemRange[Int32, 2 if self.pair_claims else 1]
-            mbar_q: cute.struct.MemRange[cutlass.Int64, 2]
+            mbar_q: cute.struct.MemRange[cutlass.Int64, 2 * self.q_stages]
             mbar_k: cute.struct.MemRange[cutlass.Int64, 2 * stages]
             mbar_v: cute.struct.MemRange[cutlass.Int64, 2 * stages]
             sQ: cute.struct.Align[cute.struct.MemRange[dt, q_elems], 1024]
@@ -434,6 +468,18 @@ class FlashFwdSm90:
             sO: cute.struct.Align[cute.struct.MemRange[dt, max(o_elems, 1)], 1024]
 
         self.SharedStorage = SharedStorage
+
+    def sQ_stage_layout(self):
+        """One Q stage's ``(tile_m, d)`` smem layout."""
+        if const_expr(self.q_stages > 1):
+            return cute.select(self.sQ_layout, mode=[0, 1])
+        return self.sQ_layout
+
+    def q_stage(self, t, index):
+        """Stage ``index`` of a staged sQ tensor or fragment (its last mode), or ``t`` itself."""
+        if const_expr(self.q_stages > 1):
+            return t[(None,) * (cute.rank(t) - 1) + (index,)]
+        return t
 
     def rows_box(self, s, cols: int):
         """The first ``q_rows`` rows of a ``(tile_m, cols)`` smem layout or tensor ``s`` (sQ / sO): the
@@ -498,7 +544,7 @@ class FlashFwdSm90:
             mQ_t, mO_t = packed_rows_view(mQ, g), packed_rows_view(mO, g)
             q_tiler = (g, self.tile_m // g)
         if const_expr(self.tma_q):
-            tma_q, mQ_tma = cpasync.make_tiled_tma_atom(g2s, mQ_t, self.rows_box(self.sQ_layout, self.tile_hdim),
+            tma_q, mQ_tma = cpasync.make_tiled_tma_atom(g2s, mQ_t, self.rows_box(self.sQ_stage_layout(), self.tile_hdim),
                                                         (q_tiler, self.tile_hdim))
         # Paged K/V: one TMA per chunk of page_rows rows (Note [Paged K/V]).
         kv_rows = self.tile_n if const_expr(not self.page_rows) else self.page_rows
@@ -660,7 +706,7 @@ class FlashFwdSm90:
                 consumer_group=group(self.num_consumer_threads), defer_sync=True)
         return dict(
             pipes,
-            q=mk(barrier_storage=storage.mbar_q.data_ptr(), num_stages=1, tx_count=self.tma_bytes_q,
+            q=mk(barrier_storage=storage.mbar_q.data_ptr(), num_stages=self.q_stages, tx_count=self.tma_bytes_q,
                  consumer_group=group(1 if self.o_in_q else consumer_warps)),
             k=mk_kv(barrier_storage=storage.mbar_k.data_ptr(), num_stages=self.num_stages,
                     tx_count=self.tma_bytes_k, consumer_group=group(kv_casts * consumer_warps)),
@@ -716,7 +762,7 @@ class FlashFwdSm90:
         (local tiles) of the blocks in that order (K[next] / V[previous], Note [Edges first])."""
         pq, pk, pv = pipes["q"], pipes["k"], pipes["v"]
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
-        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.q_stages)
         head_ratio = mQ.shape[2] // mK.shape[2]
         t_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 2)
         idx = sched.first()
@@ -742,7 +788,7 @@ class FlashFwdSm90:
 
                 self.load_block(tma_k, pk, tKgK, tKsK, n_max - 1, kv_state)
                 if const_expr(self.tma_q):  # (else packed Q rows: the consumers load them, Note [Pack GQA])
-                    self.load_q(tma_q, mQ, sQ, pq, q_state, seqlen, batch, head, m_block)
+                    self.load_q(tma_q, mQ, self.q_stage(sQ, q_state.index), pq, q_state, seqlen, batch, head, m_block)
                     q_state.advance()
                 v_state = kv_state.clone()
                 kv_state.advance()
@@ -905,11 +951,21 @@ class FlashFwdSm90:
                 cute.arch.barrier_arrive(barrier_id=_BAR_PP0, number_of_threads=256)
 
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
-        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.q_stages)
         t_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 2)
         idx = sched.first()
+        # Note [Tiles overlapped]: this tile's first Q K^T was issued (and completed) under the last
+        # tile's epilogue, and its Q waited for.
+        prefetched = False
+        if const_expr(cfg.overlap_tiles):
+            prefetched = cutlass.Boolean(False)
         while sched.valid(idx):
             m_block, head, split, batch, seqlen, mask, n_min, n_max, active = tile_info(idx)
+            issued = prefetched
+            if const_expr(cfg.overlap_tiles):
+                prefetched = cutlass.Boolean(False)
+                next_idx = idx
+                claimed = cutlass.Boolean(False)
             if active:
                 softmax.reset()
                 acc_O.fill(0.0)
@@ -921,9 +977,12 @@ class FlashFwdSm90:
                     umod = UserMods(self.score_mod, self.mask_mod, self.tile_m, self.tile_n, cfg.qhead_per_kvhead,
                                     batch, head, seqlen, mAux,
                                     **block_mods(self.mask_mod, cfg.block_skip, self.tile_m, self.tile_n))
+                # This tile's Q stage (two with overlap_tiles).
+                ct = SimpleNamespace(**dict(vars(c), tSrQ=self.q_stage(tSrQ, q_state.index)))
                 if has_work:
                     if const_expr(self.tma_q):
-                        pq.consumer_wait(q_state)
+                        if not issued:
+                            pq.consumer_wait(q_state)
                     else:
                         # Packed rows (Note [Pack GQA]): every consumer is past its last read of sQ
                         # (the previous tile's Q K^T) before the first write.
@@ -936,17 +995,17 @@ class FlashFwdSm90:
                     if const_expr(fwd_common.folds_first(cfg, mask, umod)):
                         # Note [The first block in the masked loop]: its Q K^T here, complete before
                         # the walk, which runs the rest of it.
-                        self.first_qk(c, kv_state, wg)
+                        self.first_qk(ct, kv_state, wg, issued)
                         v_state = kv_state.clone()
-                        step = partial(self.step_carry, c, softmax, mask, m_block, prescale, wg)
-                        first = partial(self.first_or_masked_step, c, softmax, mask, m_block, prescale, wg, sV,
+                        step = partial(self.step_carry, ct, softmax, mask, m_block, prescale, wg)
+                        first = partial(self.first_or_masked_step, ct, softmax, mask, m_block, prescale, wg, sV,
                                         seqlen, tidx)
                         kv_state, v_state = walk_blocks(mask, m_block, n_min, n_max, step, (kv_state, v_state),
                                                         uniform_bounds=True, first_step=first,
                                                         edges_first=self.edges_first)
                     else:
                         # First block (the last K block): its Q K^T alone.
-                        self.first_qk(c, kv_state, wg)
+                        self.first_qk(ct, kv_state, wg, issued)
                         pk.consumer_release(kv_state)
                         skip = self.block_skipper(mAux, batch, head, m_block)
                         first_mode = None
@@ -960,7 +1019,7 @@ class FlashFwdSm90:
                         if const_expr(cfg.has_seqused_k):
                             self.clear_v_tail(pv, v_state, sV, seqlen.seqlen_k - (n_max - 1) * self.tile_n, tidx)
                         kv_state.advance()
-                        step = partial(self.step_carry, c, softmax, mask, m_block, prescale, wg, umod=umod)
+                        step = partial(self.step_carry, ct, softmax, mask, m_block, prescale, wg, umod=umod)
                         if const_expr(skip is not None):  # the hidden blocks: no step (the producer skips them too)
                             step = partial(self.step_if_visible, skip, step)
                         kv_state, v_state = walk_blocks(mask, m_block, n_min, n_max, step, (kv_state, v_state),
@@ -968,6 +1027,7 @@ class FlashFwdSm90:
                                                         edges_first=self.edges_first)
                     if const_expr(self.tma_q and not self.o_in_q):
                         pq.consumer_release(q_state)
+                        q_state.advance()
                     # Last P V.
                     if const_expr(cfg.rescale_o_before_pv):
                         rescale_rows(make_acc_mn_view(acc_O), row_scale_prev)
@@ -975,7 +1035,20 @@ class FlashFwdSm90:
                     self.pp_sync(wg, edge=True)
                     gemm_sm90(self.tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, v_state.index])
                     self.pp_arrive(wg, edge=True)
-                    warpgroup.wait_group(0)
+                    if const_expr(cfg.overlap_tiles):
+                        # Note [Tiles overlapped]: the next tile's first Q K^T behind this P V.
+                        next_idx, t_state, prefetched = self.claim_next(sched, tile_info, idx, t_state)
+                        claimed = cutlass.Boolean(True)
+                        # (issued either way: ptxas serializes every wgmma of the kernel when one is
+                        # issued under a runtime branch here; without a next tile it reads stale smem)
+                        self.issue_first_qk(ct, self.q_stage(tSrQ, q_state.index), pq, q_state, kv_state, wg,
+                                            prefetched)
+                        if prefetched:
+                            warpgroup.wait_group(1)
+                        else:
+                            warpgroup.wait_group(0)
+                    else:
+                        warpgroup.wait_group(0)
                     pv.consumer_release(v_state)
                 if const_expr(self.tma_q and self.o_in_q):
                     if not has_work:
@@ -991,10 +1064,14 @@ class FlashFwdSm90:
                     if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 4:
                         pq.consumer_release(q_state)
                     q_state.advance()
-                elif const_expr(self.tma_q):
-                    if has_work:
-                        q_state.advance()
-            idx, t_state = sched.next_consumer(idx, t_state)
+                if const_expr(cfg.overlap_tiles):
+                    warpgroup.wait_group(0)  # the next tile's first Q K^T (none pending: a no-op)
+            if const_expr(cfg.overlap_tiles):
+                if not claimed:
+                    next_idx, t_state = self.next_tile(sched, idx, t_state)
+                idx = next_idx
+            else:
+                idx, t_state = sched.next_consumer(idx, t_state)
         if const_expr(self.tma_o):
             if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 4:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
@@ -1103,14 +1180,75 @@ class FlashFwdSm90:
         kv_state.advance()
         return kv_state, v_state
 
+    # Note [Tiles overlapped]
+    # ~~~~~~~~~~~~~~~~~~~~~~~~
+    # Between two tiles of a persistent CTA the tensor cores used to idle: after a tile's last P V its
+    # consumers normalized O, staged it in sO, stored it by TMA (two barriers over both warpgroups),
+    # and only then issued the next tile's first Q K^T, whose softmax comes before any further GEMM.
+    # ``tools/tile_cost.py`` fits an SM's time per tile at 2.5-2.9 us beside 1.6 us per K block
+    # (H100, d64 / d128 without a mask; flash-attn-4: 3.7-4.1 us). With ``overlap_tiles`` the consumers
+    # read the next tile's index right after issuing the last P V (:meth:`claim_next`), issue the
+    # next tile's first Q K^T behind it, wait for the P V only (``wait_group(1)``), run the epilogue
+    # while the Q K^T runs, then complete it; the next tile starts at its first softmax.
+    # - Q has two stages, so the next tile's Q is loaded while this one runs (with one, the wait for
+    #   it moved before the epilogue, and a tile cost 3.6 us instead of 2.7).
+    # - ptxas serializes every wgmma of the kernel when that Q K^T is issued under a runtime branch
+    #   (no next tile, or one without a K block), so it is issued either way: without a next tile
+    #   with work it reads whatever the stages hold and is waited for at once (``wait_group(0)``) and
+    #   discarded, the next tile issuing its own (``first_qk``'s ``issued``). Only the pipeline waits are
+    #   branched.
+    # - sO must be apart from sQ (not ``o_in_q``), Q loaded by TMA, and the tile's first Q K^T outside
+    #   the ping-pong turns (``pp_steps_only``): ``FwdSm90Config.overlap_tiles_blockers``.
+    # - On the dynamic grid the consumers now wait for the producer's claim before the epilogue,
+    #   which it used to hide: causal rows measured 1-5% slower.
+    # - Measured (RESULTS v0.53, H100): the fitted cost of a tile did not fall (d128 2.5 -> 3.2 us, the
+    #   one-block tiles alone gaining); rows without a mask from s_k 4096 within 1% at d128, -5% at d96,
+    #   -1 to +3.5% at d64. An option (``OVERLAP_TILES``), off by default.
+    # Every tile computes the same arithmetic in the same order: the bits are those of the kernel
+    # without it (tests/test_fwd_sm90_gpu.py::test_overlap_tiles_matches / _varlen).
+
     @cute.jit
-    def first_qk(self, c: SimpleNamespace, kv_state, wg: Int32) -> None:
-        """A tile's first ``S = Q K^T`` (its last K block), alone, waited for."""
-        c.pk.consumer_wait(kv_state)
+    def first_qk(self, c: SimpleNamespace, kv_state, wg: Int32, issued) -> None:
+        """A tile's first ``S = Q K^T`` (its last K block), alone, waited for; ``issued``: it was
+        issued (and completed) under the last tile's epilogue (Note [Tiles overlapped])."""
+        if not issued:
+            self.issue_first_qk(c, c.tSrQ, None, None, kv_state, wg, True)
+        warpgroup.wait_group(0)  # (every path: ptxas keeps the wgmmas asynchronous only so)
+
+    @cute.jit
+    def issue_first_qk(self, c: SimpleNamespace, tSrQ, pq, q_state, kv_state, wg: Int32, landed) -> None:
+        """Issue a tile's first ``S = Q K^T``; ``landed``: once its K block (and, with ``pq``, its Q)
+        landed, else at once, on whatever the stages hold (Note [Tiles overlapped])."""
+        self.wait_first(pq, q_state, c.pk, kv_state, landed)
         self.pp_sync(wg, edge=True)
-        gemm_sm90(self.tiled_mma_qk, c.acc_S, c.tSrQ, c.tSrK[None, None, None, kv_state.index], zero_init=True)
+        gemm_sm90(self.tiled_mma_qk, c.acc_S, tSrQ, c.tSrK[None, None, None, kv_state.index], zero_init=True)
         self.pp_arrive(wg, edge=True)
-        warpgroup.wait_group(0)
+
+    @cute.jit
+    def wait_first(self, pq, q_state, pk, kv_state, landed) -> None:
+        """Wait for a tile's first K block (and, with ``pq``, its Q), where ``landed``."""
+        if landed:
+            if const_expr(pq is not None):
+                pq.consumer_wait(q_state)
+            pk.consumer_wait(kv_state)
+
+    @cute.jit
+    def next_tile(self, sched, idx: Int32, t_state):
+        """The consumers' next tile index (:meth:`fa4.sched.tile.TileScheduler.next_consumer`)."""
+        nxt, t_state = sched.next_consumer(idx, t_state)
+        return nxt, t_state
+
+    @cute.jit
+    def claim_next(self, sched, tile_info, idx: Int32, t_state):
+        """The next tile's index, and whether it has a K block to start (Note [Tiles overlapped])."""
+        nxt, t_state = sched.next_consumer(idx, t_state)
+        work = cutlass.Boolean(False)
+        if sched.valid(nxt):
+            _, _, _, _, _, _, n_min, n_max, active = tile_info(nxt)
+            if active:
+                if n_min < n_max:
+                    work = cutlass.Boolean(True)
+        return nxt, t_state, work
 
     @cute.jit
     def issue_qk_pv(self, c: SimpleNamespace, kv_state, v_state, wg: Int32) -> None:
@@ -1444,6 +1582,26 @@ def _kv_mcast(cfg: FwdSm90Config, seqlen_k: int, num_sms: int, resident: Callabl
     return "plain" if seqlen_k >= KV_MCAST_PLAIN_MIN_SEQLEN_K and not cfg.causal else None
 
 
+# The next tile's first Q K^T under this tile's epilogue, Q in two stages (``overlap_tiles``, Note [Tiles
+# overlapped]), v0.53, H100. Three interleaved rounds (off -> on): without a mask d64 s8k 522.5 -> 528.6,
+# d128 s4k 633.3 -> 651.0, s8k 648.1 -> 657.1, s1k 552.4 -> 540.2 (ranges overlapping); causal rows (the
+# dynamic grid, whose claim the consumers now wait for before the epilogue) 0.8-5% slower. Five rounds
+# of the rule below (rows without a mask on the static persistent grids from s_k 4096) did not confirm
+# it: d64 s4k / s8k / s16k +3.5 / -0.7 / -1.3%, d96 -5.1 / -5.6 / -5.1%, d128 +0.2 / -0.5 / -0.2%. So
+# it stays an option (``OVERLAP_TILES`` turns the rule on), off by default.
+OVERLAP_TILES = False
+OVERLAP_TILES_MIN_SEQLEN_K = 4096
+
+
+def _overlap_tiles(cfg: FwdSm90Config, seqlen_k: int) -> bool:
+    """Whether the rule above gives ``cfg`` (its grid decided) ``overlap_tiles``."""
+    if not (OVERLAP_TILES and seqlen_k >= OVERLAP_TILES_MIN_SEQLEN_K and not (cfg.causal or cfg.local)
+            and cfg.persistent and not cfg.dynamic_sched):
+        return False
+    on = replace(cfg, overlap_tiles=True)
+    return not on.overlap_tiles_blockers() and on.smem_bytes() <= SMEM_CAPACITY
+
+
 def _loose_q(problem: AttnProblem) -> bool:
     """Whether the rules above send ``problem`` to the compact grid."""
     if not problem.varlen_q:
@@ -1548,6 +1706,8 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         cfg = replace(cfg, dynamic_sched=cfg.dynamic_sched and cfg.causal, kv_mcast=True)
     elif mcast_grid == "plain":
         cfg = replace(cfg, persistent=False, dynamic_sched=False, l2_section_mb=0, kv_mcast=True)
+    if _overlap_tiles(cfg, problem.seqlen_k):
+        cfg = replace(cfg, overlap_tiles=True)
     FlashFwdSm90.can_implement(cfg)
     if options.num_threads is not None and options.num_threads != cfg.num_threads:
         raise ValueError(f"KernelOptions.num_threads={options.num_threads}: the sm90 forward runs "
@@ -1600,6 +1760,14 @@ def variants(arch: str) -> list[FwdSm90Config]:
         cfg(128, persistent=False, pingpong=True),
         cfg(128, persistent=False, dynamic_sched=False, kv_mcast=True),  # Note [K/V multicast]
         cfg(128, persistent=True, dynamic_sched=False, kv_mcast=True),  # (the pairs' persistent snake)
+        # Note [Tiles overlapped] (an option): the rule's d128 / d64 / d96 configs without a mask, and the
+        # dynamic grid (causal, and varlen with packed rows and skipped claims).
+        cfg(128, persistent=True, dynamic_sched=False, kv_mcast=True, overlap_tiles=True),
+        cfg(64, overlap_tiles=True),
+        cfg(96, overlap_tiles=True),
+        cfg(128, causal=True, dynamic_sched=True, overlap_tiles=True),
+        cfg(64, causal=True, varlen_q=True, varlen_k=True, dynamic_sched=True, skip_empty=True, qhead_per_kvhead=2,
+            overlap_tiles=True),
         cfg(128, qhead_per_kvhead=4, persistent=False, dynamic_sched=False, kv_mcast=True),  # (pack GQA)
         cfg(64, persistent=False, dynamic_sched=False, kv_mcast=True),
         cfg(128, causal=True, dynamic_sched=True, l2_section_mb=16, kv_mcast=True),  # (the d128 causal default)
@@ -1752,6 +1920,10 @@ def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: F
         order += (", in clusters of two CTAs on m-blocks 2m and 2m + 1 of one head that load each K/V block once "
                   f"by TMA multicast (Note [K/V multicast]{rule})")
     notes.append(f"grid: {order}; {'longest tiles first (LPT)' if cfg.lpt else 'tiles in order'}")
+    if cfg.overlap_tiles:
+        notes.append("tiles overlapped: each tile's first Q K^T is issued behind the last one's P V and runs under "
+                     "its epilogue, Q in two stages (Note [Tiles overlapped]; rows without a mask on the static "
+                     f"persistent grids from s_k {OVERLAP_TILES_MIN_SEQLEN_K}, OVERLAP_TILES)")
     return notes
 
 
