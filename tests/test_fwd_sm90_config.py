@@ -80,12 +80,12 @@ def test_grid_order_by_length(d, sk, causal, dynamic, sections):
     assert cfg.l2_section_mb == sections
 
 
-@pytest.mark.parametrize("extra", [dict(gqa=True), dict(varlen_q=True, varlen_k=True, total_q=16384, total_k=16384),
+@pytest.mark.parametrize("extra", [dict(gqa=True, causal=True), dict(varlen_q=True, varlen_k=True, total_q=16384, total_k=16384),
                                    dict(has_seqused_k=True), dict(local=True), dict(sq=1),
                                    dict(causal=True, sk=4096)])
 def test_kv_mcast_only_dense_non_causal(extra):
-    """K/V multicast (v0.50) takes only dense d128 tiles without a window, GQA or lengths, from s_k 4096
-    (causal ones from 8192, v0.52): both tiles of a cluster must walk the same K blocks (Note [K/V
+    """K/V multicast (v0.50) takes only dense d128 tiles without a window or lengths, from s_k 4096
+    (causal ones from 8192, v0.52; packed GQA ones without a mask, v0.53): both tiles of a cluster must walk the same K blocks (Note [K/V
     multicast]); decode tiles keep their grid; shorter keys gain nothing (H100 s1k within 1%)."""
     assert sm90.make_config(_problem(128, sq=8192, sk=8192), None, "sm_90a", True).kv_mcast
     assert sm90.make_config(_problem(128, sq=8192, sk=4096), None, "sm_90a", True).kv_mcast
@@ -96,10 +96,32 @@ def test_kv_mcast_only_dense_non_causal(extra):
         kw.update(window_left=256, window_right=0)
     if kw.pop("gqa", False):
         problem = AttnProblem(dtype="bf16", batch=2, seqlen_q=8192, seqlen_k=8192, heads=8, heads_k=2, head_dim=128,
-                              head_dim_v=128, softmax_scale=128**-0.5)
+                              head_dim_v=128, softmax_scale=128**-0.5, causal=kw.get("causal", False))
     else:
         problem = _problem(128, **kw)
     assert not sm90.make_config(problem, None, "sm_90a", True).kv_mcast
+
+
+@pytest.mark.parametrize("heads_k,sk,sms,taken", [(2, 8192, 132, True), (2, 4096, 132, True), (1, 4096, 132, True),
+                                                  (2, 2048, 132, False), (2, 16384, 114, False)])
+def test_kv_mcast_gqa_rule(monkeypatch, heads_k, sk, sms, taken):
+    """v0.53 (KV_MCAST_GQA): packed GQA rows without a mask (whole positions a tile: g = 4, 8) take
+    multicast from s_k 4096 on the persistent grid (H100 gqa-d128-s4k +3.5% / +3.9%), not on the plain
+    grid (not measured; off the measured SM counts with no driver count); explain names the switch. Off,
+    they keep their grid."""
+    monkeypatch.setattr(sm90, "_resident_pairs", lambda index: None)
+    monkeypatch.setattr(sm90, "_num_sms", lambda device: sms)
+    problem = AttnProblem(dtype="bf16", batch=2, seqlen_q=sk, seqlen_k=sk, heads=8, heads_k=heads_k, head_dim=128,
+                          head_dim_v=128, softmax_scale=128**-0.5)
+    cfg = sm90.make_config(problem, None, "sm_90a", True, num_sms=sms)
+    assert cfg.qhead_per_kvhead == 8 // heads_k and cfg.pack_tma_takes
+    assert cfg.kv_mcast == taken, cfg
+    if taken:
+        assert cfg.persistent and not cfg.dynamic_sched
+        sm90.FlashFwdSm90.can_implement(cfg)
+        assert "KV_MCAST_GQA" in " ".join(sm90.explain_notes(problem, None, cfg))
+    monkeypatch.setattr(sm90, "KV_MCAST_GQA", False)
+    assert not sm90.make_config(problem, None, "sm_90a", True, num_sms=sms).kv_mcast
 
 
 @pytest.mark.parametrize("ragged", [dict(varlen_q=True, varlen_k=True, total_q=16384, total_k=16384),

@@ -727,6 +727,28 @@ def test_kv_multicast_causal_matches_single_cta(d, seqlen_q, seqlen_k, grid, hea
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("heads_k", [2, 1])
+def test_kv_multicast_gqa_default(monkeypatch, heads_k):
+    """v0.53 (KV_MCAST_GQA): a packed GQA row without a mask from s_k 4096 takes K/V multicast by
+    default on the persistent grid; its bits equal the same config without multicast, and it passes
+    the reference rule."""
+    from fa4 import ops
+
+    q, k, v = random_qkv(1, 4096, 4096, 8, heads_k, 128, torch.bfloat16, "cuda", seed=17)
+    ops._plans.clear()
+    out, lse = _dense(q, k, v, False, (None, None), 0.0)
+    cfgs = [c for (direction, *_), (_, c) in ops._plans.items() if direction == "fwd"]
+    if torch.cuda.get_device_properties(0).multi_processor_count == 132:
+        assert cfgs and all(c.kv_mcast and c.qhead_per_kvhead == 8 // heads_k for c in cfgs), cfgs
+    _check(out, lse, q, k, v, causal=False)
+    _force_fields(monkeypatch, kv_mcast=False)
+    out0, lse0 = _dense(q, k, v, False, (None, None), 0.0)
+    monkeypatch.undo()
+    ops._plans.clear()
+    assert torch.equal(out, out0) and torch.equal(lse, lse0)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(2, 1000, 1000, 4, 4), (1, 113, 2048, 8, 2), (3, 4096, 1024, 4, 1), (2, 1, 203, 4, 4)],
                          ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("grid", ["persistent", "dynamic", "mcast"])

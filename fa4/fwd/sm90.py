@@ -200,7 +200,7 @@ class FwdSm90Config(AttnFwdConfig):
     (dense tiles without a window or user functions, on the plain, persistent or dynamic grid; causal
     pairs walk the union of their ranges: v0.52, the d128 causal default from s_k 8192 on the dynamic
     grid, ``KV_MCAST_CAUSAL_HEAD_DIMS``, with pair claims; the non-causal d128 default on the
-    persistent grid from s_k 4096 since v0.50 on 132-SM GPUs, where all its clusters were measured
+    persistent grid from s_k 4096 since v0.50 (packed GQA rows too since v0.53, ``KV_MCAST_GQA``) on 132-SM GPUs, where all its clusters were measured
     resident at once, and since v0.51 wherever the driver counts them resident
     (:func:`fa4.arch.resident_clusters`), elsewhere on the plain grid from 8192,
     ``KV_MCAST_HEAD_DIMS``, ``KV_MCAST_PERSISTENT_SMS``): CTAs launch in clusters of two, on
@@ -1545,6 +1545,13 @@ def _fold_first(causal: bool, local: bool, head_dim: int, one_step: bool, user_m
 # (head_dim, head_dim_v) as measured: d100-120 share the 128 bucket's table, not this measurement.
 KV_MCAST_HEAD_DIMS = frozenset({(128, 128)})
 KV_MCAST_MIN_SEQLEN_K = 4096
+# v0.53: rows without a mask with packed GQA (whole positions a tile: the pair's two tiles hold rows of
+# one kv head) take it too, on the persistent grid. H100, gqa-d128-s4k (32 / 8 heads, g = 4), median
+# TFLOP/s, default -> multicast on the static persistent grid: 646.1 -> 668.7 (three rounds), 624.8 ->
+# 649.1 (five; flash-attn-4 640.1). Causal GQA rows are left out: gqa-d128-s4k-causal +2.9% in five
+# rounds (the dynamic grid; the static one -0.9%), mqa-d128-s8k-causal +0.7% (noise), and the MHA
+# causal rows' own s4k measurement was mixed. Not on the plain grid (not measured with GQA).
+KV_MCAST_GQA = True
 # The persistent grid launches num_sms / 2 clusters and counts on all of them being resident at once:
 # a cluster that waits for a free pair of SMs in one GPC runs after the others, a tail as long as the
 # kernel. That held where it was measured, GPUs of 132 SMs (H100 SXM, H200: the gains above), which take
@@ -1570,16 +1577,20 @@ def _kv_mcast(cfg: FwdSm90Config, seqlen_k: int, num_sms: int, resident: Callabl
     clusters of two it holds at once (None: unknown), asked only off ``KV_MCAST_PERSISTENT_SMS``.
     ``"persistent"``, ``"plain"`` (where not all the persistent grid's clusters are known to be
     resident), or None. Causal rows: ``KV_MCAST_CAUSAL_HEAD_DIMS`` from ``KV_MCAST_CAUSAL_MIN_SEQLEN_K``,
-    on the persistent grids only."""
+    on the persistent grids only; packed GQA rows (``KV_MCAST_GQA``, whole positions a tile): without a
+    mask, on the persistent grid only."""
     dims = (cfg.head_dim, cfg.head_dim_v)
+    g = cfg.qhead_per_kvhead
+    gqa = KV_MCAST_GQA and not cfg.causal and cfg.pack_tma_takes and cfg.tile_m % g == 0
     if not (dims in (KV_MCAST_CAUSAL_HEAD_DIMS if cfg.causal else KV_MCAST_HEAD_DIMS) and cfg.persistent
-            and not cfg.kv_mcast_blockers() and cfg.qhead_per_kvhead == 1):  # (GQA: not measured)
+            and not cfg.kv_mcast_blockers() and (g == 1 or gqa)):  # (causal GQA: not taken, v0.53)
         return None
     if num_sms in KV_MCAST_PERSISTENT_SMS or (resident() or 0) >= max(num_sms // 2, 1):
         least = KV_MCAST_CAUSAL_MIN_SEQLEN_K if cfg.causal else KV_MCAST_MIN_SEQLEN_K
         return "persistent" if seqlen_k >= least else None
-    # (causal rows keep their dynamic grid: a plain grid of pairs would give up its balance)
-    return "plain" if seqlen_k >= KV_MCAST_PLAIN_MIN_SEQLEN_K and not cfg.causal else None
+    # (causal rows keep their dynamic grid: a plain grid of pairs would give up its balance; GQA rows:
+    # not measured there)
+    return "plain" if seqlen_k >= KV_MCAST_PLAIN_MIN_SEQLEN_K and not cfg.causal and g == 1 else None
 
 
 # The next tile's first Q K^T under this tile's epilogue, Q in two stages (``overlap_tiles``, Note [Tiles
@@ -1906,8 +1917,8 @@ def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: F
             rule = (f": causal rows of head dim {cfg.head_dim} without GQA or lengths from s_k "
                     f"{KV_MCAST_CAUSAL_MIN_SEQLEN_K}, KV_MCAST_CAUSAL_HEAD_DIMS; {held}")
         elif grid == "persistent":
-            rule = (f": dense rows of head dim {cfg.head_dim} without a mask, GQA or lengths from s_k "
-                    f"{KV_MCAST_MIN_SEQLEN_K}, KV_MCAST_MIN_SEQLEN_K; {held}")
+            rule = (f": dense rows of head dim {cfg.head_dim} without a mask or lengths from s_k "
+                    f"{KV_MCAST_MIN_SEQLEN_K}, KV_MCAST_MIN_SEQLEN_K, packed GQA among them (KV_MCAST_GQA); {held}")
         elif grid == "plain":
             rule = (f": the same rows from s_k {KV_MCAST_PLAIN_MIN_SEQLEN_K} on the plain grid, where not all of "
                     f"the persistent grid's {sms // 2} clusters are known to be resident at once ({held})")
