@@ -120,6 +120,9 @@ def test_kv_mcast_gqa_rule(monkeypatch, heads_k, sk, sms, taken):
         assert cfg.persistent and not cfg.dynamic_sched
         sm90.FlashFwdSm90.can_implement(cfg)
         assert "KV_MCAST_GQA" in " ".join(sm90.explain_notes(problem, None, cfg))
+        mha = _problem(128, sq=sk, sk=sk)
+        mha_cfg = sm90.make_config(mha, None, "sm_90a", True, num_sms=sms)
+        assert mha_cfg.kv_mcast and "KV_MCAST_GQA" not in " ".join(sm90.explain_notes(mha, None, mha_cfg))
     monkeypatch.setattr(sm90, "KV_MCAST_GQA", False)
     assert not sm90.make_config(problem, None, "sm_90a", True, num_sms=sms).kv_mcast
 
@@ -532,17 +535,23 @@ def test_overlap_tiles_off_by_default():
 
 def test_overlap_tiles_refuses_what_it_cannot_serve():
     """overlap_tiles raises naming why: one tile per CTA, sO in sQ's memory, packed Q rows copied by
-    the consumers, ping-pong turns at a tile's edges (Note [Tiles overlapped])."""
+    the consumers, ping-pong turns at a tile's edges, split-KV (Note [Tiles overlapped]); forced on
+    where the rule would not give it, explain does not name the rule."""
     import dataclasses
 
     ok = dataclasses.replace(sm90.make_config(_problem(128, sq=8192, sk=8192), None, "sm_90a", True, num_sms=132),
                              overlap_tiles=True)
     sm90.FlashFwdSm90.can_implement(ok)
-    sm90.FlashFwdSm90.can_implement(dataclasses.replace(ok, causal=True, dynamic_sched=True))  # an option there
+    forced = dataclasses.replace(ok, causal=True, dynamic_sched=True)  # an option there
+    sm90.FlashFwdSm90.can_implement(forced)
+    problem = _problem(128, sq=8192, sk=8192, causal=True)
+    text = " ".join(sm90.explain_notes(problem, None, forced))
+    assert "tiles overlapped" in text and "OVERLAP_TILES" not in text, text
     cases = [(dict(persistent=False, kv_mcast=False), "persistent=False"),
              (dict(head_dim=256, head_dim_v=256, tile_n=80), "o_in_q"),
              (dict(qhead_per_kvhead=4, pack_tma=False), "packed Q rows"),
-             (dict(pingpong=True, pp_steps_only=False), "ping-pong")]
+             (dict(pingpong=True, pp_steps_only=False), "ping-pong"),
+             (dict(split_kv=True), "split_kv")]
     for fields, words in cases:
         with pytest.raises(ValueError, match=f"overlap_tiles.*{words}"):
             sm90.FlashFwdSm90.can_implement(dataclasses.replace(ok, **fields))

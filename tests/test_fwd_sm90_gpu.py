@@ -738,8 +738,10 @@ def test_kv_multicast_gqa_default(monkeypatch, heads_k):
     ops._plans.clear()
     out, lse = _dense(q, k, v, False, (None, None), 0.0)
     cfgs = [c for (direction, *_), (_, c) in ops._plans.items() if direction == "fwd"]
-    if torch.cuda.get_device_properties(0).multi_processor_count == 132:
-        assert cfgs and all(c.kv_mcast and c.qhead_per_kvhead == 8 // heads_k for c in cfgs), cfgs
+    assert cfgs and all(c.qhead_per_kvhead == 8 // heads_k for c in cfgs), cfgs
+    if not all(c.kv_mcast for c in cfgs):
+        assert torch.cuda.get_device_properties(0).multi_processor_count != 132, cfgs
+        pytest.skip("this GPU's clusters of two are not known to be resident at once: no multicast default")
     _check(out, lse, q, k, v, causal=False)
     _force_fields(monkeypatch, kv_mcast=False)
     out0, lse0 = _dense(q, k, v, False, (None, None), 0.0)

@@ -492,7 +492,8 @@ fi
 if has next76; then
   # Session 52: overlap_tiles as the default without a mask from s_k 4096 (Note [Tiles overlapped]):
   # memcheck / racecheck on its cases, the forward GPU files (gpu2's), then five rounds against it
-  # off, and the forward grid beside the peers, two repeats.
+  # off, and the forward grid beside the peers, two repeats. (Ran with the rule on; with the default
+  # off since, its sweep compares off with off: set OVERLAP_TILES = True in fa4/fwd/sm90.py to rerun.)
   for tool in memcheck racecheck; do
     timeout 120 compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 3 python3 tools/sanitize_sm90.py --overlap \
       > "$out/next76_$tool.log" 2>&1

@@ -42,8 +42,8 @@ expected transaction bytes; a consumer arrive is one per warp, from lane 0)
     * ``pipes["sched"]`` (``dynamic_sched`` only; ``cutlass.pipeline.PipelineAsync``, 2 stages):
       the next tile's index in smem (:class:`fa4.sched.tile.DynamicTileScheduler`). Producer: the
       TMA warp's 32 lanes, once it has issued a tile's loads it claims the next tile from the
-      global counter (32 arrives); consumers: every consumer thread after its tile's epilogue
-      (``num_wg * 128`` arrives).
+      global counter (32 arrives); consumers: every consumer thread after its tile's epilogue, or
+      with ``overlap_tiles`` right after a tile's last ``P V`` issue (``num_wg * 128`` arrives).
 
 Named barriers: 1 = epilogue (all consumer threads); 2, 3 = the ping-pong of two consumer
 warpgroups (Note [ping-pong]); 4 = V rows past ``seqused_k`` zeroed (all consumer threads,
@@ -264,6 +264,8 @@ class FwdSm90Config(AttnFwdConfig):
             out.append("sO in sQ's memory (o_in_q)")
         if self.pingpong and self.num_wg in (2, 3) and not self.pp_steps_only:
             out.append("ping-pong turns at the tile's edges")
+        if self.split_kv:
+            out.append("split_kv (not tested with it)")
         return out
 
     @property
@@ -382,11 +384,12 @@ class FlashFwdSm90:
             on = cfg.overlap_tiles_blockers()
             if on:
                 raise ValueError(f"FwdSm90Config.overlap_tiles (Note [Tiles overlapped]) needs a persistent grid, Q by "
-                                 f"TMA, sO apart from sQ and no ping-pong turns at a tile's edges; this config has "
-                                 f"{', '.join(on)}")
+                                 f"TMA, sO apart from sQ, no ping-pong turns at a tile's edges and no split-KV; this "
+                                 f"config has {', '.join(on)}")
         if cfg.smem_bytes() > SMEM_CAPACITY:
             raise ValueError(f"shared memory of tile_m={cfg.tile_m}, tile_n={cfg.tile_n}, num_stages={cfg.num_stages} "
-                             f"(KernelOptions) at head_dim {cfg.head_dim}/{cfg.head_dim_v} is {cfg.smem_bytes()} "
+                             f"(KernelOptions){' with two Q stages (overlap_tiles)' if cfg.q_stages > 1 else ''} at "
+                             f"head_dim {cfg.head_dim}/{cfg.head_dim_v} is {cfg.smem_bytes()} "
                              f"bytes, over the {SMEM_CAPACITY} of sm_90a")
         # fp32 accumulators per consumer thread: O, S, and (overlapped) the 16-bit P of the previous block.
         acc = _pad32(cfg.head_dim_v) // 2 + cfg.tile_n // 2 + cfg.tile_n // 4
@@ -820,7 +823,7 @@ class FlashFwdSm90:
                     self.load_block(tma_v, pv, tVgV, tVsV, prev, v_state)
             if const_expr(self.tma_q and self.o_in_q):
                 if active and n_min >= n_max:  # no K block: its Q anyway (Note [Empty tiles and o_in_q])
-                    self.load_q(tma_q, mQ, sQ, pq, q_state, seqlen, batch, head, m_block)
+                    self.load_q(tma_q, mQ, self.q_stage(sQ, q_state.index), pq, q_state, seqlen, batch, head, m_block)
                     q_state.advance()
             if const_expr(self.skip_empty):  # claims past empty varlen tiles (Note [Skipped claims])
                 idx, t_state = sched.next_producer(idx, t_state, partial(self.tile_empty, tile_info=tile_info))
@@ -1186,7 +1189,7 @@ class FlashFwdSm90:
     # consumers normalized O, staged it in sO, stored it by TMA (two barriers over both warpgroups),
     # and only then issued the next tile's first Q K^T, whose softmax comes before any further GEMM.
     # ``tools/tile_cost.py`` fits an SM's time per tile at 2.5-2.9 us beside 1.6 us per K block
-    # (H100, d64 / d128 without a mask; flash-attn-4: 3.7-4.1 us). With ``overlap_tiles`` the consumers
+    # (H100, d64 / d128 without a mask; flash-attn-4: 3.7-4.1 us, through its own interface). With ``overlap_tiles`` the consumers
     # read the next tile's index right after issuing the last P V (:meth:`claim_next`), issue the
     # next tile's first Q K^T behind it, wait for the P V only (``wait_group(1)``), run the epilogue
     # while the Q K^T runs, then complete it; the next tile starts at its first softmax.
@@ -1195,15 +1198,16 @@ class FlashFwdSm90:
     # - ptxas serializes every wgmma of the kernel when that Q K^T is issued under a runtime branch
     #   (no next tile, or one without a K block), so it is issued either way: without a next tile
     #   with work it reads whatever the stages hold and is waited for at once (``wait_group(0)``) and
-    #   discarded, the next tile issuing its own (``first_qk``'s ``issued``). Only the pipeline waits are
-    #   branched.
+    #   discarded, the next tile issuing its own (``first_qk``'s ``issued``): here only the pipeline
+    #   waits are branched. (A branched issue at the tile's start, where ``wait_group(0)`` follows at
+    #   once, keeps them asynchronous.)
     # - sO must be apart from sQ (not ``o_in_q``), Q loaded by TMA, and the tile's first Q K^T outside
     #   the ping-pong turns (``pp_steps_only``): ``FwdSm90Config.overlap_tiles_blockers``.
     # - On the dynamic grid the consumers now wait for the producer's claim before the epilogue,
     #   which it used to hide: causal rows measured 1-5% slower.
-    # - Measured (RESULTS v0.53, H100): the fitted cost of a tile did not fall (d128 2.5 -> 3.2 us, the
-    #   one-block tiles alone gaining); rows without a mask from s_k 4096 within 1% at d128, -5% at d96,
-    #   -1 to +3.5% at d64. An option (``OVERLAP_TILES``), off by default.
+    # - Measured (RESULTS v0.53, H100): rows without a mask from s_k 4096 within 1% at d128, -5% at
+    #   d96, -1 to +3.5% at d64 (five rounds); the fitted cost of a tile did not fall (a fit that timed
+    #   the variant by a slower host path). An option (``OVERLAP_TILES``), off by default.
     # Every tile computes the same arithmetic in the same order: the bits are those of the kernel
     # without it (tests/test_fwd_sm90_gpu.py::test_overlap_tiles_matches / _varlen).
 
@@ -1780,6 +1784,7 @@ def variants(arch: str) -> list[FwdSm90Config]:
         cfg(64, causal=True, varlen_q=True, varlen_k=True, dynamic_sched=True, skip_empty=True, qhead_per_kvhead=2,
             overlap_tiles=True),
         cfg(128, qhead_per_kvhead=4, persistent=False, dynamic_sched=False, kv_mcast=True),  # (pack GQA)
+        cfg(128, qhead_per_kvhead=4, persistent=True, dynamic_sched=False, kv_mcast=True),  # (its default, v0.53)
         cfg(64, persistent=False, dynamic_sched=False, kv_mcast=True),
         cfg(128, causal=True, dynamic_sched=True, l2_section_mb=16, kv_mcast=True),  # (the d128 causal default)
         cfg(64, causal=True, dynamic_sched=False, kv_mcast=True),  # (a causal pair on the static persistent grid)
@@ -1918,7 +1923,8 @@ def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: F
                     f"{KV_MCAST_CAUSAL_MIN_SEQLEN_K}, KV_MCAST_CAUSAL_HEAD_DIMS; {held}")
         elif grid == "persistent":
             rule = (f": dense rows of head dim {cfg.head_dim} without a mask or lengths from s_k "
-                    f"{KV_MCAST_MIN_SEQLEN_K}, KV_MCAST_MIN_SEQLEN_K, packed GQA among them (KV_MCAST_GQA); {held}")
+                    f"{KV_MCAST_MIN_SEQLEN_K}, KV_MCAST_MIN_SEQLEN_K"
+                    f"{', packed GQA rows too (KV_MCAST_GQA)' if cfg.qhead_per_kvhead > 1 else ''}; {held}")
         elif grid == "plain":
             rule = (f": the same rows from s_k {KV_MCAST_PLAIN_MIN_SEQLEN_K} on the plain grid, where not all of "
                     f"the persistent grid's {sms // 2} clusters are known to be resident at once ({held})")
@@ -1932,9 +1938,11 @@ def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: F
                   f"by TMA multicast (Note [K/V multicast]{rule})")
     notes.append(f"grid: {order}; {'longest tiles first (LPT)' if cfg.lpt else 'tiles in order'}")
     if cfg.overlap_tiles:
+        rule = (f"; the rule OVERLAP_TILES gives it to rows without a mask on the static persistent grids from s_k "
+                f"{OVERLAP_TILES_MIN_SEQLEN_K}" if _overlap_tiles(replace(cfg, overlap_tiles=False), problem.seqlen_k)
+                else "")
         notes.append("tiles overlapped: each tile's first Q K^T is issued behind the last one's P V and runs under "
-                     "its epilogue, Q in two stages (Note [Tiles overlapped]; rows without a mask on the static "
-                     f"persistent grids from s_k {OVERLAP_TILES_MIN_SEQLEN_K}, OVERLAP_TILES)")
+                     f"its epilogue, Q in two stages (Note [Tiles overlapped]{rule})")
     return notes
 
 
