@@ -1554,7 +1554,8 @@ KV_MCAST_MIN_SEQLEN_K = 4096
 # TFLOP/s, default -> multicast on the static persistent grid: 646.1 -> 668.7 (three rounds), 624.8 ->
 # 649.1 (five; flash-attn-4 640.1). Causal GQA rows are left out: gqa-d128-s4k-causal +2.9% in five
 # rounds (the dynamic grid; the static one -0.9%), mqa-d128-s8k-causal +0.7% (noise), and the MHA
-# causal rows' own s4k measurement was mixed. Not on the plain grid (not measured with GQA).
+# causal rows' own s4k measurement was mixed. Not on the plain grid (not measured with GQA); g = 8
+# (16 positions a tile) rides on g = 4's measurement.
 KV_MCAST_GQA = True
 # The persistent grid launches num_sms / 2 clusters and counts on all of them being resident at once:
 # a cluster that waits for a free pair of SMs in one GPC runs after the others, a tail as long as the
