@@ -751,8 +751,8 @@ def test_kv_multicast_gqa_default(monkeypatch, heads_k):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", [(2, 1000, 1000, 4, 4), (1, 113, 2048, 8, 2), (3, 4096, 1024, 4, 1), (2, 1, 203, 4, 4)],
-                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("shape", [(2, 1000, 1000, 4, 4), (1, 113, 2048, 8, 2), (3, 4096, 1024, 4, 1),
+                                   (2, 1, 203, 4, 4)], ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("grid", ["persistent", "dynamic", "mcast"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", [64, 96, 128])

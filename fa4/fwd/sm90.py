@@ -200,7 +200,8 @@ class FwdSm90Config(AttnFwdConfig):
     (dense tiles without a window or user functions, on the plain, persistent or dynamic grid; causal
     pairs walk the union of their ranges: v0.52, the d128 causal default from s_k 8192 on the dynamic
     grid, ``KV_MCAST_CAUSAL_HEAD_DIMS``, with pair claims; the non-causal d128 default on the
-    persistent grid from s_k 4096 since v0.50 (packed GQA rows too since v0.53, ``KV_MCAST_GQA``) on 132-SM GPUs, where all its clusters were measured
+    persistent grid from s_k 4096 since v0.50 (packed GQA rows too since v0.53, ``KV_MCAST_GQA``) on
+    132-SM GPUs, where all its clusters were measured
     resident at once, and since v0.51 wherever the driver counts them resident
     (:func:`fa4.arch.resident_clusters`), elsewhere on the plain grid from 8192,
     ``KV_MCAST_HEAD_DIMS``, ``KV_MCAST_PERSISTENT_SMS``): CTAs launch in clusters of two, on
@@ -547,8 +548,8 @@ class FlashFwdSm90:
             mQ_t, mO_t = packed_rows_view(mQ, g), packed_rows_view(mO, g)
             q_tiler = (g, self.tile_m // g)
         if const_expr(self.tma_q):
-            tma_q, mQ_tma = cpasync.make_tiled_tma_atom(g2s, mQ_t, self.rows_box(self.sQ_stage_layout(), self.tile_hdim),
-                                                        (q_tiler, self.tile_hdim))
+            q_box = self.rows_box(self.sQ_stage_layout(), self.tile_hdim)
+            tma_q, mQ_tma = cpasync.make_tiled_tma_atom(g2s, mQ_t, q_box, (q_tiler, self.tile_hdim))
         # Paged K/V: one TMA per chunk of page_rows rows (Note [Paged K/V]).
         kv_rows = self.tile_n if const_expr(not self.page_rows) else self.page_rows
         g2s_kv = cpasync.CopyBulkTensorTileG2SMulticastOp() if const_expr(self.mcast) else g2s
@@ -1189,12 +1190,13 @@ class FlashFwdSm90:
     # consumers normalized O, staged it in sO, stored it by TMA (two barriers over both warpgroups),
     # and only then issued the next tile's first Q K^T, whose softmax comes before any further GEMM.
     # ``tools/tile_cost.py`` fits an SM's time per tile at 2.5-2.9 us beside 1.6 us per K block
-    # (H100, d64 / d128 without a mask; flash-attn-4: 3.7-4.1 us, through its own interface). With ``overlap_tiles`` the consumers
-    # read the next tile's index right after issuing the last P V (:meth:`claim_next`), issue the
-    # next tile's first Q K^T behind it, wait for the P V only (``wait_group(1)``), run the epilogue
-    # while the Q K^T runs, then complete it; the next tile starts at its first softmax.
+    # (H100, d64 / d128 without a mask; flash-attn-4: 3.7-4.1 us, through its own interface). With
+    # ``overlap_tiles`` the consumers read the next tile's index right after issuing the last P V
+    # (:meth:`claim_next`), issue the next tile's first Q K^T behind it, wait for the P V only
+    # (``wait_group(1)``), run the epilogue while the Q K^T runs, then complete it; the next tile
+    # starts at its first softmax.
     # - Q has two stages, so the next tile's Q is loaded while this one runs (with one, the wait for
-    #   it moved before the epilogue, and a tile cost 3.6 us instead of 2.7).
+    #   it moved before the epilogue: the fitted tile cost rose from 2.7 to 3.6 us).
     # - ptxas serializes every wgmma of the kernel when that Q K^T is issued under a runtime branch
     #   (no next tile, or one without a K block), so it is issued either way: without a next tile
     #   with work it reads whatever the stages hold and is waited for at once (``wait_group(0)``) and
