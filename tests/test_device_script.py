@@ -20,7 +20,7 @@ from fa4.fwd.sm90 import FwdSm90Config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tools", "device_run.sh")
-PENDING = re.compile(r"^(next30\w*|next35\w*|next36\w*|next37\w*|next38\w*|next39\w*|next4[0-9]\w*|next7[0-9]\w*)$")  # the steps the next leases run (RESULTS Next)
+PENDING = re.compile(r"^(next30\w*|next35\w*|next36\w*|next37\w*|next38\w*|next39\w*|next4[0-9]\w*|next7[0-9]\w*|next8[0-9]\w*)$")  # the steps the next leases run (RESULTS Next)
 FIELDS = {"fwd": {f.name for f in dataclasses.fields(FwdSm90Config)},
           "bwd": {f.name for f in dataclasses.fields(BwdSm90Config)}}
 # A step's --arch sm80 names the sm80 family's configs.

@@ -555,3 +555,19 @@ def test_overlap_tiles_refuses_what_it_cannot_serve():
     for fields, words in cases:
         with pytest.raises(ValueError, match=f"overlap_tiles.*{words}"):
             sm90.FlashFwdSm90.can_implement(dataclasses.replace(ok, **fields))
+
+
+def test_wg_store_o_refuses_what_it_cannot_serve():
+    """wg_store_o (Note [Warpgroup stores]) raises naming why: O by row stores or as split-KV partials,
+    packed GQA rows (a box of positions across heads), sO in sQ's memory; it is off by default."""
+    import dataclasses
+
+    ok = dataclasses.replace(sm90.make_config(_problem(128, sq=2048, sk=2048), None, "sm_90a", True), wg_store_o=True)
+    assert not sm90.make_config(_problem(128), None, "sm_90a", True).wg_store_o
+    sm90.FlashFwdSm90.can_implement(ok)
+    sm90.FlashFwdSm90.can_implement(dataclasses.replace(ok, causal=True, dynamic_sched=True, overlap_tiles=True))
+    cases = [(dict(varlen_q=True, varlen_k=True), "stored by rows"), (dict(split_kv=True), "split_kv"),
+             (dict(qhead_per_kvhead=4), "packed GQA"), (dict(head_dim=256, head_dim_v=256, tile_n=80), "o_in_q")]
+    for fields, words in cases:
+        with pytest.raises(ValueError, match=f"wg_store_o.*{words}"):
+            sm90.FlashFwdSm90.can_implement(dataclasses.replace(ok, **fields))

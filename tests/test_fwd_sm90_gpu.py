@@ -780,6 +780,38 @@ def test_overlap_tiles_matches(monkeypatch, d, causal, grid, shape):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(2, 1000, 1000, 4), (1, 113, 2048, 8), (2, 4096, 1024, 4), (2, 1, 203, 4)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("grid", ["plain", "persistent", "dynamic", "mcast", "overlap"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 96, 128])
+def test_wg_store_o_matches(monkeypatch, d, causal, grid, shape):
+    """Note [Warpgroup stores]: each consumer warpgroup storing its own 64 rows of O (its own barrier and
+    TMA store) gives the same bits as one store of the tile, and passes the reference rule; two and
+    three warpgroups (d64), rows that end inside a warpgroup's half (113, 1000) or before it (1), on
+    every grid, with multicast pairs and with overlapped tiles, on six CTAs."""
+    from fa4 import ops
+
+    b, sq, sk, h = shape
+    q, k, v = random_qkv(b, sq, sk, h, h, d, torch.bfloat16, "cuda", seed=d + sq + 1)
+    fields = dict(persistent=grid != "plain", dynamic_sched=grid == "dynamic" or (grid in ("mcast", "overlap")
+                                                                                   and causal),
+                  kv_mcast=grid == "mcast", overlap_tiles=grid == "overlap", split_kv=False)
+    if grid == "plain":
+        fields["l2_section_mb"] = 0
+    outs = {}
+    for wg_store in (False, True):
+        _force_fields(monkeypatch, num_sms=6, wg_store_o=wg_store, **fields)
+        outs[wg_store] = _dense(q, k, v, causal, (None, None), 0.0)
+        cfgs = [c for (direction, *_), (_, c) in ops._plans.items() if direction == "fwd"]
+        assert cfgs and all(c.wg_store_o == wg_store for c in cfgs), cfgs
+        monkeypatch.undo()
+    ops._plans.clear()
+    _check(outs[True][0], outs[True][1], q, k, v, causal=causal)
+    assert torch.equal(outs[True][0], outs[False][0]) and torch.equal(outs[True][1], outs[False][1])
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("skip_empty", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", [64, 128])

@@ -2,7 +2,7 @@
 
     compute-sanitizer --tool racecheck python3 tools/sanitize_sm90.py
 
-Forward: the persistent (static and dynamic, on a 3-CTA grid) and the plain grid (with K/V multicast too, causal pairs and their claims too; overlapped tiles), 1/2/3 consumer warpgroups, causal / local, varlen with
+Forward: the persistent (static and dynamic, on a 3-CTA grid) and the plain grid (with K/V multicast too, causal pairs and their claims too; overlapped tiles; warpgroup stores), 1/2/3 consumer warpgroups, causal / local, varlen with
 a length-1 sequence (and the claims past empty varlen tiles), an unpadded head dim, O through TMA and through plain stores. Backward: P/dS in
 registers (d128, GQA, causal) and through smem (d256; the ordered paths with bwd_dq_pass=False from d160),
 deterministic (the up order without GQA), varlen with seqused_k, 128-row
@@ -51,11 +51,18 @@ CASES = [
     (2, 500, 400, 4, 4, 128, False, {"persistent": True, "dynamic_sched": False, "split_kv": False,
                                      "kv_mcast": True, "overlap_tiles": True}),
     (2, 500, 600, 4, 2, 64, True, {"persistent": True, "dynamic_sched": True, "overlap_tiles": True}),
+    # each warpgroup storing its own 64 rows of O (Note [Warpgroup stores]): two and three warpgroups,
+    # rows ending inside a warpgroup's half, with overlapped tiles
+    (2, 500, 600, 4, 4, 128, True, {"persistent": True, "dynamic_sched": True, "wg_store_o": True,
+                                    "overlap_tiles": True}),
+    (2, 470, 300, 4, 4, 64, False, {"persistent": True, "dynamic_sched": False, "wg_store_o": True}),
 ]
 MCAST_ONLY = "--mcast" in sys.argv  # the multicast cases alone (device step next73)
 OVERLAP_ONLY = "--overlap" in sys.argv  # the overlapped tiles' cases alone (device step next76)
+WG_STORE_ONLY = "--wgstore" in sys.argv  # the warpgroup stores' cases alone (device step next80)
 for b, sq, sk, h, hk, d, causal, fields in CASES:
-    if (MCAST_ONLY and not fields.get("kv_mcast")) or (OVERLAP_ONLY and not fields.get("overlap_tiles")):
+    if ((MCAST_ONLY and not fields.get("kv_mcast")) or (OVERLAP_ONLY and not fields.get("overlap_tiles"))
+            or (WG_STORE_ONLY and not fields.get("wg_store_o"))):
         continue
     q, k, v = random_qkv(b, sq, sk, h, hk, d, torch.bfloat16, "cuda", seed=d)
     problem = validate.check_dense(q, k, v, None, causal, (None, None), 0.0)
@@ -63,7 +70,7 @@ for b, sq, sk, h, hk, d, causal, fields in CASES:
     out = torch.empty_like(q)
     lse = torch.empty(b, h, sq, dtype=torch.float32, device="cuda")
     sm90.run(cfg, problem, q, k, v, out, lse)
-if MCAST_ONLY or OVERLAP_ONLY:
+if MCAST_ONLY or OVERLAP_ONLY or WG_STORE_ONLY:
     torch.cuda.synchronize()
     sys.exit(0)
 vb = random_varlen(3, 150, 4, 2, 128, torch.bfloat16, "cuda", max_seqlen_k=200, with_seqused_k=True, seed=1)

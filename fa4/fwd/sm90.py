@@ -45,7 +45,8 @@ expected transaction bytes; a consumer arrive is one per warp, from lane 0)
       global counter (32 arrives); consumers: every consumer thread after its tile's epilogue, or
       with ``overlap_tiles`` right after a tile's last ``P V`` issue (``num_wg * 128`` arrives).
 
-Named barriers: 1 = epilogue (all consumer threads); 2, 3 = the ping-pong of two consumer
+Named barriers: 1 = epilogue (all consumer threads; with ``wg_store_o`` 7, 8, 9: each consumer
+warpgroup's own, Note [Warpgroup stores]); 2, 3 = the ping-pong of two consumer
 warpgroups (Note [ping-pong]); 4 = V rows past ``seqused_k`` zeroed (all consumer threads,
 :meth:`FlashFwdSm90.clear_v_tail`); 5 = packed Q rows (all consumer threads: once before the
 consumers overwrite sQ, every read of the last tile's Q is done; once after, the new Q is in).
@@ -150,6 +151,7 @@ _DTYPES = fwd_common.DTYPES
 # 64K-register file split as 128 * (producer + num_wg * consumer) <= 65536.
 _REGS = {1: (256, 56), 2: (240, 24), 3: (160, 32)}
 _BAR_EPI, _BAR_PP0, _BAR_VTAIL, _BAR_Q, _BAR_PP2 = 1, 2, 4, 5, 6
+_BAR_EPI_WG = 7  # 7, 8, 9: each warpgroup's own epilogue barrier (``wg_store_o``, Note [Warpgroup stores])
 
 
 _pad32 = fwd_common.pad32
@@ -209,7 +211,8 @@ class FwdSm90Config(AttnFwdConfig):
     multicast into both (Note [K/V multicast]). ``overlap_tiles`` (persistent grids, Q by TMA, sO
     apart from sQ, no ping-pong turns at a tile's edges): the next tile's first ``Q K^T`` is issued
     behind this tile's last ``P V``, and this tile's epilogue runs under it (Note [Tiles
-    overlapped])."""
+    overlapped]). ``wg_store_o`` (O by TMA, not packed, sO apart from sQ): each consumer warpgroup
+    stages and stores its own 64 rows of O, with its own barrier (Note [Warpgroup stores])."""
 
     head_dim: int = 128
     head_dim_v: int = 128
@@ -235,6 +238,7 @@ class FwdSm90Config(AttnFwdConfig):
     pack_tma_partial: bool = True
     kv_mcast: bool = False
     overlap_tiles: bool = False
+    wg_store_o: bool = False
 
     KERNEL = "fa4.fwd.sm90:FlashFwdSm90"
     REQUIRED_SASS = ("HGMMA", "UTMALDG")  # checked in the SASS of every compile variant (tests/test_compile.py)
@@ -302,6 +306,17 @@ class FwdSm90Config(AttnFwdConfig):
         return (self.causal or self.local or self.varlen_q or self.varlen_k or self.has_seqused_k
                 or self.has_seqused_q)
 
+    def wg_store_o_blockers(self) -> list[str]:
+        """What keeps this config from ``wg_store_o`` (Note [Warpgroup stores]), in words."""
+        out = []
+        if self.varlen_q or self.has_seqused_q or self.split_kv:
+            out.append("O stored by rows or as split-KV partials (varlen / seqused Q, split_kv)")
+        if self.qhead_per_kvhead > 1:
+            out.append("packed GQA rows")
+        if self.o_in_q and self.o_via_smem:
+            out.append("sO in sQ's memory (o_in_q)")
+        return out
+
     @property
     def q_stages(self) -> int:
         """Q's stages: two with ``overlap_tiles``, so the next tile's Q lands while this one runs
@@ -355,6 +370,7 @@ class FlashFwdSm90:
         # else row by row (Note [Pack GQA]); ``q_rows``: the rows of the sequence a tile holds.
         self.tma_q = not self.pack or cfg.pack_tma_takes
         self.tma_o = not (cfg.varlen_q or cfg.has_seqused_q or self.split) and self.tma_q
+        self.wg_store = cfg.wg_store_o  # each consumer warpgroup stores its 64 rows (Note [Warpgroup stores])
         self.q_rows = cfg.packed_block_rows
         # Only a ragged Q has empty tiles (Note [Skipped claims] in fa4/sched/tile.py).
         self.skip_empty = cfg.skip_empty and cfg.dynamic_sched and (cfg.varlen_q or cfg.has_seqused_q)
@@ -387,6 +403,11 @@ class FlashFwdSm90:
                 raise ValueError(f"FwdSm90Config.overlap_tiles (Note [Tiles overlapped]) needs a persistent grid, Q by "
                                  f"TMA, sO apart from sQ, no ping-pong turns at a tile's edges and no split-KV; this "
                                  f"config has {', '.join(on)}")
+        if cfg.wg_store_o:
+            on = cfg.wg_store_o_blockers()
+            if on:
+                raise ValueError(f"FwdSm90Config.wg_store_o (Note [Warpgroup stores]) needs O stored by TMA from sO "
+                                 f"apart from sQ, without packed rows; this config has {', '.join(on)}")
         if cfg.smem_bytes() > SMEM_CAPACITY:
             raise ValueError(f"shared memory of tile_m={cfg.tile_m}, tile_n={cfg.tile_n}, num_stages={cfg.num_stages} "
                              f"(KernelOptions){' with two Q stages (overlap_tiles)' if cfg.q_stages > 1 else ''} at "
@@ -559,9 +580,11 @@ class FlashFwdSm90:
                                                     (kv_rows, self.tile_hdimv), self.kv_casts)
         tma_o, mO_tma = None, None
         if const_expr(self.tma_o):
-            tma_o, mO_tma = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mO_t,
-                                                        self.rows_box(self.sO_layout, self.tile_hdimv),
-                                                        (q_tiler, self.tile_hdimv))
+            o_box, o_tiler = self.rows_box(self.sO_layout, self.tile_hdimv), q_tiler
+            if const_expr(self.wg_store):  # one warpgroup's 64 rows (Note [Warpgroup stores])
+                o_box, o_tiler = _first_rows(self.sO_layout, 64, self.tile_hdimv, self.tile_m), 64
+            tma_o, mO_tma = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mO_t, o_box,
+                                                        (o_tiler, self.tile_hdimv))
         if const_expr(self.mcast):  # whole clusters: an odd count gets a tile past the rows (Note [K/V multicast])
             num_m_blocks = (num_m_blocks + 1) // 2 * 2
         max_grid = max_ctas if const_expr(cfg.persistent) else num_m_blocks * sched_heads * num_batch
@@ -1077,8 +1100,16 @@ class FlashFwdSm90:
             else:
                 idx, t_state = sched.next_consumer(idx, t_state)
         if const_expr(self.tma_o):
-            if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 4:
+            if self.is_store_warp():
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    def is_store_warp(self):
+        """Whether this consumer warp issues O's TMA stores: warp 4, or with ``wg_store_o`` each
+        warpgroup's first warp (Note [Warpgroup stores])."""
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if const_expr(self.wg_store):
+            return warp % 4 == 0
+        return warp == 4
 
     # Note [K/V multicast]
     # ~~~~~~~~~~~~~~~~~~~~
@@ -1359,6 +1390,21 @@ class FlashFwdSm90:
     # the H100 had one_step_loop 1.4-4.5% slower than the separate loops before this (d64 / d128 /
     # d256 causal), the H200 1.2% slower on average after (another GPU: no clean before / after).
 
+    # Note [Warpgroup stores]
+    # ~~~~~~~~~~~~~~~~~~~~~~~~
+    # O goes through sO and one TMA store of the whole tile, so the epilogue syncs every consumer
+    # thread twice (before sO is written: the last store has read it; before the store: sO is
+    # written), which puts the warpgroups, free-running or taking turns otherwise, in step at every
+    # tile: their epilogues, and then their first Q K^T and softmax, fall together and leave the
+    # tensor cores idle. With ``wg_store_o`` each warpgroup stages its own 64 rows of sO, syncs its
+    # own 128 threads (barrier ``_BAR_EPI_WG + wg``) and its first warp stores those rows by TMA
+    # (a box of 64 rows, the same swizzle: its rows start on a 1024-byte boundary) and waits for its
+    # own previous store before the next tile writes them. Not with packed rows (a box of positions
+    # across heads), row stores (varlen, seqused Q, split-KV) or sO in sQ's memory, whose release
+    # of Q counts one storing warp. The bits are those of the kernel without it
+    # (tests/test_fwd_sm90_gpu.py::test_wg_store_o_matches). An option, off by default: written in
+    # session 52 without a GPU, not yet timed (RESULTS v0.53, Next).
+
     @cute.jit
     def epilogue(self, acc_O, lse, mO, mLSE, sO, tma_o, seqlen: SeqlenInfo, rows: TileRows, slot: Int32,
                  m_block: Int32, head: Int32, batch: Int32, thr_mma_pv, tidx: Int32) -> None:
@@ -1378,26 +1424,34 @@ class FlashFwdSm90:
     @cute.jit
     def store_O(self, acc_O, mO, sO, tma_o, seqlen: SeqlenInfo, rows: TileRows, m_block: Int32, head: Int32,
                 batch: Int32, tidx: Int32) -> None:
-        """The 16-bit O tile through sO: TMA store, or row stores (varlen / seqused Q, packed rows copied by rows)."""
-        store_warp = cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 4
+        """The 16-bit O tile through sO: TMA store, or row stores (varlen / seqused Q, packed rows copied by rows).
+        With ``wg_store_o`` each warpgroup stages and stores its own 64 rows (Note [Warpgroup stores])."""
+        store_warp = self.is_store_warp()
+        wg = cute.arch.make_warp_uniform(tidx // 128)
+        bar, bar_threads = _BAR_EPI, self.num_consumer_threads
+        if const_expr(self.wg_store):
+            bar, bar_threads = _BAR_EPI_WG + wg, 128
         rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
         convert_f32_to_half(acc_O, rO)
         if const_expr(self.tma_o):
             if store_warp:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)  # the last store has read sO
         # Every consumer is done with sO (last store's reads) and, with o_in_q, with sQ.
-        cute.arch.barrier(barrier_id=_BAR_EPI, number_of_threads=self.num_consumer_threads)
+        cute.arch.barrier(barrier_id=bar, number_of_threads=bar_threads)
         r2s = cute.make_tiled_copy_C(
             cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=32), self.tiled_mma_pv
         ).get_slice(tidx)
         cute.copy(r2s, r2s.retile(rO), r2s.partition_D(sO))
         if const_expr(self.tma_o):
             cute.arch.fence_proxy("async.shared", space="cta")
-            cute.arch.barrier(barrier_id=_BAR_EPI, number_of_threads=self.num_consumer_threads)
+            cute.arch.barrier(barrier_id=bar, number_of_threads=bar_threads)
             if store_warp:
                 gO = self.q_tile(mO, seqlen, batch, head, m_block, self.tile_hdimv)
-                tOsO, tOgO = cpasync.tma_partition(tma_o, 0, cute.make_layout(1),
-                                                   cute.group_modes(self.rows_box(sO, self.tile_hdimv), 0, 2),
+                sO_box = self.rows_box(sO, self.tile_hdimv)
+                if const_expr(self.wg_store):  # this warpgroup's 64 rows
+                    gO = cute.local_tile(gO, (64, self.tile_hdimv), (wg, 0))
+                    sO_box = cute.local_tile(sO, (64, self.tile_hdimv), (wg, 0))
+                tOsO, tOgO = cpasync.tma_partition(tma_o, 0, cute.make_layout(1), cute.group_modes(sO_box, 0, 2),
                                                    cute.group_modes(gO, 0, 2))
                 cute.copy(tma_o, tOsO, tOgO)
                 cute.arch.cp_async_bulk_commit_group()
@@ -1784,6 +1838,10 @@ def variants(arch: str) -> list[FwdSm90Config]:
         cfg(64, overlap_tiles=True),
         cfg(96, overlap_tiles=True),
         cfg(128, causal=True, dynamic_sched=True, overlap_tiles=True),
+        # Note [Warpgroup stores] (an option): two and three warpgroups, and with overlapped tiles.
+        cfg(128, wg_store_o=True),
+        cfg(64, causal=True, wg_store_o=True),
+        cfg(128, causal=True, dynamic_sched=True, overlap_tiles=True, wg_store_o=True),
         cfg(64, causal=True, varlen_q=True, varlen_k=True, dynamic_sched=True, skip_empty=True, qhead_per_kvhead=2,
             overlap_tiles=True),
         cfg(128, qhead_per_kvhead=4, persistent=False, dynamic_sched=False, kv_mcast=True),  # (pack GQA)
