@@ -484,7 +484,8 @@ fi
 if has next80; then
   # Session 52 (written, not run): each consumer warpgroup storing its own 64 rows of O (wg_store_o,
   # Note [Warpgroup stores]): its bit-equality tests (stop on the first failure), memcheck / racecheck
-  # on its cases, the per-tile cost fit, then the d64 / d128 rows with it, five rounds.
+  # on its cases, the per-tile cost fit, then the d64 / d128 rows with it, and with overlapped tiles
+  # too (the warpgroups out of step may let the overlap pay), five rounds.
   timeout 300 python3 -m pytest -m gpu $xd -q -x -rfE tests/test_fwd_sm90_gpu.py -k "wg_store_o" > "$out/next80t.log" 2>&1
   rc=$?; echo "next80 tests rc=$rc"; grep -E "passed|failed|FAILED|ERROR" "$out/next80t.log" | tail -8
   if [ $rc -eq 0 ]; then
@@ -495,8 +496,8 @@ if has next80; then
     done
     timeout 120 python3 tools/tile_cost.py --hdim 128,64 wg:wg_store_o=True > "$out/tilecost80.log" 2>&1
     echo "tilecost80 rc=$?"; grep -v Warning "$out/tilecost80.log" | tail -8
-    timeout 240 python3 tools/sweep_fwd.py --hdim 64,128 --seqlen 1024,4096,8192 --repeat 5 wg:wg_store_o=True \
-      > "$out/sweep80.log" 2>&1
+    timeout 300 python3 tools/sweep_fwd.py --hdim 64,128 --seqlen 1024,4096,8192 --repeat 5 wg:wg_store_o=True \
+      wgov:wg_store_o=True,overlap_tiles=True > "$out/sweep80.log" 2>&1
     echo "sweep80 rc=$?"; grep -v Warning "$out/sweep80.log" | tail -10
   fi
 fi
