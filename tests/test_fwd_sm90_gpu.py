@@ -194,6 +194,22 @@ def _force_fields(monkeypatch, num_sms=None, **fields):
     ops._plans.clear()
 
 
+def _off_and_on(monkeypatch, field, call, num_sms, **fields):
+    """``call()`` with config ``field`` forced off, then on (``fields`` on top of make_config's choice,
+    on ``num_sms`` CTAs), asserting each run's forward plans took it: ``{False: ..., True: ...}``."""
+    from fa4 import ops
+
+    outs = {}
+    for on in (False, True):
+        _force_fields(monkeypatch, num_sms=num_sms, **{field: on}, **fields)
+        outs[on] = call()
+        cfgs = [c for (direction, *_), (_, c) in ops._plans.items() if direction == "fwd"]
+        assert cfgs and all(getattr(c, field) == on for c in cfgs), cfgs
+        monkeypatch.undo()
+    ops._plans.clear()
+    return outs
+
+
 @pytest.fixture
 def dynamic_scheduler(monkeypatch):
     """Every sm90 forward of the test on the dynamic persistent scheduler (tile claims from a
@@ -761,20 +777,12 @@ def test_overlap_tiles_matches(monkeypatch, d, causal, grid, shape):
     bits as the kernel without it and passes the reference rule, on six CTAs walking many tiles: the
     static snake, the dynamic grid (claims), and clusters of two sharing K / V (pairs); GQA packed
     (8/2, 4/1), rows that see no key (causal with s_q > s_k) and a single query row included."""
-    from fa4 import ops
-
     b, sq, sk, h, hk = shape
     q, k, v = random_qkv(b, sq, sk, h, hk, d, torch.bfloat16, "cuda", seed=d + sq)
     fields = dict(persistent=True, dynamic_sched=grid == "dynamic" or (grid == "mcast" and causal),
                   kv_mcast=grid == "mcast", split_kv=False)
-    outs = {}
-    for ov in (False, True):
-        _force_fields(monkeypatch, num_sms=6, overlap_tiles=ov, **fields)
-        outs[ov] = _dense(q, k, v, causal, (None, None), 0.0)
-        cfgs = [c for (direction, *_), (_, c) in ops._plans.items() if direction == "fwd"]
-        assert cfgs and all(c.overlap_tiles == ov for c in cfgs), cfgs
-        monkeypatch.undo()
-    ops._plans.clear()
+    outs = _off_and_on(monkeypatch, "overlap_tiles", lambda: _dense(q, k, v, causal, (None, None), 0.0), 6,
+                       **fields)
     _check(outs[True][0], outs[True][1], q, k, v, causal=causal)
     assert torch.equal(outs[True][0], outs[False][0]) and torch.equal(outs[True][1], outs[False][1])
 
@@ -790,8 +798,6 @@ def test_wg_store_o_matches(monkeypatch, d, causal, grid, shape):
     TMA store) gives the same bits as one store of the tile, and passes the reference rule; two and
     three warpgroups (d64), rows that end inside a warpgroup's half (113, 1000) or before it (1), on
     every grid, with multicast pairs and with overlapped tiles, on six CTAs."""
-    from fa4 import ops
-
     b, sq, sk, h = shape
     q, k, v = random_qkv(b, sq, sk, h, h, d, torch.bfloat16, "cuda", seed=d + sq + 1)
     fields = dict(persistent=grid != "plain", dynamic_sched=grid == "dynamic" or (grid in ("mcast", "overlap")
@@ -799,14 +805,7 @@ def test_wg_store_o_matches(monkeypatch, d, causal, grid, shape):
                   kv_mcast=grid == "mcast", overlap_tiles=grid == "overlap", split_kv=False)
     if grid == "plain":
         fields["l2_section_mb"] = 0
-    outs = {}
-    for wg_store in (False, True):
-        _force_fields(monkeypatch, num_sms=6, wg_store_o=wg_store, **fields)
-        outs[wg_store] = _dense(q, k, v, causal, (None, None), 0.0)
-        cfgs = [c for (direction, *_), (_, c) in ops._plans.items() if direction == "fwd"]
-        assert cfgs and all(c.wg_store_o == wg_store for c in cfgs), cfgs
-        monkeypatch.undo()
-    ops._plans.clear()
+    outs = _off_and_on(monkeypatch, "wg_store_o", lambda: _dense(q, k, v, causal, (None, None), 0.0), 6, **fields)
     _check(outs[True][0], outs[True][1], q, k, v, causal=causal)
     assert torch.equal(outs[True][0], outs[False][0]) and torch.equal(outs[True][1], outs[False][1])
 
@@ -820,22 +819,13 @@ def test_overlap_tiles_varlen(monkeypatch, d, causal, skip_empty):
     end (no K block: the next tile's Q K^T is issued on stale stages and discarded) and sequences of
     one query: the same bits as without it, on the dynamic grid (with and without the producer's
     skipped claims) and the reference rule."""
-    from fa4 import ops
-
     cu = torch.tensor([0, 1, 2001, 2004, 2704, 2705], dtype=torch.int32, device="cuda")
     g = torch.Generator("cuda").manual_seed(d + 1)
     q, k, v = (torch.randn(2705, h, d, device="cuda", dtype=torch.bfloat16, generator=g) for h in (4, 2, 2))
     kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=2000, max_seqlen_k=2000, causal=causal,
               return_lse=True, kernel_options=SM90)
-    outs = {}
-    for ov in (False, True):
-        _force_fields(monkeypatch, num_sms=7, persistent=True, dynamic_sched=True, skip_empty=skip_empty,
-                      overlap_tiles=ov)
-        outs[ov] = fa4.flash_attn_varlen_func(q, k, v, **kw)
-        cfgs = [c for (direction, *_), (_, c) in ops._plans.items() if direction == "fwd"]
-        assert cfgs and all(c.overlap_tiles == ov for c in cfgs), cfgs
-        monkeypatch.undo()
-    ops._plans.clear()
+    outs = _off_and_on(monkeypatch, "overlap_tiles", lambda: fa4.flash_attn_varlen_func(q, k, v, **kw), 7,
+                       persistent=True, dynamic_sched=True, skip_empty=skip_empty)
     assert torch.equal(outs[True][0], outs[False][0]) and torch.equal(outs[True][1], outs[False][1])
     check(outs[True][0], outs[True][1], q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, causal=causal)
 

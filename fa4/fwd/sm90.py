@@ -1004,8 +1004,9 @@ class FlashFwdSm90:
                     umod = UserMods(self.score_mod, self.mask_mod, self.tile_m, self.tile_n, cfg.qhead_per_kvhead,
                                     batch, head, seqlen, mAux,
                                     **block_mods(self.mask_mod, cfg.block_skip, self.tile_m, self.tile_n))
-                # This tile's Q stage (two with overlap_tiles).
-                ct = SimpleNamespace(**dict(vars(c), tSrQ=self.q_stage(tSrQ, q_state.index)))
+                ct = c
+                if const_expr(self.q_stages > 1):  # this tile's Q stage (overlap_tiles)
+                    ct = SimpleNamespace(**dict(vars(c), tSrQ=self.q_stage(tSrQ, q_state.index)))
                 if has_work:
                     if const_expr(self.tma_q):
                         if not issued:
@@ -1280,11 +1281,10 @@ class FlashFwdSm90:
         """The next tile's index, and whether it has a K block to start (Note [Tiles overlapped])."""
         nxt, t_state = sched.next_consumer(idx, t_state)
         work = cutlass.Boolean(False)
-        if sched.valid(nxt):
-            _, _, _, _, _, _, n_min, n_max, active = tile_info(nxt)
-            if active:
-                if n_min < n_max:
-                    work = cutlass.Boolean(True)
+        if sched.valid(nxt):  # (tile_info past the last tile would read past cu_seqlens)
+            *_, n_min, n_max, active = tile_info(nxt)
+            if active and n_min < n_max:  # (the producer's test of a tile with loads)
+                work = cutlass.Boolean(True)
         return nxt, t_state, work
 
     @cute.jit
@@ -1427,9 +1427,9 @@ class FlashFwdSm90:
         """The 16-bit O tile through sO: TMA store, or row stores (varlen / seqused Q, packed rows copied by rows).
         With ``wg_store_o`` each warpgroup stages and stores its own 64 rows (Note [Warpgroup stores])."""
         store_warp = self.is_store_warp()
-        wg = cute.arch.make_warp_uniform(tidx // 128)
         bar, bar_threads = _BAR_EPI, self.num_consumer_threads
         if const_expr(self.wg_store):
+            wg = cute.arch.make_warp_uniform(tidx // 128)
             bar, bar_threads = _BAR_EPI_WG + wg, 128
         rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
         convert_f32_to_half(acc_O, rO)
