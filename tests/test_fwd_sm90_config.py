@@ -559,7 +559,7 @@ def test_overlap_tiles_refuses_what_it_cannot_serve():
 
 def test_wg_store_o_refuses_what_it_cannot_serve():
     """wg_store_o (Note [Warpgroup stores]) raises naming why: O by row stores or as split-KV partials,
-    packed GQA rows (a box of positions across heads), sO in sQ's memory; it is off by default."""
+    packed GQA rows (a box of positions across heads), sO in sQ's memory; off by default at d128."""
     import dataclasses
 
     ok = dataclasses.replace(sm90.make_config(_problem(128, sq=2048, sk=2048), None, "sm_90a", True), wg_store_o=True)
@@ -571,3 +571,32 @@ def test_wg_store_o_refuses_what_it_cannot_serve():
     for fields, words in cases:
         with pytest.raises(ValueError, match=f"wg_store_o.*{words}"):
             sm90.FlashFwdSm90.can_implement(dataclasses.replace(ok, **fields))
+
+
+@pytest.mark.parametrize("kw,expect", [
+    (dict(d=64), True), (dict(d=64, causal=True), True), (dict(d=64, local=True, window_left=256, window_right=0), True),
+    (dict(d=64, sq=1, sk=8192), False),  # the decode tile: one warpgroup
+    (dict(d=64, varlen_q=True, varlen_k=True, total_q=4096, total_k=4096), False),  # O by rows
+    (dict(d=128), False), (dict(d=128, causal=True), False), (dict(d=96), False), (dict(d=256), False),
+])
+def test_wg_store_o_default(kw, expect):
+    """v0.54 (WG_STORE_O_BUCKETS): the d64 tile's three warpgroups store their own rows of O by
+    default, where nothing blocks it; not the decode tile, varlen rows, or other head dims. fa4.explain
+    names it where it is on."""
+    d = kw.pop("d")
+    problem = _problem(d, **kw)
+    cfg = sm90.make_config(problem, None, "sm_90a", True)
+    assert cfg.wg_store_o == expect, cfg
+    notes = " ".join(sm90.explain_notes(problem, None, cfg))
+    assert ("O stored by warpgroup" in notes) == expect
+    if expect:
+        assert cfg.num_wg == 3 and not cfg.wg_store_o_blockers()
+        sm90.FlashFwdSm90.can_implement(cfg)
+
+
+def test_wg_store_o_default_packed_gqa_off():
+    """Packed GQA rows at d64 keep one store of the tile (a box of positions across heads)."""
+    problem = AttnProblem(dtype="bf16", batch=2, seqlen_q=4096, seqlen_k=4096, heads=8, heads_k=2, head_dim=64,
+                          head_dim_v=64, softmax_scale=0.125)
+    cfg = sm90.make_config(problem, None, "sm_90a", True)
+    assert cfg.qhead_per_kvhead > 1 and not cfg.wg_store_o

@@ -53,7 +53,7 @@ CASES = [
     (2, 500, 600, 4, 2, 64, True, {"persistent": True, "dynamic_sched": True, "overlap_tiles": True}),
     # each warpgroup storing its own 64 rows of O (Note [Warpgroup stores]): two and three warpgroups,
     # rows ending inside a warpgroup's half, with overlapped tiles
-    (2, 500, 600, 4, 4, 128, True, {"persistent": True, "dynamic_sched": True, "wg_store_o": True,
+    (2, 500, 600, 4, 4, 128, True, {"persistent": True, "dynamic_sched": True, "split_kv": False, "wg_store_o": True,
                                     "overlap_tiles": True}),
     (2, 470, 300, 4, 4, 64, False, {"persistent": True, "dynamic_sched": False, "wg_store_o": True}),
 ]

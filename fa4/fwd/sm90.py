@@ -1402,8 +1402,8 @@ class FlashFwdSm90:
     # own previous store before the next tile writes them. Not with packed rows (a box of positions
     # across heads), row stores (varlen, seqused Q, split-KV) or sO in sQ's memory, whose release
     # of Q counts one storing warp. The bits are those of the kernel without it
-    # (tests/test_fwd_sm90_gpu.py::test_wg_store_o_matches). An option, off by default: written in
-    # session 52 without a GPU, not yet timed (RESULTS v0.53, Next).
+    # (tests/test_fwd_sm90_gpu.py::test_wg_store_o_matches). The default for the d64 tile's three
+    # warpgroups since v0.54 (+1-2%, ``WG_STORE_O_BUCKETS``); at d128 it measured within +-3% both ways.
 
     @cute.jit
     def epilogue(self, acc_O, lse, mO, mLSE, sO, tma_o, seqlen: SeqlenInfo, rows: TileRows, slot: Int32,
@@ -1674,6 +1674,21 @@ def _overlap_tiles(cfg: FwdSm90Config, seqlen_k: int) -> bool:
     return not on.overlap_tiles_blockers() and on.smem_bytes() <= SMEM_CAPACITY
 
 
+# Each consumer warpgroup stores its own 64 rows of O (``wg_store_o``, Note [Warpgroup stores]), v0.54,
+# H100, the three warpgroups of the d64 tile (192 rows): medians off -> on, d64 s8k 512.2 -> 522.7 and
+# 509.4 -> 517.7, causal 483.3 -> 492.5 and 474.4 -> 479.3 (five and seven interleaved rounds, two
+# leases). At d128 (two warpgroups) the rows moved both ways by up to 3% between the two leases (s8k
+# causal -1.4 / -1.0%, s4k causal +3.1 / +1.3%): not taken there.
+WG_STORE_O_BUCKETS = frozenset({64})
+
+
+def _wg_store_o(cfg: FwdSm90Config, table_tile_m: int) -> bool:
+    """Whether the rule above gives ``cfg`` ``wg_store_o``: its bucket, the table's tile (not a decode
+    tile of one warpgroup), and nothing in :meth:`FwdSm90Config.wg_store_o_blockers`."""
+    return (_bucket(max(cfg.head_dim, cfg.head_dim_v)) in WG_STORE_O_BUCKETS and cfg.tile_m == table_tile_m
+            and not cfg.wg_store_o_blockers())
+
+
 def _loose_q(problem: AttnProblem) -> bool:
     """Whether the rules above send ``problem`` to the compact grid."""
     if not problem.varlen_q:
@@ -1780,6 +1795,8 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         cfg = replace(cfg, persistent=False, dynamic_sched=False, l2_section_mb=0, kv_mcast=True)
     if _overlap_tiles(cfg, problem.seqlen_k):
         cfg = replace(cfg, overlap_tiles=True)
+    if _wg_store_o(cfg, table_tile_m):
+        cfg = replace(cfg, wg_store_o=True)
     FlashFwdSm90.can_implement(cfg)
     if options.num_threads is not None and options.num_threads != cfg.num_threads:
         raise ValueError(f"KernelOptions.num_threads={options.num_threads}: the sm90 forward runs "
@@ -1823,7 +1840,10 @@ def variants(arch: str) -> list[FwdSm90Config]:
               "fold_first": _fold_first(kw.get("causal", False), kw.get("local", False), max(d, dv or d), osl, False,
                                         ()),
               **kw}
-        return replace(base, head_dim=d, head_dim_v=dv or d, **kw)
+        c = replace(base, head_dim=d, head_dim_v=dv or d, **kw)
+        if "wg_store_o" not in kw and _wg_store_o(c, tile_m):  # (as make_config: the d64 default, v0.54)
+            c = replace(c, wg_store_o=True)
+        return c
 
     return [
         cfg(128),
@@ -1838,9 +1858,10 @@ def variants(arch: str) -> list[FwdSm90Config]:
         cfg(64, overlap_tiles=True),
         cfg(96, overlap_tiles=True),
         cfg(128, causal=True, dynamic_sched=True, overlap_tiles=True),
-        # Note [Warpgroup stores] (an option): two and three warpgroups, and with overlapped tiles.
+        # Note [Warpgroup stores] (the d64 default since v0.54): two and three warpgroups, and with overlapped tiles.
         cfg(128, wg_store_o=True),
         cfg(64, causal=True, wg_store_o=True),
+        cfg(64, wg_store_o=False),  # (three warpgroups with one store of the tile, the d64 default before v0.54)
         cfg(128, causal=True, dynamic_sched=True, overlap_tiles=True, wg_store_o=True),
         cfg(64, causal=True, varlen_q=True, varlen_k=True, dynamic_sched=True, skip_empty=True, qhead_per_kvhead=2,
             overlap_tiles=True),
@@ -2004,6 +2025,9 @@ def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: F
                 else "")
         notes.append("tiles overlapped: each tile's first Q K^T is issued behind the last one's P V and runs under "
                      f"its epilogue, Q in two stages (Note [Tiles overlapped]{rule})")
+    if cfg.wg_store_o:
+        notes.append("O stored by warpgroup: each consumer warpgroup stages and stores its own 64 rows, with its own "
+                     "barrier (Note [Warpgroup stores]; WG_STORE_O_BUCKETS, the d64 tile's three warpgroups)")
     return notes
 
 
