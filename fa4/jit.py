@@ -228,7 +228,41 @@ def _target_arch(arch: str):
         envar.arch = old
 
 
-def compile_uncached(cfg: KernelConfig, extra_options: str = "", engine: bool = True):
+# Note [Compiler switches]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~
+# The DSL lowers a kernel in one MLIR pass, ``cute-to-nvvm``, whose sub-passes a caller may switch
+# off by raw pass options (the DSL's ``ExtraCompilerOpts``, what ``CUTE_DSL_COMPILER_OPT`` feeds).
+# Its strength reduction costs 5-9% of the native compile time (MLIR, LLVM, ptxas; up to 17% for the
+# sm80 forward on sm_90a) and, switched off, leaves the SASS byte-identical on every variant of every
+# family and arch (``fa4.arch.all_variants`` of sm_80, sm_90a, sm_100a) but the sm90 backward's main
+# kernel (RESULTS v0.54: 445 of 458 variants; 13 of that kernel's 81 differ, and no GPU has timed
+# them). So fa4 compiles with it off where that was checked (:func:`pass_switches`): issue 7's
+# compile bar is a few percent over on some head dims.
+# tests/test_compile.py checks that the switch reaches the pipeline and the SASS of a few variants
+# both ways. A user's own ``CUTE_DSL_COMPILER_OPT`` still applies, after these.
+PASS_SWITCHES = "use-strength-reduction-pass=false"
+PASS_SWITCHES_ARCHS = ("sm_80", "sm_90a", "sm_100a")  # where the SASS was compared
+PASS_SWITCHES_SKIP = frozenset({"BwdSm90Config"})  # config classes whose SASS it changes
+
+
+def pass_switches(cfg: KernelConfig) -> str:
+    """The raw ``cute-to-nvvm`` options ``cfg`` compiles with (Note [Compiler switches])."""
+    if cfg.arch in PASS_SWITCHES_ARCHS and type(cfg).__name__ not in PASS_SWITCHES_SKIP:
+        return PASS_SWITCHES
+    return ""
+
+
+def compile_options(cfg: KernelConfig) -> tuple:
+    """The DSL compile options of ``cfg``'s kernel: its arch, the TVM-FFI calling convention, and
+    :func:`pass_switches`."""
+    from cutlass.base_dsl import compiler
+
+    opts = (compiler.GPUArch(cfg.arch), compiler.EnableTVMFFI(True))
+    switches = pass_switches(cfg)
+    return opts + ((compiler.ExtraCompilerOpts(switches),) if switches else ())
+
+
+def compile_uncached(cfg: KernelConfig, engine: bool = True):
     """Compile ``cfg`` now (no cache lookup); returns the TVM-FFI callable. ``engine=False``: for
     export only (Note [Export without an engine]); the result is not callable."""
     import cutlass.cute as cute
@@ -238,9 +272,8 @@ def compile_uncached(cfg: KernelConfig, extra_options: str = "", engine: bool = 
         cls.can_implement(cfg)
     obj = cls(cfg)
     args = cls.fake_args(cfg)
-    options = f"--gpu-arch {cfg.arch} --enable-tvm-ffi {extra_options}".strip()
     with _lock, _target_arch(cfg.arch):
-        return cute.compile(obj, *args, options=options, no_jit_engine=not engine)
+        return cute.compile[compile_options(cfg)](obj, *args, no_jit_engine=not engine)
 
 
 # Note [Export without an engine]

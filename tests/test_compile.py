@@ -237,3 +237,53 @@ def test_pair_claims_store_to_the_peer():
     assert any("UTMALDG" in x and "MULTICAST" in x for x in text.splitlines())
     plain = sass.opcode_counts(sass.disassemble(dataclasses.replace(mc, kv_mcast=False)))
     assert plain["STAS"] == 0 and plain["ATOMG.E.ADD.STRONG.GPU"] == 1, plain
+
+
+@pytest.mark.slow
+def test_compiler_switches_reach_the_pipeline_and_keep_the_sass(monkeypatch):
+    """Note [Compiler switches]: fa4 compiles its kernels with the DSL's strength-reduction sub-pass
+    off, but for the sm90 backward's main kernel; the switch reaches the ``cute-to-nvvm`` pipeline
+    exactly there, and the SASS of a few switched kernels (the d128 causal and d256 forwards, the
+    sm80 forward on sm_90a and on sm_80) is the same with and without it, but for addresses."""
+    import re
+
+    from cutlass.base_dsl import compiler
+
+    from fa4 import jit
+    from fa4.bwd import sm90 as bwd90
+    from fa4.config import AttnProblem
+    from fa4.fwd import sm80 as fwd80
+    from fa4.fwd import sm90 as fwd90
+
+    pipelines = []
+    real = compiler.Compiler.compile
+
+    def spy(self, module, pipeline, *a, **k):
+        pipelines.append(pipeline)
+        return real(self, module, pipeline, *a, **k)
+
+    def problem(d, causal):
+        return AttnProblem("bf16", 2, 4096, 4096, 16, 16, d, d, d ** -0.5, causal=causal)
+
+    def bare(cfg):
+        pipelines.clear()
+        text = re.sub(r"/\*[0-9a-f]*\*/", "", sass.disassemble(cfg))
+        assert pipelines
+        return text, all("use-strength-reduction-pass=false" in p for p in pipelines)
+
+    monkeypatch.setattr(compiler.Compiler, "compile", spy)
+    bwd = bwd90.make_config(problem(128, True), None, "sm_90a", False)
+    assert jit.pass_switches(bwd) == "" and not bare(bwd)[1]
+    switched = [fwd90.make_config(problem(128, True), None, "sm_90a", True, num_sms=132),
+                fwd90.make_config(problem(256, False), None, "sm_90a", True, num_sms=132),
+                fwd80.make_config(problem(128, True), None, "sm_90a", True),
+                fwd80.make_config(problem(128, False), None, "sm_80", True)]
+    for cfg in switched:
+        assert jit.pass_switches(cfg) == jit.PASS_SWITCHES != ""
+        with_switches, on = bare(cfg)
+        assert on
+        with monkeypatch.context() as m:
+            m.setattr(jit, "PASS_SWITCHES", "")
+            without, off = bare(cfg)
+        assert not off
+        assert with_switches == without, cfg.key()
