@@ -249,6 +249,9 @@ class KernelConfig:
 
     # "module:Class" of the kernel this config compiles; subclasses override.
     KERNEL: ClassVar[str] = ""
+    # Whether its kernels compile with fa4.jit.PASS_SWITCHES (Note [Compiler switches] in fa4/jit.py):
+    # a family whose instruction listings change without the switched-off pass sets it False.
+    PASS_SWITCHES_OK: ClassVar[bool] = True
 
     def key(self) -> str:
         """Stable text key: class name and every field (order fixed by the dataclass)."""

@@ -44,7 +44,9 @@ def nvdisasm_path() -> Optional[str]:
     return None
 
 
-def disassemble_object(obj_path: str) -> str:
+def disassemble_object(obj_path: str, encodings: bool = False) -> str:
+    """The SASS of every cubin in ``obj_path``; ``encodings``: with each instruction's encoding
+    (``nvdisasm -hex``: opcode, operands and the scheduling control bits)."""
     tool = nvdisasm_path()
     if tool is None:
         raise RuntimeError("nvdisasm not found (pip install nvidia-cuda-nvdisasm)")
@@ -55,7 +57,8 @@ def disassemble_object(obj_path: str) -> str:
             path = os.path.join(d, f"{n}.cubin")
             with open(path, "wb") as f:
                 f.write(cubin)
-            texts.append(subprocess.run([tool, "-c", path], capture_output=True, text=True, check=True).stdout)
+            flags = ["-c", "-hex"] if encodings else ["-c"]
+            texts.append(subprocess.run([tool, *flags, path], capture_output=True, text=True, check=True).stdout)
     return "\n".join(texts)
 
 
@@ -71,10 +74,15 @@ def exported(cfg) -> Iterator[str]:
         yield obj
 
 
-def disassemble(cfg) -> str:
-    """Compile ``cfg`` (uncached) and return its SASS."""
+def disassemble(cfg, encodings: bool = False) -> str:
+    """Compile ``cfg`` (uncached) and return its SASS (``encodings``: :func:`disassemble_object`'s)."""
     with exported(cfg) as obj:
-        return disassemble_object(obj)
+        return disassemble_object(obj, encodings)
+
+
+def without_addresses(sass: str) -> str:
+    """``sass`` without its instruction addresses (``/*04d0*/``), encodings kept (``/* 0x... */``)."""
+    return re.sub(r"/\*[0-9a-f]{4,}\*/", "", sass)
 
 
 def opcode_counts(sass: str) -> collections.Counter:

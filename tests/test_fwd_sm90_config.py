@@ -575,7 +575,7 @@ def test_wg_store_o_refuses_what_it_cannot_serve():
 
 @pytest.mark.parametrize("kw,expect", [
     (dict(d=64), True), (dict(d=64, causal=True), True), (dict(d=64, local=True, window_left=256, window_right=0), True),
-    (dict(d=64, sq=1, sk=8192), False),  # the decode tile: one warpgroup
+    (dict(d=64, sq=1, sk=8192, num_splits=1), False),  # the decode tile: one warpgroup
     (dict(d=64, varlen_q=True, varlen_k=True, total_q=4096, total_k=4096), False),  # O by rows
     (dict(d=128), False), (dict(d=128, causal=True), False), (dict(d=96), False), (dict(d=256), False),
 ])
@@ -583,10 +583,13 @@ def test_wg_store_o_default(kw, expect):
     """v0.54 (WG_STORE_O_BUCKETS): the d64 tile's three warpgroups store their own rows of O by
     default, where nothing blocks it; not the decode tile, varlen rows, or other head dims. fa4.explain
     names it where it is on."""
+    kw = dict(kw)
     d = kw.pop("d")
     problem = _problem(d, **kw)
     cfg = sm90.make_config(problem, None, "sm_90a", True)
     assert cfg.wg_store_o == expect, cfg
+    if problem.seqlen_q == 1:
+        assert cfg.tile_m == 64 and not cfg.split_kv  # (off for the tile, not for a split)
     notes = " ".join(sm90.explain_notes(problem, None, cfg))
     assert ("O stored by warpgroup" in notes) == expect
     if expect:
@@ -600,3 +603,13 @@ def test_wg_store_o_default_packed_gqa_off():
                           head_dim_v=64, softmax_scale=0.125)
     cfg = sm90.make_config(problem, None, "sm_90a", True)
     assert cfg.qhead_per_kvhead > 1 and not cfg.wg_store_o
+
+
+def test_wg_store_o_default_needs_the_table_tile():
+    """A d64 call whose tile the user sets to 128 rows (two warpgroups) keeps one store of the tile:
+    the rule was measured on the table's three-warpgroup tile."""
+    from fa4.config import KernelOptions
+
+    cfg = sm90.make_config(_problem(64), KernelOptions(tile_m=128), "sm_90a", True)
+    assert cfg.tile_m == 128 and not cfg.split_kv and not cfg.wg_store_o
+    assert sm90.make_config(_problem(64), KernelOptions(tile_m=192), "sm_90a", True).wg_store_o

@@ -1403,7 +1403,7 @@ class FlashFwdSm90:
     # across heads), row stores (varlen, seqused Q, split-KV) or sO in sQ's memory, whose release
     # of Q counts one storing warp. The bits are those of the kernel without it
     # (tests/test_fwd_sm90_gpu.py::test_wg_store_o_matches). The default for the d64 tile's three
-    # warpgroups since v0.54 (+1-2%, ``WG_STORE_O_BUCKETS``); at d128 it measured within +-3% both ways.
+    # warpgroups since v0.54 (+1-2%, ``WG_STORE_O_BUCKETS``); at d128 it moved by up to 3.2% both ways.
 
     @cute.jit
     def epilogue(self, acc_O, lse, mO, mLSE, sO, tma_o, seqlen: SeqlenInfo, rows: TileRows, slot: Int32,
@@ -1677,14 +1677,15 @@ def _overlap_tiles(cfg: FwdSm90Config, seqlen_k: int) -> bool:
 # Each consumer warpgroup stores its own 64 rows of O (``wg_store_o``, Note [Warpgroup stores]), v0.54,
 # H100, the three warpgroups of the d64 tile (192 rows): medians off -> on, d64 s8k 512.2 -> 522.7 and
 # 509.4 -> 517.7, causal 483.3 -> 492.5 and 474.4 -> 479.3 (five and seven interleaved rounds, two
-# leases). At d128 (two warpgroups) the rows moved both ways by up to 3% between the two leases (s8k
-# causal -1.4 / -1.0%, s4k causal +3.1 / +1.3%): not taken there.
+# leases). At d128 (two warpgroups) the rows moved both ways by up to 3.2% between the two leases (s8k
+# causal -1.4 / -1.0%, s4k causal +3.2 / +1.3%, s1k -1.5 / +3.0%): not taken there.
 WG_STORE_O_BUCKETS = frozenset({64})
 
 
 def _wg_store_o(cfg: FwdSm90Config, table_tile_m: int) -> bool:
     """Whether the rule above gives ``cfg`` ``wg_store_o``: its bucket, the table's tile (not a decode
-    tile of one warpgroup), and nothing in :meth:`FwdSm90Config.wg_store_o_blockers`."""
+    tile of one warpgroup, nor a user's ``tile_m``), and nothing in
+    :meth:`FwdSm90Config.wg_store_o_blockers` (packed rows, row stores, split-KV, ``o_in_q``)."""
     return (_bucket(max(cfg.head_dim, cfg.head_dim_v)) in WG_STORE_O_BUCKETS and cfg.tile_m == table_tile_m
             and not cfg.wg_store_o_blockers())
 
