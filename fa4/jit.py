@@ -232,16 +232,16 @@ def _target_arch(arch: str):
 # ~~~~~~~~~~~~~~~~~~~~~~~~~
 # The DSL lowers a kernel in one MLIR pass, ``cute-to-nvvm``, whose sub-passes a caller may switch
 # off by raw pass options (the DSL's ``ExtraCompilerOpts``, what ``CUTE_DSL_COMPILER_OPT`` feeds).
-# Its strength reduction costs 8-9% of the native compile time (MLIR, LLVM, ptxas; summed over each
-# arch's variants; end to end, with tracing and export, 2-5%). Switched off, the instruction
-# listings, encodings and scheduling control bits included, are identical on every variant of
-# every family and arch (``fa4.arch.all_variants`` of sm_80, sm_90a, sm_100a) but the sm90
-# backward's main kernel (RESULTS v0.54, tools/compiler_switch_check.py: 13 of its 81 variants
-# differ, and no GPU has timed them). So the config classes whose variants all matched compile
-# with it off (:func:`pass_switches`; a class opts out by ``PASS_SWITCHES_OK = False``), on the
-# archs checked: issue 7's compile bar is a few percent over on some head dims.
-# tests/test_compile.py checks that the switch reaches the pipeline exactly there and a few
-# variants' listings both ways. A user's own ``CUTE_DSL_COMPILER_OPT`` still applies, after these.
+# Its strength reduction costs 4-6% of the native compile time (MLIR, LLVM, ptxas; summed over each
+# arch's variants, each compiled both ways in one process; end to end, with tracing and export,
+# less). Switched off, the instruction listings, encodings and scheduling control bits included,
+# are identical on every variant of every family and arch (``fa4.arch.all_variants`` of sm_80,
+# sm_90a, sm_100a; tools/compiler_switch_check.py) but 13 of the sm90 backward main kernel's 81 and
+# one of the dQ pass's 15, which no GPU has timed (RESULTS v0.54). So the config classes whose
+# variants all matched compile with it off (:func:`pass_switches`; those two opt out by
+# ``PASS_SWITCHES_OK = False``), on the archs checked: issue 7's compile bar is a few percent over on
+# some head dims. tests/test_compile.py checks that the switch reaches the pipeline exactly there
+# and a few variants' listings both ways. A user's own ``CUTE_DSL_COMPILER_OPT`` still applies.
 PASS_SWITCHES = "use-strength-reduction-pass=false"
 PASS_SWITCHES_ARCHS = ("sm_80", "sm_90a", "sm_100a")  # where the listings were compared
 

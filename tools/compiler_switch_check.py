@@ -27,6 +27,7 @@ def main() -> None:
     ap.add_argument("--arch", default="sm_90a")
     ap.add_argument("--part", default="0/1")
     ap.add_argument("--out")
+    ap.add_argument("--resume", action="store_true", help="keep --out's records and compile only the rest")
     args = ap.parse_args()
     os.environ["CUTE_DSL_ARCH"] = args.arch
     os.environ["FA4_CACHE_DIR"] = tempfile.mkdtemp(prefix="fa4-switch-check-")
@@ -50,7 +51,12 @@ def main() -> None:
     switches = jit.PASS_SWITCHES
     i, n = (int(x) for x in args.part.split("/"))
     record = {}
+    if args.resume and args.out and os.path.exists(args.out):
+        with open(args.out) as f:
+            record = json.load(f)
     for cfg in arch.all_variants(args.arch)[i::n]:
+        if cfg.key() in record:
+            continue
         row = {}
         for mode in ("on", "off"):
             jit.PASS_SWITCHES = switches if mode == "on" else ""

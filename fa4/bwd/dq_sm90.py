@@ -105,6 +105,9 @@ class BwdDqSm90Config(AttnKernelConfig):
 
     KERNEL: ClassVar[str] = "fa4.bwd.dq_sm90:FlashBwdDqSm90"
     REQUIRED_SASS: ClassVar[tuple] = ("HGMMA", "UTMALDG")
+    # One of its 15 variants compiles to other encodings without strength reduction, not timed on a
+    # GPU: it keeps the pass (Note [Compiler switches] in fa4/jit.py, RESULTS v0.54).
+    PASS_SWITCHES_OK: ClassVar[bool] = False
 
     @property
     def hd_v(self) -> int:

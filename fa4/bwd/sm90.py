@@ -444,7 +444,8 @@ class BwdSm90Config(AttnKernelConfig):
     KERNEL: ClassVar[str] = "fa4.bwd.sm90:FlashBwdSm90"
     REQUIRED_SASS: ClassVar[tuple] = ("HGMMA", "UTMALDG")  # checked by tests/test_compile.py
     # 13 of its 81 variants (seven deterministic, five two-CTA, one plain d128) compile to other
-    # instructions without strength reduction, not timed on a GPU: it keeps the pass (RESULTS v0.54).
+    # instructions without strength reduction, not timed on a GPU: it keeps the pass (Note [Compiler
+    # switches] in fa4/jit.py, RESULTS v0.54).
     PASS_SWITCHES_OK: ClassVar[bool] = False
 
     @property
