@@ -121,16 +121,18 @@ if has gpu1; then
   gpu_tests gpu1 ${GPU_PART_TIMEOUT:-380} tests/test_bwd_gpu.py tests/test_api_gpu.py tests/test_preprocess_gpu.py \
     tests/test_cuda_graph_gpu.py tests/test_device_guard_gpu.py tests/test_mods_gpu.py tests/test_block_sparse_gpu.py
 fi
+# The forward GPU files (gpu2, and the steps that rerun the forward after a default changes).
+GPU2_FILES=(tests/test_fwd_sm90_gpu.py tests/test_fwd_sm80_gpu.py tests/test_fwd_splitkv_gpu.py
+  tests/test_flash_attn_cute_calls_gpu.py tests/test_combine_gpu.py tests/test_one_step_loop_gpu.py
+  tests/test_rescale_accuracy_gpu.py tests/test_softmax_gpu.py tests/test_kvcache_gpu.py tests/test_fold_first_gpu.py)
 if has gpu2; then
-  gpu_tests gpu2 ${GPU_PART_TIMEOUT:-380} tests/test_fwd_sm90_gpu.py tests/test_fwd_sm80_gpu.py tests/test_fwd_splitkv_gpu.py \
-    tests/test_flash_attn_cute_calls_gpu.py tests/test_combine_gpu.py tests/test_one_step_loop_gpu.py \
-    tests/test_rescale_accuracy_gpu.py tests/test_softmax_gpu.py tests/test_kvcache_gpu.py tests/test_fold_first_gpu.py
+  gpu_tests gpu2 ${GPU_PART_TIMEOUT:-380} "${GPU2_FILES[@]}"
 fi
-# sanitize_run NAME LIMIT SCRIPT: memcheck and racecheck over SCRIPT, each under LIMIT seconds.
+# sanitize_run NAME LIMIT SCRIPT [ARGS...]: memcheck and racecheck over SCRIPT, each under LIMIT seconds.
 sanitize_run() {
-  local name=$1 limit=$2 script=$3
+  local name=$1 limit=$2 script=$3; shift 3
   for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
-    timeout "$limit" compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 3 python3 "$script" \
+    timeout "$limit" compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 3 python3 "$script" "$@" \
       > "$out/${name}_$tool.log" 2>&1
     echo "$name $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/${name}_$tool.log" | tail -1)"
   done
@@ -462,10 +464,7 @@ if has next73; then
   # (and the driver's resident counts), stopping on a failure, then the multicast cases under memcheck /
   # racecheck; next73s: the causal rows against the default (d128 five rounds, d64 / d256 s8k three).
   gpu_tests next73 ${NEXT73_TIMEOUT:-180} tests/test_fwd_sm90_gpu.py -k "kv_multicast or cluster_pairs or resident" || exit 1
-  for tool in memcheck racecheck; do
-    timeout 90 compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 3 python3 tools/sanitize_sm90.py --mcast > "$out/next73_$tool.log" 2>&1
-    echo "next73 $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/next73_$tool.log" | tail -1)"
-  done
+  sanitize_run next73 90 tools/sanitize_sm90.py --mcast
 fi
 if has next73s; then
   timeout 120 python3 tools/sweep_fwd.py --hdim 128 --seqlen 4096,8192,16384 --causal yes --repeat 5 mcd:kv_mcast=True > "$out/sweep73.log" 2>&1
@@ -499,9 +498,7 @@ fi
 if has next82; then
   # Session 53: the d64 default with warpgroup stores (WG_STORE_O_BUCKETS): the forward GPU files (gpu2's),
   # then the user-function and block-sparse files (their d64 forwards take it too).
-  gpu_tests next82 ${GPU_PART_TIMEOUT:-360} tests/test_fwd_sm90_gpu.py tests/test_fwd_sm80_gpu.py tests/test_fwd_splitkv_gpu.py \
-    tests/test_flash_attn_cute_calls_gpu.py tests/test_combine_gpu.py tests/test_one_step_loop_gpu.py \
-    tests/test_rescale_accuracy_gpu.py tests/test_softmax_gpu.py tests/test_kvcache_gpu.py tests/test_fold_first_gpu.py || exit 1
+  gpu_tests next82 ${GPU_PART_TIMEOUT:-360} "${GPU2_FILES[@]}" || exit 1
   gpu_tests next82m 200 tests/test_mods_gpu.py tests/test_block_sparse_gpu.py
 fi
 if has next81; then
@@ -509,11 +506,7 @@ if has next81; then
   # which overlap_tiles refuses), then the decision rounds: wg_store_o at d64 / d128, and ping-pong
   # at d128 (flash-attn-4 brackets its two warpgroups' issues there), with and without the tile's
   # edges, with and without warpgroup stores; seven rounds on the grid's d64 / d128 rows.
-  for tool in memcheck racecheck; do
-    timeout 100 compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 3 python3 tools/sanitize_sm90.py --wgstore \
-      > "$out/next81_$tool.log" 2>&1
-    echo "next81 $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/next81_$tool.log" | tail -1)"
-  done
+  sanitize_run next81 100 tools/sanitize_sm90.py --wgstore
   timeout 400 python3 tools/sweep_fwd.py --hdim 64,128 --repeat 7 wg:wg_store_o=True pp:pingpong=True,hd=128 \
     pps:pingpong=True,pp_steps_only=True,hd=128 ppwg:pingpong=True,wg_store_o=True,hd=128 > "$out/sweep81.log" 2>&1
   echo "sweep81 rc=$?"; grep -v Warning "$out/sweep81.log" | tail -12
@@ -526,11 +519,7 @@ if has next80; then
   timeout 300 python3 -m pytest -m gpu $xd -q -x -rfE tests/test_fwd_sm90_gpu.py -k "wg_store_o" > "$out/next80t.log" 2>&1
   rc=$?; echo "next80 tests rc=$rc"; grep -E "passed|failed|FAILED|ERROR" "$out/next80t.log" | tail -8
   if [ $rc -eq 0 ]; then
-    for tool in memcheck racecheck; do
-      timeout 100 compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 3 python3 tools/sanitize_sm90.py --wgstore \
-        > "$out/next80_$tool.log" 2>&1
-      echo "next80 $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/next80_$tool.log" | tail -1)"
-    done
+    sanitize_run next80 100 tools/sanitize_sm90.py --wgstore
     timeout 120 python3 tools/tile_cost.py --hdim 128,64 wg:wg_store_o=True > "$out/tilecost80.log" 2>&1
     echo "tilecost80 rc=$?"; grep -v Warning "$out/tilecost80.log" | tail -8
     timeout 300 python3 tools/sweep_fwd.py --hdim 64,128 --seqlen 1024,4096,8192 --repeat 5 wg:wg_store_o=True \
@@ -567,14 +556,8 @@ if has next76; then
   # memcheck / racecheck on its cases, the forward GPU files (gpu2's), then five rounds against it
   # off, and the forward grid beside the peers, two repeats. (Ran with the rule on; with the default
   # off since, its sweep compares off with off: set OVERLAP_TILES = True in fa4/fwd/sm90.py to rerun.)
-  for tool in memcheck racecheck; do
-    timeout 120 compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 3 python3 tools/sanitize_sm90.py --overlap \
-      > "$out/next76_$tool.log" 2>&1
-    echo "next76 $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/next76_$tool.log" | tail -1)"
-  done
-  gpu_tests next76gpu ${GPU_PART_TIMEOUT:-300} tests/test_fwd_sm90_gpu.py tests/test_fwd_sm80_gpu.py tests/test_fwd_splitkv_gpu.py \
-    tests/test_flash_attn_cute_calls_gpu.py tests/test_combine_gpu.py tests/test_one_step_loop_gpu.py \
-    tests/test_rescale_accuracy_gpu.py tests/test_softmax_gpu.py tests/test_kvcache_gpu.py tests/test_fold_first_gpu.py
+  sanitize_run next76 120 tools/sanitize_sm90.py --overlap
+  gpu_tests next76gpu ${GPU_PART_TIMEOUT:-300} "${GPU2_FILES[@]}"
   timeout 150 python3 tools/sweep_fwd.py --hdim 64,96,128 --seqlen 4096,8192,16384 --any-pair --causal no --repeat 5 \
     off:overlap_tiles=False > "$out/sweep76.log" 2>&1
   echo "sweep76 rc=$?"; grep -v Warning "$out/sweep76.log" | tail -10
