@@ -1653,3 +1653,97 @@ def test_pairwise_covers_all_pairs():
                 for vb in FACTORS[b]:
                     assert any(c[a] == va and c[b] == vb for c in CASES), (a, va, b, vb)
     assert len(CASES) <= 40, len(CASES)
+
+
+def _pdl_mode(monkeypatch, on: bool, seen: dict):
+    """The sm90 backward with its programmatic dependent launches on or off (``sm90.PDL``, Note
+    [Programmatic dependent launch] in fa4/bwd/sm90.py); ``seen[on]`` records what make_config gave."""
+    from fa4.bwd import sm90
+
+    make = sm90.__dict__.get("_make_unpatched", sm90.make_config)
+    monkeypatch.setattr(sm90, "_make_unpatched", make, raising=False)
+    monkeypatch.setattr(sm90, "PDL", on)
+
+    def spy(*a, **k):
+        cfg = make(*a, **k)
+        seen[on] = cfg.pdl
+        return cfg
+    monkeypatch.setattr(sm90, "make_config", spy)
+    fa4.ops._plans.clear()
+
+
+PDL_CASES = CASES + [dict(c, family="sm90-2cta") for c in TWO_CTA_CASES[::4]]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", PDL_CASES, ids=[_case_id(c) + ("-2cta" if "family" in c else "") for c in PDL_CASES])
+def test_bwd_sm90_pdl(case, monkeypatch):
+    """The covering array (and some two-CTA cases) with the main kernel and the postprocess launched as
+    programmatic dependents: a read of lse_log2 / dpsum / dq_accum before the preprocess finished
+    would read the NaN-filled workspaces (conftest) or a half-written accumulator."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the sm90 kernels need compute capability 9.x")
+    seen = {}
+    _pdl_mode(monkeypatch, True, seen)
+    try:
+        _check_case(case, _opts(case.get("family", "sm90")))
+    finally:
+        fa4.ops._plans.clear()
+    assert seen.get(True) is True, "the backward did not take pdl"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("mask", ["none", "causal", "local"])
+@pytest.mark.parametrize("layout", ["dense", "varlen"])
+def test_bwd_sm90_pdl_same_bits(d, mask, layout, monkeypatch, hang_watchdog):
+    """Deterministic, the programmatic dependent launches change no bit: three runs each way, equal
+    (d64 / d128: the writer warp; d256: the dQ pass after a main kernel of dK / dV), and correct
+    against the float32 reference (dense)."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the sm90 kernels need compute capability 9.x")
+    hang_watchdog()
+    opts = fa4.KernelOptions(arch="sm90")
+    run, qkv, g, kw = _deterministic_run(layout, d, mask, opts, (1024, 2048), (900, 1300), seed=d + 73)
+    got, seen = {}, {}
+    try:
+        for on in (True, False):
+            _pdl_mode(monkeypatch, on, seen)
+            got[on] = [run() for _ in range(3)]
+    finally:
+        fa4.ops._plans.clear()
+    assert seen == {True: True, False: False}, f"pdl not taken as asked: {seen}"
+    base = got[False][0]
+    for on, runs in got.items():
+        for grads in runs:
+            for name, a, b in zip(("dq", "dk", "dv"), base, grads):
+                assert torch.equal(a, b), f"{name} differs (pdl {on})"
+    if layout == "dense":
+        ref, pt = _reference_dense(qkv, dict(kw, softcap=0.0), g, None)
+        _check_grads(("dq", "dk", "dv"), got[True][0], ref, pt, qkv, g)
+
+
+@pytest.mark.gpu
+def test_bwd_sm90_pdl_back_to_back(monkeypatch):
+    """Many short backward calls in a row with no host sync between them (each preprocess then follows
+    the previous call's postprocess at once): every dq / dk / dv equals the first call's, run
+    deterministic, where a kernel that read before its predecessor finished would show."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the sm90 kernels need compute capability 9.x")
+    seen = {}
+    _pdl_mode(monkeypatch, True, seen)
+    try:
+        q, k, v = random_qkv(2, 333, 1111, 6, 2, 128, torch.bfloat16, "cuda", requires_grad=True, seed=5)
+        g = torch.randn(q.shape, device="cuda", dtype=q.dtype)
+        runs = []
+        for _ in range(20):
+            out, _ = fa4.flash_attn_func(q, k, v, causal=True, deterministic=True,
+                                         kernel_options=fa4.KernelOptions(arch="sm90"))
+            runs.append(torch.autograd.grad(out, (q, k, v), g))
+        torch.cuda.synchronize()
+    finally:
+        fa4.ops._plans.clear()
+    assert seen.get(True) is True
+    for i, grads in enumerate(runs[1:], 1):
+        for name, a, b in zip(("dq", "dk", "dv"), runs[0], grads):
+            assert torch.equal(a, b), f"{name} of call {i} differs from the first call's"

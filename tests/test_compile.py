@@ -287,3 +287,29 @@ def test_compiler_switches_reach_the_pipeline_and_keep_the_sass(monkeypatch):
             without, off, _ = listing(cfg)
         assert off == 0
         assert with_switches == without, cfg.key()
+
+
+@pytest.mark.slow
+def test_bwd_pdl_instructions():
+    """Note [Programmatic dependent launch] in fa4/bwd/sm90.py: with ``pdl`` the sm90 backward's main
+    kernel lets its dependent launch (``griddepcontrol.launch_dependents``, SASS ``PREEXIT``) and waits
+    for the preprocess in its three roles (``griddepcontrol.wait``, ``ACQBULK``: the loads, the dQ
+    writer, the consumers); its postprocess waits once; the preprocess lets the main kernel launch.
+    Without ``pdl`` none of them holds either instruction."""
+    from fa4.bwd import postprocess, preprocess
+
+    main = next(c for c in arch.all_variants("sm_90a") if type(c).__name__ == "BwdSm90Config" and c.pdl
+                and not c.dq_direct and not c.dq_pass and not c.deterministic and not c.two_cta)
+    pre = next(c for c in preprocess.variants("sm_90a") if c.pdl)
+
+    def count(cfg):
+        ops = [line.split()[1] if line.split()[1][0] != "@" else line.split()[2]
+               for line in sass.disassemble(cfg).splitlines() if line.strip().startswith("/*") and len(line.split()) > 2]
+        return ops.count("PREEXIT"), ops.count("ACQBULK")
+
+    assert count(main) == (1, 3)
+    assert count(postprocess.config_for(main)) == (0, 1)
+    assert count(pre) == (1, 0)
+    for cfg in (main, postprocess.config_for(main), pre):
+        off = dataclasses.replace(cfg, pdl=False)
+        assert count(off) == (0, 0), type(cfg).__name__

@@ -558,8 +558,9 @@ def configs(family, shape, over):
     if getattr(cfg, "dq_pass", False):  # Note [dQ pass]: the dQ kernel, no postprocess, no counters
         from fa4.bwd import dq_sm90
         return [cfg, dataclasses.replace(dq_sm90.config_for(cfg), **shape["dq"]),
-                preprocess.make_config("bf16", shape["d"], "sm_90a", has_semaphore=False, zero_dq=False)]
-    pre = preprocess.make_config("bf16", shape["d"], "sm_90a", has_semaphore=shape["det"])
+                preprocess.make_config("bf16", shape["d"], "sm_90a", has_semaphore=False, zero_dq=False,
+                                       pdl=getattr(cfg, "pdl", False))]
+    pre = preprocess.make_config("bf16", shape["d"], "sm_90a", has_semaphore=shape["det"], pdl=getattr(cfg, "pdl", False))
     return [cfg, postprocess.config_for(cfg), pre]
 
 

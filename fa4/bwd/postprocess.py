@@ -51,7 +51,9 @@ class BwdPostprocessConfig(KernelConfig):
     (0: ``tile_m``): the rows of the workspace's tiles, where the main kernel's dQ tiles are a part
     of them (the sm90 two-CTA backward adds half tiles: Note [Two-CTA dQ] in fa4/bwd/sm90.py); it
     places a varlen sequence's first tile. ``counted``: the slot counters tell which tiles hold
-    data (module docstring)."""
+    data (module docstring). ``pdl`` (after an sm90 main kernel with ``pdl``): launched as a
+    programmatic dependent of it, and waits for it before reading anything (Note [Programmatic
+    dependent launch] in fa4/bwd/sm90.py)."""
 
     head_dim: int = 128
     tile_m: int = 64
@@ -63,6 +65,7 @@ class BwdPostprocessConfig(KernelConfig):
     swap: bool = False
     varlen: bool = False
     counted: bool = False
+    pdl: bool = False
 
     @property
     def fragment(self) -> DqFragment:
@@ -166,7 +169,8 @@ class BwdPostprocess:
         grid = (cute.ceil_div(seqlen, self.tile_m), mdQ.shape[2], num_batch)
         self.kernel(
             mdQaccum, mdQ, mCuSeqlensQ, mCounters, softmax_scale, sdQ_layout, copy_out, tiled_mma, SharedStorage
-        ).launch(grid=grid, block=[self.num_threads, 1, 1], smem=SharedStorage.size_in_bytes(), stream=stream)
+        ).launch(grid=grid, block=[self.num_threads, 1, 1], smem=SharedStorage.size_in_bytes(), stream=stream,
+                 use_pdl=self.cfg.pdl)
 
     @cute.kernel
     def kernel(
@@ -183,6 +187,8 @@ class BwdPostprocess:
     ):
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
+        if const_expr(self.cfg.pdl):
+            cute.arch.griddepcontrol_wait()  # the main kernel's dq_accum (and counters) complete
         seq = SeqlenInfo.create(batch, mdQ.shape[1], 0, mCuSeqlensQ=mCuSeqlensQ)
         rows_left = seq.seqlen_q - m_block * self.tile_m
         if rows_left > 0:
@@ -229,7 +235,8 @@ def config_for(bwd_cfg) -> BwdPostprocessConfig:
             # (Only a varlen sequence's first tile depends on it.)
             ws_tile_m=bwd_cfg.tile_m if bwd_cfg.dq_rows != bwd_cfg.tile_m and bwd_cfg.varlen_q else 0,
             num_threads=frag.num_threads, atom_m=frag.atom_m, atom_n=frag.atom_n, mma=frag.mma, swap=frag.swap,
-            varlen=bwd_cfg.varlen_q, counted=bool(getattr(bwd_cfg, "dq_first_store", False)))
+            varlen=bwd_cfg.varlen_q, counted=bool(getattr(bwd_cfg, "dq_first_store", False)),
+            pdl=bool(getattr(bwd_cfg, "pdl", False)))
     return cfg
 
 

@@ -57,7 +57,9 @@ class BwdPreprocessConfig(KernelConfig):
     tensors packed as ``(1, total_q, ...)``. ``has_dlse``: subtract the LSE gradient.
     ``has_semaphore``: zero the dQ slot counters. ``zero_dq``: zero dq_accum (off where the main
     kernel's first contributor of each slot stores its tile). ``dq_head_dim``: dq_accum's padded
-    head dim (q's) where it differs from O's (``head_dim_v != head_dim``), else 0.
+    head dim (q's) where it differs from O's (``head_dim_v != head_dim``), else 0. ``pdl`` (sm_90a;
+    the next kernel is launched as a programmatic dependent): each CTA lets it launch from its start
+    (Note [Programmatic dependent launch] in fa4/bwd/sm90.py).
     """
 
     head_dim: int = 128
@@ -68,6 +70,7 @@ class BwdPreprocessConfig(KernelConfig):
     has_dlse: bool = False
     has_semaphore: bool = False
     zero_dq: bool = True
+    pdl: bool = False
 
     KERNEL: ClassVar[str] = "fa4.bwd.preprocess:BwdPreprocess"
 
@@ -213,6 +216,8 @@ class BwdPreprocess:
     ):
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
+        if const_expr(self.cfg.pdl):
+            cute.arch.griddepcontrol_launch_dependents()
 
         if const_expr(mSemaphore is not None):
             self.zero_semaphores(mSemaphore, tidx)
@@ -348,7 +353,7 @@ def _target(arch: Optional[str], device) -> str:
 @functools.lru_cache(maxsize=256)  # once per call signature: it is on every backward call's host path
 def make_config(
     dtype: str, head_dim: int, arch: str, *, varlen: bool = False, has_dlse: bool = False, has_semaphore: bool = False,
-    dq_head_dim: int = 0, zero_dq: bool = True,
+    dq_head_dim: int = 0, zero_dq: bool = True, pdl: bool = False,
 ) -> BwdPreprocessConfig:
     """``head_dim``: O's; ``dq_head_dim``: q's where it differs (0: the same)."""
     dq = head_dim_padded(dq_head_dim) if dq_head_dim else 0
@@ -361,6 +366,7 @@ def make_config(
         has_dlse=has_dlse,
         has_semaphore=has_semaphore,
         zero_dq=zero_dq,
+        pdl=pdl,
     )
 
 
@@ -380,6 +386,7 @@ def run_preprocess(
     dq_head_dim: Optional[int] = None,
     arch: Optional[str] = None,
     zero_dq: bool = True,
+    pdl: bool = False,
 ) -> None:
     """Launch the preprocess on torch tensors (layouts in the module docstring).
 
@@ -392,6 +399,7 @@ def run_preprocess(
     ``semaphore`` int32, any shape, contiguous, zeroed. ``arch``: code-generation target, default
     the device's. ``zero_dq``: zero ``dq_accum`` (off: the main kernel stores each slot's first
     tile, and ``semaphore`` counts them; or there is no accumulator: the dQ pass's 16-row stand-in).
+    ``pdl``: the main kernel that follows is a programmatic dependent launch (``cfg.pdl``).
     """
     import torch
 
@@ -431,6 +439,7 @@ def run_preprocess(
         has_semaphore=semaphore is not None,
         dq_head_dim=dq_d,
         zero_dq=zero_dq,
+        pdl=pdl,
     )
     sem_flat = semaphore.view(-1) if semaphore is not None else None
     get_kernel(cfg)(
@@ -460,4 +469,6 @@ def variants(arch: str) -> list[BwdPreprocessConfig]:
     out.append(BwdPreprocessConfig(arch=arch, dtype="fp16", head_dim=64, varlen=True))
     out.append(BwdPreprocessConfig(arch=arch, dtype="bf16", head_dim=96, has_dlse=True, has_semaphore=True))
     out.append(BwdPreprocessConfig(arch=arch, dtype="bf16", head_dim=128, has_semaphore=True, zero_dq=False))
+    if arch == "sm_90a":  # (the sm90 backward's programmatic dependent launch)
+        out.append(BwdPreprocessConfig(arch=arch, dtype="bf16", head_dim=128, has_semaphore=True, pdl=True))
     return out

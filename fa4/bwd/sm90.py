@@ -92,6 +92,22 @@ Note [Direct dQ]
     the bulk reduce stays there. Unordered by itself; deterministic runs order the adds of each
     slot (Note [Ordered direct dQ]).
 
+Note [Programmatic dependent launch]
+    A backward call is three kernels in a row: the preprocess, this kernel, the postprocess. With
+    ``pdl`` this kernel and the postprocess are launched as programmatic dependents (Hopper's
+    ``griddepcontrol``): each may start on the SMs its predecessor frees before that grid has
+    finished. The predecessor lets it, from each CTA's start (``launch_dependents``: the preprocess,
+    and this kernel for the postprocess); the dependent then waits (``griddepcontrol.wait``: the
+    predecessor complete and its writes visible) before it touches anything the predecessor writes.
+    Here that is lse_log2, dpsum, dq_accum and the slot counters: warp 0 issues K and V first and
+    waits before the first step's Q / lse_log2 load; the writer (or sequencing) warp and the
+    consumers wait before their first instruction. Q, K, V and dO come from kernels before the
+    preprocess, which started only once those had finished, so reading them early is safe; the
+    postprocess waits before it reads anything. What it saves: the launch gaps, and this kernel's
+    barrier set-up, descriptor prefetch and K / V loads under the preprocess's last CTAs (a few
+    microseconds a call, most of it at short sequences, where the two small kernels are 10-25% of
+    the call: RESULTS v0.18). flash-attn-4 launches its sm90 backward this way.
+
 Note [Ordered direct dQ]
     With ``dq_direct`` and ``deterministic`` the consumers still add from registers, and warp 1
     orders the adds of each slot instead of reducing a tile (:meth:`FlashBwdSm90.sequence_dq`). Per
@@ -408,6 +424,8 @@ class BwdSm90Config(AttnKernelConfig):
     ``block_skip`` (not deterministic): ``(aux slot, block_q, block_k)`` of a block-sparse call's
     block table (``AttnProblem.block_table``), ``()`` without one: each CTA narrows its m_blocks to
     those its K block is visible to (Note [Block skip in the backward]).
+    ``pdl``: this kernel and the postprocess are programmatic dependent launches (Note
+    [Programmatic dependent launch]; :data:`PDL`).
     """
 
     head_dim: int = 128
@@ -440,6 +458,7 @@ class BwdSm90Config(AttnKernelConfig):
     kv_split: int = 1
     compact_grid: bool = False
     block_skip: tuple = ()
+    pdl: bool = False
 
     KERNEL: ClassVar[str] = "fa4.bwd.sm90:FlashBwdSm90"
     REQUIRED_SASS: ClassVar[tuple] = ("HGMMA", "UTMALDG")  # checked by tests/test_compile.py
@@ -801,6 +820,7 @@ class FlashBwdSm90:
             smem=self.SharedStorage.size_in_bytes(),
             stream=stream,
             min_blocks_per_mp=1,
+            use_pdl=self.cfg.pdl,
         )
 
     # ----------------------------------------------------------------------------------------
@@ -875,6 +895,8 @@ class FlashBwdSm90:
             cute.arch.cluster_wait()
         else:
             cute.arch.sync_threads()
+        if const_expr(self.cfg.pdl):  # the postprocess may launch (Note [Programmatic dependent launch])
+            cute.arch.griddepcontrol_launch_dependents()
 
         # Each role builds its own view of the CTA's work and of the smem tensors: objects handed to
         # one role's loops must not be read by another role's branch.
@@ -890,12 +912,15 @@ class FlashBwdSm90:
                           pipes, work())
             if const_expr(not self.cfg.dq_direct and not self.cfg.dq_pass):
                 if warp_idx == 1:
+                    self.await_preprocess()
                     self.store_dq(mdQaccum, mSemaphore, smem().sdQ, work())
             elif const_expr(self.cfg.deterministic and not self.cfg.dq_pass):
                 if warp_idx == 1:
+                    self.await_preprocess()
                     self.sequence_dq(mSemaphore, work())
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
+            self.await_preprocess()
             self.mma(mdK, mdV, mdQaccum, smem(), pipes, work(), softmax_scale, prescale, scale_log2,
                      cute.arch.thread_idx()[0] - 128, mAux)
 
@@ -1113,6 +1138,7 @@ class FlashBwdSm90:
                 gT = cute.local_tile(seq.k_view_sd(mT, batch, head_k), (self.tile_n, d), (n, 0))
                 tTsT, tTgT = cpasync.tma_partition(tma, 0, one, cute.group_modes(sT, 0, 2), cute.group_modes(gT, 0, 2))
                 cute.copy(tma, tTgT, tTsT, tma_bar_ptr=bar)
+            self.await_preprocess()  # before lse_log2 / dpsum
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.q_stages)
             do_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.q_stages)
             cursor = self.cfg.step_cursor
@@ -1130,6 +1156,11 @@ class FlashBwdSm90:
                                     m_block, self.hd_v)
                 q_state.advance()
                 do_state.advance()
+
+    def await_preprocess(self) -> None:
+        """With ``pdl``: wait for the preprocess to finish (Note [Programmatic dependent launch])."""
+        if const_expr(self.cfg.pdl):
+            cute.arch.griddepcontrol_wait()
 
     @cute.jit
     def load_rows_tile(self, tma, tma_rows, mT, mRows, sT, sRows, pipe, state, seq: SeqlenInfo, batch: Int32,
@@ -1961,6 +1992,10 @@ v0.28, TFLOP/s, default -> compact) varlen d64 causal 385.9 -> 391.5 and 383.2 -
 causal 466.9 -> 466.2 and 448.2 -> 460.1, GQA causal 439.4 -> 447.4 and 437.3 -> 434.6, d128
 533.5 -> 542.2 and 484.3 -> 531.9: +1.7% median, under the timings' resolution (about 4%)."""
 
+PDL = False
+"""Whether the main kernel and the postprocess are programmatic dependent launches (Note
+[Programmatic dependent launch]). Off until timed on a GPU (written in session 54)."""
+
 
 BLOCK_SPARSE_DET_DQ_PASS = True
 """Whether a deterministic block-sparse backward takes the dQ pass at every head dim (Note [dQ pass] in
@@ -2098,6 +2133,7 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         # the main kernel is not deterministic and narrows too.)
         block_skip=block_skip,
         score_mod_bwd=problem.score_mod_bwd,
+        pdl=PDL,
         **BwdSm90Config.problem_flags(problem))
     # What a larger tile_m leaves no room for: the second dQ buffer. What the sdQ tile of a
     # deterministic run (no dq_direct) leaves no room for: P/dS stages, then Q/dO stages.
@@ -2360,4 +2396,10 @@ def variants(arch: str) -> list[BwdSm90Config]:
     out.append(replace(make_config(P(64, causal=True, varlen=True), None, arch), kv_split=1, compact_grid=True))
     out.append(replace(make_config(P(128, varlen=True, seqused_k=True), None, arch), kv_split=2, compact_grid=True))
     out.append(replace(make_config(P(256, causal=True, varlen=True), None, arch), kv_split=1, compact_grid=True))
+    # Programmatic dependent launch (Note [Programmatic dependent launch]): the writer warp (d128, and
+    # deterministic causal), the direct adds (d256) and their ordering warp, two CTAs, the dQ pass.
+    out += [replace(c, pdl=True, kv_split=1)
+            for c in (out[1], out[2], out[6], ordered_config(P(256, causal=True), None, arch, True))]
+    out.append(replace(ordered_config(P(128), two, arch), kv_split=1, pdl=True))
+    out.append(replace(make_config(P(256), None, arch), kv_split=1, pdl=True))
     return out
