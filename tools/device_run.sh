@@ -546,8 +546,10 @@ if has next78; then
   timeout 150 python3 tools/sweep_fwd.py --hdim 256 --seqlen 8192 --causal yes --repeat 5 \
     osl:one_step_loop=True,fold_first=False > "$out/sweep78c.log" 2>&1
   echo "sweep78c rc=$?"; grep -v Warning "$out/sweep78c.log" | tail -3
+  # (Since session 54 the d256 window default is one_step_loop: the sep column is the separate loops.)
+  gpu_tests next78t 240 tests/test_one_step_loop_gpu.py tests/test_fwd_sm90_gpu.py tests/test_fwd_splitkv_gpu.py -k "local or window" || exit 1
   timeout 200 python3 tools/sweep_fwd.py --hdim 128,256 --seqlen 8192 --window 1024 --repeat 5 \
-    osl:one_step_loop=True,fold_first=False > "$out/sweep78w.log" 2>&1
+    osl:one_step_loop=True,fold_first=False sep:one_step_loop=False > "$out/sweep78w.log" 2>&1
   echo "sweep78w rc=$?"; grep -v Warning "$out/sweep78w.log" | tail -4
   [ -n "$SKIP_CTIME" ] || logged ctime78 200 40 python3 tools/compile_time.py
 fi

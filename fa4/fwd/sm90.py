@@ -1562,11 +1562,18 @@ COMPACT_LOOSE_BOUND = False
 # local 4.87 -> 2.52 s). The other buckets keep the separate loops, which are faster there: d64
 # -0.7 / -2.7%, d128 +0.8 / -2.5%, d256 -2.9 / -1.6%, local d256 -1.9%.
 ONE_STEP_LOOP_BUCKETS = frozenset({192})
+# v0.55: local tiles at d256 too. Against the separate loops (edges first, since v0.45) they read +2.5%
+# and +1.1% (three and five rounds, window (1024, 0) s8k, H100, RESULTS v0.45; v0.35's -1.9% was before
+# the edges-first order), and they halve the cold compile (H100 host, v0.54: 5.33 -> 2.75 s). Local d128
+# keeps the separate loops: one_step_loop there read -1.2 / -1.7 / -4.6% (v0.45), for 3.02 -> 1.86 s.
+ONE_STEP_LOOP_LOCAL_BUCKETS = frozenset({192, 256})
 
 
 def _one_step(head_dim: int, head_dim_v: int, causal: bool, local: bool) -> bool:
-    """Whether a causal or local tile walks its K blocks through one step body (the rule above)."""
-    return (causal or local) and head_dim == head_dim_v and _bucket(head_dim) in ONE_STEP_LOOP_BUCKETS
+    """Whether a causal or local tile walks its K blocks through one step body (the rules above)."""
+    if head_dim != head_dim_v:
+        return False
+    return _bucket(head_dim) in (ONE_STEP_LOOP_LOCAL_BUCKETS if local else ONE_STEP_LOOP_BUCKETS if causal else ())
 
 
 # v0.44: a causal tile's first K block runs in the loop over the blocks at the diagonal, under a
