@@ -74,3 +74,21 @@ def test_same_bits_varlen(monkeypatch, family, mask):
               seqused_k=vb.seqused_k, causal=causal, window_size=win)
     if _same_order(family, causal):
         assert torch.equal(out0, out1) and torch.equal(lse0, lse1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("window", [(5, 0), (200, 1), (1, 300), (1024, 0)])
+@pytest.mark.parametrize("seqlens", [(190, 450), (1000, 3000)])
+def test_head_dim_256_windows(monkeypatch, window, seqlens):
+    """d256 windows, whose sm90 default walks one step body since v0.55 (ONE_STEP_LOOP_LOCAL_BUCKETS):
+    both walks against the reference, GQA 4 / 2, bf16 (the order differs: no bit comparison)."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the sm90 kernels run on compute capability 9.x only")
+    q, k, v = random_qkv(2, seqlens[0], seqlens[1], 4, 2, 256, torch.bfloat16, "cuda", seed=seqlens[1] + window[0])
+
+    def call(opts):
+        return fa4.flash_attn_func(q, k, v, window_size=window, return_lse=True, kernel_options=opts)
+
+    for one in (True, False):
+        out, lse = _run(monkeypatch, "sm90", one, call)
+        check(out, lse, q, k, v, causal=False, window_size=window)
