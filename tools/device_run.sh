@@ -481,20 +481,21 @@ if has next74; then
   echo "bench74 rc=$?"; grep -E "^ *[0-9]+ |^# " "$out/bench74.log" | tail -16
 fi
 if has next86; then
-  # Session 54, one call for both new things: the window GPU tests (the d256 window default is now
-  # one_step_loop), three rounds of the window rows with the separate loops as a variant; the backward's
-  # programmatic dependent launches: their tests, two interleaved rounds against them off.
-  gpu_tests next86w 170 tests/test_one_step_loop_gpu.py tests/test_fwd_sm90_gpu.py tests/test_fwd_splitkv_gpu.py -k "local or window"
-  timeout 90 python3 tools/sweep_fwd.py --hdim 128,256 --seqlen 8192 --window 1024 --repeat 3 \
-    sep:one_step_loop=False osl:one_step_loop=True,fold_first=False > "$out/sweep86w.log" 2>&1
-  echo "sweep86w rc=$?"; grep -v Warning "$out/sweep86w.log" | tail -4
-  gpu_tests next86p 150 tests/test_bwd_gpu.py -k pdl
+  # Session 54, one call for both new things, tests first: the window GPU tests (the d256 window default
+  # is now one_step_loop) and the backward's programmatic dependent launches; then three rounds of the
+  # window rows with the separate loops as a variant, and two interleaved rounds of the backward rows
+  # with pdl against it off.
+  gpu_tests next86w 150 tests/test_one_step_loop_gpu.py tests/test_fwd_sm90_gpu.py tests/test_fwd_splitkv_gpu.py -k "local or window"
+  gpu_tests next86p 130 tests/test_bwd_gpu.py -k pdl
   exps=()
   for r in 1 2; do
     for row in "d128 s1024" "d128 s1024 causal" "d64 s8192" "d128 s8192"; do exps+=("$row" "$row pdl=True"); done
   done
-  timeout 150 python3 tools/sweep_bwd.py "${exps[@]}" > "$out/sweep86b.log" 2>&1
+  timeout 140 python3 tools/sweep_bwd.py "${exps[@]}" > "$out/sweep86b.log" 2>&1
   echo "sweep86b rc=$?"; grep -v Warning "$out/sweep86b.log" | tail -18
+  timeout 90 python3 tools/sweep_fwd.py --hdim 128,256 --seqlen 8192 --window 1024 --repeat 3 \
+    sep:one_step_loop=False osl:one_step_loop=True,fold_first=False > "$out/sweep86w.log" 2>&1
+  echo "sweep86w rc=$?"; grep -v Warning "$out/sweep86w.log" | tail -4
 fi
 if has next85; then
   # Session 54: the sm90 backward's programmatic dependent launches (Note [Programmatic dependent launch],
