@@ -26,11 +26,11 @@ def test_tuning_table(d, expect):
 @pytest.mark.parametrize("d,dv,mask,one", [
     (192, None, "causal", True), (192, None, "local", True), (192, None, None, False), (160, None, "causal", True),
     (192, 128, "causal", False), (128, None, "causal", False), (64, None, "local", False), (256, None, "causal", False),
-    (256, None, "local", True), (256, None, None, False), (128, None, "local", False), (256, 128, "local", False)])
+    (256, None, "local", False), (256, None, None, False), (128, None, "local", False), (256, 128, "local", False)])
 def test_one_step_loop_by_bucket(d, dv, mask, one):
     """one_step_loop is the default where it measured as fast as the separate loops and compiles faster
-    (RESULTS v0.36, v0.55): causal and local tiles of the 192 bucket, and local tiles of the 256 bucket,
-    with head_dim_v == head_dim; the others keep the separate loops (faster there)."""
+    (RESULTS v0.36): causal and local tiles of the 192 bucket with head_dim_v == head_dim; the others
+    keep the separate loops (faster there; d256 windows wait for their GPU tests: ONE_STEP_LOOP_LOCAL_BUCKETS)."""
     kw = dict(causal=True) if mask == "causal" else dict(local=True, window_left=512, window_right=0) if mask else {}
     assert sm90.make_config(_problem(d, dv, **kw), None, "sm_90a", True).one_step_loop == one
 

@@ -80,8 +80,9 @@ def test_same_bits_varlen(monkeypatch, family, mask):
 @pytest.mark.parametrize("window", [(5, 0), (200, 1), (1, 300), (1024, 0)])
 @pytest.mark.parametrize("seqlens", [(190, 450), (1000, 3000)])
 def test_head_dim_256_windows(monkeypatch, window, seqlens):
-    """d256 windows, whose sm90 default walks one step body since v0.55 (ONE_STEP_LOOP_LOCAL_BUCKETS):
-    both walks against the reference, GQA 4 / 2, bf16 (the order differs: no bit comparison)."""
+    """d256 windows, the candidate for one step body by default (ONE_STEP_LOOP_LOCAL_BUCKETS in
+    fa4/fwd/sm90.py): both walks against the reference, GQA 4 / 2, bf16 (the order differs: no bit
+    comparison)."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the sm90 kernels run on compute capability 9.x only")
     q, k, v = random_qkv(2, seqlens[0], seqlens[1], 4, 2, 256, torch.bfloat16, "cuda", seed=seqlens[1] + window[0])

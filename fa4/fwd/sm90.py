@@ -1562,11 +1562,14 @@ COMPACT_LOOSE_BOUND = False
 # local 4.87 -> 2.52 s). The other buckets keep the separate loops, which are faster there: d64
 # -0.7 / -2.7%, d128 +0.8 / -2.5%, d256 -2.9 / -1.6%, local d256 -1.9%.
 ONE_STEP_LOOP_BUCKETS = frozenset({192})
-# v0.55: local tiles at d256 too. Against the separate loops (edges first, since v0.45) they read +2.5%
-# and +1.1% (three and five rounds, window (1024, 0) s8k, H100, RESULTS v0.45; v0.35's -1.9% was before
-# the edges-first order), and they halve the cold compile (H100 host, v0.54: 5.33 -> 2.75 s). Local d128
-# keeps the separate loops: one_step_loop there read -1.2 / -1.7 / -4.6% (v0.45), for 3.02 -> 1.86 s.
-ONE_STEP_LOOP_LOCAL_BUCKETS = frozenset({192, 256})
+# Local tiles: the same buckets for now. d256 is the candidate (RESULTS v0.55): against the separate
+# loops (edges first, since v0.45) one step body read +2.5% and +1.1% (three and five rounds, window
+# (1024, 0) s8k, H100, v0.45; v0.35's -1.9% was before the edges-first order), and it halves the cold
+# compile (H100 host, v0.54: 5.33 -> 2.75 s). It joins this set once its GPU tests have run
+# (tests/test_one_step_loop_gpu.py::test_head_dim_256_windows, `tools/device_run.sh nocompile,next86t`;
+# no device came in session 54). Local d128 keeps the separate loops: one step body read -1.2 / -1.7 /
+# -4.6% there (v0.45), for 3.02 -> 1.86 s.
+ONE_STEP_LOOP_LOCAL_BUCKETS = frozenset({192})
 
 
 def _one_step(head_dim: int, head_dim_v: int, causal: bool, local: bool) -> bool:
