@@ -1696,10 +1696,12 @@ def test_bwd_sm90_pdl(case, monkeypatch):
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("mask", ["none", "causal", "local"])
 @pytest.mark.parametrize("layout", ["dense", "varlen"])
-def test_bwd_sm90_pdl_same_bits(d, mask, layout, monkeypatch, hang_watchdog):
+def test_bwd_sm90_pdl_same_bits(d, mask, layout, monkeypatch, hang_watchdog, ordered_dq):
     """Deterministic, the programmatic dependent launches change no bit: three runs each way, equal
-    (d64 / d128: the writer warp; d256: the dQ pass after a main kernel of dK / dV), and correct
-    against the float32 reference (dense)."""
+    (d64 / d128: the writer warp; d256: the ordered direct adds and their sequencing warp, the main
+    kernel's dQ: ``ordered_dq``), and correct against the float32 reference (dense). (GQA 6/2 here
+    keeps one CTA per kv head; a split group's NaN-filled partials put a kernel between the preprocess
+    and the main kernel, so that overlap is not exercised by split cases.)"""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the sm90 kernels need compute capability 9.x")
     hang_watchdog()
@@ -1724,26 +1726,59 @@ def test_bwd_sm90_pdl_same_bits(d, mask, layout, monkeypatch, hang_watchdog):
 
 
 @pytest.mark.gpu
-def test_bwd_sm90_pdl_back_to_back(monkeypatch):
-    """Many short backward calls in a row with no host sync between them (each preprocess then follows
-    the previous call's postprocess at once): every dq / dk / dv equals the first call's, run
-    deterministic, where a kernel that read before its predecessor finished would show."""
+def test_bwd_sm90_pdl_repeated_calls(monkeypatch, hang_watchdog):
+    """Twenty forward + backward calls queued without a host sync, deterministic, with the launches
+    on: every dq / dk / dv equals one call's with them off (a kernel that read before its predecessor
+    finished would differ in some call, the timing of each launch varying with the queue)."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the sm90 kernels need compute capability 9.x")
+    hang_watchdog()
+    q, k, v = random_qkv(2, 333, 1111, 6, 2, 128, torch.bfloat16, "cuda", requires_grad=True, seed=5)
+    g = torch.randn(q.shape, device="cuda", dtype=q.dtype)
+
+    def run():
+        out, _ = fa4.flash_attn_func(q, k, v, causal=True, deterministic=True,
+                                     kernel_options=fa4.KernelOptions(arch="sm90"))
+        return torch.autograd.grad(out, (q, k, v), g)
     seen = {}
-    _pdl_mode(monkeypatch, True, seen)
     try:
-        q, k, v = random_qkv(2, 333, 1111, 6, 2, 128, torch.bfloat16, "cuda", requires_grad=True, seed=5)
-        g = torch.randn(q.shape, device="cuda", dtype=q.dtype)
-        runs = []
-        for _ in range(20):
-            out, _ = fa4.flash_attn_func(q, k, v, causal=True, deterministic=True,
-                                         kernel_options=fa4.KernelOptions(arch="sm90"))
-            runs.append(torch.autograd.grad(out, (q, k, v), g))
+        _pdl_mode(monkeypatch, False, seen)
+        base = run()
+        _pdl_mode(monkeypatch, True, seen)
+        runs = [run() for _ in range(20)]
         torch.cuda.synchronize()
     finally:
         fa4.ops._plans.clear()
+    assert seen == {True: True, False: False}
+    for i, grads in enumerate(runs):
+        for name, a, b in zip(("dq", "dk", "dv"), base, grads):
+            assert torch.equal(a, b), f"{name} of call {i} with pdl differs from the call without"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("mask", ["none", "causal"])
+def test_bwd_sm90_pdl_first_store_claims(d, mask, monkeypatch, hang_watchdog):
+    """The first-store claims without determinism (an option, ``DQ_FIRST_STORE[False]``: the slot
+    counters and a dq_accum the preprocess does not zero) with the launches on: the writer's claims
+    read counters the preprocess zeroes, so a claim before the wait would misread them. Against the
+    float32 reference, 16 heads of s 2048 (the claims contend)."""
+    from fa4.bwd import sm90
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the sm90 kernels need compute capability 9.x")
+    hang_watchdog()
+    monkeypatch.setitem(sm90.DQ_FIRST_STORE, False, True)
+    seen = {}
+    _pdl_mode(monkeypatch, True, seen)
+    try:
+        q, k, v = random_qkv(2, 2048, 2048, 16, 16, d, torch.bfloat16, "cuda", requires_grad=True, seed=d + 3)
+        kw = dict(causal=mask == "causal", window_size=(None, None))
+        out, _ = fa4.flash_attn_func(q, k, v, kernel_options=fa4.KernelOptions(arch="sm90"), **kw)
+        g = torch.randn_like(out)
+        grads = torch.autograd.grad(out, (q, k, v), g)
+    finally:
+        fa4.ops._plans.clear()
     assert seen.get(True) is True
-    for i, grads in enumerate(runs[1:], 1):
-        for name, a, b in zip(("dq", "dk", "dv"), runs[0], grads):
-            assert torch.equal(a, b), f"{name} of call {i} differs from the first call's"
+    ref, pt = _reference_dense((q, k, v), dict(kw, softcap=0.0), g, None)
+    _check_grads(("dq", "dk", "dv"), grads, ref, pt, (q, k, v), g)

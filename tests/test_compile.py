@@ -291,25 +291,27 @@ def test_compiler_switches_reach_the_pipeline_and_keep_the_sass(monkeypatch):
 
 @pytest.mark.slow
 def test_bwd_pdl_instructions():
-    """Note [Programmatic dependent launch] in fa4/bwd/sm90.py: with ``pdl`` the sm90 backward's main
-    kernel lets its dependent launch (``griddepcontrol.launch_dependents``, SASS ``PREEXIT``) and waits
-    for the preprocess in its three roles (``griddepcontrol.wait``, ``ACQBULK``: the loads, the dQ
-    writer, the consumers); its postprocess waits once; the preprocess lets the main kernel launch.
-    Without ``pdl`` none of them holds either instruction."""
+    """Note [Programmatic dependent launch] in fa4/bwd/sm90.py: with ``pdl`` every sm90 backward main
+    kernel variant lets its dependent launch once (``griddepcontrol.launch_dependents``, SASS
+    ``PREEXIT``) and waits for the preprocess in each role that runs (``griddepcontrol.wait``,
+    ``ACQBULK``: the loads and the consumers, and the dQ writer or sequencing warp where there is one);
+    its postprocess waits once; the preprocess lets the main kernel launch. Without ``pdl`` none of
+    them holds either instruction."""
     from fa4.bwd import postprocess, preprocess
 
-    main = next(c for c in arch.all_variants("sm_90a") if type(c).__name__ == "BwdSm90Config" and c.pdl
-                and not c.dq_direct and not c.dq_pass and not c.deterministic and not c.two_cta)
+    mains = [c for c in arch.all_variants("sm_90a") if type(c).__name__ == "BwdSm90Config" and c.pdl]
+    assert len(mains) >= 6
     pre = next(c for c in preprocess.variants("sm_90a") if c.pdl)
 
     def count(cfg):
-        ops = [line.split()[1] if line.split()[1][0] != "@" else line.split()[2]
-               for line in sass.disassemble(cfg).splitlines() if line.strip().startswith("/*") and len(line.split()) > 2]
-        return ops.count("PREEXIT"), ops.count("ACQBULK")
+        ops = sass.opcode_counts(sass.disassemble(cfg))
+        return sass.count(ops, "PREEXIT"), sass.count(ops, "ACQBULK")
 
-    assert count(main) == (1, 3)
-    assert count(postprocess.config_for(main)) == (0, 1)
-    assert count(pre) == (1, 0)
-    for cfg in (main, postprocess.config_for(main), pre):
-        off = dataclasses.replace(cfg, pdl=False)
-        assert count(off) == (0, 0), type(cfg).__name__
+    for main in mains:
+        warp1 = not main.dq_pass and (not main.dq_direct or main.deterministic)  # a writer / sequencing warp
+        assert count(main) == (1, 2 + warp1), main.key()
+        assert count(dataclasses.replace(main, pdl=False)) == (0, 0), main.key()
+        if not main.dq_pass:
+            post = postprocess.config_for(main)
+            assert count(post) == (0, 1) and count(dataclasses.replace(post, pdl=False)) == (0, 0)
+    assert count(pre) == (1, 0) and count(dataclasses.replace(pre, pdl=False)) == (0, 0)

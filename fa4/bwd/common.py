@@ -603,7 +603,7 @@ def run_backward(cfg, problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_se
         out, dout, lse, lse_log2, dpsum, dq_accum, dlse=dlse, cu_seqlens_q=cu_seqlens_q,
         max_seqlen_q=problem.seqlen_q if varlen_q else None, semaphore=sem, dq_tile_m=cfg.tile_m,
         dq_head_dim=q.shape[-1], arch=cfg.arch, zero_dq=not post_cfg.counted and not dq_pass,
-        pdl=bool(getattr(cfg, "pdl", False)) and max_seqlen_k > 0)
+        pdl=bool(getattr(cfg, "pdl", False)))
     # Note [Split GQA group] in fa4/bwd/sm90.py: float32 partials of heads_k * split virtual kv heads.
     split = getattr(cfg, "kv_split", 1)
     if q.shape[2] % (k.shape[2] * split):

@@ -52,7 +52,8 @@ class BwdPostprocessConfig(KernelConfig):
     of them (the sm90 two-CTA backward adds half tiles: Note [Two-CTA dQ] in fa4/bwd/sm90.py); it
     places a varlen sequence's first tile. ``counted``: the slot counters tell which tiles hold
     data (module docstring). ``pdl`` (after an sm90 main kernel with ``pdl``): launched as a
-    programmatic dependent of it, and waits for it before reading anything (Note [Programmatic
+    programmatic dependent of whatever kernel precedes it (the main kernel, or torch's sums and copies
+    of a split GQA group), and waits for that kernel before reading anything (Note [Programmatic
     dependent launch] in fa4/bwd/sm90.py)."""
 
     head_dim: int = 128

@@ -399,7 +399,8 @@ def run_preprocess(
     ``semaphore`` int32, any shape, contiguous, zeroed. ``arch``: code-generation target, default
     the device's. ``zero_dq``: zero ``dq_accum`` (off: the main kernel stores each slot's first
     tile, and ``semaphore`` counts them; or there is no accumulator: the dQ pass's 16-row stand-in).
-    ``pdl``: the main kernel that follows is a programmatic dependent launch (``cfg.pdl``).
+    ``pdl``: the main kernel that follows is a programmatic dependent launch (``cfg.pdl``); the
+    preprocess itself is never one (Note [Programmatic dependent launch] in fa4/bwd/sm90.py).
     """
     import torch
 

@@ -93,20 +93,29 @@ Note [Direct dQ]
     slot (Note [Ordered direct dQ]).
 
 Note [Programmatic dependent launch]
-    A backward call is three kernels in a row: the preprocess, this kernel, the postprocess. With
-    ``pdl`` this kernel and the postprocess are launched as programmatic dependents (Hopper's
-    ``griddepcontrol``): each may start on the SMs its predecessor frees before that grid has
-    finished. The predecessor lets it, from each CTA's start (``launch_dependents``: the preprocess,
-    and this kernel for the postprocess); the dependent then waits (``griddepcontrol.wait``: the
-    predecessor complete and its writes visible) before it touches anything the predecessor writes.
-    Here that is lse_log2, dpsum, dq_accum and the slot counters: warp 0 issues K and V first and
-    waits before the first step's Q / lse_log2 load; the writer (or sequencing) warp and the
-    consumers wait before their first instruction. Q, K, V and dO come from kernels before the
-    preprocess, which started only once those had finished, so reading them early is safe; the
-    postprocess waits before it reads anything. What it saves: the launch gaps, and this kernel's
-    barrier set-up, descriptor prefetch and K / V loads under the preprocess's last CTAs (a few
-    microseconds a call, most of it at short sequences, where the two small kernels are 10-25% of
-    the call: RESULTS v0.18). flash-attn-4 launches its sm90 backward this way.
+    A backward call is the preprocess, this kernel, then the postprocess (or the dQ pass; torch's
+    sums and copies of a split GQA group come between). With ``pdl`` this kernel and the
+    postprocess are launched as programmatic dependents (Hopper's ``griddepcontrol``): each may
+    start on the SMs its predecessor frees before that grid has finished, once every CTA of the
+    predecessor has let it (``launch_dependents``: the preprocess at each CTA's start, this kernel
+    once its barriers are set up) or exited; a kernel that never lets it (torch's, the dQ pass) is
+    waited for as usual. The dependent waits (``griddepcontrol.wait``: the predecessor complete and
+    its writes visible) before it touches anything the predecessor writes: here lse_log2, dpsum,
+    dq_accum and the slot counters. Warp 0 issues K and V first and waits before the first step's
+    Q / lse_log2 load; the writer (or sequencing) warp and the consumers wait before their first
+    instruction; the postprocess waits before it reads anything. Two rules keep this safe:
+    * The preprocess stays a plain launch. It then starts only after every earlier kernel has
+      finished, so the K / V (and cu_seqlens, block table) reads before the wait see their final
+      values.
+    * Nothing is written to global memory before the wait. torch's caching allocator hands out
+      memory freed on the stream as if the stream's kernels ran one after the other: a block the
+      still-running preprocess reads (``_compact(lse)``'s temporary, freed when run_preprocess
+      returns) may already back an output of this kernel (a split group's dK / dV partials).
+    What it saves: the launch gaps, and this kernel's barrier set-up, descriptor prefetch and K / V
+    loads under the preprocess's last CTAs (a few microseconds a call, most of it at short
+    sequences, where the two small kernels are 10-25% of the call: RESULTS v0.18). flash-attn-4
+    (4.0.0b36) launches its sm90 main kernel as a programmatic dependent of its preprocess (which is
+    one too), its loader waiting before the row statistics.
 
 Note [Ordered direct dQ]
     With ``dq_direct`` and ``deterministic`` the consumers still add from registers, and warp 1
