@@ -668,6 +668,14 @@ def _publish_modes(run, monkeypatch, modes):
     return got, defaults
 
 
+def _assert_runs_equal(base, got: dict, what: str) -> None:
+    """Every run's (dq, dk, dv) in ``got`` (``{mode: [grads per run]}``) bit-equal to ``base``."""
+    for on, runs in got.items():
+        for grads in runs:
+            for name, a, b in zip(("dq", "dk", "dv"), base, grads):
+                assert torch.equal(a, b), f"{name} differs ({what} {on})"
+
+
 def _first_store_runs(run, monkeypatch, runs: int, det: bool):
     """``run()`` with the sm90 backward's first store on and off (Note [First store] in
     fa4/bwd/sm90.py, ``DQ_FIRST_STORE[det]``), ``runs`` times each: ``{first_store: [grads per
@@ -711,10 +719,7 @@ def test_bwd_sm90_first_store_same_bits(d, mask, layout, monkeypatch, hang_watch
     run, qkv, g, kw = _deterministic_run(layout, d, mask, opts, (1024, 2048), (900, 1300), seed=d + 41)
     got = _first_store_runs(run, monkeypatch, 2, det=True)
     base = got[True][0]
-    for on, runs in got.items():
-        for grads in runs:
-            for name, a, b in zip(("dq", "dk", "dv"), base, grads):
-                assert torch.equal(a, b), f"{name} differs (first store {on})"
+    _assert_runs_equal(base, got, "first store")
     if layout == "dense":
         ref, pt = _reference_dense(qkv, dict(kw, softcap=0.0), g, None)
         _check_grads(("dq", "dk", "dv"), base, ref, pt, qkv, g)
@@ -1715,11 +1720,7 @@ def test_bwd_sm90_pdl_same_bits(d, mask, layout, monkeypatch, hang_watchdog, ord
     finally:
         fa4.ops._plans.clear()
     assert seen == {True: True, False: False}, f"pdl not taken as asked: {seen}"
-    base = got[False][0]
-    for on, runs in got.items():
-        for grads in runs:
-            for name, a, b in zip(("dq", "dk", "dv"), base, grads):
-                assert torch.equal(a, b), f"{name} differs (pdl {on})"
+    _assert_runs_equal(got[False][0], got, "pdl")
     if layout == "dense":
         ref, pt = _reference_dense(qkv, dict(kw, softcap=0.0), g, None)
         _check_grads(("dq", "dk", "dv"), got[True][0], ref, pt, qkv, g)

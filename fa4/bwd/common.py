@@ -598,7 +598,6 @@ def run_backward(cfg, problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_se
     sem = torch.empty(shapes["semaphore"], dtype=torch.int32, device=dev) if "semaphore" in shapes else None
     post_cfg = postprocess.config_for(cfg)  # ``counted``: the main kernel stores first (Note [First store])
     varlen_q = cu_seqlens_q is not None
-    max_seqlen_k = problem.seqlen_k if cu_seqlens_k is not None else k.shape[1]
     preprocess.run_preprocess(
         out, dout, lse, lse_log2, dpsum, dq_accum, dlse=dlse, cu_seqlens_q=cu_seqlens_q,
         max_seqlen_q=problem.seqlen_q if varlen_q else None, semaphore=sem, dq_tile_m=cfg.tile_m,
@@ -615,6 +614,7 @@ def run_backward(cfg, problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_se
     else:
         dk_k, dv_k = kernel_ready(dk), kernel_ready(dv)
     heads_k = k.shape[2] * split
+    max_seqlen_k = problem.seqlen_k if cu_seqlens_k is not None else k.shape[1]
     num_batch = cu_seqlens_k.shape[0] - 1 if cu_seqlens_k is not None else k.shape[0]
     launch_grid(cfg, num_batch, heads_k, max_seqlen_k, k.shape[1] if getattr(cfg, "compact_grid", False) else None)
     if max_seqlen_k > 0:
