@@ -55,6 +55,18 @@ group in warp order; ``warps_per_row`` is a function of the shapes and the GPU's
 different ``warps_per_row`` may change the last bits). Two runs of one call are bit-identical,
 and so are two calls that differ only in the strides of their tensors.
 
+Note [Combine launched early]
+    With ``pdl`` (the split-KV forward's ``FwdSm90Config.pdl``) the combine is launched as a
+    programmatic dependent of the forward: its CTAs may be placed on the SMs the forward's last CTAs
+    leave free once every forward CTA has run ``griddepcontrol.launch_dependents`` (the forward does
+    at its start) or exited, and each waits (``griddepcontrol.wait``: the forward complete, its
+    partials visible) before its first load. Nothing before the wait reads or writes global memory,
+    so the rules of Note [Programmatic dependent launch] in fa4/bwd/sm90.py hold: the forward itself
+    stays a plain launch, and memory torch's allocator reuses on the stream is untouched until the
+    kernels before have finished. What it saves: the launch gap between the two kernels of a split
+    call (a few microseconds; decode calls take 10-40 us). flash-attn-4 waits the same way in its
+    combine.
+
 Limits: ``1 <= num_splits <= 256`` (``CombineConfig.max_splits``: shared memory holds one weight
 per split), head dim a multiple of 8 up to 256.
 
@@ -94,7 +106,8 @@ class CombineConfig(KernelConfig):
     per row (0: the default for the head dim, :func:`default_threads_per_row`). ``max_splits``:
     shared-memory slots per row. ``unroll``: splits per step of the weighted sum. ``has_sink``: a
     learnable sink logit per head joins every row's sum (the split-KV forward with
-    ``learnable_sink``; Note [Attention sinks in the softmax] in fa4/softmax.py).
+    ``learnable_sink``; Note [Attention sinks in the softmax] in fa4/softmax.py). ``pdl`` (sm_90a and
+    up): launched as a programmatic dependent of the kernel before it (Note [Combine launched early]).
     """
 
     head_dim: int = 128
@@ -106,6 +119,7 @@ class CombineConfig(KernelConfig):
     max_splits: int = MAX_SPLITS
     unroll: int = 8
     has_sink: bool = False
+    pdl: bool = False
 
     KERNEL: ClassVar[str] = "fa4.combine:FlashCombine"
     # The partials are read by 128-bit loads (tests/test_compile.py disassembles every variant).
@@ -146,16 +160,19 @@ def check_config(cfg: CombineConfig) -> None:
                          f"got {cfg.max_splits}")
     if not 1 <= cfg.unroll <= 16:
         raise ValueError(f"{name}.unroll must be in [1, 16], got {cfg.unroll}")
+    if cfg.pdl and cfg.arch == "sm_80":
+        raise ValueError(f"{name}.pdl (a programmatic dependent launch, griddepcontrol) needs sm_90a or later, "
+                         f"got arch {cfg.arch!r}")
 
 
 @functools.lru_cache(maxsize=256)  # once per call signature: it is on every call's host path
 def make_config(dtype: str, head_dim: int, arch: str, *, varlen: bool = False, has_seqused: bool = False,
-                has_lse: bool = True, has_sink: bool = False) -> CombineConfig:
+                has_lse: bool = True, has_sink: bool = False, pdl: bool = False) -> CombineConfig:
     d = head_dim_bucket(head_dim)
     t = default_threads_per_row(d)
     _, vecs = lanes_and_vectors(d, t)
     return CombineConfig(arch=arch, dtype=dtype, head_dim=d, varlen=varlen, has_seqused=has_seqused,
-                         has_lse=has_lse, threads_per_row=t, unroll=8 // vecs, has_sink=has_sink)
+                         has_lse=has_lse, threads_per_row=t, unroll=8 // vecs, has_sink=has_sink, pdl=pdl)
 
 
 def variants(arch: str) -> list[CombineConfig]:
@@ -170,6 +187,9 @@ def variants(arch: str) -> list[CombineConfig]:
             make_config("bf16", 128, arch, varlen=True, has_seqused=True),
             make_config("fp32", 64, arch, has_lse=False), make_config("bf16", 256, arch, varlen=True, has_lse=False),
             make_config("bf16", 128, arch, has_sink=True), make_config("bf16", 64, arch, varlen=True, has_sink=True)]
+    if arch != "sm_80":  # the split-KV forward's dependent launch (Note [Combine launched early])
+        out += [make_config("bf16", 128, arch, pdl=True), make_config("bf16", 128, arch, varlen=True, has_seqused=True,
+                                                                      pdl=True)]
     return list(dict.fromkeys(out))
 
 
@@ -217,7 +237,7 @@ _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "f
 
 
 def combine_into(out_partial, lse_partial, out, lse, cu_seqlens=None, seqused=None, *, arch: Optional[str] = None,
-                 wpr: Optional[int] = None, sink=None) -> None:
+                 wpr: Optional[int] = None, sink=None, pdl: bool = False) -> None:
     """Launch the combine on tensors already checked (no validation; layouts in the module docstring).
 
     ``out_partial`` float32 ``(S, b, s, h, d)`` or packed ``(S, total_q, h, d)``; ``lse_partial``
@@ -228,7 +248,8 @@ def combine_into(out_partial, lse_partial, out, lse, cu_seqlens=None, seqused=No
     with an index >= 2**31 are not supported; ``1 <= S <= 256``. ``arch``: code-generation target
     (default the device's); ``wpr``: force :func:`warps_per_row` (tests, tuning; a power of two
     up to the CTA's warp count). ``sink``: float32 ``(h,)`` learnable sink logits, one more term
-    of every row's sum (``CombineConfig.has_sink``).
+    of every row's sum (``CombineConfig.has_sink``). ``pdl``: launched as a programmatic dependent
+    of the kernel before it on the stream (Note [Combine launched early]).
     """
     from fa4.jit import get_kernel
 
@@ -245,7 +266,8 @@ def combine_into(out_partial, lse_partial, out, lse, cu_seqlens=None, seqused=No
     if arch is None:
         arch = _arch.target_arch(_arch.device_capability(dev))
     cfg = make_config(_DTYPE_NAMES[out.dtype], d, arch, varlen=cu_seqlens is not None,
-                      has_seqused=seqused is not None, has_lse=lse is not None, has_sink=sink is not None)
+                      has_seqused=seqused is not None, has_lse=lse is not None, has_sink=sink is not None,
+                      pdl=pdl)
     if wpr is None:
         wpr = warps_per_row(cfg, rows, num_splits, _sm_count(dev))
     elif wpr & (wpr - 1) or not 1 <= wpr <= cfg.num_threads // 32:

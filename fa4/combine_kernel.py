@@ -109,7 +109,7 @@ class FlashCombine:
         self.kernel(mOp, mLSEp, mO, mLSE, mCuSeqlens, mSeqused, mSink, warps_per_row, total_rows,
                     SharedStorage).launch(
             grid=grid, block=[self.num_threads, 1, 1], smem=SharedStorage.size_in_bytes(), stream=stream,
-            min_blocks_per_mp=1,
+            min_blocks_per_mp=1, use_pdl=self.cfg.pdl,
         )
 
     @cute.kernel
@@ -128,6 +128,8 @@ class FlashCombine:
     ):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
+        if const_expr(self.cfg.pdl):
+            cute.arch.griddepcontrol_wait()  # the forward's partials complete (Note [Combine launched early])
         warp = cute.arch.make_warp_uniform(tidx // 32)
         lane = tidx % 32
         group = warp // warps_per_row

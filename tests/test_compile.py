@@ -315,3 +315,27 @@ def test_bwd_pdl_instructions():
             post = postprocess.config_for(main)
             assert count(post) == (0, 1) and count(dataclasses.replace(post, pdl=False)) == (0, 0)
     assert count(pre) == (1, 0) and count(dataclasses.replace(pre, pdl=False)) == (0, 0)
+
+
+def test_split_kv_pdl_instructions():
+    """Note [Combine launched early] in fa4/combine.py: a split-KV sm90 forward variant with ``pdl``
+    lets the combine launch once (``PREEXIT``) and waits for nothing (``ACQBULK``: none); the combine
+    with ``pdl`` waits once and lets nothing launch. Without ``pdl`` neither kernel holds either."""
+    from fa4 import combine
+
+    fwds = [c for c in arch.all_variants("sm_90a") if type(c).__name__ == "FwdSm90Config" and c.pdl]
+    combines = [c for c in combine.variants("sm_90a") if c.pdl]
+    assert len(fwds) >= 2 and len(combines) >= 2
+    assert not [c for c in combine.variants("sm_80") if c.pdl]
+
+    def count(cfg):
+        ops = sass.opcode_counts(sass.disassemble(cfg))
+        return sass.count(ops, "PREEXIT"), sass.count(ops, "ACQBULK")
+
+    for cfg in fwds:
+        assert cfg.split_kv, cfg.key()
+        assert count(cfg) == (1, 0), cfg.key()
+        assert count(dataclasses.replace(cfg, pdl=False)) == (0, 0), cfg.key()
+    for cfg in combines:
+        assert count(cfg) == (0, 1), cfg.key()
+        assert count(dataclasses.replace(cfg, pdl=False)) == (0, 0), cfg.key()

@@ -197,3 +197,61 @@ def test_decode_tile_accuracy(d, shape):
         # 1.1x plus 1% of a quarter ulp, which the rounding does not hide.
         assert errs["decode"][0] <= 1.1 * errs[other][0] + 0.25 * ulp, errs
         assert errs["decode"][1] <= 1.1 * errs[other][1] + 0.0025 * ulp, errs
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["decode", "split_causal", "varlen_seqused", "paged", "sink"])
+def test_split_pdl_same_bits(case, monkeypatch):
+    """Note [Combine launched early] in fa4/combine.py (``sm90.SPLIT_PDL``, an option): the split-KV
+    forward with the combine launched as a programmatic dependent gives the same bits as with two
+    plain launches, over repeated back-to-back calls (the combine must wait for every partial), and
+    passes the float32 reference check."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the sm90 forward runs on compute capability 9.x only")
+    from fa4.bench import paged_cache
+    from fa4.fwd import sm90
+
+    opts = FAMILIES["sm90"]
+    if case == "varlen_seqused":
+        vb = random_varlen(5, 1, 16, 4, 128, torch.bfloat16, "cuda", max_seqlen_k=3000, with_seqused_k=True,
+                           seed=5)
+        args = (vb.q, vb.k, vb.v)
+        kw = dict(cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k, max_seqlen_q=vb.max_seqlen_q,
+                  max_seqlen_k=vb.max_seqlen_k, seqused_k=vb.seqused_k, num_splits=5)
+        ref_kw = dict(cu_seqlens_q=vb.cu_seqlens_q, cu_seqlens_k=vb.cu_seqlens_k, seqused_k=vb.seqused_k)
+        fn, ref_args = fa4.flash_attn_varlen_func, args
+    else:
+        b, sq, sk = {"decode": (2, 1, 20000), "split_causal": (2, 113, 3000)}.get(case, (3, 1, 5000))
+        q, k, v = random_qkv(b, sq, sk, 32, 8, 128, torch.bfloat16, "cuda", seed=b + sk)
+        args, fn, ref_kw = (q, k, v), fa4.flash_attn_func, {}
+        ref_args = args
+        kw = dict(num_splits=0 if case == "decode" else 6, causal=case == "split_causal")
+        ref_kw["causal"] = kw["causal"]
+        if case == "paged":
+            kc, vc, table, used = paged_cache(k, v, 16)
+            args, fn = (q, kc, vc), fa4.flash_attn_varlen_func
+            kw = dict(page_table=table, seqused_k=used, num_splits=4)
+        if case == "sink":
+            kw["learnable_sink"] = torch.randn(32, device="cuda", dtype=torch.float32)
+    make, seen, got = sm90.make_config, {}, {}
+    try:
+        for on in (False, True):
+            monkeypatch.setattr(sm90, "SPLIT_PDL", on)
+
+            def spy(*a, on=on, **k):
+                cfg = make(*a, **k)
+                seen.setdefault(on, set()).add((cfg.split_kv, cfg.pdl))
+                return cfg
+            monkeypatch.setattr(sm90, "make_config", spy)
+            fa4.ops._plans.clear()
+            got[on] = [fn(*args, return_lse=True, kernel_options=opts, **kw) for _ in range(4)]
+            torch.cuda.synchronize()
+    finally:
+        fa4.ops._plans.clear()
+    assert seen == {False: {(True, False)}, True: {(True, True)}}, seen
+    base_out, base_lse = got[False][0]
+    for on, runs in got.items():
+        for out, lse in runs:
+            assert torch.equal(out, base_out) and torch.equal(lse, base_lse), f"pdl={on} differs"
+    if case != "sink":  # (the paged cache holds the dense K / V; sinks are checked by test_sinks)
+        check(base_out, base_lse, *ref_args, **ref_kw)

@@ -1,6 +1,7 @@
 """Decode sweep (issue 9): fa4's forward on the decode shapes, contiguous and paged (16-row pages,
 shuffled), over K/V stages and split counts; median of triton's do_bench, microseconds and K + V
-TB/s.  ``python3 tools/decode_sweep.py [--order | --grid]``: with ``--grid``, the decode tile's K
+TB/s.  ``python3 tools/decode_sweep.py [--order | --grid | --pdl]``: with ``--pdl``, the split calls'
+combine launched early and not (``pdl_check``); with ``--grid``, the decode tile's K
 rows, stages and grid (``grid_check``); with ``--order``, only the default config,
 paged with the pages shuffled and in order (does the page order, i.e. DRAM locality, cost the
 paged cache its last percent?). (v0.12 removed ``--pages-ahead``, the timing of a rejected option.)"""
@@ -74,6 +75,39 @@ def grid_check(rounds: int = 3):
                 print(f"r{rnd + 1} b{shape.batch} sk{shape.seqlen_k} {layout}: " + "; ".join(cells), flush=True)
 
 
+def pdl_check(rounds: int = 5):
+    """``--pdl``: the decode shapes, contiguous, paged (16-row pages) and with seqused_k, with the split
+    call's combine launched as a programmatic dependent of the forward (``sm90.SPLIT_PDL``, Note
+    [Combine launched early] in fa4/combine.py) and without, interleaved rounds (the order rotated per
+    round). Shapes whose default does not split print the same config twice."""
+    from fa4.fwd import sm90
+
+    data = {}
+    for shape in DECODE_SHAPES:
+        q, k, v = random_qkv(shape.batch, 1, shape.seqlen_k, shape.heads, shape.hk, shape.hdim, torch.bfloat16,
+                             "cuda", seed=0)
+        kc, vc, table, used = paged_cache(k, v, PAGE_SIZE)
+        data[shape] = {"contig": lambda q=q, k=k, v=v: fa4.flash_attn_func(q, k, v),
+                       "paged16": lambda q=q, kc=kc, vc=vc, t=table, u=used: fa4.flash_attn_varlen_func(
+                           q, kc, vc, page_table=t, seqused_k=u)}
+    modes = [False, True]
+    for rnd in range(rounds):
+        for shape, calls in data.items():
+            for layout, call in calls.items():
+                cells = []
+                for on in modes[rnd % 2:] + modes[:rnd % 2]:
+                    sm90.SPLIT_PDL = on
+                    fa4.ops._plans.clear()
+                    ms = triton.testing.do_bench(call, warmup=25, rep=300)
+                    cells.append(f"pdl={on}: {ms * 1e3:6.2f} us")
+                sm90.SPLIT_PDL = False
+                fa4.ops._plans.clear()
+                print(f"r{rnd + 1} b{shape.batch} sk{shape.seqlen_k} {layout}: " + "; ".join(cells), flush=True)
+
+
+if "--pdl" in sys.argv:
+    pdl_check()
+    sys.exit(0)
 if "--order" in sys.argv:
     order_check()
     sys.exit(0)

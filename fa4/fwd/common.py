@@ -372,10 +372,12 @@ def run_split(cfg, problem: AttnProblem, fn_args_launch, q, out, lse, splits: in
     o_part = _empty((splits, b, sq, h, dv), torch.float32, q.device)
     lse_part = _empty((splits, b, h, sq), torch.float32, q.device)
     fn_args_launch(o_part.view(splits * b, sq, h, dv), lse_part.view(splits * b, h, sq))
+    # (the combine's early launch pays where no kernel comes between the two)
+    pdl = bool(getattr(cfg, "pdl", False))  # Note [Combine launched early] in fa4/combine.py
     if cfg.varlen_q:  # packed rows: the combine's (splits, total_q, h, dv) form, bounded by cu_seqlens_q
         combine_into(o_part[:, 0], lse_part[:, 0].transpose(-1, -2), out[0],
                      lse[0].transpose(-1, -2) if lse is not None else None, cu_seqlens=cu_seqlens_q,
-                     seqused=seqused_q, sink=sink)
+                     seqused=seqused_q, sink=sink, pdl=pdl)
     else:
         combine_into(o_part, lse_part.transpose(-1, -2), out, lse.transpose(-1, -2) if lse is not None else None,
-                     seqused=seqused_q, sink=sink)
+                     seqused=seqused_q, sink=sink, pdl=pdl)

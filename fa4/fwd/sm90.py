@@ -212,7 +212,10 @@ class FwdSm90Config(AttnFwdConfig):
     apart from sQ, no ping-pong turns at a tile's edges): the next tile's first ``Q K^T`` is issued
     behind this tile's last ``P V``, and this tile's epilogue runs under it (Note [Tiles
     overlapped]). ``wg_store_o`` (O by TMA, not packed, sO apart from sQ): each consumer warpgroup
-    stages and stores its own 64 rows of O, with its own barrier (Note [Warpgroup stores])."""
+    stages and stores its own 64 rows of O, with its own barrier (Note [Warpgroup stores]).
+    ``pdl`` (``split_kv``): each CTA lets the combine launch once its barriers are set up, and the
+    combine is launched as a programmatic dependent (Note [Combine launched early] in
+    fa4/combine.py; the default where :data:`SPLIT_PDL`)."""
 
     head_dim: int = 128
     head_dim_v: int = 128
@@ -239,6 +242,7 @@ class FwdSm90Config(AttnFwdConfig):
     kv_mcast: bool = False
     overlap_tiles: bool = False
     wg_store_o: bool = False
+    pdl: bool = False
 
     KERNEL = "fa4.fwd.sm90:FlashFwdSm90"
     REQUIRED_SASS = ("HGMMA", "UTMALDG")  # checked in the SASS of every compile variant (tests/test_compile.py)
@@ -434,6 +438,9 @@ class FlashFwdSm90:
         check_block_skip(cfg, "FwdSm90Config", pack_gqa=cfg.qhead_per_kvhead != 1)
         if cfg.split_kv and not cfg.has_lse:
             raise ValueError("FwdSm90Config.split_kv needs has_lse (the combine reads every split's LSE)")
+        if cfg.pdl and not cfg.split_kv:
+            raise ValueError("FwdSm90Config.pdl (Note [Combine launched early]) serves split_kv calls: without "
+                             "splits no combine follows the forward")
         if cfg.kv_mcast:
             on = cfg.kv_mcast_blockers() + (["compact_grid"] if cfg.compact_grid else [])
             if on:
@@ -671,6 +678,8 @@ class FlashFwdSm90:
             cute.arch.cluster_wait()
         else:
             cute.arch.sync_threads()
+        if const_expr(self.cfg.pdl):  # the combine may launch (Note [Combine launched early] in fa4/combine.py)
+            cute.arch.griddepcontrol_launch_dependents()
 
         if const_expr(self.pair_claims):
             sched = ClusterPairDynamicScheduler(num_m_blocks, sched_heads, num_batch, section, reverse=self.cfg.lpt,
@@ -1543,6 +1552,9 @@ L2_SECTION_MB_STATIC = 0  # one pair per section
 L2_SECTION_MB_DYNAMIC = 16
 DECODE_TILE_N = 64
 DECODE_GRID = True  # tools/decode_sweep.py --grid turns it off to time the prefill tiles' grid
+# Session 55 (written, not yet run): split-KV calls let their combine launch early (Note [Combine
+# launched early] in fa4/combine.py); off until its GPU tests and the decode rows with it have run.
+SPLIT_PDL = False
 # v0.38: a varlen call without max_seqlen_q (fa4 holds the packed token count: sched.tile.shape_bound)
 # takes the compact varlen grid, one CTA per tile, whose size does not depend on it, with its tile,
 # packing and split count judged on the average lengths (loose_plan). Measured (v0.38, H100,
@@ -1791,6 +1803,7 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         sum_rounded=tau > 0.0 and SUM_ROUNDED_WITH_THRESHOLD,
         qhead_per_kvhead=g,
         split_kv=splits > 1,
+        pdl=splits > 1 and SPLIT_PDL,
         page_rows=page_rows(problem.page_size, tile_n),
         block_skip=skip,
         one_step_loop=one_step,
@@ -1930,6 +1943,10 @@ def variants(arch: str) -> list[FwdSm90Config]:
         # v0.28's decode tiles: 64-row K blocks, one CTA per tile; split, and varlen.
         cfg(128, tile_m=64, tile_n=64, pingpong=False, persistent=False, qhead_per_kvhead=4),
         cfg(128, tile_m=64, tile_n=64, pingpong=False, persistent=False, qhead_per_kvhead=4, split_kv=True),
+        # (with the combine launched early: Note [Combine launched early]; paged with seqused_k too)
+        cfg(128, tile_m=64, tile_n=64, pingpong=False, persistent=False, qhead_per_kvhead=4, split_kv=True, pdl=True),
+        cfg(128, tile_m=64, pingpong=False, persistent=False, qhead_per_kvhead=4, page_rows=16, has_seqused_k=True,
+            split_kv=True, pdl=True),
         cfg(128, tile_m=64, tile_n=64, pingpong=False, persistent=False, qhead_per_kvhead=4, varlen_q=True,
             varlen_k=True),
         # v0.29: paged decode (and seqused_k) one CTA per tile, with the table's K blocks.
