@@ -1668,6 +1668,7 @@ def _pdl_mode(monkeypatch, on: bool, seen: dict):
     make = sm90.__dict__.get("_make_unpatched", sm90.make_config)
     monkeypatch.setattr(sm90, "_make_unpatched", make, raising=False)
     monkeypatch.setattr(sm90, "PDL", on)
+    monkeypatch.setattr(sm90, "PDL_MAX_SEQLEN_K", 1 << 30)  # (every length, whatever the default's bound)
 
     def spy(*a, **k):
         cfg = make(*a, **k)

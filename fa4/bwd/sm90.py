@@ -2001,9 +2001,17 @@ v0.28, TFLOP/s, default -> compact) varlen d64 causal 385.9 -> 391.5 and 383.2 -
 causal 466.9 -> 466.2 and 448.2 -> 460.1, GQA causal 439.4 -> 447.4 and 437.3 -> 434.6, d128
 533.5 -> 542.2 and 484.3 -> 531.9: +1.7% median, under the timings' resolution (about 4%)."""
 
-PDL = False
+PDL = True
+PDL_MAX_SEQLEN_K = 2048
 """Whether the main kernel and the postprocess are programmatic dependent launches (Note
-[Programmatic dependent launch]). Off until timed on a GPU (written in session 54)."""
+[Programmatic dependent launch]): where ``PDL`` and the keys number at most ``PDL_MAX_SEQLEN_K``
+(``max_seqlen_k`` for varlen calls). v0.56, H100, five interleaved rounds (sweep_bwd, TFLOP/s, off
+-> on, per-round changes): d128 s1k +0.7 / +2.0 / -0.2 / -0.6 / +4.3%, causal +0.7 / +0.6 / +0.9 /
++0.8 / +0.8%; d64 s8k +0.9 / +0.4 / +0.2% (two rounds with a default outlier 10-20% low); d128 s8k
+-1.6 / -0.9 / -5.6 / +0.6 / -4.8%; d128 s16k causal (three rounds) -0.9 / +2.0 / +3.0%. The gain
+at short sequences is the launch gaps (the small kernels' share of the call is largest there); at
+d128 s8k it lost in four rounds of five, with no cause found (the main kernel's CTAs placed beside
+the preprocess's last ones is one candidate), so longer calls keep plain launches."""
 
 
 BLOCK_SPARSE_DET_DQ_PASS = True
@@ -2142,7 +2150,7 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         # the main kernel is not deterministic and narrows too.)
         block_skip=block_skip,
         score_mod_bwd=problem.score_mod_bwd,
-        pdl=PDL,
+        pdl=PDL and problem.seqlen_k <= PDL_MAX_SEQLEN_K,
         **BwdSm90Config.problem_flags(problem))
     # What a larger tile_m leaves no room for: the second dQ buffer. What the sdQ tile of a
     # deterministic run (no dq_direct) leaves no room for: P/dS stages, then Q/dO stages.
@@ -2286,6 +2294,7 @@ def variants(arch: str) -> list[BwdSm90Config]:
         (P(224, causal=True), True),
     ]
     out = [ordered_config(p, None, arch, det) for p, det in cases]
+    short = [replace(c, kv_split=1) for c in out]  # (1024 keys: with pdl, PDL_MAX_SEQLEN_K)
     # (head_dim, head_dim_v) pairs: DeepSeek's (192, 128) (P/dS through smem), deterministic and
     # varlen causal; (128, 64) and (64, 128) with P/dS in registers.
     V = lambda p, dv: replace(p, head_dim_v=dv)  # noqa: E731
@@ -2396,19 +2405,22 @@ def variants(arch: str) -> list[BwdSm90Config]:
     # cases above keep one CTA per kv head, as most problems do; the split (Note [Split GQA group])
     # gets its own: causal, varlen with seqused_k at d64's 128-row steps, and under the dQ pass.
     # (Pinned, not from kv_split_for: the compiled set must not depend on the machine's SM count.)
-    out = [replace(c, kv_split=1) for c in out]
-    out.append(replace(make_config(P(128, causal=True), None, arch), kv_split=4))
-    out.append(replace(make_config(P(64, varlen=True, seqused_k=True), None, arch), kv_split=4))
-    out.append(replace(make_config(P(256, causal=True), None, arch, True), kv_split=4))  # the dQ pass (forced)
+    # Every case above is compiled with plain launches (the defaults past PDL_MAX_SEQLEN_K keys).
+    out = [replace(c, kv_split=1, pdl=False) for c in out]
+    out.append(replace(make_config(P(128, causal=True), None, arch), kv_split=4, pdl=False))
+    out.append(replace(make_config(P(64, varlen=True, seqused_k=True), None, arch), kv_split=4, pdl=False))
+    out.append(replace(make_config(P(256, causal=True), None, arch, True), kv_split=4, pdl=False))  # the dQ pass (forced)
     # The compact varlen grid (Note [Compact varlen grid] in fa4/sched/tile.py): d64 causal (128-row
     # steps), d128 without a mask with seqused_k and a split group, d256 causal under the dQ pass.
-    out.append(replace(make_config(P(64, causal=True, varlen=True), None, arch), kv_split=1, compact_grid=True))
-    out.append(replace(make_config(P(128, varlen=True, seqused_k=True), None, arch), kv_split=2, compact_grid=True))
-    out.append(replace(make_config(P(256, causal=True, varlen=True), None, arch), kv_split=1, compact_grid=True))
-    # Programmatic dependent launch (Note [Programmatic dependent launch]): the writer warp (d128, and
-    # deterministic causal), the direct adds (d256) and their ordering warp, two CTAs, the dQ pass.
-    out += [replace(c, pdl=True, kv_split=1)
-            for c in (out[1], out[2], out[6], ordered_config(P(256, causal=True), None, arch, True))]
+    out.append(replace(make_config(P(64, causal=True, varlen=True), None, arch), kv_split=1, compact_grid=True,
+                       pdl=False))
+    out.append(replace(make_config(P(128, varlen=True, seqused_k=True), None, arch), kv_split=2, compact_grid=True,
+                       pdl=False))
+    out.append(replace(make_config(P(256, causal=True, varlen=True), None, arch), kv_split=1, compact_grid=True,
+                       pdl=False))
+    # Programmatic dependent launch (Note [Programmatic dependent launch]): the defaults of the cases
+    # above at 1024 keys (the writer warp, deterministic causal, the direct adds and their ordering
+    # warp, the dQ pass), two CTAs.
+    out += short
     out.append(replace(ordered_config(P(128), two, arch), kv_split=1, pdl=True))
-    out.append(replace(make_config(P(256), None, arch), kv_split=1, pdl=True))
-    return out
+    return list(dict.fromkeys(out))

@@ -1574,14 +1574,14 @@ COMPACT_LOOSE_BOUND = False
 # local 4.87 -> 2.52 s). The other buckets keep the separate loops, which are faster there: d64
 # -0.7 / -2.7%, d128 +0.8 / -2.5%, d256 -2.9 / -1.6%, local d256 -1.9%.
 ONE_STEP_LOOP_BUCKETS = frozenset({192})
-# Local tiles: the same buckets for now. d256 is the candidate (RESULTS v0.55): against the separate
-# loops (edges first, since v0.45) one step body read +2.5% and +1.1% (three and five rounds, window
-# (1024, 0) s8k, H100, v0.45; v0.35's -1.9% was before the edges-first order), and it halves the cold
-# compile (H100 host, v0.54: 5.33 -> 2.75 s). It joins this set once its GPU tests have run
-# (tests/test_one_step_loop_gpu.py::test_head_dim_256_windows, `tools/device_run.sh nocompile,next86t`;
-# no device came in session 54). Local d128 keeps the separate loops: one step body read -1.2 / -1.7 /
-# -4.6% there (v0.45), for 3.02 -> 1.86 s.
-ONE_STEP_LOOP_LOCAL_BUCKETS = frozenset({192})
+# Local tiles: d256 too since v0.56, for the compile bar. Against the separate loops (edges first,
+# since v0.45) one step body read +2.5% and +1.1% (three and five rounds, window (1024, 0) s8k, H100,
+# v0.45; v0.35's -1.9% was before the edges-first order) and -0.7% / -1.6% (three and five rounds,
+# H100, v0.56): within the rows' lease-to-lease spread; it compiles in 2.53 s against 4.42 on the H100
+# host (v0.56). Its GPU tests (tests/test_one_step_loop_gpu.py::test_head_dim_256_windows and the window
+# cases of the forward files) passed in v0.56. Local d128 keeps the separate loops: one step body read
+# -1.2 / -1.7 / -4.6% there (v0.45), for 3.02 -> 1.86 s.
+ONE_STEP_LOOP_LOCAL_BUCKETS = frozenset({192, 256})
 
 
 def _one_step(head_dim: int, head_dim_v: int, causal: bool, local: bool) -> bool:
@@ -1702,13 +1702,20 @@ def _overlap_tiles(cfg: FwdSm90Config, seqlen_k: int) -> bool:
 # leases). At d128 (two warpgroups) the rows moved both ways by up to 3.2% between the two leases (s8k
 # causal -1.4 / -1.0%, s4k causal +3.2 / +1.3%, s1k -1.5 / +3.0%): not taken there.
 WG_STORE_O_BUCKETS = frozenset({64})
+# v0.56: the d128 causal tile without K / V multicast (s_k under KV_MCAST_CAUSAL's 8192) too. Its rows
+# gained in every lease: s1k causal +0.6 / +0.7 / +1.3% (the last ten rounds), s4k causal +3.2 /
+# +1.3%; the s8k causal row, which multicasts, lost (-1.4 / -1.0%) and keeps one store.
+WG_STORE_O_CAUSAL_BUCKETS = frozenset({128})
 
 
 def _wg_store_o(cfg: FwdSm90Config, table_tile_m: int) -> bool:
-    """Whether the rule above gives ``cfg`` ``wg_store_o``: its bucket, the table's tile (not a decode
+    """Whether the rules above give ``cfg`` ``wg_store_o``: its bucket (a causal tile without
+    multicast at d128), the table's tile (not a decode
     tile of one warpgroup, nor a user's ``tile_m``), and nothing in
     :meth:`FwdSm90Config.wg_store_o_blockers` (packed rows, row stores, split-KV, ``o_in_q``)."""
-    return (_bucket(max(cfg.head_dim, cfg.head_dim_v)) in WG_STORE_O_BUCKETS and cfg.tile_m == table_tile_m
+    bucket = _bucket(max(cfg.head_dim, cfg.head_dim_v))
+    causal = cfg.causal and not cfg.kv_mcast and bucket in WG_STORE_O_CAUSAL_BUCKETS
+    return ((bucket in WG_STORE_O_BUCKETS or causal) and cfg.tile_m == table_tile_m
             and not cfg.wg_store_o_blockers())
 
 
