@@ -2061,8 +2061,15 @@ def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: F
         notes.append("tiles overlapped: each tile's first Q K^T is issued behind the last one's P V and runs under "
                      f"its epilogue, Q in two stages (Note [Tiles overlapped]{rule})")
     if cfg.wg_store_o:
+        bucket = _bucket(max(cfg.head_dim, cfg.head_dim_v))
+        rule = ("; WG_STORE_O_BUCKETS, the d64 tile's three warpgroups" if bucket in WG_STORE_O_BUCKETS
+                else "; WG_STORE_O_CAUSAL_BUCKETS, the d128 causal tile where K/V are not shared by pairs"
+                if cfg.causal and bucket in WG_STORE_O_CAUSAL_BUCKETS else "")
         notes.append("O stored by warpgroup: each consumer warpgroup stages and stores its own 64 rows, with its own "
-                     "barrier (Note [Warpgroup stores]; WG_STORE_O_BUCKETS, the d64 tile's three warpgroups)")
+                     f"barrier (Note [Warpgroup stores]{rule})")
+    if cfg.pdl:
+        notes.append("the combine launched as a programmatic dependent of this forward (Note [Combine launched "
+                     "early]; SPLIT_PDL)")
     return notes
 
 
