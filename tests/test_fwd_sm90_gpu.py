@@ -655,18 +655,27 @@ def test_packed_error_not_above_unpacked(monkeypatch, d, heads, mask, layout, fo
 @pytest.mark.parametrize("win,scale", [((1024, 0), None), ((300, 77), 0.05), ((2000, 2000), None)],
                          ids=["left1024", "narrow-creep", "wide"])
 def test_local_error_not_above_descending_or_flash_attn_4(monkeypatch, d, win, scale):
-    """A local tile walks its edges first (Note [Edges first], fa4/mask.py), a speed and compile
-    choice that changes the order the blocks are summed in. Its output error against the float32
+    """A local tile walks its edges first (Note [Edges first], fa4/mask.py; the d64 / d128 default, an
+    option at d256), a speed and compile choice that changes the order the blocks are summed in. Its
+    output error against the float32
     reference is no larger than the descending order's (one_step_loop walks n_max - 1 down) on the
     same inputs, nor than flash-attn-4's where it is installed (the device pack's --with-peer): 1.1x
-    plus a quarter bf16 ulp of the output's scale in max, 1.1x plus 1% of that in mean. A small
-    score scale makes the row maxes creep, so the order's rescales matter most there."""
+    plus a quarter bf16 ulp of the output's scale in max, 1.1x plus 1% of that in mean; and the
+    default order's is no larger than flash-attn-4's by the same rule. A small score scale makes the
+    row maxes creep, so the order's rescales matter most there."""
     q, k, v = random_qkv(2, 4096, 4096, 8, 2, d, torch.bfloat16, "cuda", seed=d + win[0])
     scale = d ** -0.5 if scale is None else scale
     ref, _ = attention_ref(q, k, v, softmax_scale=scale, window_size=win)
     cfg = fa4.explain(q, k, v, softmax_scale=scale, window_size=win, kernel_options=SM90).directions["fwd"]["config"]
-    assert cfg["local"] and not cfg["one_step_loop"] and not cfg["block_skip"], cfg  # edges first ran
+    assert cfg["local"] and not cfg["block_skip"], cfg
+    # d64 / d128 windows walk edges first by default; d256 ones one step body since v0.56
+    # (ONE_STEP_LOOP_LOCAL_BUCKETS): there edges first is forced, and the default is the descending order.
+    assert cfg["one_step_loop"] == (d == 256), cfg
+    if cfg["one_step_loop"]:
+        _force_fields(monkeypatch, one_step_loop=False)
     outs = {"edges-first": fa4.flash_attn_func(q, k, v, softmax_scale=scale, window_size=win, kernel_options=SM90)[0]}
+    monkeypatch.undo()
+    fa4.ops._plans.clear()
     _force_fields(monkeypatch, one_step_loop=True, fold_first=False)
     outs["descending"] = fa4.flash_attn_func(q, k, v, softmax_scale=scale, window_size=win, kernel_options=SM90)[0]
     try:
@@ -688,6 +697,10 @@ def test_local_error_not_above_descending_or_flash_attn_4(monkeypatch, d, win, s
     for other in errs.keys() - {"edges-first"}:
         assert errs["edges-first"][0] <= 1.1 * errs[other][0] + 0.25 * ulp, errs
         assert errs["edges-first"][1] <= 1.1 * errs[other][1] + 0.0025 * ulp, errs
+    if "flash-attn-4" in errs:  # whichever order is the default: no larger than flash-attn-4's
+        default = "descending" if cfg["one_step_loop"] else "edges-first"
+        assert errs[default][0] <= 1.1 * errs["flash-attn-4"][0] + 0.25 * ulp, errs
+        assert errs[default][1] <= 1.1 * errs["flash-attn-4"][1] + 0.0025 * ulp, errs
 
 
 @pytest.mark.gpu
