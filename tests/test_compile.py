@@ -161,6 +161,9 @@ def test_edges_first_one_masked_copy_for_local():
     where the separate loops hold two more, and no more waits or convergence barriers."""
     fold = next(c for c in arch.all_variants("sm_90a")
                 if type(c).__name__ == "FwdSm90Config" and c.fold_first and c.causal and c.head_dim == 128)
+    # (one store of the tile, as the d128 local default: the causal tile's warpgroup stores, v0.56,
+    # are not the local tile's)
+    fold = dataclasses.replace(fold, wg_store_o=False)
     local = dataclasses.replace(fold, causal=False, local=True)
 
     def census(cfg):
