@@ -1660,9 +1660,12 @@ def test_pairwise_covers_all_pairs():
     assert len(CASES) <= 40, len(CASES)
 
 
-def _pdl_mode(monkeypatch, on: bool, seen: dict):
+def _pdl_mode(monkeypatch, on: bool, seen: dict, post: bool = True):
     """The sm90 backward with its programmatic dependent launches on or off (``sm90.PDL``, Note
-    [Programmatic dependent launch] in fa4/bwd/sm90.py); ``seen[on]`` records what make_config gave."""
+    [Programmatic dependent launch] in fa4/bwd/sm90.py; ``post`` off: the main kernel alone, the
+    postprocess a plain launch); ``seen[on]`` records what make_config gave."""
+    import dataclasses
+
     from fa4.bwd import sm90
 
     make = sm90.__dict__.get("_make_unpatched", sm90.make_config)
@@ -1672,6 +1675,8 @@ def _pdl_mode(monkeypatch, on: bool, seen: dict):
 
     def spy(*a, **k):
         cfg = make(*a, **k)
+        if not post:
+            cfg = dataclasses.replace(cfg, pdl_post=False)
         seen[on] = cfg.pdl
         return cfg
     monkeypatch.setattr(sm90, "make_config", spy)
@@ -1693,6 +1698,22 @@ def test_bwd_sm90_pdl(case, monkeypatch):
     _pdl_mode(monkeypatch, True, seen)
     try:
         _check_case(case, _opts(case.get("family", "sm90")))
+    finally:
+        fa4.ops._plans.clear()
+    assert seen.get(True) is True, "the backward did not take pdl"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES[::3], ids=[_case_id(c) for c in CASES[::3]])
+def test_bwd_sm90_pdl_main_only(case, monkeypatch):
+    """``pdl_post`` off (flash-attn-4's form: the main kernel a programmatic dependent of the
+    preprocess, the postprocess a plain launch): a third of the covering array against the reference."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the sm90 kernels need compute capability 9.x")
+    seen = {}
+    _pdl_mode(monkeypatch, True, seen, post=False)
+    try:
+        _check_case(case, _opts("sm90"))
     finally:
         fa4.ops._plans.clear()
     assert seen.get(True) is True, "the backward did not take pdl"

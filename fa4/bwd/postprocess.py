@@ -237,7 +237,7 @@ def config_for(bwd_cfg) -> BwdPostprocessConfig:
             ws_tile_m=bwd_cfg.tile_m if bwd_cfg.dq_rows != bwd_cfg.tile_m and bwd_cfg.varlen_q else 0,
             num_threads=frag.num_threads, atom_m=frag.atom_m, atom_n=frag.atom_n, mma=frag.mma, swap=frag.swap,
             varlen=bwd_cfg.varlen_q, counted=bool(getattr(bwd_cfg, "dq_first_store", False)),
-            pdl=bool(getattr(bwd_cfg, "pdl", False)))
+            pdl=bool(getattr(bwd_cfg, "pdl", False) and getattr(bwd_cfg, "pdl_post", True)))
     return cfg
 
 

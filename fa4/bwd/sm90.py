@@ -115,7 +115,11 @@ Note [Programmatic dependent launch]
     loads under the preprocess's last CTAs (a few microseconds a call, most of it at short
     sequences, where the two small kernels are 10-25% of the call: RESULTS v0.18). flash-attn-4
     (4.0.0b36) launches its sm90 main kernel as a programmatic dependent of its preprocess (which is
-    one too), its loader waiting before the row statistics.
+    one too), its loader waiting before the row statistics; its postprocess is a plain launch, which
+    ``pdl_post`` off reproduces here. Measured (RESULTS v0.56): +0.7-0.8% at d128 s1k, -1.6% at d128
+    s8k (with the postprocess a dependent too), hence ``PDL_MAX_SEQLEN_K``. One candidate for the
+    loss: the postprocess's CTAs, let in once the last wave of this kernel has started, sit on the
+    SMs beside it for that whole wave; ``pdl_post=False`` (a config field) tells them apart.
 
 Note [Ordered direct dQ]
     With ``dq_direct`` and ``deterministic`` the consumers still add from registers, and warp 1
@@ -433,8 +437,9 @@ class BwdSm90Config(AttnKernelConfig):
     ``block_skip`` (not deterministic): ``(aux slot, block_q, block_k)`` of a block-sparse call's
     block table (``AttnProblem.block_table``), ``()`` without one: each CTA narrows its m_blocks to
     those its K block is visible to (Note [Block skip in the backward]).
-    ``pdl``: this kernel and the postprocess are programmatic dependent launches (Note
-    [Programmatic dependent launch]; :data:`PDL`).
+    ``pdl``: this kernel and (with ``pdl_post``) the postprocess are programmatic dependent launches
+    (Note [Programmatic dependent launch]; :data:`PDL`); ``pdl_post`` off, this kernel lets nothing
+    launch early and the postprocess is launched as before (flash-attn-4's form).
     """
 
     head_dim: int = 128
@@ -468,6 +473,7 @@ class BwdSm90Config(AttnKernelConfig):
     compact_grid: bool = False
     block_skip: tuple = ()
     pdl: bool = False
+    pdl_post: bool = True
 
     KERNEL: ClassVar[str] = "fa4.bwd.sm90:FlashBwdSm90"
     REQUIRED_SASS: ClassVar[tuple] = ("HGMMA", "UTMALDG")  # checked by tests/test_compile.py
@@ -904,7 +910,7 @@ class FlashBwdSm90:
             cute.arch.cluster_wait()
         else:
             cute.arch.sync_threads()
-        if const_expr(self.cfg.pdl):  # the postprocess may launch (Note [Programmatic dependent launch])
+        if const_expr(self.cfg.pdl and self.cfg.pdl_post):  # the postprocess may launch (Note [Programmatic dependent launch])
             cute.arch.griddepcontrol_launch_dependents()
 
         # Each role builds its own view of the CTA's work and of the smem tensors: objects handed to
@@ -2423,4 +2429,5 @@ def variants(arch: str) -> list[BwdSm90Config]:
     # warp, the dQ pass), two CTAs.
     out += short
     out.append(replace(ordered_config(P(128), two, arch), kv_split=1, pdl=True))
+    out.append(replace(short[1], pdl_post=False))  # (the main kernel alone a dependent: d128, the writer warp)
     return list(dict.fromkeys(out))
