@@ -633,9 +633,21 @@ def test_sections_of_a_call_without_max_seqlen(monkeypatch):
                                               (2049, False, False), (8192, False, False), (8192, True, False)])
 def test_pdl_by_length(sk, causal, expect):
     """v0.56 (PDL, PDL_MAX_SEQLEN_K): the backward's programmatic dependent launches where the keys
-    number at most 2048 (the short rows gained; d128 s8k lost); the preprocess and postprocess configs
-    follow the main kernel's."""
+    number at most 2048 (the short rows gained; d128 s8k lost); the postprocess's config follows the
+    main kernel's (run_backward passes the main config's ``pdl`` to the preprocess too)."""
     problem = dataclasses.replace(_problem(128, causal=causal), seqlen_q=sk, seqlen_k=sk)
     cfg = sm90.make_config(problem, None, "sm_90a")
     assert cfg.pdl == expect
     assert postprocess.config_for(cfg).pdl == expect
+
+
+def test_pdl_post_needs_pdl():
+    """``pdl_post=False`` (the postprocess a plain launch) is refused without ``pdl``: the same code
+    under a second compile key."""
+    cfg = sm90.make_config(dataclasses.replace(_problem(128), seqlen_q=8192, seqlen_k=8192), None, "sm_90a")
+    assert not cfg.pdl
+    with pytest.raises(ValueError, match="pdl_post"):
+        sm90.FlashBwdSm90.can_implement(dataclasses.replace(cfg, pdl_post=False))
+    main_only = dataclasses.replace(cfg, pdl=True, pdl_post=False)
+    sm90.FlashBwdSm90.can_implement(main_only)
+    assert not postprocess.config_for(main_only).pdl

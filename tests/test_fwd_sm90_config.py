@@ -582,6 +582,7 @@ def test_wg_store_o_refuses_what_it_cannot_serve():
     (dict(d=128), False), (dict(d=96), False), (dict(d=256), False),
     (dict(d=128, causal=True), True),  # v0.56: the d128 causal tile without multicast
     (dict(d=128, causal=True, sq=8192, sk=8192), False),  # (it multicasts K / V from s_k 8192)
+    (dict(d=128, causal=True, sq=8192, sk=8192, has_seqused_k=True), False),  # (no multicast, but 8192 keys)
     (dict(d=96, causal=True), False), (dict(d=128, local=True, window_left=256, window_right=0), False),
 ])
 def test_wg_store_o_default(kw, expect):
@@ -592,7 +593,7 @@ def test_wg_store_o_default(kw, expect):
     kw = dict(kw)
     d = kw.pop("d")
     problem = _problem(d, **kw)
-    cfg = sm90.make_config(problem, None, "sm_90a", True)
+    cfg = sm90.make_config(problem, None, "sm_90a", True, num_sms=132)  # (multicast's rule reads the SMs)
     assert cfg.wg_store_o == expect, cfg
     if problem.seqlen_q == 1:
         assert cfg.tile_m == 64 and not cfg.split_kv  # (off for the tile, not for a split)

@@ -534,18 +534,21 @@ if has next90; then
     tests/test_mods_gpu.py tests/test_block_sparse_gpu.py tests/test_one_step_loop_gpu.py
 fi
 if has next90s; then
-  # The backward's pdl at long rows: with the postprocess a dependent too (pdl=True, the short rows'
-  # default) and the main kernel alone (pdl_post=False, flash-attn-4's form), four interleaved rounds;
-  # the main-only tests first.
-  gpu_tests next90p 150 tests/test_bwd_gpu.py -k "pdl_main_only"
+  # The backward's pdl at long rows: plain launches (pdl=False: the default past 2048 keys, forced at s1k),
+  # with the postprocess a dependent too (pdl=True, the short rows' default) and the main kernel alone
+  # (pdl_post=False, flash-attn-4's form), four interleaved rounds. First the pdl and split-group tests
+  # (the partials are now allocated before the preprocess); last the captured training step (a
+  # backward with pdl inside a CUDA graph).
+  gpu_tests next90p 200 tests/test_bwd_gpu.py -k "pdl or split"
   exps=()
   for r in 1 2 3 4; do
     for row in "d128 s8192" "d64 s8192" "d128 s1024" "d128 s16384 causal"; do
-      exps+=("$row" "$row pdl=True" "$row pdl=True pdl_post=False")
+      exps+=("$row pdl=False" "$row pdl=True" "$row pdl=True pdl_post=False")
     done
   done
   timeout 300 python3 tools/sweep_bwd.py "${exps[@]}" > "$out/sweep90b.log" 2>&1
   echo "sweep90b rc=$?"; grep -v Warning "$out/sweep90b.log" | tail -50
+  gpu_tests next90g 100 tests/test_cuda_graph_gpu.py
 fi
 if has next89; then
   # Session 55's new defaults: warpgroup stores for the d128 causal tile without multicast (the forward

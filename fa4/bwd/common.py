@@ -598,12 +598,9 @@ def run_backward(cfg, problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_se
     sem = torch.empty(shapes["semaphore"], dtype=torch.int32, device=dev) if "semaphore" in shapes else None
     post_cfg = postprocess.config_for(cfg)  # ``counted``: the main kernel stores first (Note [First store])
     varlen_q = cu_seqlens_q is not None
-    preprocess.run_preprocess(
-        out, dout, lse, lse_log2, dpsum, dq_accum, dlse=dlse, cu_seqlens_q=cu_seqlens_q,
-        max_seqlen_q=problem.seqlen_q if varlen_q else None, semaphore=sem, dq_tile_m=cfg.tile_m,
-        dq_head_dim=q.shape[-1], arch=cfg.arch, zero_dq=not post_cfg.counted and not dq_pass,
-        pdl=bool(getattr(cfg, "pdl", False)))
-    # Note [Split GQA group] in fa4/bwd/sm90.py: float32 partials of heads_k * split virtual kv heads.
+    # Note [Split GQA group] in fa4/bwd/sm90.py: float32 partials of heads_k * split virtual kv heads,
+    # allocated before the preprocess, so that no kernel (the GPU tests' NaN fill) comes between it and
+    # the main kernel (Note [Programmatic dependent launch]).
     split = getattr(cfg, "kv_split", 1)
     if q.shape[2] % (k.shape[2] * split):
         raise ValueError(f"kv_split={split} (Note [Split GQA group]) must divide the GQA group of {q.shape[2]} q "
@@ -613,6 +610,11 @@ def run_backward(cfg, problem: AttnProblem, dout, q, k, v, out, lse, dlse, cu_se
         dk_k, dv_k = (_empty((*t.shape[:2], t.shape[2] * split, t.shape[3]), torch.float32, dev) for t in (dk, dv))
     else:
         dk_k, dv_k = kernel_ready(dk), kernel_ready(dv)
+    preprocess.run_preprocess(
+        out, dout, lse, lse_log2, dpsum, dq_accum, dlse=dlse, cu_seqlens_q=cu_seqlens_q,
+        max_seqlen_q=problem.seqlen_q if varlen_q else None, semaphore=sem, dq_tile_m=cfg.tile_m,
+        dq_head_dim=q.shape[-1], arch=cfg.arch, zero_dq=not post_cfg.counted and not dq_pass,
+        pdl=bool(getattr(cfg, "pdl", False)))
     heads_k = k.shape[2] * split
     max_seqlen_k = problem.seqlen_k if cu_seqlens_k is not None else k.shape[1]
     num_batch = cu_seqlens_k.shape[0] - 1 if cu_seqlens_k is not None else k.shape[0]

@@ -110,7 +110,9 @@ Note [Programmatic dependent launch]
     * Nothing is written to global memory before the wait. torch's caching allocator hands out
       memory freed on the stream as if the stream's kernels ran one after the other: a block the
       still-running preprocess reads (``_compact(lse)``'s temporary, freed when run_preprocess
-      returns) may already back an output of this kernel (a split group's dK / dV partials).
+      returns) may back anything allocated after it (run_backward allocates a split group's dK / dV
+      partials before the preprocess, so that no kernel of the GPU tests' NaN fill comes between
+      the two launches).
     What it saves: the launch gaps, and this kernel's barrier set-up, descriptor prefetch and K / V
     loads under the preprocess's last CTAs (a few microseconds a call, most of it at short
     sequences, where the two small kernels are 10-25% of the call: RESULTS v0.18). flash-attn-4
@@ -633,6 +635,9 @@ class FlashBwdSm90:
             raise ValueError(f"{name}.arch must be sm_90a (wgmma, setmaxnreg), got {cfg.arch!r}")
         if cfg.num_wg not in _REGS:
             raise ValueError(f"{name}.num_wg must be one of {tuple(_REGS)}, got {cfg.num_wg}")
+        if not cfg.pdl_post and not cfg.pdl:
+            raise ValueError(f"{name}.pdl_post=False (the postprocess a plain launch) only means something with "
+                             "pdl; without pdl leave it True (one compile key per kernel)")
         if cfg.compact_grid and not (cfg.varlen_k and not cfg.deterministic and not cfg.two_cta
                                      and not cfg.dq_first_store):
             raise ValueError(f"{name}.compact_grid (Note [Compact varlen grid]) needs varlen K (cu_seqlens_k) and "
@@ -2424,10 +2429,11 @@ def variants(arch: str) -> list[BwdSm90Config]:
                        pdl=False))
     out.append(replace(make_config(P(256, causal=True, varlen=True), None, arch), kv_split=1, compact_grid=True,
                        pdl=False))
-    # Programmatic dependent launch (Note [Programmatic dependent launch]): the defaults of the cases
-    # above at 1024 keys (the writer warp, deterministic causal, the direct adds and their ordering
-    # warp, the dQ pass), two CTAs.
+    # Programmatic dependent launch (Note [Programmatic dependent launch]): the cases above at 1024
+    # keys with it (the writer warp, deterministic causal, the direct adds and their ordering warp),
+    # two CTAs, and the dQ pass (the d256 default).
     out += short
     out.append(replace(ordered_config(P(128), two, arch), kv_split=1, pdl=True))
+    out.append(replace(make_config(P(256), None, arch), kv_split=1, pdl=True))
     out.append(replace(short[1], pdl_post=False))  # (the main kernel alone a dependent: d128, the writer warp)
     return list(dict.fromkeys(out))

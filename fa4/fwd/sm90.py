@@ -1412,7 +1412,9 @@ class FlashFwdSm90:
     # across heads), row stores (varlen, seqused Q, split-KV) or sO in sQ's memory, whose release
     # of Q counts one storing warp. The bits are those of the kernel without it
     # (tests/test_fwd_sm90_gpu.py::test_wg_store_o_matches). The default for the d64 tile's three
-    # warpgroups since v0.54 (+1-2%, ``WG_STORE_O_BUCKETS``); at d128 it moved by up to 3.2% both ways.
+    # warpgroups since v0.54 (+1-2%, ``WG_STORE_O_BUCKETS``) and for d128 causal tiles under 8192 keys
+    # since v0.56 (+0.6-3.2% at s1k / s4k, ``WG_STORE_O_CAUSAL_BUCKETS``); elsewhere at d128 it moved
+    # by up to 3.2% both ways.
 
     @cute.jit
     def epilogue(self, acc_O, lse, mO, mLSE, sO, tma_o, seqlen: SeqlenInfo, rows: TileRows, slot: Int32,
@@ -1700,21 +1702,23 @@ def _overlap_tiles(cfg: FwdSm90Config, seqlen_k: int) -> bool:
 # H100, the three warpgroups of the d64 tile (192 rows): medians off -> on, d64 s8k 512.2 -> 522.7 and
 # 509.4 -> 517.7, causal 483.3 -> 492.5 and 474.4 -> 479.3 (five and seven interleaved rounds, two
 # leases). At d128 (two warpgroups) the rows moved both ways by up to 3.2% between the two leases (s8k
-# causal -1.4 / -1.0%, s4k causal +3.2 / +1.3%, s1k -1.5 / +3.0%): not taken there.
+# causal -1.4 / -1.0%, s4k causal +3.2 / +1.3%, s1k -1.5 / +3.0%): not taken there in v0.54.
 WG_STORE_O_BUCKETS = frozenset({64})
-# v0.56: the d128 causal tile without K / V multicast (s_k under KV_MCAST_CAUSAL's 8192) too. Its rows
-# gained in every lease: s1k causal +0.6 / +0.7 / +1.3% (the last ten rounds), s4k causal +3.2 /
-# +1.3%; the s8k causal row, which multicasts, lost (-1.4 / -1.0%) and keeps one store.
+# v0.56: d128 causal tiles under KV_MCAST_CAUSAL_MIN_SEQLEN_K (8192) keys that do not multicast K / V
+# too. Those rows gained in every lease: s1k causal +0.6 / +0.7 / +1.3% (the last ten rounds), s4k
+# causal +3.2 / +1.3%; the s8k causal row, which multicasts, lost (-1.4 / -1.0%) and keeps one store,
+# as do longer causal rows that do not multicast (seqused_k, user functions, other SM counts: not timed).
 WG_STORE_O_CAUSAL_BUCKETS = frozenset({128})
 
 
-def _wg_store_o(cfg: FwdSm90Config, table_tile_m: int) -> bool:
-    """Whether the rules above give ``cfg`` ``wg_store_o``: its bucket (a causal tile without
-    multicast at d128), the table's tile (not a decode
+def _wg_store_o(cfg: FwdSm90Config, table_tile_m: int, seqlen_k: int) -> bool:
+    """Whether the rules above give ``cfg`` ``wg_store_o``: its bucket (at d128 a causal tile of under
+    ``KV_MCAST_CAUSAL_MIN_SEQLEN_K`` keys without multicast), the table's tile (not a decode
     tile of one warpgroup, nor a user's ``tile_m``), and nothing in
     :meth:`FwdSm90Config.wg_store_o_blockers` (packed rows, row stores, split-KV, ``o_in_q``)."""
     bucket = _bucket(max(cfg.head_dim, cfg.head_dim_v))
-    causal = cfg.causal and not cfg.kv_mcast and bucket in WG_STORE_O_CAUSAL_BUCKETS
+    causal = (cfg.causal and not cfg.kv_mcast and seqlen_k < KV_MCAST_CAUSAL_MIN_SEQLEN_K
+              and bucket in WG_STORE_O_CAUSAL_BUCKETS)
     return ((bucket in WG_STORE_O_BUCKETS or causal) and cfg.tile_m == table_tile_m
             and not cfg.wg_store_o_blockers())
 
@@ -1826,7 +1830,7 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         cfg = replace(cfg, persistent=False, dynamic_sched=False, l2_section_mb=0, kv_mcast=True)
     if _overlap_tiles(cfg, problem.seqlen_k):
         cfg = replace(cfg, overlap_tiles=True)
-    if _wg_store_o(cfg, table_tile_m):
+    if _wg_store_o(cfg, table_tile_m, problem.seqlen_k):
         cfg = replace(cfg, wg_store_o=True)
     FlashFwdSm90.can_implement(cfg)
     if options.num_threads is not None and options.num_threads != cfg.num_threads:
@@ -1872,7 +1876,7 @@ def variants(arch: str) -> list[FwdSm90Config]:
                                         ()),
               **kw}
         c = replace(base, head_dim=d, head_dim_v=dv or d, **kw)
-        if "wg_store_o" not in kw and _wg_store_o(c, tile_m):  # (as make_config: the d64 default, v0.54)
+        if "wg_store_o" not in kw and _wg_store_o(c, tile_m, 1024):  # (as make_config at 1024 keys)
             c = replace(c, wg_store_o=True)
         return c
 
@@ -1911,6 +1915,7 @@ def variants(arch: str) -> list[FwdSm90Config]:
         cfg(96, local=True, one_step_loop=True),
         cfg(128, causal=True, one_step_loop=True),
         cfg(128, causal=True, fold_first=False),  # the first block in its own code (before v0.44's default)
+        cfg(128, causal=True, wg_store_o=False),  # (one store of the tile: the d128 causal default before v0.56)
         cfg(256, local=True, varlen_q=True, varlen_k=True, has_seqused_k=True, fold_first=True),
         cfg(192, causal=True, varlen_q=True, varlen_k=True),
         cfg(192, local=True, one_step_loop=False),  # d192's separate loops (its default is one step)
@@ -2063,7 +2068,7 @@ def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: F
     if cfg.wg_store_o:
         bucket = _bucket(max(cfg.head_dim, cfg.head_dim_v))
         rule = ("; WG_STORE_O_BUCKETS, the d64 tile's three warpgroups" if bucket in WG_STORE_O_BUCKETS
-                else "; WG_STORE_O_CAUSAL_BUCKETS, the d128 causal tile where K/V are not shared by pairs"
+                else "; WG_STORE_O_CAUSAL_BUCKETS, the d128 causal tile under 8192 keys where K/V are not shared by pairs"
                 if cfg.causal and bucket in WG_STORE_O_CAUSAL_BUCKETS else "")
         notes.append("O stored by warpgroup: each consumer warpgroup stages and stores its own 64 rows, with its own "
                      f"barrier (Note [Warpgroup stores]{rule})")
