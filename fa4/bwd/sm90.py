@@ -915,7 +915,8 @@ class FlashBwdSm90:
             cute.arch.cluster_wait()
         else:
             cute.arch.sync_threads()
-        if const_expr(self.cfg.pdl and self.cfg.pdl_post):  # the postprocess may launch (Note [Programmatic dependent launch])
+        # The postprocess may launch (Note [Programmatic dependent launch]).
+        if const_expr(self.cfg.pdl and self.cfg.pdl_post):
             cute.arch.griddepcontrol_launch_dependents()
 
         # Each role builds its own view of the CTA's work and of the smem tensors: objects handed to
@@ -2021,8 +2022,9 @@ PDL_MAX_SEQLEN_K = 2048
 +0.8 / +0.8%; d64 s8k +0.9 / +0.4 / +0.2% (two rounds with a default outlier 10-20% low); d128 s8k
 -1.6 / -0.9 / -5.6 / +0.6 / -4.8%; d128 s16k causal (three rounds) -0.9 / +2.0 / +3.0%. The gain
 at short sequences is the launch gaps (the small kernels' share of the call is largest there); at
-d128 s8k it lost in four rounds of five, with no cause found (the main kernel's CTAs placed beside
-the preprocess's last ones is one candidate), so longer calls keep plain launches."""
+d128 s8k it lost in four rounds of five, with no cause measured, so longer calls keep plain launches
+(the candidates: the postprocess's CTAs resident beside the main kernel's last wave, which
+``pdl_post`` off would tell apart; the main kernel's CTAs placed beside the preprocess's last ones)."""
 
 
 BLOCK_SPARSE_DET_DQ_PASS = True
