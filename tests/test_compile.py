@@ -314,7 +314,7 @@ def test_bwd_pdl_instructions():
     for main in mains:
         warp1 = not main.dq_pass and (not main.dq_direct or main.deterministic)  # a writer / sequencing warp
         assert count(main) == (int(main.pdl_post), 2 + warp1), main.key()
-        assert count(dataclasses.replace(main, pdl=False)) == (0, 0), main.key()
+        assert count(dataclasses.replace(main, pdl=False, pdl_post=True)) == (0, 0), main.key()
         if not main.dq_pass:
             post = postprocess.config_for(main)
             assert post.pdl == main.pdl_post
