@@ -30,6 +30,23 @@ def order_check():
         print(f"b{shape.batch} sk{shape.seqlen_k}: " + "; ".join(cells), flush=True)
 
 
+def decode_calls(layouts):
+    """``{shape: {layout: call}}`` over DECODE_SHAPES: fa4's default forward on one random decode step
+    per shape, K / V contiguous (``contig``), in a shuffled paged cache of 16-row pages (``paged16``),
+    or contiguous with ``seqused_k`` (``seqused``); ``layouts`` picks and orders them."""
+    data = {}
+    for shape in DECODE_SHAPES:
+        q, k, v = random_qkv(shape.batch, 1, shape.seqlen_k, shape.heads, shape.hk, shape.hdim, torch.bfloat16,
+                             "cuda", seed=0)
+        kc, vc, table, used = paged_cache(k, v, PAGE_SIZE)
+        calls = {"contig": lambda q=q, k=k, v=v: fa4.flash_attn_func(q, k, v),
+                 "paged16": lambda q=q, kc=kc, vc=vc, t=table, u=used: fa4.flash_attn_varlen_func(
+                     q, kc, vc, page_table=t, seqused_k=u),
+                 "seqused": lambda q=q, k=k, v=v, u=used: fa4.flash_attn_varlen_func(q, k, v, seqused_k=u)}
+        data[shape] = {name: calls[name] for name in layouts}
+    return data
+
+
 def grid_check(rounds: int = 3):
     """``--grid``: the decode shapes, contiguous and paged (16-row pages), over the tile's K rows and
     grid, interleaved rounds: the default, the prefill tiles' blocks and grid (``sm90.DECODE_GRID``
@@ -45,15 +62,7 @@ def grid_check(rounds: int = 3):
     make = sm90.make_config
     variants = [("default", None, {}), ("prefill grid", False, {}),
                 ("persistent", None, dict(persistent=True)), ("128-row blocks", None, dict(tile_n=128))]
-    data = {}
-    for shape in DECODE_SHAPES:
-        q, k, v = random_qkv(shape.batch, 1, shape.seqlen_k, shape.heads, shape.hk, shape.hdim, torch.bfloat16,
-                             "cuda", seed=0)
-        kc, vc, table, used = paged_cache(k, v, PAGE_SIZE)
-        data[shape] = {"contig": lambda q=q, k=k, v=v: fa4.flash_attn_func(q, k, v),
-                       "paged16": lambda q=q, kc=kc, vc=vc, t=table, u=used: fa4.flash_attn_varlen_func(
-                           q, kc, vc, page_table=t, seqused_k=u),
-                       "seqused": lambda q=q, k=k, v=v, u=used: fa4.flash_attn_varlen_func(q, k, v, seqused_k=u)}
+    data = decode_calls(("contig", "paged16", "seqused"))
     for rnd in range(rounds):
         for shape, calls in data.items():
             for layout, call in calls.items():
@@ -76,20 +85,13 @@ def grid_check(rounds: int = 3):
 
 
 def pdl_check(rounds: int = 5):
-    """``--pdl``: the decode shapes, contiguous, paged (16-row pages) and with seqused_k, with the split
+    """``--pdl``: the decode shapes, contiguous and paged (16-row pages), with the split
     call's combine launched as a programmatic dependent of the forward (``sm90.SPLIT_PDL``, Note
     [Combine launched early] in fa4/combine.py) and without, interleaved rounds (the order rotated per
     round). Shapes whose default does not split print the same config twice."""
     from fa4.fwd import sm90
 
-    data = {}
-    for shape in DECODE_SHAPES:
-        q, k, v = random_qkv(shape.batch, 1, shape.seqlen_k, shape.heads, shape.hk, shape.hdim, torch.bfloat16,
-                             "cuda", seed=0)
-        kc, vc, table, used = paged_cache(k, v, PAGE_SIZE)
-        data[shape] = {"contig": lambda q=q, k=k, v=v: fa4.flash_attn_func(q, k, v),
-                       "paged16": lambda q=q, kc=kc, vc=vc, t=table, u=used: fa4.flash_attn_varlen_func(
-                           q, kc, vc, page_table=t, seqused_k=u)}
+    data = decode_calls(("contig", "paged16"))
     modes = [False, True]
     for rnd in range(rounds):
         for shape, calls in data.items():

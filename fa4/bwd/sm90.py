@@ -2418,19 +2418,17 @@ def variants(arch: str) -> list[BwdSm90Config]:
     # cases above keep one CTA per kv head, as most problems do; the split (Note [Split GQA group])
     # gets its own: causal, varlen with seqused_k at d64's 128-row steps, and under the dQ pass.
     # (Pinned, not from kv_split_for: the compiled set must not depend on the machine's SM count.)
-    # Every case above is compiled with plain launches (the defaults past PDL_MAX_SEQLEN_K keys).
-    out = [replace(c, kv_split=1, pdl=False) for c in out]
-    out.append(replace(make_config(P(128, causal=True), None, arch), kv_split=4, pdl=False))
-    out.append(replace(make_config(P(64, varlen=True, seqused_k=True), None, arch), kv_split=4, pdl=False))
-    out.append(replace(make_config(P(256, causal=True), None, arch, True), kv_split=4, pdl=False))  # the dQ pass (forced)
+    out = [replace(c, kv_split=1) for c in out]
+    out.append(replace(make_config(P(128, causal=True), None, arch), kv_split=4))
+    out.append(replace(make_config(P(64, varlen=True, seqused_k=True), None, arch), kv_split=4))
+    out.append(replace(make_config(P(256, causal=True), None, arch, True), kv_split=4))  # the dQ pass (forced)
     # The compact varlen grid (Note [Compact varlen grid] in fa4/sched/tile.py): d64 causal (128-row
     # steps), d128 without a mask with seqused_k and a split group, d256 causal under the dQ pass.
-    out.append(replace(make_config(P(64, causal=True, varlen=True), None, arch), kv_split=1, compact_grid=True,
-                       pdl=False))
-    out.append(replace(make_config(P(128, varlen=True, seqused_k=True), None, arch), kv_split=2, compact_grid=True,
-                       pdl=False))
-    out.append(replace(make_config(P(256, causal=True, varlen=True), None, arch), kv_split=1, compact_grid=True,
-                       pdl=False))
+    out.append(replace(make_config(P(64, causal=True, varlen=True), None, arch), kv_split=1, compact_grid=True))
+    out.append(replace(make_config(P(128, varlen=True, seqused_k=True), None, arch), kv_split=2, compact_grid=True))
+    out.append(replace(make_config(P(256, causal=True, varlen=True), None, arch), kv_split=1, compact_grid=True))
+    # Every case above is compiled with plain launches (the defaults past PDL_MAX_SEQLEN_K keys).
+    out = [replace(c, pdl=False) for c in out]
     # Programmatic dependent launch (Note [Programmatic dependent launch]): the cases above at 1024
     # keys with it (the writer warp, deterministic causal, the direct adds and their ordering warp),
     # two CTAs, and the dQ pass (the d256 default).
