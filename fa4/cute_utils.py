@@ -344,6 +344,14 @@ def rows_per_pass_16B(dtype: Type[cutlass.Numeric], num_threads: int, atom) -> i
     return num_threads // ((atom if isinstance(atom, int) else atom.outer.shape[1]) * dtype.width // 128)
 
 
+def stmatrix_atom(dtype: Type[cutlass.Numeric]) -> cute.CopyAtom:
+    """Register -> smem copy of 16-bit accumulator fragments (sm90): ``stmatrix`` of four 8x8
+    matrices, one 16-byte row address per lane where 32-bit stores need one per element pair
+    (fewer address registers, which LLVM hoists out of a persistent kernel's tile loop: Note
+    [O staged by stmatrix] in fa4/fwd/sm90.py)."""
+    return cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), dtype)
+
+
 @cute.jit
 def acc_to_smem(acc: cute.Tensor, tiled_mma: cute.TiledMma, sT: cute.Tensor, tidx: Int32,
                 pairs: cutlass.Constexpr[bool] = True) -> None:

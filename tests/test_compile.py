@@ -133,6 +133,25 @@ def test_one_step_row_max_overlaps_pv(one_step_sass):
 
 
 @pytest.mark.slow
+def test_o_staged_by_stmatrix():
+    """Note [O staged by stmatrix]: with ``stmatrix_o`` the d64 causal forward stages O by four
+    ``stmatrix`` a thread (no 32-bit stores of O: one STS remains, not O's), and every K-block loop,
+    the masked one included, holds the row max ahead of its wait for the previous P V. With 32-bit
+    stores the masked loop waited at the top of its row max (0 FMNMX ahead; 62-68 with stmatrix, on
+    both DSL flavors)."""
+    from fa4.config import AttnProblem
+    from fa4.fwd import sm90
+
+    p = AttnProblem("bf16", 2, 8192, 8192, 32, 32, 64, 64, 0.125, causal=True)
+    cfg = dataclasses.replace(sm90.make_config(p, None, "sm_90a", True), stmatrix_o=True)
+    text = sass.disassemble(cfg)
+    ops = sass.opcode_counts(text)
+    assert sass.count(ops, "STSM") == 4 and sass.count(ops, "STS") <= 1, ops
+    counts = _max_before_pv_wait(text)
+    assert len(counts) >= 2 and min(counts) >= 16, counts
+
+
+@pytest.mark.slow
 def test_packed_rows_go_by_tma():
     """Note [Packed rows by TMA]: the sm90 forward's packed GQA rows (4 q heads per kv head in 128
     rows) are loaded by a 5-D TMA box (d, heads, positions, kv head, batch) and, without varlen Q,

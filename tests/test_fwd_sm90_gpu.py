@@ -827,6 +827,35 @@ def test_wg_store_o_matches(monkeypatch, d, causal, grid, shape):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(2, 1000, 1000, 4, 4), (1, 113, 2048, 8, 2), (2, 1, 203, 4, 4)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("d,dv", [(64, 64), (96, 96), (128, 128), (192, 192), (256, 256), (192, 128)])
+def test_stmatrix_o_matches(monkeypatch, d, dv, dtype, causal, shape):
+    """Note [O staged by stmatrix]: O staged in sO by ``stmatrix`` gives the same bits as by 32-bit
+    stores and passes the reference rule: every head-dim bucket and (192, 128), bf16 and fp16, dense
+    (TMA stores of O; warpgroup stores where the defaults take them; packed GQA rows 8/2) and varlen
+    (O stored by rows), rows that end inside a tile (113, 1000) or hold one query, on six CTAs."""
+    b, sq, sk, h, hk = shape
+    q, k, _ = random_qkv(b, sq, sk, h, hk, d, dtype, "cuda", seed=d + dv + sq)
+    v = torch.randn(b, sk, hk, dv, dtype=dtype, device="cuda")
+    outs = _off_and_on(monkeypatch, "stmatrix_o", lambda: _dense(q, k, v, causal, (None, None), 0.0), 6,
+                       split_kv=False)
+    _check(outs[True][0], outs[True][1], q, k, v, causal=causal)
+    assert torch.equal(outs[True][0], outs[False][0]) and torch.equal(outs[True][1], outs[False][1])
+    cu_q = torch.tensor([i * sq for i in range(b + 1)], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([i * sk for i in range(b + 1)], dtype=torch.int32, device="cuda")
+    kw = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=causal, return_lse=True, kernel_options=SM90)
+    outs = _off_and_on(monkeypatch, "stmatrix_o",
+                       lambda: fa4.flash_attn_varlen_func(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), **kw), 6,
+                       split_kv=False)
+    assert torch.equal(outs[True][0], outs[False][0]) and torch.equal(outs[True][1], outs[False][1])
+    _check(outs[True][0].unflatten(0, (b, sq)), outs[True][1].unflatten(1, (b, sq)).transpose(0, 1), q, k, v,
+           causal=causal)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("skip_empty", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", [64, 128])

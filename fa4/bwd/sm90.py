@@ -321,6 +321,7 @@ from fa4.cute_utils import (
     make_acc_as_A,
     make_acc_mn_view,
     smem_layout_sm90,
+    stmatrix_atom,
     store_rows_16B,
     transposed,
     zero_rows_from,
@@ -613,9 +614,8 @@ class FlashBwdSm90:
         return base + wg * self.cfg.dq_stages + step % self.cfg.dq_stages
 
     def stmatrix_atom(self) -> cute.CopyAtom:
-        """Register -> smem copy of 16-bit accumulator fragments: ``stmatrix`` of four 8x8 matrices
-        (one 16-byte row address per lane, where 32-bit stores needed one per element pair)."""
-        return cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
+        """:func:`fa4.cute_utils.stmatrix_atom` of this kernel's 16-bit type."""
+        return stmatrix_atom(self.dtype)
 
     @staticmethod
     def atom_cols(cols: int) -> int:

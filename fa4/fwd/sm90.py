@@ -126,6 +126,7 @@ from fa4.cute_utils import (
     make_acc_as_A,
     make_acc_mn_view,
     smem_layout_sm90,
+    stmatrix_atom,
     store_rows_16B,
     transposed,
     zero_rows_from,
@@ -215,7 +216,8 @@ class FwdSm90Config(AttnFwdConfig):
     stages and stores its own 64 rows of O, with its own barrier (Note [Warpgroup stores]).
     ``pdl`` (``split_kv``): each CTA lets the combine launch once its barriers are set up, and the
     combine is launched as a programmatic dependent (Note [Combine launched early] in
-    fa4/combine.py; the default where :data:`SPLIT_PDL`)."""
+    fa4/combine.py; the default where :data:`SPLIT_PDL`). ``stmatrix_o`` (an option until a GPU runs it): O is
+    staged in sO by ``stmatrix`` instead of 32-bit stores (Note [O staged by stmatrix])."""
 
     head_dim: int = 128
     head_dim_v: int = 128
@@ -243,6 +245,7 @@ class FwdSm90Config(AttnFwdConfig):
     overlap_tiles: bool = False
     wg_store_o: bool = False
     pdl: bool = False
+    stmatrix_o: bool = False
 
     KERNEL = "fa4.fwd.sm90:FlashFwdSm90"
     REQUIRED_SASS = ("HGMMA", "UTMALDG")  # checked in the SASS of every compile variant (tests/test_compile.py)
@@ -1416,6 +1419,24 @@ class FlashFwdSm90:
     # since v0.56 (+0.6-3.2% at s1k / s4k, ``WG_STORE_O_CAUSAL_BUCKETS``); elsewhere at d128 it moved
     # by up to 3.2% both ways.
 
+    # Note [O staged by stmatrix]
+    # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    # O's 16-bit fragments go to sO by ``stmatrix`` (four 8x8 matrices a lane, one 16-byte row
+    # address each), where 32-bit stores took one swizzled address per element pair: 16 at d64,
+    # 32 at d128, 64 at d256. Those addresses depend only on the thread and sO, so LLVM hoists
+    # them out of the persistent tile loop and they stay live through every K block. ncu of the
+    # d64 forward beside flash-attn-4's (RESULTS v0.57, H200): the same math instruction counts,
+    # 4% more stall samples, all at MUFU (wait and MIO); in the SASS, with 16 addresses held,
+    # ptxas ran short of registers in the row max, waited for the previous P V before the second
+    # row's max (flash-attn-4: after both maxes and a dozen exponentials) and packed the
+    # exponentials back to back. With ``stmatrix`` four addresses stay (and 24 / 48 fewer store
+    # instructions in the d128 / d256 epilogue). Compiled with the device's toolchain (the DSL's cu13
+    # flavor), the d64 causal masked loop then holds both rows' maxes (68 FMNMX) ahead of that wait,
+    # against none; d256 causal 44 against 26; the d64 free loop 34 against 31; d128 unchanged
+    # (tests/test_compile.py::test_o_staged_by_stmatrix). An option (``stmatrix_o``) until a GPU runs
+    # its bit-equality test (tests/test_fwd_sm90_gpu.py::test_stmatrix_o_matches) and the rows
+    # (``tools/device_run.sh next93``); no GPU has run it yet.
+
     @cute.jit
     def epilogue(self, acc_O, lse, mO, mLSE, sO, tma_o, seqlen: SeqlenInfo, rows: TileRows, slot: Int32,
                  m_block: Int32, head: Int32, batch: Int32, thr_mma_pv, tidx: Int32) -> None:
@@ -1449,9 +1470,11 @@ class FlashFwdSm90:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)  # the last store has read sO
         # Every consumer is done with sO (last store's reads) and, with o_in_q, with sQ.
         cute.arch.barrier(barrier_id=bar, number_of_threads=bar_threads)
-        r2s = cute.make_tiled_copy_C(
-            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=32), self.tiled_mma_pv
-        ).get_slice(tidx)
+        if const_expr(self.cfg.stmatrix_o):  # Note [O staged by stmatrix]
+            atom = stmatrix_atom(self.dtype)
+        else:
+            atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=32)
+        r2s = cute.make_tiled_copy_C(atom, self.tiled_mma_pv).get_slice(tidx)
         cute.copy(r2s, r2s.retile(rO), r2s.partition_D(sO))
         if const_expr(self.tma_o):
             cute.arch.fence_proxy("async.shared", space="cta")
@@ -1917,6 +1940,17 @@ def variants(arch: str) -> list[FwdSm90Config]:
         cfg(128, causal=True, one_step_loop=True),
         cfg(128, causal=True, fold_first=False),  # the first block in its own code (before v0.44's default)
         cfg(128, causal=True, wg_store_o=False),  # (one store of the tile: the d128 causal default before v0.56)
+        # Note [O staged by stmatrix] (an option): the d64 / d128 / d256 rows' configs, causal and not, row stores,
+        # packed rows, fp16, sO in sQ's memory (d256).
+        cfg(64, stmatrix_o=True),
+        cfg(64, causal=True, wg_store_o=True, stmatrix_o=True),
+        cfg(128, stmatrix_o=True),
+        cfg(128, causal=True, wg_store_o=True, stmatrix_o=True),
+        cfg(256, rescale_o_before_pv=True, dynamic_sched=True, kv_mcast=True, stmatrix_o=True),
+        cfg(256, causal=True, rescale_o_before_pv=True, stmatrix_o=True),
+        cfg(192, 128, causal=True, varlen_q=True, varlen_k=True, stmatrix_o=True),
+        cfg(128, tile_m=64, pingpong=False, qhead_per_kvhead=4, stmatrix_o=True),
+        cfg(96, dtype="fp16", local=True, stmatrix_o=True),
         cfg(256, local=True, varlen_q=True, varlen_k=True, has_seqused_k=True, fold_first=True),
         cfg(192, causal=True, varlen_q=True, varlen_k=True),
         cfg(192, local=True, one_step_loop=False),  # d192's separate loops (its default is one step)
