@@ -348,7 +348,8 @@ def stmatrix_atom(dtype: Type[cutlass.Numeric]) -> cute.CopyAtom:
     """Register -> smem copy of 16-bit accumulator fragments (sm90): ``stmatrix`` of four 8x8
     matrices, one 16-byte row address per lane where 32-bit stores need one per element pair
     (fewer address registers, which LLVM hoists out of a persistent kernel's tile loop: Note
-    [O staged by stmatrix] in fa4/fwd/sm90.py)."""
+    [O staged by stmatrix] in fa4/fwd/sm90.py). The sm90 backward's P / dS / dK / dV and dQ, and
+    the forward's O with ``stmatrix_o``."""
     return cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), dtype)
 
 

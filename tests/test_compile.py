@@ -137,7 +137,7 @@ def test_o_staged_by_stmatrix():
     """Note [O staged by stmatrix]: with ``stmatrix_o`` the d64 causal forward stages O by four
     ``stmatrix`` a thread (no 32-bit stores of O: one STS remains, not O's), and every K-block loop,
     the masked one included, holds the row max ahead of its wait for the previous P V. With 32-bit
-    stores the masked loop waited at the top of its row max (0 FMNMX ahead; 62-68 with stmatrix, on
+    stores the masked loop waited at the top of its row max (0 FMNMX ahead; 68 with stmatrix, on
     both DSL flavors)."""
     from fa4.config import AttnProblem
     from fa4.fwd import sm90

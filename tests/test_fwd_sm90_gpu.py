@@ -835,18 +835,20 @@ def test_wg_store_o_matches(monkeypatch, d, causal, grid, shape):
 def test_stmatrix_o_matches(monkeypatch, d, dv, dtype, causal, shape):
     """Note [O staged by stmatrix]: O staged in sO by ``stmatrix`` gives the same bits as by 32-bit
     stores and passes the reference rule: every head-dim bucket and (192, 128), bf16 and fp16, dense
-    (TMA stores of O; warpgroup stores where the defaults take them; packed GQA rows 8/2) and varlen
-    (O stored by rows), rows that end inside a tile (113, 1000) or hold one query, on six CTAs."""
+    (one TMA store of the tile, or each warpgroup its own rows up to d128 without packing; packed GQA
+    rows 8/2; sO in sQ's memory at d256) and varlen (O stored by rows), rows that end inside a tile
+    (113, 1000) or hold one query (a decode tile), on six CTAs where the grid is persistent."""
     b, sq, sk, h, hk = shape
     q, k, _ = random_qkv(b, sq, sk, h, hk, d, dtype, "cuda", seed=d + dv + sq)
     v = torch.randn(b, sk, hk, dv, dtype=dtype, device="cuda")
     outs = _off_and_on(monkeypatch, "stmatrix_o", lambda: _dense(q, k, v, causal, (None, None), 0.0), 6,
-                       split_kv=False)
+                       split_kv=False, wg_store_o=h == hk and d <= 128)
     _check(outs[True][0], outs[True][1], q, k, v, causal=causal)
     assert torch.equal(outs[True][0], outs[False][0]) and torch.equal(outs[True][1], outs[False][1])
     cu_q = torch.tensor([i * sq for i in range(b + 1)], dtype=torch.int32, device="cuda")
     cu_k = torch.tensor([i * sk for i in range(b + 1)], dtype=torch.int32, device="cuda")
-    kw = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=causal, return_lse=True, kernel_options=SM90)
+    kw = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=sq, max_seqlen_k=sk, causal=causal,
+              return_lse=True, kernel_options=SM90)
     outs = _off_and_on(monkeypatch, "stmatrix_o",
                        lambda: fa4.flash_attn_varlen_func(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), **kw), 6,
                        split_kv=False)

@@ -530,8 +530,10 @@ fi
 if has next93; then
   # Session 56's option, O staged by stmatrix (Note [O staged by stmatrix], every sm90 forward): its
   # bit-equality test against the 32-bit stores, then four interleaved rounds on the s8k grid rows and
-  # d128 s1k. Taken as the default if the test passes and no row loses; then the forward file runs whole.
-  gpu_tests next93t 200 tests/test_fwd_sm90_gpu.py -k stmatrix || exit 1
+  # d128 s1k. (The default follows if the test passes and no row loses; the forward file then runs whole
+  # in a later call.)
+  gpu_tests next93t 300 tests/test_fwd_sm90_gpu.py -k stmatrix
+  rc=$?; [ $rc = 0 ] || [ $rc = 124 ] || exit 1
   timeout 130 python3 tools/sweep_fwd.py --hdim 64,128,256 --seqlen 8192 --repeat 4 new:stmatrix_o=True \
     > "$out/sweep93.log" 2>&1
   echo "sweep93 rc=$?"; grep -v Warning "$out/sweep93.log" | tail -9
@@ -542,15 +544,15 @@ fi
 if has next92; then
   # Session 56: next91s found the backward's pdl +2.0% at d128 s16k causal (14 of 16 rounds) past the
   # 2048-key bound, and the main-kernel-only form no better anywhere. The other causal rows and d128 s4k,
-  # pdl off / on, six interleaved rounds; then the split-KV and kvcache files with the combine launched
+  # pdl off / on, five interleaved rounds; then the split-KV and kvcache files with the combine launched
   # early as the default (SPLIT_PDL flipped in this copy of the tree only).
   exps=()
-  for r in 1 2 3 4 5 6; do
+  for r in 1 2 3 4 5; do
     for row in "d64 s8192 causal" "d128 s4096 causal" "d128 s8192 causal" "d256 s8192 causal" "d128 s4096"; do
       exps+=("$row pdl=False" "$row pdl=True")
     done
   done
-  timeout 260 python3 tools/sweep_bwd.py "${exps[@]}" > "$out/sweep92b.log" 2>&1
+  timeout 330 python3 tools/sweep_bwd.py "${exps[@]}" > "$out/sweep92b.log" 2>&1
   echo "sweep92b rc=$?"; grep -v Warning "$out/sweep92b.log" | grep -E "^(d|exp)" > "$out/sweep92b.txt"; tail -62 "$out/sweep92b.txt"
   sed -i 's/^SPLIT_PDL = False$/SPLIT_PDL = True/' fa4/fwd/sm90.py && grep -n "^SPLIT_PDL" fa4/fwd/sm90.py
   gpu_tests next92k 260 tests/test_fwd_splitkv_gpu.py tests/test_kvcache_gpu.py

@@ -65,6 +65,7 @@ from fa4.cute_utils import (
     make_acc_as_A,
     make_acc_mn_view,
     smem_layout_sm90,
+    stmatrix_atom,
     store_rows_16B,
     transposed,
     zero_rows_from,
@@ -454,8 +455,7 @@ class FlashBwdDqSm90:
         acc_dQ.store(acc_dQ.load() * softmax_scale)
         # Every warpgroup is done reading sQ (its last wgmmas completed before this).
         cute.arch.barrier(barrier_id=_BAR_EPI, number_of_threads=self.num_consumer_threads)
-        atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
-        r2s = cute.make_tiled_copy_C(atom, self.tiled_mma_dq).get_slice(tidx)
+        r2s = cute.make_tiled_copy_C(stmatrix_atom(self.dtype), self.tiled_mma_dq).get_slice(tidx)
         rdQ = cute.make_rmem_tensor_like(acc_dQ, self.dtype)
         convert_f32_to_half(acc_dQ, rdQ)
         cute.copy(r2s, r2s.retile(rdQ), r2s.partition_D(sm.sQ))

@@ -613,10 +613,6 @@ class FlashBwdSm90:
             return base + wg
         return base + wg * self.cfg.dq_stages + step % self.cfg.dq_stages
 
-    def stmatrix_atom(self) -> cute.CopyAtom:
-        """:func:`fa4.cute_utils.stmatrix_atom` of this kernel's 16-bit type."""
-        return stmatrix_atom(self.dtype)
-
     @staticmethod
     def atom_cols(cols: int) -> int:
         """Columns whose swizzle atom an MN-major wgmma operand of ``cols`` columns per warpgroup
@@ -1474,7 +1470,7 @@ class FlashBwdSm90:
         c.acc_dK, c.acc_dV = acc_dK, acc_dV
         # Query (column) coordinate of each column of this thread's S^T view.
         c.tScS_mn = make_acc_mn_view(thr_sdp.partition_C(cute.make_identity_tensor(shape_S)))
-        c.r2s = cute.make_tiled_copy_C(self.stmatrix_atom(), sdp).get_slice(tidx)
+        c.r2s = cute.make_tiled_copy_C(stmatrix_atom(self.dtype), sdp).get_slice(tidx)
         c.thr_sdp = thr_sdp
         c.aux = mAux
         c.sdQ = sm.sdQ
@@ -1741,7 +1737,7 @@ class FlashBwdSm90:
         # Every warpgroup is done reading sK and sV (its last wgmmas completed before this).
         cute.arch.barrier(barrier_id=_BAR.epi, number_of_threads=self.num_consumer_threads)
         for acc, sT, mma in ((acc_dK, sm.sK, self.tiled_mma_dk), (acc_dV, sm.sV, self.tiled_mma_dv)):
-            r2s = cute.make_tiled_copy_C(self.stmatrix_atom(), mma).get_slice(tidx)
+            r2s = cute.make_tiled_copy_C(stmatrix_atom(self.dtype), mma).get_slice(tidx)
             rT = cute.make_rmem_tensor_like(acc, self.dtype)
             convert_f32_to_half(acc, rT)
             cute.copy(r2s, r2s.retile(rT), r2s.partition_D(sT))
