@@ -8,6 +8,12 @@ literals). Prints the opcode counts
 that matter for these kernels (MMA, ldmatrix, shared/global/local memory, reductions, barriers) so
 two versions can be compared without a GPU; ``--out`` keeps the full listing. Needs nvdisasm (the
 ``nvidia-cuda-nvdisasm`` wheel).
+
+The listing is the installed DSL flavor's ptxas's. The GPU machine's bundle has the cu13 flavor and
+a default install here the cu12 one; their schedules differ (RESULTS v0.57). For the device's SASS,
+run this from a venv (``--system-site-packages``) holding ``nvidia-cutlass-dsl``,
+``nvidia-cutlass-dsl-libs-base``, ``-libs-core`` and ``-libs-cu13`` of the pinned version
+(``pip install --ignore-installed --no-deps``); with no driver the DSL takes the newest flavor.
 """
 
 from __future__ import annotations
