@@ -571,7 +571,8 @@ if has next91; then
   gpu_tests next91g 100 tests/test_cuda_graph_gpu.py
 fi
 if has next91s; then
-  # next90s's rounds alone: plain / pdl with the postprocess / pdl on the main kernel only.
+  # next90s's rounds alone (next90s runs them through this step): plain / pdl with the postprocess /
+  # pdl on the main kernel only.
   exps=()
   for r in 1 2 3 4; do
     for row in "d128 s8192" "d64 s8192" "d128 s1024" "d128 s16384 causal"; do
@@ -594,14 +595,7 @@ if has next90s; then
   # (the partials are now allocated before the preprocess); last the captured training step (a
   # backward with pdl inside a CUDA graph).
   gpu_tests next90p 200 tests/test_bwd_gpu.py -k "pdl or split"
-  exps=()
-  for r in 1 2 3 4; do
-    for row in "d128 s8192" "d64 s8192" "d128 s1024" "d128 s16384 causal"; do
-      exps+=("$row pdl=False" "$row pdl=True" "$row pdl=True pdl_post=False")
-    done
-  done
-  timeout 300 python3 tools/sweep_bwd.py "${exps[@]}" > "$out/sweep90b.log" 2>&1
-  echo "sweep90b rc=$?"; grep -v Warning "$out/sweep90b.log" | tail -50
+  bash "$0" nocompile,next91s  # (the rounds; their log is sweep91b)
   gpu_tests next90g 100 tests/test_cuda_graph_gpu.py
 fi
 if has next89; then

@@ -1421,19 +1421,18 @@ class FlashFwdSm90:
 
     # Note [O staged by stmatrix]
     # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-    # O's 16-bit fragments go to sO by ``stmatrix`` (four 8x8 matrices a lane, one 16-byte row
-    # address each), where 32-bit stores took one swizzled address per element pair (16 stores at
-    # d64, 32 at d128, 64 at d256). Those addresses depend only on the thread and sO, so LLVM hoists
-    # them out of the persistent tile loop and they stay live through every K block (16 registers
-    # in the d64 SASS). ncu of the
-    # d64 forward beside flash-attn-4's (RESULTS v0.57, H200): the same math instruction counts,
-    # 4% more stall samples, all at MUFU (wait and MIO); in the SASS, with 16 addresses held,
-    # ptxas ran short of registers in the row max, waited for the previous P V before the second
-    # row's max (flash-attn-4: after both maxes and a dozen exponentials) and packed the
-    # exponentials back to back. With ``stmatrix`` four addresses stay (and 12 / 24 / 48 fewer store
-    # instructions in the d64 / d128 / d256 epilogue). Compiled with the device's toolchain (the DSL's cu13
-    # flavor), the d64 causal masked loop then holds both rows' maxes (68 FMNMX) ahead of that wait,
-    # against none; d256 causal 44 against 26; the d64 free loop 34 against 31; d128 unchanged
+    # O's 16-bit fragments go to sO by ``stmatrix`` (four 8x8 matrices a lane, one 16-byte row address
+    # each), where 32-bit stores took one swizzled address per element pair (16 stores at d64, 32 at
+    # d128, 64 at d256). Those addresses depend only on the thread and sO, so LLVM hoists them out of
+    # the persistent tile loop and they stay live through every K block (16 registers in the d64 SASS).
+    # ncu of the d64 forward beside flash-attn-4's (RESULTS v0.57, H200): the same math instruction
+    # counts, 4% more stall samples, all at MUFU (wait and MIO); in the SASS, with 16 addresses held,
+    # ptxas ran short of registers in the row max, waited for the previous P V before the second row's
+    # max (flash-attn-4: after both maxes and a dozen exponentials) and packed the exponentials back to
+    # back. With ``stmatrix`` four addresses stay (and 12 / 24 / 48 fewer store instructions in the d64
+    # / d128 / d256 epilogue). Compiled with the device's toolchain (the DSL's cu13 flavor), the d64
+    # causal masked loop then holds both rows' maxes (68 FMNMX) ahead of that wait, against none; d256
+    # causal 44 against 26; the d64 free loop 34 against 31; d128 unchanged
     # (tests/test_compile.py::test_o_staged_by_stmatrix). An option (``stmatrix_o``) until a GPU runs
     # its bit-equality test (tests/test_fwd_sm90_gpu.py::test_stmatrix_o_matches) and the rows
     # (``tools/device_run.sh next93``); no GPU has run it yet.
