@@ -202,7 +202,7 @@ def test_decode_tile_accuracy(d, shape):
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", ["decode", "split_causal", "varlen_seqused", "paged", "sink"])
 def test_split_pdl_same_bits(case, monkeypatch):
-    """Note [Combine launched early] in fa4/combine.py (``sm90.SPLIT_PDL``, an option): the split-KV
+    """Note [Combine launched early] in fa4/combine.py (``sm90.SPLIT_PDL``, the default): the split-KV
     forward with the combine launched as a programmatic dependent gives the same bits as with two
     plain launches, over repeated back-to-back calls (the combine must wait for every partial), and
     passes the float32 reference check."""

@@ -92,6 +92,7 @@ def pdl_check(rounds: int = 5):
     from fa4.fwd import sm90
 
     data = decode_calls(("contig", "paged16"))
+    default = sm90.SPLIT_PDL
     modes = [False, True]
     for rnd in range(rounds):
         for shape, calls in data.items():
@@ -102,7 +103,7 @@ def pdl_check(rounds: int = 5):
                     fa4.ops._plans.clear()
                     ms = triton.testing.do_bench(call, warmup=25, rep=300)
                     cells.append(f"pdl={on}: {ms * 1e3:6.2f} us")
-                sm90.SPLIT_PDL = False
+                sm90.SPLIT_PDL = default
                 fa4.ops._plans.clear()
                 print(f"r{rnd + 1} b{shape.batch} sk{shape.seqlen_k} {layout}: " + "; ".join(cells), flush=True)
 

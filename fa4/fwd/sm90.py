@@ -1585,8 +1585,9 @@ DECODE_TILE_N = 64
 DECODE_GRID = True  # tools/decode_sweep.py --grid turns it off to time the prefill tiles' grid
 # v0.56: split-KV calls may let their combine launch early (Note [Combine launched early] in
 # fa4/combine.py): its tests passed, and it saved 0.5 us of a 359 / 376 us decode call (b8 s_k 32k,
-# contiguous / paged, five rounds, H100); off until the split-KV and kvcache GPU files run with it on.
-SPLIT_PDL = False
+# contiguous / paged, five rounds, H100); the default since v0.58, after the split-KV and kvcache GPU
+# files passed with it on (364 tests, H100).
+SPLIT_PDL = True
 # v0.38: a varlen call without max_seqlen_q (fa4 holds the packed token count: sched.tile.shape_bound)
 # takes the compact varlen grid, one CTA per tile, whose size does not depend on it, with its tile,
 # packing and split count judged on the average lengths (loose_plan). Measured (v0.38, H100,
