@@ -114,6 +114,13 @@ CONFIGS = [
 ]
 
 
+def _with_split_fields(fields):
+    """``fields`` with ``pdl`` off where they force ``split_kv`` off: ``pdl`` (the combine launched
+    early, the split calls' default since v0.58) serves split calls only, and the config refuses it
+    without them."""
+    return {"pdl": False, **fields} if fields.get("split_kv") is False else fields
+
+
 def _run_config(q, k, v, causal, fields, need_lse=True):
     """Launch the sm90 forward with config fields the public options do not expose."""
     import dataclasses
@@ -122,7 +129,7 @@ def _run_config(q, k, v, causal, fields, need_lse=True):
     from fa4.fwd import sm90
 
     problem = validate.check_dense(q, k, v, None, causal, (None, None), 0.0)
-    cfg = dataclasses.replace(sm90.make_config(problem, None, "sm_90a", need_lse), **fields)
+    cfg = dataclasses.replace(sm90.make_config(problem, None, "sm_90a", need_lse), **_with_split_fields(fields))
     sm90.FlashFwdSm90.can_implement(cfg)
     out = ops._empty(q.shape, q.dtype, q.device)
     lse = ops._empty((q.shape[0], q.shape[2], q.shape[1]), torch.float32, q.device)
@@ -188,6 +195,7 @@ def _force_fields(monkeypatch, num_sms=None, **fields):
     from fa4.fwd import sm90
 
     make = sm90.make_config
+    fields = _with_split_fields(fields)
     monkeypatch.setattr(sm90, "make_config", lambda *a, **kw: dataclasses.replace(make(*a, **kw), **fields))
     if num_sms is not None:
         monkeypatch.setattr(sm90, "_num_sms", lambda device: num_sms)
