@@ -20,7 +20,7 @@ from fa4.fwd.sm90 import FwdSm90Config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tools", "device_run.sh")
-PENDING = re.compile(r"^(next30\w*|next35\w*|next36\w*|next37\w*|next38\w*|next39\w*|next4[0-9]\w*|next7[0-9]\w*|next8[0-9]\w*)$")  # the steps the next leases run (RESULTS Next)
+PENDING = re.compile(r"^(next30\w*|next35\w*|next36\w*|next37\w*|next38\w*|next39\w*|next4[0-9]\w*|next7[0-9]\w*|next8[0-9]\w*|next9[0-9]\w*)$")  # the steps the next leases run (RESULTS Next)
 FIELDS = {"fwd": {f.name for f in dataclasses.fields(FwdSm90Config)},
           "bwd": {f.name for f in dataclasses.fields(BwdSm90Config)}}
 # A step's --arch sm80 names the sm80 family's configs.
@@ -83,3 +83,35 @@ def test_pending_step_names_what_exists(name):
                 assert field in FIELDS["fwd"] | {"hd", "causal"}, f"{name}: sweep variant {w}: no field {field}"
         elif w.startswith("tools/") and w.endswith(".py"):
             assert os.path.exists(os.path.join(ROOT, w)), f"{name}: {w} does not exist"
+
+
+def _sweep_fwd_calls(words):
+    """The ``tools/sweep_fwd.py`` invocations among a step's words: each one's arguments up to the
+    next redirection or command."""
+    calls = []
+    for i, w in enumerate(words):
+        if w == "tools/sweep_fwd.py":
+            args = []
+            for a in words[i + 1:]:
+                if a.startswith(">") or a in ("2>&1", "python3", "timeout", "echo", "|", ";", "&&"):
+                    break
+                args.append(a)
+            calls.append(args)
+    return calls
+
+
+@pytest.mark.parametrize("name", sorted(_pending()))
+def test_pending_sweeps_time_something(name):
+    """A pending step's forward sweeps select rows: without ``--any-pair`` only the targets grid's
+    (head dim, seqlen) pairs run, and a sweep that matches none times nothing (session 57 lost a
+    call that way; sweep_fwd.py now refuses it too)."""
+    from fa4 import bench
+
+    for args in _sweep_fwd_calls(_pending()[name]):
+        if "--any-pair" in args:
+            continue
+        opt = {a: b for a, b in zip(args, args[1:]) if a in ("--hdim", "--seqlen", "--causal")}
+        hd = bench._int_list(opt["--hdim"]) if "--hdim" in opt else None
+        sl = bench._int_list(opt["--seqlen"]) if "--seqlen" in opt else None
+        causal = opt.get("--causal", "both")
+        assert bench.select_grid(hd, sl, causal), f"{name}: sweep_fwd.py {' '.join(args)} selects no grid row"

@@ -92,6 +92,9 @@ def main() -> None:
     plan = []
     if args.causal:
         shapes = [sh for sh in shapes if sh.causal == (args.causal == "yes")]
+    if not shapes:  # (a GPU lease must not time nothing in silence)
+        ap.error("no row of the targets grid has these --hdim / --seqlen / --causal values; --any-pair times "
+                 "every pair asked for")
     for shape in shapes:
         base = fam.make_config(_problem(shape), None, "sm_90a", False)
         for name, fields, hd, causal in variants:
