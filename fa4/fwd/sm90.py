@@ -1533,7 +1533,7 @@ TUNING = {
 # (d256 non-causal / causal); at d128 -10% to +3% (not taken).
 RESCALE_O_BEFORE_PV_MIN_DV = 129
 # O staged by stmatrix (Note [O staged by stmatrix]) for head_dim_v >= 256: on an H100 (v0.58) d256
-# causal +2.0% / +1.5% / +0.2% (s8k / s4k / s16k), d256 without a mask the same; d64 -4.7% to +2.4%
+# causal +2.0% / +1.5% / +0.2% (s8k / s4k / s16k), d256 s8k without a mask -0.2%; d64 -4.7% to +2.4%
 # (s4k to s16k, wide spreads) and d128 -1%, so those keep the 32-bit stores.
 STMATRIX_O_MIN_DV = 256
 PP_STEPS_ONLY_WG3 = True  # three warpgroups' turns bracket the K-block steps only (TUNING comment)
@@ -1838,7 +1838,7 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         pingpong=pingpong,
         pp_steps_only=pp_steps_only,
         rescale_o_before_pv=problem.head_dim_v >= RESCALE_O_BEFORE_PV_MIN_DV,
-        stmatrix_o=problem.head_dim_v >= STMATRIX_O_MIN_DV,
+        stmatrix_o=problem.head_dim_v >= STMATRIX_O_MIN_DV and splits == 1,  # (split calls store O from registers)
         **grid,
         has_lse=need_lse or splits > 1,
         exp2_emu_frac=float(options.exp2_emu_frac) if options.exp2_emu_frac is not None else DEFAULT_EXP2_EMU_FRAC,
@@ -1910,6 +1910,10 @@ def variants(arch: str) -> list[FwdSm90Config]:
         c = replace(base, head_dim=d, head_dim_v=dv or d, **kw)
         if "wg_store_o" not in kw and _wg_store_o(c, tile_m, 1024):  # (as make_config at 1024 keys)
             c = replace(c, wg_store_o=True)
+        if "stmatrix_o" not in kw and not c.split_kv and c.head_dim_v >= STMATRIX_O_MIN_DV:  # (as make_config)
+            c = replace(c, stmatrix_o=True)
+        if "pdl" not in kw and c.split_kv and SPLIT_PDL:  # (as make_config)
+            c = replace(c, pdl=True)
         return c
 
     return [
@@ -1941,21 +1945,21 @@ def variants(arch: str) -> list[FwdSm90Config]:
         cfg(128, causal=True, pingpong=True, pp_steps_only=True, dynamic_sched=True),
         cfg(256, rescale_o_before_pv=True, rescale_threshold=8.0, sum_rounded=True),
         cfg(256, rescale_o_before_pv=True, dynamic_sched=True),  # d256 without a mask: the dynamic grid (v0.16)
-        cfg(256, causal=True, rescale_o_before_pv=True),  # folded, O rescaled before P V (the d256 default, 32-bit O stores)
+        cfg(256, causal=True, rescale_o_before_pv=True),  # folded, O rescaled before P V (the d256 default)
         cfg(64, dtype="fp16", has_lse=False),
         cfg(96, local=True, has_softcap=True),
         cfg(96, local=True, one_step_loop=True),
         cfg(128, causal=True, one_step_loop=True),
         cfg(128, causal=True, fold_first=False),  # the first block in its own code (before v0.44's default)
         cfg(128, causal=True, wg_store_o=False),  # (one store of the tile: the d128 causal default before v0.56)
-        # Note [O staged by stmatrix] (the d256 default): the d64 / d128 / d256 rows' configs, causal and not, row
-        # stores, packed rows, fp16, sO in sQ's memory (d256).
+        # Note [O staged by stmatrix] (the d256 default): the d64 / d128 rows' configs, causal and not, row stores,
+        # packed rows, fp16; at d256 (sO in sQ's memory) the 32-bit stores, which are the option there.
         cfg(64, stmatrix_o=True),
         cfg(64, causal=True, wg_store_o=True, stmatrix_o=True),
         cfg(128, stmatrix_o=True),
         cfg(128, causal=True, wg_store_o=True, stmatrix_o=True),
-        cfg(256, rescale_o_before_pv=True, dynamic_sched=True, kv_mcast=True, stmatrix_o=True),
-        cfg(256, causal=True, rescale_o_before_pv=True, stmatrix_o=True),
+        cfg(256, rescale_o_before_pv=True, dynamic_sched=True, kv_mcast=True, stmatrix_o=False),
+        cfg(256, causal=True, rescale_o_before_pv=True, stmatrix_o=False),
         cfg(192, 128, causal=True, varlen_q=True, varlen_k=True, stmatrix_o=True),
         cfg(128, tile_m=64, pingpong=False, qhead_per_kvhead=4, stmatrix_o=True),
         cfg(96, dtype="fp16", local=True, stmatrix_o=True),
@@ -1998,11 +2002,11 @@ def variants(arch: str) -> list[FwdSm90Config]:
         # v0.28's decode tiles: 64-row K blocks, one CTA per tile; split, and varlen.
         cfg(128, tile_m=64, tile_n=64, pingpong=False, persistent=False, qhead_per_kvhead=4),
         cfg(128, tile_m=64, tile_n=64, pingpong=False, persistent=False, qhead_per_kvhead=4, split_kv=True),
-        # (with the combine launched early: Note [Combine launched early]; paged with seqused_k too)
+        # (split calls launch their combine early by default, SPLIT_PDL: two plain launches, paged with seqused_k too)
         cfg(128, tile_m=64, tile_n=64, pingpong=False, persistent=False, qhead_per_kvhead=4, split_kv=True,
-            pdl=True),
+            pdl=False),
         cfg(128, tile_m=64, pingpong=False, persistent=False, qhead_per_kvhead=4, page_rows=16, has_seqused_k=True,
-            split_kv=True, pdl=True),
+            split_kv=True, pdl=False),
         cfg(128, tile_m=64, tile_n=64, pingpong=False, persistent=False, qhead_per_kvhead=4, varlen_q=True,
             varlen_k=True),
         # v0.29: paged decode (and seqused_k) one CTA per tile, with the table's K blocks.
