@@ -1742,6 +1742,12 @@ WG_STORE_O_BUCKETS = frozenset({64})
 WG_STORE_O_CAUSAL_BUCKETS = frozenset({128})
 
 
+def _stmatrix_o(head_dim_v: int, split_kv: bool) -> bool:
+    """Whether O is staged by stmatrix by default (:data:`STMATRIX_O_MIN_DV`); a split call writes
+    its partial O from registers, so it never stages O."""
+    return head_dim_v >= STMATRIX_O_MIN_DV and not split_kv
+
+
 def _wg_store_o(cfg: FwdSm90Config, table_tile_m: int, seqlen_k: int) -> bool:
     """Whether the rules above give ``cfg`` ``wg_store_o``: its bucket (at d128 a causal tile of under
     ``KV_MCAST_CAUSAL_MIN_SEQLEN_K`` keys without multicast), the table's tile (not a decode
@@ -1838,7 +1844,7 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         pingpong=pingpong,
         pp_steps_only=pp_steps_only,
         rescale_o_before_pv=problem.head_dim_v >= RESCALE_O_BEFORE_PV_MIN_DV,
-        stmatrix_o=problem.head_dim_v >= STMATRIX_O_MIN_DV and splits == 1,  # (split calls store O from registers)
+        stmatrix_o=_stmatrix_o(problem.head_dim_v, splits > 1),
         **grid,
         has_lse=need_lse or splits > 1,
         exp2_emu_frac=float(options.exp2_emu_frac) if options.exp2_emu_frac is not None else DEFAULT_EXP2_EMU_FRAC,
@@ -1910,7 +1916,7 @@ def variants(arch: str) -> list[FwdSm90Config]:
         c = replace(base, head_dim=d, head_dim_v=dv or d, **kw)
         if "wg_store_o" not in kw and _wg_store_o(c, tile_m, 1024):  # (as make_config at 1024 keys)
             c = replace(c, wg_store_o=True)
-        if "stmatrix_o" not in kw and not c.split_kv and c.head_dim_v >= STMATRIX_O_MIN_DV:  # (as make_config)
+        if "stmatrix_o" not in kw and _stmatrix_o(c.head_dim_v, c.split_kv):  # (as make_config)
             c = replace(c, stmatrix_o=True)
         if "pdl" not in kw and c.split_kv and SPLIT_PDL:  # (as make_config)
             c = replace(c, pdl=True)
