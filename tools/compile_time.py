@@ -1,6 +1,6 @@
 """Cold compile time of single kernel variants, one at a time in one process:
 
-    python tools/compile_time.py
+    python tools/compile_time.py [--reps N]   # N > 1: the sm90 defaults N more cold rounds each
     python tools/compile_time.py --ab fold_first [--reps 3] [--family sm80] [--local]   # causal (or window
         (1024, 0)) configs, FIELD off / on in turn
 
@@ -61,6 +61,22 @@ if "--ab" in sys.argv:
         sm80 if "--family" in sys.argv and sys.argv[sys.argv.index("--family") + 1] == "sm80" else sm90,
         "--local" in sys.argv)
     sys.exit(0)
+
+
+def _cold(cfg) -> float:
+    """Seconds of one cold ``get_kernel(cfg)``: memory and disk caches emptied first."""
+    jit._memory.clear()
+    shutil.rmtree(os.environ["FA4_CACHE_DIR"], ignore_errors=True)
+    os.makedirs(os.environ["FA4_CACHE_DIR"])
+    t = time.time()
+    jit.get_kernel(cfg)
+    return time.time() - t
+
+
+# --reps N (N > 1): each sm90 default below compiled cold N times in turn (rounds), its median and
+# minimum printed after its first time; one run's noise on a shared host decides nothing (v0.59).
+_reps = int(sys.argv[sys.argv.index("--reps") + 1]) if "--reps" in sys.argv else 1
+_defaults = []
 for d in (64, 128, 256):
     for causal in (False, True):
         p = AttnProblem("bf16", 2, 4096, 4096, 8, 8, d, d, d ** -0.5, causal=causal)
@@ -69,6 +85,20 @@ for d in (64, 128, 256):
             t = time.time()
             jit.get_kernel(cfg)
             print(f"{mod.__name__.split('.')[-1]} d{d} causal={causal}: {time.time() - t:.2f}s", flush=True)
+            if mod is sm90:
+                _defaults.append((f"sm90 d{d} causal={causal}", cfg))
+if _reps > 1:
+    import statistics
+
+    _times = {name: [] for name, _ in _defaults}
+    for _ in range(_reps):
+        for name, cfg in _defaults:
+            _times[name].append(_cold(cfg))
+    for name, _ in _defaults:
+        ts = _times[name]
+        print(f"{name}, {_reps} cold rounds: median {statistics.median(ts):.2f}s, min {min(ts):.2f}s "
+              f"({' '.join(f'{t:.2f}' for t in ts)})", flush=True)
+_timed = {cfg for _, cfg in _defaults}
 # The masked sm90 kernels over the 2 s bar, with one step body (one_step_loop) beside (v0.29; d64 since v0.43)
 # and the first block folded into the masked loop (fold_first, v0.44).
 for d in (64, 128, 192, 256):
@@ -77,7 +107,7 @@ for d in (64, 128, 192, 256):
         cfg = sm90.make_config(AttnProblem("bf16", 2, 4096, 4096, 8, 8, d, d, d ** -0.5, **kw), None, "sm_90a", True)
         for how in ("", "one_step_loop", "fold_first"):
             c = dataclasses.replace(cfg, one_step_loop=how == "one_step_loop", fold_first=how == "fold_first")
-            if c in jit._memory:
+            if c in _timed or c in jit._memory:
                 print(f"sm90 d{d} {mask} {how or 'separate first block'}: the default, timed above", flush=True)
                 continue
             t = time.time()

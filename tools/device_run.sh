@@ -670,7 +670,9 @@ if has next83; then
   timeout 330 python3 -m fa4.bench --mode both --causal both --repeats 2 --out "$out/next83bench" \
     > "$out/next83bench.log" 2>&1
   echo "next83bench rc=$?"; grep -E "^# (gpu|bf16|fwd|bwd)" "$out/next83bench.log"; tail -26 "$out/next83bench.log"
-  logged ctime83 200 40 python3 tools/compile_time.py
+  # Since v0.59 the six sm90 defaults get three more cold rounds each (median, minimum): one run's
+  # 1.04-1.71x spread against the H100 host (v0.57) decides nothing.
+  logged ctime83 235 46 python3 tools/compile_time.py --reps 3
 fi
 if has next82; then
   # Session 53: the d64 default with warpgroup stores (WG_STORE_O_BUCKETS): the forward GPU files (gpu2's),
