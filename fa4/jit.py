@@ -374,6 +374,7 @@ def _compile_to_disk(cfg: KernelConfig, path: Path) -> None:
         raise _CacheWriteError(e) from e
     try:
         fn = compile_uncached(cfg, engine=False)
+        t_export = time.perf_counter()
         try:
             fn.export_to_c(tmp, function_name=EXPORT_SYMBOL)
             os.replace(tmp, path)
@@ -382,10 +383,11 @@ def _compile_to_disk(cfg: KernelConfig, path: Path) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    dt = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    dt = t1 - t0
     _stats.compiles += 1
     _stats.compile_seconds += dt
-    _stats.last = {"event": "compile", "seconds": dt, "path": str(path)}
+    _stats.last = {"event": "compile", "seconds": dt, "export_seconds": t1 - t_export, "path": str(path)}
     info = {"key": cfg.key(), "config": cfg.describe(), "kernel": type(cfg).KERNEL, "compile_seconds": dt,
             "sources": kernel_source_hash(type(cfg).KERNEL.partition(":")[0]),
             "cubins": cubin_info(path), "created": time.time(), "fa4": __version__, "dsl": dsl_version()}

@@ -63,6 +63,15 @@ if "--ab" in sys.argv:
     sys.exit(0)
 
 
+def _split() -> str:
+    """The last cold get_kernel's parts (jit's stats): compile, export, load."""
+    last = jit._stats.last or {}
+    if last.get("event") != "compile" or "load_seconds" not in last:
+        return ""
+    exp = last.get("export_seconds", 0.0)
+    return f" (compile {last['seconds'] - exp:.2f}, export {exp:.2f}, load {last['load_seconds']:.2f})"
+
+
 def _cold(cfg) -> float:
     """Seconds of one cold ``get_kernel(cfg)``: memory and disk caches emptied first."""
     jit._memory.clear()
@@ -70,7 +79,14 @@ def _cold(cfg) -> float:
     os.makedirs(os.environ["FA4_CACHE_DIR"])
     t = time.time()
     jit.get_kernel(cfg)
-    return time.time() - t
+    dt = time.time() - t
+    last = jit._stats.last
+    exp = last.get("export_seconds", 0.0)
+    _parts.setdefault(cfg, []).append((last["seconds"] - exp, exp, last.get("load_seconds", 0.0)))
+    return dt
+
+
+_parts = {}  # cfg -> [(compile, export, load)] of the cold rounds
 
 
 # --reps N (N > 1): each sm90 default below compiled cold N times in turn (rounds), its median and
@@ -84,7 +100,7 @@ for d in (64, 128, 256):
             cfg = mod.make_config(p, None, "sm_90a", True)
             t = time.time()
             jit.get_kernel(cfg)
-            print(f"{mod.__name__.split('.')[-1]} d{d} causal={causal}: {time.time() - t:.2f}s", flush=True)
+            print(f"{mod.__name__.split('.')[-1]} d{d} causal={causal}: {time.time() - t:.2f}s{_split()}", flush=True)
             if mod is sm90:
                 _defaults.append((f"sm90 d{d} causal={causal}", cfg))
 if _reps > 1:
@@ -94,10 +110,11 @@ if _reps > 1:
     for _ in range(_reps):
         for name, cfg in _defaults:
             _times[name].append(_cold(cfg))
-    for name, _ in _defaults:
+    for name, cfg in _defaults:
         ts = _times[name]
         print(f"{name}, {_reps} cold rounds: median {statistics.median(ts):.2f}s, min {min(ts):.2f}s "
-              f"({' '.join(f'{t:.2f}' for t in ts)})", flush=True)
+              f"({' '.join(f'{t:.2f}' for t in ts)}); medians of compile / export / load "
+              f"{' / '.join(f'{statistics.median(x):.2f}' for x in zip(*_parts[cfg]))}s", flush=True)
 _timed = {cfg for _, cfg in _defaults}
 # The masked sm90 kernels over the 2 s bar, with one step body (one_step_loop) beside (v0.29; d64 since v0.43)
 # and the first block folded into the masked loop (fold_first, v0.44).
