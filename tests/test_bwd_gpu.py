@@ -447,6 +447,43 @@ def test_bwd_deterministic(mask, heads, family):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("seqlen", [1000, 1024])
+def test_bwd_short_causal_rows_take_the_ordered_kernel(seqlen):
+    """Note [The ordered kernel for short causal rows] (fa4/bwd/sm90.py): a d128 causal call of at
+    most 1024 keys that does not ask for determinism runs the deterministic kernel (enough CTAs: 6 x
+    16 heads x 8 K blocks, over four waves of 132 SMs). Its gradients have the bits of deterministic=True and pass the reference
+    rule; with the rule off the call runs the non-deterministic kernel, within the rule too."""
+    from fa4.bwd import sm90
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the sm90 kernels need compute capability 9.x")
+    q, k, v = random_qkv(6, seqlen, seqlen, 16, 16, 128, torch.bfloat16, "cuda", requires_grad=True, seed=11)
+    g = torch.randn(6, seqlen, 16, 128, device="cuda", dtype=torch.bfloat16)
+    assert "the deterministic kernel, asked or not" in str(fa4.explain(q, k, v, causal=True))
+
+    def grads(det):
+        out, _ = fa4.flash_attn_func(q, k, v, causal=True, deterministic=det)
+        return torch.autograd.grad(out, (q, k, v), g)
+
+    free, asked = grads(False), grads(True)
+    for name, a, b in zip(("dq", "dk", "dv"), free, asked):
+        assert torch.equal(a, b), f"{name}: the short causal call did not run the deterministic kernel's bits"
+    ref, pt = _reference_dense((q, k, v), dict(causal=True, window_size=(None, None), softcap=0.0), g, None)
+    _check_grads(("dq", "dk", "dv"), free, ref, pt, (q, k, v), g)
+    from fa4 import ops
+
+    old = sm90.ORDERED_SHORT_MAX_SEQLEN_K
+    try:
+        sm90.ORDERED_SHORT_MAX_SEQLEN_K = 0
+        ops._plans.clear()
+        assert "the deterministic kernel, asked or not" not in str(fa4.explain(q, k, v, causal=True))
+        _check_grads(("dq", "dk", "dv"), grads(False), ref, pt, (q, k, v), g)
+    finally:
+        sm90.ORDERED_SHORT_MAX_SEQLEN_K = old
+        ops._plans.clear()
+
+
+@pytest.mark.gpu
 def test_bwd_deterministic_varlen(family):
     vb = random_varlen(
         4, 700, 4, 2, 64, torch.bfloat16, "cuda", max_seqlen_k=1500, with_seqused_k=True, requires_grad=True, seed=11

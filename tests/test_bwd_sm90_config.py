@@ -651,3 +651,44 @@ def test_pdl_post_needs_pdl():
     main_only = dataclasses.replace(cfg, pdl=True, pdl_post=False)
     sm90.FlashBwdSm90.can_implement(main_only)
     assert not postprocess.config_for(main_only).pdl
+
+
+def test_ordered_kernel_for_short_causal_rows(monkeypatch):
+    """Note [The ordered kernel for short causal rows]: a call that does not ask for determinism takes
+    the deterministic kernel (the same config as asking) at padded head dim 128, causal, at most
+    ORDERED_SHORT_MAX_SEQLEN_K keys, MHA, dense, no backward option, four waves of CTAs; nowhere else;
+    0 turns it off. fa4.explain() says so."""
+    import torch
+
+    import fa4
+
+    monkeypatch.setattr(sm90, "_num_sms", lambda: 132)
+    base = dict(batch=16, seqlen_q=1024, seqlen_k=1024, heads=16, heads_k=16, causal=True)
+
+    def cfgs(d=128, opts=None, **kw):
+        p = _problem(d, **{**base, **kw})
+        return sm90.make_config(p, opts, "sm_90a", False), sm90.make_config(p, opts, "sm_90a", True)
+
+    free, det = cfgs()
+    assert cfgs(batch=5)[0].deterministic  # 640 CTAs
+    assert free == det and free.deterministic and free.dq_first_store and free.det_up
+    assert cfgs(120)[0].deterministic  # padded to 128
+    for kw in (dict(causal=False), dict(seqlen_q=2048, seqlen_k=2048, batch=8), dict(heads_k=4),
+               dict(batch=4),  # 4 x 16 x 8 = 512 CTAs: under four waves of 132 SMs
+               dict(varlen_q=True, varlen_k=True, total_q=16384, total_k=16384), dict(has_seqused_k=True),
+               dict(causal=False, local=True, window_left=256, window_right=0)):
+        assert not cfgs(**kw)[0].deterministic, kw
+    assert not cfgs(64, heads=32, heads_k=32)[0].deterministic
+    assert not cfgs(256, heads=8, heads_k=8)[0].deterministic
+    assert not cfgs(192, heads=8, heads_k=8)[0].deterministic
+    for opts in (KernelOptions(bwd_tile_m=64), KernelOptions(bwd_dq_pass=False), KernelOptions(bwd_kv_split=1),
+                 KernelOptions(bwd_exp2_emu_frac=0.0), KernelOptions(bwd_two_cta=False)):
+        assert not cfgs(opts=opts)[0].deterministic, opts
+    assert cfgs(opts=KernelOptions(arch="sm90"))[0].deterministic  # the family is not a backward option
+    q = torch.empty(16, 1024, 16, 128, dtype=torch.bfloat16, device="meta")
+    note = "the deterministic kernel, asked or not"
+    assert note in str(fa4.explain(q, q, q, causal=True, capability=(9, 0)))
+    assert note not in str(fa4.explain(q, q, q, capability=(9, 0)))
+    monkeypatch.setattr(sm90, "ORDERED_SHORT_MAX_SEQLEN_K", 0)
+    assert not cfgs()[0].deterministic
+    assert note not in str(fa4.explain(q, q, q, causal=True, capability=(9, 0)))

@@ -3,7 +3,7 @@
     python tools/sweep_bwd.py [--family sm90] "d128 s8192" "d128 s8192 causal tile_m=128" ...
     python tools/sweep_bwd.py --plan v1        # a named list of experiments (PLANS)
 
-An experiment: ``d<head_dim> s<seqlen> [g<group>] [causal] [det] [section=N] [field=value ...]`` on
+An experiment: ``d<head_dim> s<seqlen> [g<group>] [causal] [det] [section=N] [const.NAME=value] [field=value ...]`` on
 FlashAttention's grid shape (batch * seqlen = 16k tokens, heads * head_dim = 2048, bf16; ``g4``: GQA,
 four q heads per kv head); the fields override the
 family's ``make_config`` (``dataclasses.replace``), ``dq.<field>=value`` those of the dQ pass's
@@ -25,7 +25,7 @@ import torch
 
 import fa4
 from fa4 import jit, ops, validate
-from fa4.bwd import postprocess, preprocess
+from fa4.bwd import common, postprocess, preprocess
 
 
 PLANS = {
@@ -509,10 +509,13 @@ PLANS = {
 
 def parse(exp: str):
     words = exp.split()
-    shape = dict(d=128, s=8192, g=1, causal=False, det=False, section=None, dq={})
+    shape = dict(d=128, s=8192, g=1, causal=False, det=False, section=None, dq={}, const={})
     over = {}
     for w in words:
-        if w.startswith("dq.") and "=" in w:
+        if w.startswith("const.") and "=" in w:
+            k, v = w[6:].split("=", 1)
+            shape["const"][k] = ast.literal_eval(v)
+        elif w.startswith("dq.") and "=" in w:
             k, v = w[3:].split("=", 1)
             shape["dq"][k] = ast.literal_eval(v)
         elif w == "causal":
@@ -547,8 +550,30 @@ def _options(family, over):
     return fa4.KernelOptions(arch=family, bwd_dq_pass=over.pop("dq_pass", None)), over
 
 
+class _consts:
+    """The family module's constants of ``const.NAME=VALUE`` words set for the experiment (e.g.
+    ``const.ORDERED_SHORT_MAX_SEQLEN_K=0``), restored after."""
+
+    def __init__(self, mod, values):
+        self.mod, self.values = mod, values
+
+    def __enter__(self):
+        self.saved = {k: getattr(self.mod, k) for k in self.values}  # AttributeError: no such constant
+        for k, v in self.values.items():
+            setattr(self.mod, k, v)
+
+    def __exit__(self, *exc):
+        for k, v in self.saved.items():
+            setattr(self.mod, k, v)
+
+
 def configs(family, shape, over):
     mod = importlib.import_module(f"fa4.bwd.{family}")
+    with _consts(mod, shape["const"]):
+        return _configs(mod, family, shape, over)
+
+
+def _configs(mod, family, shape, over):
     q, k, v = (t.detach() for t in _tensors(shape, grad=False)) if torch.cuda.is_available() else [None] * 3
     problem = validate.check_dense(q, k, v, None, shape["causal"], (None, None), 0.0)
     opts, over = _options(family, over)
@@ -560,7 +585,9 @@ def configs(family, shape, over):
         return [cfg, dataclasses.replace(dq_sm90.config_for(cfg), **shape["dq"]),
                 preprocess.make_config("bf16", shape["d"], "sm_90a", has_semaphore=False, zero_dq=False,
                                        pdl=getattr(cfg, "pdl", False))]
-    pre = preprocess.make_config("bf16", shape["d"], "sm_90a", has_semaphore=shape["det"], pdl=getattr(cfg, "pdl", False))
+    # (the driver's: a semaphore where the main kernel counts slots, no zeroing where it stores first)
+    pre = preprocess.make_config("bf16", shape["d"], "sm_90a", has_semaphore=common.counts_slots(cfg),
+                                 zero_dq=not postprocess.config_for(cfg).counted, pdl=getattr(cfg, "pdl", False))
     return [cfg, postprocess.config_for(cfg), pre]
 
 
@@ -585,6 +612,8 @@ def run(family, shape, over):
     orig_dq = dq_sm90.config_for
     dq_sm90.config_for = lambda c: dataclasses.replace(orig_dq(c), **shape["dq"])
     ops._plans.clear()
+    consts = _consts(mod, shape["const"])
+    consts.__enter__()
     try:
         q, k, v = _tensors(shape)
         out, _ = fa4.flash_attn_func(q, k, v, causal=shape["causal"], deterministic=shape["det"], kernel_options=opts)
@@ -596,6 +625,7 @@ def run(family, shape, over):
         flops = 2.5 * 4 * b * h * s * s * d / (2 if shape["causal"] else 1)
         return ms, flops / ms / 1e9, grads
     finally:
+        consts.__exit__()
         mod.make_config = orig
         dq_sm90.config_for = orig_dq
         order.section, order.det_section = saved
@@ -621,7 +651,7 @@ def main():
     for text, (shape, over) in zip(texts, exps):
         try:
             ms, tf, grads = run(args.family, shape, over)
-            key = tuple(sorted((k, repr(v)) for k, v in shape.items() if k not in ("det", "section", "dq")))
+            key = tuple(sorted((k, repr(v)) for k, v in shape.items() if k not in ("det", "section", "dq", "const")))
             ref = base.setdefault(key, grads)
             diff = max(float((a.float() - r.float()).abs().max()) for a, r in zip(grads, ref))
             print(f"{text:<48} {tf:8.1f} {ms:8.3f} {diff:8.1e}", flush=True)

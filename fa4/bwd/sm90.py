@@ -1950,6 +1950,42 @@ causal 360.1 -> 365.2, s1k 588.4 -> 643.6, s4k causal 1178.6 -> 1228.9, s16k 847
 relaxed and not yet measured): the CAS and the claimant's publish (store completion, ``MEMBAR.GPU``)
 lengthen the writer's step, and without a mask every K block of a pair claims the same slot at once. Off there."""
 
+ORDERED_SHORT_MAX_SEQLEN_K = 1024
+ORDERED_SHORT_MIN_WAVES = 4
+"""Note [The ordered kernel for short causal rows]
+A call that does not ask for determinism takes the deterministic kernel where that kernel has
+measured faster: padded head dim 128 (and head_dim_v equal), a causal mask, at most this many keys,
+MHA, dense (no varlen, seqused_k, pages or user functions), no backward option set, and at least
+``ORDERED_SHORT_MIN_WAVES`` waves of CTAs (measured at 15.5: 2,048 CTAs on 132 SMs; with few CTAs
+the ordered adds have less other work to hide behind, unmeasured). Its first contributor to each dQ slot stores (Note [First store]), so the preprocess
+does not zero the float32 accumulator, 134 MB at 16k tokens x 16 heads (26-40 us of a call of about
+0.5 ms at d128 s1k causal), and its up order (Note [Up order]) walks each K block's queries up from the
+diagonal as the non-deterministic kernel does, shortest blocks launched first. The non-deterministic kernel's own first store (claims, :data:`DQ_FIRST_STORE`)
+cost its main kernel more than the zeroing saved (v0.18-v0.19). Measured: ``python -m fa4.bench
+--mode bwd --deterministic`` at d128 s1k causal (16 x 1024 tokens, 16 heads), deterministic /
+non-deterministic in the same run, 370.1 / 357.7 TFLOP/s (+3.5%, H200, v0.22) and 342.2 / 314.3
+(+8.9%, H100, v0.59); at s4k causal 535.3 / 528.7 (+1.2%) and 506.1 / 508.1 (-0.4%), so longer rows
+keep the non-deterministic kernel; without a mask at s1k +0.8% / +1.5% (inside a run's noise: not
+taken). The results are the deterministic kernel's: the same bits on every run. 0 turns it off;
+``fa4.explain()`` says when a call takes it."""
+
+
+def ordered_for_speed(problem: AttnProblem, options: Optional[KernelOptions]) -> bool:
+    """Whether a call that does not ask for determinism runs the deterministic kernel because it is the
+    faster one there (Note [The ordered kernel for short causal rows])."""
+    opts = options or KernelOptions()
+    if any(getattr(opts, f) is not None for f in ("bwd_tile_m", "bwd_tile_n", "bwd_two_cta", "bwd_dq_pass",
+                                                  "bwd_exp2_emu_frac", "bwd_kv_split")):
+        return False
+    k_blocks = -(-problem.seqlen_k // 128)
+    return bool(ORDERED_SHORT_MAX_SEQLEN_K and problem.causal and not problem.local
+                and 0 < problem.seqlen_k <= ORDERED_SHORT_MAX_SEQLEN_K
+                and head_dim_padded(problem.head_dim) == 128 and problem.head_dim_v == problem.head_dim
+                and problem.heads == problem.heads_k and not problem.is_varlen
+                and not (problem.score_mod or problem.mask_mod or problem.score_mod_bwd or problem.block_table)
+                and problem.batch * problem.heads_k * k_blocks >= ORDERED_SHORT_MIN_WAVES * _num_sms())
+
+
 CLAIM_ROTATE = False
 """Non-deterministic runs with the first store (the claims of Note [First store], ``DQ_FIRST_STORE[False]``)
 walk the rotated order of Note [Rotated order] where :func:`rotate_ok` allows it (no mask), not the plain
@@ -2100,6 +2136,8 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
         raise ValueError(f"KernelOptions.bwd_tile_n={opts.bwd_tile_n}: the sm90 backward at head_dim "
                          f"{problem.head_dim} uses tile_n {tile_n}")
     asked_det = bool(deterministic)  # (a run with the dQ pass then takes the non-deterministic kernel)
+    # Note [The ordered kernel for short causal rows]: the deterministic kernel where it is the faster.
+    deterministic = asked_det or ordered_for_speed(problem, options)
     two_cta = (bool(opts.bwd_two_cta) if opts.bwd_two_cta is not None
                else TWO_CTA.get(hd, False) and not deterministic and (opts.bwd_kv_split or 1) == 1)
     if opts.bwd_dq_pass is not None:
@@ -2239,6 +2277,11 @@ def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: B
                      "and deterministic=True runs the same kernels (Note [dQ pass] in fa4/bwd/dq_sm90.py); "
                      "its grid in the forward's tile order, longest query tiles first, in L2 sections "
                      "(Note [dQ pass tile order])")
+    if cfg.deterministic and ordered_for_speed(problem, options):
+        notes.append(f"the deterministic kernel, asked or not: at most {ORDERED_SHORT_MAX_SEQLEN_K} keys with a "
+                     "causal mask at head dim 128 it measured faster than the non-deterministic one (its first "
+                     "tile stores, so the dQ accumulator is not zeroed: Note [The ordered kernel for short causal "
+                     "rows]; fa4.bwd.sm90.ORDERED_SHORT_MAX_SEQLEN_K = 0 turns it off)")
     if cfg.deterministic:
         rounds = (f", its K blocks in {cfg.det_rounds} rounds per pair (Note [Rotation rounds])"
                   if cfg.det_rounds > 1 else "")
