@@ -459,10 +459,12 @@ def test_bwd_short_causal_rows_take_the_ordered_kernel(seqlen):
         pytest.skip("the sm90 kernels need compute capability 9.x")
     q, k, v = random_qkv(6, seqlen, seqlen, 16, 16, 128, torch.bfloat16, "cuda", requires_grad=True, seed=11)
     g = torch.randn(6, seqlen, 16, 128, device="cuda", dtype=torch.bfloat16)
-    assert "the deterministic kernel, asked or not" in str(fa4.explain(q, k, v, causal=True))
+    sm90_opts = fa4.KernelOptions(arch="sm90")  # (whatever FA4_ARCH says)
+    note = "the deterministic kernel, taken without deterministic=True too"
+    assert note in str(fa4.explain(q, k, v, causal=True, kernel_options=sm90_opts))
 
     def grads(det):
-        out, _ = fa4.flash_attn_func(q, k, v, causal=True, deterministic=det)
+        out, _ = fa4.flash_attn_func(q, k, v, causal=True, deterministic=det, kernel_options=sm90_opts)
         return torch.autograd.grad(out, (q, k, v), g)
 
     free, asked = grads(False), grads(True)
@@ -476,7 +478,7 @@ def test_bwd_short_causal_rows_take_the_ordered_kernel(seqlen):
     try:
         sm90.ORDERED_SHORT_MAX_SEQLEN_K = 0
         ops._plans.clear()
-        assert "the deterministic kernel, asked or not" not in str(fa4.explain(q, k, v, causal=True))
+        assert note not in str(fa4.explain(q, k, v, causal=True, kernel_options=sm90_opts))
         _check_grads(("dq", "dk", "dv"), grads(False), ref, pt, (q, k, v), g)
     finally:
         sm90.ORDERED_SHORT_MAX_SEQLEN_K = old

@@ -670,10 +670,16 @@ def test_ordered_kernel_for_short_causal_rows(monkeypatch):
         return sm90.make_config(p, opts, "sm_90a", False), sm90.make_config(p, opts, "sm_90a", True)
 
     free, det = cfgs()
-    assert cfgs(batch=5)[0].deterministic  # 640 CTAs
     assert free == det and free.deterministic and free.dq_first_store and free.det_up
-    assert cfgs(120)[0].deterministic  # padded to 128
+    # The same config as asking, wherever the rule reaches (Note: two decisions read the asked flag).
+    for d, kw in ((120, {}), (128, dict(batch=5)), (128, dict(softcap=30.0)), (128, dict(dtype="fp16")),
+                  (128, dict(has_sink=True)), (128, dict(seqlen_q=768, seqlen_k=768, batch=24)),
+                  (128, dict(softmax_scale=0.3))):
+        free, det = cfgs(d, **kw)
+        assert free.deterministic and free == det, (d, kw)
     for kw in (dict(causal=False), dict(seqlen_q=2048, seqlen_k=2048, batch=8), dict(heads_k=4),
+               dict(seqlen_q=128), dict(seqlen_q=4096),  # not square
+               dict(seqlen_q=256, seqlen_k=256, batch=64),  # under half the bound: unmeasured
                dict(batch=4),  # 4 x 16 x 8 = 512 CTAs: under four waves of 132 SMs
                dict(varlen_q=True, varlen_k=True, total_q=16384, total_k=16384), dict(has_seqused_k=True),
                dict(causal=False, local=True, window_left=256, window_right=0)):
@@ -682,11 +688,12 @@ def test_ordered_kernel_for_short_causal_rows(monkeypatch):
     assert not cfgs(256, heads=8, heads_k=8)[0].deterministic
     assert not cfgs(192, heads=8, heads_k=8)[0].deterministic
     for opts in (KernelOptions(bwd_tile_m=64), KernelOptions(bwd_dq_pass=False), KernelOptions(bwd_kv_split=1),
-                 KernelOptions(bwd_exp2_emu_frac=0.0), KernelOptions(bwd_two_cta=False)):
+                 KernelOptions(bwd_exp2_emu_frac=0.0), KernelOptions(bwd_two_cta=False),
+                 KernelOptions(bwd_num_threads=384)):
         assert not cfgs(opts=opts)[0].deterministic, opts
     assert cfgs(opts=KernelOptions(arch="sm90"))[0].deterministic  # the family is not a backward option
     q = torch.empty(16, 1024, 16, 128, dtype=torch.bfloat16, device="meta")
-    note = "the deterministic kernel, asked or not"
+    note = "the deterministic kernel, taken without deterministic=True too"
     assert note in str(fa4.explain(q, q, q, causal=True, capability=(9, 0)))
     assert note not in str(fa4.explain(q, q, q, capability=(9, 0)))
     monkeypatch.setattr(sm90, "ORDERED_SHORT_MAX_SEQLEN_K", 0)

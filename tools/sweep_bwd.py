@@ -612,9 +612,10 @@ def run(family, shape, over):
     orig_dq = dq_sm90.config_for
     dq_sm90.config_for = lambda c: dataclasses.replace(orig_dq(c), **shape["dq"])
     ops._plans.clear()
-    consts = _consts(mod, shape["const"])
-    consts.__enter__()
+    consts = _consts(mod, {})
     try:
+        consts = _consts(mod, shape["const"])
+        consts.__enter__()
         q, k, v = _tensors(shape)
         out, _ = fa4.flash_attn_func(q, k, v, causal=shape["causal"], deterministic=shape["det"], kernel_options=opts)
         g = torch.randn_like(out)

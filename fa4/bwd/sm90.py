@@ -1954,8 +1954,8 @@ ORDERED_SHORT_MAX_SEQLEN_K = 1024
 ORDERED_SHORT_MIN_WAVES = 4
 """Note [The ordered kernel for short causal rows]
 A call that does not ask for determinism takes the deterministic kernel where that kernel has
-measured faster: padded head dim 128 (and head_dim_v equal), a causal mask, at most this many keys,
-MHA, dense (no varlen, seqused_k, pages or user functions), no backward option set, and at least
+measured faster: padded head dim 128 (and head_dim_v equal), a causal mask, as many queries as keys,
+more than half this many and at most this many keys (measured at 1024), MHA, dense (no varlen, seqused_k, pages or user functions), no backward option set, and at least
 ``ORDERED_SHORT_MIN_WAVES`` waves of CTAs (measured at 15.5: 2,048 CTAs on 132 SMs; with few CTAs
 the ordered adds have less other work to hide behind, unmeasured). Its first contributor to each dQ slot stores (Note [First store]), so the preprocess
 does not zero the float32 accumulator, 134 MB at 16k tokens x 16 heads (26-40 us of a call of about
@@ -1973,13 +1973,17 @@ taken). The results are the deterministic kernel's: the same bits on every run. 
 def ordered_for_speed(problem: AttnProblem, options: Optional[KernelOptions]) -> bool:
     """Whether a call that does not ask for determinism runs the deterministic kernel because it is the
     faster one there (Note [The ordered kernel for short causal rows])."""
+    import dataclasses
+
     opts = options or KernelOptions()
-    if any(getattr(opts, f) is not None for f in ("bwd_tile_m", "bwd_tile_n", "bwd_two_cta", "bwd_dq_pass",
-                                                  "bwd_exp2_emu_frac", "bwd_kv_split")):
+    if any(getattr(opts, f.name) is not None for f in dataclasses.fields(opts) if f.name.startswith("bwd_")):
         return False
     k_blocks = -(-problem.seqlen_k // 128)
+    # (Only square rows in the measured neighbourhood: with few queries per key block the K blocks of
+    # a slot queue in order on few slots, where the non-deterministic kernel adds them at once.)
     return bool(ORDERED_SHORT_MAX_SEQLEN_K and problem.causal and not problem.local
-                and 0 < problem.seqlen_k <= ORDERED_SHORT_MAX_SEQLEN_K
+                and problem.seqlen_q == problem.seqlen_k
+                and ORDERED_SHORT_MAX_SEQLEN_K // 2 < problem.seqlen_k <= ORDERED_SHORT_MAX_SEQLEN_K
                 and head_dim_padded(problem.head_dim) == 128 and problem.head_dim_v == problem.head_dim
                 and problem.heads == problem.heads_k and not problem.is_varlen
                 and not (problem.score_mod or problem.mask_mod or problem.score_mod_bwd or problem.block_table)
@@ -2137,6 +2141,8 @@ def make_config(problem: AttnProblem, options: Optional[KernelOptions], arch: st
                          f"{problem.head_dim} uses tile_n {tile_n}")
     asked_det = bool(deterministic)  # (a run with the dQ pass then takes the non-deterministic kernel)
     # Note [The ordered kernel for short causal rows]: the deterministic kernel where it is the faster.
+    # Its config must equal the asked one (the CPU test checks): the two uses of ``asked_det`` below,
+    # the emulation (no (128, "causal") entry) and the GQA split (MHA only), cannot tell them apart.
     deterministic = asked_det or ordered_for_speed(problem, options)
     two_cta = (bool(opts.bwd_two_cta) if opts.bwd_two_cta is not None
                else TWO_CTA.get(hd, False) and not deterministic and (opts.bwd_kv_split or 1) == 1)
@@ -2278,10 +2284,11 @@ def explain_notes(problem: AttnProblem, options: Optional[KernelOptions], cfg: B
                      "its grid in the forward's tile order, longest query tiles first, in L2 sections "
                      "(Note [dQ pass tile order])")
     if cfg.deterministic and ordered_for_speed(problem, options):
-        notes.append(f"the deterministic kernel, asked or not: at most {ORDERED_SHORT_MAX_SEQLEN_K} keys with a "
-                     "causal mask at head dim 128 it measured faster than the non-deterministic one (its first "
-                     "tile stores, so the dQ accumulator is not zeroed: Note [The ordered kernel for short causal "
-                     "rows]; fa4.bwd.sm90.ORDERED_SHORT_MAX_SEQLEN_K = 0 turns it off)")
+        notes.append(f"the deterministic kernel, taken without deterministic=True too: on square causal rows "
+                     f"of at most {ORDERED_SHORT_MAX_SEQLEN_K} keys at head dim 128 it measured faster than "
+                     "the non-deterministic one (its first tile stores, so the dQ accumulator is not zeroed: Note "
+                     "[The ordered kernel for short causal rows]; fa4.bwd.sm90.ORDERED_SHORT_MAX_SEQLEN_K = 0 "
+                     "turns that off)")
     if cfg.deterministic:
         rounds = (f", its K blocks in {cfg.det_rounds} rounds per pair (Note [Rotation rounds])"
                   if cfg.det_rounds > 1 else "")
