@@ -286,7 +286,7 @@ Note [no ``from __future__ import annotations``]
     ``cute.struct`` reads the field annotations of ``SharedStorage`` as objects.
 """
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields as dataclass_fields, replace
 from functools import partial
 from types import SimpleNamespace
 from typing import ClassVar, Optional
@@ -1953,30 +1953,29 @@ lengthen the writer's step, and without a mask every K block of a pair claims th
 ORDERED_SHORT_MAX_SEQLEN_K = 1024
 ORDERED_SHORT_MIN_WAVES = 4
 """Note [The ordered kernel for short causal rows]
-A call that does not ask for determinism takes the deterministic kernel where that kernel has
-measured faster: padded head dim 128 (and head_dim_v equal), a causal mask, as many queries as keys,
-more than half this many and at most this many keys (measured at 1024), MHA, dense (no varlen, seqused_k, pages or user functions), no backward option set, and at least
-``ORDERED_SHORT_MIN_WAVES`` waves of CTAs (measured at 15.5: 2,048 CTAs on 132 SMs; with few CTAs
-the ordered adds have less other work to hide behind, unmeasured). Its first contributor to each dQ slot stores (Note [First store]), so the preprocess
-does not zero the float32 accumulator, 134 MB at 16k tokens x 16 heads (26-40 us of a call of about
-0.5 ms at d128 s1k causal), and its up order (Note [Up order]) walks each K block's queries up from the
-diagonal as the non-deterministic kernel does, shortest blocks launched first. The non-deterministic kernel's own first store (claims, :data:`DQ_FIRST_STORE`)
-cost its main kernel more than the zeroing saved (v0.18-v0.19). Measured: ``python -m fa4.bench
---mode bwd --deterministic`` at d128 s1k causal (16 x 1024 tokens, 16 heads), deterministic /
-non-deterministic in the same run, 370.1 / 357.7 TFLOP/s (+3.5%, H200, v0.22) and 342.2 / 314.3
-(+8.9%, H100, v0.59); at s4k causal 535.3 / 528.7 (+1.2%) and 506.1 / 508.1 (-0.4%), so longer rows
-keep the non-deterministic kernel; without a mask at s1k +0.8% / +1.5% (inside a run's noise: not
-taken). The results are the deterministic kernel's: the same bits on every run. 0 turns it off;
-``fa4.explain()`` says when a call takes it."""
+A call that does not ask for determinism takes the deterministic kernel where that kernel has measured
+faster: padded head dim 128 (and head_dim_v equal), a causal mask, as many queries as keys, more than
+half this many and at most this many keys (measured at 1024), MHA, dense (no varlen, seqused_k, pages or
+user functions), no backward option set, and at least ``ORDERED_SHORT_MIN_WAVES`` waves of CTAs
+(measured at 15.5: 2,048 CTAs on 132 SMs; with few CTAs the ordered adds have less other work to hide
+behind, unmeasured). Its first contributor to each dQ slot stores (Note [First store]), so the
+preprocess does not zero the float32 accumulator, 134 MB at 16k tokens x 16 heads (26-40 us of a call of
+about 0.5 ms at d128 s1k causal), and its up order (Note [Up order]) walks each K block's queries up
+from the diagonal as the non-deterministic kernel does, shortest blocks launched first. The
+non-deterministic kernel's own first store (claims, :data:`DQ_FIRST_STORE`) cost its main kernel more
+than the zeroing saved (v0.18-v0.19). Measured: ``python -m fa4.bench --mode bwd --deterministic`` at
+d128 s1k causal (16 x 1024 tokens, 16 heads), deterministic / non-deterministic in the same run, 370.1 /
+357.7 TFLOP/s (+3.5%, H200, v0.22) and 342.2 / 314.3 (+8.9%, H100, v0.59); at s4k causal 535.3 / 528.7
+(+1.2%) and 506.1 / 508.1 (-0.4%), so longer rows keep the non-deterministic kernel; without a mask at
+s1k +0.8% / +1.5% (inside a run's noise: not taken). The results are the deterministic kernel's: the
+same bits on every run. 0 turns it off; ``fa4.explain()`` says when a call takes it."""
 
 
 def ordered_for_speed(problem: AttnProblem, options: Optional[KernelOptions]) -> bool:
     """Whether a call that does not ask for determinism runs the deterministic kernel because it is the
     faster one there (Note [The ordered kernel for short causal rows])."""
-    import dataclasses
-
     opts = options or KernelOptions()
-    if any(getattr(opts, f.name) is not None for f in dataclasses.fields(opts) if f.name.startswith("bwd_")):
+    if any(getattr(opts, f.name) is not None for f in dataclass_fields(opts) if f.name.startswith("bwd_")):
         return False
     k_blocks = -(-problem.seqlen_k // 128)
     # (Only square rows in the measured neighbourhood: with few queries per key block the K blocks of
