@@ -448,7 +448,7 @@ def test_bwd_deterministic(mask, heads, family):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("seqlen", [1000, 1024])
-def test_bwd_short_causal_rows_take_the_ordered_kernel(seqlen):
+def test_bwd_short_causal_rows_take_the_ordered_kernel(seqlen, monkeypatch):
     """Note [The ordered kernel for short causal rows] (fa4/bwd/sm90.py): a d128 causal call of at
     most 1024 keys that does not ask for determinism runs the deterministic kernel (enough CTAs: 6 x
     16 heads x 8 K blocks, over four waves of 132 SMs). Its gradients have the bits of deterministic=True and pass the reference
@@ -474,14 +474,12 @@ def test_bwd_short_causal_rows_take_the_ordered_kernel(seqlen):
     _check_grads(("dq", "dk", "dv"), free, ref, pt, (q, k, v), g)
     from fa4 import ops
 
-    old = sm90.ORDERED_SHORT_MAX_SEQLEN_K
+    monkeypatch.setattr(sm90, "ORDERED_SHORT_MAX_SEQLEN_K", 0)
+    ops._plans.clear()  # (the plans' key does not hold the constant)
     try:
-        sm90.ORDERED_SHORT_MAX_SEQLEN_K = 0
-        ops._plans.clear()
         assert note not in str(fa4.explain(q, k, v, causal=True, kernel_options=sm90_opts))
         _check_grads(("dq", "dk", "dv"), grads(False), ref, pt, (q, k, v), g)
     finally:
-        sm90.ORDERED_SHORT_MAX_SEQLEN_K = old
         ops._plans.clear()
 
 

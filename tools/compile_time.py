@@ -63,13 +63,18 @@ if "--ab" in sys.argv:
     sys.exit(0)
 
 
-def _split() -> str:
-    """The last cold get_kernel's parts (jit's stats): compile, export, load."""
+def _last_parts():
+    """(compile, export, load) seconds of the last cold get_kernel (jit's stats), or None."""
     last = jit._stats.last or {}
     if last.get("event") != "compile" or "load_seconds" not in last:
-        return ""
+        return None
     exp = last.get("export_seconds", 0.0)
-    return f" (compile {last['seconds'] - exp:.2f}, export {exp:.2f}, load {last['load_seconds']:.2f})"
+    return last["seconds"] - exp, exp, last["load_seconds"]
+
+
+def _split() -> str:
+    parts = _last_parts()
+    return " (compile {:.2f}, export {:.2f}, load {:.2f})".format(*parts) if parts else ""
 
 
 def _cold(cfg) -> float:
@@ -80,9 +85,7 @@ def _cold(cfg) -> float:
     t = time.time()
     jit.get_kernel(cfg)
     dt = time.time() - t
-    last = jit._stats.last
-    exp = last.get("export_seconds", 0.0)
-    _parts.setdefault(cfg, []).append((last["seconds"] - exp, exp, last.get("load_seconds", 0.0)))
+    _parts.setdefault(cfg, []).append(_last_parts() or (dt, 0.0, 0.0))
     return dt
 
 

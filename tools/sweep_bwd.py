@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import dataclasses
 import importlib
 import sys
@@ -550,21 +551,18 @@ def _options(family, over):
     return fa4.KernelOptions(arch=family, bwd_dq_pass=over.pop("dq_pass", None)), over
 
 
-class _consts:
+@contextlib.contextmanager
+def _consts(mod, values):
     """The family module's constants of ``const.NAME=VALUE`` words set for the experiment (e.g.
     ``const.ORDERED_SHORT_MAX_SEQLEN_K=0``), restored after."""
-
-    def __init__(self, mod, values):
-        self.mod, self.values = mod, values
-
-    def __enter__(self):
-        self.saved = {k: getattr(self.mod, k) for k in self.values}  # AttributeError: no such constant
-        for k, v in self.values.items():
-            setattr(self.mod, k, v)
-
-    def __exit__(self, *exc):
-        for k, v in self.saved.items():
-            setattr(self.mod, k, v)
+    saved = {k: getattr(mod, k) for k in values}  # AttributeError: no such constant
+    try:
+        for k, v in values.items():
+            setattr(mod, k, v)
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(mod, k, v)
 
 
 def configs(family, shape, over):
@@ -599,8 +597,6 @@ def _precompile(cfg):
 
 
 def run(family, shape, over):
-    from triton.testing import do_bench
-
     mod = importlib.import_module(f"fa4.bwd.{family}")
     orig = mod.make_config
     order = mod.LAUNCH_ORDER
@@ -612,25 +608,29 @@ def run(family, shape, over):
     orig_dq = dq_sm90.config_for
     dq_sm90.config_for = lambda c: dataclasses.replace(orig_dq(c), **shape["dq"])
     ops._plans.clear()
-    consts = _consts(mod, {})
     try:
-        consts = _consts(mod, shape["const"])
-        consts.__enter__()
-        q, k, v = _tensors(shape)
-        out, _ = fa4.flash_attn_func(q, k, v, causal=shape["causal"], deterministic=shape["det"], kernel_options=opts)
-        g = torch.randn_like(out)
-        grads = torch.autograd.grad(out, (q, k, v), g, retain_graph=True)
-        ms = do_bench(lambda: torch.autograd.grad(out, (q, k, v), g, retain_graph=True), warmup=25, rep=100,
-                      return_mode="median")
-        b, s, h, d = q.shape
-        flops = 2.5 * 4 * b * h * s * s * d / (2 if shape["causal"] else 1)
-        return ms, flops / ms / 1e9, grads
+        with _consts(mod, shape["const"]):
+            return _time(shape, opts)
     finally:
-        consts.__exit__()
         mod.make_config = orig
         dq_sm90.config_for = orig_dq
         order.section, order.det_section = saved
         ops._plans.clear()
+
+
+def _time(shape, opts):
+    """(ms, TFLOP/s, gradients) of one experiment's backward, its configs in place."""
+    from triton.testing import do_bench
+
+    q, k, v = _tensors(shape)
+    out, _ = fa4.flash_attn_func(q, k, v, causal=shape["causal"], deterministic=shape["det"], kernel_options=opts)
+    g = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), g, retain_graph=True)
+    ms = do_bench(lambda: torch.autograd.grad(out, (q, k, v), g, retain_graph=True), warmup=25, rep=100,
+                  return_mode="median")
+    b, s, h, d = q.shape
+    flops = 2.5 * 4 * b * h * s * s * d / (2 if shape["causal"] else 1)
+    return ms, flops / ms / 1e9, grads
 
 
 def main():

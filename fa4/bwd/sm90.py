@@ -1977,7 +1977,7 @@ def ordered_for_speed(problem: AttnProblem, options: Optional[KernelOptions]) ->
     opts = options or KernelOptions()
     if any(getattr(opts, f.name) is not None for f in dataclass_fields(opts) if f.name.startswith("bwd_")):
         return False
-    k_blocks = -(-problem.seqlen_k // 128)
+    k_blocks = -(-problem.seqlen_k // (128 if TUNING[128][1] else 64))  # (make_config's tile_n at d128)
     # (Only square rows in the measured neighbourhood: with few queries per key block the K blocks of
     # a slot queue in order on few slots, where the non-deterministic kernel adds them at once.)
     return bool(ORDERED_SHORT_MAX_SEQLEN_K and problem.causal and not problem.local
